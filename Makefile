@@ -1,0 +1,26 @@
+# OpenDsec. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERSION)
+CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsecctl
+
+.PHONY: help build agent generate test test-go test-python images clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+build: agent ## build every binary into bin/
+	@mkdir -p $(BIN)
+	@for c in $(CMDS); do [ -d cmd/$$c ] && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; done
+
+agent: ## build the static in-sandbox agent
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
+
+generate: ## regenerate protobuf code (Go and Python)
+	bash scripts/gen-proto.sh
+
+clean:
+	rm -rf $(BIN)

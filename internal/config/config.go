@@ -1,0 +1,170 @@
+// Package config is OpenDsec's one configuration file
+// (/etc/opendsec/opendsec.json by default). Each component reads its part.
+// Load fills defaults and validates; errors name the JSON field and the fix.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// DefaultPath is where Load looks when no path is given.
+const DefaultPath = "/etc/opendsec/opendsec.json"
+
+// Config is the whole file.
+type Config struct {
+	Version int `json:"version"`
+	// DataDir holds durable state of the components on this machine.
+	DataDir   string    `json:"data_dir"`
+	Log       Log       `json:"log"`
+	APIServer APIServer `json:"apiserver"`
+	Watcher   Watcher   `json:"watcher"`
+	Node      Node      `json:"node"`
+	// Nodes the watcher polls and apiservers route to, by node ID.
+	Nodes []NodeRef `json:"nodes"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `json:"level"`
+	Format string `json:"format"`
+}
+
+// APIServer configures opendsec-apiserver.
+type APIServer struct {
+	// Listen is host:port for the public API (Connect, gRPC, gRPC-Web).
+	Listen string `json:"listen"`
+	// WatcherAddress is the watcher's base URL.
+	WatcherAddress string `json:"watcher_address"`
+	// PlacementSample is k in power-of-k placement.
+	PlacementSample int `json:"placement_sample"`
+}
+
+// Watcher configures opendsec-watcher.
+type Watcher struct {
+	Listen string `json:"listen"`
+	// PollIntervalMS between node polls.
+	PollIntervalMS int `json:"poll_interval_ms"`
+}
+
+// Node configures opendsec-node.
+type Node struct {
+	ID string `json:"id"`
+	// Listen is host:port, or unix:///path for a unix socket.
+	Listen string `json:"listen"`
+	// AgentPath is the static opendsec-agent binary put in every sandbox.
+	AgentPath string `json:"agent_path"`
+	// ImageDir is the image store.
+	ImageDir string `json:"image_dir"`
+	// DefaultBackend is used when a create names none.
+	DefaultBackend string `json:"default_backend"`
+	// Capacity the node offers; 0 means detect (all CPUs, 90% of memory).
+	CPU      float64 `json:"cpu"`
+	MemoryMB int64   `json:"memory_mb"`
+	// MaxSandboxes is the admission cap on sandboxes.
+	MaxSandboxes int64 `json:"max_sandboxes"`
+	// MaxUploadMB caps one file write.
+	MaxUploadMB int64 `json:"max_upload_mb"`
+}
+
+// NodeRef names a node and where it listens.
+type NodeRef struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+}
+
+// Default returns the configuration for one machine rooted at dataDir.
+func Default(dataDir string) Config {
+	return Config{
+		Version: 1,
+		DataDir: dataDir,
+		Log:     Log{Level: "info", Format: "text"},
+		APIServer: APIServer{
+			Listen:          "127.0.0.1:7070",
+			WatcherAddress:  "http://127.0.0.1:7072",
+			PlacementSample: 2,
+		},
+		Watcher: Watcher{Listen: "127.0.0.1:7072", PollIntervalMS: 1000},
+		Node: Node{
+			ID:             "n001",
+			Listen:         "127.0.0.1:7071",
+			AgentPath:      "/usr/local/lib/opendsec/opendsec-agent",
+			ImageDir:       filepath.Join(dataDir, "images"),
+			DefaultBackend: "container",
+			MaxSandboxes:   1000,
+			MaxUploadMB:    1024,
+		},
+		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
+	}
+}
+
+// Load reads path (DefaultPath if empty) over the defaults for dataDir and
+// validates the result. A missing file at the default path is not an error.
+func Load(path, dataDir string) (Config, error) {
+	c := Default(dataDir)
+	explicit := path != ""
+	if !explicit {
+		path = DefaultPath
+	}
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return c, errdefs.Invalid("config", "%s: %v; fix the JSON (see docs/operations.md)", path, err)
+		}
+	case os.IsNotExist(err) && !explicit:
+	default:
+		return c, fmt.Errorf("read config: %w", err)
+	}
+	if dataDir != "" {
+		c.DataDir = dataDir
+	}
+	return c, c.Validate()
+}
+
+// Validate checks the configuration; errors name the field.
+func (c *Config) Validate() error {
+	if c.Version != 1 {
+		return errdefs.Invalid("version", "is %d; this OpenDsec reads version 1", c.Version)
+	}
+	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
+		return errdefs.Invalid("data_dir", "%q must be an absolute path", c.DataDir)
+	}
+	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
+		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
+	}
+	if c.Node.MaxUploadMB <= 0 {
+		return errdefs.Invalid("node.max_upload_mb", "must be positive")
+	}
+	if c.Node.MaxSandboxes <= 0 {
+		return errdefs.Invalid("node.max_sandboxes", "must be positive")
+	}
+	if c.APIServer.PlacementSample < 1 {
+		return errdefs.Invalid("apiserver.placement_sample", "must be at least 1")
+	}
+	if c.Watcher.PollIntervalMS < 50 {
+		return errdefs.Invalid("watcher.poll_interval_ms", "must be at least 50")
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Nodes {
+		if err := sandboxid.ValidNode(n.ID); err != nil {
+			return errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
+		}
+		if seen[n.ID] {
+			return errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q is listed twice", n.ID)
+		}
+		seen[n.ID] = true
+		if n.Address == "" {
+			return errdefs.Invalid(fmt.Sprintf("nodes[%d].address", i), "is empty; give http://host:port")
+		}
+	}
+	return nil
+}

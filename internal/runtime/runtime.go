@@ -1,0 +1,147 @@
+// Package runtime is the backend contract: the lifecycle of one sandbox on one
+// node, the same for containers, microVMs and VMs. Exec and files are not part
+// of it: they go through the agent inside every sandbox, reached with
+// AgentConn. Optional capabilities (pause, snapshot, fork, stats) are separate
+// interfaces found by type assertion and advertised in Info().Capabilities.
+//
+// Every backend passes the conformance suite in runtime/runtimetest.
+package runtime
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Image is a root filesystem made of read-only layers.
+type Image struct {
+	// Name is for logs and labels, e.g. "root/py:3.11".
+	Name string
+	// Layers are read-only directories, topmost first. The sandbox's root is
+	// these layers plus a private writable upper layer.
+	Layers []string
+	// Env ("K=V"), Workdir and User are the image's defaults.
+	Env     []string
+	Workdir string
+	User    string
+}
+
+// Resources are the sandbox's limits.
+type Resources struct {
+	CPU       float64 // cores
+	MemoryMB  int64
+	PidsLimit int64
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	ID        string
+	Image     Image
+	Resources Resources
+	// Env for the agent and, through it, every process ("K=V").
+	Env []string
+	// Hostname inside the sandbox; empty = ID.
+	Hostname string
+	// AgentPath is the host path of the static opendsec-agent binary. The
+	// backend makes it available read-only inside the sandbox and runs it as
+	// the sandbox's init (PID 1).
+	AgentPath string
+	// StateDir is a node-local directory owned by the backend for this
+	// sandbox (upper layer, sockets, logs). The node creates it and removes
+	// it after Delete.
+	StateDir string
+	Labels   map[string]string
+}
+
+// Handle lets a backend find a sandbox again after the node restarts. The
+// node stores it in its sandbox table and passes it back to Recover.
+type Handle struct {
+	ID      string
+	Version int
+	// State is the backend's own blob (JSON for the container backend).
+	State []byte
+}
+
+// State is a sandbox's state as the backend sees it.
+type State string
+
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+)
+
+// Status is what Status reports.
+type Status struct {
+	State State
+	// Pid of the sandbox's init on the host (0 if none).
+	Pid int
+	// ExitCode of init when stopped, if known.
+	ExitCode int
+}
+
+// StopOptions control Stop.
+type StopOptions struct {
+	// Timeout before SIGKILL after SIGTERM; 0 means kill at once.
+	Timeout time.Duration
+}
+
+// Capabilities lists the optional interfaces a backend implements.
+type Capabilities struct {
+	Pause    bool
+	Snapshot bool
+	Fork     bool
+	Stats    bool
+}
+
+// Info describes a backend.
+type Info struct {
+	Name         string
+	Version      string
+	Capabilities Capabilities
+}
+
+// Runtime is the backend contract. All methods are safe for concurrent use
+// on different sandboxes. Errors use the internal/errdefs categories: a
+// missing sandbox is errdefs.ErrNotFound, a bad Spec errdefs.ErrInvalidArgument.
+type Runtime interface {
+	Info() Info
+	// Create prepares the sandbox (root filesystem, cgroups, config) without
+	// starting it. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec) (Handle, error)
+	// Start runs the sandbox's init (the agent).
+	Start(ctx context.Context, id string) error
+	// Stop ends every process of the sandbox. The sandbox can be deleted after.
+	Stop(ctx context.Context, id string, opts StopOptions) error
+	// Delete removes everything Create made: mounts, cgroups, files under
+	// StateDir owned by the backend. Idempotent: deleting a missing sandbox
+	// succeeds.
+	Delete(ctx context.Context, id string) error
+	// Status reports the sandbox's state; errdefs.ErrNotFound if unknown.
+	Status(ctx context.Context, id string) (Status, error)
+	// Recover re-attaches to a sandbox after a node restart, from its Handle.
+	// Running sandboxes keep running; errdefs.ErrNotFound if it is gone.
+	Recover(ctx context.Context, h Handle) error
+	// AgentConn opens a connection to the sandbox's agent (a unix socket for
+	// containers, vsock or virtio-serial for VMs) that speaks HTTP.
+	AgentConn(ctx context.Context, id string) (net.Conn, error)
+}
+
+// Pauser is implemented by backends that can freeze a sandbox.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// Stats is a sandbox's resource use.
+type Stats struct {
+	MemoryBytes int64
+	CPUNanos    uint64
+	Pids        int64
+}
+
+// StatsReader is implemented by backends that report resource use.
+type StatsReader interface {
+	Stats(ctx context.Context, id string) (Stats, error)
+}

@@ -1,0 +1,531 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SANDBOX_STATE_UNSPECIFIED: _ClassVar[SandboxState]
+    SANDBOX_STATE_CREATING: _ClassVar[SandboxState]
+    SANDBOX_STATE_RUNNING: _ClassVar[SandboxState]
+    SANDBOX_STATE_PAUSED: _ClassVar[SandboxState]
+    SANDBOX_STATE_STOPPING: _ClassVar[SandboxState]
+    SANDBOX_STATE_STOPPED: _ClassVar[SandboxState]
+    SANDBOX_STATE_FAILED: _ClassVar[SandboxState]
+
+class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_TYPE_UNSPECIFIED: _ClassVar[FileType]
+    FILE_TYPE_FILE: _ClassVar[FileType]
+    FILE_TYPE_DIRECTORY: _ClassVar[FileType]
+    FILE_TYPE_SYMLINK: _ClassVar[FileType]
+SANDBOX_STATE_UNSPECIFIED: SandboxState
+SANDBOX_STATE_CREATING: SandboxState
+SANDBOX_STATE_RUNNING: SandboxState
+SANDBOX_STATE_PAUSED: SandboxState
+SANDBOX_STATE_STOPPING: SandboxState
+SANDBOX_STATE_STOPPED: SandboxState
+SANDBOX_STATE_FAILED: SandboxState
+FILE_TYPE_UNSPECIFIED: FileType
+FILE_TYPE_FILE: FileType
+FILE_TYPE_DIRECTORY: FileType
+FILE_TYPE_SYMLINK: FileType
+
+class SandboxSpec(_message.Message):
+    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PIDS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    image: str
+    cpu: float
+    memory_mb: int
+    timeout_seconds: int
+    idle_timeout_seconds: int
+    env: _containers.ScalarMap[str, str]
+    user: str
+    labels: _containers.ScalarMap[str, str]
+    task_id: str
+    pids_limit: int
+    workdir: str
+    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ...) -> None: ...
+
+class Sandbox(_message.Message):
+    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVITY_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node_id: str
+    spec: SandboxSpec
+    state: SandboxState
+    created_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    last_activity_at: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CreateSandboxRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: SandboxSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CreateSandboxResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class BatchCreateSandboxesRequest(_message.Message):
+    __slots__ = ("spec", "count", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: SandboxSpec
+    count: int
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class BatchCreateSandboxesResponse(_message.Message):
+    __slots__ = ("index", "sandbox", "error_code", "error_message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    sandbox: Sandbox
+    error_code: str
+    error_message: str
+    def __init__(self, index: _Optional[int] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class GetSandboxRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetSandboxResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class ListSandboxesRequest(_message.Message):
+    __slots__ = ("labels", "task_id", "backend")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    task_id: str
+    backend: str
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class ListSandboxesResponse(_message.Message):
+    __slots__ = ("sandboxes",)
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
+
+class StopSandboxRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class StopSandboxResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetTimeoutRequest(_message.Message):
+    __slots__ = ("id", "timeout_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    timeout_seconds: int
+    def __init__(self, id: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class SetTimeoutResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class ExecStart(_message.Message):
+    __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    user: str
+    stdin: bool
+    timeout_seconds: int
+    pty: PtySize
+    tag: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., stdin: bool = ..., timeout_seconds: _Optional[int] = ..., pty: _Optional[_Union[PtySize, _Mapping]] = ..., tag: _Optional[str] = ...) -> None: ...
+
+class PtySize(_message.Message):
+    __slots__ = ("cols", "rows")
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    cols: int
+    rows: int
+    def __init__(self, cols: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class ExecRequest(_message.Message):
+    __slots__ = ("start", "stdin", "close_stdin", "resize", "signal")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_STDIN_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    start: ExecStart
+    stdin: bytes
+    close_stdin: bool
+    resize: PtySize
+    signal: int
+    def __init__(self, start: _Optional[_Union[ExecStart, _Mapping]] = ..., stdin: _Optional[bytes] = ..., close_stdin: bool = ..., resize: _Optional[_Union[PtySize, _Mapping]] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class ExecResponse(_message.Message):
+    __slots__ = ("started", "stdout", "stderr", "pty", "exit")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
+    started: ExecStarted
+    stdout: bytes
+    stderr: bytes
+    pty: bytes
+    exit: ExecExit
+    def __init__(self, started: _Optional[_Union[ExecStarted, _Mapping]] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., exit: _Optional[_Union[ExecExit, _Mapping]] = ...) -> None: ...
+
+class ExecStarted(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class ExecExit(_message.Message):
+    __slots__ = ("exit_code", "status", "timed_out", "output_truncated")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    status: str
+    timed_out: bool
+    output_truncated: bool
+    def __init__(self, exit_code: _Optional[int] = ..., status: _Optional[str] = ..., timed_out: bool = ..., output_truncated: bool = ...) -> None: ...
+
+class ProcessInfo(_message.Message):
+    __slots__ = ("pid", "command", "tag", "cwd")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    command: _containers.RepeatedScalarFieldContainer[str]
+    tag: str
+    cwd: str
+    def __init__(self, pid: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., tag: _Optional[str] = ..., cwd: _Optional[str] = ...) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessInfo]
+    def __init__(self, processes: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ...) -> None: ...
+
+class SignalProcessRequest(_message.Message):
+    __slots__ = ("sandbox_id", "pid", "signal")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    pid: int
+    signal: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., pid: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class SignalProcessResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SendInputRequest(_message.Message):
+    __slots__ = ("sandbox_id", "pid", "data", "pty")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    pid: int
+    data: bytes
+    pty: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., pid: _Optional[int] = ..., data: _Optional[bytes] = ..., pty: bool = ...) -> None: ...
+
+class SendInputResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResizePtyRequest(_message.Message):
+    __slots__ = ("sandbox_id", "pid", "size")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    pid: int
+    size: PtySize
+    def __init__(self, sandbox_id: _Optional[str] = ..., pid: _Optional[int] = ..., size: _Optional[_Union[PtySize, _Mapping]] = ...) -> None: ...
+
+class ResizePtyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FileInfo(_message.Message):
+    __slots__ = ("name", "path", "type", "size", "mode", "owner", "group", "modified_at", "symlink_target")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MODIFIED_AT_FIELD_NUMBER: _ClassVar[int]
+    SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    type: FileType
+    size: int
+    mode: int
+    owner: str
+    group: str
+    modified_at: _timestamp_pb2.Timestamp
+    symlink_target: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., type: _Optional[_Union[FileType, str]] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., owner: _Optional[str] = ..., group: _Optional[str] = ..., modified_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., symlink_target: _Optional[str] = ...) -> None: ...
+
+class ReadFileRequest(_message.Message):
+    __slots__ = ("sandbox_id", "path", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class ReadFileResponse(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class WriteFileHeader(_message.Message):
+    __slots__ = ("sandbox_id", "path", "user", "size")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    user: str
+    size: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., user: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class WriteFileRequest(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: WriteFileHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[WriteFileHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WriteFileResponse(_message.Message):
+    __slots__ = ("file",)
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    file: FileInfo
+    def __init__(self, file: _Optional[_Union[FileInfo, _Mapping]] = ...) -> None: ...
+
+class ListDirRequest(_message.Message):
+    __slots__ = ("sandbox_id", "path", "depth", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    depth: int
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., depth: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
+
+class ListDirResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[FileInfo]
+    def __init__(self, entries: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ...) -> None: ...
+
+class StatRequest(_message.Message):
+    __slots__ = ("sandbox_id", "path", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class StatResponse(_message.Message):
+    __slots__ = ("file",)
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    file: FileInfo
+    def __init__(self, file: _Optional[_Union[FileInfo, _Mapping]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("sandbox_id", "path", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MakeDirRequest(_message.Message):
+    __slots__ = ("sandbox_id", "path", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    path: str
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class MakeDirResponse(_message.Message):
+    __slots__ = ("file", "created")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    file: FileInfo
+    created: bool
+    def __init__(self, file: _Optional[_Union[FileInfo, _Mapping]] = ..., created: bool = ...) -> None: ...
+
+class MoveRequest(_message.Message):
+    __slots__ = ("sandbox_id", "source", "destination", "user")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    source: str
+    destination: str
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., source: _Optional[str] = ..., destination: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class MoveResponse(_message.Message):
+    __slots__ = ("file",)
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    file: FileInfo
+    def __init__(self, file: _Optional[_Union[FileInfo, _Mapping]] = ...) -> None: ...
+
+class Header(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class HTTPRequestRequest(_message.Message):
+    __slots__ = ("sandbox_id", "port", "method", "path", "headers", "body", "timeout_ms")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    port: int
+    method: str
+    path: str
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    body: bytes
+    timeout_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., port: _Optional[int] = ..., method: _Optional[str] = ..., path: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., body: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class HTTPRequestResponse(_message.Message):
+    __slots__ = ("status", "headers", "body")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    body: bytes
+    def __init__(self, status: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
