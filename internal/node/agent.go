@@ -1,0 +1,132 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+func slogImage(name string) slog.Attr { return slog.String("image", name) }
+
+// agentTransport returns the sandbox's HTTP transport to its agent: every
+// connection is opened by the backend (unix socket, vsock...).
+func (n *Node) agentTransport(sb *sandbox) *http.Transport {
+	sb.transportOnce.Do(func() {
+		rt := n.cfg.Backends[sb.rec.Backend]
+		id := sb.rec.ID
+		sb.transport = &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return rt.AgentConn(ctx, id)
+			},
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}
+	})
+	return sb.transport
+}
+
+// waitAgent polls the agent's /health until it answers 204.
+func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, n.cfg.AgentReadyTimeout,
+		fmt.Errorf("agent of sandbox %s did not answer within %s", sb.rec.ID, n.cfg.AgentReadyTimeout))
+	defer cancel()
+	client := &http.Client{Transport: n.agentTransport(sb)}
+	backoff := 2 * time.Millisecond
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("agent health: status %d", resp.StatusCode)
+		}
+		last = err
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errdefs.New(errdefs.ErrUnavailable, "%v: %v", context.Cause(ctx), last)
+		case <-t.C:
+		}
+		if backoff < 100*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+// AgentPrefix is the HTTP path under which the node forwards to agents:
+// /agent/<sandbox-id>/<rest> reaches <rest> on that sandbox's agent.
+const AgentPrefix = "/agent/"
+
+// AgentProxy forwards /agent/<id>/<rest> to the sandbox's agent, streaming
+// in both directions (including 101 upgrades for port tunnels). Every request
+// counts as activity for the idle timeout, and an open request keeps the
+// sandbox from being idle.
+func (n *Node) AgentProxy() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
+		id, sub, _ := strings.Cut(rest, "/")
+		sb, err := n.get(id)
+		if err == nil {
+			n.mu.Lock()
+			st := sb.rec.State
+			n.mu.Unlock()
+			if st != stateRunning {
+				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
+			}
+		}
+		if err != nil {
+			writeJSONError(w, err)
+			return
+		}
+		sb.touch()
+		sb.active.Add(1)
+		defer func() {
+			sb.active.Add(-1)
+			sb.touch()
+		}()
+		proxy := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.Out.URL.Scheme = "http"
+				pr.Out.URL.Host = "agent"
+				pr.Out.URL.Path = "/" + sub
+				pr.Out.URL.RawPath = ""
+				pr.Out.Host = "agent"
+				// The node's bearer token is for the node, not the agent.
+				pr.Out.Header.Del("Authorization")
+				if u := pr.In.Header.Get("X-Agent-Authorization"); u != "" {
+					pr.Out.Header.Set("Authorization", u)
+					pr.Out.Header.Del("X-Agent-Authorization")
+				}
+			},
+			Transport:     n.agentTransport(sb),
+			FlushInterval: -1,
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				log.G(r.Context()).Warn("agent request failed", log.SandboxID(id), log.Err(err))
+				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %v", id, err))
+			},
+		}
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+func writeJSONError(w http.ResponseWriter, err error) {
+	code := errdefs.HTTPStatus(err)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q}\n", code, err.Error())
+}

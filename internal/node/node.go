@@ -1,0 +1,643 @@
+// Package node is opendsec-node: final admission, the durable sandbox table,
+// backends, lifetime and idle timeouts, recovery after a restart, and the
+// HTTP path to every sandbox's agent. Restarting the node leaves running
+// sandboxes alone; at start it re-attaches to them and finishes or undoes any
+// create or stop it was in the middle of.
+package node
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// Defaults applied to a spec's zero fields.
+const (
+	DefaultCPU        = 1.0
+	DefaultMemoryMB   = 512
+	DefaultTimeoutSec = 300
+	DefaultPidsLimit  = 1024
+	MaxTimeoutSec     = 86400
+)
+
+// ImageResolver turns an image name into layers. internal/image implements it.
+type ImageResolver interface {
+	Get(ctx context.Context, name string) (runtime.Image, error)
+}
+
+// Config configures a Node.
+type Config struct {
+	ID string
+	// StateDir holds the sandbox table and per-sandbox directories.
+	StateDir  string
+	AgentPath string
+	// Backends by name; DefaultBackend must be one of them.
+	Backends       map[string]runtime.Runtime
+	DefaultBackend string
+	Images         ImageResolver
+	// Capacity; zero values are detected.
+	CPU          float64
+	MemoryMB     int64
+	MaxSandboxes int64
+	// AgentReadyTimeout bounds the wait for a new sandbox's agent.
+	AgentReadyTimeout time.Duration
+	// ReapInterval is how often timeouts are checked (default 1s).
+	ReapInterval time.Duration
+}
+
+// Node runs sandboxes on one machine.
+type Node struct {
+	cfg   Config
+	table *table
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // guarded by mu
+	requests  map[string]*sandbox // request_id → sandbox; guarded by mu
+	// reservedCPU/MemoryMB are the resources of sandboxes in the table; guarded by mu.
+	reservedCPU float64
+	reservedMem int64
+
+	closed chan struct{}
+	wg     sync.WaitGroup
+}
+
+// sandbox is the in-memory view of one record.
+type sandbox struct {
+	rec *record // replaced, never mutated, under Node.mu after creation
+
+	// ready is closed when the create finishes (err says how).
+	ready chan struct{}
+	err   error
+
+	lastActivity atomic.Int64 // unix nanos
+	active       atomic.Int32 // open agent requests
+	reason       atomic.Value // string: why it stopped
+
+	transportOnce sync.Once
+	transport     *http.Transport
+}
+
+func (s *sandbox) touch() { s.lastActivity.Store(time.Now().UnixNano()) }
+
+// New opens the sandbox table, recovers every sandbox in it and starts the
+// timeout reaper. Close stops the reaper and leaves sandboxes running.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	if err := sandboxid.ValidNode(cfg.ID); err != nil {
+		return nil, err
+	}
+	if _, ok := cfg.Backends[cfg.DefaultBackend]; !ok {
+		return nil, errdefs.Invalid("node.default_backend", "%q is not a configured backend (have %s)", cfg.DefaultBackend, strings.Join(backendNames(cfg.Backends), ", "))
+	}
+	if cfg.Images == nil {
+		return nil, errdefs.Invalid("node.image_dir", "no image store configured")
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, errdefs.Invalid("node.agent_path", "%v; build it with `make agent` or run deploy/quickstart.sh", err)
+	}
+	if cfg.CPU <= 0 {
+		cfg.CPU = float64(goruntime.NumCPU())
+	}
+	if cfg.MemoryMB <= 0 {
+		cfg.MemoryMB = detectMemoryMB() * 9 / 10
+	}
+	if cfg.MaxSandboxes <= 0 {
+		cfg.MaxSandboxes = 1000
+	}
+	if cfg.AgentReadyTimeout <= 0 {
+		cfg.AgentReadyTimeout = 30 * time.Second
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = time.Second
+	}
+	t, err := openTable(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:       cfg,
+		table:     t,
+		sandboxes: map[string]*sandbox{},
+		requests:  map[string]*sandbox{},
+		closed:    make(chan struct{}),
+	}
+	if err := n.recover(ctx); err != nil {
+		t.close()
+		return nil, err
+	}
+	n.wg.Add(1)
+	go n.reapLoop()
+	return n, nil
+}
+
+// Close stops background work and closes the table. Sandboxes keep running.
+func (n *Node) Close() error {
+	select {
+	case <-n.closed:
+		return nil
+	default:
+	}
+	close(n.closed)
+	n.wg.Wait()
+	return n.table.close()
+}
+
+// ID returns the node's ID.
+func (n *Node) ID() string { return n.cfg.ID }
+
+func backendNames(m map[string]runtime.Runtime) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func detectMemoryMB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 4096
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 2 && fs[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(fs[1], 10, 64)
+			return kb / 1024
+		}
+	}
+	return 4096
+}
+
+// CreateRequest is what the node needs to create a sandbox.
+type CreateRequest struct {
+	ID        string
+	RequestID string
+	Spec      specRecord
+}
+
+// normalize applies defaults and validates s against this node. Errors name
+// the field and change nothing.
+func (n *Node) normalize(s *specRecord) error {
+	if s.Backend == "" {
+		s.Backend = n.cfg.DefaultBackend
+	}
+	if _, ok := n.cfg.Backends[s.Backend]; !ok {
+		return errdefs.Invalid("backend", "%q is not available on node %s (available: %s)", s.Backend, n.cfg.ID, strings.Join(backendNames(n.cfg.Backends), ", "))
+	}
+	if s.Image == "" {
+		return errdefs.Invalid("image", "is empty; name an image, e.g. root/py:3.11")
+	}
+	switch {
+	case s.CPU < 0:
+		return errdefs.Invalid("cpu", "is %g; give a positive number of cores, or 0 for the default %g", s.CPU, DefaultCPU)
+	case s.CPU == 0:
+		s.CPU = DefaultCPU
+	case s.CPU > n.cfg.CPU:
+		return errdefs.Invalid("cpu", "%g exceeds this node's %g cores; ask for fewer", s.CPU, n.cfg.CPU)
+	}
+	switch {
+	case s.MemoryMB < 0:
+		return errdefs.Invalid("memory_mb", "is %d; give a positive size in MiB, or 0 for the default %d", s.MemoryMB, DefaultMemoryMB)
+	case s.MemoryMB == 0:
+		s.MemoryMB = DefaultMemoryMB
+	case s.MemoryMB < 16:
+		return errdefs.Invalid("memory_mb", "%d MiB is too small to run the agent; give at least 16", s.MemoryMB)
+	case s.MemoryMB > n.cfg.MemoryMB:
+		return errdefs.Invalid("memory_mb", "%d MiB exceeds this node's capacity of %d MiB; ask for less", s.MemoryMB, n.cfg.MemoryMB)
+	}
+	switch {
+	case s.TimeoutSec < 0 || s.TimeoutSec > MaxTimeoutSec:
+		return errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 for the default %d", s.TimeoutSec, MaxTimeoutSec, DefaultTimeoutSec)
+	case s.TimeoutSec == 0:
+		s.TimeoutSec = DefaultTimeoutSec
+	}
+	if s.IdleSec < 0 || s.IdleSec > MaxTimeoutSec {
+		return errdefs.Invalid("idle_timeout_seconds", "is %d; give 1..%d seconds, or 0 to turn it off", s.IdleSec, MaxTimeoutSec)
+	}
+	switch {
+	case s.PidsLimit < 0:
+		return errdefs.Invalid("pids_limit", "is %d; give a positive number, or 0 for the default %d", s.PidsLimit, DefaultPidsLimit)
+	case s.PidsLimit == 0:
+		s.PidsLimit = DefaultPidsLimit
+	}
+	for k := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return errdefs.Invalid("env", "key %q is not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// Create admits and creates a sandbox, returning once its agent answers. It
+// is idempotent on RequestID: a retry returns the first sandbox.
+func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
+	if _, err := sandboxid.Node("sandbox_id", req.ID); err != nil {
+		return nil, err
+	}
+	if req.ID[:sandboxid.NodeIDLen] != n.cfg.ID {
+		return nil, errdefs.Invalid("sandbox_id", "%q belongs to node %s, not %s", req.ID, req.ID[:sandboxid.NodeIDLen], n.cfg.ID)
+	}
+	spec := req.Spec
+	if err := n.normalize(&spec); err != nil {
+		return nil, err
+	}
+	img, err := n.cfg.Images.Get(ctx, spec.Image)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, errdefs.Invalid("image", "%v", err)
+		}
+		return nil, fmt.Errorf("resolve image: %w", err)
+	}
+
+	now := time.Now().UTC()
+	rec := &record{
+		ID:        req.ID,
+		RequestID: req.RequestID,
+		Backend:   spec.Backend,
+		Spec:      spec,
+		State:     stateCreating,
+		CreatedAt: now,
+		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
+		StateDir:  filepath.Join(n.cfg.StateDir, "sandboxes", req.ID),
+	}
+	sb := &sandbox{rec: rec, ready: make(chan struct{})}
+	sb.touch()
+
+	// Admission and idempotency, atomically.
+	n.mu.Lock()
+	if req.RequestID != "" {
+		if prev, ok := n.requests[req.RequestID]; ok {
+			n.mu.Unlock()
+			return n.waitReady(ctx, prev)
+		}
+	}
+	if _, ok := n.sandboxes[req.ID]; ok {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", req.ID)
+	}
+	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
+	}
+	if n.reservedMem+spec.MemoryMB > n.cfg.MemoryMB {
+		free := n.cfg.MemoryMB - n.reservedMem
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less", n.cfg.ID, free, spec.MemoryMB)
+	}
+	n.sandboxes[req.ID] = sb
+	if req.RequestID != "" {
+		n.requests[req.RequestID] = sb
+	}
+	n.reservedCPU += spec.CPU
+	n.reservedMem += spec.MemoryMB
+	n.mu.Unlock()
+
+	err = n.doCreate(ctx, sb, img)
+	if err != nil {
+		n.forget(sb)
+	}
+	sb.err = err
+	close(sb.ready)
+	if err != nil {
+		return nil, err
+	}
+	return sb.rec, nil
+}
+
+func (n *Node) waitReady(ctx context.Context, sb *sandbox) (*record, error) {
+	select {
+	case <-sb.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for sandbox %s: %w", sb.rec.ID, ctx.Err())
+	}
+	if sb.err != nil {
+		return nil, sb.err
+	}
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	return rec, nil
+}
+
+// doCreate makes the sandbox; on error everything it made is undone.
+func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (err error) {
+	rec := sb.rec
+	l := log.G(ctx).With(log.SandboxID(rec.ID))
+	rt := n.cfg.Backends[rec.Backend]
+	// The create must finish or be undone even if the caller goes away.
+	ctx = context.WithoutCancel(ctx)
+
+	if err := n.table.put(rec); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			l.Warn("create failed, cleaning up", log.Err(err))
+			n.destroy(ctx, rec)
+		}
+	}()
+	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
+		return fmt.Errorf("make sandbox dir: %w", err)
+	}
+	if rec.Spec.User != "" {
+		img.User = rec.Spec.User
+	}
+	if rec.Spec.Workdir != "" {
+		img.Workdir = rec.Spec.Workdir
+	}
+	env := make([]string, 0, len(rec.Spec.Env))
+	for k, v := range rec.Spec.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	h, err := rt.Create(ctx, runtime.Spec{
+		ID:    rec.ID,
+		Image: img,
+		Resources: runtime.Resources{
+			CPU:       rec.Spec.CPU,
+			MemoryMB:  rec.Spec.MemoryMB,
+			PidsLimit: rec.Spec.PidsLimit,
+		},
+		Env:       env,
+		AgentPath: n.cfg.AgentPath,
+		StateDir:  rec.StateDir,
+		Labels:    rec.Spec.Labels,
+	})
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	rec2 := *rec
+	rec2.Handle = h
+	if err := n.table.put(&rec2); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	if err := rt.Start(ctx, rec.ID); err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	if err := n.waitAgent(ctx, sb); err != nil {
+		return err
+	}
+	rec2.State = stateRunning
+	if err := n.table.put(&rec2); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	n.mu.Lock()
+	sb.rec = &rec2
+	n.mu.Unlock()
+	l.Info("sandbox running", slogImage(rec.Spec.Image))
+	return nil
+}
+
+// forget drops sb from memory and releases its reservation.
+func (n *Node) forget(sb *sandbox) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cur, ok := n.sandboxes[sb.rec.ID]; ok && cur == sb {
+		delete(n.sandboxes, sb.rec.ID)
+		n.reservedCPU -= sb.rec.Spec.CPU
+		n.reservedMem -= sb.rec.Spec.MemoryMB
+	}
+	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {
+		delete(n.requests, sb.rec.RequestID)
+	}
+	if sb.transport != nil {
+		sb.transport.CloseIdleConnections()
+	}
+}
+
+// destroy stops and deletes the sandbox's backend state and its directory,
+// then removes its record. Errors are logged: the record is kept when the
+// backend could not delete, so the next start retries.
+func (n *Node) destroy(ctx context.Context, rec *record) error {
+	l := log.G(ctx).With(log.SandboxID(rec.ID))
+	rt, ok := n.cfg.Backends[rec.Backend]
+	if ok {
+		if err := rt.Stop(ctx, rec.ID, runtime.StopOptions{}); err != nil && !errdefs.IsNotFound(err) {
+			l.Warn("stop sandbox", log.Err(err))
+		}
+		if err := rt.Delete(ctx, rec.ID); err != nil {
+			l.Error("delete sandbox; will retry at next node start", log.Err(err))
+			return fmt.Errorf("delete sandbox: %w", err)
+		}
+	}
+	if err := os.RemoveAll(rec.StateDir); err != nil {
+		l.Error("remove sandbox dir", log.Err(err))
+		return fmt.Errorf("remove sandbox dir: %w", err)
+	}
+	if err := n.table.delete(rec); err != nil {
+		return fmt.Errorf("delete sandbox record: %w", err)
+	}
+	return nil
+}
+
+// get returns the sandbox or a not-found error naming the id.
+func (n *Node) get(id string) (*sandbox, error) {
+	n.mu.Lock()
+	sb, ok := n.sandboxes[id]
+	n.mu.Unlock()
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+// Get returns a sandbox's record.
+func (n *Node) Get(ctx context.Context, id string) (*record, *sandbox, error) {
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return sb.rec, sb, nil
+}
+
+// List returns every sandbox on the node.
+func (n *Node) List(ctx context.Context) []*sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*sandbox, 0, len(n.sandboxes))
+	for _, sb := range n.sandboxes {
+		out = append(out, sb)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rec.CreatedAt.Before(out[j].rec.CreatedAt) })
+	return out
+}
+
+// Stop stops and deletes a sandbox. reason is logged.
+func (n *Node) Stop(ctx context.Context, id, reason string) error {
+	sb, err := n.get(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-sb.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if sb.err != nil {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
+	}
+	n.mu.Lock()
+	rec := *sb.rec
+	if rec.State == stateStopping {
+		n.mu.Unlock()
+		return nil
+	}
+	rec.State = stateStopping
+	sb.rec = &rec
+	n.mu.Unlock()
+	sb.reason.Store(reason)
+	ctx = context.WithoutCancel(ctx)
+	if err := n.table.put(&rec); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	derr := n.destroy(ctx, &rec)
+	n.forget(sb)
+	log.G(ctx).Info("sandbox stopped", log.SandboxID(id), "reason", reason)
+	return derr
+}
+
+// SetTimeout makes the sandbox's lifetime end seconds from now.
+func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
+	if seconds <= 0 || seconds > MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, MaxTimeoutSec)
+	}
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	if sb.rec.State != stateRunning {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+	}
+	rec := *sb.rec
+	rec.ExpiresAt = time.Now().UTC().Add(time.Duration(seconds) * time.Second)
+	rec.Spec.TimeoutSec = seconds
+	sb.rec = &rec
+	n.mu.Unlock()
+	if err := n.table.put(&rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	return &rec, nil
+}
+
+// recover re-attaches to every sandbox in the table. Sandboxes caught in the
+// middle of a create or stop are cleaned up; dead ones are removed.
+func (n *Node) recover(ctx context.Context) error {
+	recs, err := n.table.all()
+	if err != nil {
+		return fmt.Errorf("read sandbox table: %w", err)
+	}
+	for _, rec := range recs {
+		l := log.G(ctx).With(log.SandboxID(rec.ID))
+		rt, ok := n.cfg.Backends[rec.Backend]
+		if !ok {
+			l.Error("sandbox uses a backend this node no longer has; leaving its record", "backend", rec.Backend)
+			continue
+		}
+		if rec.State != stateRunning {
+			l.Info("cleaning up sandbox interrupted while " + rec.State)
+			if rec.Handle.ID != "" {
+				if err := rt.Recover(ctx, rec.Handle); err != nil && !errdefs.IsNotFound(err) {
+					l.Warn("recover interrupted sandbox", log.Err(err))
+				}
+			}
+			if err := n.destroy(ctx, rec); err != nil {
+				l.Error("clean up interrupted sandbox", log.Err(err))
+			}
+			continue
+		}
+		alive := false
+		if err := rt.Recover(ctx, rec.Handle); err == nil {
+			if st, err := rt.Status(ctx, rec.ID); err == nil && st.State == runtime.StateRunning {
+				alive = true
+			}
+		}
+		if !alive {
+			l.Warn("sandbox died while the node was down; removing it")
+			if err := n.destroy(ctx, rec); err != nil {
+				l.Error("remove dead sandbox", log.Err(err))
+			}
+			continue
+		}
+		sb := &sandbox{rec: rec, ready: make(chan struct{})}
+		close(sb.ready)
+		sb.touch()
+		n.sandboxes[rec.ID] = sb
+		if rec.RequestID != "" {
+			n.requests[rec.RequestID] = sb
+		}
+		n.reservedCPU += rec.Spec.CPU
+		n.reservedMem += rec.Spec.MemoryMB
+		l.Info("sandbox recovered")
+	}
+	return nil
+}
+
+// reapLoop stops sandboxes whose lifetime or idle timeout has passed.
+func (n *Node) reapLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.closed:
+			return
+		case now := <-t.C:
+			n.reap(now)
+		}
+	}
+}
+
+func (n *Node) reap(now time.Time) {
+	type victim struct{ id, reason string }
+	var vs []victim
+	n.mu.Lock()
+	for id, sb := range n.sandboxes {
+		rec := sb.rec
+		if rec.State != stateRunning {
+			continue
+		}
+		if now.After(rec.ExpiresAt) {
+			vs = append(vs, victim{id, "timeout"})
+			continue
+		}
+		if rec.Spec.IdleSec > 0 && sb.active.Load() == 0 &&
+			now.Sub(time.Unix(0, sb.lastActivity.Load())) > time.Duration(rec.Spec.IdleSec)*time.Second {
+			vs = append(vs, victim{id, "idle"})
+		}
+	}
+	n.mu.Unlock()
+	for _, v := range vs {
+		if err := n.Stop(context.Background(), v.id, v.reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			log.G(context.Background()).Error("stop expired sandbox", log.SandboxID(v.id), log.Err(err))
+		}
+	}
+}
+
+// Usage reports reserved resources and the sandbox count.
+func (n *Node) Usage() (cpu float64, memMB int64, count int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reservedCPU, n.reservedMem, len(n.sandboxes)
+}

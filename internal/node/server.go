@@ -1,0 +1,171 @@
+package node
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/version"
+)
+
+// Handler serves NodeService and the agent proxy. wrap (may be nil) is
+// applied to both, e.g. the authentication middleware.
+func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
+	mux := http.NewServeMux()
+	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
+	mux.Handle(path, h)
+	mux.Handle(AgentPrefix, n.AgentProxy())
+	return mux
+}
+
+type service struct {
+	n *Node
+}
+
+var _ nodev1connect.NodeServiceHandler = (*service)(nil)
+
+func specFromProto(s *opendsecv1.SandboxSpec) specRecord {
+	if s == nil {
+		return specRecord{}
+	}
+	return specRecord{
+		Backend:    s.GetBackend(),
+		Image:      s.GetImage(),
+		CPU:        s.GetCpu(),
+		MemoryMB:   s.GetMemoryMb(),
+		TimeoutSec: s.GetTimeoutSeconds(),
+		IdleSec:    s.GetIdleTimeoutSeconds(),
+		Env:        s.GetEnv(),
+		User:       s.GetUser(),
+		Labels:     s.GetLabels(),
+		TaskID:     s.GetTaskId(),
+		PidsLimit:  s.GetPidsLimit(),
+		Workdir:    s.GetWorkdir(),
+	}
+}
+
+func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	st := opendsecv1.SandboxState_SANDBOX_STATE_RUNNING
+	switch rec.State {
+	case stateCreating:
+		st = opendsecv1.SandboxState_SANDBOX_STATE_CREATING
+	case stateStopping:
+		st = opendsecv1.SandboxState_SANDBOX_STATE_STOPPING
+	}
+	reason, _ := sb.reason.Load().(string)
+	s := rec.Spec
+	return &opendsecv1.Sandbox{
+		Id:     rec.ID,
+		NodeId: n.cfg.ID,
+		Spec: &opendsecv1.SandboxSpec{
+			Backend:            s.Backend,
+			Image:              s.Image,
+			Cpu:                s.CPU,
+			MemoryMb:           s.MemoryMB,
+			TimeoutSeconds:     s.TimeoutSec,
+			IdleTimeoutSeconds: s.IdleSec,
+			Env:                s.Env,
+			User:               s.User,
+			Labels:             s.Labels,
+			TaskId:             s.TaskID,
+			PidsLimit:          s.PidsLimit,
+			Workdir:            s.Workdir,
+		},
+		State:          st,
+		CreatedAt:      timestamppb.New(rec.CreatedAt),
+		ExpiresAt:      timestamppb.New(rec.ExpiresAt),
+		LastActivityAt: timestamppb.New(time.Unix(0, sb.lastActivity.Load())),
+		Reason:         reason,
+	}
+}
+
+func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
+	_, err := s.n.Create(ctx, CreateRequest{
+		ID:        req.Msg.GetSandboxId(),
+		RequestID: req.Msg.GetRequestId(),
+		Spec:      specFromProto(req.Msg.GetSpec()),
+	})
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	// A deduplicated retry returns the first sandbox, whose ID may differ.
+	id := req.Msg.GetSandboxId()
+	if rid := req.Msg.GetRequestId(); rid != "" {
+		s.n.mu.Lock()
+		if sb, ok := s.n.requests[rid]; ok {
+			id = sb.rec.ID
+		}
+		s.n.mu.Unlock()
+	}
+	sb, err := s.n.get(id)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
+}
+
+func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
+	sb, err := s.n.get(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
+}
+
+func (s *service) ListSandboxes(ctx context.Context, req *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
+	var out []*opendsecv1.Sandbox
+	for _, sb := range s.n.List(ctx) {
+		out = append(out, s.n.toProto(sb))
+	}
+	return connect.NewResponse(&nodev1.ListSandboxesResponse{Sandboxes: out}), nil
+}
+
+func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.StopSandboxRequest]) (*connect.Response[nodev1.StopSandboxResponse], error) {
+	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.StopSandboxResponse{}), nil
+}
+
+func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.SetTimeoutRequest]) (*connect.Response[nodev1.SetTimeoutResponse], error) {
+	if _, err := s.n.SetTimeout(ctx, req.Msg.GetSandboxId(), req.Msg.GetTimeoutSeconds()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sb, err := s.n.get(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.SetTimeoutResponse{Sandbox: s.n.toProto(sb)}), nil
+}
+
+func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
+	cpu, mem, count := s.n.Usage()
+	resp := &nodev1.InfoResponse{
+		NodeId:         s.n.cfg.ID,
+		Backends:       backendNames(s.n.cfg.Backends),
+		DefaultBackend: s.n.cfg.DefaultBackend,
+		Total:          &nodev1.Capacity{Cpu: s.n.cfg.CPU, MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
+		Used:           &nodev1.Capacity{Cpu: cpu, MemoryMb: mem, Sandboxes: int64(count)},
+		Healthy:        true,
+		Now:            timestamppb.Now(),
+		Version:        version.Version,
+	}
+	if lister, ok := s.n.cfg.Images.(interface {
+		Names(ctx context.Context) ([]string, error)
+	}); ok {
+		if names, err := lister.Names(ctx); err == nil {
+			resp.Images = names
+		}
+	}
+	return connect.NewResponse(resp), nil
+}

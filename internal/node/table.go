@@ -1,0 +1,130 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// record is one sandbox in the node's table, as stored on disk.
+type record struct {
+	ID        string         `json:"id"`
+	RequestID string         `json:"request_id,omitempty"`
+	Backend   string         `json:"backend"`
+	Spec      specRecord     `json:"spec"`
+	State     string         `json:"state"` // creating, running, stopping
+	CreatedAt time.Time      `json:"created_at"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	StateDir  string         `json:"state_dir"`
+	Handle    runtime.Handle `json:"handle"`
+}
+
+// specRecord is the caller's spec with defaults applied.
+type specRecord struct {
+	Backend    string            `json:"backend"`
+	Image      string            `json:"image"`
+	CPU        float64           `json:"cpu"`
+	MemoryMB   int64             `json:"memory_mb"`
+	TimeoutSec int64             `json:"timeout_seconds"`
+	IdleSec    int64             `json:"idle_timeout_seconds"`
+	Env        map[string]string `json:"env,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	TaskID     string            `json:"task_id,omitempty"`
+	PidsLimit  int64             `json:"pids_limit"`
+	Workdir    string            `json:"workdir,omitempty"`
+}
+
+const (
+	stateCreating = "creating"
+	stateRunning  = "running"
+	stateStopping = "stopping"
+)
+
+var (
+	bucketSandboxes = []byte("sandboxes")
+	bucketRequests  = []byte("requests")
+)
+
+// table is the durable sandbox table (bbolt). Every state change is written
+// before it is acted on, so a node killed at any point can finish or undo the
+// work at its next start.
+type table struct {
+	db *bolt.DB
+}
+
+func openTable(dir string) (*table, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("make node state dir: %w", err)
+	}
+	path := filepath.Join(dir, "sandboxes.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "open sandbox table %s: %v (is another opendsec-node running with this data dir?)", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketRequests} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init sandbox table: %w", err)
+	}
+	return &table{db: db}, nil
+}
+
+func (t *table) close() error { return t.db.Close() }
+
+func (t *table) put(r *record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode sandbox record: %w", err)
+	}
+	return t.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSandboxes).Put([]byte(r.ID), b); err != nil {
+			return err
+		}
+		if r.RequestID != "" {
+			return tx.Bucket(bucketRequests).Put([]byte(r.RequestID), []byte(r.ID))
+		}
+		return nil
+	})
+}
+
+func (t *table) delete(r *record) error {
+	return t.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSandboxes).Delete([]byte(r.ID)); err != nil {
+			return err
+		}
+		if r.RequestID != "" {
+			return tx.Bucket(bucketRequests).Delete([]byte(r.RequestID))
+		}
+		return nil
+	})
+}
+
+func (t *table) all() ([]*record, error) {
+	var out []*record
+	err := t.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			r := new(record)
+			if err := json.Unmarshal(v, r); err != nil {
+				return fmt.Errorf("decode sandbox record %s: %w", k, err)
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
