@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what OpenDsec needs from Debian's packages (and, with --dev, the
+# code generators and test tools). Idempotent. Runs as root.
+set -euo pipefail
+dev=0
+[ "${1:-}" = "--dev" ] && dev=1
+need=()
+for p in runc iproute2 nftables debootstrap busybox-static erofs-utils ca-certificates curl git make gcc python3-venv; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ $dev = 1 ]; then
+  for p in protobuf-compiler libprotobuf-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+  done
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing from Debian: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export PATH=/usr/local/go/bin:$PATH; fi
+command -v go >/dev/null 2>&1 || { echo "Go 1.26 is required (https://go.dev/doc/install); install it and re-run" >&2; exit 1; }
+if [ $dev = 1 ]; then
+  gobin="$(go env GOPATH)/bin"
+  [ -x "$gobin/protoc-gen-go" ] || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.10
+  [ -x "$gobin/protoc-gen-connect-go" ] || go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.19.1
+  python3 -c 'import grpc_tools' 2>/dev/null || python3 -m pip install -q grpcio-tools==1.76.0
+fi
