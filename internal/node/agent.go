@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
@@ -106,12 +107,12 @@ func (n *Node) AgentProxy() http.Handler {
 				pr.Out.URL.Path = "/" + sub
 				pr.Out.URL.RawPath = ""
 				pr.Out.Host = "agent"
-				// The node's bearer token is for the node, not the agent.
-				pr.Out.Header.Del("Authorization")
-				if u := pr.In.Header.Get("X-Agent-Authorization"); u != "" {
-					pr.Out.Header.Set("Authorization", u)
-					pr.Out.Header.Del("X-Agent-Authorization")
+				// The node's token is for the node, not the agent; a Basic
+				// Authorization (envd user selection) goes through.
+				if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
+					pr.Out.Header.Del("Authorization")
 				}
+				pr.Out.Header.Del(auth.TokenHeader)
 			},
 			Transport:     n.agentTransport(sb),
 			FlushInterval: -1,

@@ -641,3 +641,13 @@ func (n *Node) Usage() (cpu float64, memMB int64, count int) {
 	defer n.mu.Unlock()
 	return n.reservedCPU, n.reservedMem, len(n.sandboxes)
 }
+
+// StopAll stops every sandbox on the node (used at shutdown with
+// --stop-sandboxes); failures are logged.
+func (n *Node) StopAll(ctx context.Context, reason string) {
+	for _, sb := range n.List(ctx) {
+		if err := n.Stop(ctx, sb.rec.ID, reason); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).Error("stop sandbox", log.SandboxID(sb.rec.ID), log.Err(err))
+		}
+	}
+}

@@ -15,13 +15,13 @@ import (
 	"github.com/kernflux/opendsec/internal/version"
 )
 
-// Handler serves NodeService and the agent proxy. wrap (may be nil) is
-// applied to both, e.g. the authentication middleware.
+// Handler serves NodeService (opts carry the authentication interceptor).
+// The agent proxy is served separately (AgentProxy) so the caller wraps it
+// in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
-	mux.Handle(AgentPrefix, n.AgentProxy())
 	return mux
 }
 

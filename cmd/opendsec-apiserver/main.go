@@ -1,0 +1,22 @@
+// Command opendsec-apiserver runs OpenDsec's apiserver component on its own (the same
+// code `opendsec up` composes in one process).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kernflux/opendsec/internal/daemon"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := daemon.NewComponentCommand("apiserver").ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}

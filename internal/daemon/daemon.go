@@ -1,0 +1,112 @@
+// Package daemon composes OpenDsec's components into running servers: the
+// node, the watcher and the apiserver, each behind its own listener and RPC
+// boundary, either as separate binaries or all in one process (`opendsec up`).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// Paths inside the data dir.
+const (
+	KeyFile            = "auth.key"
+	BootstrapTokenFile = "bootstrap.token"
+)
+
+// serve runs an h2c-capable HTTP server (HTTP/1.1 and unencrypted HTTP/2, so
+// gRPC clients such as grpc.aio work without TLS) on addr until ctx ends.
+// addr is host:port or unix:///path. ready receives the bound address.
+func serve(ctx context.Context, name, addr string, h http.Handler, ready chan<- string) error {
+	network, address := "tcp", addr
+	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
+		network, address = "unix", p
+		_ = os.Remove(p)
+	}
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return fmt.Errorf("listen for %s on %s: %w", name, addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		Protocols:         new(http.Protocols),
+		ErrorLog:          slog.NewLogLogger(log.G(ctx).Handler(), slog.LevelWarn),
+	}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	log.G(ctx).Info("listening", "component", name, "addr", ln.Addr().String())
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", name, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve %s: %w", name, err)
+	}
+	return nil
+}
+
+// h2cClient returns an HTTP client speaking HTTP/1.1 and unencrypted HTTP/2.
+func h2cClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetHTTP1(true)
+	t.Protocols.SetUnencryptedHTTP2(true)
+	t.MaxIdleConnsPerHost = 64
+	return &http.Client{Transport: t}
+}
+
+// loadKey loads (or, on the first start, creates) the token-signing key.
+func loadKey(cfg config.Config) ([]byte, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("make data dir: %w", err)
+	}
+	return auth.LoadOrCreateKey(filepath.Join(cfg.DataDir, KeyFile))
+}
+
+// EnsureBootstrapToken writes an admin token to the data dir if none is
+// there and returns it. It is the credential `opendsec up` hands out.
+func EnsureBootstrapToken(cfg config.Config, key []byte) (string, error) {
+	path := filepath.Join(cfg.DataDir, BootstrapTokenFile)
+	if b, err := os.ReadFile(path); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if _, err := auth.Verify(key, tok, time.Now()); err == nil {
+			return tok, nil
+		}
+	}
+	tok, err := auth.Issue(key, "bootstrap", "admin", 365*24*time.Hour)
+	if err != nil {
+		return "", fmt.Errorf("issue bootstrap token: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write bootstrap token: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("write bootstrap token: %w", err)
+	}
+	return tok, nil
+}

@@ -1,0 +1,192 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kernflux/opendsec/internal/apiserver"
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/node"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/watcher"
+)
+
+// UpOptions control Up.
+type UpOptions struct {
+	// StopSandboxes stops every sandbox at shutdown instead of leaving them
+	// running for the next start to recover.
+	StopSandboxes bool
+	PidFile       string
+	// ReadyFile receives the apiserver endpoint once everything serves.
+	ReadyFile string
+}
+
+// serviceToken issues the short-lived token components use to call nodes.
+func serviceToken(key []byte) (string, error) {
+	return auth.Issue(key, "opendsec-internal", auth.ScopeNode, 30*24*time.Hour)
+}
+
+// newNode builds the node from cfg: image store, backends, sandbox table.
+func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
+	store, err := image.Open(cfg.Node.ImageDir)
+	if err != nil {
+		return nil, fmt.Errorf("open image store: %w", err)
+	}
+	ct, err := container.New(container.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	return node.New(ctx, node.Config{
+		ID:             cfg.Node.ID,
+		StateDir:       filepath.Join(cfg.DataDir, "node"),
+		AgentPath:      cfg.Node.AgentPath,
+		Backends:       map[string]runtime.Runtime{"container": ct},
+		DefaultBackend: cfg.Node.DefaultBackend,
+		Images:         store,
+		CPU:            cfg.Node.CPU,
+		MemoryMB:       cfg.Node.MemoryMB,
+		MaxSandboxes:   cfg.Node.MaxSandboxes,
+	})
+}
+
+func nodeHandlerOpts(key []byte) (*auth.Verifier, []connect.HandlerOption) {
+	v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
+	return v, []connect.HandlerOption{connect.WithInterceptors(v.Interceptor())}
+}
+
+// RunNode serves a node until ctx ends. Sandboxes keep running after.
+func RunNode(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+	n, err := newNode(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	v, opts := nodeHandlerOpts(key)
+	return serve(ctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), ready)
+}
+
+func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxWithProxy {
+	return &muxWithProxy{rpc: n.Handler(opts...), proxy: v.Middleware(n.AgentProxy())}
+}
+
+// RunWatcher serves the watcher until ctx ends.
+func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+	tok, err := serviceToken(key)
+	if err != nil {
+		return err
+	}
+	w := watcher.New(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return w.Run(ctx) })
+	g.Go(func() error {
+		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
+		return serve(ctx, "watcher", cfg.Watcher.Listen, v.Middleware(w.Handler()), ready)
+	})
+	return g.Wait()
+}
+
+// RunAPIServer serves the public API until ctx ends.
+func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+	tok, err := serviceToken(key)
+	if err != nil {
+		return err
+	}
+	srv, err := apiserver.New(apiserver.Config{
+		Key:             key,
+		Nodes:           cfg.Nodes,
+		WatcherAddress:  cfg.APIServer.WatcherAddress,
+		PlacementSample: cfg.APIServer.PlacementSample,
+		HTTPClient:      h2cClient(),
+		NodeToken:       tok,
+		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
+	})
+	if err != nil {
+		return err
+	}
+	return serve(ctx, "apiserver", cfg.APIServer.Listen, srv.Handler(), ready)
+}
+
+// Up runs node, watcher and apiserver in one process until ctx ends.
+func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
+	key, err := loadKey(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := EnsureBootstrapToken(cfg, key); err != nil {
+		return err
+	}
+	if o.PidFile != "" {
+		if err := os.WriteFile(o.PidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+			return fmt.Errorf("write pid file: %w", err)
+		}
+		defer os.Remove(o.PidFile)
+	}
+	n, err := newNode(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+
+	g, gctx := errgroup.WithContext(ctx)
+	nodeReady, watcherReady, apiReady := make(chan string, 1), make(chan string, 1), make(chan string, 1)
+	g.Go(func() error {
+		v, opts := nodeHandlerOpts(key)
+		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), nodeReady)
+	})
+	g.Go(func() error { return RunWatcher(gctx, cfg, key, watcherReady) })
+	g.Go(func() error { return RunAPIServer(gctx, cfg, key, apiReady) })
+	g.Go(func() error {
+		var api string
+		for _, ch := range []chan string{nodeReady, watcherReady, apiReady} {
+			select {
+			case a := <-ch:
+				api = a
+			case <-gctx.Done():
+				return nil
+			}
+		}
+		log.G(ctx).Info("opendsec is up", "endpoint", api, "token_file", filepath.Join(cfg.DataDir, BootstrapTokenFile))
+		if o.ReadyFile != "" {
+			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {
+				return fmt.Errorf("write ready file: %w", err)
+			}
+		}
+		return nil
+	})
+	err = g.Wait()
+	if o.StopSandboxes {
+		n.StopAll(context.WithoutCancel(ctx), "opendsec up --stop-sandboxes shutdown")
+	}
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.G(ctx).Info("opendsec stopped", "sandboxes_left_running", !o.StopSandboxes)
+	return nil
+}
+
+// muxWithProxy sends agent traffic to the (authenticated) agent proxy and
+// everything else to the node's RPC handler.
+type muxWithProxy struct {
+	rpc, proxy http.Handler
+}
+
+func (m *muxWithProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, node.AgentPrefix) {
+		m.proxy.ServeHTTP(w, r)
+		return
+	}
+	m.rpc.ServeHTTP(w, r)
+}
