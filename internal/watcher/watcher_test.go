@@ -1,0 +1,198 @@
+package watcher_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/watcher"
+)
+
+// fakeNode is an in-process NodeService whose answers the test controls.
+type fakeNode struct {
+	nodev1connect.UnimplementedNodeServiceHandler
+	mu      sync.Mutex
+	id      string
+	fail    bool
+	healthy bool
+	sbs     []*v1.Sandbox
+}
+
+func (f *fakeNode) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("node is down"))
+	}
+	return connect.NewResponse(&nodev1.InfoResponse{
+		NodeId: f.id, Backends: []string{"container"}, DefaultBackend: "container", Healthy: f.healthy,
+		Total: &nodev1.Capacity{Cpu: 4, MemoryMb: 4096, Sandboxes: 10},
+	}), nil
+}
+
+func (f *fakeNode) ListSandboxes(context.Context, *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return connect.NewResponse(&nodev1.ListSandboxesResponse{Sandboxes: f.sbs}), nil
+}
+
+func (f *fakeNode) set(fn func(f *fakeNode)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+func startNode(t *testing.T, key []byte, f *fakeNode) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(nodev1connect.NewNodeServiceHandler(f, connect.WithInterceptors(auth.NewVerifier(key, auth.ScopeNode).Interceptor())))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
+	t.Helper()
+	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := auth.Issue(key, "watcher", auth.ScopeNode, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refs []config.NodeRef
+	for _, n := range f {
+		refs = append(refs, config.NodeRef{ID: n.id, Address: startNode(t, key, n)})
+	}
+	return watcher.New(config.Watcher{PollIntervalMS: 50}, refs, nil, tok), key
+}
+
+func byID(nodes []*watcherv1.NodeStatus, id string) *watcherv1.NodeStatus {
+	for _, n := range nodes {
+		if n.GetNodeId() == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func TestPollBuildsView(t *testing.T) {
+	a := &fakeNode{id: "n001", healthy: true, sbs: []*v1.Sandbox{
+		{Id: "n001a", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "t1"}},
+		{Id: "n001b", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{Backend: "container", TaskId: "t1"}},
+		{Id: "n001c", State: v1.SandboxState_SANDBOX_STATE_STOPPED, Spec: &v1.SandboxSpec{TaskId: "t1"}},
+	}}
+	b := &fakeNode{id: "n002", fail: true}
+	w, _ := setup(t, a, b)
+
+	before := w.Nodes()
+	if len(before) != 2 || before[0].GetHealthy() || before[1].GetHealthy() {
+		t.Fatalf("before any poll every node must be unhealthy: %v", before)
+	}
+	w.Poll(t.Context())
+	got := w.Nodes()
+	na, nb := byID(got, "n001"), byID(got, "n002")
+	if !na.GetHealthy() || na.GetInfo().GetTotal().GetMemoryMb() != 4096 || na.GetLastSeen() == nil {
+		t.Fatalf("n001 = %v, want healthy with info", na)
+	}
+	if na.SandboxesByBackend["container"] != 2 || na.SandboxesByTask["t1"] != 2 {
+		t.Fatalf("counts = %v %v, want 2 running container sandboxes of task t1", na.SandboxesByBackend, na.SandboxesByTask)
+	}
+	if nb.GetHealthy() || nb.GetLastError() == "" {
+		t.Fatalf("n002 = %v, want unhealthy with the error", nb)
+	}
+}
+
+func TestFailedPollsMarkUnhealthy(t *testing.T) {
+	a := &fakeNode{id: "n001", healthy: true}
+	w, _ := setup(t, a)
+	w.Poll(t.Context())
+	a.set(func(f *fakeNode) { f.fail = true })
+	w.Poll(t.Context())
+	if n := w.Nodes()[0]; !n.GetHealthy() || n.GetLastError() == "" {
+		t.Fatalf("after one failure: %v, want still healthy with the error recorded", n)
+	}
+	w.Poll(t.Context())
+	if n := w.Nodes()[0]; n.GetHealthy() {
+		t.Fatalf("after %d failures: still healthy", watcher.FailureThreshold)
+	}
+	a.set(func(f *fakeNode) { f.fail = false })
+	w.Poll(t.Context())
+	if n := w.Nodes()[0]; !n.GetHealthy() || n.GetLastError() != "" {
+		t.Fatalf("after recovery: %v", n)
+	}
+	a.set(func(f *fakeNode) { f.healthy = false })
+	w.Poll(t.Context())
+	if n := w.Nodes()[0]; n.GetHealthy() {
+		t.Fatal("a node reporting itself unhealthy is shown healthy")
+	}
+}
+
+func TestWrongNodeID(t *testing.T) {
+	a := &fakeNode{id: "n009", healthy: true}
+	w, _ := setup(t, a)
+	// Configure it under another ID: the watcher must not trust it.
+	w2 := watcher.New(config.Watcher{PollIntervalMS: 50}, []config.NodeRef{{ID: "n001", Address: w.Nodes()[0].GetAddress()}}, nil, "")
+	w2.Poll(t.Context())
+	if n := w2.Nodes()[0]; n.GetHealthy() {
+		t.Fatalf("node with mismatched id marked healthy: %v", n)
+	}
+}
+
+func TestRunServesListNodes(t *testing.T) {
+	a := &fakeNode{id: "n001", healthy: true}
+	w, key := setup(t, a)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	mux := http.NewServeMux()
+	mux.Handle(w.Handler(connect.WithInterceptors(auth.NewVerifier(key).Interceptor())))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	tok, _ := auth.Issue(key, "apiserver", auth.ScopeNode, time.Hour)
+	client := watcherv1connect.NewWatcherServiceClient(auth.Client(srv.Client(), tok), srv.URL)
+
+	// Sandboxes appear on the node; the running watcher must pick them up.
+	a.set(func(f *fakeNode) {
+		f.sbs = []*v1.Sandbox{{Id: "x", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{}}}
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := client.ListNodes(t.Context(), connect.NewRequest(&watcherv1.ListNodesRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := resp.Msg.GetNodes()[0]; n.GetHealthy() && n.SandboxesByBackend["container"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watcher did not report the new sandbox: %v", resp.Msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
