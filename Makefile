@@ -19,6 +19,17 @@ agent: ## build the static in-sandbox agent
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
 
+test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
+	$(GO) vet ./...
+	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
+	bash scripts/test-live.sh
+
+test-go: ## Go tests only
+	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
+
+test-live: build ## Python SDK, example and CLI against a live system
+	bash scripts/test-live.sh
+
 generate: ## regenerate protobuf code (Go and Python)
 	bash scripts/gen-proto.sh
 

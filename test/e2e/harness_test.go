@@ -1,0 +1,271 @@
+// Package e2e runs OpenDsec's binaries for real, as root: `opendsec up` with
+// the container backend, the real agent and runc, driven through the public
+// API exactly as SDKs drive it.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if os.Geteuid() != 0 && os.Getenv("OPENDSEC_ROOT_TESTS") != "1" {
+			fmt.Println("e2e: skipped, needs root")
+			return 0
+		}
+		d, err := os.MkdirTemp("", "odbin")
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		defer os.RemoveAll(d)
+		binDir = d
+		root, _ := filepath.Abs("../..")
+		for _, c := range []string{"opendsec", "opendsec-agent"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(d, c), "./cmd/"+c)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Printf("build %s: %v\n%s", c, err, out)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// system is one `opendsec up` with its data dir.
+type system struct {
+	t        *testing.T
+	dataDir  string
+	cfgPath  string
+	endpoint string
+	token    string
+	cmd      *exec.Cmd
+	logPath  string
+	waitCh   chan error
+}
+
+// newSystem writes a config with fresh ports and imports the busybox image.
+func newSystem(t *testing.T) *system {
+	testutil.RequiresRoot(t)
+	dd, err := os.MkdirTemp("", "odsys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &system{t: t, dataDir: dd, cfgPath: filepath.Join(dd, "opendsec.json"), logPath: filepath.Join(dd, "up.log")}
+	api, nodeP, watcherP := freePort(t), freePort(t), freePort(t)
+	cfg := map[string]any{
+		"version":  1,
+		"data_dir": dd,
+		"log":      map[string]any{"level": "debug"},
+		"apiserver": map[string]any{
+			"listen":           fmt.Sprintf("127.0.0.1:%d", api),
+			"watcher_address":  fmt.Sprintf("http://127.0.0.1:%d", watcherP),
+			"placement_sample": 2,
+		},
+		"watcher": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", watcherP), "poll_interval_ms": 200},
+		"node": map[string]any{
+			"id":              "n001",
+			"listen":          fmt.Sprintf("127.0.0.1:%d", nodeP),
+			"agent_path":      filepath.Join(binDir, "opendsec-agent"),
+			"image_dir":       filepath.Join(dd, "images"),
+			"default_backend": "container",
+			"max_sandboxes":   100,
+			"max_upload_mb":   64,
+		},
+		"nodes": []map[string]any{{"id": "n001", "address": fmt.Sprintf("http://127.0.0.1:%d", nodeP)}},
+	}
+	b, _ := json.MarshalIndent(cfg, "", "  ")
+	if err := os.WriteFile(s.cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.run("image", "import-rootfs", "--name", "root/busybox", "--rootfs", testutil.BusyboxRootfs(t))
+	t.Cleanup(func() {
+		if s.waitCh != nil {
+			// Stop what a failed test left behind, then the system.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if l, err := s.sandboxes().ListSandboxes(ctx, connect.NewRequest(&opendsecv1.ListSandboxesRequest{})); err == nil {
+				for _, sb := range l.Msg.Sandboxes {
+					s.sandboxes().StopSandbox(ctx, connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id}))
+				}
+			}
+			cancel()
+			s.stop()
+		}
+		if t.Failed() {
+			if b, err := os.ReadFile(s.logPath); err == nil {
+				t.Logf("opendsec up log:\n%s", lastLines(string(b), 80))
+			}
+		}
+		os.RemoveAll(dd)
+	})
+	return s
+}
+
+func lastLines(s string, n int) string {
+	ls := strings.Split(s, "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// run runs an opendsec subcommand against the system's data dir.
+func (s *system) run(args ...string) string {
+	s.t.Helper()
+	args = append(args, "--data-dir", s.dataDir, "--config", s.cfgPath)
+	out, err := exec.CommandContext(s.t.Context(), filepath.Join(binDir, "opendsec"), args...).CombinedOutput()
+	if err != nil {
+		s.t.Fatalf("opendsec %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// start runs `opendsec up` and waits until it serves.
+func (s *system) start(extra ...string) {
+	s.t.Helper()
+	ready := filepath.Join(s.dataDir, "ready")
+	os.Remove(ready)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer logf.Close()
+	args := append([]string{"up", "--data-dir", s.dataDir, "--config", s.cfgPath, "--ready-file", ready}, extra...)
+	s.cmd = exec.Command(filepath.Join(binDir, "opendsec"), args...)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- s.cmd.Wait() }()
+	deadline := time.After(60 * time.Second)
+	for {
+		if b, err := os.ReadFile(ready); err == nil && len(b) > 0 {
+			s.endpoint = "http://" + strings.TrimSpace(string(b))
+			break
+		}
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(s.logPath)
+			s.t.Fatalf("opendsec up exited: %v\n%s", err, lastLines(string(b), 40))
+		case <-deadline:
+			s.t.Fatal("opendsec up did not become ready in 60s")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	tok, err := os.ReadFile(filepath.Join(s.dataDir, "bootstrap.token"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.token = strings.TrimSpace(string(tok))
+	// Re-arm Wait for kill9/stop: the goroutine above owns it.
+	s.waitCh = exited
+	s.waitForNodes()
+}
+
+// waitForNodes waits until the watcher has seen the node (a create before
+// that has no placement candidate).
+func (s *system) waitForNodes() {
+	s.t.Helper()
+	c := s.sandboxes()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.ListSandboxes(s.t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("system not ready: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// kill9 kills the up process with SIGKILL and waits for it to die.
+func (s *system) kill9() {
+	s.t.Helper()
+	s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.waitCh
+	s.waitCh = nil
+}
+
+// stop sends SIGTERM and waits.
+func (s *system) stop() error {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	err := <-s.waitCh
+	s.waitCh = nil
+	return err
+}
+
+func (s *system) httpClient() *http.Client {
+	t := &http.Transport{Protocols: new(http.Protocols)}
+	t.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: t}
+}
+
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+		r.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, r)
+	}
+}
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, sp connect.Spec) connect.StreamingClientConn {
+		c := next(ctx, sp)
+		c.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		return c
+	}
+}
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+func (s *system) opts(tok string) []connect.ClientOption {
+	return []connect.ClientOption{connect.WithGRPC(), connect.WithInterceptors(bearer(tok))}
+}
+
+func (s *system) sandboxes() opendsecv1connect.SandboxServiceClient {
+	return opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts(s.token)...)
+}
+
+func (s *system) processes() opendsecv1connect.ProcessServiceClient {
+	return opendsecv1connect.NewProcessServiceClient(s.httpClient(), s.endpoint, s.opts(s.token)...)
+}
+
+func (s *system) files() opendsecv1connect.FileServiceClient {
+	return opendsecv1connect.NewFileServiceClient(s.httpClient(), s.endpoint, s.opts(s.token)...)
+}

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+)
+
+// create makes a busybox sandbox and fails the test on error.
+func (s *system) create(t *testing.T, spec *opendsecv1.SandboxSpec) *opendsecv1.Sandbox {
+	t.Helper()
+	if spec == nil {
+		spec = &opendsecv1.SandboxSpec{}
+	}
+	if spec.Image == "" {
+		spec.Image = "root/busybox"
+	}
+	r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	return r.Msg.Sandbox
+}
+
+type execResult struct {
+	stdout, stderr string
+	exit           *opendsecv1.ExecExit
+}
+
+// exec runs cmd in the sandbox and collects its output.
+func (s *system) exec(ctx context.Context, id string, cmd ...string) (execResult, error) {
+	st := s.processes().Exec(ctx)
+	if err := st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: id, Command: cmd}}}); err != nil {
+		return execResult{}, err
+	}
+	st.CloseRequest()
+	var r execResult
+	var out, errb strings.Builder
+	for {
+		m, err := st.Receive()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return r, err
+		}
+		switch e := m.Event.(type) {
+		case *opendsecv1.ExecResponse_Stdout:
+			out.Write(e.Stdout)
+		case *opendsecv1.ExecResponse_Stderr:
+			errb.Write(e.Stderr)
+		case *opendsecv1.ExecResponse_Exit:
+			r.exit = e.Exit
+		}
+	}
+	r.stdout, r.stderr = out.String(), errb.String()
+	if r.exit == nil {
+		return r, fmt.Errorf("exec stream ended without an exit event")
+	}
+	return r, nil
+}
+
+func (s *system) shell(t *testing.T, id, line string) execResult {
+	t.Helper()
+	r, err := s.exec(t.Context(), id, "/bin/sh", "-c", line)
+	if err != nil {
+		t.Fatalf("exec %q in %s: %v", line, id, err)
+	}
+	return r
+}
+
+// leftovers lists what the host still holds for sandbox id: mounts, cgroup
+// dirs, processes and files.
+func (s *system) leftovers(id string) []string {
+	var out []string
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, id) {
+				out = append(out, "mount: "+l)
+			}
+		}
+	}
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/opendsec/" + id)
+	cg2, _ := filepath.Glob("/sys/fs/cgroup/opendsec/" + id)
+	for _, d := range append(cg, cg2...) {
+		out = append(out, "cgroup: "+d)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), id) {
+			out = append(out, "process: "+p)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.dataDir, "node", "sandboxes", id)); err == nil {
+		out = append(out, "files: "+filepath.Join(s.dataDir, "node", "sandboxes", id))
+	}
+	return out
+}
+
+// TestKillNineRecovery is the acceptance test: ten sandboxes survive the
+// node being killed with SIGKILL, answer after it restarts, and stopping them
+// leaves nothing behind.
+func TestKillNineRecovery(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	const n = 10
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+				Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", Labels: map[string]string{"test": "kill9"}},
+			}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids[i] = r.Msg.Sandbox.Id
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("create: %v", err)
+	}
+	for _, id := range ids {
+		// State written before the crash must survive it.
+		s.shell(t, id, "echo "+id+" > /tmp/marker")
+	}
+
+	s.kill9()
+	s.start()
+
+	for _, id := range ids {
+		r := s.shell(t, id, "cat /tmp/marker; echo $((6*7))")
+		if want := id + "\n42\n"; r.stdout != want || r.exit.ExitCode != 0 {
+			t.Fatalf("after restart, sandbox %s answered %q (exit %d), want %q", id, r.stdout, r.exit.ExitCode, want)
+		}
+	}
+	l, err := s.sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{Labels: map[string]string{"test": "kill9"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Msg.Sandboxes) != n {
+		t.Fatalf("after restart list shows %d sandboxes, want %d", len(l.Msg.Sandboxes), n)
+	}
+	for _, id := range ids {
+		if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+			t.Fatalf("stop %s: %v", id, err)
+		}
+		if left := s.leftovers(id); len(left) > 0 {
+			t.Errorf("sandbox %s left behind:\n%s", id, strings.Join(left, "\n"))
+		}
+		_, err := s.sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
+		if connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("get after stop: %v, want not found", err)
+		}
+	}
+}
+
+// TestCleanShutdownLeavesSandboxesRunning checks SIGTERM keeps sandboxes and
+// --stop-sandboxes removes them.
+func TestCleanShutdownLeavesSandboxesRunning(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	sb := s.create(t, nil)
+	if err := s.stop(); err != nil {
+		t.Fatalf("SIGTERM shutdown: %v", err)
+	}
+	s.start("--stop-sandboxes")
+	if r := s.shell(t, sb.Id, "echo alive"); r.stdout != "alive\n" {
+		t.Fatalf("sandbox after clean restart: %q", r.stdout)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatalf("SIGTERM shutdown: %v", err)
+	}
+	if left := s.leftovers(sb.Id); len(left) > 0 {
+		t.Errorf("--stop-sandboxes left behind:\n%s", strings.Join(left, "\n"))
+	}
+}
