@@ -1,0 +1,86 @@
+"""OpenDsec Python SDK: async client for self-hosted sandboxes.
+
+Quick start::
+
+    import asyncio
+    from opendsec import DSecClient, DSecRunArgs
+
+    async def main() -> None:
+        async with DSecClient() as client:  # OPENDSEC_ENDPOINT, OPENDSEC_TOKEN
+            async with await client.run_sandbox(DSecRunArgs(image="root/py:3.11")) as sandbox:
+                result = await sandbox.run_shell("python3 -c 'print(6*7)'")
+                print(result.stdout, end="")
+
+    asyncio.run(main())
+"""
+
+from opendsec import errors
+from opendsec.client import BatchItem, BatchRun, DSecClient
+from opendsec.errors import (
+    AlreadyExistsError,
+    AuthenticationError,
+    CancelledError,
+    ConfigError,
+    DSecError,
+    DSecTimeoutError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    TimeoutError,
+    UnavailableError,
+    UnimplementedError,
+)
+from opendsec.sandbox import CHUNK_SIZE, ExecProcess, Files, Sandbox
+from opendsec.types import (
+    DSecRunArgs,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    FileType,
+    HTTPResponse,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxState,
+)
+
+__version__ = "0.1.0"
+
+# TimeoutError is importable (opendsec.TimeoutError) but left out of __all__ so
+# that "from opendsec import *" does not shadow the builtin; use DSecTimeoutError.
+__all__ = [
+    "AlreadyExistsError",
+    "AuthenticationError",
+    "BatchItem",
+    "BatchRun",
+    "CHUNK_SIZE",
+    "CancelledError",
+    "ConfigError",
+    "DSecClient",
+    "DSecError",
+    "DSecRunArgs",
+    "DSecTimeoutError",
+    "ExecEvent",
+    "ExecProcess",
+    "ExecResult",
+    "FailedPreconditionError",
+    "FileInfo",
+    "FileType",
+    "Files",
+    "HTTPResponse",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ProcessInfo",
+    "QuotaExceededError",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxState",
+    "UnavailableError",
+    "UnimplementedError",
+    "errors",
+    "__version__",
+]

@@ -1,0 +1,229 @@
+"""The entry point: :class:`DSecClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Generator, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc.aio
+
+from opendsec._conn import Conn
+from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_name, from_grpc_error
+from opendsec.sandbox import Sandbox
+from opendsec.types import DSecRunArgs, SandboxInfo
+
+__all__ = ["DSecClient", "BatchItem", "BatchRun"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchItem:
+    """One result of :meth:`DSecClient.run_sandboxes`.
+
+    Attributes:
+        index: position in the batch, ``0 <= index < count``.
+        sandbox: the sandbox when this item succeeded, else ``None``.
+        error: the typed error when this item failed, else ``None``.
+    """
+
+    index: int
+    sandbox: Sandbox | None
+    error: DSecError | None
+
+    @property
+    def ok(self) -> bool:
+        """True when this item made a sandbox."""
+        return self.error is None and self.sandbox is not None
+
+
+class BatchRun:
+    """A batch create in flight. Iterate it to get each :class:`BatchItem` as
+    the sandbox becomes ready (``async for item in client.run_sandboxes(...)``),
+    or ``await`` it for all items sorted by index."""
+
+    def __init__(self, conn: Conn, req: pb.BatchCreateSandboxesRequest, timeout: float | None) -> None:
+        self._conn = conn
+        self._req = req
+        self._timeout = timeout
+        self._used = False
+
+    @property
+    def request_id(self) -> str:
+        """The batch's idempotency key; item ``i`` is created with ``"<request_id>-<i>"``."""
+        return self._req.request_id
+
+    async def __aiter__(self) -> AsyncIterator[BatchItem]:
+        if self._used:
+            raise RuntimeError("a BatchRun can be consumed only once; call run_sandboxes again")
+        self._used = True
+        attempt = 0
+        while True:
+            got_any = False
+            call = self._conn.sandboxes.BatchCreateSandboxes(
+                self._req, metadata=self._conn.metadata, timeout=self._timeout
+            )
+            try:
+                async for msg in call:
+                    got_any = True
+                    yield _batch_item(self._conn, msg)
+                return
+            except grpc.aio.AioRpcError as e:
+                err = from_grpc_error(e)
+                # Retrying is safe only before any item arrived: the same
+                # request_id makes the server return the same sandboxes.
+                if got_any or not isinstance(err, UnavailableError) or attempt >= self._conn.max_retries:
+                    raise err from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(self._conn.retry_backoff * (2**attempt))
+            attempt += 1
+
+    async def collect(self) -> list[BatchItem]:
+        """Wait for every item; return them sorted by index."""
+        items = [item async for item in self]
+        items.sort(key=lambda i: i.index)
+        return items
+
+    def __await__(self) -> Generator[Any, None, list[BatchItem]]:
+        return self.collect().__await__()
+
+
+def _batch_item(conn: Conn, msg: pb.BatchCreateSandboxesResponse) -> BatchItem:
+    if msg.error_code or not msg.HasField("sandbox"):
+        err = from_code_name(msg.error_code or "unknown", msg.error_message)
+        return BatchItem(index=msg.index, sandbox=None, error=err)
+    return BatchItem(index=msg.index, sandbox=Sandbox(conn, SandboxInfo.from_proto(msg.sandbox)), error=None)
+
+
+class DSecClient:
+    """Async client for an OpenDsec apiserver.
+
+    Args:
+        endpoint: ``host:port``, ``http://host:port`` or ``https://host:port``;
+            default ``$OPENDSEC_ENDPOINT``. For https, ``$OPENDSEC_CA_FILE``
+            may name a PEM file of CA certificates.
+        token: bearer token; default ``$OPENDSEC_TOKEN``. Sent on every call as
+            ``authorization: Bearer <token>``.
+        timeout: deadline in seconds for each unary call (create, get, stop,
+            file calls...). Exec streams have no deadline unless a process
+            ``timeout`` is given.
+        max_retries: how many times calls that are safe to repeat (create with
+            its request_id, get, list) are retried on UNAVAILABLE.
+        retry_backoff: first retry delay in seconds; doubles each retry.
+
+    Raises:
+        ConfigError: no endpoint or token, or a malformed endpoint.
+
+    Use it as an async context manager, or call :meth:`close`::
+
+        async with DSecClient() as client:
+            sandbox = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 4,
+        retry_backoff: float = 0.25,
+    ) -> None:
+        self._conn = Conn(endpoint, token, timeout=timeout, max_retries=max_retries, retry_backoff=retry_backoff)
+
+    def __repr__(self) -> str:
+        return f"DSecClient(endpoint={self._conn.endpoint!r})"
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint this client talks to."""
+        return self._conn.endpoint
+
+    async def __aenter__(self) -> DSecClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection. Sandboxes keep running until they time out or are stopped."""
+        await self._conn.close()
+
+    async def run_sandbox(
+        self,
+        args: DSecRunArgs | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Sandbox:
+        """Create a sandbox and return once its agent answers.
+
+        A fresh ``request_id`` (uuid4) is generated unless given; UNAVAILABLE is
+        retried with the SAME request_id, so a lost answer never makes a second
+        sandbox.
+
+        Raises:
+            InvalidArgumentError: a field of ``args`` is wrong (``err.field`` names it).
+            NotFoundError: the image does not exist.
+            QuotaExceededError: no quota or no node capacity left.
+        """
+        if args is not None and not isinstance(args, DSecRunArgs):
+            raise ConfigError(f"args must be a DSecRunArgs, got {type(args).__name__}")
+        req = pb.CreateSandboxRequest(
+            spec=(args or DSecRunArgs()).to_proto(), request_id=request_id or uuid.uuid4().hex
+        )
+        resp = await self._conn.unary(self._conn.sandboxes.CreateSandbox, req, timeout=timeout, retry=True)
+        return Sandbox(self._conn, SandboxInfo.from_proto(resp.sandbox))
+
+    def run_sandboxes(
+        self,
+        args: DSecRunArgs | None,
+        count: int,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> BatchRun:
+        """Create ``count`` sandboxes from one spec (up to 32768).
+
+        ``async for item in client.run_sandboxes(args, n)`` yields a
+        :class:`BatchItem` per sandbox as it becomes ready, each with either a
+        ``sandbox`` or a typed ``error``; ``await client.run_sandboxes(args, n)``
+        returns all of them sorted by index. ``timeout`` bounds the whole
+        batch (default: none).
+        """
+        req = pb.BatchCreateSandboxesRequest(
+            spec=(args or DSecRunArgs()).to_proto(), count=count, request_id=request_id or uuid.uuid4().hex
+        )
+        return BatchRun(self._conn, req, timeout)
+
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        """Return the sandbox with this ID (NotFoundError if there is none)."""
+        resp = await self._conn.unary(
+            self._conn.sandboxes.GetSandbox, pb.GetSandboxRequest(id=sandbox_id), retry=True
+        )
+        return Sandbox(self._conn, SandboxInfo.from_proto(resp.sandbox))
+
+    async def list_sandboxes(
+        self,
+        labels: Mapping[str, str] | None = None,
+        task_id: str | None = None,
+        backend: str | None = None,
+    ) -> list[Sandbox]:
+        """List the caller's sandboxes, optionally only those whose labels
+        contain all of ``labels``, of ``task_id``, or of ``backend``."""
+        req = pb.ListSandboxesRequest(labels=dict(labels or {}), task_id=task_id or "", backend=backend or "")
+        resp = await self._conn.unary(self._conn.sandboxes.ListSandboxes, req, retry=True)
+        return [Sandbox(self._conn, SandboxInfo.from_proto(s)) for s in resp.sandboxes]
+
+    async def stop_sandbox(self, sandbox_id: str) -> None:
+        """Stop and delete the sandbox with this ID."""
+        await self._conn.unary(self._conn.sandboxes.StopSandbox, pb.StopSandboxRequest(id=sandbox_id))

@@ -1,0 +1,563 @@
+"""Sandbox handles: processes (:class:`ExecProcess`), files (:class:`Files`),
+ports and lifecycle (:class:`Sandbox`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import AsyncIterator, Generator, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from opendsec._conn import Conn
+from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+from opendsec.errors import (
+    DSecError,
+    DSecTimeoutError,
+    FailedPreconditionError,
+    InternalError,
+    NotFoundError,
+    from_grpc_error,
+)
+from opendsec.types import (
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    HTTPResponse,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxState,
+    _headers,
+)
+
+__all__ = ["Sandbox", "ExecProcess", "Files", "CHUNK_SIZE", "SHELL"]
+
+#: Size of the data chunks :meth:`Files.write` streams.
+CHUNK_SIZE = 1024 * 1024
+
+#: The shell :meth:`Sandbox.run_shell` and string commands run under.
+SHELL = ("/bin/sh", "-c")
+
+# How long to wait for the server to finish a stream after the exit event or a
+# kill before cancelling it.
+_DRAIN_SECONDS = 5.0
+# Extra grace on the stream deadline beyond a process timeout.
+_DEADLINE_GRACE_SECONDS = 30.0
+
+
+def _to_bytes(data: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"data must be bytes or str, got {type(data).__name__}")
+
+
+class ExecProcess:
+    """A process started with :meth:`Sandbox.exec`, streaming its output.
+
+    Start it with ``await`` (``proc = await sandbox.exec(...)``) or
+    ``async with sandbox.exec(...) as proc:`` (which kills it on exit if it is
+    still running). Then::
+
+        async for event in proc:          # ExecEvent(stream, data)
+            print(event.stream, event.text)
+        result = await proc.wait()        # ExecResult
+
+    All output is also collected, so :meth:`wait` returns the full stdout and
+    stderr even after iterating.
+    """
+
+    def __init__(self, conn: Conn, start: pb.ExecStart, deadline: float | None) -> None:
+        self._conn = conn
+        self._start_msg = start
+        self._deadline = deadline
+        self._call: Any = None
+        self._started = False
+        self._pid = 0
+        self._exit: pb.ExecExit | None = None
+        self._pending: list[ExecEvent] = []
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._read_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._start_lock = asyncio.Lock()
+        self._finished = False
+
+    @property
+    def pid(self) -> int:
+        """Process ID inside the sandbox (0 before the process started)."""
+        return self._pid
+
+    @property
+    def command(self) -> list[str]:
+        """The program and its arguments."""
+        return list(self._start_msg.command)
+
+    @property
+    def exited(self) -> bool:
+        """True once the exit event arrived."""
+        return self._exit is not None
+
+    def __await__(self) -> Generator[Any, None, ExecProcess]:
+        return self.start().__await__()
+
+    async def __aenter__(self) -> ExecProcess:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> ExecProcess:
+        """Send the start request and wait until the process runs. Idempotent."""
+        async with self._start_lock:
+            if self._call is not None:
+                return self
+            self._call = self._conn.processes.Exec(metadata=self._conn.metadata, timeout=self._deadline)
+            try:
+                await self._call.write(pb.ExecRequest(start=self._start_msg))
+                async with self._read_lock:
+                    while not self._started and self._exit is None:
+                        ev = await asyncio.wait_for(self._read_one(), self._conn.timeout)
+                        if ev is not None:
+                            self._pending.append(ev)
+            except BaseException as e:
+                self._call.cancel()
+                self._finished = True
+                if isinstance(e, grpc.aio.AioRpcError):
+                    raise from_grpc_error(e) from None
+                if isinstance(e, asyncio.TimeoutError) and not isinstance(e, DSecError):
+                    raise DSecTimeoutError(
+                        f"exec start: the process did not start within {self._conn.timeout:g}s"
+                    ) from None
+                raise
+            return self
+
+    async def _read_one(self) -> ExecEvent | None:
+        """Read one message; return an output event or None (started/exit)."""
+        try:
+            msg = await self._call.read()
+        except grpc.aio.AioRpcError as e:
+            self._finished = True
+            raise from_grpc_error(e) from None
+        if msg is grpc.aio.EOF:
+            self._finished = True
+            raise InternalError("exec: the server ended the stream without an exit event")
+        kind = msg.WhichOneof("event")
+        if kind == "started":
+            self._started = True
+            self._pid = msg.started.pid
+            return None
+        if kind == "exit":
+            self._exit = msg.exit
+            return None
+        if kind in ("stdout", "stderr", "pty"):
+            data: bytes = getattr(msg, kind)
+            (self._stderr if kind == "stderr" else self._stdout).extend(data)
+            return ExecEvent(stream=kind, data=data)
+        return None  # an event this SDK does not know yet
+
+    async def _next_event(self) -> ExecEvent | None:
+        """The next output event, or None once the process exited."""
+        if self._pending:
+            return self._pending.pop(0)
+        async with self._read_lock:
+            while self._exit is None:
+                ev = await self._read_one()
+                if ev is not None:
+                    return ev
+        return None
+
+    async def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        await self.start()
+        while True:
+            ev = await self._next_event()
+            if ev is None:
+                return
+            yield ev
+
+    async def wait(self) -> ExecResult:
+        """Wait for the process to exit and return its result with all output."""
+        await self.start()
+        while await self._next_event() is not None:
+            pass
+        await self._finish()
+        assert self._exit is not None
+        out, err = bytes(self._stdout), bytes(self._stderr)
+        return ExecResult(
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            exit_code=self._exit.exit_code,
+            status=self._exit.status,
+            timed_out=self._exit.timed_out,
+            output_truncated=self._exit.output_truncated,
+            pid=self._pid,
+            stdout_bytes=out,
+            stderr_bytes=err,
+        )
+
+    async def _finish(self) -> None:
+        """Half-close the stream and let the server end it; cancel if it does not."""
+        if self._finished or self._call is None:
+            return
+        self._finished = True
+        try:
+            async with self._write_lock:
+                await self._call.done_writing()
+
+            async def drain() -> None:
+                while await self._call.read() is not grpc.aio.EOF:
+                    pass
+
+            await asyncio.wait_for(drain(), _DRAIN_SECONDS)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError):
+            self._call.cancel()
+
+    async def _write(self, req: pb.ExecRequest, what: str) -> None:
+        await self.start()
+        if self._exit is not None or self._finished:
+            raise FailedPreconditionError(f"{what}: process {self._pid} has already exited")
+        try:
+            async with self._write_lock:
+                await self._call.write(req)
+        except grpc.aio.AioRpcError as e:
+            raise from_grpc_error(e) from None
+        except asyncio.InvalidStateError:
+            raise FailedPreconditionError(f"{what}: the exec stream of process {self._pid} is closed") from None
+
+    async def send_stdin(self, data: bytes | bytearray | memoryview | str) -> None:
+        """Write ``data`` to the process's stdin (or its PTY). Needs ``stdin=True``
+        or ``pty=`` at :meth:`Sandbox.exec`."""
+        await self._write(pb.ExecRequest(stdin=_to_bytes(data)), "send stdin")
+
+    async def close_stdin(self) -> None:
+        """Close the process's stdin (it reads EOF)."""
+        await self._write(pb.ExecRequest(close_stdin=True), "close stdin")
+
+    async def signal(self, signal: int) -> None:
+        """Send a signal number to the process, e.g. 15 (SIGTERM) or 9 (SIGKILL)."""
+        await self._write(pb.ExecRequest(signal=int(signal)), "signal")
+
+    async def kill(self) -> None:
+        """Send SIGKILL."""
+        await self.signal(9)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resize the process's PTY (started with ``pty=``)."""
+        await self._write(pb.ExecRequest(resize=pb.PtySize(cols=cols, rows=rows)), "resize")
+
+    async def close(self) -> None:
+        """Kill the process if it still runs and release the stream."""
+        if self._call is None or self._finished:
+            return
+        if self._exit is None:
+            try:
+                await self.kill()
+
+                async def until_exit() -> None:
+                    while await self._next_event() is not None:
+                        pass
+
+                await asyncio.wait_for(until_exit(), _DRAIN_SECONDS)
+            except (DSecError, asyncio.TimeoutError):
+                pass
+        if self._exit is None:
+            self._finished = True
+            self._call.cancel()
+            return
+        await self._finish()
+
+
+class Files:
+    """File operations inside one sandbox (``sandbox.files``).
+
+    Paths are absolute or relative to the sandbox user's home; ``user`` picks
+    whose permissions apply (default: the sandbox's user).
+    """
+
+    def __init__(self, conn: Conn, sandbox_id: str) -> None:
+        self._conn = conn
+        self._id = sandbox_id
+
+    async def read(self, path: str, *, user: str = "", timeout: float | None = None) -> bytes:
+        """Return the file's contents."""
+        req = pb.ReadFileRequest(sandbox_id=self._id, path=path, user=user)
+
+        async def run() -> bytes:
+            buf = bytearray()
+            call = self._conn.files.ReadFile(req, metadata=self._conn.metadata, timeout=timeout or self._conn.timeout)
+            async for msg in call:
+                buf.extend(msg.data)
+            return bytes(buf)
+
+        return await self._conn.retrying(run, retry=False)
+
+    async def read_text(self, path: str, *, encoding: str = "utf-8", user: str = "", timeout: float | None = None) -> str:
+        """Return the file's contents decoded (strictly) with ``encoding``."""
+        return (await self.read(path, user=user, timeout=timeout)).decode(encoding)
+
+    async def write(
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview | str,
+        *,
+        user: str = "",
+        timeout: float | None = None,
+    ) -> FileInfo:
+        """Create or replace the file at ``path`` with ``data`` (str is UTF-8 encoded).
+
+        Streams a header carrying the total size, then 1 MiB chunks. Parent
+        directories are created by the server.
+        """
+        buf = memoryview(_to_bytes(data))
+        header = pb.WriteFileHeader(sandbox_id=self._id, path=path, user=user, size=len(buf))
+
+        def requests() -> Generator[pb.WriteFileRequest, None, None]:
+            yield pb.WriteFileRequest(header=header)
+            for off in range(0, len(buf), CHUNK_SIZE):
+                yield pb.WriteFileRequest(data=bytes(buf[off : off + CHUNK_SIZE]))
+
+        resp = await self._conn.retrying(
+            lambda: self._conn.files.WriteFile(
+                requests(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
+            ),
+            retry=False,
+        )
+        return FileInfo.from_proto(resp.file)
+
+    async def list(self, path: str, depth: int = 1, *, user: str = "") -> list[FileInfo]:
+        """List the directory ``path``, descending ``depth`` levels (1 = its entries)."""
+        resp = await self._conn.unary(
+            self._conn.files.ListDir, pb.ListDirRequest(sandbox_id=self._id, path=path, depth=depth, user=user)
+        )
+        return [FileInfo.from_proto(e) for e in resp.entries]
+
+    async def stat(self, path: str, *, user: str = "") -> FileInfo:
+        """Return information about ``path`` (NotFoundError if it does not exist)."""
+        resp = await self._conn.unary(self._conn.files.Stat, pb.StatRequest(sandbox_id=self._id, path=path, user=user))
+        return FileInfo.from_proto(resp.file)
+
+    async def exists(self, path: str, *, user: str = "") -> bool:
+        """True if ``path`` exists."""
+        try:
+            await self.stat(path, user=user)
+        except NotFoundError:
+            return False
+        return True
+
+    async def remove(self, path: str, *, user: str = "") -> None:
+        """Remove a file or a directory with its contents."""
+        await self._conn.unary(self._conn.files.Remove, pb.RemoveRequest(sandbox_id=self._id, path=path, user=user))
+
+    async def make_dir(self, path: str, *, user: str = "") -> bool:
+        """Create a directory and its parents; return False if it already existed."""
+        resp = await self._conn.unary(
+            self._conn.files.MakeDir, pb.MakeDirRequest(sandbox_id=self._id, path=path, user=user)
+        )
+        return bool(resp.created)
+
+    async def move(self, source: str, destination: str, *, user: str = "") -> FileInfo:
+        """Rename ``source`` to ``destination``; return the moved entry."""
+        resp = await self._conn.unary(
+            self._conn.files.Move,
+            pb.MoveRequest(sandbox_id=self._id, source=source, destination=destination, user=user),
+        )
+        return FileInfo.from_proto(resp.file)
+
+
+class Sandbox:
+    """A running sandbox. Get one from :meth:`DSecClient.run_sandbox`,
+    :meth:`DSecClient.get_sandbox` or :meth:`DSecClient.list_sandboxes`.
+
+    ``async with sandbox:`` stops it when the block ends.
+    """
+
+    def __init__(self, conn: Conn, info: SandboxInfo) -> None:
+        self._conn = conn
+        self._info = info
+        self.files: Files = Files(conn, info.id)
+        """File operations inside this sandbox."""
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self._info.state.value!r}, node_id={self._info.node_id!r})"
+
+    @property
+    def id(self) -> str:
+        """The sandbox ID."""
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """What the server said about the sandbox at the last call (see :meth:`refresh`)."""
+        return self._info
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.stop()
+        except NotFoundError:
+            pass
+
+    async def refresh(self) -> SandboxInfo:
+        """Fetch the sandbox's current state from the server."""
+        resp = await self._conn.unary(self._conn.sandboxes.GetSandbox, pb.GetSandboxRequest(id=self.id), retry=True)
+        self._info = SandboxInfo.from_proto(resp.sandbox)
+        return self._info
+
+    async def set_timeout(self, seconds: float) -> SandboxInfo:
+        """Make the sandbox's lifetime end ``seconds`` from now (fractions round up)."""
+        secs = int(math.ceil(seconds)) if seconds > 0 else int(seconds)
+        resp = await self._conn.unary(
+            self._conn.sandboxes.SetTimeout, pb.SetTimeoutRequest(id=self.id, timeout_seconds=secs)
+        )
+        self._info = SandboxInfo.from_proto(resp.sandbox)
+        return self._info
+
+    async def stop(self) -> None:
+        """Stop and delete the sandbox: processes, mounts, files."""
+        await self._conn.unary(self._conn.sandboxes.StopSandbox, pb.StopSandboxRequest(id=self.id))
+        self._info = _with_state(self._info, SandboxState.STOPPED)
+
+    def exec(
+        self,
+        command: list[str] | tuple[str, ...] | str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bool = False,
+        timeout: float | None = None,
+        pty: tuple[int, int] | None = None,
+        tag: str = "",
+    ) -> ExecProcess:
+        """Start a process and stream its output.
+
+        Args:
+            command: program and arguments (run as-is), or a string run with ``/bin/sh -c``.
+            env: extra environment variables.
+            cwd: working directory (default: the sandbox's).
+            user: user to run as (default: the sandbox's).
+            stdin: keep a stdin pipe open for :meth:`ExecProcess.send_stdin`.
+            timeout: process lifetime in seconds; the agent kills it after that
+                and the result has ``timed_out=True``. ``None`` = no limit
+                beyond the sandbox's.
+            pty: run on a pseudo-terminal of ``(cols, rows)``.
+            tag: a tag to find the process later in :meth:`processes`.
+
+        Returns:
+            An :class:`ExecProcess`; ``await`` it or use ``async with`` to start it.
+        """
+        argv = [*SHELL, command] if isinstance(command, str) else list(command)
+        start = pb.ExecStart(
+            sandbox_id=self.id,
+            command=argv,
+            env=dict(env or {}),
+            cwd=cwd or "",
+            user=user or "",
+            stdin=stdin,
+            timeout_seconds=int(math.ceil(timeout)) if timeout and timeout > 0 else int(timeout or 0),
+            tag=tag,
+        )
+        if pty is not None:
+            start.pty.CopyFrom(pb.PtySize(cols=pty[0], rows=pty[1]))
+        deadline = timeout + _DEADLINE_GRACE_SECONDS if timeout and timeout > 0 else None
+        return ExecProcess(self._conn, start, deadline)
+
+    async def run_shell(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c`` and return its output and exit code.
+
+        A non-zero exit code is not an error: check ``result.exit_code``. When
+        ``timeout`` passes the process is killed and ``result.timed_out`` is True.
+        ``stdin`` (bytes or str) is written to the process and then closed.
+        """
+        proc = self.exec(cmd, env=env, cwd=cwd, user=user, stdin=stdin is not None, timeout=timeout)
+        await proc.start()
+        try:
+            if stdin is not None:
+                await proc.send_stdin(stdin)
+                await proc.close_stdin()
+            return await proc.wait()
+        except BaseException:
+            await asyncio.shield(proc.close())
+            raise
+
+    async def processes(self) -> list[ProcessInfo]:
+        """List the processes started through the agent that are still running."""
+        resp = await self._conn.unary(
+            self._conn.processes.ListProcesses, pb.ListProcessesRequest(sandbox_id=self.id), retry=True
+        )
+        return [ProcessInfo.from_proto(p) for p in resp.processes]
+
+    async def signal_process(self, pid: int, signal: int = 15) -> None:
+        """Send ``signal`` (default 15, SIGTERM) to process ``pid``."""
+        await self._conn.unary(
+            self._conn.processes.SignalProcess, pb.SignalProcessRequest(sandbox_id=self.id, pid=pid, signal=signal)
+        )
+
+    async def send_input(self, pid: int, data: bytes | str, *, pty: bool = False) -> None:
+        """Write ``data`` to the stdin (or, with ``pty``, the PTY) of process ``pid``."""
+        await self._conn.unary(
+            self._conn.processes.SendInput,
+            pb.SendInputRequest(sandbox_id=self.id, pid=pid, data=_to_bytes(data), pty=pty),
+        )
+
+    async def resize_pty(self, pid: int, cols: int, rows: int) -> None:
+        """Resize the PTY of process ``pid``."""
+        await self._conn.unary(
+            self._conn.processes.ResizePty,
+            pb.ResizePtyRequest(sandbox_id=self.id, pid=pid, size=pb.PtySize(cols=cols, rows=rows)),
+        )
+
+    async def http(
+        self,
+        port: int,
+        method: str = "GET",
+        path: str = "/",
+        headers: Mapping[str, str] | list[tuple[str, str]] | None = None,
+        body: bytes | str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> HTTPResponse:
+        """Send one HTTP request to ``port`` inside the sandbox (path may carry a query)."""
+        t = timeout or self._conn.timeout
+        req = pb.HTTPRequestRequest(
+            sandbox_id=self.id,
+            port=port,
+            method=method,
+            path=path,
+            headers=_headers(headers),
+            body=_to_bytes(body) if body is not None else b"",
+            timeout_ms=int(t * 1000),
+        )
+        resp = await self._conn.unary(self._conn.ports.HTTPRequest, req, timeout=t + 5)
+        return HTTPResponse(
+            status=resp.status, headers=[(h.name, h.value) for h in resp.headers], body=bytes(resp.body)
+        )
+
+
+def _with_state(info: SandboxInfo, state: SandboxState) -> SandboxInfo:
+    return dataclasses.replace(info, state=state)

@@ -1,0 +1,329 @@
+"""Plain data types of the SDK: run arguments, sandbox info, exec results,
+file info, HTTP responses. They are dataclasses independent of protobuf."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import json as _json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+
+__all__ = [
+    "DSecRunArgs",
+    "SandboxState",
+    "SandboxInfo",
+    "ExecResult",
+    "ExecEvent",
+    "FileType",
+    "FileInfo",
+    "ProcessInfo",
+    "HTTPResponse",
+]
+
+
+@dataclasses.dataclass
+class DSecRunArgs:
+    """What to run: the spec of a sandbox.
+
+    Zero values mean "the server's default"; the server validates every field
+    and its :class:`~opendsec.errors.InvalidArgumentError` names the field.
+
+    Attributes:
+        backend: ``"container"``, ``"microvm"`` or ``"vm"``; ``""`` = node default.
+        image: image name, e.g. ``"root/py:3.11"`` or ``"root/busybox"``.
+        cpu: CPU cores (fractions allowed); ``0`` = 1.
+        memory_mb: memory limit in MiB; ``0`` = the default (512).
+        timeout: lifetime in seconds from creation; ``0`` = the default (300); max 86400.
+        idle_timeout: stop after this many seconds without exec, file or port traffic; ``0`` = off.
+        env: environment variables for every process.
+        user: default user for processes (``"root"`` or a user of the image); ``""`` = root.
+        labels: free-form labels, for :meth:`DSecClient.list_sandboxes`.
+        task_id: the task the sandbox belongs to.
+        pids_limit: maximum number of processes; ``0`` = the default (1024).
+        workdir: working directory for processes; ``""`` = the image's, else ``/``.
+    """
+
+    backend: str = ""
+    image: str = ""
+    cpu: float = 0.0
+    memory_mb: int = 0
+    timeout: int = 0
+    idle_timeout: int = 0
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    user: str = ""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    task_id: str = ""
+    pids_limit: int = 0
+    workdir: str = ""
+
+    def to_proto(self) -> pb.SandboxSpec:
+        """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
+        return pb.SandboxSpec(
+            backend=self.backend or "",
+            image=self.image or "",
+            cpu=float(self.cpu or 0),
+            memory_mb=int(self.memory_mb or 0),
+            timeout_seconds=_seconds(self.timeout),
+            idle_timeout_seconds=_seconds(self.idle_timeout),
+            env=dict(self.env or {}),
+            user=self.user or "",
+            labels=dict(self.labels or {}),
+            task_id=self.task_id or "",
+            pids_limit=int(self.pids_limit or 0),
+            workdir=self.workdir or "",
+        )
+
+    @classmethod
+    def from_proto(cls, spec: pb.SandboxSpec) -> DSecRunArgs:
+        """Build run arguments from an ``opendsec.v1.SandboxSpec`` message."""
+        return cls(
+            backend=spec.backend,
+            image=spec.image,
+            cpu=spec.cpu,
+            memory_mb=spec.memory_mb,
+            timeout=spec.timeout_seconds,
+            idle_timeout=spec.idle_timeout_seconds,
+            env=dict(spec.env),
+            user=spec.user,
+            labels=dict(spec.labels),
+            task_id=spec.task_id,
+            pids_limit=spec.pids_limit,
+            workdir=spec.workdir,
+        )
+
+
+def _seconds(v: float | int | None) -> int:
+    """Whole seconds, rounding a fraction up (so 0.5 s is 1 s, not "default").
+    Negative values are passed through for the server to reject."""
+    if not v:
+        return 0
+    return int(math.ceil(v)) if v > 0 else int(math.floor(v))
+
+
+def _ts(t: timestamp_pb2.Timestamp, present: bool) -> _dt.datetime | None:
+    if not present:
+        return None
+    return t.ToDatetime(tzinfo=_dt.timezone.utc)
+
+
+class SandboxState(str, enum.Enum):
+    """Lifecycle state of a sandbox."""
+
+    UNSPECIFIED = "unspecified"
+    CREATING = "creating"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @classmethod
+    def from_proto(cls, v: int) -> SandboxState:
+        """Map an ``opendsec.v1.SandboxState`` value (unknown values → UNSPECIFIED)."""
+        try:
+            name = pb.SandboxState.Name(v)
+        except ValueError:
+            return cls.UNSPECIFIED
+        return cls(name.removeprefix("SANDBOX_STATE_").lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxInfo:
+    """What the server knows about a sandbox.
+
+    Attributes:
+        id: sandbox ID (``[a-z0-9]``).
+        node_id: the node that runs it.
+        state: lifecycle state.
+        spec: the spec it was created with (after server defaults).
+        created_at / expires_at / last_activity_at: UTC times, ``None`` if unset.
+        reason: why it is FAILED or STOPPED (e.g. ``"timeout"``, ``"idle"``).
+    """
+
+    id: str
+    node_id: str
+    state: SandboxState
+    spec: DSecRunArgs
+    created_at: _dt.datetime | None
+    expires_at: _dt.datetime | None
+    last_activity_at: _dt.datetime | None
+    reason: str
+
+    @classmethod
+    def from_proto(cls, s: pb.Sandbox) -> SandboxInfo:
+        """Build from an ``opendsec.v1.Sandbox`` message."""
+        return cls(
+            id=s.id,
+            node_id=s.node_id,
+            state=SandboxState.from_proto(s.state),
+            spec=DSecRunArgs.from_proto(s.spec),
+            created_at=_ts(s.created_at, s.HasField("created_at")),
+            expires_at=_ts(s.expires_at, s.HasField("expires_at")),
+            last_activity_at=_ts(s.last_activity_at, s.HasField("last_activity_at")),
+            reason=s.reason,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    """Outcome of a finished process.
+
+    Attributes:
+        stdout: standard output decoded as UTF-8 (invalid bytes replaced).
+        stderr: standard error decoded as UTF-8 (invalid bytes replaced). With a
+            PTY, all output is in ``stdout``.
+        exit_code: exit code; ``-1`` when a signal killed the process.
+        status: the agent's description, e.g. ``"exit status 1"``, ``"signal: killed"``.
+        timed_out: the process lifetime (``timeout``) killed it.
+        output_truncated: output was dropped because it was read too slowly.
+        pid: process ID inside the sandbox (0 if unknown).
+        stdout_bytes / stderr_bytes: the raw output.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    status: str = ""
+    timed_out: bool = False
+    output_truncated: bool = False
+    pid: int = 0
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        """True when the process exited with code 0."""
+        return self.exit_code == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecEvent:
+    """One chunk of process output.
+
+    Attributes:
+        stream: ``"stdout"``, ``"stderr"`` or ``"pty"``.
+        data: the raw bytes.
+    """
+
+    stream: str
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """The chunk decoded as UTF-8 (invalid bytes replaced; a multi-byte
+        character split across chunks shows as replacement characters)."""
+        return self.data.decode("utf-8", errors="replace")
+
+
+class FileType(str, enum.Enum):
+    """Kind of a file system entry."""
+
+    UNSPECIFIED = "unspecified"
+    FILE = "file"
+    DIRECTORY = "directory"
+    SYMLINK = "symlink"
+
+    @classmethod
+    def from_proto(cls, v: int) -> FileType:
+        """Map an ``opendsec.v1.FileType`` value (unknown values → UNSPECIFIED)."""
+        try:
+            name = pb.FileType.Name(v)
+        except ValueError:
+            return cls.UNSPECIFIED
+        return cls(name.removeprefix("FILE_TYPE_").lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """A file system entry inside a sandbox."""
+
+    name: str
+    path: str
+    type: FileType
+    size: int
+    mode: int
+    owner: str
+    group: str
+    modified_at: _dt.datetime | None
+    symlink_target: str
+
+    @property
+    def is_dir(self) -> bool:
+        """True for a directory."""
+        return self.type is FileType.DIRECTORY
+
+    @classmethod
+    def from_proto(cls, f: pb.FileInfo) -> FileInfo:
+        """Build from an ``opendsec.v1.FileInfo`` message."""
+        return cls(
+            name=f.name,
+            path=f.path,
+            type=FileType.from_proto(f.type),
+            size=f.size,
+            mode=f.mode,
+            owner=f.owner,
+            group=f.group,
+            modified_at=_ts(f.modified_at, f.HasField("modified_at")),
+            symlink_target=f.symlink_target,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """A process running inside a sandbox (started through the SDK or the agent)."""
+
+    pid: int
+    command: list[str]
+    tag: str
+    cwd: str
+
+    @classmethod
+    def from_proto(cls, p: pb.ProcessInfo) -> ProcessInfo:
+        """Build from an ``opendsec.v1.ProcessInfo`` message."""
+        return cls(pid=p.pid, command=list(p.command), tag=p.tag, cwd=p.cwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class HTTPResponse:
+    """Response of an HTTP request into a sandbox port.
+
+    Attributes:
+        status: HTTP status code.
+        headers: response headers in order, as ``(name, value)`` pairs.
+        body: the raw body.
+    """
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """The first header called ``name`` (case-insensitive), or ``default``."""
+        low = name.lower()
+        for k, v in self.headers:
+            if k.lower() == low:
+                return v
+        return default
+
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8 (invalid bytes replaced)."""
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON."""
+        return _json.loads(self.body)
+
+
+def _headers(h: Mapping[str, str] | list[tuple[str, str]] | None) -> list[pb.Header]:
+    if not h:
+        return []
+    items = h.items() if isinstance(h, Mapping) else h
+    return [pb.Header(name=k, value=v) for k, v in items]

@@ -1,0 +1,272 @@
+"""An in-process grpc.aio server implementing the generated servicers, for
+unit tests of the SDK logic above the transport (metadata, retries, error
+mapping, chunking, exec stream parsing). It is not a model of OpenDsec."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf import timestamp_pb2
+
+from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+from opendsec._gen.opendsec.v1 import sandbox_pb2_grpc as pbg
+
+GOOD_TOKEN = "good-token"
+
+
+class FakeServer(
+    pbg.SandboxServiceServicer,
+    pbg.ProcessServiceServicer,
+    pbg.FileServiceServicer,
+    pbg.PortServiceServicer,
+):
+    """Records what it receives and answers from simple in-memory state."""
+
+    def __init__(self) -> None:
+        self.auth: list[tuple[str, str | None]] = []
+        self.create_requests: list[pb.CreateSandboxRequest] = []
+        self.create_failures: list[tuple[grpc.StatusCode, str]] = []
+        self.batch_requests: list[pb.BatchCreateSandboxesRequest] = []
+        self.batch_failures: list[tuple[grpc.StatusCode, str]] = []
+        self.list_requests: list[pb.ListSandboxesRequest] = []
+        self.sandboxes: dict[str, pb.Sandbox] = {}
+        self.stopped: list[str] = []
+        self.files: dict[str, bytes] = {}
+        self.write_requests: list[pb.WriteFileRequest] = []
+        self.read_chunk = 3
+        self.exec_requests: list[pb.ExecRequest] = []
+        self.http_requests: list[pb.HTTPRequestRequest] = []
+        self.set_timeouts: list[pb.SetTimeoutRequest] = []
+
+    async def _auth(self, context: grpc.aio.ServicerContext, method: str) -> None:
+        md = dict(context.invocation_metadata() or ())
+        value = md.get("authorization")
+        self.auth.append((method, value))
+        if value != f"Bearer {GOOD_TOKEN}":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token: unknown or expired token; get a new one")
+
+    def _make(self, spec: pb.SandboxSpec, sid: str) -> pb.Sandbox:
+        s = pb.Sandbox(id=sid, node_id="node1", spec=spec, state=pb.SANDBOX_STATE_RUNNING)
+        s.created_at.CopyFrom(timestamp_pb2.Timestamp(seconds=1_700_000_000))
+        s.expires_at.CopyFrom(timestamp_pb2.Timestamp(seconds=1_700_000_300))
+        self.sandboxes[sid] = s
+        return s
+
+    # ---- sandboxes ----
+
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Any) -> pb.CreateSandboxResponse:
+        await self._auth(context, "CreateSandbox")
+        self.create_requests.append(request)
+        if self.create_failures:
+            code, msg = self.create_failures.pop(0)
+            await context.abort(code, msg)
+        if request.spec.image == "bad":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'image: "bad" is not a known image; list images')
+        sid = "sb" + request.request_id[:8]
+        return pb.CreateSandboxResponse(sandbox=self._make(request.spec, sid))
+
+    async def BatchCreateSandboxes(
+        self, request: pb.BatchCreateSandboxesRequest, context: Any
+    ) -> AsyncIterator[pb.BatchCreateSandboxesResponse]:
+        await self._auth(context, "BatchCreateSandboxes")
+        self.batch_requests.append(request)
+        if self.batch_failures:
+            code, msg = self.batch_failures.pop(0)
+            await context.abort(code, msg)
+        # Finish out of order; every third item fails.
+        for i in reversed(range(request.count)):
+            if i % 3 == 1:
+                yield pb.BatchCreateSandboxesResponse(
+                    index=i, error_code="resource_exhausted", error_message="memory_mb: node capacity exhausted"
+                )
+            else:
+                s = self._make(request.spec, f"b{i}")
+                yield pb.BatchCreateSandboxesResponse(index=i, sandbox=s)
+
+    async def GetSandbox(self, request: pb.GetSandboxRequest, context: Any) -> pb.GetSandboxResponse:
+        await self._auth(context, "GetSandbox")
+        if request.id.startswith("err-"):
+            name = request.id.removeprefix("err-")
+            await context.abort(grpc.StatusCode[name], f"server says {name}")
+        s = self.sandboxes.get(request.id)
+        if s is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")
+        return pb.GetSandboxResponse(sandbox=s)
+
+    async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: Any) -> pb.ListSandboxesResponse:
+        await self._auth(context, "ListSandboxes")
+        self.list_requests.append(request)
+        out = [
+            s
+            for s in self.sandboxes.values()
+            if all(s.spec.labels.get(k) == v for k, v in request.labels.items())
+            and (not request.task_id or s.spec.task_id == request.task_id)
+        ]
+        return pb.ListSandboxesResponse(sandboxes=out)
+
+    async def StopSandbox(self, request: pb.StopSandboxRequest, context: Any) -> pb.StopSandboxResponse:
+        await self._auth(context, "StopSandbox")
+        if self.sandboxes.pop(request.id, None) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")
+        self.stopped.append(request.id)
+        return pb.StopSandboxResponse()
+
+    async def SetTimeout(self, request: pb.SetTimeoutRequest, context: Any) -> pb.SetTimeoutResponse:
+        await self._auth(context, "SetTimeout")
+        self.set_timeouts.append(request)
+        s = self.sandboxes[request.id]
+        s.expires_at.CopyFrom(timestamp_pb2.Timestamp(seconds=1_700_000_000 + request.timeout_seconds))
+        return pb.SetTimeoutResponse(sandbox=s)
+
+    # ---- processes ----
+
+    async def Exec(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ExecResponse]:
+        await self._auth(context, "Exec")
+        it = request_iterator.__aiter__()
+        first = await it.__anext__()
+        self.exec_requests.append(first)
+        start = first.start
+        cmd = start.command[-1] if start.command else ""
+        yield pb.ExecResponse(started=pb.ExecStarted(pid=42))
+        if cmd == "interleave":
+            yield pb.ExecResponse(stdout=b"one\n")
+            yield pb.ExecResponse(stderr=b"two\n")
+            yield pb.ExecResponse(stdout=b"three\n")
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=3, status="exit status 3"))
+        elif cmd == "describe":
+            desc = {
+                "command": list(start.command),
+                "env": dict(start.env),
+                "cwd": start.cwd,
+                "user": start.user,
+                "timeout": start.timeout_seconds,
+                "stdin": start.stdin,
+            }
+            yield pb.ExecResponse(stdout=json.dumps(desc).encode())
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=0, status="exit status 0"))
+        elif cmd == "cat":
+            async for req in it:
+                self.exec_requests.append(req)
+                kind = req.WhichOneof("msg")
+                if kind == "stdin":
+                    yield pb.ExecResponse(stdout=req.stdin)
+                elif kind == "close_stdin":
+                    break
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=0, status="exit status 0"))
+        elif cmd == "wait-signal":
+            async for req in it:
+                self.exec_requests.append(req)
+                kind = req.WhichOneof("msg")
+                if kind == "resize":
+                    yield pb.ExecResponse(pty=f"size {req.resize.cols}x{req.resize.rows}\n".encode())
+                elif kind == "signal":
+                    yield pb.ExecResponse(exit=pb.ExecExit(exit_code=-1, status=f"signal: {req.signal}"))
+                    break
+        elif cmd == "vanish":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "sandbox 'x' not found")
+        elif cmd == "timeout":
+            yield pb.ExecResponse(stdout=b"partial")
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=-1, status="signal: killed", timed_out=True))
+        else:
+            yield pb.ExecResponse(stdout=b"\xff\xfebad utf8")
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=0, status="exit status 0"))
+
+    async def ListProcesses(self, request: pb.ListProcessesRequest, context: Any) -> pb.ListProcessesResponse:
+        await self._auth(context, "ListProcesses")
+        return pb.ListProcessesResponse(
+            processes=[pb.ProcessInfo(pid=1, command=["/opendsec-agent"], tag="", cwd="/")]
+        )
+
+    # ---- files ----
+
+    async def ReadFile(self, request: pb.ReadFileRequest, context: Any) -> AsyncIterator[pb.ReadFileResponse]:
+        await self._auth(context, "ReadFile")
+        data = self.files.get(request.path)
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"path: {request.path} does not exist")
+        assert data is not None
+        for off in range(0, len(data), self.read_chunk):
+            yield pb.ReadFileResponse(data=data[off : off + self.read_chunk])
+
+    async def WriteFile(self, request_iterator: Any, context: Any) -> pb.WriteFileResponse:
+        await self._auth(context, "WriteFile")
+        header: pb.WriteFileHeader | None = None
+        buf = bytearray()
+        async for req in request_iterator:
+            self.write_requests.append(req)
+            if req.WhichOneof("msg") == "header":
+                header = req.header
+            else:
+                buf.extend(req.data)
+        assert header is not None
+        self.files[header.path] = bytes(buf)
+        return pb.WriteFileResponse(
+            file=pb.FileInfo(name=header.path.rsplit("/", 1)[-1], path=header.path, type=pb.FILE_TYPE_FILE, size=len(buf))
+        )
+
+    async def Stat(self, request: pb.StatRequest, context: Any) -> pb.StatResponse:
+        await self._auth(context, "Stat")
+        if request.path not in self.files:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"path: {request.path} does not exist")
+        return pb.StatResponse(
+            file=pb.FileInfo(path=request.path, type=pb.FILE_TYPE_FILE, size=len(self.files[request.path]), mode=0o644)
+        )
+
+    async def ListDir(self, request: pb.ListDirRequest, context: Any) -> pb.ListDirResponse:
+        await self._auth(context, "ListDir")
+        prefix = request.path.rstrip("/") + "/"
+        return pb.ListDirResponse(
+            entries=[
+                pb.FileInfo(name=p[len(prefix) :], path=p, type=pb.FILE_TYPE_FILE, size=len(d))
+                for p, d in sorted(self.files.items())
+                if p.startswith(prefix)
+            ]
+        )
+
+    async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.RemoveResponse:
+        await self._auth(context, "Remove")
+        if self.files.pop(request.path, None) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"path: {request.path} does not exist")
+        return pb.RemoveResponse()
+
+    async def MakeDir(self, request: pb.MakeDirRequest, context: Any) -> pb.MakeDirResponse:
+        await self._auth(context, "MakeDir")
+        existed = request.path in self.files
+        self.files.setdefault(request.path, b"")
+        return pb.MakeDirResponse(file=pb.FileInfo(path=request.path, type=pb.FILE_TYPE_DIRECTORY), created=not existed)
+
+    async def Move(self, request: pb.MoveRequest, context: Any) -> pb.MoveResponse:
+        await self._auth(context, "Move")
+        self.files[request.destination] = self.files.pop(request.source)
+        return pb.MoveResponse(file=pb.FileInfo(path=request.destination, type=pb.FILE_TYPE_FILE))
+
+    # ---- ports ----
+
+    async def HTTPRequest(self, request: pb.HTTPRequestRequest, context: Any) -> pb.HTTPRequestResponse:
+        await self._auth(context, "HTTPRequest")
+        self.http_requests.append(request)
+        return pb.HTTPRequestResponse(
+            status=201,
+            headers=[pb.Header(name="Content-Type", value="application/json")],
+            body=json.dumps({"method": request.method, "path": request.path}).encode(),
+        )
+
+
+async def start(fake: FakeServer) -> tuple[grpc.aio.Server, int]:
+    """Serve ``fake`` on a free loopback port; return the server and the port."""
+    server = grpc.aio.server()
+    pbg.add_SandboxServiceServicer_to_server(fake, server)
+    pbg.add_ProcessServiceServicer_to_server(fake, server)
+    pbg.add_FileServiceServicer_to_server(fake, server)
+    pbg.add_PortServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+__all__ = ["FakeServer", "start", "GOOD_TOKEN", "asyncio"]
