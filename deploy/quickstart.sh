@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# OpenDsec quickstart: checks this machine, installs what is missing from
+# Debian's packages, builds, installs the binaries, builds the offline base
+# images, starts the system, runs one sandbox as a check and writes
+# /root/opendsec-ops/demo.env. Idempotent: running it again upgrades and
+# restarts in place (sandboxes keep running across the restart).
+#
+# Usage: deploy/quickstart.sh [--uninstall] [--skip-images]
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+DATA_DIR=/var/lib/opendsec
+LIB_DIR=/usr/local/lib/opendsec
+LOG_DIR=/var/log/opendsec
+RUN_DIR=/run/opendsec
+OPS_DIR=/root/opendsec-ops
+PID_FILE=$RUN_DIR/opendsec.pid
+ENDPOINT=127.0.0.1:7070
+BINS="opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsecctl"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
+
+systemd_pid1() { [ "$(ps -p 1 -o comm= 2>/dev/null)" = systemd ]; }
+
+stop_running() {
+  if systemd_pid1 && systemctl list-unit-files opendsec.service >/dev/null 2>&1; then
+    systemctl stop opendsec.service 2>/dev/null || true
+  fi
+  if [ -s "$PID_FILE" ]; then
+    pid=$(cat "$PID_FILE")
+    if kill -0 "$pid" 2>/dev/null && grep -q opendsec "/proc/$pid/cmdline" 2>/dev/null; then
+      note "stopping opendsec (pid $pid)"
+      kill -TERM "$pid"
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$PID_FILE"
+  fi
+}
+
+uninstall() {
+  say "uninstalling OpenDsec"
+  if [ -s "$PID_FILE" ] && [ -f "$OPS_DIR/demo.env" ] && command -v opendsecctl >/dev/null; then
+    # Stop every sandbox through the API so nothing is left behind.
+    ( . "$OPS_DIR/demo.env"
+      for id in $(opendsecctl sandbox list -o json 2>/dev/null | python3 -c 'import json,sys
+d=json.load(sys.stdin); d=d if isinstance(d,list) else d.get("sandboxes",[])
+print(" ".join(s["id"] for s in d))' 2>/dev/null); do opendsecctl sandbox stop "$id" || true; done ) || true
+  fi
+  stop_running
+  if systemd_pid1; then
+    systemctl disable opendsec.service 2>/dev/null || true
+    rm -f /etc/systemd/system/opendsec.service
+    systemctl daemon-reload 2>/dev/null || true
+  fi
+  for b in $BINS; do rm -f "/usr/local/bin/$b"; done
+  rm -rf "$LIB_DIR" "$DATA_DIR" "$LOG_DIR" "$RUN_DIR" /var/cache/opendsec "$OPS_DIR/demo.env"
+  note "removed binaries, data ($DATA_DIR), logs, caches and $OPS_DIR/demo.env"
+  exit 0
+}
+
+SKIP_IMAGES=0
+for a in "$@"; do
+  case "$a" in
+    --uninstall) [ "$(id -u)" = 0 ] || die "run as root"; uninstall ;;
+    --skip-images) SKIP_IMAGES=1 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument $a (see --help)" ;;
+  esac
+done
+
+say "checking this machine"
+[ "$(id -u)" = 0 ] || die "run as root: sandboxes need namespaces, cgroups and mounts"
+arch=$(uname -m); note "architecture: $arch"
+[ "$arch" = x86_64 ] || die "x86_64 is required (found $arch)"
+kver=$(uname -r); note "kernel: $kver"
+kmaj=${kver%%.*}; kmin=${kver#*.}; kmin=${kmin%%.*}
+if [ "$kmaj" -lt 5 ] || { [ "$kmaj" -eq 5 ] && [ "$kmin" -lt 15 ]; }; then die "kernel >= 5.15 is required (found $kver)"; fi
+if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then cg="v2 (unified)";
+elif [ -d /sys/fs/cgroup/unified ]; then cg="v1 with an empty v2 hierarchy (hybrid)"; else cg="v1"; fi
+note "cgroups: $cg"
+for c in memory pids cpu; do
+  if [ "$cg" = "v2 (unified)" ]; then grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || die "cgroup v2 controller '$c' is not enabled";
+  else [ -d "/sys/fs/cgroup/$c" ] || [ -d "/sys/fs/cgroup/cpu,cpuacct" ] || die "cgroup v1 controller '$c' is not mounted"; fi
+done
+if [ -c /dev/kvm ]; then note "/dev/kvm: present (microVM backend possible; this release sets up the container backend)";
+else note "/dev/kvm: absent — using the container backend (runc); microVMs need KVM"; fi
+note "init: $(ps -p 1 -o comm= 2>/dev/null || echo unknown)$(systemd_pid1 && echo ' (systemd units will be installed)' || echo ' (not systemd: opendsec up runs in the background with a pid file)')"
+
+say "installing what is missing"
+bash "$REPO/scripts/install-deps.sh"
+export PATH=/usr/local/go/bin:$PATH
+gov=$(go env GOVERSION 2>/dev/null || true); note "go: ${gov:-missing}"
+
+say "building"
+make -C "$REPO" build >/dev/null
+install -d "$LIB_DIR" "$LOG_DIR" "$RUN_DIR" "$OPS_DIR"
+for b in $BINS; do install -m 0755 "$REPO/bin/$b" "/usr/local/bin/$b"; done
+# The agent is replaced by rename so running sandboxes keep their copy.
+install -m 0755 "$REPO/bin/opendsec-agent" "$LIB_DIR/opendsec-agent.new" && mv -f "$LIB_DIR/opendsec-agent.new" "$LIB_DIR/opendsec-agent"
+note "installed $(echo $BINS) to /usr/local/bin, the agent to $LIB_DIR"
+
+if [ $SKIP_IMAGES = 0 ]; then
+  say "building the offline base images (cached after the first run)"
+  bash "$REPO/deploy/images/build.sh" --data-dir "$DATA_DIR" --opendsec /usr/local/bin/opendsec
+fi
+
+say "starting OpenDsec"
+stop_running
+rm -f "$RUN_DIR/ready"
+if systemd_pid1; then
+  install -m 0644 "$REPO/deploy/systemd/opendsec.service" /etc/systemd/system/opendsec.service
+  systemctl daemon-reload
+  systemctl enable --now opendsec.service
+  note "systemd unit opendsec.service enabled and started"
+else
+  nohup /usr/local/bin/opendsec up --data-dir "$DATA_DIR" --pid-file "$PID_FILE" --ready-file "$RUN_DIR/ready" \
+    >>"$LOG_DIR/opendsec.log" 2>&1 </dev/null &
+  note "opendsec up started in the background (pid $!), log $LOG_DIR/opendsec.log"
+fi
+for _ in $(seq 1 300); do [ -s "$RUN_DIR/ready" ] && break; sleep 0.1; done
+[ -s "$RUN_DIR/ready" ] || { tail -n 30 "$LOG_DIR/opendsec.log" >&2 || true; die "OpenDsec did not come up; see $LOG_DIR/opendsec.log"; }
+
+TOKEN=$(cat "$DATA_DIR/bootstrap.token")
+cat > "$OPS_DIR/demo.env" <<ENV
+# Written by deploy/quickstart.sh. Use: . $OPS_DIR/demo.env
+export OPENDSEC_ENDPOINT=$ENDPOINT
+export OPENDSEC_TOKEN=$TOKEN
+export OPENDSEC_BACKEND=container
+ENV
+chmod 600 "$OPS_DIR/demo.env"
+note "wrote $OPS_DIR/demo.env"
+
+say "checking: one sandbox"
+export OPENDSEC_ENDPOINT=$ENDPOINT OPENDSEC_TOKEN=$TOKEN
+img=root/busybox; [ $SKIP_IMAGES = 0 ] && img=root/py:3.11
+id=$(opendsecctl sandbox create --image "$img" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+if [ "$img" = root/py:3.11 ]; then out=$(opendsecctl sandbox exec "$id" -- python3 -c 'print(6*7)');
+else out=$(opendsecctl sandbox exec "$id" -- sh -c 'echo $((6*7))'); fi
+opendsecctl sandbox stop "$id" >/dev/null
+[ "$out" = 42 ] || die "check sandbox printed '$out', want 42"
+note "sandbox $id ($img) printed $out and was stopped"
+
+say "OpenDsec is running"
+cat <<TXT
+    endpoint: $ENDPOINT   backend: container   data: $DATA_DIR   log: $LOG_DIR/opendsec.log
+    Try it:
+      python3 -m venv .venv && .venv/bin/pip install ./sdk/python
+      . $OPS_DIR/demo.env
+      .venv/bin/python sdk/python/examples/quickstart.py
+TXT
