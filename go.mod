@@ -1,8 +1,21 @@
 module github.com/kernflux/opendsec
 
-go 1.26
+go 1.26.0
 
 require (
-	connectrpc.com/connect v1.19.1 // indirect
-	google.golang.org/protobuf v1.36.10 // indirect
+	connectrpc.com/connect v1.19.1
+	github.com/creack/pty v1.1.24
+	github.com/cyphar/filepath-securejoin v0.6.1
+	github.com/moby/profiles/seccomp v0.1.0
+	github.com/opencontainers/runtime-spec v1.2.1
+	github.com/spf13/cobra v1.10.2
+	go.etcd.io/bbolt v1.4.3
+	golang.org/x/sync v0.17.0
+	golang.org/x/sys v0.50.0
+	google.golang.org/protobuf v1.36.10
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
 )

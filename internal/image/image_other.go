@@ -1,0 +1,30 @@
+//go:build !linux
+
+package image
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+var errLinuxOnly = fmt.Errorf("image store: %w (Linux only)", errdefs.ErrUnimplemented)
+
+func (s *Store) lock(context.Context) (func(), error) { return nil, errLinuxOnly }
+
+type staging struct{ dir string }
+
+func (s *Store) newStaging() (*staging, error) { return nil, errLinuxOnly }
+func (st *staging) cleanup()                   {}
+func (s *Store) cleanTmp() error               { return nil }
+func syncFS(string) error                      { return errLinuxOnly }
+func syncDir(string) error                     { return errLinuxOnly }
+func removeTree(dir string) error              { return os.RemoveAll(dir) }
+func treeSize(string) int64                    { return 0 }
+func copyTree(context.Context, string, string, *progress) error {
+	return errLinuxOnly
+}
+func extractTarFile(context.Context, string, string, *progress) error { return errLinuxOnly }
+func digestTree(context.Context, string) (string, int64, error)       { return "", 0, errLinuxOnly }
