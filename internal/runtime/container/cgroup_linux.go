@@ -1,0 +1,206 @@
+package container
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// cgroupMounts describes where the cgroup hierarchies are mounted.
+type cgroupMounts struct {
+	v2      bool              // unified hierarchy only (production)
+	unified string            // cgroup2 mount point, if any (v2, or hybrid's unified)
+	v1      map[string]string // v1 controller (memory, cpuacct, pids, name=systemd...) -> mount point
+}
+
+// detectCgroups reads /proc/self/mountinfo and statfs(/sys/fs/cgroup).
+func detectCgroups() (cgroupMounts, error) {
+	m := cgroupMounts{v1: map[string]string{}}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		return m, fmt.Errorf("statfs /sys/fs/cgroup: %w", err)
+	}
+	m.v2 = st.Type == unix.CGROUP2_SUPER_MAGIC
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return m, fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 {
+			continue
+		}
+		mnt := unescapeMount(pf[4])
+		switch qf[0] {
+		case "cgroup2":
+			if m.unified == "" {
+				m.unified = mnt
+			}
+		case "cgroup":
+			for _, opt := range strings.Split(qf[2], ",") {
+				switch opt {
+				case "rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "clone_children", "xattr", "nsdelegate":
+					continue
+				}
+				if strings.Contains(opt, "=") && !strings.HasPrefix(opt, "name=") {
+					continue
+				}
+				if _, dup := m.v1[opt]; !dup {
+					m.v1[opt] = mnt
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return m, fmt.Errorf("read mountinfo: %w", err)
+	}
+	if m.v2 && m.unified == "" {
+		m.unified = "/sys/fs/cgroup"
+	}
+	return m, nil
+}
+
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// dirs returns every directory the cgroup path can have on the host: one per
+// v1 hierarchy, plus the unified one.
+func (m cgroupMounts) dirs(path string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(mnt string) {
+		d := filepath.Join(mnt, path)
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	if !m.v2 {
+		for _, mnt := range m.v1 {
+			add(mnt)
+		}
+	}
+	if m.unified != "" {
+		add(m.unified)
+	}
+	return out
+}
+
+// remove removes every directory of the cgroup path (runc delete normally
+// does; this covers a crash between steps). A cgroup whose last task is still
+// exiting reports EBUSY for a moment, so it retries until ctx or 5 s.
+func (m cgroupMounts) remove(ctx context.Context, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var errs []error
+	for _, d := range m.dirs(path) {
+		for {
+			err := unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || ctx.Err() != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// existing returns the cgroup directories of path that exist.
+func (m cgroupMounts) existing(path string) []string {
+	var out []string
+	for _, d := range m.dirs(path) {
+		if _, err := os.Stat(d); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return -1, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// stats reads memory, cpu and pids use of the cgroup path.
+func (m cgroupMounts) stats(path string) (runtime.Stats, error) {
+	var st runtime.Stats
+	var err error
+	if m.v2 {
+		d := filepath.Join(m.unified, path)
+		if st.MemoryBytes, err = readInt(filepath.Join(d, "memory.current")); err != nil {
+			return st, fmt.Errorf("read memory.current: %w", err)
+		}
+		if st.Pids, err = readInt(filepath.Join(d, "pids.current")); err != nil {
+			return st, fmt.Errorf("read pids.current: %w", err)
+		}
+		b, err := os.ReadFile(filepath.Join(d, "cpu.stat"))
+		if err != nil {
+			return st, fmt.Errorf("read cpu.stat: %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				us, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return st, fmt.Errorf("parse cpu.stat: %w", err)
+				}
+				st.CPUNanos = us * 1000
+			}
+		}
+		return st, nil
+	}
+	if st.MemoryBytes, err = readInt(filepath.Join(m.v1["memory"], path, "memory.usage_in_bytes")); err != nil {
+		return st, fmt.Errorf("read memory.usage_in_bytes: %w", err)
+	}
+	if st.Pids, err = readInt(filepath.Join(m.v1["pids"], path, "pids.current")); err != nil {
+		return st, fmt.Errorf("read pids.current: %w", err)
+	}
+	cpu, err := readInt(filepath.Join(m.v1["cpuacct"], path, "cpuacct.usage"))
+	if err != nil {
+		return st, fmt.Errorf("read cpuacct.usage: %w", err)
+	}
+	st.CPUNanos = uint64(cpu)
+	return st, nil
+}

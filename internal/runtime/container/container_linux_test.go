@@ -1,0 +1,62 @@
+package container
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+// newFactory returns a Factory whose runtimes share one runc state root, so
+// a second instance sees the first one's sandboxes (a node restart).
+func newFactory(t *testing.T) runtimetest.Factory {
+	testutil.RequiresRoot(t)
+	root := t.TempDir()
+	layer := testutil.BusyboxRootfs(t)
+	agent := testutil.AgentBinary(t)
+	return func(t *testing.T) (runtime.Runtime, runtime.Spec) {
+		rt, err := New(Config{StateRoot: filepath.Join(root, "runc"), CgroupParent: "/opendsec-test"})
+		if err != nil {
+			t.Fatalf("new container runtime: %v", err)
+		}
+		return rt, runtime.Spec{
+			Image:     runtime.Image{Name: "test/busybox", Layers: []string{layer}},
+			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128},
+			AgentPath: agent,
+		}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	runtimetest.Suite(t, newFactory(t))
+}
+
+// TestInitDetached checks that the sandbox's init is not our child, so it
+// survives the node process being killed.
+func TestInitDetached(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	st, err := rt.Status(t.Context(), spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ppid := parentPid(t, st.Pid)
+	if ppid == os.Getpid() {
+		t.Fatalf("init %d is a child of the node process", st.Pid)
+	}
+	// The container sits in its own cgroup under the parent.
+	c := rt.(*Runtime)
+	if dirs := c.CgroupDirs(spec.ID); len(dirs) == 0 {
+		t.Fatalf("no cgroup dirs for %s", spec.ID)
+	}
+	if err := rt.Delete(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
+		t.Fatalf("cgroup dirs left after delete: %v", dirs)
+	}
+}

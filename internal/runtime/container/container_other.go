@@ -1,0 +1,13 @@
+//go:build !linux
+
+package container
+
+import "github.com/kernflux/opendsec/internal/errdefs"
+
+// Runtime is the container backend; it runs only on Linux.
+type Runtime struct{}
+
+// New reports that the container backend needs Linux.
+func New(cfg Config) (*Runtime, error) {
+	return nil, errdefs.New(errdefs.ErrUnimplemented, "the container backend runs only on Linux")
+}

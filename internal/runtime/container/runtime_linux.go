@@ -1,0 +1,728 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.StatsReader = (*Runtime)(nil)
+)
+
+// handleVersion is the version of handleState's JSON in runtime.Handle.
+const handleVersion = 1
+
+// Files and directories the backend makes under Spec.StateDir.
+const (
+	upperDir   = "upper"
+	workDir    = "work"
+	rootfsDir  = "rootfs"
+	runDir     = "run"
+	logDir     = "log" // a 1 MiB tmpfs: the agent's stderr cannot fill the disk
+	configFile = "config.json"
+	pidFile    = "init.pid"
+	runcLog    = "runc.log"
+	agentLog   = "agent.log"
+	logTmpfsSz = "size=1m"
+)
+
+// handleState is the backend's blob in runtime.Handle.State.
+type handleState struct {
+	StateRoot    string    `json:"state_root"`
+	Bundle       string    `json:"bundle"`
+	CgroupPath   string    `json:"cgroup_path"`
+	Pid          int       `json:"pid"`
+	Created      time.Time `json:"created"`
+	OwnsStateDir bool      `json:"owns_state_dir,omitempty"`
+}
+
+type sandbox struct {
+	id string
+	// mu serialises lifecycle operations on this sandbox.
+	mu sync.Mutex
+	st handleState // guarded by mu
+	// deleted reports whether Delete finished; guarded by mu.
+	deleted bool
+}
+
+// Runtime is the container backend. Create one with New.
+type Runtime struct {
+	cfg     Config
+	runc    string
+	version string
+	cg      cgroupMounts
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // guarded by mu
+}
+
+// New checks that runc is installed and the process is root, and returns the
+// backend.
+func New(cfg Config) (*Runtime, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	runc, err := exec.LookPath(cfg.RuncPath)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition,
+			"container.runc_path: runc binary %q not found (install it: apt-get install runc): %v", cfg.RuncPath, err)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container backend needs root (euid is %d)", os.Geteuid())
+	}
+	out, err := exec.Command(runc, "--version").Output()
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %v", runc, err)
+	}
+	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
+	cg, err := detectCgroups()
+	if err != nil {
+		return nil, fmt.Errorf("detect cgroups: %w", err)
+	}
+	if !cg.v2 && (cg.v1["memory"] == "" || cg.v1["pids"] == "" || cg.v1["cpuacct"] == "") {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cgroup v1 controllers memory, pids and cpuacct must be mounted (found %v)", cg.v1)
+	}
+	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
+		return nil, fmt.Errorf("create runc state root: %w", err)
+	}
+	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, sandboxes: map[string]*sandbox{}}, nil
+}
+
+// CgroupV2 reports whether the host uses the unified cgroup hierarchy.
+func (r *Runtime) CgroupV2() bool { return r.cg.v2 }
+
+// CgroupDirs returns the host cgroup directories of sandbox id that exist.
+func (r *Runtime) CgroupDirs(id string) []string {
+	return r.cg.existing(r.cgroupPath(id))
+}
+
+func (r *Runtime) cgroupPath(id string) string { return filepath.Join(r.cfg.CgroupParent, id) }
+
+// Info describes the backend.
+func (r *Runtime) Info() runtime.Info {
+	return runtime.Info{
+		Name:         "container",
+		Version:      "runc " + r.version,
+		Capabilities: runtime.Capabilities{Pause: true, Stats: true},
+	}
+}
+
+func validateSpec(s runtime.Spec) error {
+	switch {
+	case s.ID == "":
+		return errdefs.Invalid("id", "must not be empty")
+	case len(s.ID) > 64 || strings.ContainsAny(s.ID, "/\\ \t\n.:") || !isIDChars(s.ID):
+		return errdefs.Invalid("id", "%q must be 1-64 characters of [a-zA-Z0-9_-]", s.ID)
+	case len(s.Image.Layers) == 0:
+		return errdefs.Invalid("image.layers", "must list at least one layer directory")
+	case s.AgentPath == "":
+		return errdefs.Invalid("agent_path", "must be the host path of the opendsec-agent binary")
+	case s.StateDir == "" || !filepath.IsAbs(s.StateDir):
+		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
+	case s.Resources.MemoryMB <= 0:
+		return errdefs.Invalid("resources.memory_mb", "must be > 0, got %d", s.Resources.MemoryMB)
+	case s.Resources.CPU <= 0:
+		return errdefs.Invalid("resources.cpu", "must be > 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
+	case s.Resources.PidsLimit < 0:
+		return errdefs.Invalid("resources.pids_limit", "must be >= 0 (0 means the default %d), got %d", defaultPidsLimit, s.Resources.PidsLimit)
+	case len(s.Hostname) > 64:
+		return errdefs.Invalid("hostname", "must be at most 64 characters")
+	}
+	for i, l := range s.Image.Layers {
+		if !filepath.IsAbs(l) || strings.ContainsAny(l, ":,") {
+			return errdefs.Invalid(fmt.Sprintf("image.layers[%d]", i), "must be an absolute path without ':' or ',', got %q", l)
+		}
+		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+			return errdefs.Invalid(fmt.Sprintf("image.layers[%d]", i), "%q is not a directory", l)
+		}
+	}
+	if fi, err := os.Stat(s.AgentPath); err != nil || !fi.Mode().IsRegular() {
+		return errdefs.Invalid("agent_path", "%q is not a regular file", s.AgentPath)
+	}
+	for i, e := range append(append([]string{}, s.Image.Env...), s.Env...) {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
+			return errdefs.Invalid("env", "entry %d %q must be KEY=VALUE", i, e)
+		}
+	}
+	return nil
+}
+
+func isIDChars(s string) bool {
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Create prepares the sandbox: overlay root, config.json, `runc create`. On
+// any error everything made so far is undone.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, retErr error) {
+	if err := validateSpec(spec); err != nil {
+		return runtime.Handle{}, err
+	}
+	sb := &sandbox{id: spec.ID}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	r.mu.Lock()
+	if _, ok := r.sandboxes[spec.ID]; ok {
+		r.mu.Unlock()
+		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists", spec.ID)
+	}
+	r.sandboxes[spec.ID] = sb
+	r.mu.Unlock()
+
+	st := handleState{
+		StateRoot:  r.cfg.StateRoot,
+		Bundle:     spec.StateDir,
+		CgroupPath: r.cgroupPath(spec.ID),
+		Created:    time.Now().UTC(),
+	}
+	sb.st = st
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if err := r.cleanup(context.WithoutCancel(ctx), sb); err != nil {
+			log.G(ctx).Error("undo failed create", "sandbox.id", spec.ID, "error", err)
+		}
+		r.mu.Lock()
+		delete(r.sandboxes, spec.ID)
+		r.mu.Unlock()
+	}()
+	if _, err := r.runcState(ctx, st.StateRoot, spec.ID); err == nil {
+		// A container left by someone else: never touch it from a failed create.
+		sb.st.Bundle = ""
+		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runc state %s", spec.ID, st.StateRoot)
+	}
+
+	if _, err := os.Stat(spec.StateDir); errors.Is(err, os.ErrNotExist) {
+		sb.st.OwnsStateDir = true
+	}
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return runtime.Handle{}, fmt.Errorf("create state dir: %w", err)
+	}
+	for _, d := range []string{upperDir, workDir, rootfsDir, runDir, logDir} {
+		if err := os.Mkdir(filepath.Join(spec.StateDir, d), 0o700); err != nil {
+			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
+		}
+	}
+	// The agent (uid 0 in the sandbox) creates its socket here; the node
+	// connects as root.
+	if err := os.Chmod(filepath.Join(spec.StateDir, runDir), 0o755); err != nil {
+		return runtime.Handle{}, fmt.Errorf("chmod run dir: %w", err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, logDir), "tmpfs",
+		unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, logTmpfsSz+",mode=0700"); err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount log tmpfs: %w", err)
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(spec.Image.Layers, ":"),
+		filepath.Join(spec.StateDir, upperDir), filepath.Join(spec.StateDir, workDir))
+	if len(opts) >= os.Getpagesize() {
+		return runtime.Handle{}, errdefs.Invalid("image.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
+	}
+	if err := unix.Mount("overlay", filepath.Join(spec.StateDir, rootfsDir), "overlay", 0, opts); err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
+	}
+
+	oci, err := ociSpec(spec, st.CgroupPath)
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	b, err := json.MarshalIndent(oci, "", "  ")
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.StateDir, configFile), b, 0o600); err != nil {
+		return runtime.Handle{}, fmt.Errorf("write config.json: %w", err)
+	}
+	if err := r.runcCreate(ctx, spec.ID, spec.StateDir); err != nil {
+		return runtime.Handle{}, err
+	}
+	pb, err := os.ReadFile(filepath.Join(spec.StateDir, pidFile))
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("read init pid: %w", err)
+	}
+	if sb.st.Pid, err = strconv.Atoi(strings.TrimSpace(string(pb))); err != nil {
+		return runtime.Handle{}, fmt.Errorf("parse init pid: %w", err)
+	}
+	hs, err := json.Marshal(sb.st)
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("encode handle: %w", err)
+	}
+	log.G(ctx).Debug("sandbox created", "sandbox.id", spec.ID, "pid", sb.st.Pid)
+	return runtime.Handle{ID: spec.ID, Version: handleVersion, State: hs}, nil
+}
+
+// runcCreate runs `runc create` detached. Its stdio are files, never pipes,
+// so runc and the container's init hold no pipe of ours (exec.Cmd.Wait would
+// otherwise wait for the container to exit). stdin and stdout are /dev/null;
+// stderr (the agent's log) goes to a file on a 1 MiB tmpfs, so neither the
+// agent nor anything that gets hold of its stderr can fill the disk.
+func (r *Runtime) runcCreate(ctx context.Context, id, bundle string) error {
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer devnull.Close()
+	logf, err := os.OpenFile(filepath.Join(bundle, logDir, agentLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open agent log: %w", err)
+	}
+	defer logf.Close()
+	rlog := filepath.Join(bundle, logDir, runcLog)
+	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
+		"create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
+	// A new session: signals to the node's process group (Ctrl-C) never reach
+	// the container.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc create: %w: %s", err, runcLogError(rlog))
+	}
+	return nil
+}
+
+// runcLogError returns the last error message in a runc JSON log.
+func runcLogError(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no runc log)"
+	}
+	msg := ""
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var e struct{ Level, Msg string }
+		if json.Unmarshal(line, &e) == nil && (e.Level == "error" || e.Level == "fatal") {
+			msg = e.Msg
+		}
+	}
+	if msg == "" {
+		msg = strings.TrimSpace(string(b))
+	}
+	return msg
+}
+
+// runcOut runs a runc subcommand and returns its stdout; runc's error message
+// is in the error.
+func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.runc, append([]string{"--root", root}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not exist") {
+			return nil, errdefs.New(errdefs.ErrNotFound, "runc %s: container not found: %s", args[0], msg)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("runc %s: %w", args[0], ctx.Err())
+		}
+		return nil, fmt.Errorf("runc %s: %w: %s", args[0], err, msg)
+	}
+	return out, nil
+}
+
+type runcStateJSON struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+func (r *Runtime) runcState(ctx context.Context, root, id string) (runcStateJSON, error) {
+	var s runcStateJSON
+	out, err := r.runcOut(ctx, root, "state", id)
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(out, &s); err != nil {
+		return s, fmt.Errorf("decode runc state: %w", err)
+	}
+	return s, nil
+}
+
+func (r *Runtime) get(id string) (*sandbox, error) {
+	r.mu.Lock()
+	sb, ok := r.sandboxes[id]
+	r.mu.Unlock()
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+// lock returns the sandbox with its mu held, or ErrNotFound.
+func (r *Runtime) lock(id string) (*sandbox, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	if sb.deleted {
+		sb.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+// Start runs the agent (`runc start`).
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.mu.Unlock()
+	s, err := r.runcState(ctx, sb.st.StateRoot, id)
+	if err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	switch s.Status {
+	case "running", "paused":
+		return nil
+	case "created":
+	default:
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s and cannot be started", id, s.Status)
+	}
+	if _, err := r.runcOut(ctx, sb.st.StateRoot, "start", id); err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	return nil
+}
+
+// Stop sends SIGTERM to every process, then SIGKILL after opts.Timeout, and
+// waits until init is gone.
+func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.mu.Unlock()
+	return r.stop(ctx, sb, opts.Timeout)
+}
+
+func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stop sandbox: %w", err)
+	}
+	if s.Status == "stopped" {
+		return nil
+	}
+	if s.Status == "paused" {
+		// Signals are not delivered to frozen tasks.
+		if _, err := r.runcOut(ctx, sb.st.StateRoot, "resume", sb.id); err != nil {
+			return fmt.Errorf("stop sandbox: %w", err)
+		}
+	}
+	if timeout > 0 && s.Status != "created" {
+		if err := r.kill(ctx, sb, "TERM"); err != nil {
+			return err
+		}
+		if r.waitStopped(ctx, sb, timeout) {
+			return nil
+		}
+	}
+	if err := r.kill(ctx, sb, "KILL"); err != nil {
+		return err
+	}
+	if !r.waitStopped(ctx, sb, 10*time.Second) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop sandbox: %w", ctx.Err())
+		}
+		return errdefs.New(errdefs.ErrInternal, "sandbox %q still running 10s after SIGKILL", sb.id)
+	}
+	return nil
+}
+
+func (r *Runtime) kill(ctx context.Context, sb *sandbox, sig string) error {
+	_, err := r.runcOut(ctx, sb.st.StateRoot, "kill", "--all", sb.id, sig)
+	if err != nil && !errdefs.IsNotFound(err) && !strings.Contains(err.Error(), "not running") {
+		return fmt.Errorf("signal sandbox: %w", err)
+	}
+	return nil
+}
+
+// waitStopped polls until the init process is gone or d passes.
+func (r *Runtime) waitStopped(ctx context.Context, sb *sandbox, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
+		if errdefs.IsNotFound(err) || err == nil && s.Status == "stopped" {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Delete removes the container, its mounts, cgroups and files. Idempotent.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	sb, err := r.lock(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer sb.mu.Unlock()
+	if err := r.cleanup(ctx, sb); err != nil {
+		return fmt.Errorf("delete sandbox: %w", err)
+	}
+	sb.deleted = true
+	r.mu.Lock()
+	if r.sandboxes[id] == sb {
+		delete(r.sandboxes, id)
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// cleanup removes everything Create may have made for sb. It tolerates any
+// part being missing, so it serves both Delete and undoing a failed Create.
+func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
+	if sb.st.Bundle == "" {
+		return nil
+	}
+	var errs []error
+	if _, err := r.runcOut(ctx, sb.st.StateRoot, "delete", "--force", sb.id); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	if sb.st.Pid > 0 {
+		waitPidGone(ctx, sb.st.Pid, 10*time.Second)
+	}
+	if err := r.cg.remove(ctx, sb.st.CgroupPath); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range []string{rootfsDir, logDir} {
+		if err := unmount(ctx, filepath.Join(sb.st.Bundle, d)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// Never remove files under a mount that is still there.
+		return errors.Join(errs...)
+	}
+	if sb.st.OwnsStateDir {
+		if err := os.RemoveAll(sb.st.Bundle); err != nil {
+			return fmt.Errorf("remove state dir: %w", err)
+		}
+		return nil
+	}
+	for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile} {
+		if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitPidGone polls until pid no longer exists (or is a zombie of someone
+// else) or d passes.
+func waitPidGone(ctx context.Context, pid int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if !pidAlive(pid) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+// unmount unmounts path if it is a mount point, lazily if it is busy.
+func unmount(ctx context.Context, path string) error {
+	for range 50 {
+		err := unix.Unmount(path, 0)
+		if err == nil {
+			continue // stacked mounts: unmount until nothing is left
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // not a mount point (any more)
+		}
+		if errors.Is(err, unix.EBUSY) {
+			log.G(ctx).Warn("mount busy, detaching lazily", "path", path, "error", err)
+			if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+				return fmt.Errorf("lazy unmount %s: %w", path, err)
+			}
+			continue
+		}
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	return fmt.Errorf("unmount %s: still mounted after 50 unmounts", path)
+}
+
+// Status reports the container's state from `runc state`.
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	sb, err := r.lock(id)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	defer sb.mu.Unlock()
+	s, err := r.runcState(ctx, sb.st.StateRoot, id)
+	if errdefs.IsNotFound(err) {
+		// Known to us but gone from runc (its state dir was lost): nothing runs.
+		return runtime.Status{State: runtime.StateStopped}, nil
+	}
+	if err != nil {
+		return runtime.Status{}, fmt.Errorf("sandbox status: %w", err)
+	}
+	switch s.Status {
+	case "created":
+		return runtime.Status{State: runtime.StateCreated, Pid: s.Pid}, nil
+	case "running":
+		return runtime.Status{State: runtime.StateRunning, Pid: s.Pid}, nil
+	case "paused", "pausing":
+		return runtime.Status{State: runtime.StatePaused, Pid: s.Pid}, nil
+	default:
+		return runtime.Status{State: runtime.StateStopped}, nil
+	}
+}
+
+// Recover re-registers a sandbox from its Handle after a node restart.
+func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
+	if h.ID == "" {
+		return errdefs.Invalid("handle.id", "must not be empty")
+	}
+	if h.Version != handleVersion {
+		return errdefs.Invalid("handle.version", "unsupported container handle version %d (want %d)", h.Version, handleVersion)
+	}
+	var st handleState
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return errdefs.Invalid("handle.state", "not a container backend handle: %v", err)
+	}
+	if st.StateRoot == "" || st.Bundle == "" || st.CgroupPath == "" {
+		return errdefs.Invalid("handle.state", "missing state_root, bundle or cgroup_path")
+	}
+	if _, err := r.runcState(ctx, st.StateRoot, h.ID); err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found in runc state %s", h.ID, st.StateRoot)
+		}
+		return fmt.Errorf("recover sandbox: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.sandboxes[h.ID]; ok {
+		return nil
+	}
+	r.sandboxes[h.ID] = &sandbox{id: h.ID, st: st}
+	return nil
+}
+
+// AgentConn dials the agent's unix socket StateDir/run/agent.sock. Paths
+// longer than sun_path (108 bytes) are reached through /proc/self/fd.
+func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	dir := filepath.Join(sb.st.Bundle, runDir)
+	sb.mu.Unlock()
+	c, err := dialUnix(ctx, dir, agentSocketName)
+	if err != nil {
+		return nil, fmt.Errorf("dial agent: %w", err)
+	}
+	return c, nil
+}
+
+// dialUnix dials dir/name; when the path does not fit in sun_path it opens
+// dir with O_PATH and dials /proc/self/fd/<n>/name instead.
+func dialUnix(ctx context.Context, dir, name string) (net.Conn, error) {
+	var d net.Dialer
+	path := filepath.Join(dir, name)
+	if len(path) < 108 {
+		return d.DialContext(ctx, "unix", path)
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open socket dir: %w", err)
+	}
+	defer unix.Close(fd)
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", fd, name))
+}
+
+// Pause freezes every process of the sandbox (cgroup freezer).
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.mu.Unlock()
+	if _, err := r.runcOut(ctx, sb.st.StateRoot, "pause", id); err != nil {
+		return fmt.Errorf("pause sandbox: %w", err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.mu.Unlock()
+	if _, err := r.runcOut(ctx, sb.st.StateRoot, "resume", id); err != nil {
+		return fmt.Errorf("resume sandbox: %w", err)
+	}
+	return nil
+}
+
+// Stats reads memory, cpu and pids use from the sandbox's cgroup.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	sb.mu.Lock()
+	path := sb.st.CgroupPath
+	sb.mu.Unlock()
+	st, err := r.cg.stats(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return st, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q has no cgroup (not created or already deleted)", id)
+	}
+	if err != nil {
+		return st, fmt.Errorf("sandbox stats: %w", err)
+	}
+	return st, nil
+}

@@ -1,0 +1,151 @@
+package container
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// Paths inside the sandbox.
+const (
+	agentInSandbox  = "/.opendsec/agent"
+	runDirInSandbox = "/run/opendsec"
+	agentSocketName = "agent.sock"
+)
+
+// defaultCaps is Docker's default capability set: nothing more (no
+// SYS_ADMIN, SYS_MODULE, SYS_PTRACE, NET_ADMIN...).
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+	"/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+	"/sys/devices/virtual/powercap", "/proc/kpagecgroup", "/proc/kpagecount",
+	"/proc/kpageflags",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+const (
+	defaultPidsLimit = 1024
+	cpuPeriod        = 100000 // µs
+	nofileLimit      = 65536
+	defaultPath      = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// ociSpec builds the OCI runtime config for a sandbox. The rootfs is
+// "rootfs" relative to the bundle (StateDir).
+func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+	args := []string{agentInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName)}
+	if s.Image.User != "" {
+		args = append(args, "--default-user", s.Image.User)
+	}
+	if s.Image.Workdir != "" {
+		args = append(args, "--default-workdir", s.Image.Workdir)
+	}
+	env := append(append([]string{}, s.Image.Env...), s.Env...)
+	hasPath := false
+	for _, e := range env {
+		if strings.HasPrefix(e, "PATH=") {
+			hasPath = true
+		}
+	}
+	if !hasPath {
+		env = append([]string{defaultPath}, env...)
+	}
+
+	mem := s.Resources.MemoryMB << 20
+	quota := int64(s.Resources.CPU * cpuPeriod)
+	period := uint64(cpuPeriod)
+	pids := s.Resources.PidsLimit
+	if pids == 0 {
+		pids = defaultPidsLimit
+	}
+	// Raising a hard limit needs CAP_SYS_RESOURCE, which the node may lack:
+	// never ask for more than the node's own hard limit.
+	nofile := uint64(nofileLimit)
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Max < nofile {
+		nofile = rl.Max
+	}
+	tmpSize := fmt.Sprintf("size=%dm", s.Resources.MemoryMB)
+
+	sp := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: hostname,
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: args,
+			Env:  env,
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  defaultCaps,
+				Effective: defaultCaps,
+				Permitted: defaultCaps,
+			},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile},
+			},
+			NoNewPrivileges: true,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmpSize}},
+			{Destination: agentInSandbox, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+		},
+		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
+		Linux: &specs.Linux{
+			CgroupsPath: cgroupsPath,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.NetworkNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory: &specs.LinuxMemory{
+					Limit: &mem,
+					Swap:  &mem, // memory+swap == memory: no swap escape
+				},
+				CPU:  &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids: &specs.LinuxPids{Limit: pids},
+			},
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	prof, err := seccomp.GetDefaultProfile(sp)
+	if err != nil {
+		return nil, fmt.Errorf("default seccomp profile: %w", err)
+	}
+	sp.Linux.Seccomp = prof
+	return sp, nil
+}

@@ -1,0 +1,496 @@
+package runtimetest
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// Factory returns a backend and a Spec template (image layers, agent path,
+// resources). Every Runtime a Factory returns within one top-level Suite run
+// must share node state (like the same node before and after a restart), so
+// a second instance can Recover sandboxes made by the first. Suite fills ID
+// and StateDir.
+type Factory func(t *testing.T) (runtime.Runtime, runtime.Spec)
+
+// agentTimeout bounds how long a started sandbox may take to answer /health.
+const agentTimeout = 20 * time.Second
+
+// Suite runs the conformance tests against the backend f builds.
+func Suite(t *testing.T, f Factory) {
+	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, f) })
+	t.Run("DeleteIdempotent", func(t *testing.T) { testDeleteIdempotent(t, f) })
+	t.Run("DeleteRunning", func(t *testing.T) { testDeleteRunning(t, f) })
+	t.Run("BadSpecLeavesNothing", func(t *testing.T) { testBadSpec(t, f) })
+	t.Run("DuplicateID", func(t *testing.T) { testDuplicate(t, f) })
+	t.Run("Recover", func(t *testing.T) { testRecover(t, f) })
+	t.Run("LongStateDir", func(t *testing.T) { testLongStateDir(t, f) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, 10) })
+	t.Run("Pause", func(t *testing.T) { testPause(t, f) })
+	t.Run("Stats", func(t *testing.T) { testStats(t, f) })
+}
+
+// NewID returns a fresh sandbox ID ([a-z0-9]).
+func NewID(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Prepare fills spec's ID and StateDir (a fresh directory) and registers a
+// cleanup that deletes the sandbox.
+func Prepare(t testing.TB, rt runtime.Runtime, spec runtime.Spec) runtime.Spec {
+	t.Helper()
+	spec.ID = NewID("rt")
+	spec.StateDir = filepath.Join(t.TempDir(), spec.ID)
+	if err := os.Mkdir(spec.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rt.Delete(t.Context(), spec.ID); err != nil {
+			t.Errorf("cleanup: delete %s: %v", spec.ID, err)
+		}
+	})
+	return spec
+}
+
+// StartSandbox creates and starts a sandbox from spec and waits for its
+// agent; the sandbox is deleted when the test ends.
+func StartSandbox(t testing.TB, rt runtime.Runtime, spec runtime.Spec) (runtime.Spec, runtime.Handle) {
+	t.Helper()
+	spec = Prepare(t, rt, spec)
+	ctx := t.Context()
+	h, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := rt.Start(ctx, spec.ID); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := WaitAgent(ctx, rt, spec.ID, agentTimeout); err != nil {
+		t.Fatal(err)
+	}
+	return spec, h
+}
+
+func mustState(t testing.TB, rt runtime.Runtime, id string, want runtime.State) runtime.Status {
+	t.Helper()
+	st, err := rt.Status(t.Context(), id)
+	if err != nil {
+		t.Fatalf("status %s: %v", id, err)
+	}
+	if st.State != want {
+		t.Fatalf("status %s = %s, want %s", id, st.State, want)
+	}
+	return st
+}
+
+func mustNotFound(t testing.TB, rt runtime.Runtime, id string) {
+	t.Helper()
+	_, err := rt.Status(t.Context(), id)
+	if !errdefs.IsNotFound(err) {
+		t.Fatalf("status of %s after delete: err = %v, want not found", id, err)
+	}
+}
+
+func mustEcho(t testing.TB, rt runtime.Runtime, id string) {
+	t.Helper()
+	res, err := Run(t.Context(), rt, id, "", "echo", "hi")
+	if err != nil {
+		t.Fatalf("run echo hi in %s: %v", id, err)
+	}
+	if res.Stdout != "hi\n" || res.ExitCode != 0 {
+		t.Fatalf("echo hi in %s: stdout %q exit %d stderr %q", id, res.Stdout, res.ExitCode, res.Stderr)
+	}
+}
+
+// AssertNoLeftovers checks that nothing the sandbox made is left: no mount
+// under stateDir, no process with pid (when > 0) and no files in stateDir.
+func AssertNoLeftovers(t testing.TB, stateDir string, pid int) {
+	t.Helper()
+	if m := MountsUnder(t, stateDir); len(m) > 0 {
+		t.Errorf("mounts left under %s: %v", stateDir, m)
+	}
+	if pid > 0 {
+		// Init was reparented away from us; a dead one may stay a zombie
+		// until the host's PID 1 reaps it, which holds nothing but the pid.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				break
+			}
+			if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("init pid %d still running: %s", pid, b)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if ents, err := os.ReadDir(stateDir); err == nil && len(ents) > 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("files left in %s: %v", stateDir, names)
+	}
+}
+
+// MountsUnder returns the mount points in /proc/self/mountinfo at or below dir.
+func MountsUnder(t testing.TB, dir string) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) > 4 && (fs[4] == dir || strings.HasPrefix(fs[4], dir+"/")) {
+			out = append(out, fs[4])
+		}
+	}
+	return out
+}
+
+func testLifecycle(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	mustState(t, rt, spec.ID, runtime.StateCreated)
+	if err := rt.Start(ctx, spec.ID); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	st := mustState(t, rt, spec.ID, runtime.StateRunning)
+	if st.Pid <= 0 {
+		t.Fatalf("running sandbox reports pid %d", st.Pid)
+	}
+	if err := WaitAgent(ctx, rt, spec.ID, agentTimeout); err != nil {
+		t.Fatal(err)
+	}
+	code, err := Health(ctx, rt, spec.ID)
+	if err != nil || code != http.StatusNoContent {
+		t.Fatalf("GET /health = %d, %v; want 204", code, err)
+	}
+	mustEcho(t, rt, spec.ID)
+	if err := rt.Stop(ctx, spec.ID, runtime.StopOptions{Timeout: 2 * time.Second}); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	mustState(t, rt, spec.ID, runtime.StateStopped)
+	if _, err := Health(ctx, rt, spec.ID); err == nil {
+		t.Fatalf("agent still answers after stop")
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	mustNotFound(t, rt, spec.ID)
+	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+	if err := rt.Start(ctx, spec.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("start after delete: err = %v, want not found", err)
+	}
+	if err := rt.Stop(ctx, spec.ID, runtime.StopOptions{}); !errdefs.IsNotFound(err) {
+		t.Fatalf("stop after delete: err = %v, want not found", err)
+	}
+	if _, err := rt.AgentConn(ctx, spec.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("agent conn after delete: err = %v, want not found", err)
+	}
+}
+
+func testDeleteIdempotent(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	if err := rt.Delete(ctx, NewID("never")); err != nil {
+		t.Fatalf("delete of an unknown sandbox: %v", err)
+	}
+	spec := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	// Never started: Delete must still remove everything.
+	for i := range 2 {
+		if err := rt.Delete(ctx, spec.ID); err != nil {
+			t.Fatalf("delete #%d: %v", i+1, err)
+		}
+	}
+	mustNotFound(t, rt, spec.ID)
+	AssertNoLeftovers(t, spec.StateDir, 0)
+}
+
+func testDeleteRunning(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	spec, _ := StartSandbox(t, rt, tmpl)
+	st := mustState(t, rt, spec.ID, runtime.StateRunning)
+	if err := rt.Delete(t.Context(), spec.ID); err != nil {
+		t.Fatalf("delete running: %v", err)
+	}
+	mustNotFound(t, rt, spec.ID)
+	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+}
+
+func testBadSpec(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	cases := map[string]func(*runtime.Spec){
+		"no id":          func(s *runtime.Spec) { s.ID = "" },
+		"no layers":      func(s *runtime.Spec) { s.Image.Layers = nil },
+		"missing layer":  func(s *runtime.Spec) { s.Image.Layers = []string{"/nonexistent/opendsec/layer"} },
+		"no agent":       func(s *runtime.Spec) { s.AgentPath = "" },
+		"missing agent":  func(s *runtime.Spec) { s.AgentPath = "/nonexistent/opendsec-agent" },
+		"no state dir":   func(s *runtime.Spec) { s.StateDir = "" },
+		"memory zero":    func(s *runtime.Spec) { s.Resources.MemoryMB = 0 },
+		"memory neg":     func(s *runtime.Spec) { s.Resources.MemoryMB = -1 },
+		"cpu negative":   func(s *runtime.Spec) { s.Resources.CPU = -1 },
+		"pids negative":  func(s *runtime.Spec) { s.Resources.PidsLimit = -5 },
+		"bad env":        func(s *runtime.Spec) { s.Env = []string{"NOEQUALS"} },
+		"relative layer": func(s *runtime.Spec) { s.Image.Layers = []string{"relative/dir"} },
+	}
+	for name, mutate := range cases {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			spec := tmpl
+			spec.ID = NewID("bad")
+			spec.StateDir = filepath.Join(t.TempDir(), "state")
+			if err := os.Mkdir(spec.StateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			dir := spec.StateDir
+			mutate(&spec)
+			_, err := rt.Create(t.Context(), spec)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("create: err = %v, want invalid argument", err)
+			}
+			var fe *errdefs.FieldError
+			if !errors.As(err, &fe) || fe.Field == "" {
+				t.Fatalf("create: err %v does not name the field", err)
+			}
+			if spec.ID != "" {
+				mustNotFound(t, rt, spec.ID)
+			}
+			AssertNoLeftovers(t, dir, 0)
+		})
+	}
+}
+
+func testDuplicate(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	spec := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	again := spec
+	again.StateDir = filepath.Join(t.TempDir(), "again")
+	if err := os.Mkdir(again.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Create(t.Context(), again); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("second create with the same id: err = %v, want already exists", err)
+	}
+	AssertNoLeftovers(t, again.StateDir, 0)
+	mustState(t, rt, spec.ID, runtime.StateCreated)
+}
+
+func testRecover(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec, h := StartSandbox(t, rt, tmpl)
+	stopped, hStopped := StartSandbox(t, rt, tmpl)
+	if err := rt.Stop(ctx, stopped.ID, runtime.StopOptions{}); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+
+	// A new instance, as after a node restart.
+	rt2, _ := f(t)
+	if _, err := rt2.Status(ctx, spec.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("fresh runtime knows %s before Recover: %v", spec.ID, err)
+	}
+	if err := rt2.Recover(ctx, h); err != nil {
+		t.Fatalf("recover: %v", err)
+	}
+	t.Cleanup(func() { rt2.Delete(t.Context(), spec.ID) })
+	mustState(t, rt2, spec.ID, runtime.StateRunning)
+	mustEcho(t, rt2, spec.ID)
+
+	if err := rt2.Recover(ctx, hStopped); err != nil {
+		t.Fatalf("recover stopped sandbox: %v", err)
+	}
+	t.Cleanup(func() { rt2.Delete(t.Context(), stopped.ID) })
+	mustState(t, rt2, stopped.ID, runtime.StateStopped)
+
+	gone := h
+	gone.ID = NewID("gone")
+	if err := rt2.Recover(ctx, gone); !errdefs.IsNotFound(err) {
+		t.Fatalf("recover of a sandbox that does not exist: err = %v, want not found", err)
+	}
+	st := mustState(t, rt2, spec.ID, runtime.StateRunning)
+	if err := rt2.Stop(ctx, spec.ID, runtime.StopOptions{Timeout: time.Second}); err != nil {
+		t.Fatalf("stop recovered: %v", err)
+	}
+	if err := rt2.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete recovered: %v", err)
+	}
+	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+}
+
+func testLongStateDir(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	spec := Prepare(t, rt, tmpl)
+	spec.StateDir = filepath.Join(spec.StateDir, strings.Repeat("d", 100), strings.Repeat("e", 100))
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := rt.Start(ctx, spec.ID); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := WaitAgent(ctx, rt, spec.ID, agentTimeout); err != nil {
+		t.Fatalf("agent at a %d-byte state dir: %v", len(spec.StateDir), err)
+	}
+	mustEcho(t, rt, spec.ID)
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	AssertNoLeftovers(t, spec.StateDir, 0)
+}
+
+func testConcurrent(t *testing.T, f Factory, n int) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	specs := make([]runtime.Spec, n)
+	for i := range specs {
+		specs[i] = Prepare(t, rt, tmpl)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for _, s := range specs {
+		wg.Go(func() {
+			if _, err := rt.Create(ctx, s); err != nil {
+				errs <- fmt.Errorf("create %s: %w", s.ID, err)
+				return
+			}
+			if err := rt.Start(ctx, s.ID); err != nil {
+				errs <- fmt.Errorf("start %s: %w", s.ID, err)
+				return
+			}
+			if err := WaitAgent(ctx, rt, s.ID, agentTimeout); err != nil {
+				errs <- err
+				return
+			}
+			res, err := Run(ctx, rt, s.ID, "", "echo", s.ID)
+			if err != nil || res.Stdout != s.ID+"\n" {
+				errs <- fmt.Errorf("echo in %s: %q, %v", s.ID, res.Stdout, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	for _, s := range specs {
+		wg.Go(func() {
+			if err := rt.Stop(ctx, s.ID, runtime.StopOptions{}); err != nil {
+				t.Errorf("stop %s: %v", s.ID, err)
+			}
+			if err := rt.Delete(ctx, s.ID); err != nil {
+				t.Errorf("delete %s: %v", s.ID, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range specs {
+		AssertNoLeftovers(t, s.StateDir, 0)
+	}
+}
+
+func testPause(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	p, ok := rt.(runtime.Pauser)
+	if !rt.Info().Capabilities.Pause {
+		if ok {
+			t.Fatalf("implements Pauser but Info().Capabilities.Pause is false")
+		}
+		t.Skip("backend does not advertise Pause")
+	}
+	if !ok {
+		t.Fatalf("advertises Pause but does not implement runtime.Pauser")
+	}
+	ctx := t.Context()
+	spec, _ := StartSandbox(t, rt, tmpl)
+	if err := p.Pause(ctx, spec.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	mustState(t, rt, spec.ID, runtime.StatePaused)
+	short, cancel := contextWithTimeout(t, 300*time.Millisecond)
+	defer cancel()
+	if _, err := Run(short, rt, spec.ID, "", "true"); err == nil {
+		t.Fatalf("a paused sandbox ran a process")
+	}
+	if err := p.Resume(ctx, spec.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	mustState(t, rt, spec.ID, runtime.StateRunning)
+	mustEcho(t, rt, spec.ID)
+	// Stop must work on a paused sandbox too.
+	if err := p.Pause(ctx, spec.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if err := rt.Stop(ctx, spec.ID, runtime.StopOptions{Timeout: time.Second}); err != nil {
+		t.Fatalf("stop paused: %v", err)
+	}
+	mustState(t, rt, spec.ID, runtime.StateStopped)
+}
+
+func testStats(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	sr, ok := rt.(runtime.StatsReader)
+	if !rt.Info().Capabilities.Stats {
+		if ok {
+			t.Fatalf("implements StatsReader but Info().Capabilities.Stats is false")
+		}
+		t.Skip("backend does not advertise Stats")
+	}
+	if !ok {
+		t.Fatalf("advertises Stats but does not implement runtime.StatsReader")
+	}
+	spec, _ := StartSandbox(t, rt, tmpl)
+	mustEcho(t, rt, spec.ID)
+	st, err := sr.Stats(t.Context(), spec.ID)
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	if st.MemoryBytes <= 0 || st.MemoryBytes > tmpl.Resources.MemoryMB<<20 {
+		t.Errorf("memory = %d bytes, want within (0, %d MiB]", st.MemoryBytes, tmpl.Resources.MemoryMB)
+	}
+	if st.Pids < 1 {
+		t.Errorf("pids = %d, want >= 1 (the agent)", st.Pids)
+	}
+	if st.CPUNanos == 0 {
+		t.Errorf("cpu = 0 ns after running a process")
+	}
+	t.Logf("idle stats: memory %d KiB, pids %d, cpu %s", st.MemoryBytes>>10, st.Pids, time.Duration(st.CPUNanos))
+}
