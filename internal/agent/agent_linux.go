@@ -1,0 +1,266 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
+	"github.com/kernflux/opendsec/api/gen/process/processconnect"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// Agent serves one sandbox. Build it with New, serve Handler, Close it on
+// shutdown.
+type Agent struct {
+	cfg   Config
+	users users
+	procs *processes
+	fs    *filesystem
+	h     http.Handler
+}
+
+// New returns an agent for cfg. With cfg.Init it also takes on PID 1's
+// duties: it reaps every child of this process and brings up loopback.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}}
+	a.procs = newProcesses(&a.cfg)
+	a.fs = newFilesystem(&a.cfg)
+	if cfg.Init {
+		theReaper.reapAll()
+		if err := loopbackUp(); err != nil {
+			log.G(ctx).Warn("bring up loopback", log.Err(err))
+		}
+		_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	}
+	a.h = a.routes()
+	return a, nil
+}
+
+// Handler serves the envd protocol and the agent's own routes.
+func (a *Agent) Handler() http.Handler { return a.h }
+
+// Close sends SIGKILL to every process the agent started.
+func (a *Agent) Close() error {
+	a.procs.signalAll(unix.SIGKILL)
+	a.fs.closeWatchers()
+	return nil
+}
+
+func (a *Agent) routes() http.Handler {
+	mux := http.NewServeMux()
+	opts := []connect.HandlerOption{connect.WithCompressMinBytes(1024)}
+	mux.Handle(processconnect.NewProcessHandler(a.procs, opts...))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(a.fs, opts...))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /envs", a.serveEnvs)
+	mux.HandleFunc("GET /files", a.serveDownload)
+	mux.HandleFunc("POST /files", a.serveUpload)
+	mux.HandleFunc("GET /_opendsec/port/{port}", a.serveTunnel)
+	return a.withAuth(withCORS(mux))
+}
+
+func withCORS(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		if r.Method == http.MethodOptions {
+			w.Header().Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+			w.Header().Set("Access-Control-Allow-Headers", "*")
+			w.Header().Set("Access-Control-Expose-Headers", "*")
+			w.Header().Set("Access-Control-Max-Age", "7200")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const unauthorizedMsg = "unauthorized access, please provide a valid access token or method signing if supported"
+
+// withAuth requires X-Access-Token when the agent has a token, except on
+// /health and /files (which also accept a URL signature, checked there).
+func (a *Agent) withAuth(next http.Handler) http.Handler {
+	if a.cfg.AccessToken == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" || r.URL.Path == "/files" || r.Method == http.MethodOptions {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !a.tokenOK(r.Header.Get("X-Access-Token")) {
+			writeError(w, http.StatusUnauthorized, unauthorizedMsg)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (a *Agent) tokenOK(got string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.AccessToken)) == 1
+}
+
+// writeError writes envd's HTTP error body {"code":N,"message":"…"}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	b, _ := json.Marshal(struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{status, msg})
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// writeErr maps a categorized error to its HTTP status.
+func writeErr(w http.ResponseWriter, err error) {
+	writeError(w, errdefs.HTTPStatus(err), err.Error())
+}
+
+func (a *Agent) serveEnvs(w http.ResponseWriter, r *http.Request) {
+	m := map[string]string{}
+	for _, kv := range a.cfg.Env {
+		for i := 0; i < len(kv); i++ {
+			if kv[i] == '=' {
+				m[kv[:i]] = kv[i+1:]
+				break
+			}
+		}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(m)
+}
+
+// serveTunnel connects the caller to a TCP port inside the sandbox:
+// GET /_opendsec/port/{port} with Upgrade: tcp → 101, then raw bytes.
+func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("port: %q is not a port number; use 1..65535", r.PathValue("port")))
+		return
+	}
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", "tcp") {
+		writeError(w, http.StatusBadRequest, "upgrade: send Connection: Upgrade and Upgrade: tcp")
+		return
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	up, err := d.DialContext(dctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("port %d is not open in the sandbox", port))
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		writeError(w, http.StatusInternalServerError, "hijack connection: "+err.Error())
+		return
+	}
+	_, err = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n\r\n")
+	if err == nil {
+		err = brw.Flush()
+	}
+	if err != nil {
+		conn.Close()
+		up.Close()
+		return
+	}
+	// Bytes the client sent after its request may sit in brw's reader.
+	var down io.Reader = conn
+	if n := brw.Reader.Buffered(); n > 0 {
+		buffered, _ := brw.Reader.Peek(n)
+		down = io.MultiReader(bytesReader(buffered), conn)
+	}
+	splice(conn, up, down)
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, part := range splitComma(v) {
+			if equalFold(part, token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// splice copies both ways until both directions are done, half-closing
+// each side's write direction when the other side's reads end.
+func splice(client net.Conn, up net.Conn, clientR io.Reader) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		io.Copy(up, clientR)
+		closeWrite(up)
+	}()
+	go func() {
+		defer wg.Done()
+		io.Copy(client, up)
+		closeWrite(client)
+	}()
+	wg.Wait()
+	client.Close()
+	up.Close()
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+// loopbackUp sets IFF_UP on lo (a fresh network namespace has it down).
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("ifreq lo: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	flags := ifr.Uint16()
+	if flags&unix.IFF_UP != 0 {
+		return nil
+	}
+	ifr.SetUint16(flags | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}
+
+var errShutdown = errors.New("agent shut down")

@@ -1,0 +1,23 @@
+//go:build !linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// Agent is only implemented on Linux.
+type Agent struct{}
+
+// New fails: the agent runs only inside Linux sandboxes.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	return nil, errors.New("opendsec-agent runs only on linux")
+}
+
+// Handler is never reached on other systems.
+func (a *Agent) Handler() http.Handler { return http.NotFoundHandler() }
+
+// Close does nothing.
+func (a *Agent) Close() error { return nil }
