@@ -1,0 +1,284 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+// images resolves every name to the busybox test rootfs, except "missing".
+type images struct{ layer string }
+
+func (i images) Get(_ context.Context, name string) (runtime.Image, error) {
+	if name == "missing" {
+		return runtime.Image{}, errdefs.New(errdefs.ErrNotFound, "image %q not found", name)
+	}
+	return runtime.Image{Name: name, Layers: []string{i.layer}, Env: []string{"PATH=/bin:/usr/bin"}}, nil
+}
+
+type fixture struct {
+	cfg Config
+	rt  *container.Runtime
+}
+
+func newFixture(t *testing.T) *fixture {
+	testutil.RequiresRoot(t)
+	rt, err := container.New(container.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "odnode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &fixture{rt: rt, cfg: Config{
+		ID:             "t001",
+		StateDir:       dir,
+		AgentPath:      testutil.AgentBinary(t),
+		Backends:       map[string]runtime.Runtime{"container": rt},
+		DefaultBackend: "container",
+		Images:         images{testutil.BusyboxRootfs(t)},
+		MemoryMB:       4096,
+		ReapInterval:   50 * time.Millisecond,
+	}}
+}
+
+func (f *fixture) open(t *testing.T) *Node {
+	n, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.StopAll(context.Background(), "test cleanup")
+		n.Close()
+	})
+	return n
+}
+
+func (f *fixture) create(t *testing.T, n *Node, s specRecord) *record {
+	t.Helper()
+	if s.Image == "" {
+		s.Image = "root/busybox"
+	}
+	rec, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: s})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return rec
+}
+
+func echo(t *testing.T, f *fixture, id string) string {
+	t.Helper()
+	r, err := runtimetest.Run(t.Context(), f.rt, id, "", "/bin/sh", "-c", "echo ok")
+	if err != nil {
+		t.Fatalf("exec in %s: %v", id, err)
+	}
+	return r.Stdout
+}
+
+func TestCreateStopLeavesNothing(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{})
+	if got := echo(t, f, rec.ID); got != "ok\n" {
+		t.Fatalf("echo: %q", got)
+	}
+	if rec.Spec.MemoryMB != DefaultMemoryMB || rec.Spec.TimeoutSec != DefaultTimeoutSec || rec.Spec.PidsLimit != DefaultPidsLimit {
+		t.Fatalf("defaults not applied: %+v", rec.Spec)
+	}
+	if err := n.Stop(t.Context(), rec.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rec.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("sandbox dir still there: %v", err)
+	}
+	if _, err := f.rt.Status(t.Context(), rec.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("backend still knows the sandbox: %v", err)
+	}
+	recs, _ := n.table.all()
+	if len(recs) != 0 {
+		t.Fatalf("table still has %d records", len(recs))
+	}
+	if err := n.Stop(t.Context(), rec.ID, "again"); !errdefs.IsNotFound(err) {
+		t.Fatalf("second stop: %v, want not found", err)
+	}
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	cases := []struct {
+		field string
+		spec  specRecord
+	}{
+		{"image", specRecord{Image: "missing"}},
+		{"memory_mb", specRecord{Image: "x", MemoryMB: 1 << 30}},
+		{"memory_mb", specRecord{Image: "x", MemoryMB: -1}},
+		{"timeout_seconds", specRecord{Image: "x", TimeoutSec: -5}},
+		{"idle_timeout_seconds", specRecord{Image: "x", IdleSec: -1}},
+		{"cpu", specRecord{Image: "x", CPU: -1}},
+		{"backend", specRecord{Image: "x", Backend: "nope"}},
+		{"env", specRecord{Image: "x", Env: map[string]string{"A=B": "c"}}},
+	}
+	for _, c := range cases {
+		_, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: c.spec})
+		var fe *errdefs.FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("spec %+v: got %v, want an invalid-argument error naming %s", c.spec, err, c.field)
+		}
+	}
+	if _, err := n.Create(t.Context(), CreateRequest{ID: "bad", Spec: specRecord{Image: "x"}}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("bad id: %v", err)
+	}
+	if _, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New("zzzz"), Spec: specRecord{Image: "x"}}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("foreign id: %v", err)
+	}
+	if _, _, c := n.Usage(); c != 0 {
+		t.Fatalf("%d sandboxes after bad input", c)
+	}
+	ents, _ := os.ReadDir(filepath.Join(f.cfg.StateDir, "sandboxes"))
+	if len(ents) != 0 {
+		t.Fatalf("sandbox dirs left behind: %v", ents)
+	}
+}
+
+func TestIdempotentCreate(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	var wg sync.WaitGroup
+	ids := make([]string, 4)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), RequestID: "req-1", Spec: specRecord{Image: "x"}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i] = rec.ID
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids[1:] {
+		if id != ids[0] {
+			t.Fatalf("retries with one request_id made different sandboxes: %v", ids)
+		}
+	}
+	if _, _, c := n.Usage(); c != 1 {
+		t.Fatalf("%d sandboxes, want 1", c)
+	}
+}
+
+func TestAdmissionRefusesOverCapacity(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.MemoryMB = 600
+	n := f.open(t)
+	f.create(t, n, specRecord{MemoryMB: 400})
+	_, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", MemoryMB: 400}})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("over capacity: %v, want resource exhausted", err)
+	}
+}
+
+func waitGone(t *testing.T, n *Node, id string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if _, err := n.get(id); errdefs.IsNotFound(err) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	t.Fatalf("sandbox %s still there after %s", id, within)
+}
+
+func TestLifetimeTimeout(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 1})
+	keep := f.create(t, n, specRecord{TimeoutSec: 60})
+	waitGone(t, n, rec.ID, 10*time.Second)
+	if _, err := n.get(keep.ID); err != nil {
+		t.Fatalf("sandbox with a long timeout was stopped: %v", err)
+	}
+	if _, err := os.Stat(rec.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("expired sandbox's dir left: %v", err)
+	}
+}
+
+func TestSetTimeoutExtends(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 1})
+	if _, err := n.SetTimeout(t.Context(), rec.ID, 60); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the old deadline must pass; nothing to poll for
+	if _, err := n.get(rec.ID); err != nil {
+		t.Fatalf("sandbox stopped despite the extended timeout: %v", err)
+	}
+	if _, err := n.SetTimeout(t.Context(), rec.ID, -1); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("negative timeout: %v", err)
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{IdleSec: 1})
+	busy := f.create(t, n, specRecord{IdleSec: 1})
+	_, sb, _ := n.Get(t.Context(), busy.ID)
+	sb.active.Add(1) // an open stream: never idle
+	defer sb.active.Add(-1)
+	waitGone(t, n, rec.ID, 10*time.Second)
+	if _, err := n.get(busy.ID); err != nil {
+		t.Fatalf("sandbox with an open request was reaped as idle: %v", err)
+	}
+}
+
+func TestRecoverAfterRestart(t *testing.T) {
+	f := newFixture(t)
+	n1, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := f.create(t, n1, specRecord{})
+	// A create interrupted by a crash: its record says creating.
+	half := &record{ID: sandboxid.New(f.cfg.ID), Backend: "container", State: stateCreating,
+		StateDir: filepath.Join(f.cfg.StateDir, "sandboxes", "half"), Spec: specRecord{MemoryMB: 64}}
+	os.MkdirAll(half.StateDir, 0o700)
+	if err := n1.table.put(half); err != nil {
+		t.Fatal(err)
+	}
+	n1.Close() // the node goes away; sandboxes keep running
+
+	n2 := f.open(t)
+	if got := echo(t, f, rec.ID); got != "ok\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+	if _, err := n2.get(rec.ID); err != nil {
+		t.Fatalf("recovered node lost the sandbox: %v", err)
+	}
+	if _, err := n2.get(half.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("interrupted create was kept: %v", err)
+	}
+	if _, err := os.Stat(half.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("interrupted create's dir left: %v", err)
+	}
+	if _, mem, c := n2.Usage(); c != 1 || mem != rec.Spec.MemoryMB {
+		t.Fatalf("usage after recovery: %d sandboxes, %d MiB", c, mem)
+	}
+}
