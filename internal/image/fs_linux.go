@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,20 +58,21 @@ type staging struct {
 func (s *Store) newStaging() (*staging, error) {
 	id := randomID()
 	lp := s.path("tmp", id+".lock")
-	f, err := os.OpenFile(lp, os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	// The lock file is born locked: created under another name, flocked,
+	// then renamed, so cleanTmp never sees an unlocked live lock file.
+	f, err := os.OpenFile(lp+".new", os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create import staging: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		os.Remove(lp)
+		os.Remove(lp + ".new")
 		return nil, fmt.Errorf("lock import staging: %w", err)
 	}
-	// A concurrent cleanTmp may have unlinked the lock file between create
-	// and flock; then our lock guards nothing. Check it is still ours.
-	if !sameFile(f, lp) {
+	if err := os.Rename(lp+".new", lp); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("lock import staging: lock file removed concurrently: %w", errdefs.ErrUnavailable)
+		os.Remove(lp + ".new")
+		return nil, fmt.Errorf("lock import staging: %w", err)
 	}
 	st := &staging{dir: s.path("tmp", id), lock: f}
 	if err := os.Mkdir(st.dir, 0o755); err != nil {
@@ -79,18 +82,9 @@ func (s *Store) newStaging() (*staging, error) {
 	return st, nil
 }
 
-func sameFile(f *os.File, path string) bool {
-	a, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	b, err := os.Stat(path)
-	return err == nil && os.SameFile(a, b)
-}
-
 func (st *staging) cleanup() {
 	_ = removeTree(st.dir) // already renamed into content/ on success
-	_ = os.Remove(st.lock.Name())
+	_ = os.Remove(strings.TrimSuffix(st.lock.Name(), ".new"))
 	st.lock.Close()
 }
 
@@ -123,6 +117,14 @@ func (s *Store) cleanTmp() error {
 		}
 		if e.IsDir() && !names[n+".lock"] {
 			_ = removeTree(s.path("tmp", n))
+			continue
+		}
+		// A .lock.new is an importer between create and rename, or one
+		// that crashed there; only the latter is old.
+		if strings.HasSuffix(n, ".lock.new") {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
+				_ = os.Remove(s.path("tmp", n))
+			}
 		}
 	}
 	return nil
@@ -257,7 +259,7 @@ func listXattrs(path string) map[string][]byte {
 
 func metaOf(path string, fi fs.FileInfo) meta {
 	m := meta{mode: permBits(fi.Mode()), mtime: fi.ModTime(), xattrs: listXattrs(path), symlink: fi.Mode()&fs.ModeSymlink != 0}
-	if st, ok := fi.Sys().(*unix.Stat_t); ok {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		m.uid, m.gid = int(st.Uid), int(st.Gid)
 	}
 	return m
@@ -309,7 +311,7 @@ func copyTree(ctx context.Context, src, dst string, p *progress) error {
 			return fmt.Errorf("read rootfs: %w", err)
 		}
 		m := metaOf(path, fi)
-		st, _ := fi.Sys().(*unix.Stat_t)
+		st, _ := fi.Sys().(*syscall.Stat_t)
 		switch mode := fi.Mode(); {
 		case mode.IsDir():
 			if rel != "." {
@@ -321,8 +323,8 @@ func copyTree(ctx context.Context, src, dst string, p *progress) error {
 			p.add(1, 0)
 			return nil
 		case mode.IsRegular():
-			if st != nil && st.Nlink > 1 {
-				k := inodeKey{uint64(st.Dev), st.Ino}
+			if st != nil && uint64(st.Nlink) > 1 {
+				k := inodeKey{uint64(st.Dev), uint64(st.Ino)}
 				if first, ok := links[k]; ok {
 					if err := os.Link(first, target); err != nil {
 						return fmt.Errorf("copy rootfs hard link %s: %w", rel, err)
@@ -412,7 +414,7 @@ func digestTree(ctx context.Context, root string) (string, int64, error) {
 		if err != nil {
 			return fmt.Errorf("digest image: %w", err)
 		}
-		st, ok := fi.Sys().(*unix.Stat_t)
+		st, ok := fi.Sys().(*syscall.Stat_t)
 		if !ok {
 			return fmt.Errorf("digest image: no stat for %s: %w", rel, errdefs.ErrInternal)
 		}
@@ -447,7 +449,7 @@ func digestTree(ctx context.Context, root string) (string, int64, error) {
 			if err != nil {
 				return fmt.Errorf("digest image: %w", err)
 			}
-			k := inodeKey{uint64(st.Dev), st.Ino}
+			k := inodeKey{uint64(st.Dev), uint64(st.Ino)}
 			if !seen[k] {
 				seen[k] = true
 				size += fi.Size()
