@@ -189,4 +189,3 @@ func checkPath(field, p string) error {
 	}
 	return nil
 }
-
