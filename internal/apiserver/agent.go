@@ -1,0 +1,96 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
+	"github.com/kernflux/opendsec/api/gen/process/processconnect"
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// agent reaches one sandbox's agent through its node's proxy.
+type agent struct {
+	id   string
+	base string // <node>/agent/<id>
+	proc processconnect.ProcessClient
+	fs   filesystemconnect.FilesystemClient
+}
+
+func (s *Server) agentFor(id string) (*agent, error) {
+	n, err := s.nodeFor("sandbox_id", id)
+	if err != nil {
+		return nil, err
+	}
+	base := n.address + "/agent/" + id
+	return &agent{
+		id:   id,
+		base: base,
+		proc: processconnect.NewProcessClient(s.hc, base),
+		fs:   filesystemconnect.NewFilesystemClient(s.hc, base),
+	}, nil
+}
+
+// setUser selects the user the agent acts as (envd: Basic auth with the
+// user name and an empty password). The node token then travels in
+// auth.TokenHeader.
+func setUser(h http.Header, user string) {
+	if user != "" {
+		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	}
+}
+
+// httpErr turns a non-success answer of the agent or the node's proxy
+// (JSON {"code", "message"} or plain text) into a categorized error with
+// the remote message.
+func httpErr(resp *http.Response, what string) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Message string `json:"message"`
+	}
+	msg := ""
+	if json.Unmarshal(b, &body) == nil && body.Message != "" {
+		msg = body.Message
+	} else {
+		msg = strings.TrimSpace(string(b))
+	}
+	if msg == "" {
+		msg = what + ": " + resp.Status
+	}
+	var cat error
+	switch resp.StatusCode {
+	case http.StatusBadRequest:
+		cat = errdefs.ErrInvalidArgument
+	case http.StatusUnauthorized:
+		cat = errdefs.ErrUnauthenticated
+	case http.StatusForbidden:
+		cat = errdefs.ErrPermissionDenied
+	case http.StatusNotFound:
+		cat = errdefs.ErrNotFound
+	case http.StatusConflict:
+		cat = errdefs.ErrAlreadyExists
+	case http.StatusRequestEntityTooLarge, http.StatusTooManyRequests, http.StatusInsufficientStorage:
+		cat = errdefs.ErrResourceExhausted
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		cat = errdefs.ErrUnavailable
+	case http.StatusGatewayTimeout:
+		cat = errdefs.ErrDeadlineExceeded
+	case http.StatusNotImplemented:
+		cat = errdefs.ErrUnimplemented
+	default:
+		cat = errdefs.ErrInternal
+	}
+	return errdefs.New(cat, "%s", msg)
+}
+
+// ctxErr returns ctx's cause when ctx ended, else err.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}

@@ -1,0 +1,253 @@
+// Package apiserver serves OpenDsec's public API (opendsec.v1
+// SandboxService, ProcessService, FileService, PortService). It is
+// stateless: creates are placed with the watcher's view of the nodes, every
+// other call is routed by the node encoded in the sandbox ID, and exec,
+// files and ports go through the node's proxy to the sandbox's agent
+// (<node>/agent/<id>/..., the envd protocol).
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/placement"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// WatcherClient is the part of the watcher's API the apiserver uses;
+// watcherv1connect.WatcherServiceClient satisfies it.
+type WatcherClient interface {
+	ListNodes(context.Context, *connect.Request[watcherv1.ListNodesRequest]) (*connect.Response[watcherv1.ListNodesResponse], error)
+}
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultMaxUploadBytes   = 1 << 30
+	DefaultMaxHTTPBodyBytes = 64 << 20
+	DefaultBatchConcurrency = 8
+	DefaultViewTTL          = 250 * time.Millisecond
+	DefaultPlacementHold    = 3 * time.Second
+	// MaxBatch is the most sandboxes one BatchCreateSandboxes makes.
+	MaxBatch = 32768
+	// readChunk is the size of ReadFile's messages.
+	readChunk = 1 << 20
+)
+
+// Config configures a Server.
+type Config struct {
+	// Nodes to route to, by ID.
+	Nodes []config.NodeRef
+	// Watcher serves the view of the nodes used for placement and listing.
+	Watcher WatcherClient
+	// HTTPClient reaches nodes; nil means a client without timeouts (exec
+	// streams are long). The node token is added to every request.
+	HTTPClient *http.Client
+	// NodeToken is a "node"-scope token for calls to nodes.
+	NodeToken string
+	// Auth verifies callers' tokens. Required.
+	Auth *auth.Verifier
+	// MaxUploadBytes caps one WriteFile (DefaultMaxUploadBytes if 0).
+	MaxUploadBytes int64
+	// MaxHTTPBodyBytes caps HTTPRequest's response body.
+	MaxHTTPBodyBytes int64
+	// PlacementSample is k in power-of-k placement (2 if 0).
+	PlacementSample int
+	// PlacementHold keeps a finished create counted against its node until
+	// the watcher has seen it (about two poll intervals).
+	PlacementHold time.Duration
+	// ViewTTL is how long a fetched watcher view is reused.
+	ViewTTL time.Duration
+	// BatchConcurrency bounds the creates one batch runs at once.
+	BatchConcurrency int
+}
+
+// Server implements the public services. Create it with New.
+type Server struct {
+	cfg    Config
+	hc     *http.Client
+	nodes  map[string]*nodeConn
+	placer *placement.Placer
+
+	viewMu sync.Mutex
+	// view and viewAt cache the watcher's answer; guarded by viewMu.
+	view   []*watcherv1.NodeStatus
+	viewAt time.Time
+}
+
+var (
+	_ opendsecv1connect.SandboxServiceHandler = (*Server)(nil)
+	_ opendsecv1connect.ProcessServiceHandler = (*Server)(nil)
+	_ opendsecv1connect.FileServiceHandler    = (*Server)(nil)
+	_ opendsecv1connect.PortServiceHandler    = (*Server)(nil)
+)
+
+type nodeConn struct {
+	id      string
+	address string // base URL without trailing slash
+	client  nodev1connect.NodeServiceClient
+}
+
+// New checks cfg, fills defaults and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Watcher == nil {
+		return nil, errdefs.Invalid("watcher", "is nil; give a watcher client")
+	}
+	if cfg.Auth == nil {
+		return nil, errdefs.Invalid("auth", "is nil; every call must be authenticated")
+	}
+	if cfg.MaxUploadBytes <= 0 {
+		cfg.MaxUploadBytes = DefaultMaxUploadBytes
+	}
+	if cfg.MaxHTTPBodyBytes <= 0 {
+		cfg.MaxHTTPBodyBytes = DefaultMaxHTTPBodyBytes
+	}
+	if cfg.PlacementSample <= 0 {
+		cfg.PlacementSample = 2
+	}
+	if cfg.PlacementHold <= 0 {
+		cfg.PlacementHold = DefaultPlacementHold
+	}
+	if cfg.ViewTTL <= 0 {
+		cfg.ViewTTL = DefaultViewTTL
+	}
+	if cfg.BatchConcurrency <= 0 {
+		cfg.BatchConcurrency = DefaultBatchConcurrency
+	}
+	s := &Server{
+		cfg:    cfg,
+		hc:     auth.Client(cfg.HTTPClient, cfg.NodeToken),
+		nodes:  map[string]*nodeConn{},
+		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
+	}
+	for i, n := range cfg.Nodes {
+		if err := sandboxid.ValidNode(n.ID); err != nil {
+			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
+		}
+		addr := strings.TrimRight(n.Address, "/")
+		if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
+			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].address", i), "%q must be a URL like http://host:port", n.Address)
+		}
+		s.nodes[n.ID] = &nodeConn{id: n.ID, address: addr, client: nodev1connect.NewNodeServiceClient(s.hc, addr)}
+	}
+	return s, nil
+}
+
+// Handler returns all public services behind the auth interceptor, plus an
+// unauthenticated GET /healthz.
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(s.cfg.Auth.Interceptor()),
+		// Room for a full HTTPRequest body plus framing.
+		connect.WithReadMaxBytes(int(s.cfg.MaxHTTPBodyBytes) + 1<<20),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(opendsecv1connect.NewSandboxServiceHandler(s, opts...))
+	mux.Handle(opendsecv1connect.NewProcessServiceHandler(s, opts...))
+	mux.Handle(opendsecv1connect.NewFileServiceHandler(s, opts...))
+	mux.Handle(opendsecv1connect.NewPortServiceHandler(s, opts...))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+// Serve serves h on ln with HTTP/1.1 and cleartext HTTP/2 (h2c, for gRPC
+// clients) until ctx ends, then shuts down gracefully for up to 10s.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           h,
+		Protocols:         &p,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve api: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve api: %w", err)
+	}
+	return nil
+}
+
+// nodeFor routes a sandbox ID to its node. field names the request field
+// carrying the ID.
+func (s *Server) nodeFor(field, id string) (*nodeConn, error) {
+	if id == "" {
+		return nil, errdefs.Invalid(field, "is empty; give a sandbox ID (list them with `opendsecctl sandbox list`)")
+	}
+	nodeID, err := sandboxid.Node(field, id)
+	if err != nil {
+		return nil, err
+	}
+	n, ok := s.nodes[nodeID]
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
+	}
+	return n, nil
+}
+
+// nodeView returns the watcher's view, reusing it for ViewTTL.
+func (s *Server) nodeView(ctx context.Context) ([]*watcherv1.NodeStatus, error) {
+	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	if s.view != nil && time.Since(s.viewAt) < s.cfg.ViewTTL {
+		return s.view, nil
+	}
+	resp, err := s.cfg.Watcher.ListNodes(ctx, connect.NewRequest(&watcherv1.ListNodesRequest{}))
+	if err != nil {
+		err = errdefs.FromConnect(err)
+		if connect.CodeOf(err) == connect.CodeUnknown || errors.Is(err, errdefs.ErrInternal) {
+			err = errdefs.New(errdefs.ErrUnavailable, "watcher: %s", err)
+		}
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	s.view, s.viewAt = resp.Msg.GetNodes(), time.Now()
+	return s.view, nil
+}
+
+// remoteErr converts an error from a node or agent call into a categorized
+// error carrying the remote message, logging transport failures.
+func remoteErr(ctx context.Context, what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		if ce.Code() == connect.CodeUnavailable || ce.Code() == connect.CodeUnknown {
+			log.G(ctx).Debug("remote call failed", slog.String("call", what), log.Err(err))
+		}
+		return errdefs.FromConnect(err)
+	}
+	return errdefs.New(errdefs.ErrUnavailable, "%s: %s", what, err)
+}

@@ -1,0 +1,139 @@
+package apiserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// DefaultHTTPTimeout bounds an HTTPRequest without timeout_ms.
+const DefaultHTTPTimeout = 30 * time.Second
+
+func validateHTTPRequest(m *v1.HTTPRequestRequest) error {
+	if m.GetPort() < 1 || m.GetPort() > 65535 {
+		return errdefs.Invalid("port", "%d must be between 1 and 65535", m.GetPort())
+	}
+	if m.GetMethod() != "" && !methodRe.MatchString(m.GetMethod()) {
+		return errdefs.Invalid("method", "%q is not an HTTP method; e.g. GET or POST", m.GetMethod())
+	}
+	if p := m.GetPath(); p != "" && (!strings.HasPrefix(p, "/") || strings.ContainsAny(p, " \r\n\x00")) {
+		return errdefs.Invalid("path", "%q must start with / and contain no spaces or line breaks, e.g. /api?x=1", p)
+	}
+	for _, h := range m.GetHeaders() {
+		if !headerNameRe.MatchString(h.GetName()) || strings.ContainsAny(h.GetValue(), "\r\n\x00") {
+			return errdefs.Invalid("headers", "%q: %q is not a valid HTTP header", h.GetName(), h.GetValue())
+		}
+	}
+	if m.GetTimeoutMs() < 0 {
+		return errdefs.Invalid("timeout_ms", "%d must be ≥ 0 (0 means %s)", m.GetTimeoutMs(), DefaultHTTPTimeout)
+	}
+	return nil
+}
+
+// HTTPRequest sends one HTTP request to a port inside the sandbox through
+// the agent's TCP tunnel (GET <node>/agent/<id>/_opendsec/port/<port> with
+// Upgrade: tcp) and returns the response, its body capped at
+// MaxHTTPBodyBytes.
+func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRequestRequest]) (*connect.Response[v1.HTTPRequestResponse], error) {
+	m := req.Msg
+	a, err := s.agentFor(m.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := validateHTTPRequest(m); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	timeout := DefaultHTTPTimeout
+	if m.GetTimeoutMs() > 0 {
+		timeout = time.Duration(m.GetTimeoutMs()) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
+		errdefs.New(errdefs.ErrDeadlineExceeded, "port %d did not answer within %s; raise timeout_ms", m.GetPort(), timeout))
+	defer cancel()
+
+	conn, err := s.dialPort(ctx, a, m.GetPort())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	method := m.GetMethod()
+	if method == "" {
+		method = http.MethodGet
+	}
+	p := m.GetPath()
+	if p == "" {
+		p = "/"
+	}
+	hreq, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s", m.GetPort(), p), bytes.NewReader(m.GetBody()))
+	if err != nil {
+		return nil, errdefs.ToConnect(errdefs.Invalid("path", "%q: %s", p, err))
+	}
+	for _, h := range m.GetHeaders() {
+		if strings.EqualFold(h.GetName(), "Host") {
+			hreq.Host = h.GetValue()
+			continue
+		}
+		hreq.Header.Add(h.GetName(), h.GetValue())
+	}
+	hreq.Close = true // one request per tunnel
+	if err := hreq.Write(conn); err != nil {
+		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "send request to port %d: %s", m.GetPort(), err)))
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), hreq)
+	if err != nil {
+		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response from port %d: %s", m.GetPort(), err)))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxHTTPBodyBytes+1))
+	if err != nil {
+		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response body from port %d: %s", m.GetPort(), err)))
+	}
+	if int64(len(body)) > s.cfg.MaxHTTPBodyBytes {
+		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrResourceExhausted,
+			"the response body from port %d exceeds %d bytes; fetch it in parts or write it to a file and use ReadFile", m.GetPort(), s.cfg.MaxHTTPBodyBytes))
+	}
+	out := &v1.HTTPRequestResponse{Status: int32(resp.StatusCode), Body: body}
+	for name, vals := range resp.Header {
+		for _, v := range vals {
+			out.Headers = append(out.Headers, &v1.Header{Name: name, Value: v})
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+// dialPort opens a raw TCP stream to port inside the sandbox.
+func (s *Server) dialPort(ctx context.Context, a *agent, port uint32) (io.ReadWriteCloser, error) {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/_opendsec/port/%d", a.base, port), nil)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel request: %w", err)
+	}
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", "tcp")
+	resp, err := s.hc.Do(hreq)
+	if err != nil {
+		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s", port, err))
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, httpErr(resp, fmt.Sprintf("open tunnel to port %d", port))
+	}
+	conn, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errdefs.New(errdefs.ErrInternal, "open tunnel to port %d: the upgraded connection is not writable", port)
+	}
+	return conn, nil
+}

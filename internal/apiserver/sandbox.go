@@ -1,0 +1,302 @@
+package apiserver
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/placement"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// CreateSandbox validates the spec, places it and creates it on the first
+// candidate node that admits it.
+//
+// Idempotency: request_id goes to the node, which returns the sandbox it
+// already made for that key. Nodes do not share keys, so a retry that
+// placement sends to a different node than the first attempt (possible only
+// with several nodes whose load changed in between) can make a second
+// sandbox; the apiserver only moves to another node when one definitely
+// refused (resource_exhausted), never after an ambiguous failure.
+func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
+	spec, err := normalizeSpec(req.Msg.GetSpec())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sb, err := s.create(ctx, spec, req.Msg.GetRequestId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: sb}), nil
+}
+
+func placementNodes(view []*watcherv1.NodeStatus, routable map[string]*nodeConn) []placement.Node {
+	out := make([]placement.Node, 0, len(view))
+	for _, st := range view {
+		info := st.GetInfo()
+		if _, ok := routable[st.GetNodeId()]; !ok || info == nil {
+			continue
+		}
+		out = append(out, placement.Node{
+			ID:             st.GetNodeId(),
+			Healthy:        st.GetHealthy(),
+			Backends:       info.GetBackends(),
+			DefaultBackend: info.GetDefaultBackend(),
+			Total:          placement.Resources{CPU: info.GetTotal().GetCpu(), MemoryMB: info.GetTotal().GetMemoryMb(), Sandboxes: info.GetTotal().GetSandboxes()},
+			Used:           placement.Resources{CPU: info.GetUsed().GetCpu(), MemoryMB: info.GetUsed().GetMemoryMb(), Sandboxes: info.GetUsed().GetSandboxes()},
+		})
+	}
+	return out
+}
+
+func placementRequest(spec *v1.SandboxSpec) placement.Request {
+	return placement.Request{Backend: spec.GetBackend(), CPU: spec.GetCpu(), MemoryMB: spec.GetMemoryMb()}
+}
+
+// candidates returns the nodes to try for spec.
+func (s *Server) candidates(ctx context.Context, spec *v1.SandboxSpec) ([]string, error) {
+	view, err := s.nodeView(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.placer.Candidates(placementNodes(view, s.nodes), placementRequest(spec))
+}
+
+// create places and creates one sandbox from a normalized spec.
+func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID string) (*v1.Sandbox, error) {
+	cands, err := s.candidates(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("place sandbox: %w", err)
+	}
+	var refused []string
+	var lastErr error
+	for _, nodeID := range cands {
+		n := s.nodes[nodeID]
+		id := sandboxid.New(nodeID)
+		r := s.placer.Reserve(nodeID, placementRequest(spec))
+		resp, err := n.client.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID}))
+		if err == nil {
+			r.Done()
+			return resp.Msg.GetSandbox(), nil
+		}
+		r.Release()
+		if ctx.Err() != nil {
+			// The node may still finish the create after we gave up: stop
+			// it so nothing is left half-made.
+			s.stopAbandoned(ctx, n, id)
+			return nil, fmt.Errorf("create sandbox: %w", context.Cause(ctx))
+		}
+		err = remoteErr(ctx, "create sandbox on node "+nodeID, err)
+		switch {
+		case errors.Is(err, errdefs.ErrResourceExhausted):
+			refused = append(refused, nodeID)
+			lastErr = err
+			continue
+		case errors.Is(err, errdefs.ErrNotFound):
+			// The node does not have the image.
+			return nil, errdefs.Invalid("image", "%s", strings.TrimPrefix(err.Error(), "image: "))
+		}
+		return nil, err
+	}
+	return nil, errdefs.New(errdefs.ErrResourceExhausted, "every candidate node refused (%s): %s", strings.Join(refused, ", "), lastErr)
+}
+
+func (s *Server) stopAbandoned(ctx context.Context, n *nodeConn, id string) {
+	go func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_, err := n.client.StopSandbox(sctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: id}))
+		if err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			log.G(ctx).Warn("stop abandoned sandbox", log.SandboxID(id), log.Err(err))
+		}
+	}()
+}
+
+// BatchCreateSandboxes creates count sandboxes with bounded concurrency,
+// streaming each result (or per-item error) as it is ready. When the caller
+// goes away, no new creates start and sandboxes whose result could not be
+// delivered are stopped.
+func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[v1.BatchCreateSandboxesRequest], stream *connect.ServerStream[v1.BatchCreateSandboxesResponse]) error {
+	count := req.Msg.GetCount()
+	if count < 1 || count > MaxBatch {
+		return errdefs.ToConnect(errdefs.Invalid("count", "%d must be between 1 and %d", count, MaxBatch))
+	}
+	spec, err := normalizeSpec(req.Msg.GetSpec())
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	// Requests no node could ever satisfy fail as a whole, up front.
+	if _, err := s.candidates(ctx, spec); err != nil && errors.Is(err, errdefs.ErrInvalidArgument) {
+		return errdefs.ToConnect(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var (
+		next    atomic.Int32
+		sendMu  sync.Mutex
+		sendErr error // guarded by sendMu
+		wg      sync.WaitGroup
+	)
+	rid := req.Msg.GetRequestId()
+	for range min(int(count), s.cfg.BatchConcurrency) {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= count || ctx.Err() != nil {
+					return
+				}
+				itemRID := ""
+				if rid != "" {
+					itemRID = fmt.Sprintf("%s-%d", rid, i)
+				}
+				sb, err := s.create(ctx, spec, itemRID)
+				resp := &v1.BatchCreateSandboxesResponse{Index: i, Sandbox: sb}
+				if err != nil {
+					resp.ErrorCode = errdefs.Code(err).String()
+					resp.ErrorMessage = err.Error()
+				}
+				sendMu.Lock()
+				if sendErr == nil {
+					sendErr = stream.Send(resp)
+					if sendErr != nil {
+						cancel()
+					}
+				}
+				undelivered := sendErr != nil
+				sendMu.Unlock()
+				if undelivered && sb != nil {
+					s.stopAbandoned(ctx, s.nodes[sb.GetNodeId()], sb.GetId())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if sendErr != nil {
+		return sendErr
+	}
+	if err := ctx.Err(); err != nil {
+		return errdefs.ToConnect(err)
+	}
+	return nil
+}
+
+// GetSandbox asks the owning node.
+func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: req.Msg.GetId()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox", err))
+	}
+	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+}
+
+// StopSandbox asks the owning node to stop and delete the sandbox.
+func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error) {
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if _, err := n.client.StopSandbox(ctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: req.Msg.GetId()})); err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "stop sandbox", err))
+	}
+	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
+}
+
+// SetTimeout moves the sandbox's end of life to timeout_seconds from now.
+func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := checkTimeout("timeout_seconds", req.Msg.GetTimeoutSeconds()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.SetTimeout(ctx, connect.NewRequest(&nodev1.SetTimeoutRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "set timeout", err))
+	}
+	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+}
+
+// ListSandboxes asks every healthy node and filters. A node that fails to
+// answer is left out (and logged) rather than failing the whole list.
+func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
+	view, err := s.nodeView(ctx)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	f := req.Msg
+	var (
+		mu  sync.Mutex
+		out []*v1.Sandbox
+		wg  sync.WaitGroup
+	)
+	for _, st := range view {
+		n, ok := s.nodes[st.GetNodeId()]
+		if !ok || !st.GetHealthy() {
+			continue
+		}
+		defBackend := st.GetInfo().GetDefaultBackend()
+		wg.Go(func() {
+			resp, err := n.client.ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
+			if err != nil {
+				log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.id), log.Err(err))
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, sb := range resp.Msg.GetSandboxes() {
+				if matches(sb, f, defBackend) {
+					out = append(out, sb)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b *v1.Sandbox) int {
+		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GetId(), b.GetId())
+	})
+	return connect.NewResponse(&v1.ListSandboxesResponse{Sandboxes: out}), nil
+}
+
+func matches(sb *v1.Sandbox, f *v1.ListSandboxesRequest, defBackend string) bool {
+	spec := sb.GetSpec()
+	if f.GetTaskId() != "" && spec.GetTaskId() != f.GetTaskId() {
+		return false
+	}
+	if f.GetBackend() != "" {
+		b := spec.GetBackend()
+		if b == "" {
+			b = defBackend
+		}
+		if b != f.GetBackend() {
+			return false
+		}
+	}
+	for k, v := range f.GetLabels() {
+		if got, ok := spec.GetLabels()[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
