@@ -1,7 +1,7 @@
 """OpenDsec quickstart: run Python in a sandbox and print 6*7.
 
-    . /root/opendsec-ops/demo.env      # OPENDSEC_ENDPOINT, OPENDSEC_TOKEN, OPENDSEC_BACKEND
-    python sdk/python/examples/quickstart.py
+. /root/opendsec-ops/demo.env      # OPENDSEC_ENDPOINT, OPENDSEC_TOKEN, OPENDSEC_BACKEND
+python sdk/python/examples/quickstart.py
 """
 
 import asyncio

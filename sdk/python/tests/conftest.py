@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_server import GOOD_TOKEN, FakeServer, start  # noqa: E402
+from fake_server import GOOD_TOKEN, FakeServer, start
 
-from opendsec import DSecClient  # noqa: E402
+from opendsec import DSecClient
 
 
 @pytest.fixture

@@ -178,9 +178,7 @@ class FakeServer(
 
     async def ListProcesses(self, request: pb.ListProcessesRequest, context: Any) -> pb.ListProcessesResponse:
         await self._auth(context, "ListProcesses")
-        return pb.ListProcessesResponse(
-            processes=[pb.ProcessInfo(pid=1, command=["/opendsec-agent"], tag="", cwd="/")]
-        )
+        return pb.ListProcessesResponse(processes=[pb.ProcessInfo(pid=1, command=["/opendsec-agent"], tag="", cwd="/")])
 
     # ---- files ----
 
@@ -206,7 +204,9 @@ class FakeServer(
         assert header is not None
         self.files[header.path] = bytes(buf)
         return pb.WriteFileResponse(
-            file=pb.FileInfo(name=header.path.rsplit("/", 1)[-1], path=header.path, type=pb.FILE_TYPE_FILE, size=len(buf))
+            file=pb.FileInfo(
+                name=header.path.rsplit("/", 1)[-1], path=header.path, type=pb.FILE_TYPE_FILE, size=len(buf)
+            )
         )
 
     async def Stat(self, request: pb.StatRequest, context: Any) -> pb.StatResponse:
@@ -269,4 +269,4 @@ async def start(fake: FakeServer) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
-__all__ = ["FakeServer", "start", "GOOD_TOKEN", "asyncio"]
+__all__ = ["GOOD_TOKEN", "FakeServer", "asyncio", "start"]

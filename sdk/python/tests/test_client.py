@@ -182,7 +182,7 @@ async def test_create_maps_spec_and_info(client: DSecClient, server: FakeServer)
     assert (spec.user, spec.task_id, spec.workdir) == ("nobody", "t1", "/w")
     assert sb.info.state is SandboxState.RUNNING
     assert sb.info.node_id == "node1"
-    assert sb.info.created_at == dt.datetime.fromtimestamp(1_700_000_000, dt.timezone.utc)
+    assert sb.info.created_at == dt.datetime.fromtimestamp(1_700_000_000, dt.UTC)
     assert sb.info.spec.labels == {"exp": "e1"}
     assert sb.info.last_activity_at is None
 
@@ -292,7 +292,7 @@ async def test_set_timeout(client: DSecClient, server: FakeServer) -> None:
     sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
     info = await sb.set_timeout(600)
     assert server.set_timeouts[0].timeout_seconds == 600
-    assert info.expires_at == dt.datetime.fromtimestamp(1_700_000_600, dt.timezone.utc)
+    assert info.expires_at == dt.datetime.fromtimestamp(1_700_000_600, dt.UTC)
     assert sb.info is info
 
 

@@ -29,9 +29,11 @@ from opendsec.errors import (
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
-    TimeoutError,
     UnavailableError,
     UnimplementedError,
+)
+from opendsec.errors import (
+    TimeoutError as TimeoutError,
 )
 from opendsec.sandbox import CHUNK_SIZE, ExecProcess, Files, Sandbox
 from opendsec.types import (
@@ -51,11 +53,11 @@ __version__ = "0.1.0"
 # TimeoutError is importable (opendsec.TimeoutError) but left out of __all__ so
 # that "from opendsec import *" does not shadow the builtin; use DSecTimeoutError.
 __all__ = [
+    "CHUNK_SIZE",
     "AlreadyExistsError",
     "AuthenticationError",
     "BatchItem",
     "BatchRun",
-    "CHUNK_SIZE",
     "CancelledError",
     "ConfigError",
     "DSecClient",
@@ -81,6 +83,6 @@ __all__ = [
     "SandboxState",
     "UnavailableError",
     "UnimplementedError",
-    "errors",
     "__version__",
+    "errors",
 ]

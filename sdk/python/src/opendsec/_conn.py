@@ -157,4 +157,4 @@ def map_error(e: BaseException) -> BaseException:
     return e
 
 
-__all__ = ["Conn", "parse_endpoint", "map_error", "DSecError"]
+__all__ = ["Conn", "DSecError", "map_error", "parse_endpoint"]

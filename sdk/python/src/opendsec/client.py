@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc.aio
 
@@ -17,7 +17,7 @@ from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_
 from opendsec.sandbox import Sandbox
 from opendsec.types import DSecRunArgs, SandboxInfo
 
-__all__ = ["DSecClient", "BatchItem", "BatchRun"]
+__all__ = ["BatchItem", "BatchRun", "DSecClient"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ class DSecClient:
         """The endpoint this client talks to."""
         return self._conn.endpoint
 
-    async def __aenter__(self) -> DSecClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -207,9 +207,7 @@ class DSecClient:
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
         """Return the sandbox with this ID (NotFoundError if there is none)."""
-        resp = await self._conn.unary(
-            self._conn.sandboxes.GetSandbox, pb.GetSandboxRequest(id=sandbox_id), retry=True
-        )
+        resp = await self._conn.unary(self._conn.sandboxes.GetSandbox, pb.GetSandboxRequest(id=sandbox_id), retry=True)
         return Sandbox(self._conn, SandboxInfo.from_proto(resp.sandbox))
 
     async def list_sandboxes(

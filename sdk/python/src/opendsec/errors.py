@@ -13,23 +13,23 @@ from typing import Any
 import grpc
 
 __all__ = [
-    "DSecError",
+    "AlreadyExistsError",
+    "AuthenticationError",
+    "CancelledError",
     "ConfigError",
+    "DSecError",
+    "DSecTimeoutError",
+    "FailedPreconditionError",
+    "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
-    "AlreadyExistsError",
-    "FailedPreconditionError",
-    "QuotaExceededError",
-    "UnavailableError",
-    "TimeoutError",
-    "DSecTimeoutError",
-    "AuthenticationError",
     "PermissionDeniedError",
+    "QuotaExceededError",
+    "TimeoutError",
+    "UnavailableError",
     "UnimplementedError",
-    "CancelledError",
-    "InternalError",
-    "from_grpc_error",
     "from_code_name",
+    "from_grpc_error",
 ]
 
 
@@ -90,7 +90,7 @@ class UnavailableError(DSecError, ConnectionError):
     """The server or a node cannot be reached right now (``UNAVAILABLE``); retry later."""
 
 
-class TimeoutError(DSecError, builtins.TimeoutError):  # noqa: A001 - deliberate, also a builtins.TimeoutError
+class TimeoutError(DSecError, builtins.TimeoutError):
     """A deadline passed (``DEADLINE_EXCEEDED``). Also a :class:`builtins.TimeoutError`."""
 
 

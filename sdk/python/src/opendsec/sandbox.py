@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import AsyncIterator, Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 import grpc.aio
@@ -34,7 +34,7 @@ from opendsec.types import (
     _headers,
 )
 
-__all__ = ["Sandbox", "ExecProcess", "Files", "CHUNK_SIZE", "SHELL"]
+__all__ = ["CHUNK_SIZE", "SHELL", "ExecProcess", "Files", "Sandbox"]
 
 #: Size of the data chunks :meth:`Files.write` streams.
 CHUNK_SIZE = 1024 * 1024
@@ -103,10 +103,10 @@ class ExecProcess:
         """True once the exit event arrived."""
         return self._exit is not None
 
-    def __await__(self) -> Generator[Any, None, ExecProcess]:
+    def __await__(self) -> Generator[Any, None, Self]:
         return self.start().__await__()
 
-    async def __aenter__(self) -> ExecProcess:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(
@@ -117,7 +117,7 @@ class ExecProcess:
     ) -> None:
         await self.close()
 
-    async def start(self) -> ExecProcess:
+    async def start(self) -> Self:
         """Send the start request and wait until the process runs. Idempotent."""
         async with self._start_lock:
             if self._call is not None:
@@ -135,7 +135,7 @@ class ExecProcess:
                 self._finished = True
                 if isinstance(e, grpc.aio.AioRpcError):
                     raise from_grpc_error(e) from None
-                if isinstance(e, asyncio.TimeoutError) and not isinstance(e, DSecError):
+                if isinstance(e, TimeoutError) and not isinstance(e, DSecError):
                     raise DSecTimeoutError(
                         f"exec start: the process did not start within {self._conn.timeout:g}s"
                     ) from None
@@ -219,7 +219,7 @@ class ExecProcess:
                     pass
 
             await asyncio.wait_for(drain(), _DRAIN_SECONDS)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError):
+        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError):
             self._call.cancel()
 
     async def _write(self, req: pb.ExecRequest, what: str) -> None:
@@ -268,7 +268,7 @@ class ExecProcess:
                         pass
 
                 await asyncio.wait_for(until_exit(), _DRAIN_SECONDS)
-            except (DSecError, asyncio.TimeoutError):
+            except (DSecError, TimeoutError):
                 pass
         if self._exit is None:
             self._finished = True
@@ -301,7 +301,9 @@ class Files:
 
         return await self._conn.retrying(run, retry=False)
 
-    async def read_text(self, path: str, *, encoding: str = "utf-8", user: str = "", timeout: float | None = None) -> str:
+    async def read_text(
+        self, path: str, *, encoding: str = "utf-8", user: str = "", timeout: float | None = None
+    ) -> str:
         """Return the file's contents decoded (strictly) with ``encoding``."""
         return (await self.read(path, user=user, timeout=timeout)).decode(encoding)
 
@@ -400,7 +402,7 @@ class Sandbox:
         """What the server said about the sandbox at the last call (see :meth:`refresh`)."""
         return self._info
 
-    async def __aenter__(self) -> Sandbox:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -422,7 +424,7 @@ class Sandbox:
 
     async def set_timeout(self, seconds: float) -> SandboxInfo:
         """Make the sandbox's lifetime end ``seconds`` from now (fractions round up)."""
-        secs = int(math.ceil(seconds)) if seconds > 0 else int(seconds)
+        secs = math.ceil(seconds) if seconds > 0 else int(seconds)
         resp = await self._conn.unary(
             self._conn.sandboxes.SetTimeout, pb.SetTimeoutRequest(id=self.id, timeout_seconds=secs)
         )
@@ -471,7 +473,7 @@ class Sandbox:
             cwd=cwd or "",
             user=user or "",
             stdin=stdin,
-            timeout_seconds=int(math.ceil(timeout)) if timeout and timeout > 0 else int(timeout or 0),
+            timeout_seconds=math.ceil(timeout) if timeout and timeout > 0 else int(timeout or 0),
             tag=tag,
         )
         if pty is not None:

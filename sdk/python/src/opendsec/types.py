@@ -17,14 +17,14 @@ from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
 
 __all__ = [
     "DSecRunArgs",
-    "SandboxState",
-    "SandboxInfo",
-    "ExecResult",
     "ExecEvent",
-    "FileType",
+    "ExecResult",
     "FileInfo",
-    "ProcessInfo",
+    "FileType",
     "HTTPResponse",
+    "ProcessInfo",
+    "SandboxInfo",
+    "SandboxState",
 ]
 
 
@@ -99,21 +99,22 @@ class DSecRunArgs:
         )
 
 
-def _seconds(v: float | int | None) -> int:
+def _seconds(v: float | None) -> int:
     """Whole seconds, rounding a fraction up (so 0.5 s is 1 s, not "default").
     Negative values are passed through for the server to reject."""
     if not v:
         return 0
-    return int(math.ceil(v)) if v > 0 else int(math.floor(v))
+    return math.ceil(v) if v > 0 else math.floor(v)
 
 
 def _ts(t: timestamp_pb2.Timestamp, present: bool) -> _dt.datetime | None:
     if not present:
         return None
-    return t.ToDatetime(tzinfo=_dt.timezone.utc)
+    d: _dt.datetime = t.ToDatetime(tzinfo=_dt.UTC)
+    return d
 
 
-class SandboxState(str, enum.Enum):
+class SandboxState(enum.StrEnum):
     """Lifecycle state of a sandbox."""
 
     UNSPECIFIED = "unspecified"
@@ -222,7 +223,7 @@ class ExecEvent:
         return self.data.decode("utf-8", errors="replace")
 
 
-class FileType(str, enum.Enum):
+class FileType(enum.StrEnum):
     """Kind of a file system entry."""
 
     UNSPECIFIED = "unspecified"

@@ -20,7 +20,7 @@ import pytest
 from opendsec import DSecClient, NotFoundError, Sandbox, UnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from live_helpers import live_configured, live_required, run_args  # noqa: E402
+from live_helpers import live_configured, live_required, run_args
 
 LIVE_DIR = Path(__file__).parent
 

@@ -55,7 +55,7 @@ async def test_run_shell_prints_42(sandbox: Sandbox) -> None:
     assert re.fullmatch(r"[a-z0-9]+", sandbox.id)
     assert info.state is SandboxState.RUNNING
     assert info.node_id
-    assert info.expires_at is not None and info.expires_at > dt.datetime.now(dt.timezone.utc)
+    assert info.expires_at is not None and info.expires_at > dt.datetime.now(dt.UTC)
     assert info.spec.image == IMAGE
 
 
@@ -266,7 +266,7 @@ async def test_create_is_idempotent(client: DSecClient) -> None:
 async def test_set_timeout(sandbox: Sandbox) -> None:
     info = await sandbox.set_timeout(1200)
     assert info.expires_at is not None
-    left = (info.expires_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    left = (info.expires_at - dt.datetime.now(dt.UTC)).total_seconds()
     assert 1100 < left <= 1260, left
 
 
