@@ -515,10 +515,12 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	if sb.st.Bundle == "" {
 		return nil
 	}
-	var errs []error
+	// While runc may still have the container, its mounts and cgroups are in
+	// use: stop here and let the caller retry.
 	if _, err := r.runcOut(ctx, sb.st.StateRoot, "delete", "--force", sb.id); err != nil && !errdefs.IsNotFound(err) {
-		errs = append(errs, err)
+		return err
 	}
+	var errs []error
 	if sb.st.Pid > 0 {
 		waitPidGone(ctx, sb.st.Pid, 10*time.Second)
 	}

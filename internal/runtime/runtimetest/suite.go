@@ -3,6 +3,7 @@ package runtimetest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -60,7 +61,8 @@ func Prepare(t testing.TB, rt runtime.Runtime, spec runtime.Spec) runtime.Spec {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := rt.Delete(t.Context(), spec.ID); err != nil {
+		// t.Context() is already canceled when cleanups run.
+		if err := rt.Delete(context.Background(), spec.ID); err != nil {
 			t.Errorf("cleanup: delete %s: %v", spec.ID, err)
 		}
 	})
@@ -325,14 +327,14 @@ func testRecover(t *testing.T, f Factory) {
 	if err := rt2.Recover(ctx, h); err != nil {
 		t.Fatalf("recover: %v", err)
 	}
-	t.Cleanup(func() { rt2.Delete(t.Context(), spec.ID) })
+	t.Cleanup(func() { rt2.Delete(context.Background(), spec.ID) })
 	mustState(t, rt2, spec.ID, runtime.StateRunning)
 	mustEcho(t, rt2, spec.ID)
 
 	if err := rt2.Recover(ctx, hStopped); err != nil {
 		t.Fatalf("recover stopped sandbox: %v", err)
 	}
-	t.Cleanup(func() { rt2.Delete(t.Context(), stopped.ID) })
+	t.Cleanup(func() { rt2.Delete(context.Background(), stopped.ID) })
 	mustState(t, rt2, stopped.ID, runtime.StateStopped)
 
 	gone := h

@@ -1,0 +1,353 @@
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+)
+
+// sh runs a shell command in the sandbox as root through the real agent.
+func sh(t *testing.T, rt runtime.Runtime, id, script string) runtimetest.Result {
+	t.Helper()
+	res, err := runtimetest.Run(t.Context(), rt, id, "root", "/bin/sh", "-c", script)
+	if err != nil {
+		t.Fatalf("run %q: %v", script, err)
+	}
+	return res
+}
+
+// TestSandboxIsolation proves the isolation acceptance list of issue 2
+// through the real agent, as root inside the sandbox.
+func TestSandboxIsolation(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	id := spec.ID
+
+	t.Run("OnlySandboxProcesses", func(t *testing.T) {
+		res := sh(t, rt, id, `for p in /proc/[0-9]*; do echo "${p#/proc/} $(cat $p/comm)"; done`)
+		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+		if len(lines) == 0 || len(lines) > 5 {
+			t.Fatalf("sandbox sees %d processes: %q", len(lines), res.Stdout)
+		}
+		foundInit := false
+		for _, l := range lines {
+			pid, comm, _ := strings.Cut(l, " ")
+			if pid == "1" {
+				foundInit = true
+				if !strings.Contains(comm, "agent") {
+					t.Errorf("pid 1 is %q, want the agent", comm)
+				}
+				continue
+			}
+			if comm != "sh" && comm != "cat" {
+				t.Errorf("sandbox sees process %q", l)
+			}
+		}
+		if !foundInit {
+			t.Errorf("no pid 1 in %q", res.Stdout)
+		}
+		ps := sh(t, rt, id, "ps -o pid,comm")
+		if strings.Contains(ps.Stdout, filepath.Base(os.Args[0])) {
+			t.Errorf("ps shows the host test process:\n%s", ps.Stdout)
+		}
+	})
+
+	t.Run("CannotMount", func(t *testing.T) {
+		res := sh(t, rt, id, "mount -t tmpfs x /mnt")
+		if res.ExitCode == 0 {
+			t.Fatalf("mount succeeded: %+v", res)
+		}
+		if m := sh(t, rt, id, "grep ' /mnt ' /proc/self/mountinfo || true"); m.Stdout != "" {
+			t.Fatalf("/mnt is mounted: %s", m.Stdout)
+		}
+	})
+
+	t.Run("CannotLoadModules", func(t *testing.T) {
+		status := sh(t, rt, id, "grep CapEff /proc/self/status")
+		f := strings.Fields(status.Stdout)
+		if len(f) != 2 {
+			t.Fatalf("CapEff line %q", status.Stdout)
+		}
+		eff, err := strconv.ParseUint(f[1], 16, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const capSysModule, capSysAdmin, capSysPtrace, capSysRawio = 16, 21, 19, 17
+		for _, c := range []uint{capSysModule, capSysAdmin, capSysPtrace, capSysRawio} {
+			if eff&(1<<c) != 0 {
+				t.Errorf("capability %d in CapEff %s", c, f[1])
+			}
+		}
+		// A junk module: without seccomp and caps the kernel would answer
+		// "invalid module format"; the sandbox must be refused first.
+		res := sh(t, rt, id, "head -c 4096 /dev/urandom > /tmp/x.ko && insmod /tmp/x.ko")
+		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "not permitted") {
+			t.Fatalf("insmod: exit %d stderr %q, want operation not permitted", res.ExitCode, res.Stderr)
+		}
+	})
+
+	t.Run("CannotReadKernelMemory", func(t *testing.T) {
+		for _, p := range []string{"/proc/kcore", "/proc/kpagecgroup", "/proc/kpageflags", "/proc/keys"} {
+			res := sh(t, rt, id, "head -c 64 "+p+" 2>/dev/null | wc -c")
+			if n := strings.TrimSpace(res.Stdout); n != "0" {
+				t.Errorf("read %d bytes from %s", mustAtoi(t, n), p)
+			}
+		}
+		if res := sh(t, rt, id, "echo h > /proc/sysrq-trigger"); res.ExitCode == 0 {
+			t.Errorf("wrote /proc/sysrq-trigger")
+		}
+		if res := sh(t, rt, id, "echo 1 > /proc/sys/kernel/panic"); res.ExitCode == 0 {
+			t.Errorf("wrote /proc/sys")
+		}
+	})
+
+	t.Run("CannotWriteAgent", func(t *testing.T) {
+		before := fileHash(t, tmpl.AgentPath)
+		for _, script := range []string{
+			"echo x > /.opendsec/agent",
+			"echo x >> /.opendsec/agent",
+			"rm -f /.opendsec/agent",
+			"mv /.opendsec/agent /tmp/agent",
+			"chmod 777 /.opendsec/agent",
+		} {
+			if res := sh(t, rt, id, script); res.ExitCode == 0 {
+				t.Errorf("%q succeeded", script)
+			}
+		}
+		if after := fileHash(t, tmpl.AgentPath); after != before {
+			t.Fatalf("agent binary on the host changed")
+		}
+	})
+
+	t.Run("EmptyNetworkAndOwnHostname", func(t *testing.T) {
+		if res := sh(t, rt, id, "ls /sys/class/net"); strings.Fields(res.Stdout)[0] != "lo" || len(strings.Fields(res.Stdout)) != 1 {
+			t.Errorf("network interfaces %q, want only lo", res.Stdout)
+		}
+		if res := sh(t, rt, id, "hostname"); strings.TrimSpace(res.Stdout) != id {
+			t.Errorf("hostname %q, want %q", res.Stdout, id)
+		}
+	})
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatalf("parse %q: %v", s, err)
+	}
+	return n
+}
+
+func fileHash(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// cgroupCounter reads "key N" from a cgroup file of the sandbox (v1 or v2).
+func cgroupCounter(t *testing.T, c *Runtime, id, controller, file, key string) int64 {
+	t.Helper()
+	dir := filepath.Join(c.cg.unified, c.cgroupPath(id))
+	if !c.cg.v2 {
+		dir = filepath.Join(c.cg.v1[controller], c.cgroupPath(id))
+	}
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		t.Fatalf("read %s: %v", file, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), key+" "); ok {
+			return int64(mustAtoi(t, strings.TrimSpace(v)))
+		}
+	}
+	t.Fatalf("no %q in %s: %s", key, file, b)
+	return 0
+}
+
+// TestMemoryLimit: a process that grows past the limit is OOM-killed inside
+// the sandbox; the agent and the sandbox survive.
+func TestMemoryLimit(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	tmpl.Resources.MemoryMB = 64
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	c := rt.(*Runtime)
+	oomFile := "memory.events"
+	if !c.cg.v2 {
+		oomFile = "memory.oom_control"
+	}
+	before := cgroupCounter(t, c, spec.ID, "memory", oomFile, "oom_kill")
+	// awk doubles a string until it no longer fits.
+	res := sh(t, rt, spec.ID, `awk 'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }'`)
+	if res.ExitCode == 0 {
+		t.Fatalf("memory hog exited 0: %+v", res)
+	}
+	if after := cgroupCounter(t, c, spec.ID, "memory", oomFile, "oom_kill"); after <= before {
+		t.Fatalf("oom_kill counter %d -> %d: the hog was not OOM-killed in the sandbox cgroup (exit %d %q)", before, after, res.ExitCode, res.Status)
+	}
+	st, err := rt.Status(t.Context(), spec.ID)
+	if err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("sandbox after OOM: %+v %v", st, err)
+	}
+	if res := sh(t, rt, spec.ID, "echo alive"); res.Stdout != "alive\n" {
+		t.Fatalf("sandbox unusable after OOM: %+v", res)
+	}
+	stats, err := c.Stats(t.Context(), spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.MemoryBytes > 64<<20 {
+		t.Fatalf("memory use %d over the limit", stats.MemoryBytes)
+	}
+}
+
+// TestPidsLimit: a fork bomb stays under the pids limit, and the sandbox
+// can be stopped and deleted cleanly afterwards.
+func TestPidsLimit(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	const limit = 64
+	tmpl.Resources.PidsLimit = limit
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	c := rt.(*Runtime)
+	// The bomb backgrounds itself, so the shell returns at once.
+	sh(t, rt, spec.ID, `bomb() { bomb | bomb & }; bomb`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := c.Stats(t.Context(), spec.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pids > limit {
+			t.Fatalf("pids %d over the limit %d", st.Pids, limit)
+		}
+		if eventsMax(t, c, spec.ID) > 0 {
+			break // a fork was refused: the bomb hit the limit
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork bomb never hit the pids limit (pids %d)", st.Pids)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	status, err := rt.Status(t.Context(), spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := rt.Stop(t.Context(), spec.ID, runtime.StopOptions{}); err != nil {
+		t.Fatalf("stop after fork bomb: %v", err)
+	}
+	t.Logf("stopped a fork-bombed sandbox in %s", time.Since(start))
+	if err := rt.Delete(t.Context(), spec.ID); err != nil {
+		t.Fatalf("delete after fork bomb: %v", err)
+	}
+	if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
+		t.Fatalf("cgroups left: %v", dirs)
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, status.Pid)
+}
+
+func eventsMax(t *testing.T, c *Runtime, id string) int64 {
+	return cgroupCounter(t, c, id, "pids", "pids.events", "max")
+}
+
+// TestSurvivesNodeKill creates a sandbox from a child process (a stand-in for
+// the node), kills that process with SIGKILL, and recovers the sandbox from
+// its handle in this process: it is still running and answers.
+func TestSurvivesNodeKill(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	in, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperNode$", "-test.v")
+	cmd.Env = append(os.Environ(), "OPENDSEC_HELPER_NODE=1", "OPENDSEC_HELPER_STATE_ROOT="+rt.(*Runtime).cfg.StateRoot)
+	cmd.Stdin = bytes.NewReader(in)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var h runtime.Handle
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if js, ok := strings.CutPrefix(sc.Text(), "HANDLE "); ok {
+			if err := json.Unmarshal([]byte(js), &h); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if h.ID == "" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper node printed no handle")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if err := rt.Recover(t.Context(), h); err != nil {
+		t.Fatalf("recover after the node was killed: %v", err)
+	}
+	st, err := rt.Status(t.Context(), h.ID)
+	if err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("status after node kill: %+v %v", st, err)
+	}
+	if res := sh(t, rt, h.ID, "echo survived"); res.Stdout != "survived\n" {
+		t.Fatalf("sandbox after node kill: %+v", res)
+	}
+}
+
+// TestHelperNode is the child process of TestSurvivesNodeKill: it creates
+// and starts the sandbox described on stdin, prints its handle and waits to
+// be killed.
+func TestHelperNode(t *testing.T) {
+	if os.Getenv("OPENDSEC_HELPER_NODE") != "1" {
+		t.Skip("helper process for TestSurvivesNodeKill")
+	}
+	var spec runtime.Spec
+	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := New(Config{StateRoot: os.Getenv("OPENDSEC_HELPER_STATE_ROOT"), CgroupParent: "/opendsec-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := rt.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := runtimetest.WaitAgent(t.Context(), rt, spec.ID, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(h)
+	fmt.Printf("HANDLE %s\n", b)
+	time.Sleep(10 * time.Minute) // the parent kills this process
+}
