@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -113,10 +112,7 @@ func (a *app) endpointForHint() string {
 	if a.endpoint != "" {
 		return a.endpoint
 	}
-	if e := os.Getenv(opendsec.EnvEndpoint); e != "" {
-		return e
-	}
-	return opendsec.DefaultEndpoint
+	return "$" + opendsec.EnvEndpoint
 }
 
 func (a *app) rootCommand() *cobra.Command {

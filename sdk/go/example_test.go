@@ -1,0 +1,104 @@
+package opendsec_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"time"
+
+	opendsec "github.com/kernflux/opendsec/sdk/go"
+)
+
+// The quickstart: create a Python sandbox, run a line of Python, stop it.
+// Endpoint and token come from OPENDSEC_ENDPOINT and OPENDSEC_TOKEN.
+func Example() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	sb, err := c.CreateSandbox(ctx, &opendsec.SandboxSpec{
+		Backend:        os.Getenv("OPENDSEC_BACKEND"),
+		Image:          "root/py:3.11",
+		TimeoutSeconds: 300,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.StopSandbox(context.WithoutCancel(ctx), sb.Id)
+
+	res, err := c.RunShell(ctx, sb.Id, "python3 -c 'print(6*7)'")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(res.Stdout) // 42
+}
+
+// Stream a process's output as it is produced and feed it stdin.
+func ExampleClient_Exec() {
+	ctx := context.Background()
+	c, err := opendsec.New("127.0.0.1:7070", opendsec.WithToken("TOKEN"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := c.Exec(ctx, "n001sb0001", opendsec.ExecOptions{
+		Command: []string{"python3", "-u", "-c", "import sys; print(sys.stdin.read().upper())"},
+		Stdin:   true,
+		Timeout: time.Minute,
+		Stdout:  os.Stdout,
+		OnStderr: func(b []byte) {
+			log.Printf("stderr: %s", b)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = p.SendStdin([]byte("hello"))
+	_ = p.CloseStdin()
+	st, err := p.Wait()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit code", st.ExitCode)
+}
+
+// Copy a file in and out of a sandbox.
+func ExampleClient_WriteFile() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	data := "print('hi')\n"
+	if _, err := c.WriteFile(ctx, "n001sb0001", "/tmp/hi.py", strings.NewReader(data), int64(len(data))); err != nil {
+		log.Fatal(err)
+	}
+	var back bytes.Buffer
+	if _, err := c.ReadFile(ctx, "n001sb0001", "/tmp/hi.py", &back); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Make many sandboxes in one call; each item succeeds or fails on its own.
+func ExampleClient_BatchCreate() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = c.BatchCreate(ctx, &opendsec.SandboxSpec{Image: "root/busybox", TaskId: "rollout-7"}, 100, func(r opendsec.BatchResult) {
+		if r.Err != nil {
+			log.Printf("sandbox %d: %v", r.Index, r.Err)
+			return
+		}
+		fmt.Println(r.Sandbox.Id)
+	})
+	if opendsec.IsUnauthenticated(err) {
+		log.Fatal("set OPENDSEC_TOKEN")
+	}
+}
