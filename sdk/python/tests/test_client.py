@@ -458,3 +458,11 @@ async def test_http(client: DSecClient, server: FakeServer) -> None:
     assert resp.status == 201
     assert resp.header("content-type") == "application/json"
     assert resp.json() == {"method": "POST", "path": "/api?x=1"}
+
+
+async def test_sandbox_context_manager_tolerates_an_already_stopped_sandbox(
+    client: DSecClient, server: FakeServer
+) -> None:
+    async with await client.run_sandbox(DSecRunArgs(image="root/busybox")) as sb:
+        await client.stop_sandbox(sb.id)
+    assert server.stopped == [sb.id]

@@ -415,6 +415,10 @@ class Sandbox:
             await self.stop()
         except NotFoundError:
             pass
+        except DSecError:
+            # Leaving because of another exception: keep that one visible.
+            if exc is None:
+                raise
 
     async def refresh(self) -> SandboxInfo:
         """Fetch the sandbox's current state from the server."""
