@@ -54,6 +54,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	exit 1
 fi
 
+case "$DATA_DIR" in /*) ;; *) DATA_DIR="$(pwd)/$DATA_DIR" ;; esac
 CACHE_ROOT="${OPENDSEC_CACHE:-/var/cache/opendsec}"
 CACHE="$CACHE_ROOT/rootfs"
 REPO_DIR="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -77,9 +78,17 @@ cleanup_dir() {
 	local m
 	# Deepest mounts first.
 	while read -r m; do
-		[ -n "$m" ] && umount -l "$m" 2>/dev/null || true
+		if [ -n "$m" ]; then umount -l "$m" 2>/dev/null || true; fi
 	done < <(awk -v p="$d" '$2 == p || index($2, p "/") == 1 {print $2}' /proc/mounts | sort -r)
 	rm -rf --one-file-system "$d"
+}
+
+# apt_install installs Debian packages, refreshing the indexes once if the
+# first try fails (fresh machines often have none).
+apt_install() {
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get install -y --no-install-recommends "$@" ||
+		{ apt-get update && apt-get install -y --no-install-recommends "$@"; }
 }
 
 stamp_ok() { # name
@@ -163,7 +172,7 @@ build_busybox() {
 	log "busybox: building"
 	if [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null || true)" != "install ok installed" ]; then
 		log "busybox: installing Debian's busybox-static with apt-get"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends busybox-static
+		apt_install busybox-static
 	fi
 	local bin
 	bin="$(dpkg -L busybox-static | grep -E '/bin/busybox$' | head -n1)"
@@ -211,7 +220,7 @@ build_py() {
 	fi
 	command -v debootstrap >/dev/null || {
 		log "py-3.11: installing debootstrap with apt-get"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends debootstrap
+		apt_install debootstrap
 	}
 	[ -n "$MIRROR" ] || MIRROR="$(detect_mirror)"
 	local tmp="$CACHE/py-3.11.tmp"
