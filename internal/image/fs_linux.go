@@ -192,8 +192,6 @@ type meta struct {
 	symlink  bool
 }
 
-var isRoot = os.Geteuid() == 0
-
 // applyMeta sets owner first (chown clears setuid bits), then mode, xattrs
 // and times. Failures to set xattrs the filesystem does not support, or
 // owners when not root, are ignored: an import as non-root keeps the files

@@ -101,6 +101,9 @@ var (
 
 const maxNameLen = 200
 
+// isRoot reports whether owners can be preserved on import.
+var isRoot = os.Geteuid() == 0
+
 // NormalizeName validates an image name and adds the default tag. Names are
 // `[a-z0-9][a-z0-9._/-]*(:[a-zA-Z0-9._-]+)?`, with no empty, "." or ".."
 // path components.
