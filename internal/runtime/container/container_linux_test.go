@@ -60,3 +60,48 @@ func TestInitDetached(t *testing.T) {
 		t.Fatalf("cgroup dirs left after delete: %v", dirs)
 	}
 }
+
+// TestCreateFailureUndoes makes Create fail after it has mounted and written
+// things (config.json not writable; runc create refused) and checks nothing
+// is left.
+func TestCreateFailureUndoes(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	notExec := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(*runtime.Spec){
+		// config.json cannot be written (a directory is in the way): fails
+		// after both mounts are made.
+		"config": func(s *runtime.Spec) {
+			if err := os.Mkdir(filepath.Join(s.StateDir, configFile), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// A non-executable agent: runc create fails in the container's init.
+		"runc": func(s *runtime.Spec) { s.AgentPath = notExec },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			spec := runtimetest.Prepare(t, rt, tmpl)
+			mutate(&spec)
+			if _, err := rt.Create(t.Context(), spec); err == nil {
+				t.Fatalf("create succeeded")
+			} else {
+				t.Logf("create: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(c.cfg.StateRoot, spec.ID)); err == nil {
+				t.Errorf("runc state left for %s", spec.ID)
+			}
+			if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
+				t.Errorf("cgroups left: %v", dirs)
+			}
+			runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
+			if _, err := rt.Status(t.Context(), spec.ID); err == nil {
+				t.Errorf("failed sandbox is still known")
+			}
+		})
+	}
+}

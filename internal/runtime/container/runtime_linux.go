@@ -212,7 +212,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		delete(r.sandboxes, spec.ID)
 		r.mu.Unlock()
 	}()
-	if _, err := r.runcState(ctx, st.StateRoot, spec.ID); err == nil {
+	// runc keeps each container's state in <root>/<id>: cheaper than `runc state`.
+	if _, err := os.Lstat(filepath.Join(st.StateRoot, spec.ID)); err == nil {
 		// A container left by someone else: never touch it from a failed create.
 		sb.st.Bundle = ""
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runc state %s", spec.ID, st.StateRoot)
@@ -395,21 +396,22 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return err
 	}
 	defer sb.mu.Unlock()
+	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
+	if startErr == nil {
+		return nil
+	}
+	// Only on failure ask why: starting a running sandbox is a no-op.
 	s, err := r.runcState(ctx, sb.st.StateRoot, id)
 	if err != nil {
-		return fmt.Errorf("start sandbox: %w", err)
+		return fmt.Errorf("start sandbox: %w", startErr)
 	}
 	switch s.Status {
-	case "running", "paused":
+	case "running", "paused", "pausing":
 		return nil
-	case "created":
-	default:
-		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s and cannot be started", id, s.Status)
+	case "stopped":
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is stopped and cannot be started again; create a new one", id)
 	}
-	if _, err := r.runcOut(ctx, sb.st.StateRoot, "start", id); err != nil {
-		return fmt.Errorf("start sandbox: %w", err)
-	}
-	return nil
+	return fmt.Errorf("start sandbox: %w", startErr)
 }
 
 // Stop sends SIGTERM to every process, then SIGKILL after opts.Timeout, and
@@ -468,9 +470,13 @@ func (r *Runtime) kill(ctx context.Context, sb *sandbox, sig string) error {
 	return nil
 }
 
-// waitStopped polls until the init process is gone or d passes.
+// waitStopped polls until the init process is gone or d passes. It watches
+// init's /proc entry (cheap, fine-grained) and confirms with `runc state`.
 func (r *Runtime) waitStopped(ctx context.Context, sb *sandbox, d time.Duration) bool {
 	deadline := time.Now().Add(d)
+	for sb.st.Pid > 0 && pidAlive(sb.st.Pid) && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
 	for {
 		s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
 		if errdefs.IsNotFound(err) || err == nil && s.Status == "stopped" {
@@ -514,6 +520,19 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	if sb.st.Bundle == "" {
 		return nil
+	}
+	// Kill first: `runc delete --force` of a running container sleeps 100 ms
+	// before it looks again; ours polls /proc.
+	if s, err := r.runcState(ctx, sb.st.StateRoot, sb.id); err == nil && s.Status != "stopped" {
+		if s.Status == "paused" {
+			if _, err := r.runcOut(ctx, sb.st.StateRoot, "resume", sb.id); err != nil {
+				return fmt.Errorf("resume before delete: %w", err)
+			}
+		}
+		if err := r.kill(ctx, sb, "KILL"); err != nil {
+			return err
+		}
+		r.waitStopped(ctx, sb, 10*time.Second)
 	}
 	// While runc may still have the container, its mounts and cgroups are in
 	// use: stop here and let the caller retry.
@@ -663,7 +682,8 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	sb.mu.Unlock()
 	c, err := dialUnix(ctx, dir, agentSocketName)
 	if err != nil {
-		return nil, fmt.Errorf("dial agent: %w", err)
+		// Not started yet, stopped, or the agent is restarting: retryable.
+		return nil, fmt.Errorf("dial agent: %w: %w", errdefs.ErrUnavailable, err)
 	}
 	return c, nil
 }

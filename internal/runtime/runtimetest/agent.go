@@ -64,7 +64,7 @@ func WaitAgent(ctx context.Context, rt runtime.Runtime, id string, timeout time.
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("agent of %s not healthy after %s: %w", id, timeout, last)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

@@ -34,6 +34,7 @@ const agentTimeout = 20 * time.Second
 func Suite(t *testing.T, f Factory) {
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, f) })
 	t.Run("DeleteIdempotent", func(t *testing.T) { testDeleteIdempotent(t, f) })
+	t.Run("StopCreated", func(t *testing.T) { testStopCreated(t, f) })
 	t.Run("DeleteRunning", func(t *testing.T) { testDeleteRunning(t, f) })
 	t.Run("BadSpecLeavesNothing", func(t *testing.T) { testBadSpec(t, f) })
 	t.Run("DuplicateID", func(t *testing.T) { testDuplicate(t, f) })
@@ -203,6 +204,12 @@ func testLifecycle(t *testing.T, f Factory) {
 	if _, err := Health(ctx, rt, spec.ID); err == nil {
 		t.Fatalf("agent still answers after stop")
 	}
+	if c, err := rt.AgentConn(ctx, spec.ID); !errors.Is(err, errdefs.ErrUnavailable) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("agent conn of a stopped sandbox: err = %v, want unavailable", err)
+	}
 	if err := rt.Delete(ctx, spec.ID); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
@@ -238,6 +245,31 @@ func testDeleteIdempotent(t *testing.T, f Factory) {
 	mustNotFound(t, rt, spec.ID)
 	AssertNoLeftovers(t, spec.StateDir, 0)
 }
+
+func testStopCreated(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	for i := range 2 {
+		if err := rt.Stop(ctx, spec.ID, StopOptions()); err != nil {
+			t.Fatalf("stop #%d of a created sandbox: %v", i+1, err)
+		}
+	}
+	mustState(t, rt, spec.ID, runtime.StateStopped)
+	if err := rt.Start(ctx, spec.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("start of a stopped sandbox: err = %v, want failed precondition", err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	AssertNoLeftovers(t, spec.StateDir, 0)
+}
+
+// StopOptions returns stop options with a short grace period.
+func StopOptions() runtime.StopOptions { return runtime.StopOptions{Timeout: time.Second} }
 
 func testDeleteRunning(t *testing.T, f Factory) {
 	rt, tmpl := f(t)
