@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,11 +59,14 @@ type handleState struct {
 
 type sandbox struct {
 	id string
-	// mu serialises lifecycle operations on this sandbox.
-	mu sync.Mutex
-	st handleState // guarded by mu
-	// deleted reports whether Delete finished; guarded by mu.
-	deleted bool
+	// st is immutable once the sandbox is in Runtime.sandboxes, so Status,
+	// AgentConn and Stats read it without locks and never wait for a slow
+	// Stop.
+	st handleState
+	// op serialises lifecycle operations (start, stop, delete, pause).
+	op sync.Mutex
+	// deleted reports whether Delete finished (set under op).
+	deleted atomic.Bool
 }
 
 // Runtime is the container backend. Create one with New.
@@ -74,6 +78,7 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
+	creating  map[string]bool     // IDs with a Create in progress; guarded by mu
 }
 
 // New checks that runc is installed and the process is root, and returns the
@@ -106,7 +111,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
-	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, sandboxes: map[string]*sandbox{}}, nil
+	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
 // CgroupV2 reports whether the host uses the unified cgroup hierarchy.
@@ -184,14 +189,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, err
 	}
 	sb := &sandbox{id: spec.ID}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
 	r.mu.Lock()
-	if _, ok := r.sandboxes[spec.ID]; ok {
+	if _, ok := r.sandboxes[spec.ID]; ok || r.creating[spec.ID] {
 		r.mu.Unlock()
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists", spec.ID)
 	}
-	r.sandboxes[spec.ID] = sb
+	r.creating[spec.ID] = true
 	r.mu.Unlock()
 
 	st := handleState{
@@ -202,14 +205,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	}
 	sb.st = st
 	defer func() {
-		if retErr == nil {
-			return
-		}
-		if err := r.cleanup(context.WithoutCancel(ctx), sb); err != nil {
-			log.G(ctx).Error("undo failed create", "sandbox.id", spec.ID, "error", err)
+		if retErr != nil {
+			if err := r.cleanup(context.WithoutCancel(ctx), sb); err != nil {
+				log.G(ctx).Error("undo failed create", "sandbox.id", spec.ID, "error", err)
+			}
 		}
 		r.mu.Lock()
-		delete(r.sandboxes, spec.ID)
+		delete(r.creating, spec.ID)
+		if retErr == nil {
+			r.sandboxes[spec.ID] = sb
+		}
 		r.mu.Unlock()
 	}()
 	// runc keeps each container's state in <root>/<id>: cheaper than `runc state`.
@@ -369,7 +374,7 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 	r.mu.Lock()
 	sb, ok := r.sandboxes[id]
 	r.mu.Unlock()
-	if !ok {
+	if !ok || sb.deleted.Load() {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
@@ -381,9 +386,9 @@ func (r *Runtime) lock(id string) (*sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb.mu.Lock()
-	if sb.deleted {
-		sb.mu.Unlock()
+	sb.op.Lock()
+	if sb.deleted.Load() {
+		sb.op.Unlock()
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
@@ -395,7 +400,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	defer sb.mu.Unlock()
+	defer sb.op.Unlock()
 	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	if startErr == nil {
 		return nil
@@ -421,7 +426,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	if err != nil {
 		return err
 	}
-	defer sb.mu.Unlock()
+	defer sb.op.Unlock()
 	return r.stop(ctx, sb, opts.Timeout)
 }
 
@@ -502,11 +507,11 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	defer sb.mu.Unlock()
+	defer sb.op.Unlock()
 	if err := r.cleanup(ctx, sb); err != nil {
 		return fmt.Errorf("delete sandbox: %w", err)
 	}
-	sb.deleted = true
+	sb.deleted.Store(true)
 	r.mu.Lock()
 	if r.sandboxes[id] == sb {
 		delete(r.sandboxes, id)
@@ -615,12 +620,14 @@ func unmount(ctx context.Context, path string) error {
 
 // Status reports the container's state from `runc state`.
 func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
-	sb, err := r.lock(id)
+	sb, err := r.get(id)
 	if err != nil {
 		return runtime.Status{}, err
 	}
-	defer sb.mu.Unlock()
 	s, err := r.runcState(ctx, sb.st.StateRoot, id)
+	if errdefs.IsNotFound(err) && sb.deleted.Load() {
+		return runtime.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
 	if errdefs.IsNotFound(err) {
 		// Known to us but gone from runc (its state dir was lost): nothing runs.
 		return runtime.Status{State: runtime.StateStopped}, nil
@@ -663,8 +670,11 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.sandboxes[h.ID]; ok {
+	if sb, ok := r.sandboxes[h.ID]; ok && !sb.deleted.Load() {
 		return nil
+	}
+	if r.creating[h.ID] {
+		return errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q is being created", h.ID)
 	}
 	r.sandboxes[h.ID] = &sandbox{id: h.ID, st: st}
 	return nil
@@ -677,9 +687,7 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb.mu.Lock()
 	dir := filepath.Join(sb.st.Bundle, runDir)
-	sb.mu.Unlock()
 	c, err := dialUnix(ctx, dir, agentSocketName)
 	if err != nil {
 		// Not started yet, stopped, or the agent is restarting: retryable.
@@ -710,7 +718,7 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	defer sb.mu.Unlock()
+	defer sb.op.Unlock()
 	if _, err := r.runcOut(ctx, sb.st.StateRoot, "pause", id); err != nil {
 		return fmt.Errorf("pause sandbox: %w", err)
 	}
@@ -723,7 +731,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	defer sb.mu.Unlock()
+	defer sb.op.Unlock()
 	if _, err := r.runcOut(ctx, sb.st.StateRoot, "resume", id); err != nil {
 		return fmt.Errorf("resume sandbox: %w", err)
 	}
@@ -736,9 +744,7 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err != nil {
 		return runtime.Stats{}, err
 	}
-	sb.mu.Lock()
 	path := sb.st.CgroupPath
-	sb.mu.Unlock()
 	st, err := r.cg.stats(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return st, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q has no cgroup (not created or already deleted)", id)
