@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	fspb "github.com/kernflux/opendsec/api/gen/filesystem"
+)
+
+func TestWatchDirRecursive(t *testing.T) {
+	e := newEnv(t, Config{})
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	s, err := e.fs.WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: dir, Recursive: true, IncludeEntry: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Receive() || s.Msg().GetStart() == nil {
+		t.Fatalf("first event: %v %v", s.Msg(), s.Err())
+	}
+	os.WriteFile(filepath.Join(dir, "sub", "file.txt"), []byte("x"), 0o644)
+	for s.Receive() {
+		fe := s.Msg().GetFilesystem()
+		if fe != nil && fe.Name == "sub/file.txt" && fe.Type == fspb.EventType_EVENT_TYPE_CREATE {
+			if fe.Entry == nil || fe.Entry.Path != filepath.Join(dir, "sub", "file.txt") {
+				t.Fatalf("entry = %v", fe.Entry)
+			}
+			return
+		}
+	}
+	t.Fatalf("no create event for sub/file.txt: %v", s.Err())
+}
+
+func TestWatchErrors(t *testing.T) {
+	e := newEnv(t, Config{})
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, nil, 0o644)
+	for path, code := range map[string]connect.Code{filepath.Join(dir, "nope"): connect.CodeNotFound, file: connect.CodeInvalidArgument} {
+		s, err := e.fs.WatchDir(t.Context(), connect.NewRequest(&fspb.WatchDirRequest{Path: path}))
+		if err == nil {
+			s.Receive()
+			err = s.Err()
+		}
+		if connect.CodeOf(err) != code {
+			t.Errorf("watch %s: %v, want %s", path, err, code)
+		}
+		if _, err := e.fs.CreateWatcher(t.Context(), connect.NewRequest(&fspb.CreateWatcherRequest{Path: path})); connect.CodeOf(err) != code {
+			t.Errorf("create watcher %s: %v, want %s", path, err, code)
+		}
+	}
+	if _, err := e.fs.GetWatcherEvents(t.Context(), connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: "nope"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("unknown watcher: %v", err)
+	}
+}
+
+func TestPollingWatcher(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := t.Context()
+	dir := t.TempDir()
+	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cw.Msg.WatcherId
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("x"), 0o644)
+	os.Remove(filepath.Join(dir, "a.txt"))
+	var seen []fspb.EventType
+	eventually(t, 10*time.Second, "create and remove events", func() bool {
+		ev, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range ev.Msg.Events {
+			if fe.Name == "a.txt" {
+				seen = append(seen, fe.Type)
+			}
+		}
+		return len(seen) > 0 && seen[0] == fspb.EventType_EVENT_TYPE_CREATE && seen[len(seen)-1] == fspb.EventType_EVENT_TYPE_REMOVE
+	})
+	if _, err := e.fs.RemoveWatcher(ctx, connect.NewRequest(&fspb.RemoveWatcherRequest{WatcherId: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("removed watcher: %v", err)
+	}
+}
