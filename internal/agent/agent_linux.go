@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -262,5 +261,3 @@ func loopbackUp() error {
 	}
 	return nil
 }
-
-var errShutdown = errors.New("agent shut down")

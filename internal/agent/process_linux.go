@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -747,5 +746,3 @@ func executable(p string) error {
 	}
 	return nil
 }
-
-var _ io.Closer = (*os.File)(nil)
