@@ -15,9 +15,10 @@ import (
 	"testing"
 )
 
-// busyboxStamp names the rootfs layout version. Bump it when BusyboxRootfs
-// changes what it builds so cached copies are rebuilt.
-const busyboxStamp = "busybox-rootfs v1\n"
+// busyboxVersion names the rootfs layout. Bump it when BusyboxRootfs changes
+// what it builds: a new version builds into a new directory, so a rootfs in
+// use as a lower layer by a running test is never rebuilt underneath it.
+const busyboxVersion = "v2"
 
 // CacheDir returns the directory for fixtures that outlive one test process
 // (/var/cache/opendsec/test when writable, else the user's cache dir).
@@ -66,11 +67,16 @@ func withFileLock(t testing.TB, path string, fn func() error) {
 // lower layer).
 func BusyboxRootfs(t testing.TB) string {
 	t.Helper()
-	cache := CacheDir(t)
-	dir := filepath.Join(cache, "busybox-rootfs")
-	stamp := filepath.Join(cache, "busybox-rootfs.stamp")
+	return busyboxRootfsIn(t, CacheDir(t))
+}
+
+func busyboxRootfsIn(t testing.TB, cache string) string {
+	t.Helper()
+	dir := filepath.Join(cache, "busybox-rootfs-"+busyboxVersion)
+	stamp := dir + ".stamp"
+	want := "busybox-rootfs " + busyboxVersion + "\n"
 	withFileLock(t, filepath.Join(cache, "busybox-rootfs.lock"), func() error {
-		if b, err := os.ReadFile(stamp); err == nil && string(b) == busyboxStamp {
+		if b, err := os.ReadFile(stamp); err == nil && string(b) == want {
 			if _, err := os.Stat(filepath.Join(dir, "bin", "busybox")); err == nil {
 				return nil
 			}
@@ -88,7 +94,7 @@ func BusyboxRootfs(t testing.TB) string {
 		if err := os.Rename(tmp, dir); err != nil {
 			return fmt.Errorf("install busybox rootfs: %w", err)
 		}
-		return os.WriteFile(stamp, []byte(busyboxStamp), 0o644)
+		return os.WriteFile(stamp, []byte(want), 0o644)
 	})
 	return dir
 }
@@ -107,7 +113,7 @@ func buildBusyboxRootfs(dir string) error {
 	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		return err
 	}
-	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+	if err := os.Chmod(filepath.Join(dir, "tmp"), os.ModeSticky|0o777); err != nil {
 		return err
 	}
 	if err := os.Chmod(filepath.Join(dir, "root"), 0o700); err != nil {
