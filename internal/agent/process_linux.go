@@ -189,7 +189,7 @@ func (s *processes) SendInput(ctx context.Context, req *connect.Request[process.
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	if err := p.write(req.Msg.GetInput()); err != nil {
+	if err := p.write(ctx, req.Msg.GetInput()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
@@ -209,7 +209,7 @@ func (s *processes) StreamInput(ctx context.Context, stream *connect.ClientStrea
 			if p == nil {
 				return nil, errdefs.ToConnect(errdefs.Invalid("event", "data before start; send a start event with the process selector first"))
 			}
-			if err := p.write(ev.Data.GetInput()); err != nil {
+			if err := p.write(ctx, ev.Data.GetInput()); err != nil {
 				return nil, errdefs.ToConnect(err)
 			}
 		}
@@ -257,7 +257,32 @@ func (s *processes) CloseStdin(ctx context.Context, req *connect.Request[process
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
-func (p *proc) write(in *process.ProcessInput) error {
+// write sends input to the process. The lock is not held while writing: a
+// process that does not read its stdin must not block signals to it.
+func (p *proc) write(ctx context.Context, in *process.ProcessInput) error {
+	f, data, err := p.inputFile(in)
+	if err != nil {
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	_ = f.SetWriteDeadline(deadline) // pipes and PTYs are pollable
+	defer f.SetWriteDeadline(time.Time{})
+	if _, err := f.Write(data); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errdefs.New(errdefs.ErrDeadlineExceeded, "write input to process %d: it is not reading its input", p.pid)
+		}
+		if errors.Is(err, os.ErrClosed) {
+			return errdefs.New(errdefs.ErrFailedPrecondition, "input of process %d was closed", p.pid)
+		}
+		return fmt.Errorf("write input to process %d: %w", p.pid, err)
+	}
+	return nil
+}
+
+func (p *proc) inputFile(in *process.ProcessInput) (*os.File, []byte, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var (
@@ -267,27 +292,24 @@ func (p *proc) write(in *process.ProcessInput) error {
 	switch v := in.GetInput().(type) {
 	case *process.ProcessInput_Stdin:
 		if p.isPTY {
-			return errdefs.New(errdefs.ErrInternal, "process %d uses a PTY; send input.pty instead of input.stdin", p.pid)
+			return nil, nil, errdefs.New(errdefs.ErrInternal, "process %d uses a PTY; send input.pty instead of input.stdin", p.pid)
 		}
 		if p.stdin == nil {
-			return errdefs.New(errdefs.ErrFailedPrecondition, "stdin of process %d is closed or was not opened (start it with stdin: true)", p.pid)
+			return nil, nil, errdefs.New(errdefs.ErrFailedPrecondition, "stdin of process %d is closed or was not opened (start it with stdin: true)", p.pid)
 		}
 		f, data = p.stdin, v.Stdin
 	case *process.ProcessInput_Pty:
 		if !p.isPTY {
-			return errdefs.New(errdefs.ErrInternal, "process %d has no PTY; send input.stdin instead of input.pty", p.pid)
+			return nil, nil, errdefs.New(errdefs.ErrInternal, "process %d has no PTY; send input.stdin instead of input.pty", p.pid)
 		}
 		f, data = p.master, v.Pty
 	default:
-		return errdefs.Invalid("input", "empty; set stdin or pty")
+		return nil, nil, errdefs.Invalid("input", "empty; set stdin or pty")
 	}
 	if f == nil {
-		return errdefs.New(errdefs.ErrNotFound, "process %d has already exited", p.pid)
+		return nil, nil, errdefs.New(errdefs.ErrNotFound, "process %d has already exited", p.pid)
 	}
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write input to process %d: %w", p.pid, err)
-	}
-	return nil
+	return f, data, nil
 }
 
 // find returns the process a selector names. Exited processes are found

@@ -497,3 +497,45 @@ func TestRawJSONUnary(t *testing.T) {
 		t.Fatalf("%s %q", resp.Status, b)
 	}
 }
+
+func TestKeepaliveAndUnreadStdin(t *testing.T) {
+	e := newEnv(t, Config{})
+	req := startReq("/bin/sleep", "1.5")
+	req.Header().Set("Keepalive-Ping-Interval", "1")
+	s, err := e.proc.Start(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(t, s); r.keepalives < 1 {
+		t.Fatalf("no keepalive in 1.5 s with a 1 s interval")
+	}
+
+	// A process that never reads stdin: input times out instead of hanging,
+	// and the process can still be killed.
+	tr := true
+	req = startReq("/bin/sleep", "30")
+	req.Msg.Stdin = &tr
+	s, err = e.proc.Start(t.Context(), req)
+	if err != nil || !s.Receive() {
+		t.Fatal(err, s.Err())
+	}
+	p := s.Msg().GetEvent().GetStart().GetPid()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	_, err = e.proc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{
+		Process: pid(p), Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: make([]byte, 1<<20)}},
+	}))
+	cancel()
+	if c := connect.CodeOf(err); c != connect.CodeDeadlineExceeded {
+		t.Fatalf("input to a process not reading: %v", err)
+	}
+	if _, err := e.proc.SendSignal(t.Context(), connect.NewRequest(&process.SendSignalRequest{Process: pid(p), Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	r := &result{first: "start"}
+	for s.Receive() {
+		r.add(s.Msg().GetEvent())
+	}
+	if r.end == nil || r.end.Status != "signal: killed" {
+		t.Fatalf("end %v", r.end)
+	}
+}
