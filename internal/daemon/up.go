@@ -13,6 +13,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sync/errgroup"
 
+	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
@@ -93,7 +95,9 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 	g.Go(func() error { return w.Run(ctx) })
 	g.Go(func() error {
 		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
-		return serve(ctx, "watcher", cfg.Watcher.Listen, v.Middleware(w.Handler()), ready)
+		mux := http.NewServeMux()
+		mux.Handle(w.Handler(connect.WithInterceptors(v.Interceptor())))
+		return serve(ctx, "watcher", cfg.Watcher.Listen, mux, ready)
 	})
 	return g.Wait()
 }
@@ -104,14 +108,18 @@ func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan
 	if err != nil {
 		return err
 	}
+	hc := h2cClient()
+	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
+		connect.WithInterceptors(auth.ClientInterceptor(tok)))
 	srv, err := apiserver.New(apiserver.Config{
-		Key:             key,
 		Nodes:           cfg.Nodes,
-		WatcherAddress:  cfg.APIServer.WatcherAddress,
-		PlacementSample: cfg.APIServer.PlacementSample,
-		HTTPClient:      h2cClient(),
+		Watcher:         wc,
+		HTTPClient:      hc,
 		NodeToken:       tok,
+		Auth:            auth.NewVerifier(key),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
+		PlacementSample: cfg.APIServer.PlacementSample,
+		PlacementHold:   2 * time.Duration(cfg.Watcher.PollIntervalMS) * time.Millisecond,
 	})
 	if err != nil {
 		return err
@@ -158,6 +166,9 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 				return nil
 			}
 		}
+		if err := waitNodeSeen(gctx, cfg, key); err != nil {
+			return err
+		}
 		log.G(ctx).Info("opendsec is up", "endpoint", api, "token_file", filepath.Join(cfg.DataDir, BootstrapTokenFile))
 		if o.ReadyFile != "" {
 			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {
@@ -189,4 +200,35 @@ func (m *muxWithProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.rpc.ServeHTTP(w, r)
+}
+
+// waitNodeSeen waits until the watcher reports this machine's node healthy,
+// so the first create after "up" has somewhere to go.
+func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
+	tok, err := serviceToken(key)
+	if err != nil {
+		return err
+	}
+	wc := watcherv1connect.NewWatcherServiceClient(h2cClient(), cfg.APIServer.WatcherAddress,
+		connect.WithInterceptors(auth.ClientInterceptor(tok)))
+	ctx, cancel := context.WithTimeoutCause(ctx, 60*time.Second,
+		fmt.Errorf("the watcher at %s did not see node %s within 60s", cfg.APIServer.WatcherAddress, cfg.Node.ID))
+	defer cancel()
+	t := time.NewTicker(25 * time.Millisecond)
+	defer t.Stop()
+	for {
+		resp, err := wc.ListNodes(ctx, connect.NewRequest(&watcherv1.ListNodesRequest{}))
+		if err == nil {
+			for _, n := range resp.Msg.GetNodes() {
+				if n.GetNodeId() == cfg.Node.ID && n.GetHealthy() {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+	}
 }

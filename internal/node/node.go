@@ -34,11 +34,19 @@ const (
 	DefaultTimeoutSec = 300
 	DefaultPidsLimit  = 1024
 	MaxTimeoutSec     = 86400
+	// CPUOvercommit: CPU is a quota (cfs), not a reservation, and most
+	// sandboxes of a rollout idle most of the time, so a node offers this
+	// many times its cores in quotas. Memory is never overcommitted.
+	CPUOvercommit = 16
 )
 
-// ImageResolver turns an image name into layers. internal/image implements it.
+// ImageResolver turns an image name into layers and keeps them from being
+// garbage-collected while a sandbox uses them. internal/image implements it.
 type ImageResolver interface {
-	Get(ctx context.Context, name string) (runtime.Image, error)
+	// Hold resolves name and records holder (a sandbox ID) as its user.
+	Hold(ctx context.Context, name, holder string) (runtime.Image, error)
+	// Release drops every hold of holder.
+	Release(ctx context.Context, holder string) error
 }
 
 // Config configures a Node.
@@ -259,7 +267,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	if err := n.normalize(&spec); err != nil {
 		return nil, err
 	}
-	img, err := n.cfg.Images.Get(ctx, spec.Image)
+	img, err := n.cfg.Images.Hold(ctx, spec.Image, req.ID)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, errdefs.Invalid("image", "%v", err)
@@ -441,6 +449,9 @@ func (n *Node) destroy(ctx context.Context, rec *record) error {
 	if err := os.RemoveAll(rec.StateDir); err != nil {
 		l.Error("remove sandbox dir", log.Err(err))
 		return fmt.Errorf("remove sandbox dir: %w", err)
+	}
+	if err := n.cfg.Images.Release(ctx, rec.ID); err != nil {
+		l.Warn("release image hold", log.Err(err))
 	}
 	if err := n.table.delete(rec); err != nil {
 		return fmt.Errorf("delete sandbox record: %w", err)

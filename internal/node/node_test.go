@@ -20,7 +20,9 @@ import (
 // images resolves every name to the busybox test rootfs, except "missing".
 type images struct{ layer string }
 
-func (i images) Get(_ context.Context, name string) (runtime.Image, error) {
+func (i images) Release(context.Context, string) error { return nil }
+
+func (i images) Hold(_ context.Context, name, _ string) (runtime.Image, error) {
 	if name == "missing" {
 		return runtime.Image{}, errdefs.New(errdefs.ErrNotFound, "image %q not found", name)
 	}

@@ -154,7 +154,7 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		NodeId:         s.n.cfg.ID,
 		Backends:       backendNames(s.n.cfg.Backends),
 		DefaultBackend: s.n.cfg.DefaultBackend,
-		Total:          &nodev1.Capacity{Cpu: s.n.cfg.CPU, MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
+		Total:          &nodev1.Capacity{Cpu: s.n.cfg.CPU * CPUOvercommit, MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
 		Used:           &nodev1.Capacity{Cpu: cpu, MemoryMb: mem, Sandboxes: int64(count)},
 		Healthy:        true,
 		Now:            timestamppb.Now(),

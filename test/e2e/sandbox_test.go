@@ -98,7 +98,13 @@ func (s *system) leftovers(id string) []string {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
 	for _, p := range procs {
 		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), id) {
-			out = append(out, "process: "+p)
+			// A zombie holds nothing but its pid until the host's init
+			// (not ours to control) reaps it.
+			st, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+			if strings.Contains(string(st), "\nState:\tZ") {
+				continue
+			}
+			out = append(out, "process: "+p+" "+firstLine(st))
 		}
 	}
 	if _, err := os.Stat(filepath.Join(s.dataDir, "node", "sandboxes", id)); err == nil {
@@ -190,4 +196,9 @@ func TestCleanShutdownLeavesSandboxesRunning(t *testing.T) {
 	if left := s.leftovers(sb.Id); len(left) > 0 {
 		t.Errorf("--stop-sandboxes left behind:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+func firstLine(b []byte) string {
+	l, _, _ := strings.Cut(string(b), "\n")
+	return l
 }
