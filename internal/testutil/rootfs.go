@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // busyboxVersion names the rootfs layout. Bump it when BusyboxRootfs changes
@@ -206,10 +207,27 @@ func AgentBinary(t testing.TB) string {
 			os.Remove(tmp)
 			return fmt.Errorf("build opendsec-agent: %w\n%s", err, out)
 		}
-		return os.Rename(tmp, path)
+		if err := os.Rename(tmp, path); err != nil {
+			return err
+		}
+		pruneAgents(cache, path)
+		return nil
 	})
 	agentBuild.path = path
 	return path
+}
+
+// pruneAgents removes agent binaries of older sources, once they are an hour
+// old (a running sandbox keeps its bind-mounted copy alive anyway).
+func pruneAgents(cache, keep string) {
+	old, _ := filepath.Glob(filepath.Join(cache, "opendsec-agent-*"))
+	for _, p := range old {
+		fi, err := os.Stat(p)
+		if p == keep || strings.HasSuffix(p, ".tmp") || err != nil || time.Since(fi.ModTime()) < time.Hour {
+			continue
+		}
+		os.Remove(p)
+	}
 }
 
 func moduleRoot() (string, error) {
