@@ -29,7 +29,11 @@ type env struct {
 
 const base = "http://agent"
 
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t *testing.T, cfg Config) *env { return newEnvTB(t, cfg) }
+
+func newEnvB(b *testing.B) *env { return newEnvTB(b, Config{}) }
+
+func newEnvTB(t testing.TB, cfg Config) *env {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
