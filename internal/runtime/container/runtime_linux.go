@@ -133,6 +133,14 @@ func (r *Runtime) Info() runtime.Info {
 	}
 }
 
+// Lower bounds under which the agent itself cannot run. The CPU bound is the
+// kernel's smallest quota (1 ms per 100 ms period).
+const (
+	minMemoryMB = 16
+	minCPU      = 0.01
+	minPids     = 16
+)
+
 func validateSpec(s runtime.Spec) error {
 	switch {
 	case s.ID == "":
@@ -145,12 +153,12 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("agent_path", "must be the host path of the opendsec-agent binary")
 	case s.StateDir == "" || !filepath.IsAbs(s.StateDir):
 		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
-	case s.Resources.MemoryMB <= 0:
-		return errdefs.Invalid("resources.memory_mb", "must be > 0, got %d", s.Resources.MemoryMB)
-	case s.Resources.CPU <= 0:
-		return errdefs.Invalid("resources.cpu", "must be > 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
-	case s.Resources.PidsLimit < 0:
-		return errdefs.Invalid("resources.pids_limit", "must be >= 0 (0 means the default %d), got %d", defaultPidsLimit, s.Resources.PidsLimit)
+	case s.Resources.MemoryMB < minMemoryMB:
+		return errdefs.Invalid("resources.memory_mb", "must be at least %d (the agent alone needs a few MiB), got %d", minMemoryMB, s.Resources.MemoryMB)
+	case s.Resources.CPU < minCPU:
+		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", minCPU, s.Resources.CPU)
+	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < minPids:
+		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
 	case len(s.Hostname) > 64:
 		return errdefs.Invalid("hostname", "must be at most 64 characters")
 	}
