@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 
+	"connectrpc.com/connect"
+
 	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -93,4 +95,14 @@ func ctxErr(ctx context.Context, err error) error {
 		return context.Cause(ctx)
 	}
 	return err
+}
+
+// agentErr is remoteErr for calls to a sandbox's agent. The node's proxy
+// answers 404 for a sandbox it does not have, which a Connect client sees
+// as "unimplemented: HTTP status 404".
+func (a *agent) agentErr(ctx context.Context, what string, err error) error {
+	if connect.CodeOf(err) == connect.CodeUnimplemented && strings.Contains(err.Error(), "404") {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", a.id)
+	}
+	return remoteErr(ctx, what, err)
 }

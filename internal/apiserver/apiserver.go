@@ -153,6 +153,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(s.cfg.Auth.Interceptor()),
+		connect.WithCodec(protoCodec{}),
 		// Room for a full HTTPRequest body plus framing.
 		connect.WithReadMaxBytes(int(s.cfg.MaxHTTPBodyBytes) + 1<<20),
 	}

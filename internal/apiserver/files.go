@@ -135,8 +135,15 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		err  error
 	}
 	done := make(chan result, 1)
-	uctx, cancel := context.WithCancel(ctx)
+	// The upload outlives a failed request by a little: on every failure
+	// the body is ended cleanly, so the agent finishes writing the
+	// temporary file and answers before we remove it (removing it while
+	// the agent may still create it would race). Only a stuck agent is cut
+	// off, 30s after the caller went away.
+	uctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stopGuard := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
+	defer stopGuard()
 	go func() {
 		hreq, err := http.NewRequestWithContext(uctx, http.MethodPost, a.filesURL(tmp, h.GetUser()), pr)
 		if err != nil {
@@ -164,9 +171,8 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		return r
 	}
 	fail := func(err error) (*filesystem.EntryInfo, error) {
-		pw.CloseWithError(err)
-		cancel()
-		<-done
+		pw.Close()
+		finish()
 		s.removeQuietly(ctx, a, tmp, h.GetUser())
 		return nil, err
 	}
@@ -207,7 +213,7 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 	resp, err := a.fs.Move(ctx, mreq)
 	if err != nil {
 		s.removeQuietly(ctx, a, tmp, h.GetUser())
-		return nil, remoteErr(ctx, "move upload into place", err)
+		return nil, a.agentErr(ctx, "move upload into place", err)
 	}
 	return resp.Msg.GetEntry(), nil
 }
@@ -239,7 +245,7 @@ func (s *Server) ListDir(ctx context.Context, req *connect.Request[v1.ListDirReq
 	setUser(r.Header(), req.Msg.GetUser())
 	resp, err := a.fs.ListDir(ctx, r)
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "list dir", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "list dir", err))
 	}
 	out := &v1.ListDirResponse{}
 	for _, e := range resp.Msg.GetEntries() {
@@ -269,7 +275,7 @@ func (a *agent) stat(ctx context.Context, p, user string) (*filesystem.EntryInfo
 	setUser(r.Header(), user)
 	resp, err := a.fs.Stat(ctx, r)
 	if err != nil {
-		return nil, remoteErr(ctx, "stat", err)
+		return nil, a.agentErr(ctx, "stat", err)
 	}
 	return resp.Msg.GetEntry(), nil
 }
@@ -286,7 +292,7 @@ func (s *Server) Remove(ctx context.Context, req *connect.Request[v1.RemoveReque
 	r := connect.NewRequest(&filesystem.RemoveRequest{Path: req.Msg.GetPath()})
 	setUser(r.Header(), req.Msg.GetUser())
 	if _, err := a.fs.Remove(ctx, r); err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "remove", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "remove", err))
 	}
 	return connect.NewResponse(&v1.RemoveResponse{}), nil
 }
@@ -312,7 +318,7 @@ func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirReq
 		return connect.NewResponse(&v1.MakeDirResponse{File: fileInfo(e), Created: false}), nil
 	}
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "make dir", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "make dir", err))
 	}
 	return connect.NewResponse(&v1.MakeDirResponse{File: fileInfo(resp.Msg.GetEntry()), Created: true}), nil
 }
@@ -330,7 +336,7 @@ func (s *Server) Move(ctx context.Context, req *connect.Request[v1.MoveRequest])
 	setUser(r.Header(), req.Msg.GetUser())
 	resp, err := a.fs.Move(ctx, r)
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "move", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "move", err))
 	}
 	return connect.NewResponse(&v1.MoveResponse{File: fileInfo(resp.Msg.GetEntry())}), nil
 }

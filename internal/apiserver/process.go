@@ -110,7 +110,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	started := time.Now()
 	out, err := a.proc.Start(pctx, creq)
 	if err != nil {
-		return errdefs.ToConnect(remoteErr(ctx, "start process", err))
+		return errdefs.ToConnect(a.agentErr(ctx, "start process", err))
 	}
 	defer out.Close()
 
@@ -155,7 +155,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	if err == nil {
 		err = errdefs.New(errdefs.ErrUnavailable, "the agent ended the process stream without an exit event; the sandbox may have stopped")
 	}
-	return errdefs.ToConnect(remoteErr(ctx, "process stream", err))
+	return errdefs.ToConnect(a.agentErr(ctx, "process stream", err))
 }
 
 func exitOf(end *process.ProcessEvent_EndEvent, timeout, ran time.Duration) *v1.ExecExit {
@@ -224,7 +224,7 @@ func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[v1.List
 	}
 	resp, err := a.proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "list processes", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "list processes", err))
 	}
 	out := &v1.ListProcessesResponse{}
 	for _, p := range resp.Msg.GetProcesses() {
@@ -250,7 +250,7 @@ func (s *Server) SignalProcess(ctx context.Context, req *connect.Request[v1.Sign
 	}
 	_, err = a.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSelector(req.Msg.GetPid()), Signal: process.Signal(req.Msg.GetSignal())}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "signal process", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "signal process", err))
 	}
 	return connect.NewResponse(&v1.SignalProcessResponse{}), nil
 }
@@ -269,7 +269,7 @@ func (s *Server) SendInput(ctx context.Context, req *connect.Request[v1.SendInpu
 		in.Input = &process.ProcessInput_Pty{Pty: req.Msg.GetData()}
 	}
 	if _, err := a.proc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pidSelector(req.Msg.GetPid()), Input: in})); err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "send input", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "send input", err))
 	}
 	return connect.NewResponse(&v1.SendInputResponse{}), nil
 }
@@ -286,7 +286,7 @@ func (s *Server) ResizePty(ctx context.Context, req *connect.Request[v1.ResizePt
 	size := req.Msg.GetSize()
 	if _, err := a.proc.Update(ctx, connect.NewRequest(&process.UpdateRequest{Process: pidSelector(req.Msg.GetPid()),
 		Pty: &process.PTY{Size: &process.PTY_Size{Cols: size.GetCols(), Rows: size.GetRows()}}})); err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "resize pty", err))
+		return nil, errdefs.ToConnect(a.agentErr(ctx, "resize pty", err))
 	}
 	return connect.NewResponse(&v1.ResizePtyResponse{}), nil
 }

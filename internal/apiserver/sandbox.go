@@ -79,7 +79,7 @@ func (s *Server) candidates(ctx context.Context, spec *v1.SandboxSpec) ([]string
 func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID string) (*v1.Sandbox, error) {
 	cands, err := s.candidates(ctx, spec)
 	if err != nil {
-		return nil, fmt.Errorf("place sandbox: %w", err)
+		return nil, err // already says what to change; no prefix
 	}
 	var refused []string
 	var lastErr error

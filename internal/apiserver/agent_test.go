@@ -1,0 +1,398 @@
+package apiserver_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	"github.com/kernflux/opendsec/internal/apiserver"
+	"github.com/kernflux/opendsec/internal/auth"
+)
+
+type execResult struct {
+	pid    uint32
+	stdout string
+	stderr string
+	pty    string
+	exit   *v1.ExecExit
+}
+
+// run execs start, then sends more, and collects events until the exit.
+func (e *env) run(start *v1.ExecStart, more ...*v1.ExecRequest) (execResult, error) {
+	e.t.Helper()
+	stream := e.proc.Exec(e.t.Context())
+	defer stream.CloseResponse()
+	if err := stream.Send(&v1.ExecRequest{Msg: &v1.ExecRequest_Start{Start: start}}); err != nil {
+		return execResult{}, err
+	}
+	var r execResult
+	for {
+		m, err := stream.Receive()
+		if err != nil {
+			return r, err
+		}
+		switch ev := m.GetEvent().(type) {
+		case *v1.ExecResponse_Started:
+			r.pid = ev.Started.GetPid()
+			for _, req := range more {
+				if err := stream.Send(req); err != nil {
+					return r, err
+				}
+			}
+		case *v1.ExecResponse_Stdout:
+			r.stdout += string(ev.Stdout)
+		case *v1.ExecResponse_Stderr:
+			r.stderr += string(ev.Stderr)
+		case *v1.ExecResponse_Pty:
+			r.pty += string(ev.Pty)
+		case *v1.ExecResponse_Exit:
+			r.exit = ev.Exit
+			stream.CloseRequest()
+			return r, nil
+		}
+	}
+}
+
+func stdin(b string) *v1.ExecRequest {
+	return &v1.ExecRequest{Msg: &v1.ExecRequest_Stdin{Stdin: []byte(b)}}
+}
+
+func closeStdin() *v1.ExecRequest {
+	return &v1.ExecRequest{Msg: &v1.ExecRequest_CloseStdin{CloseStdin: true}}
+}
+
+func TestExec(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	agent := e.nodes[0].agent
+
+	r, err := e.run(&v1.ExecStart{SandboxId: id, Command: []string{"echo", "hi", "there"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.pid == 0 || r.stdout != "hi there\n" || r.exit.GetExitCode() != 0 || r.exit.GetTimedOut() {
+		t.Fatalf("echo: %+v", r)
+	}
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"fail"}})
+	if err != nil || r.stderr != "boom" || r.exit.GetExitCode() != 3 || r.exit.GetStatus() != "exit status 3" {
+		t.Fatalf("fail: %+v %v", r, err)
+	}
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"whoami"}, User: "user"})
+	if err != nil || r.stdout != "user\n" {
+		t.Fatalf("user did not reach the agent as Basic auth: %+v %v", r, err)
+	}
+	// Stdin round trip, ended by close_stdin.
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"cat"}, Stdin: true}, stdin("hello "), stdin("world"), closeStdin())
+	if err != nil || r.stdout != "hello world" || r.exit.GetExitCode() != 0 {
+		t.Fatalf("cat: %+v %v", r, err)
+	}
+	// Signals end the process.
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"sleep"}}, &v1.ExecRequest{Msg: &v1.ExecRequest_Signal{Signal: 9}})
+	if err != nil || r.exit.GetExitCode() != -1 || !strings.Contains(r.exit.GetStatus(), "SIGKILL") || r.exit.GetTimedOut() {
+		t.Fatalf("signal: %+v %v", r, err)
+	}
+	// PTY: input goes to the PTY, resize reaches the agent.
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"shell"}, Pty: &v1.PtySize{Cols: 80, Rows: 24}},
+		stdin("ls"), &v1.ExecRequest{Msg: &v1.ExecRequest_Resize{Resize: &v1.PtySize{Cols: 100, Rows: 40}}}, &v1.ExecRequest{Msg: &v1.ExecRequest_Signal{Signal: 15}})
+	if err != nil || r.stdout != "pty:ls" || r.pty != "100x40" {
+		t.Fatalf("pty: %+v %v", r, err)
+	}
+	// The lifetime: the agent gets Connect-Timeout-Ms and kills the process.
+	start := time.Now()
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"sleep"}, TimeoutSeconds: 1})
+	if err != nil || !r.exit.GetTimedOut() || r.exit.GetExitCode() != -1 {
+		t.Fatalf("timeout: %+v %v", r, err)
+	}
+	if el := time.Since(start); el < 900*time.Millisecond || el > 5*time.Second {
+		t.Fatalf("timeout took %s, want about 1s", el)
+	}
+	agent.mu.Lock()
+	ms := agent.lastStart.Get("Connect-Timeout-Ms")
+	agent.mu.Unlock()
+	if ms != "1000" {
+		t.Fatalf("Connect-Timeout-Ms = %q, want 1000", ms)
+	}
+}
+
+func TestExecValidation(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	for _, tc := range []struct {
+		field string
+		start *v1.ExecStart
+	}{
+		{"command", &v1.ExecStart{SandboxId: id}},
+		{"command", &v1.ExecStart{SandboxId: id, Command: []string{""}}},
+		{"timeout_seconds", &v1.ExecStart{SandboxId: id, Command: []string{"echo"}, TimeoutSeconds: -1}},
+		{"sandbox_id", &v1.ExecStart{Command: []string{"echo"}}},
+		{"env", &v1.ExecStart{SandboxId: id, Command: []string{"echo"}, Env: map[string]string{"A=": "b"}}},
+		{"user", &v1.ExecStart{SandboxId: id, Command: []string{"echo"}, User: "no such user"}},
+		{"pty", &v1.ExecStart{SandboxId: id, Command: []string{"echo"}, Pty: &v1.PtySize{}}},
+	} {
+		_, err := e.run(tc.start)
+		wantField(t, err, tc.field)
+	}
+	// The first message must be start.
+	stream := e.proc.Exec(t.Context())
+	stream.Send(stdin("x"))
+	_, err := stream.Receive()
+	wantField(t, err, "start")
+	// A bad message later ends the exec with an error naming it.
+	_, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"sleep"}}, &v1.ExecRequest{Msg: &v1.ExecRequest_Signal{Signal: 2}})
+	wantField(t, err, "signal")
+	// Unknown sandbox on a known node: the proxy's not found comes back.
+	_, err = e.run(&v1.ExecStart{SandboxId: "n001zzzzzzzzzzzzzzzz", Command: []string{"echo"}})
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("unknown sandbox: %v, want not_found", err)
+	}
+}
+
+func TestProcessRPCs(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	stream := e.proc.Exec(t.Context())
+	stream.Send(&v1.ExecRequest{Msg: &v1.ExecRequest_Start{Start: &v1.ExecStart{SandboxId: id, Command: []string{"cat", "-"}, Stdin: true, Tag: "t"}}})
+	m, err := stream.Receive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := m.GetStarted().GetPid()
+	list, err := e.proc.ListProcesses(t.Context(), connect.NewRequest(&v1.ListProcessesRequest{SandboxId: id}))
+	if err != nil || len(list.Msg.GetProcesses()) != 1 || list.Msg.GetProcesses()[0].GetPid() != pid ||
+		strings.Join(list.Msg.GetProcesses()[0].GetCommand(), " ") != "cat -" || list.Msg.GetProcesses()[0].GetTag() != "t" {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	if _, err := e.proc.SendInput(t.Context(), connect.NewRequest(&v1.SendInputRequest{SandboxId: id, Pid: pid, Data: []byte("abc")})); err != nil {
+		t.Fatal(err)
+	}
+	m, err = stream.Receive()
+	if err != nil || string(m.GetStdout()) != "abc" {
+		t.Fatalf("after SendInput: %v %v", m, err)
+	}
+	_, err = e.proc.SignalProcess(t.Context(), connect.NewRequest(&v1.SignalProcessRequest{SandboxId: id, Pid: pid, Signal: 3}))
+	wantField(t, err, "signal")
+	_, err = e.proc.SignalProcess(t.Context(), connect.NewRequest(&v1.SignalProcessRequest{SandboxId: id, Signal: 9}))
+	wantField(t, err, "pid")
+	_, err = e.proc.ResizePty(t.Context(), connect.NewRequest(&v1.ResizePtyRequest{SandboxId: id, Pid: pid}))
+	wantField(t, err, "size")
+	if _, err := e.proc.SignalProcess(t.Context(), connect.NewRequest(&v1.SignalProcessRequest{SandboxId: id, Pid: pid, Signal: 15})); err != nil {
+		t.Fatal(err)
+	}
+	m, err = stream.Receive()
+	if err != nil || m.GetExit() == nil || m.GetExit().GetExitCode() != -1 {
+		t.Fatalf("after SIGTERM: %v %v", m, err)
+	}
+	_, err = e.proc.SignalProcess(t.Context(), connect.NewRequest(&v1.SignalProcessRequest{SandboxId: id, Pid: 4242, Signal: 9}))
+	wantCode(t, err, connect.CodeNotFound, "4242")
+}
+
+func (e *env) write(id, path string, size int64, chunks ...[]byte) (*v1.WriteFileResponse, error) {
+	s := e.files.WriteFile(e.t.Context())
+	if err := s.Send(&v1.WriteFileRequest{Msg: &v1.WriteFileRequest_Header{Header: &v1.WriteFileHeader{SandboxId: id, Path: path, Size: size}}}); err != nil {
+		return nil, err
+	}
+	for _, c := range chunks {
+		if err := s.Send(&v1.WriteFileRequest{Msg: &v1.WriteFileRequest_Data{Data: c}}); err != nil {
+			break // the server answered early; CloseAndReceive says why
+		}
+	}
+	resp, err := s.CloseAndReceive()
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (e *env) read(id, path string) ([]byte, int, error) {
+	s, err := e.files.ReadFile(e.t.Context(), connect.NewRequest(&v1.ReadFileRequest{SandboxId: id, Path: path}))
+	if err != nil {
+		return nil, 0, err
+	}
+	var buf bytes.Buffer
+	n := 0
+	for s.Receive() {
+		if len(s.Msg().GetData()) > 1<<20 {
+			return nil, n, fmt.Errorf("chunk of %d bytes exceeds 1 MiB", len(s.Msg().GetData()))
+		}
+		buf.Write(s.Msg().GetData())
+		n++
+	}
+	return buf.Bytes(), n, s.Err()
+}
+
+func TestFiles(t *testing.T) {
+	e := setup(t, func(c *apiserver.Config) { c.MaxUploadBytes = 3 << 20 }, "n001")
+	id := e.create(busybox()).GetId()
+	agent := e.nodes[0].agent
+
+	data := bytes.Repeat([]byte("0123456789abcdef"), (5<<20)/32) // 2.5 MiB
+	w, err := e.write(id, "/tmp/a.bin", int64(len(data)), data[:1<<20], data[1<<20:2<<20], data[2<<20:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetFile().GetPath() != "/tmp/a.bin" || w.GetFile().GetSize() != int64(len(data)) {
+		t.Fatalf("write answered %v", w.GetFile())
+	}
+	got, chunks, err := e.read(id, "/tmp/a.bin")
+	if err != nil || !bytes.Equal(got, data) || chunks != 3 {
+		t.Fatalf("read back %d bytes in %d chunks (%v), want %d in 3", len(got), chunks, err, len(data))
+	}
+	_, _, err = e.read(id, "/nope")
+	wantCode(t, err, connect.CodeNotFound, "path '/nope' does not exist")
+	_, _, err = e.read(id, "")
+	wantField(t, err, "path")
+
+	files := func() []string {
+		agent.mu.Lock()
+		defer agent.mu.Unlock()
+		var out []string
+		for p := range agent.files {
+			out = append(out, p)
+		}
+		return out
+	}
+	// Declared too big: refused up front with the numbers.
+	_, err = e.write(id, "/tmp/big", 2<<30)
+	wantField(t, err, "size")
+	wantCode(t, err, connect.CodeInvalidArgument, fmt.Sprintf("2147483648 bytes exceeds the %d-byte upload limit; split the file", 3<<20))
+	// Undeclared and too big: cut off, nothing left behind.
+	chunk := bytes.Repeat([]byte("x"), 1<<20)
+	_, err = e.write(id, "/tmp/big", 0, chunk, chunk, chunk, chunk, chunk)
+	wantField(t, err, "size")
+	if fs := files(); len(fs) != 1 || fs[0] != "/tmp/a.bin" {
+		t.Fatalf("files after refused uploads: %v, want only /tmp/a.bin", fs)
+	}
+	// Fewer bytes than declared.
+	_, err = e.write(id, "/tmp/short", 10, []byte("abc"))
+	wantField(t, err, "size")
+	_, err = e.write(id, "bad\x00path", 0, []byte("abc"))
+	wantField(t, err, "path")
+	if fs := files(); len(fs) != 1 {
+		t.Fatalf("files after bad writes: %v", fs)
+	}
+
+	// Directory operations.
+	md, err := e.files.MakeDir(t.Context(), connect.NewRequest(&v1.MakeDirRequest{SandboxId: id, Path: "/work"}))
+	if err != nil || !md.Msg.GetCreated() || md.Msg.GetFile().GetType() != v1.FileType_FILE_TYPE_DIRECTORY {
+		t.Fatalf("mkdir: %v %v", md, err)
+	}
+	md, err = e.files.MakeDir(t.Context(), connect.NewRequest(&v1.MakeDirRequest{SandboxId: id, Path: "/work"}))
+	if err != nil || md.Msg.GetCreated() || md.Msg.GetFile().GetPath() != "/work" {
+		t.Fatalf("mkdir again: %v %v, want created=false with the entry", md, err)
+	}
+	mv, err := e.files.Move(t.Context(), connect.NewRequest(&v1.MoveRequest{SandboxId: id, Source: "/tmp/a.bin", Destination: "/work/a.bin"}))
+	if err != nil || mv.Msg.GetFile().GetPath() != "/work/a.bin" {
+		t.Fatalf("move: %v %v", mv, err)
+	}
+	ls, err := e.files.ListDir(t.Context(), connect.NewRequest(&v1.ListDirRequest{SandboxId: id, Path: "/work"}))
+	if err != nil || len(ls.Msg.GetEntries()) != 1 || ls.Msg.GetEntries()[0].GetName() != "a.bin" {
+		t.Fatalf("list: %v %v", ls, err)
+	}
+	st, err := e.files.Stat(t.Context(), connect.NewRequest(&v1.StatRequest{SandboxId: id, Path: "/work/a.bin", User: "user"}))
+	if err != nil || st.Msg.GetFile().GetSize() != int64(len(data)) || st.Msg.GetFile().GetOwner() != "user" {
+		t.Fatalf("stat: %v %v", st, err)
+	}
+	_, err = e.files.Stat(t.Context(), connect.NewRequest(&v1.StatRequest{SandboxId: id, Path: "/missing"}))
+	wantCode(t, err, connect.CodeNotFound, "path '/missing' does not exist")
+	_, err = e.files.Move(t.Context(), connect.NewRequest(&v1.MoveRequest{SandboxId: id, Source: "/work/a.bin"}))
+	wantField(t, err, "destination")
+	if _, err := e.files.Remove(t.Context(), connect.NewRequest(&v1.RemoveRequest{SandboxId: id, Path: "/work/a.bin"})); err != nil {
+		t.Fatal(err)
+	}
+	if fs := files(); len(fs) != 0 {
+		t.Fatalf("files after remove: %v", fs)
+	}
+}
+
+func TestHTTPRequest(t *testing.T) {
+	e := setup(t, func(c *apiserver.Config) { c.MaxHTTPBodyBytes = 1 << 10 }, "n001")
+	id := e.create(busybox()).GetId()
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/big" {
+			w.Write(bytes.Repeat([]byte("y"), 2<<10))
+			return
+		}
+		w.Header().Set("X-Echo", r.Header.Get("X-In"))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "%s %s %s %s", r.Method, r.URL.RequestURI(), r.Host, body)
+	}))
+	t.Cleanup(app.Close)
+	agent := e.nodes[0].agent
+	agent.mu.Lock()
+	agent.ports[8000] = app.Listener.Addr().String()
+	agent.mu.Unlock()
+
+	resp, err := e.port.HTTPRequest(t.Context(), connect.NewRequest(&v1.HTTPRequestRequest{
+		SandboxId: id, Port: 8000, Method: "POST", Path: "/api?x=1", Body: []byte("payload"),
+		Headers: []*v1.Header{{Name: "X-In", Value: "42"}, {Name: "Host", Value: "example.test"}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := ""
+	for _, h := range resp.Msg.GetHeaders() {
+		if h.GetName() == "X-Echo" {
+			echo = h.GetValue()
+		}
+	}
+	if resp.Msg.GetStatus() != 201 || string(resp.Msg.GetBody()) != "POST /api?x=1 example.test payload" || echo != "42" {
+		t.Fatalf("response %d %q echo=%q", resp.Msg.GetStatus(), resp.Msg.GetBody(), echo)
+	}
+	_, err = e.port.HTTPRequest(t.Context(), connect.NewRequest(&v1.HTTPRequestRequest{SandboxId: id, Port: 8000, Path: "/big"}))
+	wantCode(t, err, connect.CodeResourceExhausted, "exceeds 1024 bytes")
+	_, err = e.port.HTTPRequest(t.Context(), connect.NewRequest(&v1.HTTPRequestRequest{SandboxId: id, Port: 9000}))
+	wantCode(t, err, connect.CodeUnavailable, "port 9000 is not open")
+	for _, tc := range []struct {
+		field string
+		req   *v1.HTTPRequestRequest
+	}{
+		{"port", &v1.HTTPRequestRequest{SandboxId: id}},
+		{"port", &v1.HTTPRequestRequest{SandboxId: id, Port: 70000}},
+		{"method", &v1.HTTPRequestRequest{SandboxId: id, Port: 8000, Method: "GE T"}},
+		{"path", &v1.HTTPRequestRequest{SandboxId: id, Port: 8000, Path: "no-slash"}},
+		{"headers", &v1.HTTPRequestRequest{SandboxId: id, Port: 8000, Headers: []*v1.Header{{Name: "X", Value: "a\r\nb"}}}},
+		{"timeout_ms", &v1.HTTPRequestRequest{SandboxId: id, Port: 8000, TimeoutMs: -1}},
+	} {
+		_, err := e.port.HTTPRequest(t.Context(), connect.NewRequest(tc.req))
+		wantField(t, err, tc.field)
+	}
+}
+
+// rawCodec sends pre-encoded bytes, so a test can send what a well-behaved
+// protobuf library refuses to encode (invalid UTF-8 in a string).
+type rawCodec struct{}
+
+type rawMsg []byte
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(m any) ([]byte, error) {
+	return []byte(*m.(*rawMsg)), nil
+}
+func (rawCodec) Unmarshal(b []byte, m any) error { return proto.Unmarshal(b, m.(proto.Message)) }
+
+func TestInvalidUTF8NamesField(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, id)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendBytes(b, []byte("/tmp/\xff\xfe"))
+	c := connect.NewClient[rawMsg, v1.StatResponse](auth.Client(e.hc, e.tok), e.url+opendsecv1connect.FileServiceStatProcedure,
+		connect.WithCodec(rawCodec{}), connect.WithGRPC())
+	req := rawMsg(b)
+	_, err := c.CallUnary(t.Context(), connect.NewRequest(&req))
+	wantCode(t, err, connect.CodeInvalidArgument, "path: is not valid UTF-8")
+}
