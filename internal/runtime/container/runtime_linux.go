@@ -44,7 +44,10 @@ const (
 	pidFile    = "init.pid"
 	runcLog    = "runc.log"
 	agentLog   = "agent.log"
-	logTmpfsSz = "size=1m"
+	// Both small tmpfs: nothing in the sandbox can fill the node's disk
+	// through the agent's stderr or the shared socket directory.
+	logTmpfsOpts = "size=1m,nr_inodes=16,mode=0700"
+	runTmpfsOpts = "size=256k,nr_inodes=64,mode=0755"
 )
 
 // handleState is the backend's blob in runtime.Handle.State.
@@ -243,14 +246,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
 		}
 	}
-	// The agent (uid 0 in the sandbox) creates its socket here; the node
+	// The agent (uid 0 in the sandbox) creates its socket in run; the node
 	// connects as root.
-	if err := os.Chmod(filepath.Join(spec.StateDir, runDir), 0o755); err != nil {
-		return runtime.Handle{}, fmt.Errorf("chmod run dir: %w", err)
-	}
-	if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, logDir), "tmpfs",
-		unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, logTmpfsSz+",mode=0700"); err != nil {
-		return runtime.Handle{}, fmt.Errorf("mount log tmpfs: %w", err)
+	for _, m := range []struct{ dir, opts string }{{logDir, logTmpfsOpts}, {runDir, runTmpfsOpts}} {
+		if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, m.dir), "tmpfs",
+			unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, m.opts); err != nil {
+			return runtime.Handle{}, fmt.Errorf("mount %s tmpfs: %w", m.dir, err)
+		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
 		strings.Join(spec.Image.Layers, ":"),
@@ -559,7 +561,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	if err := r.cg.remove(ctx, sb.st.CgroupPath); err != nil {
 		errs = append(errs, err)
 	}
-	for _, d := range []string{rootfsDir, logDir} {
+	for _, d := range []string{rootfsDir, logDir, runDir} {
 		if err := unmount(ctx, filepath.Join(sb.st.Bundle, d)); err != nil {
 			errs = append(errs, err)
 		}
@@ -704,20 +706,32 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	return c, nil
 }
 
-// dialUnix dials dir/name; when the path does not fit in sun_path it opens
-// dir with O_PATH and dials /proc/self/fd/<n>/name instead.
+// dialUnix dials the unix socket dir/name. The sandbox can write to dir, so
+// name is opened with O_PATH|O_NOFOLLOW and must be a socket: a symlink
+// planted by the sandbox (say, to a host daemon's socket, which connect(2)
+// would follow on the host) is refused. The connection goes through
+// /proc/self/fd/<n>, which pins that very inode and also keeps the path short
+// whatever the length of dir (sun_path holds 108 bytes).
 func dialUnix(ctx context.Context, dir, name string) (net.Conn, error) {
-	var d net.Dialer
-	path := filepath.Join(dir, name)
-	if len(path) < 108 {
-		return d.DialContext(ctx, "unix", path)
-	}
-	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open socket dir: %w", err)
 	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open socket: %w", err)
+	}
 	defer unix.Close(fd)
-	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", fd, name))
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat socket: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "%s is not a socket (mode %#o): refusing to follow it", filepath.Join(dir, name), st.Mode)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
 // Pause freezes every process of the sandbox (cgroup freezer).

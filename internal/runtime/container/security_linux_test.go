@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,4 +351,62 @@ func TestHelperNode(t *testing.T) {
 	b, _ := json.Marshal(h)
 	fmt.Printf("HANDLE %s\n", b)
 	time.Sleep(10 * time.Minute) // the parent kills this process
+}
+
+// TestAgentSocketSymlinkRefused: root in the sandbox replaces the agent's
+// socket with a symlink to a host socket; the node must not follow it (the
+// symlink would be resolved on the host, handing the sandbox any host
+// daemon's socket).
+func TestAgentSocketSymlinkRefused(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	hostSock := filepath.Join(t.TempDir(), "host.sock")
+	ln, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	// The agent may answer the Start call or die with its socket; either way
+	// the symlink must be in place afterwards.
+	runtimetest.Run(t.Context(), rt, spec.ID, "root", "/bin/sh", "-c",
+		"ln -s "+hostSock+" /run/opendsec/evil && mv -f /run/opendsec/evil /run/opendsec/agent.sock")
+	target, err := os.Readlink(filepath.Join(spec.StateDir, "run", "agent.sock"))
+	if err != nil || target != hostSock {
+		t.Fatalf("symlink not planted: %q %v", target, err)
+	}
+	c, err := rt.AgentConn(t.Context(), spec.ID)
+	if err == nil {
+		c.Close()
+		t.Fatalf("AgentConn followed a symlink planted by the sandbox")
+	}
+	t.Logf("AgentConn: %v", err)
+	select {
+	case <-accepted:
+		t.Fatalf("the host socket received a connection")
+	default:
+	}
+}
+
+// TestSocketDirBounded: the shared socket directory is a small tmpfs, so the
+// sandbox cannot fill the node's disk through it.
+func TestSocketDirBounded(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	res := sh(t, rt, spec.ID, "dd if=/dev/zero of=/run/opendsec/fill bs=1k count=4096")
+	if res.ExitCode == 0 {
+		t.Fatalf("wrote 4 MiB into /run/opendsec")
+	}
+	res = sh(t, rt, spec.ID, "for i in $(seq 1 200); do touch /run/opendsec/f$i || exit 1; done")
+	if res.ExitCode == 0 {
+		t.Fatalf("created 200 files in /run/opendsec")
+	}
 }
