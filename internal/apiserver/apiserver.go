@@ -81,6 +81,7 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	hc     *http.Client
+	tunnel *http.Client // HTTP/1.1 only, for port tunnels
 	nodes  map[string]*nodeConn
 	placer *placement.Placer
 
@@ -129,8 +130,24 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BatchConcurrency <= 0 {
 		cfg.BatchConcurrency = DefaultBatchConcurrency
 	}
+	if cfg.HTTPClient == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		// Many concurrent exec streams go to the same few nodes.
+		t.MaxIdleConnsPerHost = 256
+		cfg.HTTPClient = &http.Client{Transport: t}
+	}
+	// Tunnels need HTTP/1.1 (HTTP/2 has no Upgrade), whatever the client
+	// speaks otherwise.
+	tunnel := http.DefaultTransport.(*http.Transport).Clone()
+	if t, ok := cfg.HTTPClient.Transport.(*http.Transport); ok {
+		tunnel = t.Clone()
+	}
+	tunnel.Protocols = new(http.Protocols)
+	tunnel.Protocols.SetHTTP1(true)
+	tunnel.ForceAttemptHTTP2 = false
 	s := &Server{
 		cfg:    cfg,
+		tunnel: auth.Client(&http.Client{Transport: tunnel}, cfg.NodeToken),
 		hc:     auth.Client(cfg.HTTPClient, cfg.NodeToken),
 		nodes:  map[string]*nodeConn{},
 		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
@@ -175,8 +192,11 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           h,
-		Protocols:         &p,
+		Handler:   h,
+		Protocols: &p,
+		// One gRPC channel multiplexes every exec and file stream of a
+		// client; the default (100-250) would queue RL workloads.
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 4096},
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}

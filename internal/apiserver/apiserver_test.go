@@ -53,12 +53,19 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	}
 	e.w = watcher.New(config.Watcher{PollIntervalMS: 100}, refs, nil, nodeTok)
 	e.w.Poll(t.Context())
+	// Nodes are reached with cleartext HTTP/2 only (the harder case: port
+	// tunnels must still use HTTP/1.1).
+	h2c := new(http.Protocols)
+	h2c.SetUnencryptedHTTP2(true)
+	nodeClient := &http.Client{Transport: &http.Transport{Protocols: h2c}}
+	t.Cleanup(nodeClient.CloseIdleConnections)
 	cfg := apiserver.Config{
-		Nodes:     refs,
-		Watcher:   e.w,
-		NodeToken: nodeTok,
-		Auth:      auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
-		ViewTTL:   time.Nanosecond,
+		HTTPClient: nodeClient,
+		Nodes:      refs,
+		Watcher:    e.w,
+		NodeToken:  nodeTok,
+		Auth:       auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
+		ViewTTL:    time.Nanosecond,
 	}
 	if mod != nil {
 		mod(&cfg)

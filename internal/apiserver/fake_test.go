@@ -61,7 +61,11 @@ func newFakeNode(t *testing.T, key []byte, id string) *fakeNode {
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor())))
 	mux.Handle("/agent/", v.Middleware(http.HandlerFunc(n.serveAgent)))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	n.url = srv.URL
 	return n

@@ -122,7 +122,7 @@ func (s *Server) dialPort(ctx context.Context, a *agent, port uint32) (io.ReadWr
 	}
 	hreq.Header.Set("Connection", "Upgrade")
 	hreq.Header.Set("Upgrade", "tcp")
-	resp, err := s.hc.Do(hreq)
+	resp, err := s.tunnel.Do(hreq)
 	if err != nil {
 		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s", port, err))
 	}
