@@ -30,6 +30,8 @@ const (
 	// drainGrace is how long output is still read after a process exits, for
 	// pipes held open by its orphaned children.
 	drainGrace = 250 * time.Millisecond
+	// maxDrain bounds the extra time spent reading what is still buffered.
+	maxDrain = 5 * time.Second
 	// keepExited is how many exited processes are kept for Connect replay.
 	keepExited       = 256
 	defaultKeepalive = 90 * time.Second
@@ -126,6 +128,9 @@ func (s *processes) Start(ctx context.Context, req *connect.Request[process.Star
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	// start subscribed us already, so output cannot be released before
+	// this stream reads it even if the process exits at once.
+	defer p.removeSub()
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
 	if err := send(startEvent(p.pid)); err != nil {
 		return err
@@ -138,6 +143,8 @@ func (s *processes) Connect(ctx context.Context, req *connect.Request[process.Co
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	p.addSub()
+	defer p.removeSub()
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
 	if err := send(startEvent(p.pid)); err != nil {
 		return err
@@ -374,9 +381,8 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 // follow streams p's output from c, then its end. If the client reads more
 // slowly than the process writes, the output it missed is replaced by a
 // marker naming the dropped byte count.
+// The caller holds a subscription (addSub) for the duration.
 func (s *processes) follow(ctx context.Context, p *proc, c cursor, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
-	p.addSub()
-	defer p.removeSub()
 	ka := time.NewTimer(keepalive)
 	defer ka.Stop()
 	extended := false
@@ -476,7 +482,8 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 		}
 	}
 
-	p := &proc{tag: req.Tag, config: pc, isPTY: req.Pty != nil, out: newOutLog(s.cfg.MaxOutputBytes), done: make(chan struct{})}
+	// subs: 1 for the Start stream that asked for it.
+	p := &proc{tag: req.Tag, config: pc, isPTY: req.Pty != nil, out: newOutLog(s.cfg.MaxOutputBytes), done: make(chan struct{}), subs: 1}
 	var (
 		readers   []*os.File // parent's read ends
 		childSide []*os.File // closed in the parent after start
@@ -571,6 +578,24 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 	return p, nil
 }
 
+// unread is how many bytes wait in the read ends of pipes or a PTY.
+func unread(fs []*os.File) int {
+	n := 0
+	for _, f := range fs {
+		// SyscallConn, not Fd: Fd would switch the file to blocking mode.
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		rc.Control(func(fd uintptr) {
+			if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+				n += v
+			}
+		})
+	}
+	return n
+}
+
 // pump drains f into the log until EOF or close. It never blocks on readers
 // of the log, so a process is never slowed down by its clients.
 func pump(f *os.File, kind outKind, out *outLog) {
@@ -591,11 +616,24 @@ func (s *processes) await(ctx context.Context, p *proc, waitc <-chan unix.WaitSt
 	ws := <-waitc
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		log.G(ctx).Debug("output still open after exit; closing it", "pid", p.pid)
+	// Output normally ends at EOF right after the exit. If an orphaned
+	// child keeps a pipe open, stop reading once the grace has passed and
+	// nothing is left unread (a loaded machine may just be slow to read).
+	grace := time.Now().Add(drainGrace)
+	tick := time.NewTicker(50 * time.Millisecond)
+wait:
+	for {
+		select {
+		case <-drained:
+			break wait
+		case now := <-tick.C:
+			if now.After(grace) && (unread(readers) == 0 || now.After(grace.Add(maxDrain))) {
+				log.G(ctx).Debug("output still open after exit; closing it", "pid", p.pid)
+				break wait
+			}
+		}
 	}
+	tick.Stop()
 	for _, f := range readers {
 		f.Close()
 	}

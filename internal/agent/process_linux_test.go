@@ -575,3 +575,63 @@ func TestStreamInput(t *testing.T) {
 		t.Fatalf("stdout %q end %v", r.stdout.String(), r.end)
 	}
 }
+
+// TestFastExitKeepsOutput: a process that exits before its Start stream
+// has subscribed must still deliver its output (regression: output was
+// released as "nobody is reading" and reported as dropped).
+func TestFastExitKeepsOutput(t *testing.T) {
+	e := newEnv(t, Config{})
+	const n = 40
+	errc := make(chan string, n)
+	for i := range n {
+		go func() {
+			want := "out-" + strconv.Itoa(i) + "\n"
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			s, err := e.proc.Start(ctx, startReq("/bin/echo", strings.TrimSpace(want)))
+			if err != nil {
+				errc <- err.Error()
+				return
+			}
+			var out strings.Builder
+			for s.Receive() {
+				out.Write(s.Msg().GetEvent().GetData().GetStdout())
+				out.Write(s.Msg().GetEvent().GetData().GetStderr())
+			}
+			if out.String() != want {
+				errc <- "got " + strconv.Quote(out.String()) + " want " + strconv.Quote(want)
+				return
+			}
+			errc <- ""
+		}()
+	}
+	for range n {
+		if msg := <-errc; msg != "" {
+			t.Fatal(msg)
+		}
+	}
+}
+
+// TestOutputKeptUntilStartStreamReads makes the race deterministic: the
+// process has fully ended before its Start stream begins to read.
+func TestOutputKeptUntilStartStreamReads(t *testing.T) {
+	cfg := Config{}
+	cfg.setDefaults()
+	s := newProcesses(&cfg)
+	f := false
+	p, err := s.start(t.Context(), &process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/echo", Args: []string{"hi"}}, Stdin: &f}, http.Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	var out strings.Builder
+	err = s.follow(t.Context(), p, cursor{}, time.Minute, func(ev *process.ProcessEvent) error {
+		out.Write(ev.GetData().GetStdout())
+		out.Write(ev.GetData().GetStderr())
+		return nil
+	})
+	p.removeSub()
+	if err != nil || out.String() != "hi\n" {
+		t.Fatalf("output %q, %v", out.String(), err)
+	}
+}
