@@ -241,8 +241,19 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("create state dir: %w", err)
 	}
+	// The state dir is what keeps host users away from the upper layer
+	// (the sandbox's root can make setuid-root files there).
+	if err := os.Chmod(spec.StateDir, 0o700); err != nil {
+		return runtime.Handle{}, fmt.Errorf("chmod state dir: %w", err)
+	}
 	for _, d := range []string{upperDir, workDir, rootfsDir, runDir, logDir} {
-		if err := os.Mkdir(filepath.Join(spec.StateDir, d), 0o700); err != nil {
+		// overlayfs takes the root directory's mode from the upper dir: it
+		// must be 0755 for users other than root in the sandbox.
+		mode := os.FileMode(0o700)
+		if d == upperDir {
+			mode = 0o755
+		}
+		if err := os.Mkdir(filepath.Join(spec.StateDir, d), mode); err != nil {
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
 		}
 	}

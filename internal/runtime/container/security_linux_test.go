@@ -67,6 +67,22 @@ func TestSandboxIsolation(t *testing.T) {
 		}
 	})
 
+	t.Run("RunsAsUser", func(t *testing.T) {
+		res, err := runtimetest.Run(t.Context(), rt, id, "user", "/bin/sh", "-c",
+			"id -u && ls / >/dev/null && echo ok > /tmp/u && cat /tmp/u && stat -c %a /")
+		if err != nil {
+			t.Fatalf("run as user: %v", err)
+		}
+		if res.Stdout != "1000\nok\n755\n" || res.ExitCode != 0 {
+			t.Fatalf("as user: stdout %q stderr %q exit %d", res.Stdout, res.Stderr, res.ExitCode)
+		}
+		// The agent (root) is off limits to the unprivileged user.
+		r, err := runtimetest.Run(t.Context(), rt, id, "user", "/bin/sh", "-c", "cat /proc/1/environ")
+		if err != nil || r.ExitCode == 0 || strings.Contains(r.Stdout, "PATH=") {
+			t.Errorf("user reads the agent's environment: %+v %v", r, err)
+		}
+	})
+
 	t.Run("CannotMount", func(t *testing.T) {
 		res := sh(t, rt, id, "mount -t tmpfs x /mnt")
 		if res.ExitCode == 0 {
