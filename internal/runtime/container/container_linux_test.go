@@ -2,6 +2,7 @@ package container
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -95,6 +96,9 @@ func TestCreateFailureUndoes(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(c.cfg.StateRoot, spec.ID)); err == nil {
 				t.Errorf("runc state left for %s", spec.ID)
 			}
+			if _, err := os.Stat(c.intentPath(spec.ID)); err == nil {
+				t.Errorf("intent record left for %s", spec.ID)
+			}
 			if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
 				t.Errorf("cgroups left: %v", dirs)
 			}
@@ -103,5 +107,36 @@ func TestCreateFailureUndoes(t *testing.T) {
 				t.Errorf("failed sandbox is still known")
 			}
 		})
+	}
+}
+
+// TestDeleteAfterCrashBeforeRuncCreate: the node crashed after mounting the
+// sandbox's root but before `runc create`; a fresh runtime's Delete by ID
+// still removes the mounts and files (found through Create's intent record).
+func TestDeleteAfterCrashBeforeRuncCreate(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	// Make it look as if runc never ran: drop runc's record only.
+	if out, err := exec.Command(c.runc, "--root", c.cfg.StateRoot, "delete", "--force", spec.ID).CombinedOutput(); err != nil {
+		t.Fatalf("runc delete: %v: %s", err, out)
+	}
+	if len(runtimetest.MountsUnder(t, spec.StateDir)) == 0 {
+		t.Fatalf("test setup: no mounts under the state dir")
+	}
+	rt2, _ := f(t)
+	if err := rt2.Delete(t.Context(), spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
+	if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
+		t.Fatalf("cgroups left: %v", dirs)
+	}
+	if _, err := os.Stat(c.intentPath(spec.ID)); err == nil {
+		t.Fatalf("intent record left")
 	}
 }

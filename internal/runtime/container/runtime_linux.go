@@ -238,6 +238,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if _, err := os.Stat(spec.StateDir); errors.Is(err, os.ErrNotExist) {
 		sb.st.OwnsStateDir = true
 	}
+	// Before anything is made: a node that crashes from here on can still
+	// Delete this ID without a Handle.
+	if err := r.writeIntent(sb.st, spec.ID); err != nil {
+		return runtime.Handle{}, err
+	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("create state dir: %w", err)
 	}
@@ -377,6 +382,7 @@ func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]b
 type runcStateJSON struct {
 	Status string `json:"status"`
 	Pid    int    `json:"pid"`
+	Bundle string `json:"bundle"`
 }
 
 func (r *Runtime) runcState(ctx context.Context, root, id string) (runcStateJSON, error) {
@@ -523,7 +529,7 @@ func (r *Runtime) waitStopped(ctx context.Context, sb *sandbox, d time.Duration)
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.lock(id)
 	if errdefs.IsNotFound(err) {
-		return nil
+		return r.deleteUnknown(ctx, id)
 	}
 	if err != nil {
 		return err
@@ -585,14 +591,95 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 		if err := os.RemoveAll(sb.st.Bundle); err != nil {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
-		return nil
+	} else {
+		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile} {
+			if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
+			}
+		}
 	}
-	for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile} {
-		if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
+	if len(errs) == 0 {
+		if err := os.Remove(r.intentPath(sb.id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove intent: %w", err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// intentPath is where Create records what it is about to make for id, so a
+// Delete without a Handle (the node crashed mid-create) finds it.
+func (r *Runtime) intentPath(id string) string {
+	return filepath.Join(r.cfg.StateRoot+".intents", id+".json")
+}
+
+func (r *Runtime) writeIntent(st handleState, id string) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode intent: %w", err)
+	}
+	p := r.intentPath(id)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("create intent dir: %w", err)
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write intent: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("write intent: %w", err)
+	}
+	return nil
+}
+
+// deleteUnknown removes a sandbox this instance has no record of: one whose
+// Create was interrupted by a node crash before the node stored its Handle.
+// It finds it through the intent Create wrote, or through runc's state.
+func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
+	if isBadID(id) {
+		return nil // never a sandbox of ours; nothing to find
+	}
+	r.mu.Lock()
+	if r.creating[id] || r.sandboxes[id] != nil {
+		r.mu.Unlock()
+		return nil // being created (or recovered) right now: not an orphan
+	}
+	r.creating[id] = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.creating, id)
+		r.mu.Unlock()
+	}()
+	sb := &sandbox{id: id}
+	if b, err := os.ReadFile(r.intentPath(id)); err == nil {
+		if err := json.Unmarshal(b, &sb.st); err != nil {
+			return fmt.Errorf("delete sandbox: decode intent: %w", err)
+		}
+	}
+	if s, err := r.runcState(ctx, r.cfg.StateRoot, id); err == nil {
+		sb.st.Pid = s.Pid
+		if sb.st.Bundle == "" {
+			sb.st.Bundle = s.Bundle
+		}
+	}
+	if sb.st.Bundle == "" {
+		// Nothing on record; at most an empty cgroup is left.
+		if err := r.cg.remove(ctx, r.cgroupPath(id)); err != nil {
+			return fmt.Errorf("delete sandbox: %w", err)
+		}
+		return nil
+	}
+	sb.st.StateRoot = r.cfg.StateRoot
+	sb.st.CgroupPath = r.cgroupPath(id)
+	log.G(ctx).Info("deleting sandbox left by an interrupted create", "sandbox.id", id, "bundle", sb.st.Bundle)
+	if err := r.cleanup(ctx, sb); err != nil {
+		return fmt.Errorf("delete sandbox: %w", err)
+	}
+	return nil
+}
+
+func isBadID(id string) bool {
+	return id == "" || len(id) > 64 || !isIDChars(id)
 }
 
 // waitPidGone polls until pid no longer exists (or is a zombie of someone

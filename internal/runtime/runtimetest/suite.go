@@ -39,6 +39,7 @@ func Suite(t *testing.T, f Factory) {
 	t.Run("BadSpecLeavesNothing", func(t *testing.T) { testBadSpec(t, f) })
 	t.Run("DuplicateID", func(t *testing.T) { testDuplicate(t, f) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, f) })
+	t.Run("DeleteWithoutRecover", func(t *testing.T) { testDeleteWithoutRecover(t, f) })
 	t.Run("LongStateDir", func(t *testing.T) { testLongStateDir(t, f) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, 10) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, f) })
@@ -382,6 +383,24 @@ func testRecover(t *testing.T, f Factory) {
 		t.Fatalf("delete recovered: %v", err)
 	}
 	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+}
+
+// testDeleteWithoutRecover: the node crashed after Create but before it
+// stored the Handle, so after the restart it can only Delete by ID.
+func testDeleteWithoutRecover(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec, _ := StartSandbox(t, rt, tmpl)
+	st := mustState(t, rt, spec.ID, runtime.StateRunning)
+	rt2, _ := f(t)
+	if err := rt2.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete by id from a fresh runtime: %v", err)
+	}
+	mustNotFound(t, rt2, spec.ID)
+	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+	if _, err := Health(ctx, rt, spec.ID); err == nil {
+		t.Fatalf("agent still answers after delete")
+	}
 }
 
 func testLongStateDir(t *testing.T, f Factory) {
