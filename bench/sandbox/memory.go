@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// memSample is the host-side memory of one idle sandbox.
+type memSample struct {
+	id    string
+	procs int // processes in the sandbox's cgroup
+	// Cgroup-accounted: what the kernel charges the sandbox (and what its
+	// memory limit acts on). v1: memory.usage_in_bytes; v2: memory.current.
+	cgUsage int64
+	cgAnon  int64 // v1 total_rss; v2 anon
+	cgFile  int64 // v1 total_cache; v2 file (page cache: overlay upper, tmpfs)
+	cgKmem  int64 // v1 memory.kmem.usage_in_bytes; v2 kernel (-1 if unknown)
+	// The agent (the container's init, PID 1 inside) as seen in
+	// /proc/<pid>/status: VmRSS = RssAnon + RssFile + RssShmem.
+	agentPid                     int
+	agentRSS, agentAnon, agentFi int64
+}
+
+// sampleMemory reads the memory of sandbox id, whose cgroup is
+// <cgParent>/<id> and whose runc state is in stateRoot.
+func sampleMemory(ctx context.Context, runc, stateRoot, cgParent string, cg cgroupInfo, id string) (memSample, error) {
+	s := memSample{id: id, cgKmem: -1}
+	d := filepath.Join(cg.memory, cgParent, id)
+	stat, err := readKV(filepath.Join(d, "memory.stat"))
+	if err != nil {
+		return s, err
+	}
+	if cg.v2 {
+		if s.cgUsage, err = readInt(filepath.Join(d, "memory.current")); err != nil {
+			return s, err
+		}
+		s.cgAnon, s.cgFile, s.cgKmem = stat["anon"], stat["file"], stat["kernel"]
+	} else {
+		if s.cgUsage, err = readInt(filepath.Join(d, "memory.usage_in_bytes")); err != nil {
+			return s, err
+		}
+		s.cgAnon, s.cgFile = stat["total_rss"], stat["total_cache"]
+		if k, err := readInt(filepath.Join(d, "memory.kmem.usage_in_bytes")); err == nil {
+			s.cgKmem = k
+		}
+	}
+	if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+		s.procs = len(strings.Fields(string(procs)))
+	}
+
+	out, err := exec.CommandContext(ctx, runc, "--root", stateRoot, "state", id).Output()
+	if err != nil {
+		return s, fmt.Errorf("runc state %s (flag -state-root): %w", id, err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		return s, fmt.Errorf("decode runc state of %s: %q", id, out)
+	}
+	s.agentPid = st.Pid
+	status, err := readKV(fmt.Sprintf("/proc/%d/status", st.Pid))
+	if err != nil {
+		return s, err
+	}
+	// /proc/<pid>/status reports kB.
+	s.agentRSS, s.agentAnon, s.agentFi = status["VmRSS:"]<<10, status["RssAnon:"]<<10, status["RssFile:"]<<10
+	return s, nil
+}
+
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return v, nil
+}
+
+// readKV reads "key value [unit]" lines; unparsable values are skipped.
+func readKV(path string) (map[string]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer f.Close()
+	m := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseInt(fs[1], 10, 64); err == nil {
+			m[fs[0]] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return m, nil
+}

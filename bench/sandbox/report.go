@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Targets of issue 2.
+const (
+	targetCreateRatio = 1.5
+	targetExecRatio   = 0.5
+	targetIdleBytes   = 8 << 20
+)
+
+type report struct {
+	cfg     config
+	machine machine
+	started time.Time
+	elapsed time.Duration
+
+	createOurs, createRunc        series
+	execOurs, execRunc, shellOurs series
+	mem                           []memSample
+	concOurs                      series
+	concWall                      time.Duration
+	concN                         int
+	concErrs                      []string
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "**met**"
+	}
+	return "**NOT met**"
+}
+
+func (r *report) memMedians() (usage, anon, file, kmem, rss, rssAnon, rssFile, sum int64) {
+	col := func(f func(memSample) int64) int64 {
+		v := make([]int64, len(r.mem))
+		for i, s := range r.mem {
+			v[i] = f(s)
+		}
+		return medianInt64(v)
+	}
+	return col(func(s memSample) int64 { return s.cgUsage }),
+		col(func(s memSample) int64 { return s.cgAnon }),
+		col(func(s memSample) int64 { return s.cgFile }),
+		col(func(s memSample) int64 { return s.cgKmem }),
+		col(func(s memSample) int64 { return s.agentRSS }),
+		col(func(s memSample) int64 { return s.agentAnon }),
+		col(func(s memSample) int64 { return s.agentFi }),
+		col(func(s memSample) int64 { return s.cgUsage + s.agentRSS })
+}
+
+func (r *report) markdown() string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format+"\n", args...) }
+	m := r.machine
+	p("# OpenDsec core benchmark, %s", r.started.Format("2006-01-02 15:04 MST"))
+	p("")
+	p("Container sandboxes (`root/busybox` image) through the public API, side by side with plain `runc` of the same rootfs, in one run.")
+	p("")
+	p("## Machine")
+	p("")
+	p("| | |")
+	p("|---|---|")
+	p("| nproc | %d |", m.nproc)
+	p("| cpu | %s |", m.cpuModel)
+	p("| memory | %s |", m.memTotal)
+	p("| kernel | %s |", m.kernel)
+	p("| os | %s |", m.osID)
+	p("| cgroups | %s |", m.cgroupMode)
+	p("| runc --version | %s |", m.runcVersion)
+	p("| bench built with | %s |", m.goVersion)
+	if r.cfg.revision != "" {
+		p("| source revision | %s |", r.cfg.revision)
+	}
+	p("")
+	p("Command:")
+	p("")
+	p("```")
+	p("%s", r.cfg.command)
+	p("```")
+	p("")
+	p("Whole run: %s. Sandbox and baseline limits: %d MiB memory (no swap), %g CPU, %d pids.",
+		r.elapsed.Round(time.Second), r.cfg.lim.memoryMB, r.cfg.lim.cpu, r.cfg.lim.pids)
+	p("")
+
+	cr := ratio(r.createOurs.percentile(50), r.createRunc.percentile(50))
+	er := ratio(r.execOurs.percentile(50), r.execRunc.percentile(50))
+	usage, anon, file, kmem, rss, rssAnon, rssFile, sum := r.memMedians()
+	concOK := len(r.concErrs) == 0 && len(r.concOurs) == r.concN
+	p("## Targets (issue 2)")
+	p("")
+	p("| metric | ours | baseline | value | target | |")
+	p("|---|---|---|---|---|---|")
+	p("| create p50 / `runc run` p50 | %s ms | %s ms | %.2fx | <= %.1fx | %s |",
+		ms(r.createOurs.percentile(50)), ms(r.createRunc.percentile(50)), cr, targetCreateRatio, verdict(cr <= targetCreateRatio))
+	p("| exec `true` p50 / `runc exec` p50 | %s ms | %s ms | %.2fx | <= %.1fx | %s |",
+		ms(r.execOurs.percentile(50)), ms(r.execRunc.percentile(50)), er, targetExecRatio, verdict(er <= targetExecRatio))
+	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
+	p("| idle sandbox, cgroup + agent VmRSS (median, upper bound) | %s MiB | | | <= 8 MiB | %s |", mib(sum), verdict(sum <= targetIdleBytes))
+	p("| %d concurrent creates all succeed | %d/%d running | | | all | %s |", r.concN, len(r.concOurs), r.concN, verdict(concOK))
+	p("")
+
+	p("## Create latency (sequential, interleaved ours/runc)")
+	p("")
+	p("Ours: `CreateSandbox` through the apiserver, client-measured, returns once the sandbox's agent answers")
+	p("(image hold, overlay mount, config.json with seccomp, `runc create` + `runc start`, agent health check, table writes).")
+	p("Baseline: `runc --root <tmp> run --detach --bundle <b> <id>` of `/bin/sleep` until it returns; the overlay mount")
+	p("(same rootfs as lowerdir, fresh upper/work) and config.json are made before the timer starts, `runc delete --force` and")
+	p("umount after it stops. Baseline config: `runc spec`, with root path, terminal false, readonly false, our namespaces")
+	p("(pid, mount, uts, ipc, net, cgroup) and our memory/cpu/pids limits; no seccomp profile (runc spec has none).")
+	p("%d untimed warm-up iterations of each first.", r.cfg.warmup)
+	p("")
+	r.seriesTable(p, []string{"ours CreateSandbox", "runc run --detach"}, []series{r.createOurs, r.createRunc})
+
+	p("## Exec round trip of `true` (interleaved)")
+	p("")
+	p("Ours: `Exec([\"true\"])` + `Wait` (client → apiserver → node → agent over its unix socket → fork/exec in the sandbox → exit")
+	p("code streamed back), and `RunShell(\"true\")` (`/bin/sh -c true`, output collected). Baseline: `runc --root <tmp> exec <id> true`")
+	p("in a running `runc run` container of the same rootfs, until it returns. One sandbox and one container for the whole phase.")
+	p("")
+	r.seriesTable(p, []string{"ours Exec true", "runc exec true", "ours RunShell true"}, []series{r.execOurs, r.execRunc, r.shellOurs})
+
+	p("## Idle sandbox memory (host side)")
+	p("")
+	p("%d sandboxes, read after %s idle. Columns:", len(r.mem), r.cfg.idleWait)
+	p("")
+	p("- **cgroup usage**: what the kernel charges the sandbox's memory cgroup (`%s/<id>`): v1 `memory.usage_in_bytes`,", r.cfg.cgParent)
+	p("  v2 `memory.current`. Includes the agent's anonymous memory and page cache charged to the sandbox (overlay upper, tmpfs,")
+	p("  file pages first touched by it). This is what the sandbox's memory limit acts on.")
+	p("- **anon / cache**: its `memory.stat` breakdown (v1 `total_rss` / `total_cache`, v2 `anon` / `file`).")
+	p("- **kmem**: kernel memory (v1 `memory.kmem.usage_in_bytes`, v2 `kernel`), already inside cgroup usage.")
+	p("- **agent VmRSS**: resident set of the container's init (the agent, PID 1 inside), from `runc --root %s state <id>`", r.cfg.stateRoot)
+	p("  and `/proc/<pid>/status`, split into RssAnon and RssFile. RssFile is mostly the agent binary's pages, shared by all")
+	p("  sandboxes through the host page cache. The agent's anon pages are counted in cgroup usage too, so")
+	p("  **cgroup + VmRSS** double-counts them: an upper bound.")
+	p("")
+	p("| sandbox | procs | cgroup usage | anon | cache | kmem | agent VmRSS | RssAnon | RssFile | cgroup + VmRSS |")
+	p("|---|---|---|---|---|---|---|---|---|---|")
+	for _, s := range r.mem {
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |", s.id, s.procs, mib(s.cgUsage), mib(s.cgAnon), mib(s.cgFile),
+			mibOrNA(s.cgKmem), mib(s.agentRSS), mib(s.agentAnon), mib(s.agentFi), mib(s.cgUsage+s.agentRSS))
+	}
+	p("| **median (MiB)** | | **%s** | %s | %s | %s | **%s** | %s | %s | **%s** |", mib(usage), mib(anon), mib(file), mibOrNA(kmem), mib(rss), mib(rssAnon), mib(rssFile), mib(sum))
+	p("")
+
+	p("## %d concurrent creates", r.concN)
+	p("")
+	p("All started at once from %d goroutines sharing one client; each create is client-measured; \"all running\" is the", r.concN)
+	p("time from the start until the last create returned (each returns once its agent answers; each is then confirmed")
+	p("running with `GetSandbox`).")
+	p("")
+	p("| | |")
+	p("|---|---|")
+	p("| succeeded and running | %d/%d |", len(r.concOurs), r.concN)
+	p("| time until all running | %s ms |", ms(r.concWall))
+	p("| per-create p50 | %s ms |", ms(r.concOurs.percentile(50)))
+	p("| per-create p95 | %s ms |", ms(r.concOurs.percentile(95)))
+	p("| per-create max | %s ms |", ms(r.concOurs.max()))
+	for _, e := range r.concErrs {
+		p("| error | %s |", strings.ReplaceAll(e, "|", `\|`))
+	}
+	p("")
+	return w.String()
+}
+
+func (r *report) seriesTable(p func(string, ...any), names []string, ss []series) {
+	p("| | n | p50 ms | p95 ms | min ms | mean ms | max ms |")
+	p("|---|---|---|---|---|---|---|")
+	for i, s := range ss {
+		p("| %s | %d | %s | %s | %s | %s | %s |", names[i], len(s), ms(s.percentile(50)), ms(s.percentile(95)), ms(s.min()), ms(s.mean()), ms(s.max()))
+	}
+	p("")
+}
+
+func mibOrNA(b int64) string {
+	if b < 0 {
+		return "n/a"
+	}
+	return mib(b)
+}
