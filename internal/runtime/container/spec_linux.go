@@ -142,6 +142,9 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			ReadonlyPaths: readonlyPaths,
 		},
 	}
+	for k, v := range s.Labels {
+		sp.Annotations["org.opendsec.label."+k] = v
+	}
 	prof, err := seccomp.GetDefaultProfile(sp)
 	if err != nil {
 		return nil, fmt.Errorf("default seccomp profile: %w", err)

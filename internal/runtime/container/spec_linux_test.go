@@ -22,6 +22,7 @@ func testSpec() runtime.Spec {
 		AgentPath: "/opt/opendsec-agent",
 		StateDir:  "/var/lib/opendsec/sb1",
 		Resources: runtime.Resources{CPU: 1.5, MemoryMB: 256, PidsLimit: 100},
+		Labels:    map[string]string{"task": "t1"},
 	}
 }
 
@@ -76,6 +77,9 @@ func TestOCISpecHardening(t *testing.T) {
 	}
 	if r.Pids.Limit != 100 {
 		t.Errorf("pids %d", r.Pids.Limit)
+	}
+	if sp.Annotations["org.opendsec.label.task"] != "t1" || sp.Annotations["org.opendsec.sandbox.id"] != "sb1" {
+		t.Errorf("annotations %v", sp.Annotations)
 	}
 	if sp.Linux.CgroupsPath != "/opendsec/sb1" || sp.Hostname != "sb1" {
 		t.Errorf("cgroupsPath %q hostname %q", sp.Linux.CgroupsPath, sp.Hostname)
