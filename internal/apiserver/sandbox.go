@@ -107,7 +107,8 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 			continue
 		case errors.Is(err, errdefs.ErrNotFound):
 			// The node does not have the image.
-			return nil, errdefs.Invalid("image", "%s", strings.TrimPrefix(err.Error(), "image: "))
+			msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "image: "), "image ")
+			return nil, errdefs.Invalid("image", "%s", msg)
 		}
 		return nil, err
 	}

@@ -1,0 +1,43 @@
+package apiserver
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+func field(num protowire.Number, v []byte) []byte {
+	b := protowire.AppendTag(nil, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func TestCodecNamesBadUTF8Field(t *testing.T) {
+	bad := []byte("/tmp/\xff")
+	for _, tc := range []struct {
+		name  string
+		wire  []byte
+		msg   any
+		field string
+	}{
+		// WriteFileRequest.header(1).path(2): nested.
+		{"nested path", field(1, append(field(1, []byte("n001aaaaaaaaaaaaaaaa")), field(2, bad)...)), &v1.WriteFileRequest{}, "path"},
+		// ExecRequest.start(1).env(3) map entry value(2).
+		{"map value", field(1, field(3, append(field(1, []byte("K")), field(2, bad)...))), &v1.ExecRequest{}, "env"},
+		// MoveRequest.destination(3).
+		{"top level", append(field(2, []byte("/ok")), field(3, bad)...), &v1.MoveRequest{}, "destination"},
+	} {
+		err := protoCodec{}.Unmarshal(tc.wire, tc.msg)
+		fe, ok := err.(*errdefs.FieldError)
+		if !ok || fe.Field != tc.field {
+			t.Errorf("%s: err = %v, want a field error naming %s", tc.name, err, tc.field)
+		}
+	}
+	// Valid input still decodes.
+	var m v1.MoveRequest
+	if err := (protoCodec{}).Unmarshal(append(field(2, []byte("/a")), field(3, []byte("/b"))...), &m); err != nil || m.GetDestination() != "/b" {
+		t.Fatalf("valid: %v %v", &m, err)
+	}
+}
