@@ -151,6 +151,8 @@ func TestExecValidation(t *testing.T) {
 	// A bad message later ends the exec with an error naming it.
 	_, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"sleep"}}, &v1.ExecRequest{Msg: &v1.ExecRequest_Signal{Signal: 2}})
 	wantField(t, err, "signal")
+	_, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"sleep"}}, stdin("x"))
+	wantField(t, err, "stdin")
 	// Unknown sandbox on a known node: the proxy's not found comes back.
 	_, err = e.run(&v1.ExecStart{SandboxId: "n001zzzzzzzzzzzzzzzz", Command: []string{"echo"}})
 	if connect.CodeOf(err) != connect.CodeNotFound {

@@ -122,7 +122,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 			if err := stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Started{Started: &v1.ExecStarted{Pid: pid}}}); err != nil {
 				return err
 			}
-			inputOnce.Do(func() { go s.relayInput(pctx, cancel, a, stream, pid, isPty) })
+			inputOnce.Do(func() { go s.relayInput(pctx, cancel, a, stream, pid, isPty, st.GetStdin() || isPty) })
 		case *process.ProcessEvent_Data:
 			var r *v1.ExecResponse
 			switch d := e.Data.GetOutput().(type) {
@@ -174,7 +174,7 @@ func exitOf(end *process.ProcessEvent_EndEvent, timeout, ran time.Duration) *v1.
 // relayInput turns the caller's messages after start into agent calls. It
 // ends when the caller closes its side or the exec ends. A bad message
 // ends the exec with an invalid-argument error (through cancel).
-func (s *Server) relayInput(ctx context.Context, cancel context.CancelCauseFunc, a *agent, stream *connect.BidiStream[v1.ExecRequest, v1.ExecResponse], pid uint32, isPty bool) {
+func (s *Server) relayInput(ctx context.Context, cancel context.CancelCauseFunc, a *agent, stream *connect.BidiStream[v1.ExecRequest, v1.ExecResponse], pid uint32, isPty, hasStdin bool) {
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
@@ -186,6 +186,10 @@ func (s *Server) relayInput(ctx context.Context, cancel context.CancelCauseFunc,
 			cancel(errdefs.Invalid("start", "only the first message may be start"))
 			return
 		case *v1.ExecRequest_Stdin:
+			if !hasStdin {
+				cancel(errdefs.Invalid("stdin", "the process was started without stdin; set start.stdin = true to send input"))
+				return
+			}
 			in := &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: m.Stdin}}
 			if isPty {
 				in.Input = &process.ProcessInput_Pty{Pty: m.Stdin}
