@@ -34,7 +34,7 @@ type config struct {
 	endpoint, tokenFile, image, rootfs string
 	runc, stateRoot, cgParent          string
 	creates, execs, idle, concurrent   int
-	warmup                             int
+	warmup, breakdown                  int
 	idleWait                           time.Duration
 	out, command, revision             string
 	lim                                limits
@@ -54,6 +54,7 @@ func main() {
 	flag.IntVar(&c.idle, "idle", 10, "idle sandboxes whose memory is measured")
 	flag.DurationVar(&c.idleWait, "idle-wait", 5*time.Second, "how long sandboxes stay idle before their memory is read")
 	flag.IntVar(&c.concurrent, "concurrent", 20, "concurrent creates")
+	flag.IntVar(&c.breakdown, "breakdown", 20, "iterations of the create time breakdown (0: skip it)")
 	flag.IntVar(&c.warmup, "warmup", 3, "untimed iterations of each kind before each latency phase")
 	flag.StringVar(&c.out, "out", "", "report file (default bench/results/<YYYY-MM-DD>-core.md)")
 	flag.StringVar(&c.command, "command", "", "the command line to record in the report (default: this program's arguments)")
@@ -87,6 +88,8 @@ func validate(c config) error {
 		return fmt.Errorf("flag -idle is %d; give at least 1", c.idle)
 	case c.concurrent < 1:
 		return fmt.Errorf("flag -concurrent is %d; give at least 1", c.concurrent)
+	case c.breakdown < 0:
+		return fmt.Errorf("flag -breakdown is %d; give 0 (skip) or more", c.breakdown)
 	case c.warmup < 0:
 		return fmt.Errorf("flag -warmup is %d; give 0 or more", c.warmup)
 	case c.lim.memoryMB < 16 || c.lim.cpu <= 0 || c.lim.pids < 1:
@@ -154,6 +157,7 @@ func run(ctx context.Context, c config) (retErr error) {
 		fn   func(context.Context, *report) error
 	}{
 		{"create latency", b.createPhase},
+		{"create breakdown", b.breakdownPhase},
 		{"exec round trip", b.execPhase},
 		{"idle memory", b.memoryPhase},
 		{"concurrent creates", b.concurrentPhase},

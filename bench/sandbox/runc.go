@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -104,9 +105,16 @@ func newBaseline(ctx context.Context, runcPath, rootfs string, cg cgroupInfo, li
 	return b, nil
 }
 
-// prepare makes a bundle with a fresh overlay root and config.json (the
-// untimed part of a baseline create).
+// prepare makes a bundle with a fresh overlay root and the baseline's
+// config.json (the untimed part of a baseline create).
 func (b *baseline) prepare() (*runcContainer, error) {
+	return b.prepareSpec(b.tmpl, "")
+}
+
+// prepareSpec is prepare with config sp. Bind mounts whose source is under
+// fromBundle (a sandbox's bundle the spec was copied from) are pointed at the
+// same place in the new bundle.
+func (b *baseline) prepareSpec(sp specs.Spec, fromBundle string) (*runcContainer, error) {
 	b.seq++
 	c := &runcContainer{id: fmt.Sprintf("odb%d-%d", os.Getpid(), b.seq)}
 	c.bundle = filepath.Join(b.dir, c.id)
@@ -120,7 +128,19 @@ func (b *baseline) prepare() (*runcContainer, error) {
 		return c, err
 	}
 	c.mounted = true
-	sp := b.tmpl
+	if fromBundle != "" {
+		sp.Mounts = slices.Clone(sp.Mounts)
+		for i, m := range sp.Mounts {
+			rel, ok := strings.CutPrefix(m.Source, fromBundle+"/")
+			if !ok {
+				continue
+			}
+			sp.Mounts[i].Source = filepath.Join(c.bundle, rel)
+			if err := os.MkdirAll(sp.Mounts[i].Source, 0o755); err != nil {
+				return c, fmt.Errorf("make bind source: %w", err)
+			}
+		}
+	}
 	lin := *sp.Linux
 	lin.CgroupsPath = b.cgParent + "/" + c.id
 	sp.Linux = &lin
@@ -138,6 +158,16 @@ func (b *baseline) prepare() (*runcContainer, error) {
 // run times `runc run --detach` of a prepared container until it returns.
 func (b *baseline) run(ctx context.Context, c *runcContainer) (time.Duration, error) {
 	return b.timed(ctx, "run", "--detach", "--bundle", c.bundle, c.id)
+}
+
+// create and start time `runc create` and `runc start` separately, as
+// our node runs them.
+func (b *baseline) create(ctx context.Context, c *runcContainer) (time.Duration, error) {
+	return b.timed(ctx, "create", "--bundle", c.bundle, c.id)
+}
+
+func (b *baseline) start(ctx context.Context, c *runcContainer) (time.Duration, error) {
+	return b.timed(ctx, "start", c.id)
 }
 
 // exec times `runc exec <id> true` until it returns.
