@@ -40,6 +40,7 @@ class FakeServer(
         self.write_requests: list[pb.WriteFileRequest] = []
         self.read_chunk = 3
         self.exec_requests: list[pb.ExecRequest] = []
+        self.exec_time_remaining: list[float | None] = []
         self.http_requests: list[pb.HTTPRequestRequest] = []
         self.set_timeouts: list[pb.SetTimeoutRequest] = []
 
@@ -127,6 +128,7 @@ class FakeServer(
 
     async def Exec(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ExecResponse]:
         await self._auth(context, "Exec")
+        self.exec_time_remaining.append(context.time_remaining())
         it = request_iterator.__aiter__()
         first = await it.__anext__()
         self.exec_requests.append(first)
@@ -167,6 +169,8 @@ class FakeServer(
                 elif kind == "signal":
                     yield pb.ExecResponse(exit=pb.ExecExit(exit_code=-1, status=f"signal: {req.signal}"))
                     break
+        elif cmd == "hang":
+            await asyncio.Event().wait()
         elif cmd == "vanish":
             await context.abort(grpc.StatusCode.NOT_FOUND, "sandbox 'x' not found")
         elif cmd == "timeout":

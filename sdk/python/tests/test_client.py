@@ -12,6 +12,7 @@ import pytest
 from fake_server import GOOD_TOKEN, FakeServer
 
 import opendsec
+import opendsec.sandbox
 from opendsec import (
     CHUNK_SIZE,
     AuthenticationError,
@@ -380,6 +381,19 @@ async def test_exec_context_manager_kills_a_running_process(client: DSecClient, 
         pass
     assert proc.exited
     assert server.exec_requests[-1].signal == 9
+
+
+async def test_exec_timeout_is_not_a_grpc_deadline_but_the_sdk_gives_up(
+    client: DSecClient, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process timeout is the server's to enforce (it reports timed_out);
+    # a gRPC deadline would reach the server and cut that report off.
+    monkeypatch.setattr(opendsec.sandbox, "_DEADLINE_GRACE_SECONDS", 0.3)
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    with pytest.raises(E.TimeoutError, match="did not report its exit"):
+        await sb.run_shell("hang", timeout=0.2)
+    assert server.exec_requests[0].start.timeout_seconds == 1
+    assert server.exec_time_remaining == [None]
 
 
 async def test_exec_stream_error_is_mapped(client: DSecClient) -> None:

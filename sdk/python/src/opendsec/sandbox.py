@@ -45,7 +45,10 @@ SHELL = ("/bin/sh", "-c")
 # How long to wait for the server to finish a stream after the exit event or a
 # kill before cancelling it.
 _DRAIN_SECONDS = 5.0
-# Extra grace on the stream deadline beyond a process timeout.
+# How long past a process timeout the SDK waits for the exit event before it
+# gives up. This is a local timer, deliberately not a gRPC deadline: a deadline
+# would travel to the server and could end the stream before the server's own
+# kill-and-report of the timed-out process.
 _DEADLINE_GRACE_SECONDS = 30.0
 
 
@@ -72,10 +75,11 @@ class ExecProcess:
     stderr even after iterating.
     """
 
-    def __init__(self, conn: Conn, start: pb.ExecStart, deadline: float | None) -> None:
+    def __init__(self, conn: Conn, start: pb.ExecStart, give_up_after: float | None) -> None:
         self._conn = conn
         self._start_msg = start
-        self._deadline = deadline
+        self._give_up_after = give_up_after
+        self._give_up_at: float | None = None
         self._call: Any = None
         self._started = False
         self._pid = 0
@@ -122,7 +126,9 @@ class ExecProcess:
         async with self._start_lock:
             if self._call is not None:
                 return self
-            self._call = self._conn.processes.Exec(metadata=self._conn.metadata, timeout=self._deadline)
+            if self._give_up_after is not None:
+                self._give_up_at = asyncio.get_running_loop().time() + self._give_up_after
+            self._call = self._conn.processes.Exec(metadata=self._conn.metadata)
             try:
                 await self._call.write(pb.ExecRequest(start=self._start_msg))
                 async with self._read_lock:
@@ -145,10 +151,21 @@ class ExecProcess:
     async def _read_one(self) -> ExecEvent | None:
         """Read one message; return an output event or None (started/exit)."""
         try:
-            msg = await self._call.read()
+            if self._give_up_at is None:
+                msg = await self._call.read()
+            else:
+                left = self._give_up_at - asyncio.get_running_loop().time()
+                msg = await asyncio.wait_for(self._call.read(), max(left, 0))
         except grpc.aio.AioRpcError as e:
             self._finished = True
             raise from_grpc_error(e) from None
+        except TimeoutError:
+            self._finished = True
+            self._call.cancel()
+            raise DSecTimeoutError(
+                f"exec: process {self._pid} did not report its exit within {self._give_up_after:g}s "
+                f"(its timeout plus {_DEADLINE_GRACE_SECONDS:g}s)"
+            ) from None
         if msg is grpc.aio.EOF:
             self._finished = True
             raise InternalError("exec: the server ended the stream without an exit event")
@@ -482,8 +499,8 @@ class Sandbox:
         )
         if pty is not None:
             start.pty.CopyFrom(pb.PtySize(cols=pty[0], rows=pty[1]))
-        deadline = timeout + _DEADLINE_GRACE_SECONDS if timeout and timeout > 0 else None
-        return ExecProcess(self._conn, start, deadline)
+        give_up = timeout + _DEADLINE_GRACE_SECONDS if timeout and timeout > 0 else None
+        return ExecProcess(self._conn, start, give_up)
 
     async def run_shell(
         self,
