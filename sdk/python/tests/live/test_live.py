@@ -256,6 +256,22 @@ async def test_batch_create(client: DSecClient) -> None:
                 await i.sandbox.stop()
 
 
+async def test_concurrent_creates_and_execs(client: DSecClient) -> None:
+    # Small sandboxes, so this checks concurrency rather than node capacity.
+    tag = uuid.uuid4().hex[:10]
+    args = run_args(cpu=0.1, memory_mb=64, labels={"sdk-conc": tag})
+    results = await asyncio.gather(*(client.run_sandbox(args) for _ in range(20)), return_exceptions=True)
+    sandboxes = [r for r in results if isinstance(r, Sandbox)]
+    try:
+        errors = [r for r in results if not isinstance(r, Sandbox)]
+        assert not errors, errors
+        assert len({s.id for s in sandboxes}) == 20
+        outs = await asyncio.gather(*(s.run_shell(f"echo {s.id}") for s in sandboxes))
+        assert [o.stdout for o in outs] == [f"{s.id}\n" for s in sandboxes]
+    finally:
+        await asyncio.gather(*(s.stop() for s in sandboxes), return_exceptions=True)
+
+
 async def test_create_is_idempotent(client: DSecClient) -> None:
     rid = uuid.uuid4().hex
     a = await client.run_sandbox(run_args(), request_id=rid)
