@@ -152,6 +152,7 @@ func run(ctx context.Context, c config) (retErr error) {
 
 	r := &report{cfg: c, started: time.Now()}
 	r.machine = machineInfo(ctx, c.runc, cg)
+	r.loadStart = loadAvg()
 	phases := []struct {
 		name string
 		fn   func(context.Context, *report) error
@@ -169,6 +170,7 @@ func run(ctx context.Context, c config) (retErr error) {
 		}
 	}
 	r.elapsed = time.Since(r.started)
+	r.loadEnd = loadAvg()
 	md := r.markdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(filepath.Dir(c.out), 0o755); err != nil {
@@ -275,7 +277,7 @@ func (b *bench) createPhase(ctx context.Context, r *report) error {
 			r.createOurs = append(r.createOurs, d)
 			r.createRunc = append(r.createRunc, rd)
 		}
-		if (i+1)%10 == 0 {
+		if i >= 0 && (i+1)%10 == 0 {
 			b.logf("  %d/%d creates: last ours %s ms, runc %s ms", i+1, b.cfg.creates, ms(d), ms(rd))
 		}
 	}
@@ -297,25 +299,41 @@ func (b *bench) execPhase(ctx context.Context, r *report) error {
 	if _, err := b.base.run(ctx, c); err != nil {
 		return err
 	}
+	// A failed exec of ours is counted and reported, not fatal, unless
+	// more than a tenth of them fail.
+	fail := func(kind string, err error) error {
+		r.execErrs = append(r.execErrs, kind+": "+err.Error())
+		b.logf("  error: %s: %v", kind, err)
+		if len(r.execErrs) > max(2, b.cfg.execs/10) {
+			return fmt.Errorf("%d execs failed, the last: %w", len(r.execErrs), err)
+		}
+		return nil
+	}
 	for i := -b.cfg.warmup; i < b.cfg.execs; i++ {
 		d, err := b.execTrue(ctx, id)
 		if err != nil {
-			return err
+			if err := fail("Exec true", err); err != nil {
+				return err
+			}
+		} else if i >= 0 {
+			r.execOurs = append(r.execOurs, d)
 		}
 		rd, err := b.base.exec(ctx, c)
 		if err != nil {
 			return err
 		}
+		if i >= 0 {
+			r.execRunc = append(r.execRunc, rd)
+		}
 		sd, err := b.runShellTrue(ctx, id)
 		if err != nil {
-			return err
-		}
-		if i >= 0 {
-			r.execOurs = append(r.execOurs, d)
-			r.execRunc = append(r.execRunc, rd)
+			if err := fail("RunShell true", err); err != nil {
+				return err
+			}
+		} else if i >= 0 {
 			r.shellOurs = append(r.shellOurs, sd)
 		}
-		if (i+1)%50 == 0 {
+		if i >= 0 && (i+1)%50 == 0 {
 			b.logf("  %d/%d execs: last ours %s ms, runc %s ms, ours sh -c %s ms", i+1, b.cfg.execs, ms(d), ms(rd), ms(sd))
 		}
 	}
@@ -465,7 +483,21 @@ func machineInfo(ctx context.Context, runc string, cg cgroupInfo) machine {
 		}
 	}
 	if out, err := exec.CommandContext(ctx, runc, "--version").Output(); err == nil {
-		m.runcVersion = strings.Join(strings.Fields(strings.ReplaceAll(string(out), "\n", "; ")), " ")
+		m.runcVersion = strings.Join(strings.Split(strings.TrimSpace(string(out)), "\n"), "; ")
 	}
 	return m
+}
+
+// loadAvg returns /proc/loadavg's 1, 5 and 15 minute averages: other work on
+// the machine during a run shows here.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }

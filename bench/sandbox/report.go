@@ -19,8 +19,11 @@ type report struct {
 	started time.Time
 	elapsed time.Duration
 
+	loadStart, loadEnd string // /proc/loadavg around the run
+
 	createOurs, createRunc        series
 	execOurs, execRunc, shellOurs series
+	execErrs                      []string
 	mem                           []memSample
 	concOurs                      series
 	concWall                      time.Duration
@@ -93,6 +96,9 @@ func (r *report) markdown() string {
 	p("%s", r.cfg.command)
 	p("```")
 	p("")
+	p("Load average (1/5/15 min) at start: %s; at end: %s. The machine is shared; a load near or above nproc means other work", r.loadStart, r.loadEnd)
+	p("competed with this run (both sides of every interleaved comparison alike).")
+	p("")
 	p("Whole run: %s. Sandbox and baseline limits: %d MiB memory (no swap), %g CPU, %d pids.",
 		r.elapsed.Round(time.Second), r.cfg.lim.memoryMB, r.cfg.lim.cpu, r.cfg.lim.pids)
 	p("")
@@ -109,6 +115,7 @@ func (r *report) markdown() string {
 		ms(r.createOurs.percentile(50)), ms(r.createRunc.percentile(50)), cr, targetCreateRatio, verdict(cr <= targetCreateRatio))
 	p("| exec `true` p50 / `runc exec` p50 | %s ms | %s ms | %.2fx | <= %.1fx | %s |",
 		ms(r.execOurs.percentile(50)), ms(r.execRunc.percentile(50)), er, targetExecRatio, verdict(er <= targetExecRatio))
+	p("| our execs that failed | %d of %d | | | | %s |", len(r.execErrs), 2*r.cfg.execs, verdict(len(r.execErrs) == 0))
 	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
 	p("| idle sandbox, agent VmRSS (median; RssAnon %s + RssFile %s) | %s MiB | | | | |", mib(rssAnon), mib(rssFile), mib(rss))
 	p("| idle sandbox, cgroup + agent VmRSS (median; counts agent anon twice) | %s MiB | | | <= 8 MiB | %s |", mib(sum), verdict(sum <= targetIdleBytes))
@@ -153,6 +160,14 @@ func (r *report) markdown() string {
 	p("in a running `runc run` container of the same rootfs, until it returns. One sandbox and one container for the whole phase.")
 	p("")
 	r.seriesTable(p, []string{"ours Exec true", "runc exec true", "ours RunShell true"}, []series{r.execOurs, r.execRunc, r.shellOurs})
+	if len(r.execErrs) > 0 {
+		p("**%d of our execs failed** (left out of the latencies above):", len(r.execErrs))
+		p("")
+		for _, e := range r.execErrs {
+			p("- %s", e)
+		}
+		p("")
+	}
 
 	p("## Idle sandbox memory (host side)")
 	p("")
