@@ -480,3 +480,22 @@ async def test_sandbox_context_manager_tolerates_an_already_stopped_sandbox(
     async with await client.run_sandbox(DSecRunArgs(image="root/busybox")) as sb:
         await client.stop_sandbox(sb.id)
     assert server.stopped == [sb.id]
+
+
+async def test_write_stream_recuts_chunks_and_sends_the_given_size(client: DSecClient, server: FakeServer) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+
+    async def gen():  # type: ignore[no-untyped-def]
+        yield b"a" * (CHUNK_SIZE + 10)
+        yield b""
+        yield b"b" * 5
+
+    await sb.files.write_stream("/s", gen(), size=CHUNK_SIZE + 15)
+    reqs = server.write_requests
+    assert reqs[0].header.size == CHUNK_SIZE + 15
+    assert [len(r.data) for r in reqs[1:]] == [CHUNK_SIZE, 10, 5]
+    assert server.files["/s"] == b"a" * (CHUNK_SIZE + 10) + b"b" * 5
+    server.write_requests.clear()
+    await sb.files.write_stream("/t", [b"x", b"yz"])
+    assert server.write_requests[0].header.size == 0
+    assert server.files["/t"] == b"xyz"

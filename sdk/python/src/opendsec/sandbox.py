@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -294,6 +294,12 @@ class ExecProcess:
         await self._finish()
 
 
+def _cut(chunk: bytes | bytearray | memoryview) -> Generator[pb.WriteFileRequest, None, None]:
+    view = memoryview(_to_bytes(chunk))
+    for off in range(0, len(view), CHUNK_SIZE):
+        yield pb.WriteFileRequest(data=bytes(view[off : off + CHUNK_SIZE]))
+
+
 class Files:
     """File operations inside one sandbox (``sandbox.files``).
 
@@ -344,6 +350,43 @@ class Files:
             yield pb.WriteFileRequest(header=header)
             for off in range(0, len(buf), CHUNK_SIZE):
                 yield pb.WriteFileRequest(data=bytes(buf[off : off + CHUNK_SIZE]))
+
+        resp = await self._conn.retrying(
+            lambda: self._conn.files.WriteFile(
+                requests(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
+            ),
+            retry=False,
+        )
+        return FileInfo.from_proto(resp.file)
+
+    async def write_stream(
+        self,
+        path: str,
+        chunks: Iterable[bytes] | AsyncIterable[bytes],
+        *,
+        size: int = 0,
+        user: str = "",
+        timeout: float | None = None,
+    ) -> FileInfo:
+        """Create or replace the file at ``path`` from an (async) iterable of byte
+        chunks, without holding the whole file in memory.
+
+        ``size`` is the total size if known (0 = unknown): the node refuses an
+        upload above its limit before any data is sent. Chunks of any size are
+        re-cut to at most 1 MiB.
+        """
+        header = pb.WriteFileHeader(sandbox_id=self._id, path=path, user=user, size=size)
+
+        async def requests() -> AsyncIterator[pb.WriteFileRequest]:
+            yield pb.WriteFileRequest(header=header)
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    for piece in _cut(chunk):
+                        yield piece
+            else:
+                for chunk in chunks:
+                    for piece in _cut(chunk):
+                        yield piece
 
         resp = await self._conn.retrying(
             lambda: self._conn.files.WriteFile(

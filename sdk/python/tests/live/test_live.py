@@ -170,6 +170,24 @@ async def test_files_5mib_binary(sandbox: Sandbox) -> None:
     assert r.stdout.strip() == str(len(data))
 
 
+async def test_upload_above_the_limit_is_refused_up_front(sandbox: Sandbox) -> None:
+    with pytest.raises((InvalidArgumentError, QuotaExceededError)) as ei:
+        await sandbox.files.write_stream("/tmp/huge.bin", [], size=2 << 30)
+    assert "size" in str(ei.value) or "limit" in str(ei.value)
+    assert not await sandbox.files.exists("/tmp/huge.bin")
+
+
+async def test_write_stream(sandbox: Sandbox) -> None:
+    async def chunks():  # type: ignore[no-untyped-def]
+        for i in range(3):
+            yield bytes([i]) * (1024 * 1024 + 7)
+
+    info = await sandbox.files.write_stream("/tmp/streamed.bin", chunks(), size=3 * (1024 * 1024 + 7))
+    assert info.size == 3 * (1024 * 1024 + 7)
+    data = await sandbox.files.read("/tmp/streamed.bin")
+    assert data == b"".join(bytes([i]) * (1024 * 1024 + 7) for i in range(3))
+
+
 async def test_missing_path_is_not_found(sandbox: Sandbox) -> None:
     with pytest.raises(NotFoundError):
         await sandbox.files.read("/definitely/not/here")
