@@ -105,8 +105,13 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	}
 	creq.Header().Set("Keepalive-Ping-Interval", "50")
 
-	pctx, cancel := context.WithCancelCause(ctx)
+	// The caller's deadline must not reach the agent: connect would send it
+	// as Connect-Timeout-Ms, replacing the process lifetime set above. The
+	// call still ends when the caller goes away.
+	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
+	stopAfter := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stopAfter()
 	started := time.Now()
 	out, err := a.proc.Start(pctx, creq)
 	if err != nil {

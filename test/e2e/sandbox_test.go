@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -201,4 +202,54 @@ func TestCleanShutdownLeavesSandboxesRunning(t *testing.T) {
 func firstLine(b []byte) string {
 	l, _, _ := strings.Cut(string(b), "\n")
 	return l
+}
+
+// execTimeout runs cmd with a process lifetime of secs seconds.
+func (s *system) execTimeout(ctx context.Context, id string, secs int64, cmd ...string) (execResult, error) {
+	st := s.processes().Exec(ctx)
+	if err := st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: id, Command: cmd, TimeoutSeconds: secs}}}); err != nil {
+		return execResult{}, err
+	}
+	st.CloseRequest()
+	var r execResult
+	var out strings.Builder
+	defer func() { r.stdout = out.String() }()
+	for {
+		m, err := st.Receive()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			r.stdout = out.String()
+			return r, err
+		}
+		if e := m.GetExit(); e != nil {
+			r.exit = e
+		}
+		out.Write(m.GetStdout())
+	}
+	r.stdout = out.String()
+	return r, nil
+}
+
+// TestExecTimeoutUnderCallerDeadline checks a process lifetime shorter than
+// the caller's own deadline kills the process and ends the stream with
+// timed_out (the caller's deadline must not replace the lifetime).
+func TestExecTimeoutUnderCallerDeadline(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	sb := s.create(t, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := s.execTimeout(ctx, sb.Id, 2, "sleep", "300")
+	if err != nil {
+		t.Fatalf("exec with timeout: %v", err)
+	}
+	if r.exit == nil || !r.exit.TimedOut || r.exit.ExitCode != -1 {
+		t.Fatalf("exit %v, want timed_out with exit code -1", r.exit)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("2 s lifetime took %s to end", d)
+	}
 }
