@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"io"
 	"os"
 	"os/exec"
@@ -190,7 +191,7 @@ func (b *bench) logf(format string, args ...any) {
 func (b *bench) spec() *opendsec.SandboxSpec {
 	return &opendsec.SandboxSpec{
 		Image: b.cfg.image, Backend: "container", Labels: b.label,
-		MemoryMb: b.cfg.lim.memoryMB, Cpu: b.cfg.lim.cpu, PidsLimit: b.cfg.lim.pids,
+		MemoryMb: proto.Int64(b.cfg.lim.memoryMB), Cpu: b.cfg.lim.cpu, PidsLimit: b.cfg.lim.pids,
 	}
 }
 

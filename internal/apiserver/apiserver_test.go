@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -145,8 +146,8 @@ func TestCreateValidation(t *testing.T) {
 		{"backend", &v1.SandboxSpec{Image: "root/busybox", Backend: "vm"}}, // known, but no node offers it
 		{"cpu", &v1.SandboxSpec{Image: "root/busybox", Cpu: -1}},
 		{"cpu", &v1.SandboxSpec{Image: "root/busybox", Cpu: 64}},
-		{"memory_mb", &v1.SandboxSpec{Image: "root/busybox", MemoryMb: -5}},
-		{"memory_mb", &v1.SandboxSpec{Image: "root/busybox", MemoryMb: 1 << 20}},
+		{"memory_mb", &v1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(-5)}},
+		{"memory_mb", &v1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(1 << 20)}},
 		{"timeout_seconds", &v1.SandboxSpec{Image: "root/busybox", TimeoutSeconds: -1}},
 		{"timeout_seconds", &v1.SandboxSpec{Image: "root/busybox", TimeoutSeconds: 86401}},
 		{"idle_timeout_seconds", &v1.SandboxSpec{Image: "root/busybox", IdleTimeoutSeconds: -1}},
@@ -161,7 +162,7 @@ func TestCreateValidation(t *testing.T) {
 		wantField(t, err, tc.field)
 	}
 	// The memory error names the largest node's size.
-	_, err := e.sbx.CreateSandbox(t.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: &v1.SandboxSpec{Image: "root/busybox", MemoryMb: 9000}}))
+	_, err := e.sbx.CreateSandbox(t.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: &v1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(9000)}}))
 	wantCode(t, err, connect.CodeInvalidArgument, "8192")
 	if _, live := e.nodes[0].count(); live != 0 {
 		t.Fatalf("%d sandboxes exist after only bad creates", live)
@@ -199,7 +200,7 @@ func TestCreateTriesNextNodeOnRefusal(t *testing.T) {
 	e := setup(t, func(c *apiserver.Config) { c.PlacementSample = 2 }, "n001", "n002")
 	// n002 is more loaded, so n001 is tried first and refuses.
 	e.nodes[1].set(func(n *fakeNode) {
-		n.sbs["n002xxxxxxxxxxxxxxxx"] = &v1.Sandbox{Id: "n002xxxxxxxxxxxxxxxx", NodeId: "n002", Spec: &v1.SandboxSpec{MemoryMb: 4096}}
+		n.sbs["n002xxxxxxxxxxxxxxxx"] = &v1.Sandbox{Id: "n002xxxxxxxxxxxxxxxx", NodeId: "n002", Spec: &v1.SandboxSpec{MemoryMb: proto.Int64(4096)}}
 	})
 	e.nodes[0].set(func(n *fakeNode) { n.refuse = true })
 	e.refresh()

@@ -36,6 +36,9 @@ var (
 // normalizeSpec validates a create spec and returns a copy with defaults
 // filled. Limits that depend on the nodes (cpu, memory_mb above the largest
 // node, backend offered) are checked by placement.
+// MinMemoryMB is the smallest memory limit a sandbox can run with.
+const MinMemoryMB = 16
+
 func normalizeSpec(in *v1.SandboxSpec) (*v1.SandboxSpec, error) {
 	if in == nil {
 		return nil, errdefs.Invalid("spec", "is missing; give at least an image, e.g. {\"image\": \"root/busybox\"}")
@@ -57,10 +60,10 @@ func normalizeSpec(in *v1.SandboxSpec) (*v1.SandboxSpec, error) {
 		s.Cpu = DefaultCPU
 	}
 	switch {
-	case s.MemoryMb < 0:
-		return nil, errdefs.Invalid("memory_mb", "%d must be ≥ 0 MiB (0 means the default %d)", s.MemoryMb, DefaultMemoryMB)
-	case s.MemoryMb == 0:
-		s.MemoryMb = DefaultMemoryMB
+	case s.MemoryMb == nil:
+		s.MemoryMb = proto.Int64(DefaultMemoryMB)
+	case *s.MemoryMb < MinMemoryMB:
+		return nil, errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", *s.MemoryMb, MinMemoryMB, DefaultMemoryMB)
 	}
 	switch {
 	case s.TimeoutSeconds < 0 || s.TimeoutSeconds > MaxTimeoutSeconds:

@@ -69,11 +69,13 @@ func serve(ctx context.Context, name, addr string, h http.Handler, ready chan<- 
 	return nil
 }
 
-// h2cClient returns an HTTP client speaking HTTP/1.1 and unencrypted HTTP/2.
+// h2cClient returns an HTTP client that speaks unencrypted HTTP/2 to http://
+// URLs (prior knowledge): every call between components is a multiplexed
+// stream, so a finished stream never tears down a connection another call
+// is using. (With HTTP/1 also enabled, net/http would pick HTTP/1.1.)
 func h2cClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Protocols = new(http.Protocols)
-	t.Protocols.SetHTTP1(true)
 	t.Protocols.SetUnencryptedHTTP2(true)
 	t.MaxIdleConnsPerHost = 64
 	return &http.Client{Transport: t}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
@@ -71,7 +72,7 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 			Backend:            s.Backend,
 			Image:              s.Image,
 			Cpu:                s.CPU,
-			MemoryMb:           s.MemoryMB,
+			MemoryMb:           proto.Int64(s.MemoryMB),
 			TimeoutSeconds:     s.TimeoutSec,
 			IdleTimeoutSeconds: s.IdleSec,
 			Env:                s.Env,

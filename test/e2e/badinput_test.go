@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"google.golang.org/protobuf/proto"
 	"io"
 	"net/http"
 	"os"
@@ -62,8 +63,9 @@ func TestBadInput(t *testing.T) {
 	}
 	wantErr(t, "unknown image", create(&opendsecv1.SandboxSpec{Image: "root/nope:1"}), connect.CodeInvalidArgument, "image")
 	wantErr(t, "empty image", create(&opendsecv1.SandboxSpec{}), connect.CodeInvalidArgument, "image")
-	wantErr(t, "memory above capacity", create(&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: 1 << 40}), connect.CodeInvalidArgument, "memory_mb")
-	wantErr(t, "negative memory", create(&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: -1}), connect.CodeInvalidArgument, "memory_mb")
+	wantErr(t, "memory above capacity", create(&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(1 << 40)}), connect.CodeInvalidArgument, "memory_mb")
+	wantErr(t, "zero memory", create(&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(0)}), connect.CodeInvalidArgument, "memory_mb")
+	wantErr(t, "negative memory", create(&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(-1)}), connect.CodeInvalidArgument, "memory_mb")
 	wantErr(t, "negative timeout", create(&opendsecv1.SandboxSpec{Image: "root/busybox", TimeoutSeconds: -1}), connect.CodeInvalidArgument, "timeout_seconds")
 	wantErr(t, "unknown backend", create(&opendsecv1.SandboxSpec{Image: "root/busybox", Backend: "vmware"}), connect.CodeInvalidArgument, "backend")
 

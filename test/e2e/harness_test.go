@@ -112,21 +112,24 @@ func newSystem(t *testing.T) *system {
 	}
 	s.run("image", "import-rootfs", "--name", "root/busybox", "--rootfs", testutil.BusyboxRootfs(t))
 	t.Cleanup(func() {
-		if s.waitCh != nil {
-			// Stop what a failed test left behind, then the system.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			if l, err := s.sandboxes().ListSandboxes(ctx, connect.NewRequest(&opendsecv1.ListSandboxesRequest{})); err == nil {
-				for _, sb := range l.Msg.Sandboxes {
-					s.sandboxes().StopSandbox(ctx, connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id}))
-				}
-			}
-			cancel()
-			s.stop()
-		}
 		if t.Failed() {
 			if b, err := os.ReadFile(s.logPath); err == nil {
 				t.Logf("opendsec up log:\n%s", lastLines(string(b), 80))
 			}
+		}
+		// Whatever the test did, let the node itself remove every sandbox
+		// before the data dir goes: restart with --stop-sandboxes and stop.
+		if s.waitCh != nil {
+			s.stop()
+		}
+		s.start("--stop-sandboxes")
+		if err := s.stop(); err != nil {
+			t.Errorf("final shutdown: %v", err)
+		}
+		ents, _ := os.ReadDir(filepath.Join(dd, "node", "sandboxes"))
+		if len(ents) > 0 {
+			t.Errorf("sandboxes left after --stop-sandboxes: %d", len(ents))
+			return // keep the data dir: removing it under live mounts is worse
 		}
 		os.RemoveAll(dd)
 	})
@@ -202,7 +205,10 @@ func (s *system) waitForNodes() {
 	c := s.sandboxes()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := c.ListSandboxes(s.t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+		// Not t.Context(): cleanup restarts the system after it is canceled.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.ListSandboxes(ctx, connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+		cancel()
 		if err == nil {
 			return
 		}

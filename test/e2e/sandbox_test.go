@@ -253,3 +253,43 @@ func TestExecTimeoutUnderCallerDeadline(t *testing.T) {
 		t.Fatalf("2 s lifetime took %s to end", d)
 	}
 }
+
+// TestConcurrentCreatesAndExecs runs creates, execs and stops from several
+// callers at once: every exec must return its whole output (a regression
+// test for streams cut short between components under concurrency).
+func TestConcurrentCreatesAndExecs(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox"}}))
+				if err != nil {
+					errs <- fmt.Errorf("create: %w", err)
+					return
+				}
+				id := r.Msg.Sandbox.Id
+				for i := range 15 {
+					res, err := s.exec(t.Context(), id, "/bin/sh", "-c", fmt.Sprintf("echo %s-%d", id, i))
+					if err != nil {
+						errs <- fmt.Errorf("exec %d in %s: %w", i, id, err)
+					} else if want := fmt.Sprintf("%s-%d\n", id, i); res.stdout != want {
+						errs <- fmt.Errorf("exec %d in %s printed %q, want %q", i, id, res.stdout, want)
+					}
+				}
+				if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+					errs <- fmt.Errorf("stop %s: %w", id, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

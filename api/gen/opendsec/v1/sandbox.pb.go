@@ -147,14 +147,16 @@ type SandboxSpec struct {
 	Image string `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
 	// CPU in cores (fractions allowed). 0 means 1.
 	Cpu float64 `protobuf:"fixed64,3,opt,name=cpu,proto3" json:"cpu,omitempty"`
-	// Memory limit in MiB. 0 means the default (512).
-	MemoryMb int64 `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// Memory limit in MiB, at least 16. Unset means the default (512); an
+	// explicit 0 is an error.
+	MemoryMb *int64 `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3,oneof" json:"memory_mb,omitempty"`
 	// Lifetime in seconds from creation. 0 means the default (300); max 86400.
 	TimeoutSeconds int64 `protobuf:"varint,5,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	// Stop after this many seconds without any exec, file or port traffic. 0 = off.
 	IdleTimeoutSeconds int64             `protobuf:"varint,6,opt,name=idle_timeout_seconds,json=idleTimeoutSeconds,proto3" json:"idle_timeout_seconds,omitempty"`
 	Env                map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Default user for processes ("root" or a user of the image). Empty = root.
+	// Default user for processes ("root" or a user of the image). Empty = the
+	// image's default user.
 	User   string            `protobuf:"bytes,8,opt,name=user,proto3" json:"user,omitempty"`
 	Labels map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Task the sandbox belongs to (for listing and, later, task pause).
@@ -219,8 +221,8 @@ func (x *SandboxSpec) GetCpu() float64 {
 }
 
 func (x *SandboxSpec) GetMemoryMb() int64 {
-	if x != nil {
-		return x.MemoryMb
+	if x != nil && x.MemoryMb != nil {
+		return *x.MemoryMb
 	}
 	return 0
 }
@@ -3131,12 +3133,12 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x04\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x04\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
-	"\x03cpu\x18\x03 \x01(\x01R\x03cpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x04 \x01(\x03R\bmemoryMb\x12'\n" +
+	"\x03cpu\x18\x03 \x01(\x01R\x03cpu\x12 \n" +
+	"\tmemory_mb\x18\x04 \x01(\x03H\x00R\bmemoryMb\x88\x01\x01\x12'\n" +
 	"\x0ftimeout_seconds\x18\x05 \x01(\x03R\x0etimeoutSeconds\x120\n" +
 	"\x14idle_timeout_seconds\x18\x06 \x01(\x03R\x12idleTimeoutSeconds\x123\n" +
 	"\x03env\x18\a \x03(\v2!.opendsec.v1.SandboxSpec.EnvEntryR\x03env\x12\x12\n" +
@@ -3152,7 +3154,9 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe5\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\f\n" +
+	"\n" +
+	"_memory_mb\"\xe5\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -3548,6 +3552,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 	if File_opendsec_v1_sandbox_proto != nil {
 		return
 	}
+	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
 	file_opendsec_v1_sandbox_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),

@@ -58,6 +58,7 @@ func (a *app) createCommand() *cobra.Command {
 		env, labels   []string
 		count         int
 		quiet         bool
+		memoryMB      int64
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -69,6 +70,9 @@ func (a *app) createCommand() *cobra.Command {
 			var err error
 			if spec.Image == "" {
 				return usagef("--image: required, e.g. --image root/busybox")
+			}
+			if cmd.Flags().Changed("memory-mb") {
+				spec.MemoryMb = &memoryMB
 			}
 			if spec.TimeoutSeconds, err = parseSeconds("timeout", timeout); err != nil {
 				return err
@@ -103,7 +107,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&spec.Image, "image", "", "image name, e.g. root/busybox or root/py:3.11 (required)")
 	f.StringVar(&spec.Backend, "backend", "", "container, microvm or vm (default: the node's)")
 	f.Float64Var(&spec.Cpu, "cpu", 0, "CPU cores, fractions allowed (default 1)")
-	f.Int64Var(&spec.MemoryMb, "memory-mb", 0, "memory limit in MiB (default 512)")
+	f.Int64Var(&memoryMB, "memory-mb", 0, "memory limit in MiB, at least 16 (default 512)")
 	f.StringVar(&timeout, "timeout", "", "lifetime, e.g. 5m or 3600 (seconds) (default 5m)")
 	f.StringVar(&idle, "idle-timeout", "", "stop after this long without activity (default off)")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE (repeatable)")

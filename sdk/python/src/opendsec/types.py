@@ -39,11 +39,13 @@ class DSecRunArgs:
         backend: ``"container"``, ``"microvm"`` or ``"vm"``; ``""`` = node default.
         image: image name, e.g. ``"root/py:3.11"`` or ``"root/busybox"``.
         cpu: CPU cores (fractions allowed); ``0`` = 1.
-        memory_mb: memory limit in MiB; ``0`` = the default (512).
+        memory_mb: memory limit in MiB (at least 16); ``None`` = the default (512).
+            An explicit ``0`` is refused by the server.
         timeout: lifetime in seconds from creation; ``0`` = the default (300); max 86400.
         idle_timeout: stop after this many seconds without exec, file or port traffic; ``0`` = off.
         env: environment variables for every process.
-        user: default user for processes (``"root"`` or a user of the image); ``""`` = root.
+        user: default user for processes (``"root"`` or a user of the image);
+            ``""`` = the image's default user.
         labels: free-form labels, for :meth:`DSecClient.list_sandboxes`.
         task_id: the task the sandbox belongs to.
         pids_limit: maximum number of processes; ``0`` = the default (1024).
@@ -53,7 +55,7 @@ class DSecRunArgs:
     backend: str = ""
     image: str = ""
     cpu: float = 0.0
-    memory_mb: int = 0
+    memory_mb: int | None = None
     timeout: int = 0
     idle_timeout: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -65,11 +67,10 @@ class DSecRunArgs:
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
-        return pb.SandboxSpec(
+        spec = pb.SandboxSpec(
             backend=self.backend or "",
             image=self.image or "",
             cpu=float(self.cpu or 0),
-            memory_mb=int(self.memory_mb or 0),
             timeout_seconds=_seconds(self.timeout),
             idle_timeout_seconds=_seconds(self.idle_timeout),
             env=dict(self.env or {}),
@@ -79,6 +80,9 @@ class DSecRunArgs:
             pids_limit=int(self.pids_limit or 0),
             workdir=self.workdir or "",
         )
+        if self.memory_mb is not None:
+            spec.memory_mb = int(self.memory_mb)
+        return spec
 
     @classmethod
     def from_proto(cls, spec: pb.SandboxSpec) -> DSecRunArgs:
@@ -87,7 +91,7 @@ class DSecRunArgs:
             backend=spec.backend,
             image=spec.image,
             cpu=spec.cpu,
-            memory_mb=spec.memory_mb,
+            memory_mb=spec.memory_mb if spec.HasField("memory_mb") else None,
             timeout=spec.timeout_seconds,
             idle_timeout=spec.idle_timeout_seconds,
             env=dict(spec.env),

@@ -210,6 +210,9 @@ async def test_bad_resources(client: DSecClient) -> None:
     with pytest.raises(InvalidArgumentError) as ei:
         await client.run_sandbox(run_args(memory_mb=-1))
     assert "memory" in str(ei.value)
+    with pytest.raises(InvalidArgumentError) as ei0:
+        await client.run_sandbox(run_args(memory_mb=0))
+    assert "memory_mb" in str(ei0.value)
     with pytest.raises((InvalidArgumentError, QuotaExceededError)) as ei2:
         await client.run_sandbox(run_args(memory_mb=1 << 40))
     assert "memory" in str(ei2.value)
