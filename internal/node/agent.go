@@ -44,7 +44,11 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 		fmt.Errorf("agent of sandbox %s did not answer within %s", sb.rec.ID, n.cfg.AgentReadyTimeout))
 	defer cancel()
 	client := &http.Client{Transport: n.agentTransport(sb)}
-	backoff := 2 * time.Millisecond
+	// The agent usually answers within a few milliseconds of start; a
+	// failed probe (no socket yet) costs microseconds, so probe every
+	// millisecond at first and back off only for slow starts.
+	backoff := time.Millisecond
+	probes := 0
 	var last error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
@@ -65,7 +69,7 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 			return errdefs.New(errdefs.ErrUnavailable, "%v: %v", context.Cause(ctx), last)
 		case <-t.C:
 		}
-		if backoff < 100*time.Millisecond {
+		if probes++; probes > 200 && backoff < 50*time.Millisecond {
 			backoff *= 2
 		}
 	}

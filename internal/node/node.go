@@ -353,6 +353,7 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (er
 	// The create must finish or be undone even if the caller goes away.
 	ctx = context.WithoutCancel(ctx)
 
+	t0 := time.Now()
 	if err := n.table.put(rec); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
 	}
@@ -397,12 +398,15 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (er
 	if err := n.table.put(&rec2); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
 	}
+	tCreated := time.Now()
 	if err := rt.Start(ctx, rec.ID); err != nil {
 		return fmt.Errorf("start sandbox: %w", err)
 	}
+	tStarted := time.Now()
 	if err := n.waitAgent(ctx, sb); err != nil {
 		return err
 	}
+	tReady := time.Now()
 	rec2.State = stateRunning
 	if err := n.table.put(&rec2); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
@@ -410,7 +414,9 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (er
 	n.mu.Lock()
 	sb.rec = &rec2
 	n.mu.Unlock()
-	l.Info("sandbox running", slogImage(rec.Spec.Image))
+	l.Info("sandbox running", slogImage(rec.Spec.Image),
+		"create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
+		"agent_ms", ms(tReady.Sub(tStarted)), "total_ms", ms(time.Since(t0)))
 	return nil
 }
 
@@ -662,3 +668,5 @@ func (n *Node) StopAll(ctx context.Context, reason string) {
 		}
 	}
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
