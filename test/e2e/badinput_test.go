@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	opendsec "github.com/kernflux/opendsec/sdk/go"
 	"google.golang.org/protobuf/proto"
 	"io"
 	"net/http"
@@ -154,29 +155,27 @@ func TestYesDoesNotGrowTheNode(t *testing.T) {
 	sb := s.create(t, nil)
 	rssBefore := rss(t, s.cmd.Process.Pid)
 	duBefore := diskUsage(t, s.dataDir)
+	// Through the Go SDK, as a user would.
+	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	st := s.processes().Exec(ctx)
-	st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: sb.Id, Command: []string{"yes"}, TimeoutSeconds: 60}}})
-	st.CloseRequest()
-	var n int64
-	var exit *opendsecv1.ExecExit
-	for {
-		m, err := st.Receive()
-		if err != nil {
-			if err != io.EOF {
-				t.Fatalf("yes stream: %v", err)
-			}
-			break
-		}
-		n += int64(len(m.GetStdout()))
-		if m.GetExit() != nil {
-			exit = m.GetExit()
-		}
+	var out countWriter
+	p, err := c.Exec(ctx, sb.Id, opendsec.ExecOptions{Command: []string{"yes"}, Timeout: 60 * time.Second, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if exit == nil || !exit.TimedOut {
-		t.Fatalf("yes ended with %v, want killed by its 60 s timeout", exit)
+	exit, err := p.Wait()
+	if err != nil {
+		t.Fatalf("yes stream: %v", err)
 	}
+	if !exit.TimedOut {
+		t.Fatalf("yes ended with %+v, want killed by its 60 s timeout", exit)
+	}
+	n := out.n
 	rssAfter := rss(t, s.cmd.Process.Pid)
 	duAfter := diskUsage(t, s.dataDir)
 	t.Logf("yes streamed %d MiB; node RSS %d -> %d KiB; data dir %d -> %d KiB", n>>20, rssBefore, rssAfter, duBefore, duAfter)
@@ -227,3 +226,7 @@ func diskUsage(t *testing.T, dir string) int64 {
 	})
 	return total >> 10
 }
+
+type countWriter struct{ n int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
