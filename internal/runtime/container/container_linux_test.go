@@ -1,10 +1,12 @@
 package container
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
@@ -63,8 +65,8 @@ func TestInitDetached(t *testing.T) {
 }
 
 // TestCreateFailureUndoes makes Create fail after it has mounted and written
-// things (config.json not writable; runc create refused) and checks nothing
-// is left.
+// things (config.json not writable) or before (agent not executable) and
+// checks nothing is left.
 func TestCreateFailureUndoes(t *testing.T) {
 	f := newFactory(t)
 	rt, tmpl := f(t)
@@ -81,8 +83,9 @@ func TestCreateFailureUndoes(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		// A non-executable agent: runc create fails in the container's init.
-		"runc": func(s *runtime.Spec) { s.AgentPath = notExec },
+		// A non-executable agent: refused up front (runc would only find
+		// out in Start).
+		"agent": func(s *runtime.Spec) { s.AgentPath = notExec },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -108,6 +111,81 @@ func TestCreateFailureUndoes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStartFailureLeavesNothing: runc run fails in the container's init (the
+// agent lost its exec bit after Create). Start reports it, runc keeps no
+// record, the sandbox stays created, and Delete removes everything.
+func TestStartFailureLeavesNothing(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	bad := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(bad, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	spec.AgentPath = bad
+	ctx := t.Context()
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := os.Chmod(bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := rt.Start(ctx, spec.ID)
+	if err == nil {
+		t.Fatalf("start of a sandbox whose agent is not a program succeeded")
+	}
+	t.Logf("start: %v", err)
+	if _, err := os.Stat(filepath.Join(c.cfg.StateRoot, spec.ID)); err == nil {
+		t.Errorf("runc state left for %s after a failed start", spec.ID)
+	}
+	if st, err := rt.Status(ctx, spec.ID); err != nil || st.State != runtime.StateCreated {
+		t.Errorf("status after a failed start = %+v, %v; want created", st, err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
+	if dirs := c.CgroupDirs(spec.ID); len(dirs) != 0 {
+		t.Errorf("cgroups left: %v", dirs)
+	}
+}
+
+// TestRecoverCreated: a node restart between Create and Start. The fresh
+// runtime recovers the prepared sandbox as created and can start it.
+func TestRecoverCreated(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	h, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	rt2, _ := f(t)
+	if err := rt2.Recover(ctx, h); err != nil {
+		t.Fatalf("recover created sandbox: %v", err)
+	}
+	t.Cleanup(func() { rt2.Delete(context.Background(), spec.ID) })
+	if st, err := rt2.Status(ctx, spec.ID); err != nil || st.State != runtime.StateCreated {
+		t.Fatalf("status after recover = %+v, %v; want created", st, err)
+	}
+	if err := rt2.Start(ctx, spec.ID); err != nil {
+		t.Fatalf("start recovered sandbox: %v", err)
+	}
+	if err := runtimetest.WaitAgent(ctx, rt2, spec.ID, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st, err := rt2.Status(ctx, spec.ID)
+	if err != nil || st.State != runtime.StateRunning || st.Pid <= 0 {
+		t.Fatalf("status after start = %+v, %v; want running with a pid", st, err)
+	}
+	if err := rt2.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, st.Pid)
 }
 
 // TestDeleteAfterCrashBeforeRuncCreate: the node crashed after mounting the

@@ -70,7 +70,24 @@ type sandbox struct {
 	op sync.Mutex
 	// deleted reports whether Delete finished (set under op).
 	deleted atomic.Bool
+	// phase is where the sandbox is between Create and `runc run` (set
+	// under op, read without it).
+	phase atomic.Int32
+	// pid is init's host pid once runc ran it (0 before).
+	pid atomic.Int64
 }
+
+// Phases of a sandbox. Create only prepares the bundle; runc learns about
+// the container when Start runs `runc run --detach`, one runc process
+// instead of `runc create` + `runc start`.
+const (
+	// phasePrepared: mounts and config.json are made, runc has not run.
+	phasePrepared int32 = iota
+	// phaseLaunched: `runc run` was called; runc's state is the truth.
+	phaseLaunched
+	// phaseStoppedUnstarted: Stop came before Start; it can never start.
+	phaseStoppedUnstarted
+)
 
 // Runtime is the container backend. Create one with New.
 type Runtime struct {
@@ -175,6 +192,8 @@ func validateSpec(s runtime.Spec) error {
 	}
 	if fi, err := os.Stat(s.AgentPath); err != nil || !fi.Mode().IsRegular() {
 		return errdefs.Invalid("agent_path", "%q is not a regular file", s.AgentPath)
+	} else if fi.Mode().Perm()&0o111 == 0 {
+		return errdefs.Invalid("agent_path", "%q is not executable (mode %v): chmod +x it", s.AgentPath, fi.Mode().Perm())
 	}
 	for i, e := range append(append([]string{}, s.Image.Env...), s.Env...) {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
@@ -193,8 +212,11 @@ func isIDChars(s string) bool {
 	return true
 }
 
-// Create prepares the sandbox: overlay root, config.json, `runc create`. On
-// any error everything made so far is undone.
+// Create prepares the sandbox: overlay root, tmpfs mounts and config.json.
+// runc is not called: Start runs the container in one `runc run --detach`,
+// which saves a runc process (and its exec-fifo round trip) on every create.
+// Until then Status reports StateCreated. On any error everything made so
+// far is undone.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, retErr error) {
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
@@ -284,59 +306,58 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err != nil {
 		return runtime.Handle{}, err
 	}
-	b, err := json.MarshalIndent(oci, "", "  ")
+	b, err := json.Marshal(oci)
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(spec.StateDir, configFile), b, 0o600); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write config.json: %w", err)
 	}
-	if err := r.runcCreate(ctx, spec.ID, spec.StateDir); err != nil {
-		return runtime.Handle{}, err
-	}
-	pb, err := os.ReadFile(filepath.Join(spec.StateDir, pidFile))
-	if err != nil {
-		return runtime.Handle{}, fmt.Errorf("read init pid: %w", err)
-	}
-	if sb.st.Pid, err = strconv.Atoi(strings.TrimSpace(string(pb))); err != nil {
-		return runtime.Handle{}, fmt.Errorf("parse init pid: %w", err)
-	}
 	hs, err := json.Marshal(sb.st)
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode handle: %w", err)
 	}
-	log.G(ctx).Debug("sandbox created", "sandbox.id", spec.ID, "pid", sb.st.Pid)
+	log.G(ctx).Debug("sandbox created", "sandbox.id", spec.ID)
 	return runtime.Handle{ID: spec.ID, Version: handleVersion, State: hs}, nil
 }
 
-// runcCreate runs `runc create` detached. Its stdio are files, never pipes,
+// runcRun runs `runc run --detach` and returns init's host pid. Its stdio
+// are files, never pipes,
 // so runc and the container's init hold no pipe of ours (exec.Cmd.Wait would
 // otherwise wait for the container to exit). stdin and stdout are /dev/null;
 // stderr (the agent's log) goes to a file on a 1 MiB tmpfs, so neither the
 // agent nor anything that gets hold of its stderr can fill the disk.
-func (r *Runtime) runcCreate(ctx context.Context, id, bundle string) error {
+func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("open /dev/null: %w", err)
+		return 0, fmt.Errorf("open /dev/null: %w", err)
 	}
 	defer devnull.Close()
 	logf, err := os.OpenFile(filepath.Join(bundle, logDir, agentLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("open agent log: %w", err)
+		return 0, fmt.Errorf("open agent log: %w", err)
 	}
 	defer logf.Close()
 	rlog := filepath.Join(bundle, logDir, runcLog)
 	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
-		"create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
+		"run", "--detach", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
 	// A new session: signals to the node's process group (Ctrl-C) never reach
 	// the container.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runc create: %w: %s", err, runcLogError(rlog))
+		return 0, fmt.Errorf("runc run: %w: %s", err, runcLogError(rlog))
 	}
-	return nil
+	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
+	if err != nil {
+		return 0, fmt.Errorf("read init pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pb)))
+	if err != nil {
+		return 0, fmt.Errorf("parse init pid: %w", err)
+	}
+	return pid, nil
 }
 
 // runcLogError returns the last error message in a runc JSON log.
@@ -421,13 +442,32 @@ func (r *Runtime) lock(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// Start runs the agent (`runc start`).
+// Start runs the agent: `runc run --detach` of the prepared bundle.
 func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb, err := r.lock(id)
 	if err != nil {
 		return err
 	}
 	defer sb.op.Unlock()
+	switch sb.phase.Load() {
+	case phaseStoppedUnstarted:
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is stopped and cannot be started again; create a new one", id)
+	case phasePrepared:
+		pid, err := r.runcRun(ctx, id, sb.st.Bundle)
+		if err != nil {
+			// runc removes what it made of a container that failed to
+			// run; make sure, so that Start can be retried.
+			if _, derr := r.runcOut(context.WithoutCancel(ctx), sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {
+				log.G(ctx).Warn("remove container after failed run", "sandbox.id", id, "error", derr)
+				sb.phase.Store(phaseLaunched)
+			}
+			return fmt.Errorf("start sandbox: %w", err)
+		}
+		sb.pid.Store(int64(pid))
+		sb.phase.Store(phaseLaunched)
+		log.G(ctx).Debug("sandbox started", "sandbox.id", id, "pid", pid)
+		return nil
+	}
 	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	if startErr == nil {
 		return nil
@@ -458,6 +498,11 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 }
 
 func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	if sb.phase.Load() != phaseLaunched {
+		// Nothing runs before `runc run`.
+		sb.phase.Store(phaseStoppedUnstarted)
+		return nil
+	}
 	s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -506,7 +551,8 @@ func (r *Runtime) kill(ctx context.Context, sb *sandbox, sig string) error {
 // init's /proc entry (cheap, fine-grained) and confirms with `runc state`.
 func (r *Runtime) waitStopped(ctx context.Context, sb *sandbox, d time.Duration) bool {
 	deadline := time.Now().Add(d)
-	for sb.st.Pid > 0 && pidAlive(sb.st.Pid) && time.Now().Before(deadline) && ctx.Err() == nil {
+	pid := int(sb.pid.Load())
+	for pid > 0 && pidAlive(pid) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
 	for {
@@ -572,8 +618,8 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	var errs []error
-	if sb.st.Pid > 0 {
-		waitPidGone(ctx, sb.st.Pid, 10*time.Second)
+	if pid := int(sb.pid.Load()); pid > 0 {
+		waitPidGone(ctx, pid, 10*time.Second)
 	}
 	if err := r.cg.remove(ctx, sb.st.CgroupPath); err != nil {
 		errs = append(errs, err)
@@ -657,7 +703,7 @@ func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
 		}
 	}
 	if s, err := r.runcState(ctx, r.cfg.StateRoot, id); err == nil {
-		sb.st.Pid = s.Pid
+		sb.pid.Store(int64(s.Pid))
 		if sb.st.Bundle == "" {
 			sb.st.Bundle = s.Bundle
 		}
@@ -737,7 +783,13 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	if errdefs.IsNotFound(err) {
-		// Known to us but gone from runc (its state dir was lost): nothing runs.
+		switch sb.phase.Load() {
+		case phasePrepared:
+			// Start has not run runc yet (or it failed and runc cleaned up).
+			return runtime.Status{State: runtime.StateCreated}, nil
+		}
+		// Stopped before it started, or known to us but gone from runc
+		// (its state dir was lost): nothing runs.
 		return runtime.Status{State: runtime.StateStopped}, nil
 	}
 	if err != nil {
@@ -770,10 +822,18 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if st.StateRoot == "" || st.Bundle == "" || st.CgroupPath == "" {
 		return errdefs.Invalid("handle.state", "missing state_root, bundle or cgroup_path")
 	}
-	if _, err := r.runcState(ctx, st.StateRoot, h.ID); err != nil {
-		if errdefs.IsNotFound(err) {
-			return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found in runc state %s", h.ID, st.StateRoot)
-		}
+	sb := &sandbox{id: h.ID, st: st}
+	s, err := r.runcState(ctx, st.StateRoot, h.ID)
+	switch {
+	case err == nil:
+		sb.phase.Store(phaseLaunched)
+		sb.pid.Store(int64(s.Pid))
+	case errdefs.IsNotFound(err) && r.prepared(h.ID, st.Bundle):
+		// Created but never started: runc has no record yet.
+		sb.phase.Store(phasePrepared)
+	case errdefs.IsNotFound(err):
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found in runc state %s", h.ID, st.StateRoot)
+	default:
 		return fmt.Errorf("recover sandbox: %w", err)
 	}
 	r.mu.Lock()
@@ -784,8 +844,26 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if r.creating[h.ID] {
 		return errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q is being created", h.ID)
 	}
-	r.sandboxes[h.ID] = &sandbox{id: h.ID, st: st}
+	r.sandboxes[h.ID] = sb
 	return nil
+}
+
+// prepared reports whether bundle holds sandbox id as Create prepared it:
+// Create's intent record for id names bundle, config.json is there and the
+// root is still mounted (a reboot unmounts it).
+func (r *Runtime) prepared(id, bundle string) bool {
+	var in handleState
+	if b, err := os.ReadFile(r.intentPath(id)); err != nil || json.Unmarshal(b, &in) != nil || in.Bundle != bundle {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(bundle, configFile)); err != nil {
+		return false
+	}
+	var b, root unix.Stat_t
+	if unix.Stat(bundle, &b) != nil || unix.Stat(filepath.Join(bundle, rootfsDir), &root) != nil {
+		return false
+	}
+	return b.Dev != root.Dev
 }
 
 // AgentConn dials the agent's unix socket StateDir/run/agent.sock. Paths
