@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -183,39 +182,6 @@ func (s *Server) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
-}
-
-// Serve serves h on ln with HTTP/1.1 and cleartext HTTP/2 (h2c, for gRPC
-// clients) until ctx ends, then shuts down gracefully for up to 10s.
-func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv := &http.Server{
-		Handler:   h,
-		Protocols: &p,
-		// One gRPC channel multiplexes every exec and file stream of a
-		// client; the default (100-250) would queue RL workloads.
-		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 4096},
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve api: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		srv.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve api: %w", err)
-	}
-	return nil
 }
 
 // nodeFor routes a sandbox ID to its node. field names the request field

@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"errors"
 	"fmt"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"google.golang.org/protobuf/proto"
 	"net"
 	"net/http"
@@ -80,7 +81,7 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- apiserver.Serve(t.Context(), ln, srv.Handler()) }()
+	go func() { done <- httpserver.Serve(t.Context(), "apiserver", ln, srv.Handler()) }()
 	t.Cleanup(func() {
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)

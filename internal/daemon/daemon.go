@@ -5,10 +5,8 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"net"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,47 +24,18 @@ const (
 	BootstrapTokenFile = "bootstrap.token"
 )
 
-// serve runs an h2c-capable HTTP server (HTTP/1.1 and unencrypted HTTP/2, so
-// gRPC clients such as grpc.aio work without TLS) on addr until ctx ends.
-// addr is host:port or unix:///path. ready receives the bound address.
+// serve serves h on addr (host:port or unix:///path) until ctx ends; ready
+// receives the bound address.
 func serve(ctx context.Context, name, addr string, h http.Handler, ready chan<- string) error {
-	network, address := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
-		network, address = "unix", p
-		_ = os.Remove(p)
-	}
-	ln, err := net.Listen(network, address)
+	ln, err := httpserver.Listen(addr)
 	if err != nil {
-		return fmt.Errorf("listen for %s on %s: %w", name, addr, err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 30 * time.Second,
-		Protocols:         new(http.Protocols),
-		ErrorLog:          slog.NewLogLogger(log.G(ctx).Handler(), slog.LevelWarn),
-	}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
 	log.G(ctx).Info("listening", "component", name, "addr", ln.Addr().String())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve %s: %w", name, err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		srv.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve %s: %w", name, err)
-	}
-	return nil
+	return httpserver.Serve(ctx, name, ln, h)
 }
 
 // h2cClient returns an HTTP client that speaks unencrypted HTTP/2 to http://
