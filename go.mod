@@ -6,12 +6,14 @@ require (
 	connectrpc.com/connect v1.19.1
 	github.com/creack/pty v1.1.24
 	github.com/cyphar/filepath-securejoin v0.6.1
+	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/moby/profiles/seccomp v0.1.0
 	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2
 	go.etcd.io/bbolt v1.4.3
+	golang.org/x/net v0.41.0
 	golang.org/x/sync v0.17.0
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0

@@ -36,6 +36,7 @@ func run() error {
 		tokenFile = flag.String("access-token-file", "", "file holding the envd access token (empty: no token, routes are open)")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 		showVer   = flag.Bool("version", false, "print the version and exit")
+		seccompF  = flag.String("seccomp-filter", "", "install this seccomp BPF program (no_new_privs, all threads) before anything else; the agent exits if it cannot")
 	)
 	flag.StringVar(&cfg.DefaultUser, "default-user", agent.DefaultUser, "user for requests that name none")
 	flag.StringVar(&cfg.DefaultWorkdir, "default-workdir", "", "cwd for processes started without one (default: the user's home)")
@@ -45,6 +46,13 @@ func run() error {
 	if *showVer {
 		fmt.Println(version.Version)
 		return nil
+	}
+	// First: nothing the agent starts, nor the agent once it serves
+	// requests, may run without the sandbox's filter.
+	if *seccompF != "" {
+		if err := agent.InstallSeccompFilter(*seccompF); err != nil {
+			return err
+		}
 	}
 	logger := log.New(log.Options{Level: *logLevel})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

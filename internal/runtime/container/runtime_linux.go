@@ -95,6 +95,8 @@ type Runtime struct {
 	runc    string
 	version string
 	cg      cgroupMounts
+	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
+	seccomp []byte
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
@@ -131,7 +133,15 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
-	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
+	prof, err := defaultSeccompProfile()
+	if err != nil {
+		return nil, err
+	}
+	filter, err := compileSeccomp(prof)
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter, sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
 // CgroupV2 reports whether the host uses the unified cgroup hierarchy.
@@ -309,6 +319,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	b, err := json.Marshal(oci)
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.StateDir, seccompFile), r.seccomp, 0o400); err != nil {
+		return runtime.Handle{}, fmt.Errorf("write seccomp filter: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(spec.StateDir, configFile), b, 0o600); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write config.json: %w", err)
@@ -638,7 +651,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile} {
+		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile} {
 			if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
 			}

@@ -117,6 +117,25 @@ func TestSandboxIsolation(t *testing.T) {
 		}
 	})
 
+	// The filter is installed by the agent (not runc): every process in the
+	// sandbox, the agent included, runs under it.
+	t.Run("SeccompFilterActive", func(t *testing.T) {
+		for _, who := range []string{"self", "1"} {
+			res := sh(t, rt, id, "grep -E '^(Seccomp|Seccomp_filters|NoNewPrivs):' /proc/"+who+"/status")
+			for _, want := range []string{"Seccomp:\t2", "NoNewPrivs:\t1"} {
+				if !strings.Contains(res.Stdout, want) {
+					t.Errorf("/proc/%s/status has no %q: %q", who, want, res.Stdout)
+				}
+			}
+		}
+		// Root in the sandbox may create a user namespace without any
+		// capability; Docker's profile forbids unshare.
+		res := sh(t, rt, id, "unshare -U true")
+		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "not permitted") {
+			t.Errorf("unshare -U: exit %d stderr %q, want operation not permitted", res.ExitCode, res.Stderr)
+		}
+	})
+
 	t.Run("CannotReadKernelMemory", func(t *testing.T) {
 		for _, p := range []string{"/proc/kcore", "/proc/kpagecgroup", "/proc/kpageflags", "/proc/keys"} {
 			res := sh(t, rt, id, "head -c 64 "+p+" 2>/dev/null | wc -c")

@@ -46,14 +46,28 @@ const (
 	defaultPath      = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
+// defaultSeccompProfile is Docker's default profile for the sandbox's
+// capability set (defaultCaps).
+func defaultSeccompProfile() (*specs.LinuxSeccomp, error) {
+	prof, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{
+		Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps},
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("default seccomp profile: %w", err)
+	}
+	return prof, nil
+}
+
 // ociSpec builds the OCI runtime config for a sandbox. The rootfs is
-// "rootfs" relative to the bundle (StateDir).
+// "rootfs" relative to the bundle (StateDir). It has no seccomp section:
+// the agent installs the compiled profile from seccompInSandbox (see
+// seccomp_linux.go).
 func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	hostname := s.Hostname
 	if hostname == "" {
 		hostname = s.ID
 	}
-	args := []string{agentInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName)}
+	args := []string{agentInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName)}
 	if s.Image.User != "" {
 		args = append(args, "--default-user", s.Image.User)
 	}
@@ -116,6 +130,7 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmpSize}},
 			{Destination: agentInSandbox, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: seccompInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, seccompFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
@@ -145,10 +160,5 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	for k, v := range s.Labels {
 		sp.Annotations["org.opendsec.label."+k] = v
 	}
-	prof, err := seccomp.GetDefaultProfile(sp)
-	if err != nil {
-		return nil, fmt.Errorf("default seccomp profile: %w", err)
-	}
-	sp.Linux.Seccomp = prof
 	return sp, nil
 }

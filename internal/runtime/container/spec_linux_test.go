@@ -1,14 +1,18 @@
 package container
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
@@ -100,7 +104,7 @@ func TestOCISpecHardening(t *testing.T) {
 	if sys == nil || !slices.Contains(sys.Options, "ro") {
 		t.Errorf("sysfs mount %+v, want read-only", sys)
 	}
-	wantArgs := []string{agentInSandbox, "--listen", "/run/opendsec/agent.sock", "--default-user", "user", "--default-workdir", "/home/user"}
+	wantArgs := []string{agentInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", "/run/opendsec/agent.sock", "--default-user", "user", "--default-workdir", "/home/user"}
 	if !slices.Equal(p.Args, wantArgs) {
 		t.Errorf("args %v, want %v", p.Args, wantArgs)
 	}
@@ -109,36 +113,126 @@ func TestOCISpecHardening(t *testing.T) {
 	}
 }
 
+// TestOCISpecSeccomp: runc gets no profile; the agent gets the compiled
+// one, read-only, as its first flag.
 func TestOCISpecSeccomp(t *testing.T) {
 	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := sp.Linux.Seccomp
-	if sc == nil || sc.DefaultAction != specs.ActErrno {
-		t.Fatalf("seccomp %+v: want a default-deny profile", sc)
+	if sp.Linux.Seccomp != nil {
+		t.Errorf("config.json has a seccomp profile: runc would compile it on every create")
 	}
-	allowed := map[string]bool{}
-	for _, r := range sc.Syscalls {
-		if r.Action != specs.ActAllow {
-			continue
-		}
-		for _, n := range r.Names {
-			if len(r.Args) == 0 {
-				allowed[n] = true
-			}
+	if len(sp.Process.Args) < 3 || sp.Process.Args[1] != "--seccomp-filter" || sp.Process.Args[2] != seccompInSandbox {
+		t.Errorf("agent args %v do not start with --seccomp-filter %s", sp.Process.Args, seccompInSandbox)
+	}
+	var m *specs.Mount
+	for i := range sp.Mounts {
+		if sp.Mounts[i].Destination == seccompInSandbox {
+			m = &sp.Mounts[i]
 		}
 	}
-	for _, n := range []string{"mount", "umount2", "init_module", "finit_module", "delete_module", "kexec_load",
-		"bpf", "keyctl", "add_key", "request_key", "unshare", "setns", "reboot", "swapon", "swapoff",
-		"pivot_root", "open_by_handle_at", "perf_event_open", "clone3"} {
-		if allowed[n] {
-			t.Errorf("seccomp allows %s", n)
-		}
+	if m == nil || m.Source != filepath.Join(testSpec().StateDir, seccompFile) || !slices.Contains(m.Options, "ro") {
+		t.Errorf("seccomp filter mount %+v, want a read-only bind of the state dir's %s", m, seccompFile)
 	}
-	for _, n := range []string{"read", "write", "execve", "openat", "connect", "wait4"} {
-		if !allowed[n] {
-			t.Errorf("seccomp denies %s", n)
+}
+
+// seccompRun runs the compiled filter in x/net/bpf's VM on one syscall.
+// The VM loads words big-endian where the kernel loads them native-endian,
+// so seccomp_data is laid out word by word in big-endian here.
+func seccompRun(t *testing.T, vm *bpf.VM, auditArch uint32, nr int, args ...uint64) uint32 {
+	t.Helper()
+	data := make([]byte, 64)
+	binary.BigEndian.PutUint32(data[0:], uint32(nr))
+	binary.BigEndian.PutUint32(data[4:], auditArch)
+	for i, a := range args {
+		binary.BigEndian.PutUint32(data[16+8*i:], uint32(a))     // low word first (little endian)
+		binary.BigEndian.PutUint32(data[20+8*i:], uint32(a>>32)) // then the high word
+	}
+	ret, err := vm.Run(data)
+	if err != nil {
+		t.Fatalf("run filter: %v", err)
+	}
+	return uint32(ret)
+}
+
+// TestCompileSeccomp executes the filter the agent installs: Docker's
+// default profile, default deny (EPERM), with its argument rules.
+func TestCompileSeccomp(t *testing.T) {
+	if goruntime.GOARCH != "amd64" {
+		t.Skip("syscall numbers below are x86_64's")
+	}
+	prof, err := defaultSeccompProfile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := compileSeccomp(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]bpf.RawInstruction, len(b)/8)
+	for i := range raw {
+		raw[i] = bpf.RawInstruction{Op: binary.LittleEndian.Uint16(b[8*i:]), Jt: b[8*i+2], Jf: b[8*i+3], K: binary.LittleEndian.Uint32(b[8*i+4:])}
+	}
+	insts, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatalf("filter does not disassemble")
+	}
+	vm, err := bpf.NewVM(insts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		allow   = unix.SECCOMP_RET_ALLOW
+		eperm   = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+		enosys  = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+		x86_64  = unix.AUDIT_ARCH_X86_64
+		i386    = unix.AUDIT_ARCH_I386
+		x32Bit  = 0x40000000
+		afVsock = 40
+	)
+	cases := []struct {
+		name string
+		arch uint32
+		nr   int
+		args []uint64
+		want uint32
+	}{
+		{"read", x86_64, unix.SYS_READ, nil, allow},
+		{"write", x86_64, unix.SYS_WRITE, nil, allow},
+		{"execve", x86_64, unix.SYS_EXECVE, nil, allow},
+		{"openat", x86_64, unix.SYS_OPENAT, nil, allow},
+		{"wait4", x86_64, unix.SYS_WAIT4, nil, allow},
+		{"clone thread", x86_64, unix.SYS_CLONE, []uint64{unix.CLONE_VM | unix.CLONE_THREAD | unix.CLONE_SIGHAND}, allow},
+		{"clone newuser", x86_64, unix.SYS_CLONE, []uint64{unix.CLONE_NEWUSER | uint64(unix.SIGCHLD)}, eperm},
+		{"clone newns", x86_64, unix.SYS_CLONE, []uint64{unix.CLONE_NEWNS}, eperm},
+		{"clone3", x86_64, unix.SYS_CLONE3, nil, enosys},
+		{"socket inet", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_INET}, allow},
+		{"socket vsock", x86_64, unix.SYS_SOCKET, []uint64{afVsock}, eperm},
+		{"socket vsock high bits", x86_64, unix.SYS_SOCKET, []uint64{1<<32 | afVsock}, allow},
+		{"personality 0", x86_64, unix.SYS_PERSONALITY, []uint64{0}, allow},
+		{"personality other", x86_64, unix.SYS_PERSONALITY, []uint64{0x0400000}, eperm},
+		{"mount", x86_64, unix.SYS_MOUNT, nil, eperm},
+		{"umount2", x86_64, unix.SYS_UMOUNT2, nil, eperm},
+		{"unshare", x86_64, unix.SYS_UNSHARE, nil, eperm},
+		{"setns", x86_64, unix.SYS_SETNS, nil, eperm},
+		{"keyctl", x86_64, unix.SYS_KEYCTL, nil, eperm},
+		{"add_key", x86_64, unix.SYS_ADD_KEY, nil, eperm},
+		{"init_module", x86_64, unix.SYS_INIT_MODULE, nil, eperm},
+		{"finit_module", x86_64, unix.SYS_FINIT_MODULE, nil, eperm},
+		{"kexec_load", x86_64, unix.SYS_KEXEC_LOAD, nil, eperm},
+		{"bpf", x86_64, unix.SYS_BPF, nil, eperm},
+		{"perf_event_open", x86_64, unix.SYS_PERF_EVENT_OPEN, nil, eperm},
+		{"pivot_root", x86_64, unix.SYS_PIVOT_ROOT, nil, eperm},
+		{"open_by_handle_at", x86_64, unix.SYS_OPEN_BY_HANDLE_AT, nil, eperm},
+		{"reboot", x86_64, unix.SYS_REBOOT, nil, eperm},
+		{"unknown number", x86_64, 999, nil, eperm},
+		{"x32 read", x86_64, x32Bit | unix.SYS_READ, nil, enosys},
+		{"i386 getpid", i386, 20, nil, eperm},
+	}
+	for _, c := range cases {
+		if got := seccompRun(t, vm, c.arch, c.nr, c.args...); got != c.want {
+			t.Errorf("%s: filter returns %#x, want %#x", c.name, got, c.want)
 		}
 	}
 }
