@@ -5,6 +5,11 @@
 // overlayfs root. The opendsec-agent is bind-mounted read-only and runs as
 // the container's init; the node reaches it over a unix socket.
 //
+// Create only prepares the bundle; Start runs it with one `runc run
+// --detach`. The seccomp profile is compiled to BPF once per node start
+// and installed by the agent before it serves anything (seccomp_linux.go),
+// so runc does not recompile it with libseccomp on every create.
+//
 // The runc binary (not libcontainer as a library) is used so containers are
 // detached from the node process: they keep running when the node crashes or
 // restarts, and Recover finds them again in runc's state directory.

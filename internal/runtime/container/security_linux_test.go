@@ -3,6 +3,7 @@ package container
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -444,4 +445,48 @@ func TestSocketDirBounded(t *testing.T) {
 	if res.ExitCode == 0 {
 		t.Fatalf("created 200 files in /run/opendsec")
 	}
+}
+
+// TestAgentFailsClosedWithoutFilter: a seccomp filter the agent cannot
+// install (here truncated after Create) ends the sandbox before the agent
+// serves anything; it never runs unfiltered.
+func TestAgentFailsClosedWithoutFilter(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	ctx := t.Context()
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
+	if err := os.WriteFile(filepath.Join(spec.StateDir, seccompFile), []byte("bad"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	// runc run may return before the agent gets to the filter.
+	_ = rt.Start(ctx, spec.ID)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := rt.Status(ctx, spec.ID)
+		if err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		if st.State == runtime.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s 20s after its agent got a bad seccomp filter", st.State)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for a state change with a deadline
+	}
+	if code, err := runtimetest.Health(ctx, rt, spec.ID); err == nil {
+		t.Fatalf("agent answers /health (%d) without its seccomp filter", code)
+	}
+	b, err := os.ReadFile(filepath.Join(spec.StateDir, logDir, agentLog))
+	if err != nil || !strings.Contains(string(b), "seccomp filter") {
+		t.Fatalf("agent log %q (%v): want the seccomp filter error", b, err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
 }
