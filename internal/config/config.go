@@ -28,6 +28,19 @@ type Config struct {
 	Node      Node      `json:"node"`
 	// Nodes the watcher polls and apiservers route to, by node ID.
 	Nodes []NodeRef `json:"nodes"`
+	E2B   E2B       `json:"e2b"`
+}
+
+// E2B configures the E2B-compatible gateway (opendsec-e2b).
+type E2B struct {
+	// Listen is host:port for the E2B API and sandbox traffic.
+	Listen string `json:"listen"`
+	// Domain is the base domain of sandbox hosts (<port>-<id>.<domain>).
+	Domain string `json:"domain"`
+	// APIAddress is the apiserver's base URL.
+	APIAddress string `json:"api_address"`
+	// Templates map E2B template names to images; others are image names.
+	Templates map[string]string `json:"templates"`
 }
 
 // Log configures logging.
@@ -101,6 +114,7 @@ func Default(dataDir string) Config {
 			MaxUploadMB:    1024,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
+		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
 	}
 }
 

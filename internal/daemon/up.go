@@ -156,9 +156,11 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	})
 	g.Go(func() error { return RunWatcher(gctx, cfg, key, watcherReady) })
 	g.Go(func() error { return RunAPIServer(gctx, cfg, key, apiReady) })
+	e2bReady := make(chan string, 1)
+	g.Go(func() error { return RunE2B(gctx, cfg, key, e2bReady) })
 	g.Go(func() error {
 		var api string
-		for _, ch := range []chan string{nodeReady, watcherReady, apiReady} {
+		for _, ch := range []chan string{nodeReady, watcherReady, e2bReady, apiReady} {
 			select {
 			case a := <-ch:
 				api = a

@@ -1,0 +1,129 @@
+package daemon
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/e2b"
+)
+
+// E2BKeyFile holds the E2B API keys (hashes) inside the data dir.
+const E2BKeyFile = "e2b/keys.json"
+
+func e2bKeys(cfg config.Config) *e2b.KeyStore {
+	return e2b.NewKeyStore(filepath.Join(cfg.DataDir, E2BKeyFile))
+}
+
+// RunE2B serves the E2B-compatible gateway until ctx ends. It calls the
+// apiserver with an admin-scope service token and reaches sandboxes through
+// the nodes with a node-scope token, both signed with key.
+func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+	apiTok, err := auth.Issue(key, "e2b-gateway", auth.ScopeAdmin, 365*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("issue gateway token: %w", err)
+	}
+	nodeTok, err := serviceToken(key)
+	if err != nil {
+		return err
+	}
+	apiAddr := cfg.E2B.APIAddress
+	if apiAddr == "" {
+		apiAddr = "http://" + cfg.APIServer.Listen
+	}
+	hc := h2cClient()
+	api := opendsecv1connect.NewSandboxServiceClient(hc, strings.TrimRight(apiAddr, "/"),
+		connect.WithInterceptors(auth.ClientInterceptor(apiTok)))
+	// Port tunnels need HTTP/1.1 (HTTP/2 has no Upgrade).
+	tunnel := http.DefaultTransport.(*http.Transport).Clone()
+	tunnel.Protocols = new(http.Protocols)
+	tunnel.Protocols.SetHTTP1(true)
+	secret := hmac.New(sha256.New, key)
+	secret.Write([]byte("opendsec e2b envd access tokens"))
+	gw, err := e2b.New(e2b.Config{
+		API:        api,
+		Keys:       e2bKeys(cfg),
+		Nodes:      cfg.Nodes,
+		NodeClient: auth.Client(hc, nodeTok),
+		NodeTunnel: auth.Client(&http.Client{Transport: tunnel}, nodeTok),
+		Secret:     secret.Sum(nil),
+		Domain:     cfg.E2B.Domain,
+		Templates:  cfg.E2B.Templates,
+	})
+	if err != nil {
+		return fmt.Errorf("e2b gateway: %w", err)
+	}
+	return serve(ctx, "e2b", cfg.E2B.Listen, gw, ready)
+}
+
+func e2bCommand(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{Use: "e2b", Short: "the E2B-compatible gateway and its API keys"}
+	serveCmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run only the E2B gateway (opendsec up runs it too)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			key, err := loadKey(cfg)
+			if err != nil {
+				return err
+			}
+			return RunE2B(cmd.Context(), cfg, key, nil)
+		},
+	}
+	keys := &cobra.Command{Use: "key", Short: "manage E2B API keys"}
+	var principal string
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "print a new E2B API key (e2b_<40 hex>) for E2B_API_KEY",
+		Long: `create makes a new E2B API key, stores its hash in the data dir and
+prints the key; it is shown only once. Sandboxes created with a key belong to
+its principal and are visible to every key of that principal.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			k, err := e2bKeys(cfg).Create(principal)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), k)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&principal, "principal", "default", "OpenDsec principal the key acts as")
+	keys.AddCommand(create)
+	c.AddCommand(serveCmd, keys)
+	return c
+}
+
+// NewE2BCommand returns the command of the opendsec-e2b binary: the gateway,
+// with `key create` as a subcommand.
+func NewE2BCommand() *cobra.Command {
+	var g globalFlags
+	c := e2bCommand(&g)
+	serveCmd, _, _ := c.Find([]string{"serve"})
+	c.Use = "opendsec-e2b"
+	c.Short = "E2B-compatible API and sandbox traffic proxy for OpenDsec"
+	c.Args = cobra.NoArgs
+	c.RunE = serveCmd.RunE
+	c.SilenceUsage, c.SilenceErrors = true, true
+	g.register(c)
+	return c
+}

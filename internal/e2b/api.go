@@ -1,0 +1,687 @@
+package e2b
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// maxBody caps a control-plane request body.
+const maxBody = 1 << 20
+
+type principalKey struct{}
+
+// sandboxJSON is E2B's Sandbox (create and connect responses).
+type sandboxJSON struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
+}
+
+// lifecycleJSON is E2B's SandboxLifecycle.
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+// detailJSON is E2B's SandboxDetail (GET /sandboxes/{id}) and, without the
+// detail-only fields, ListedSandbox.
+type detailJSON struct {
+	TemplateID          string            `json:"templateID"`
+	SandboxID           string            `json:"sandboxID"`
+	ClientID            string            `json:"clientID"`
+	Alias               string            `json:"alias,omitempty"`
+	StartedAt           time.Time         `json:"startedAt"`
+	EndAt               time.Time         `json:"endAt"`
+	EnvdVersion         string            `json:"envdVersion"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int64             `json:"memoryMB"`
+	DiskSizeMB          int64             `json:"diskSizeMB"`
+	State               string            `json:"state"`
+	Metadata            map[string]string `json:"metadata"`
+	VolumeMounts        []any             `json:"volumeMounts"`
+	EnvdAccessToken     string            `json:"envdAccessToken,omitempty"`
+	AllowInternetAccess *bool             `json:"allowInternetAccess,omitempty"`
+	Domain              *string           `json:"domain,omitempty"`
+	Lifecycle           *lifecycleJSON    `json:"lifecycle,omitempty"`
+}
+
+// newSandboxJSON is NewSandbox (v1) and NewSandboxV2.
+type newSandboxJSON struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	AutoPause  *bool             `json:"autoPause"`
+	Secure     *bool             `json:"secure"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	VolumeMounts []json.RawMessage `json:"volumeMounts"`
+	MCP          json.RawMessage   `json:"mcp"`
+}
+
+func (g *Gateway) apiMux() http.Handler {
+	mux := http.NewServeMux()
+	h := func(pattern string, f http.HandlerFunc) { mux.Handle(pattern, g.authenticated(f)) }
+	h("POST /sandboxes", g.create(false))
+	h("POST /v2/sandboxes", g.create(true))
+	h("GET /sandboxes", g.list(true))
+	h("GET /v2/sandboxes", g.list(false))
+	h("GET /sandboxes/{id}", g.get)
+	h("DELETE /sandboxes/{id}", g.kill)
+	h("POST /sandboxes/{id}/timeout", g.setTimeout)
+	h("POST /sandboxes/{id}/refreshes", g.refresh)
+	h("POST /sandboxes/{id}/connect", g.connect(15))
+	h("POST /v2/sandboxes/{id}/connect", g.connect(300))
+	h("POST /sandboxes/{id}/pause", g.pause)
+	h("POST /sandboxes/{id}/resume", g.resume)
+	h("GET /sandboxes/{id}/metrics", g.metrics)
+	for _, p := range []string{
+		"POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/snapshots", "GET /snapshots",
+		"PUT /sandboxes/{id}/network", "GET /sandboxes/metrics", "GET /sandboxes/{id}/logs",
+		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
+		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
+	} {
+		h(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotImplemented, "%s %s is not supported by OpenDsec's E2B gateway yet (see docs/E2B.md)", r.Method, r.URL.Path)
+		})
+	}
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "%s %s: no such route", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// authenticated checks X-API-Key and puts the key's principal in the
+// request context.
+func (g *Gateway) authenticated(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := g.cfg.Keys.Lookup(strings.TrimSpace(r.Header.Get("X-API-Key")))
+		if err != nil {
+			if errors.Is(err, errdefs.ErrUnauthenticated) {
+				writeError(w, http.StatusUnauthorized, "%s", err.Error())
+				return
+			}
+			log.G(r.Context()).Error("look up api key", log.Err(err))
+			writeError(w, http.StatusInternalServerError, "cannot check the API key: %s", err.Error())
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+func principal(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey{}).(string)
+	return p
+}
+
+// decode reads a JSON body into v; an empty body leaves v as is.
+func decode(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return errdefs.New(errdefs.ErrInvalidArgument, "read request body: %s", err)
+	}
+	if len(b) > maxBody {
+		return errdefs.New(errdefs.ErrInvalidArgument, "request body is larger than %d bytes", maxBody)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return errdefs.New(errdefs.ErrInvalidArgument, "request body is not valid JSON for this route: %s", err)
+	}
+	return nil
+}
+
+func requestID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return "e2b-" + hex.EncodeToString(b)
+}
+
+func (g *Gateway) imageFor(template string) string {
+	if img, ok := g.cfg.Templates[template]; ok {
+		return img
+	}
+	return template
+}
+
+func checkTimeout(field string, t int64) error {
+	switch {
+	case t <= 0:
+		return errdefs.Invalid(field, "Timeout must be greater than 0")
+	case t > MaxTimeoutSeconds:
+		return errdefs.Invalid(field, "Timeout cannot be greater than %d hours", MaxTimeoutSeconds/3600)
+	}
+	return nil
+}
+
+func (g *Gateway) create(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req newSandboxJSON
+		if err := decode(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if strings.TrimSpace(req.TemplateID) == "" {
+			writeError(w, http.StatusBadRequest, "templateID: is empty; give a template, e.g. %q", DefaultTemplate)
+			return
+		}
+		timeout := int64(15)
+		if v2 {
+			timeout = 300
+		}
+		if req.Timeout != nil {
+			timeout = *req.Timeout
+		}
+		if err := checkTimeout("timeout", timeout); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if len(req.VolumeMounts) > 0 {
+			writeError(w, http.StatusBadRequest, "volumeMounts: volumes are not supported by OpenDsec's E2B gateway yet")
+			return
+		}
+		if len(req.MCP) > 0 && string(req.MCP) != "null" {
+			writeError(w, http.StatusBadRequest, "mcp: the MCP gateway is not supported by OpenDsec's E2B gateway yet")
+			return
+		}
+		if req.AutoPause != nil && *req.AutoPause {
+			writeError(w, http.StatusBadRequest, "autoPause: pausing is not supported by OpenDsec's E2B gateway yet; leave it unset")
+			return
+		}
+		secure := v2 || req.Secure == nil || *req.Secure
+		labels := map[string]string{
+			labelTeam:     principal(r.Context()),
+			labelTemplate: req.TemplateID,
+		}
+		if len(req.TemplateID) > 256 {
+			writeError(w, http.StatusBadRequest, "templateID: is longer than 256 bytes")
+			return
+		}
+		if secure {
+			labels[labelSecure] = "true"
+		}
+		if err := metadataLabels(req.Metadata, labels); err != nil {
+			writeErr(w, err)
+			return
+		}
+		spec := &v1.SandboxSpec{
+			Image:          g.imageFor(req.TemplateID),
+			TimeoutSeconds: timeout,
+			Env:            req.EnvVars,
+			Labels:         labels,
+			User:           g.cfg.User,
+			Workdir:        homeOf(g.cfg.User),
+		}
+		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
+		if err != nil {
+			err = errdefs.FromConnect(err)
+			if errdefs.IsNotFound(err) || (errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "image")) {
+				writeError(w, http.StatusNotFound, "template %q not found: %s (templates are OpenDsec image names; %q is %s)", req.TemplateID, err.Error(), DefaultTemplate, g.imageFor(DefaultTemplate))
+				return
+			}
+			writeErr(w, fmt.Errorf("create sandbox: %w", err))
+			return
+		}
+		writeJSON(w, http.StatusCreated, g.sandboxOf(resp.Msg.GetSandbox()))
+	}
+}
+
+func homeOf(user string) string {
+	if user == "root" {
+		return "/root"
+	}
+	return "/home/" + user
+}
+
+func (g *Gateway) sandboxOf(sb *v1.Sandbox) sandboxJSON {
+	l := sb.GetSpec().GetLabels()
+	d := g.cfg.Domain
+	out := sandboxJSON{
+		SandboxID:   sb.GetId(),
+		TemplateID:  l[labelTemplate],
+		ClientID:    ClientID,
+		EnvdVersion: EnvdVersion,
+		Domain:      &d,
+		Alias:       l[labelTemplate],
+	}
+	if l[labelSecure] == "true" {
+		out.EnvdAccessToken = g.accessToken(sb.GetId())
+	}
+	return out
+}
+
+func stateOf(sb *v1.Sandbox) string {
+	switch sb.GetState() {
+	case v1.SandboxState_SANDBOX_STATE_RUNNING:
+		return "running"
+	case v1.SandboxState_SANDBOX_STATE_PAUSED:
+		return "paused"
+	}
+	return ""
+}
+
+func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
+	l := sb.GetSpec().GetLabels()
+	out := detailJSON{
+		TemplateID:   l[labelTemplate],
+		SandboxID:    sb.GetId(),
+		ClientID:     ClientID,
+		Alias:        l[labelTemplate],
+		StartedAt:    sb.GetCreatedAt().AsTime().UTC(),
+		EndAt:        sb.GetExpiresAt().AsTime().UTC(),
+		EnvdVersion:  EnvdVersion,
+		CPUCount:     max(1, int(math.Ceil(sb.GetSpec().GetCpu()))),
+		MemoryMB:     sb.GetSpec().GetMemoryMb(),
+		State:        stateOf(sb),
+		Metadata:     metadataOf(l),
+		VolumeMounts: []any{},
+	}
+	if full {
+		d := g.cfg.Domain
+		allow := true
+		out.Domain = &d
+		out.AllowInternetAccess = &allow
+		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
+		if l[labelSecure] == "true" {
+			out.EnvdAccessToken = g.accessToken(sb.GetId())
+		}
+	}
+	return out
+}
+
+// lookup returns the caller's live sandbox id, or a not-found error (also
+// for sandboxes of other principals and stopped ones).
+func (g *Gateway) lookup(ctx context.Context, id string) (*v1.Sandbox, error) {
+	notFound := errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	resp, err := g.cfg.API.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Id: id}))
+	if err != nil {
+		err = errdefs.FromConnect(err)
+		if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
+			return nil, notFound
+		}
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	sb := resp.Msg.GetSandbox()
+	if sb.GetSpec().GetLabels()[labelTeam] != principal(ctx) || stateOf(sb) == "" {
+		return nil, notFound
+	}
+	return sb, nil
+}
+
+// sandboxID is the path's sandbox ID; E2B tolerates "<id>-<clientID>".
+func sandboxID(r *http.Request) string {
+	id := r.PathValue("id")
+	if i := strings.IndexByte(id, '-'); i >= 0 {
+		id = id[:i]
+	}
+	return id
+}
+
+func (g *Gateway) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, g.detailOf(sb, true))
+}
+
+func (g *Gateway) kill(w http.ResponseWriter, r *http.Request) {
+	id := sandboxID(r)
+	if _, err := g.lookup(r.Context(), id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if _, err := g.cfg.API.StopSandbox(r.Context(), connect.NewRequest(&v1.StopSandboxRequest{Id: id})); err != nil {
+		writeErr(w, fmt.Errorf("stop sandbox: %w", errdefs.FromConnect(err)))
+		return
+	}
+	g.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// setTTL sets the sandbox's lifetime to end secs from now; extendOnly keeps
+// a later end.
+func (g *Gateway) setTTL(ctx context.Context, sb *v1.Sandbox, secs int64, extendOnly bool) (*v1.Sandbox, error) {
+	if extendOnly && sb.GetExpiresAt().AsTime().After(time.Now().Add(time.Duration(secs)*time.Second)) {
+		return sb, nil
+	}
+	resp, err := g.cfg.API.SetTimeout(ctx, connect.NewRequest(&v1.SetTimeoutRequest{Id: sb.GetId(), TimeoutSeconds: max(secs, 1)}))
+	if err != nil {
+		return nil, fmt.Errorf("set timeout: %w", errdefs.FromConnect(err))
+	}
+	if s := resp.Msg.GetSandbox(); s != nil {
+		return s, nil
+	}
+	return sb, nil
+}
+
+func (g *Gateway) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if body.Timeout == nil || *body.Timeout < 0 || *body.Timeout > MaxTimeoutSeconds {
+		writeError(w, http.StatusBadRequest, "timeout: give seconds between 0 and %d, e.g. {\"timeout\": 300}", MaxTimeoutSeconds)
+		return
+	}
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if _, err := g.setTTL(r.Context(), sb, *body.Timeout, false); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (g *Gateway) refresh(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	d := int64(0)
+	if body.Duration != nil {
+		d = *body.Duration
+	}
+	if d < 0 || d > 3600 {
+		writeError(w, http.StatusBadRequest, "duration: %d must be between 0 and 3600 seconds", d)
+		return
+	}
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if d > 0 {
+		if _, err := g.setTTL(r.Context(), sb, d, true); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connect extends a running sandbox's lifetime (never shortens it) and
+// returns it with 200 (201 would mean it was resumed from pause).
+func (g *Gateway) connect(defTimeout int64) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Timeout *int64 `json:"timeout"`
+			Memory  *bool  `json:"memory"`
+		}
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+		t := defTimeout
+		if body.Timeout != nil {
+			t = *body.Timeout
+		}
+		if t < 0 || t > MaxTimeoutSeconds {
+			writeError(w, http.StatusBadRequest, "timeout: %d must be between 0 and %d seconds", t, MaxTimeoutSeconds)
+			return
+		}
+		sb, err := g.lookup(r.Context(), sandboxID(r))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if stateOf(sb) == "paused" {
+			writeError(w, http.StatusNotImplemented, "sandbox %s is paused and resuming is not supported by OpenDsec's E2B gateway yet", sb.GetId())
+			return
+		}
+		if t > 0 {
+			if sb, err = g.setTTL(r.Context(), sb, t, true); err != nil {
+				writeErr(w, err)
+				return
+			}
+		}
+		writeJSON(w, http.StatusOK, g.sandboxOf(sb))
+	}
+}
+
+func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if stateOf(sb) == "paused" {
+		writeError(w, http.StatusConflict, "sandbox %s is already paused", sb.GetId())
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "pausing sandboxes is not supported by OpenDsec's E2B gateway yet")
+}
+
+func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if stateOf(sb) == "running" {
+		writeError(w, http.StatusConflict, "sandbox %s is already running", sb.GetId())
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "resuming sandboxes is not supported by OpenDsec's E2B gateway yet")
+}
+
+// metrics answers with no samples: OpenDsec does not record sandbox metrics
+// time series yet.
+func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
+	if _, err := g.lookup(r.Context(), sandboxID(r)); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []any{})
+}
+
+// parseMetadataQuery decodes the list filter "k=v&k2=v2" (itself
+// query-escaped) as E2B does.
+func parseMetadataQuery(q string) (map[string]string, error) {
+	out := map[string]string{}
+	if q == "" {
+		return out, nil
+	}
+	whole, err := url.QueryUnescape(q)
+	if err != nil {
+		return nil, errdefs.Invalid("metadata", "%q is not query-encoded: %s", q, err)
+	}
+	for _, kv := range strings.Split(whole, "&") {
+		parts := strings.Split(kv, "=")
+		if len(parts) != 2 {
+			return nil, errdefs.Invalid("metadata", "%q: give key=value pairs joined by &", kv)
+		}
+		k, err1 := url.QueryUnescape(parts[0])
+		v, err2 := url.QueryUnescape(parts[1])
+		if err1 != nil || err2 != nil {
+			return nil, errdefs.Invalid("metadata", "%q is not query-encoded", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+type listCursor struct {
+	at time.Time
+	id string
+}
+
+func encodeCursor(c listCursor) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at.UnixNano(), 10) + "__" + c.id))
+}
+
+func decodeCursor(s string) (listCursor, error) {
+	bad := errdefs.Invalid("nextToken", "%q is not a token this server issued; pass X-Next-Token from the previous page", s)
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return listCursor{}, bad
+	}
+	ts, id, ok := strings.Cut(string(b), "__")
+	n, err := strconv.ParseInt(ts, 10, 64)
+	if !ok || err != nil {
+		return listCursor{}, bad
+	}
+	return listCursor{at: time.Unix(0, n), id: id}, nil
+}
+
+// list serves GET /v2/sandboxes (and the deprecated GET /sandboxes, which
+// lists running sandboxes only and does not page).
+func (g *Gateway) list(v1Route bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		md, err := parseMetadataQuery(q.Get("metadata"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		labels := map[string]string{labelTeam: principal(r.Context())}
+		if err := metadataLabels(md, labels); err != nil {
+			writeErr(w, err)
+			return
+		}
+		states := map[string]bool{"running": true, "paused": true}
+		if s := q.Get("state"); s != "" && !v1Route {
+			states = map[string]bool{}
+			for _, st := range strings.Split(s, ",") {
+				if st != "running" && st != "paused" {
+					writeError(w, http.StatusBadRequest, "state: %q is unknown; use running, paused or both (comma-separated)", st)
+					return
+				}
+				states[st] = true
+			}
+		}
+		if v1Route {
+			states = map[string]bool{"running": true}
+		}
+		order := cmp.Or(q.Get("order"), "desc")
+		if order != "asc" && order != "desc" {
+			writeError(w, http.StatusBadRequest, "order: %q must be asc or desc", order)
+			return
+		}
+		limit := 100
+		if s := q.Get("limit"); s != "" && !v1Route {
+			limit, err = strconv.Atoi(s)
+			if err != nil || limit < 1 || limit > 100 {
+				writeError(w, http.StatusBadRequest, "limit: %q must be a number between 1 and 100", s)
+				return
+			}
+		}
+		var after *listCursor
+		if s := q.Get("nextToken"); s != "" && !v1Route {
+			c, err := decodeCursor(s)
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			after = &c
+		}
+		var startedAfter time.Time
+		if s := q.Get("startedAfter"); s != "" {
+			if startedAfter, err = time.Parse(time.RFC3339Nano, s); err != nil {
+				writeError(w, http.StatusBadRequest, "startedAfter: %q is not an RFC 3339 date-time, e.g. 2026-01-02T15:04:05Z", s)
+				return
+			}
+		}
+		template := q.Get("template")
+
+		resp, err := g.cfg.API.ListSandboxes(r.Context(), connect.NewRequest(&v1.ListSandboxesRequest{Labels: labels}))
+		if err != nil {
+			writeErr(w, fmt.Errorf("list sandboxes: %w", errdefs.FromConnect(err)))
+			return
+		}
+		var all []*v1.Sandbox
+		running := 0
+		for _, sb := range resp.Msg.GetSandboxes() {
+			st := stateOf(sb)
+			if !states[st] || sb.GetSpec().GetLabels()[labelTeam] != principal(r.Context()) {
+				continue
+			}
+			if !startedAfter.IsZero() && sb.GetCreatedAt().AsTime().Before(startedAfter) {
+				continue
+			}
+			if template != "" && sb.GetSpec().GetLabels()[labelTemplate] != template {
+				continue
+			}
+			if st == "running" {
+				running++
+			}
+			all = append(all, sb)
+		}
+		cmpSb := func(a, b *v1.Sandbox) int {
+			c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime())
+			if c == 0 {
+				c = strings.Compare(a.GetId(), b.GetId())
+			}
+			if order == "desc" {
+				c = -c
+			}
+			return c
+		}
+		slices.SortFunc(all, cmpSb)
+		if after != nil {
+			probe := &v1.Sandbox{Id: after.id}
+			probe.CreatedAt = timestamp(after.at)
+			i, _ := slices.BinarySearchFunc(all, probe, cmpSb)
+			for i < len(all) && cmpSb(all[i], probe) <= 0 {
+				i++
+			}
+			all = all[i:]
+		}
+		if len(all) > limit {
+			last := all[limit-1]
+			w.Header().Set("X-Next-Token", encodeCursor(listCursor{at: last.GetCreatedAt().AsTime(), id: last.GetId()}))
+			all = all[:limit]
+		}
+		if states["running"] {
+			w.Header().Set("X-Total-Running", strconv.Itoa(running))
+		}
+		w.Header().Set("Access-Control-Expose-Headers", "X-Next-Token, X-Total-Running")
+		out := make([]detailJSON, 0, len(all))
+		for _, sb := range all {
+			out = append(out, g.detailOf(sb, false))
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

@@ -1,0 +1,221 @@
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// Constants the SDKs rely on.
+const (
+	// EnvdPort is the port the SDKs address the in-sandbox daemon on.
+	EnvdPort = 49983
+	// EnvdVersion is the envd version reported to SDKs; they enable
+	// features by it (0.6.4 and later: everything they use).
+	EnvdVersion = "0.6.13"
+	// ClientID is the deprecated clientID field, constant as in E2B.
+	ClientID = "6532622b"
+	// DefaultDomain is the domain in sandbox host names when none is set.
+	DefaultDomain = "opendsec.local"
+	// DefaultTemplate is the template SDKs create when none is given.
+	DefaultTemplate = "base"
+	// DefaultImage backs the default template.
+	DefaultImage = "root/py:3.11"
+	// MaxTimeoutSeconds is the longest sandbox lifetime a create accepts.
+	MaxTimeoutSeconds = 86400
+	// MaxMetadata is the most metadata entries a sandbox may carry.
+	MaxMetadata = 64
+)
+
+// Labels that carry E2B state on OpenDsec sandboxes.
+const (
+	labelTeam     = "e2b.sys/team"
+	labelTemplate = "e2b.sys/template"
+	labelSecure   = "e2b.sys/secure"
+	labelMeta     = "e2b.meta/"
+)
+
+// SandboxAPI is the part of OpenDsec's public API the gateway uses;
+// opendsecv1connect.SandboxServiceClient satisfies it.
+type SandboxAPI interface {
+	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
+	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
+	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
+	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+}
+
+// Config configures a Gateway.
+type Config struct {
+	// API is OpenDsec's sandbox service, called with a service token.
+	API SandboxAPI
+	// Keys authenticates E2B API keys.
+	Keys *KeyStore
+	// Nodes are where sandbox traffic goes, by the node in the sandbox ID.
+	Nodes []config.NodeRef
+	// NodeClient reaches nodes (h2c or HTTP/1.1) for envd traffic; it must
+	// add a node-scope token (auth.Client). Port tunnels use NodeTunnel.
+	NodeClient *http.Client
+	// NodeTunnel reaches nodes over HTTP/1.1 for Upgrade: tcp port tunnels,
+	// adding a node-scope token.
+	NodeTunnel *http.Client
+	// Secret derives each sandbox's envd access token (HMAC of its ID).
+	Secret []byte
+	// Domain is returned to SDKs and routes Host <port>-<id>.<Domain>.
+	Domain string
+	// Templates map E2B template names to OpenDsec images; a template not
+	// listed is used as an image name as is.
+	Templates map[string]string
+	// User is the default user of E2B sandboxes ("user", as in E2B's
+	// images, when empty).
+	User string
+}
+
+// Gateway serves the E2B REST API and sandbox traffic. Create it with New.
+type Gateway struct {
+	cfg   Config
+	nodes map[string]string // node ID → base URL
+	api   http.Handler
+
+	cacheMu sync.Mutex
+	// cache remembers recent sandbox lookups of the traffic proxy; guarded
+	// by cacheMu.
+	cache map[string]cachedSandbox
+}
+
+type cachedSandbox struct {
+	secure bool
+	at     time.Time
+}
+
+// New checks cfg and returns a Gateway.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.API == nil {
+		return nil, errdefs.Invalid("api", "is nil; give an OpenDsec sandbox service client")
+	}
+	if cfg.Keys == nil {
+		return nil, errdefs.Invalid("keys", "is nil; give a key store")
+	}
+	if len(cfg.Secret) < 16 {
+		return nil, errdefs.Invalid("secret", "must be at least 16 bytes")
+	}
+	if cfg.NodeClient == nil || cfg.NodeTunnel == nil {
+		return nil, errdefs.Invalid("node_client", "is nil; give HTTP clients carrying a node token")
+	}
+	if cfg.Domain == "" {
+		cfg.Domain = DefaultDomain
+	}
+	if cfg.User == "" {
+		cfg.User = "user"
+	}
+	if cfg.Templates == nil {
+		cfg.Templates = map[string]string{DefaultTemplate: DefaultImage}
+	}
+	g := &Gateway{cfg: cfg, nodes: map[string]string{}, cache: map[string]cachedSandbox{}}
+	for i, n := range cfg.Nodes {
+		if err := sandboxid.ValidNode(n.ID); err != nil {
+			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
+		}
+		g.nodes[n.ID] = strings.TrimRight(n.Address, "/")
+	}
+	g.api = g.apiMux()
+	return g, nil
+}
+
+// ServeHTTP routes sandbox traffic (E2b-Sandbox-Id header, or Host
+// <port>-<id>.<domain>) to the proxy and everything else to the REST API.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		ps := r.Header.Get("E2b-Sandbox-Port")
+		if ps == "" {
+			http.Error(w, "missing header E2b-Sandbox-Port", http.StatusBadRequest)
+			return
+		}
+		port, err := strconv.Atoi(ps)
+		if err != nil || port < 1 || port > 65535 {
+			http.Error(w, "Invalid sandbox port", http.StatusBadRequest)
+			return
+		}
+		g.proxy(w, r, id, port)
+		return
+	}
+	if id, port, ok := g.hostRoute(r.Host); ok {
+		g.proxy(w, r, id, port)
+		return
+	}
+	g.api.ServeHTTP(w, r)
+}
+
+// hostRoute parses Host <port>-<id>.<domain>.
+func (g *Gateway) hostRoute(host string) (id string, port int, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	first, rest, found := strings.Cut(host, ".")
+	if !found || !strings.EqualFold(rest, g.cfg.Domain) {
+		return "", 0, false
+	}
+	ps, id, found := strings.Cut(first, "-")
+	if !found {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, false
+	}
+	return id, port, true
+}
+
+// accessToken is the envd access token of sandbox id.
+func (g *Gateway) accessToken(id string) string {
+	m := hmac.New(sha256.New, g.cfg.Secret)
+	m.Write([]byte("e2b envd access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// apiError is E2B's error body.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Code: status, Message: fmt.Sprintf(format, args...)})
+}
+
+// writeErr maps an error category to E2B's status codes.
+func writeErr(w http.ResponseWriter, err error) {
+	status := errdefs.HTTPStatus(err)
+	switch status {
+	case http.StatusGatewayTimeout, http.StatusServiceUnavailable, http.StatusBadRequest,
+		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusConflict,
+		http.StatusTooManyRequests, http.StatusNotImplemented:
+	default:
+		if status >= 500 {
+			status = http.StatusInternalServerError
+		}
+	}
+	writeError(w, status, "%s", err.Error())
+}

@@ -1,0 +1,305 @@
+package e2b
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// cacheTTL is how long the proxy trusts a sandbox lookup. /health always
+// looks again, so a killed sandbox reads as not running at once.
+const cacheTTL = 2 * time.Second
+
+// internalRoutes of envd are never reachable from outside (E2B's proxy
+// refuses them the same way), nor are the agent's own extensions.
+var internalRoutes = map[string]bool{
+	"/init": true, "/freeze": true, "/unfreeze": true, "/collapse": true,
+	"/fsfreeze": true, "/fsthaw": true, "/upgrade": true,
+}
+
+const unauthorizedBody = "unauthorized access, please provide a valid access token or method signing if supported"
+
+type notFoundBody struct {
+	SandboxID string `json:"sandboxId"`
+	Message   string `json:"message"`
+	Code      int    `json:"code"`
+}
+
+type portClosedBody struct {
+	SandboxID string `json:"sandboxId"`
+	Message   string `json:"message"`
+	Port      int    `json:"port"`
+	Code      int    `json:"code"`
+}
+
+func writeSandboxNotFound(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, notFoundBody{SandboxID: id, Message: "The sandbox was not found", Code: http.StatusBadGateway})
+}
+
+// sandboxSecure reports whether sandbox id is running and whether it
+// requires its access token, using a short-lived cache unless fresh.
+func (g *Gateway) sandboxSecure(ctx context.Context, id string, fresh bool) (running, secure bool, err error) {
+	g.cacheMu.Lock()
+	c, ok := g.cache[id]
+	g.cacheMu.Unlock()
+	if ok && !fresh && time.Since(c.at) < cacheTTL {
+		return true, c.secure, nil
+	}
+	resp, err := g.cfg.API.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Id: id}))
+	if err != nil {
+		err = errdefs.FromConnect(err)
+		if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
+			g.forget(id)
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("get sandbox: %w", err)
+	}
+	sb := resp.Msg.GetSandbox()
+	if sb.GetState() != v1.SandboxState_SANDBOX_STATE_RUNNING || sb.GetSpec().GetLabels()[labelTeam] == "" {
+		// Paused, stopping, or not made through the gateway.
+		g.forget(id)
+		return false, false, nil
+	}
+	secure = sb.GetSpec().GetLabels()[labelSecure] == "true"
+	g.cacheMu.Lock()
+	if len(g.cache) > 100000 {
+		clear(g.cache)
+	}
+	g.cache[id] = cachedSandbox{secure: secure, at: time.Now()}
+	g.cacheMu.Unlock()
+	return true, secure, nil
+}
+
+func (g *Gateway) forget(id string) {
+	g.cacheMu.Lock()
+	delete(g.cache, id)
+	g.cacheMu.Unlock()
+}
+
+// proxy sends a request to port inside sandbox id.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port int) {
+	nodeID, err := sandboxid.Node("sandbox_id", id)
+	if err != nil {
+		http.Error(w, "Invalid sandbox ID", http.StatusBadRequest)
+		return
+	}
+	base, ok := g.nodes[nodeID]
+	if !ok {
+		writeSandboxNotFound(w, id)
+		return
+	}
+	if port == EnvdPort && (internalRoutes[r.URL.Path] || strings.HasPrefix(r.URL.Path, "/_opendsec/")) {
+		writeError(w, http.StatusNotFound, "internal route")
+		return
+	}
+	health := port == EnvdPort && r.URL.Path == "/health"
+	running, secure, err := g.sandboxSecure(r.Context(), id, health)
+	if err != nil {
+		log.G(r.Context()).Warn("look up sandbox for proxy", log.SandboxID(id), log.Err(err))
+		writeError(w, http.StatusBadGateway, "cannot look up sandbox %s: %s", id, err.Error())
+		return
+	}
+	if !running {
+		writeSandboxNotFound(w, id)
+		return
+	}
+	if port != EnvdPort {
+		g.proxyPort(w, r, base, id, port)
+		return
+	}
+	if secure && !health {
+		if status, msg := g.checkEnvdAuth(r, id); status != 0 {
+			writeError(w, status, "%s", msg)
+			return
+		}
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			g.rewrite(pr, base, id)
+			pr.Out.URL.Path = "/agent/" + id + pr.In.URL.Path
+			pr.Out.URL.RawPath = ""
+		},
+		Transport:     g.cfg.NodeClient.Transport,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			// The node answers for a sandbox that stopped after the lookup.
+			if health && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+				return errSandboxGone
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if err != errSandboxGone && r.Context().Err() == nil {
+				log.G(r.Context()).Warn("proxy to agent", log.SandboxID(id), log.Err(err))
+			}
+			g.forget(id)
+			writeSandboxNotFound(w, id)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+var errSandboxGone = errdefs.New(errdefs.ErrNotFound, "sandbox gone")
+
+// rewrite points an outgoing request at the node and drops what must not
+// reach it: the caller's routing headers and any OpenDsec token (the node
+// client's transport adds the gateway's own).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, base, id string) {
+	u := pr.Out.URL
+	host := strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")
+	u.Scheme = "http"
+	if strings.HasPrefix(base, "https://") {
+		u.Scheme = "https"
+	}
+	u.Host = host
+	pr.Out.Host = host
+	pr.Out.Header.Del(auth.TokenHeader)
+	pr.Out.Header.Del("E2b-Sandbox-Id")
+	pr.Out.Header.Del("E2b-Sandbox-Port")
+	if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
+		pr.Out.Header.Del("Authorization")
+	}
+	pr.SetXForwarded()
+}
+
+// checkEnvdAuth enforces envd's access token for a secure sandbox: the
+// X-Access-Token header everywhere, or for /files a v1 URL signature.
+// It returns 0 when the request may pass.
+func (g *Gateway) checkEnvdAuth(r *http.Request, id string) (int, string) {
+	want := g.accessToken(id)
+	if tok := r.Header.Get("X-Access-Token"); tok != "" {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(want)) == 1 {
+			return 0, ""
+		}
+		return http.StatusUnauthorized, unauthorizedBody
+	}
+	if r.URL.Path != "/files" || (r.Method != http.MethodGet && r.Method != http.MethodPost) {
+		return http.StatusUnauthorized, unauthorizedBody
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return http.StatusUnauthorized, "missing signature query parameter"
+	}
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	exp := q.Get("signature_expiration")
+	if subtle.ConstantTimeCompare([]byte(sig), []byte(Signature(q.Get("path"), op, q.Get("username"), want, exp))) != 1 {
+		return http.StatusUnauthorized, "invalid signature"
+	}
+	if exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil {
+			return http.StatusUnauthorized, "invalid signature expiration"
+		}
+		if n < time.Now().Unix() {
+			return http.StatusUnauthorized, "signature is already expired"
+		}
+	}
+	return 0, ""
+}
+
+// Signature is envd's file URL signature: "v1_" + unpadded base64 of
+// SHA-256("<path>:<operation>:<username>:<token>[:<expiration>]").
+func Signature(path, op, username, token, expiration string) string {
+	s := path + ":" + op + ":" + username + ":" + token
+	if expiration != "" {
+		s += ":" + expiration
+	}
+	h := sha256.Sum256([]byte(s))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(h[:])
+}
+
+// proxyPort forwards a request to a TCP port inside the sandbox through the
+// agent's tunnel (one tunnel per request; upgrades such as WebSocket work).
+func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id string, port int) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return g.dialPort(ctx, base, id, port)
+		},
+		DisableKeepAlives:  true,
+		DisableCompression: true,
+	}
+	defer tr.CloseIdleConnections()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", port)
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del(auth.TokenHeader)
+			pr.Out.Header.Del("E2b-Sandbox-Id")
+			pr.Out.Header.Del("E2b-Sandbox-Port")
+			pr.SetXForwarded()
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeJSON(w, http.StatusBadGateway, portClosedBody{
+				SandboxID: id, Message: "The sandbox is running but port is not open", Port: port, Code: http.StatusBadGateway,
+			})
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// dialPort opens a raw TCP stream to port inside the sandbox through
+// GET <node>/agent/<id>/_opendsec/port/<port> with Upgrade: tcp.
+func (g *Gateway) dialPort(ctx context.Context, base, id string, port int) (net.Conn, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/agent/%s/_opendsec/port/%d", base, id, port), nil)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel request: %w", err)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "tcp")
+	resp, err := g.cfg.NodeTunnel.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("open tunnel to port %d: %w", port, err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s: %s", port, resp.Status, strings.TrimSpace(string(b)))
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errdefs.New(errdefs.ErrInternal, "open tunnel to port %d: the upgraded connection is not writable", port)
+	}
+	return &tunnelConn{ReadWriteCloser: rwc}, nil
+}
+
+// tunnelConn makes an upgraded HTTP body usable as a net.Conn. Deadlines
+// are not supported; the request context bounds the exchange.
+type tunnelConn struct {
+	io.ReadWriteCloser
+}
+
+type tunnelAddr struct{}
+
+func (tunnelAddr) Network() string { return "tunnel" }
+func (tunnelAddr) String() string  { return "sandbox-port-tunnel" }
+
+func (c *tunnelConn) LocalAddr() net.Addr              { return tunnelAddr{} }
+func (c *tunnelConn) RemoteAddr() net.Addr             { return tunnelAddr{} }
+func (c *tunnelConn) SetDeadline(time.Time) error      { return nil }
+func (c *tunnelConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *tunnelConn) SetWriteDeadline(time.Time) error { return nil }
