@@ -1,0 +1,118 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// createNetNS makes a new network namespace, bind-mounts it at path (which
+// must not exist) and runs setup inside it on the creating thread. The
+// namespace outlives every process in it until removeNetNS.
+func createNetNS(path string, setup func() error) (err error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create netns dir: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns file: %w", err)
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			unix.Unmount(path, unix.MNT_DETACH)
+			os.Remove(path)
+		}
+	}()
+	done := make(chan error, 1)
+	// A fresh goroutine whose thread dies with it if it cannot return to
+	// its original namespace, so no goroutine ever runs in the wrong one.
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("unshare netns: %w", err)
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
+		if err != nil {
+			err = fmt.Errorf("bind-mount netns: %w", err)
+		} else if setup != nil {
+			err = setup()
+		}
+		if serr := netns.Set(orig); serr != nil {
+			done <- errors.Join(err, fmt.Errorf("return to original netns: %w", serr))
+			return // thread stays locked and is discarded
+		}
+		goruntime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
+}
+
+// removeNetNS unmounts and removes a namespace file; a missing file is fine.
+func removeNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns file: %w", err)
+	}
+	return nil
+}
+
+// inNetNS runs fn on a thread inside the namespace at path (the current one
+// when path is empty). Sockets fn opens stay in that namespace.
+func inNetNS(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			done <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		err = fn()
+		if serr := netns.Set(orig); serr != nil {
+			done <- errors.Join(err, fmt.Errorf("return to original netns: %w", serr))
+			return
+		}
+		goruntime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
+}
+
+// writeSysctl writes value to /proc/sys/<key> of the calling thread's
+// network namespace.
+func writeSysctl(key, value string) error {
+	p := "/proc/sys/" + key
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("set sysctl %s: %w", key, err)
+	}
+	return nil
+}
