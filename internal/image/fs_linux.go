@@ -26,26 +26,11 @@ import (
 // open file description, so this also excludes other goroutines of this
 // process. It waits until ctx ends.
 func (s *Store) lock(ctx context.Context) (func(), error) {
-	f, err := os.OpenFile(s.path("lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	unlock, err := lockFile(ctx, s.path("lock"))
 	if err != nil {
-		return nil, fmt.Errorf("open image store lock: %w", err)
+		return nil, fmt.Errorf("image store: %w", err)
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases the lock
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock image store: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock image store: %w", context.Cause(ctx))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return unlock, nil
 }
 
 // staging is one import in progress: tmp/<id>/ guarded by a flock on

@@ -28,3 +28,12 @@ func copyTree(context.Context, string, string, *progress) error {
 }
 func extractTarFile(context.Context, string, string, *progress) error { return errLinuxOnly }
 func digestTree(context.Context, string) (string, int64, error)       { return "", 0, errLinuxOnly }
+
+func probeEROFS(string) error                                { return errLinuxOnly }
+func mkfsEROFS(context.Context, string, string) error        { return errLinuxOnly }
+func fileDigest(string) (string, int64, error)               { return "", 0, errLinuxOnly }
+func (s *Store) releaseMounts(context.Context, string) error { return nil }
+func (s *Store) unmountLayer(context.Context, string) error  { return nil }
+func (s *Store) layerDirs(context.Context, []Layer, string) ([]string, error) {
+	return nil, errLinuxOnly
+}

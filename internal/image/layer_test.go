@@ -1,0 +1,112 @@
+package image
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+// mountCount is how many times mnt appears in this process's mount table.
+func mountCount(t *testing.T, mnt string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == mnt {
+			n++
+		}
+	}
+	return n
+}
+
+func TestEROFSMountsSharedAndRefcounted(t *testing.T) {
+	testutil.RequiresRoot(t)
+	ctx := t.Context()
+	dir := filepath.Join(t.TempDir(), "images")
+	s := openStore(t, dir, WithFormat(FormatEROFS))
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "etc", "hello"), "hi", 0o644)
+	img, err := s.ImportDir(ctx, "mnt/img", src, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := digestHex(img.Layers[0].Digest)
+	if _, err := os.Stat(s.path("layers", h, "layer.erofs")); err != nil {
+		t.Fatalf("layer not stored as erofs: %v", err)
+	}
+	a, err := s.Hold(ctx, "mnt/img", "sbxa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restarted node: a new Store on the same directories finds the mount.
+	s2 := openStore(t, dir, WithFormat(FormatEROFS))
+	b, err := s2.Hold(ctx, "mnt/img", "sbxb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := a.Layers[0]
+	if b.Layers[0] != mnt || mountCount(t, mnt) != 1 || !isMounted(mnt) {
+		t.Fatalf("holders got %s and %s, mounted %d times", mnt, b.Layers[0], mountCount(t, mnt))
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "etc", "hello")); err != nil || string(got) != "hi" {
+		t.Fatalf("read through mount: %q, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "new"), nil, 0o644); err == nil {
+		t.Fatal("layer mount is writable")
+	}
+	if err := s.Release(ctx, "sbxa"); err != nil {
+		t.Fatal(err)
+	}
+	if !isMounted(mnt) {
+		t.Fatal("unmounted while sbxb still holds it")
+	}
+	if err := s2.Release(ctx, "sbxb"); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(mnt) || mountCount(t, mnt) != 0 {
+		t.Fatal("still mounted after the last holder released")
+	}
+	if err := s.Release(ctx, "sbxb"); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+}
+
+func TestDirFallback(t *testing.T) {
+	ctx := t.Context()
+	s := openStore(t, filepath.Join(t.TempDir(), "images"), WithFormat(FormatDir))
+	if s.Format() != FormatDir {
+		t.Fatalf("format = %s", s.Format())
+	}
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "f"), "x", 0o644)
+	img, err := s.ImportDir(ctx, "plain/img", src, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri, err := s.Hold(ctx, "plain/img", "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := digestHex(img.Layers[0].Digest)
+	if want := s.path("layers", h, "dir"); len(ri.Layers) != 1 || ri.Layers[0] != want {
+		t.Fatalf("layers = %v; want [%s]", ri.Layers, want)
+	}
+	if _, err := os.Stat(s.path("layers", h, "layer.erofs")); err == nil {
+		t.Fatal("fallback store wrote an erofs file")
+	}
+	if got, err := os.ReadFile(filepath.Join(ri.Layers[0], "f")); err != nil || string(got) != "x" {
+		t.Fatalf("read = %q, %v", got, err)
+	}
+	if err := s.Release(ctx, "sbx"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "x"), WithFormat("zfs")); err == nil || !strings.Contains(err.Error(), "image_format") {
+		t.Fatalf("bad format: %v", err)
+	}
+}
