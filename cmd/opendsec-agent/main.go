@@ -42,6 +42,7 @@ func run() error {
 	flag.StringVar(&cfg.DefaultWorkdir, "default-workdir", "", "cwd for processes started without one (default: the user's home)")
 	flag.IntVar(&cfg.MaxOutputBytes, "max-output-bytes", agent.DefaultMaxOutputBytes, "output retained per process; older output is dropped")
 	flag.Int64Var(&cfg.MaxUploadBytes, "max-upload-bytes", agent.DefaultMaxUploadBytes, "largest file accepted by POST /files")
+	flag.DurationVar(&cfg.IdleTrimAfter, "idle-trim-after", agent.DefaultIdleTrimAfter, "return freed memory to the OS once no request ran for this long after some work (negative: never)")
 	flag.Parse()
 	if *showVer {
 		fmt.Println(version.Version)

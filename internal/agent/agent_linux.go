@@ -30,6 +30,7 @@ type Agent struct {
 	procs *processes
 	fs    *filesystem
 	h     http.Handler
+	idle  *idleTrimmer // nil when disabled
 }
 
 // New returns an agent for cfg. With cfg.Init it also takes on PID 1's
@@ -53,6 +54,10 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	}
 	a.h = a.routes()
+	if cfg.IdleTrimAfter > 0 {
+		a.idle = newIdleTrimmer(cfg.IdleTrimAfter, freeOSMemory)
+		a.h = a.idle.wrap(a.h)
+	}
 	return a, nil
 }
 
@@ -63,6 +68,9 @@ func (a *Agent) Handler() http.Handler { return a.h }
 func (a *Agent) Close() error {
 	a.procs.signalAll(unix.SIGKILL)
 	a.fs.closeWatchers()
+	if a.idle != nil {
+		a.idle.stop()
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -34,6 +35,10 @@ type Config struct {
 	// Env is the sandbox-wide environment ("K=V"), given to every process and
 	// served by GET /envs. Nil means the agent's own environment.
 	Env []string
+	// IdleTrimAfter is how long the agent waits after its last request ends
+	// before it returns the memory it freed to the OS (once per idle spell).
+	// Zero means DefaultIdleTrimAfter; negative disables it.
+	IdleTrimAfter time.Duration
 	// Init makes the agent act as PID 1: reap every child (orphans included)
 	// and bring up the loopback interface.
 	Init bool
@@ -48,6 +53,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxUploadBytes == 0 {
 		c.MaxUploadBytes = DefaultMaxUploadBytes
+	}
+	if c.IdleTrimAfter == 0 {
+		c.IdleTrimAfter = DefaultIdleTrimAfter
 	}
 	if c.EtcDir == "" {
 		c.EtcDir = DefaultEtcDir
