@@ -159,6 +159,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.proxy(w, r, id, port)
 		return
 	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		// A signed file URL made while E2B_SANDBOX_URL is set carries no
+		// routing headers: find the sandbox whose token made the signature.
+		id, err := g.signedFileSandbox(r)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		g.proxy(w, r, id, EnvdPort)
+		return
+	}
 	g.api.ServeHTTP(w, r)
 }
 

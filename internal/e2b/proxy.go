@@ -303,3 +303,27 @@ func (c *tunnelConn) RemoteAddr() net.Addr             { return tunnelAddr{} }
 func (c *tunnelConn) SetDeadline(time.Time) error      { return nil }
 func (c *tunnelConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *tunnelConn) SetWriteDeadline(time.Time) error { return nil }
+
+// signedFileSandbox finds the running secure sandbox whose access token
+// signed the /files URL of r. It costs one list and a hash per sandbox.
+func (g *Gateway) signedFileSandbox(r *http.Request) (string, error) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	resp, err := g.cfg.API.ListSandboxes(r.Context(), connect.NewRequest(&v1.ListSandboxesRequest{
+		Labels: map[string]string{labelSecure: "true"},
+	}))
+	if err != nil {
+		return "", fmt.Errorf("list sandboxes: %w", errdefs.FromConnect(err))
+	}
+	sig := []byte(q.Get("signature"))
+	for _, sb := range resp.Msg.GetSandboxes() {
+		want := Signature(q.Get("path"), op, q.Get("username"), g.accessToken(sb.GetId()), q.Get("signature_expiration"))
+		if subtle.ConstantTimeCompare(sig, []byte(want)) == 1 {
+			return sb.GetId(), nil
+		}
+	}
+	return "", errdefs.New(errdefs.ErrUnauthenticated, "invalid signature: no running sandbox signed this URL")
+}

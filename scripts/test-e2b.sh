@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs the E2B compatibility acceptance suite (test/e2b) with the real E2B
+# Python SDK from PyPI, pinned below, against a throwaway `opendsec up`
+# (which serves the E2B gateway) started here with its own data dir and free
+# loopback ports. Only E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and
+# E2B_DOMAIN are set for the SDK. Used by `make test`; runs as root.
+#
+# Environment: OPENDSEC_BIN_DIR (default ./bin), OPENDSEC_E2B_VENV (default
+# /var/cache/opendsec/test/e2b-venv), KEEP=1 keeps the data dir, and any
+# arguments are passed to pytest (e.g. -k files).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BIN=${OPENDSEC_BIN_DIR:-$ROOT/bin}
+[ -x "$BIN/opendsec" ] || make build
+
+# Pinned SDK and test tools. Bump deliberately and re-run the suite.
+E2B_PY_VERSION=2.63.0
+PY_PINS=("e2b==$E2B_PY_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
+
+bash deploy/images/build.sh --no-import
+
+VENV=${OPENDSEC_E2B_VENV:-/var/cache/opendsec/test/e2b-venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('e2b') != '$E2B_PY_VERSION')" 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PINS[@]}"
+fi
+
+DD=$(mktemp -d /tmp/ode2b.XXXXXX)
+UP_PID=""
+cleanup() {
+  if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
+    kill -TERM "$UP_PID"; wait "$UP_PID" || true
+  fi
+  if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+API=$(port); NODE=$(port); WATCH=$(port); E2B=$(port)
+cat > "$DD/opendsec.json" <<JSON
+{
+  "version": 1,
+  "data_dir": "$DD",
+  "apiserver": {"listen": "127.0.0.1:$API", "watcher_address": "http://127.0.0.1:$WATCH", "placement_sample": 2},
+  "watcher": {"listen": "127.0.0.1:$WATCH", "poll_interval_ms": 200},
+  "node": {"id": "n001", "listen": "127.0.0.1:$NODE", "agent_path": "$BIN/opendsec-agent",
+           "image_dir": "$DD/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64},
+  "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
+  "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
+}
+JSON
+CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
+"$BIN/opendsec" image import-rootfs --config "$DD/opendsec.json" --data-dir "$DD" --name root/busybox --rootfs "$CACHE/busybox" --user root >/dev/null 2>"$DD/import.log" \
+  || { cat "$DD/import.log"; exit 1; }
+"$BIN/opendsec" image import-rootfs --config "$DD/opendsec.json" --data-dir "$DD" --name root/py:3.11 --rootfs "$CACHE/py-3.11" --user root >/dev/null 2>"$DD/import.log" \
+  || { cat "$DD/import.log"; exit 1; }
+
+"$BIN/opendsec" up --config "$DD/opendsec.json" --data-dir "$DD" --ready-file "$DD/ready" >"$DD/up.log" 2>&1 &
+UP_PID=$!
+for _ in $(seq 1 600); do
+  [ -s "$DD/ready" ] && break
+  kill -0 "$UP_PID" 2>/dev/null || { cat "$DD/up.log"; echo "opendsec up exited" >&2; exit 1; }
+  sleep 0.1
+done
+[ -s "$DD/ready" ] || { cat "$DD/up.log"; echo "opendsec up did not become ready" >&2; exit 1; }
+
+KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
+
+echo "== e2b python sdk $E2B_PY_VERSION (sync + async)"
+rc=0
+env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
+  E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
+  E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local \
+  "$VENV/bin/python" -m pytest -q -c test/e2b/python/pytest.ini test/e2b/python "$@" || rc=$?
+if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
+exit $rc
