@@ -42,6 +42,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
@@ -105,6 +107,8 @@ type ImportOption func(*importOptions)
 
 type importOptions struct {
 	progress func(Progress)
+	name     string
+	remote   []remote.Option
 }
 
 // WithProgress calls fn as files are copied (throttled, and once with Done
@@ -174,6 +178,7 @@ func cloneConfig(c Config) Config {
 		Workdir:    c.Workdir,
 		User:       c.User,
 		Entrypoint: slices.Clone(c.Entrypoint),
+		Cmd:        slices.Clone(c.Cmd),
 	}
 	if c.Labels != nil {
 		out.Labels = make(map[string]string, len(c.Labels))

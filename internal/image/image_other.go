@@ -5,6 +5,7 @@ package image
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -37,3 +38,5 @@ func (s *Store) unmountLayer(context.Context, string) error  { return nil }
 func (s *Store) layerDirs(context.Context, []Layer, string) ([]string, error) {
 	return nil, errLinuxOnly
 }
+
+func extractTar(context.Context, io.Reader, string, *progress, bool) error { return errLinuxOnly }

@@ -53,7 +53,7 @@ func extractTarFile(ctx context.Context, tarPath, dst string, p *progress) error
 	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
 		return errdefs.Invalid("tar", "%s is zstd-compressed; only plain and gzip tarballs are supported (recompress with gzip)", tarPath)
 	}
-	if err := extractTar(ctx, r, dst, p); err != nil {
+	if err := extractTar(ctx, r, dst, p, false); err != nil {
 		var fe *errdefs.FieldError
 		if errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return err
@@ -99,7 +99,11 @@ func resolve(root, rel string) (string, error) {
 	return filepath.Join(got, filepath.Base(rel)), nil
 }
 
-func extractTar(ctx context.Context, r io.Reader, root string, p *progress) error {
+// extractTar unpacks r into root. With oci set, it reads an OCI layer: an
+// empty one is fine, and whiteouts become OverlayFS whiteouts (".wh.NAME"
+// a 0/0 character device NAME, ".wh..wh..opq" the trusted.overlay.opaque
+// xattr on its directory), so the layer stacks as it is.
+func extractTar(ctx context.Context, r io.Reader, root string, p *progress, oci bool) error {
 	tr := tar.NewReader(r)
 	type dirMeta struct {
 		path string
@@ -122,6 +126,13 @@ func extractTar(ctx context.Context, r io.Reader, root string, p *progress) erro
 		rel, err := cleanEntry("name", hdr.Name)
 		if err != nil {
 			return err
+		}
+		if base := path.Base(rel); oci && strings.HasPrefix(base, whiteoutPrefix) {
+			if err := whiteout(root, rel); err != nil {
+				return err
+			}
+			p.add(1, 0)
+			continue
 		}
 		target, err := resolve(root, rel)
 		if err != nil {
@@ -207,7 +218,7 @@ func extractTar(ctx context.Context, r io.Reader, root string, p *progress) erro
 			return fmt.Errorf("extract %s: %w", rel, err)
 		}
 	}
-	if entries == 0 {
+	if entries == 0 && !oci {
 		return errdefs.Invalid("tar", "the tarball has no entries; pass a .tar or .tar.gz of a root filesystem")
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
@@ -229,4 +240,40 @@ func paxXattrs(hdr *tar.Header) map[string][]byte {
 		}
 	}
 	return out
+}
+
+const (
+	whiteoutPrefix = ".wh."
+	opaqueMarker   = ".wh..wh..opq"
+)
+
+// whiteout records the OCI whiteout entry rel in OverlayFS's format.
+func whiteout(root, rel string) error {
+	dir, base := path.Dir(rel), path.Base(rel)
+	dtarget, err := resolve(root, path.Join(dir, "x"))
+	if err != nil {
+		return err
+	}
+	dtarget = filepath.Dir(dtarget)
+	if err := os.MkdirAll(dtarget, 0o755); err != nil {
+		return fmt.Errorf("create parent of %s: %w", rel, err)
+	}
+	if base == opaqueMarker {
+		if err := unix.Lsetxattr(dtarget, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+			return fmt.Errorf("mark %s opaque (needs root): %w", dir, err)
+		}
+		return nil
+	}
+	name := strings.TrimPrefix(base, whiteoutPrefix)
+	if name == "" || name == "." || name == ".." || strings.HasPrefix(name, whiteoutPrefix) {
+		return errdefs.Invalid("tar", "whiteout entry %q names no file; the layer is damaged", rel)
+	}
+	target := filepath.Join(dtarget, name)
+	if err := removeTree(target); err != nil {
+		return fmt.Errorf("replace %s: %w", rel, err)
+	}
+	if err := unix.Mknod(target, unix.S_IFCHR|0o000, 0); err != nil {
+		return fmt.Errorf("record deletion of %s as a whiteout (needs root): %w", path.Join(dir, name), err)
+	}
+	return nil
 }
