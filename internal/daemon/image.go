@@ -123,6 +123,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	c.AddCommand(rootfs, tarball, list, rm)
+	c.AddCommand(imageImportCommand(g), imageInspectCommand(g)) // image_oci.go
 	return c
 }
 

@@ -304,6 +304,9 @@ func (s *Store) ImportDir(ctx context.Context, name, src string, cfg Config, opt
 		return Image{}, errdefs.Invalid("rootfs", "path is empty; pass the root filesystem directory")
 	}
 	root, err := filepath.EvalSymlinks(src)
+	if err == nil {
+		root, err = filepath.Abs(root)
+	}
 	if err != nil {
 		return Image{}, errdefs.Invalid("rootfs", "%s: %v; pass an existing root filesystem directory", src, err)
 	}

@@ -1,0 +1,79 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kernflux/opendsec/internal/image"
+)
+
+// imageImportCommand is `opendsec image import REF`: pull from a registry.
+func imageImportCommand(g *globalFlags) *cobra.Command {
+	var storeName string
+	var quiet bool
+	c := &cobra.Command{
+		Use:   "import REF",
+		Short: "import an image from an OCI or Docker registry (linux/amd64)",
+		Long: "Import pulls REF (REGISTRY/REPOSITORY[:TAG|@sha256:DIGEST]) into the image store as layers.\n" +
+			"Credentials come from ~/.docker/config.json. Layers already in the store are not fetched again.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conf, err := g.load()
+			if err != nil {
+				return err
+			}
+			st, err := image.Open(conf.Node.ImageDir)
+			if err != nil {
+				return err
+			}
+			var opts []image.ImportOption
+			if storeName != "" {
+				opts = append(opts, image.WithName(storeName))
+			}
+			if !quiet {
+				opts = append(opts, image.WithProgress(progressBar(cmd.ErrOrStderr(), "pulling "+args[0])))
+			}
+			img, err := st.Import(cmd.Context(), args[0], opts...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%d layers\t%s\n", img.Name, img.ID, len(img.Layers), humanBytes(img.Size))
+			return nil
+		},
+	}
+	c.Flags().StringVar(&storeName, "name", "", "store the image under this name (default: the repository and tag of REF)")
+	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
+	return c
+}
+
+// imageInspectCommand is `opendsec image inspect NAME...`: print as JSON.
+func imageInspectCommand(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect NAME...",
+		Short: "show images' layers, config and source as JSON",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conf, err := g.load()
+			if err != nil {
+				return err
+			}
+			st, err := image.Open(conf.Node.ImageDir)
+			if err != nil {
+				return err
+			}
+			var out []image.Image
+			for _, n := range args {
+				img, err := st.Inspect(cmd.Context(), n)
+				if err != nil {
+					return err
+				}
+				out = append(out, img)
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		},
+	}
+}
