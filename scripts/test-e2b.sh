@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the E2B compatibility acceptance suite (test/e2b) with the real E2B
-# Python SDK from PyPI, pinned below, against a throwaway `opendsec up`
+# SDKs, pinned below: Python from PyPI (sync and async) and JS from npm
+# (skipped without node, or with E2B_SKIP_JS=1), against a throwaway `opendsec up`
 # (which serves the E2B gateway) started here with its own data dir and free
 # loopback ports. Only E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and
 # E2B_DOMAIN are set for the SDK. Used by `make test`; runs as root.
@@ -16,6 +17,8 @@ BIN=${OPENDSEC_BIN_DIR:-$ROOT/bin}
 
 # Pinned SDK and test tools. Bump deliberately and re-run the suite.
 E2B_PY_VERSION=2.63.0
+E2B_JS_VERSION=2.51.0
+NPM_DIR=${OPENDSEC_E2B_NPM:-/var/cache/opendsec/test/e2b-npm}
 PY_PINS=("e2b==$E2B_PY_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
 
 bash deploy/images/build.sh --no-import
@@ -75,5 +78,17 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
   E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
   E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local \
   "$VENV/bin/python" -m pytest -q -c test/e2b/python/pytest.ini test/e2b/python "$@" || rc=$?
+if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
+  echo "== e2b npm sdk $E2B_JS_VERSION"
+  if [ "$(node -p "try{require('$NPM_DIR/node_modules/e2b/package.json').version}catch(e){''}")" != "$E2B_JS_VERSION" ]; then
+    mkdir -p "$NPM_DIR"
+    [ -f "$NPM_DIR/package.json" ] || echo '{"private":true}' > "$NPM_DIR/package.json"
+    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION")
+  fi
+  env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
+    E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
+    E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_NPM_DIR="$NPM_DIR" \
+    node --test test/e2b/js/ || rc=$?
+fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
 exit $rc
