@@ -52,9 +52,11 @@ const (
 
 // handleState is the backend's blob in runtime.Handle.State.
 type handleState struct {
-	StateRoot    string    `json:"state_root"`
-	Bundle       string    `json:"bundle"`
-	CgroupPath   string    `json:"cgroup_path"`
+	StateRoot  string `json:"state_root"`
+	Bundle     string `json:"bundle"`
+	CgroupPath string `json:"cgroup_path"`
+	// Pid is 0 in handles of this version (Create no longer runs runc);
+	// Recover reads init's pid from runc.
 	Pid          int       `json:"pid"`
 	Created      time.Time `json:"created"`
 	OwnsStateDir bool      `json:"owns_state_dir,omitempty"`
@@ -335,9 +337,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 }
 
 // runcRun runs `runc run --detach` and returns init's host pid. Its stdio
-// are files, never pipes,
-// so runc and the container's init hold no pipe of ours (exec.Cmd.Wait would
-// otherwise wait for the container to exit). stdin and stdout are /dev/null;
+// are files, never pipes, so runc and the container's init hold no pipe of
+// ours (exec.Cmd.Wait would otherwise wait for the container to exit). stdin and stdout are /dev/null;
 // stderr (the agent's log) goes to a file on a 1 MiB tmpfs, so neither the
 // agent nor anything that gets hold of its stderr can fill the disk.
 func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
