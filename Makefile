@@ -4,9 +4,9 @@ GO ?= go
 BIN := bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERSION)
-CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsecctl
+CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent generate test test-go test-python images clean
+.PHONY: help build agent generate test test-go test-live test-e2b clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -17,18 +17,22 @@ build: agent ## build every binary into bin/
 
 agent: ## build the static in-sandbox agent
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
 
 test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 	bash scripts/test-live.sh
+	bash scripts/test-e2b.sh
 
 test-go: ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 
 test-live: build ## Python SDK, example and CLI against a live system
 	bash scripts/test-live.sh
+
+test-e2b: build ## the real E2B SDKs (PyPI and npm) against a live system and the E2B gateway
+	bash scripts/test-e2b.sh
 
 generate: ## regenerate protobuf code (Go and Python)
 	bash scripts/gen-proto.sh
