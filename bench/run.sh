@@ -31,7 +31,7 @@ CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 [ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
 
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-API=$(port); NODE=$(port); WATCH=$(port)
+API=$(port); NODE=$(port); WATCH=$(port); E2B=$(port)
 cat > "$DD/opendsec.json" <<JSON
 {
   "version": 1,
@@ -41,7 +41,8 @@ cat > "$DD/opendsec.json" <<JSON
   "watcher": {"listen": "127.0.0.1:$WATCH", "poll_interval_ms": 200},
   "node": {"id": "n001", "listen": "127.0.0.1:$NODE", "agent_path": "$BIN/opendsec-agent",
            "image_dir": "$DD/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64},
-  "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}]
+  "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
+  "e2b": {"listen": "127.0.0.1:$E2B"}
 }
 JSON
 "$BIN/opendsec" image import-rootfs --config "$DD/opendsec.json" --data-dir "$DD" --name root/busybox --rootfs "$CACHE/busybox" --user root >/dev/null

@@ -16,7 +16,9 @@ RUN_DIR=/run/opendsec
 OPS_DIR=/root/opendsec-ops
 PID_FILE=$RUN_DIR/opendsec.pid
 ENDPOINT=127.0.0.1:7070
-BINS="opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsecctl"
+E2B_ADDR=127.0.0.1:3000
+E2B_DOMAIN=opendsec.local
+BINS="opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 note() { printf '    %s\n' "$*"; }
@@ -123,11 +125,26 @@ for _ in $(seq 1 300); do [ -s "$RUN_DIR/ready" ] && break; sleep 0.1; done
 [ -s "$RUN_DIR/ready" ] || { tail -n 30 "$LOG_DIR/opendsec.log" >&2 || true; die "OpenDsec did not come up; see $LOG_DIR/opendsec.log"; }
 
 TOKEN=$(cat "$DATA_DIR/bootstrap.token")
+# One E2B API key per install: reuse the one demo.env has while the gateway
+# still knows it (keys live in the data dir), else create one.
+E2B_KEY=""
+if [ -f "$OPS_DIR/demo.env" ]; then
+  E2B_KEY=$(sed -n 's/^export E2B_API_KEY=//p' "$OPS_DIR/demo.env")
+  if [ -n "$E2B_KEY" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-KEY: $E2B_KEY" "http://$E2B_ADDR/sandboxes")" != 200 ]; then
+    E2B_KEY=""
+  fi
+fi
+[ -n "$E2B_KEY" ] || E2B_KEY=$(/usr/local/bin/opendsec e2b key create --data-dir "$DATA_DIR")
 cat > "$OPS_DIR/demo.env" <<ENV
 # Written by deploy/quickstart.sh. Use: . $OPS_DIR/demo.env
 export OPENDSEC_ENDPOINT=$ENDPOINT
 export OPENDSEC_TOKEN=$TOKEN
 export OPENDSEC_BACKEND=container
+# E2B's SDKs run unchanged against OpenDsec's gateway with these:
+export E2B_API_URL=http://$E2B_ADDR
+export E2B_SANDBOX_URL=http://$E2B_ADDR
+export E2B_API_KEY=$E2B_KEY
+export E2B_DOMAIN=$E2B_DOMAIN
 ENV
 chmod 600 "$OPS_DIR/demo.env"
 note "wrote $OPS_DIR/demo.env"
@@ -144,7 +161,8 @@ note "sandbox $id ($img) printed $out and was stopped"
 
 say "OpenDsec is running"
 cat <<TXT
-    endpoint: $ENDPOINT   backend: container   data: $DATA_DIR   log: $LOG_DIR/opendsec.log
+    endpoint: $ENDPOINT   E2B gateway: http://$E2B_ADDR   backend: container
+    data: $DATA_DIR   log: $LOG_DIR/opendsec.log
     Try it:
       python3 -m venv .venv && .venv/bin/pip install ./sdk/python
       . $OPS_DIR/demo.env

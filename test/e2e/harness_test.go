@@ -84,7 +84,7 @@ func newSystem(t *testing.T) *system {
 		t.Fatal(err)
 	}
 	s := &system{t: t, dataDir: dd, cfgPath: filepath.Join(dd, "opendsec.json"), logPath: filepath.Join(dd, "up.log")}
-	api, nodeP, watcherP := freePort(t), freePort(t), freePort(t)
+	api, nodeP, watcherP, e2bP := freePort(t), freePort(t), freePort(t), freePort(t)
 	cfg := map[string]any{
 		"version":  1,
 		"data_dir": dd,
@@ -105,6 +105,7 @@ func newSystem(t *testing.T) *system {
 			"max_upload_mb":   64,
 		},
 		"nodes": []map[string]any{{"id": "n001", "address": fmt.Sprintf("http://127.0.0.1:%d", nodeP)}},
+		"e2b":   map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", e2bP)},
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(s.cfgPath, b, 0o644); err != nil {
