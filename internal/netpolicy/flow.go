@@ -1,0 +1,63 @@
+package netpolicy
+
+import (
+	"net/netip"
+	"time"
+)
+
+// flowPolicy answers, in Go, what the nftables rules of a sandbox answer
+// for a new connection; SetRules uses it to cut tracked connections the new
+// rules no longer allow.
+type flowPolicy struct {
+	rules    []rule
+	learned  []learned
+	dns      netip.Addr
+	pool     netip.Prefix
+	explicit func(rule) bool
+}
+
+func (r rule) allowsProto(proto uint8, port uint16) bool {
+	want := map[string]uint8{ProtoTCP: 6, ProtoUDP: 17, ProtoICMP: 1}
+	switch {
+	case r.proto == ProtoAny && r.portHi == 0:
+	case r.proto == ProtoAny:
+		if proto != 6 && proto != 17 {
+			return false
+		}
+	case want[r.proto] != proto:
+		return false
+	}
+	if r.portHi == 0 {
+		return true
+	}
+	return port >= r.portLo && port <= r.portHi
+}
+
+func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Time) bool {
+	if dst == p.dns && port == 53 && (proto == 6 || proto == 17) {
+		return true
+	}
+	protected := p.pool.Contains(dst) || linkLocal.Contains(dst)
+	for _, r := range p.rules {
+		if r.isDomain() || !r.prefix.Contains(dst) || !r.allowsProto(proto, port) {
+			continue
+		}
+		if !protected || p.explicit(r) {
+			return true
+		}
+	}
+	if protected {
+		return false
+	}
+	for _, r := range p.rules {
+		if !r.isDomain() || !r.allowsProto(proto, port) {
+			continue
+		}
+		for _, l := range p.learned {
+			if l.addr == dst && l.expires.After(now) && r.matches(l.name) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,682 @@
+package netpolicy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+const (
+	hostIfPrefix = "od"
+	sandboxIf    = "eth0"
+)
+
+// Network is what the backend needs to put a sandbox on its network.
+type Network struct {
+	ID string
+	// NetNSPath is the namespace to join (OCI linux.namespaces type
+	// "network", path NetNSPath).
+	NetNSPath string
+	// HostIf is the node-side veth.
+	HostIf string
+	// Addr is the sandbox's address (on eth0, /31), Gateway the node side.
+	Addr    netip.Addr
+	Gateway netip.Addr
+	// DNS is the resolver to write into the sandbox's /etc/resolv.conf.
+	DNS netip.Addr
+}
+
+// persisted is a sandbox's state file.
+type persisted struct {
+	ID    string `json:"id"`
+	Index int    `json:"index"`
+	Rules Rules  `json:"rules"`
+	// DomainSets is how many domain sets the installed rules use.
+	DomainSets int `json:"domain_sets"`
+}
+
+type sandbox struct {
+	// mu serialises rule changes and DNS admissions of this sandbox.
+	mu      sync.Mutex
+	st      persisted // guarded by mu
+	rules   []rule    // guarded by mu
+	learned []learned // guarded by mu
+	net     Network
+}
+
+// Manager owns the network of every sandbox on a node.
+type Manager struct {
+	cfg   Config
+	pool  netip.Prefix
+	alloc *allocator
+	nl    *netlink.Handle
+
+	nftMu sync.Mutex // serialises nft batches
+	nft   *nftState  // guarded by nftMu
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox     // guarded by mu
+	byAddr    map[netip.Addr]*sandbox // guarded by mu
+
+	dns *dnsProxy
+}
+
+// New prepares the node (nft table, DNS address, forwarding), loads the
+// sandboxes recorded in cfg.StateDir and starts the DNS proxy. It leaves
+// running sandboxes' networks alone; call Recover to drop the dead ones.
+func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
+	cfg = cfg.withDefaults(dataDir)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, pool: netip.MustParsePrefix(cfg.Pool), sandboxes: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}}
+	var err error
+	if m.alloc, err = newAllocator(filepath.Join(cfg.StateDir, "addrs"), m.pool); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	nodeNS := netns.None()
+	if cfg.NodeNetNS != "" {
+		if nodeNS, err = netns.GetFromPath(cfg.NodeNetNS); err != nil {
+			return nil, fmt.Errorf("open node netns: %w", err)
+		}
+		defer nodeNS.Close()
+		m.nl, err = netlink.NewHandleAt(nodeNS)
+	} else {
+		m.nl, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	var opts []nftables.ConnOption
+	if cfg.NodeNetNS != "" {
+		opts = append(opts, nftables.WithNetNSFd(int(nodeNS)))
+	}
+	// A lasting connection keeps its socket in the node namespace.
+	conn, err := nftables.New(append(opts, nftables.AsLasting())...)
+	if err != nil {
+		m.nl.Close()
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	m.nft = &nftState{c: conn, table: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}, pool: m.pool, dns: m.alloc.dnsAddr()}
+	fail := func(err error) (*Manager, error) {
+		m.Close()
+		return nil, err
+	}
+	if err := inNetNS(cfg.NodeNetNS, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		return fail(err)
+	}
+	if err := m.ensureDNSLink(); err != nil {
+		return fail(err)
+	}
+	m.nftMu.Lock()
+	err = m.nft.ensureBase()
+	m.nftMu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.load(); err != nil {
+		return fail(err)
+	}
+	m.dns, err = startDNS(ctx, m)
+	if err != nil {
+		return fail(err)
+	}
+	return m, nil
+}
+
+// Close stops the DNS proxy. Sandboxes keep their network and policy.
+func (m *Manager) Close() error {
+	var err error
+	if m.dns != nil {
+		err = m.dns.close()
+	}
+	if m.nft != nil {
+		err = errors.Join(err, m.nft.c.CloseLasting())
+	}
+	if m.nl != nil {
+		m.nl.Close()
+	}
+	return err
+}
+
+// DNSAddr is the resolver address sandboxes use.
+func (m *Manager) DNSAddr() netip.Addr { return m.alloc.dnsAddr() }
+
+// ensureDNSLink puts the DNS proxy's address on the node's loopback (not
+// every kernel has the dummy link type), where every sandbox routes to it
+// through its gateway.
+func (m *Manager) ensureDNSLink() error {
+	link, err := m.nl.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(m.alloc.dnsAddr(), 32))}
+	if err := m.nl.AddrReplace(link, addr); err != nil {
+		return fmt.Errorf("add dns address: %w", err)
+	}
+	if err := m.nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}
+
+// HostIfName is the node-side veth name of a sandbox: "od" and 13
+// characters of a hash of the ID (interface names have at most 15).
+func HostIfName(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return hostIfPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(h[:]))[:13]
+}
+
+func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, id) }
+func (m *Manager) statePath(id string) string {
+	return filepath.Join(m.cfg.StateDir, "sandboxes", id+".json")
+}
+
+func validID(id string) error {
+	if id == "" || len(id) > 64 {
+		return errdefs.Invalid("sandbox_id", "%q must be 1 to 64 characters of [a-z0-9]", id)
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return errdefs.Invalid("sandbox_id", "%q must be 1 to 64 characters of [a-z0-9]", id)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) netOf(id string, index int) Network {
+	gw, sb := m.alloc.pair(index)
+	return Network{ID: id, NetNSPath: m.nsPath(id), HostIf: HostIfName(id), Addr: sb, Gateway: gw, DNS: m.alloc.dnsAddr()}
+}
+
+func (m *Manager) writeState(st persisted) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode sandbox network state: %w", err)
+	}
+	p := m.statePath(st.ID)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write sandbox network state: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("write sandbox network state: %w", err)
+	}
+	return nil
+}
+
+// load reads every state file into memory.
+func (m *Manager) load() error {
+	ents, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "sandboxes"))
+	if err != nil {
+		return fmt.Errorf("list sandbox network state: %w", err)
+	}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(m.statePath(id))
+		if err != nil {
+			return fmt.Errorf("read sandbox network state: %w", err)
+		}
+		var st persisted
+		if err := json.Unmarshal(b, &st); err != nil || st.ID != id {
+			// A torn file: keep the sandbox so Recover can remove it.
+			st = persisted{ID: id}
+		}
+		sb := &sandbox{st: st, net: m.netOf(id, st.Index)}
+		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
+		m.sandboxes[id] = sb
+		if st.Index > 0 {
+			m.byAddr[sb.net.Addr] = sb
+		}
+	}
+	return nil
+}
+
+// defaults applies the configured default rule sets to an empty request.
+func (m *Manager) defaults(r Rules) Rules {
+	if len(r.RuleSets) == 0 && len(r.Allow) == 0 && r.RuleSets == nil {
+		r.RuleSets = append([]string(nil), m.cfg.DefaultRuleSets...)
+	}
+	return r
+}
+
+// Setup creates the sandbox's network namespace at NetNSPath, its veth,
+// address and route, and installs rules (the node's default rule sets when
+// rules is the zero value). On error nothing is left behind.
+func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, error) {
+	if err := validID(id); err != nil {
+		return Network{}, err
+	}
+	rules = m.defaults(rules)
+	resolved, err := resolve(rules, m.cfg.RuleSets)
+	if err != nil {
+		return Network{}, err
+	}
+	m.mu.Lock()
+	if _, ok := m.sandboxes[id]; ok {
+		m.mu.Unlock()
+		return Network{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already has a network", id)
+	}
+	sb := &sandbox{}
+	m.sandboxes[id] = sb
+	sb.mu.Lock()
+	m.mu.Unlock()
+	defer sb.mu.Unlock()
+
+	idx, err := m.alloc.alloc(id)
+	if err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.mu.Unlock()
+		return Network{}, err
+	}
+	sb.st = persisted{ID: id, Index: idx, Rules: rules, DomainSets: len(domainRules(resolved))}
+	sb.rules = resolved
+	sb.net = m.netOf(id, idx)
+	if err := m.setup(ctx, sb); err != nil {
+		cctx := context.WithoutCancel(ctx)
+		if terr := m.teardown(cctx, sb); terr != nil {
+			log.G(ctx).Warn("clean up failed network setup", "sandbox.id", id, "error", terr)
+		}
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.mu.Unlock()
+		return Network{}, fmt.Errorf("set up network of sandbox %s: %w", id, err)
+	}
+	m.mu.Lock()
+	m.byAddr[sb.net.Addr] = sb
+	m.mu.Unlock()
+	return sb.net, nil
+}
+
+// setup builds everything; sb.mu is held.
+func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
+	// The state file comes first: after a crash anywhere below, Recover
+	// finds the sandbox by it.
+	if err := m.writeState(sb.st); err != nil {
+		return err
+	}
+	n := sb.net
+	err := createNetNS(n.NetNSPath, func() error {
+		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
+			return err
+		}
+		if err := writeSysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return fmt.Errorf("find lo: %w", err)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("set lo up: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ns, err := netns.GetFromPath(n.NetNSPath)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer ns.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID},
+		PeerName:      sandboxIf,
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := m.nl.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth: %w", err)
+	}
+	host, err := m.nl.LinkByName(n.HostIf)
+	if err != nil {
+		return fmt.Errorf("find veth: %w", err)
+	}
+	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
+		return fmt.Errorf("label veth: %w", err)
+	}
+	if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.Gateway, 31))}); err != nil {
+		return fmt.Errorf("address veth: %w", err)
+	}
+	if err := m.nl.LinkSetUp(host); err != nil {
+		return fmt.Errorf("set veth up: %w", err)
+	}
+	in, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("open sandbox netlink: %w", err)
+	}
+	defer in.Close()
+	peer, err := in.LinkByName(sandboxIf)
+	if err != nil {
+		return fmt.Errorf("find sandbox veth: %w", err)
+	}
+	if err := in.AddrAdd(peer, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.Addr, 31))}); err != nil {
+		return fmt.Errorf("address sandbox veth: %w", err)
+	}
+	if err := in.LinkSetUp(peer); err != nil {
+		return fmt.Errorf("set sandbox veth up: %w", err)
+	}
+	if err := in.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: n.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("add default route: %w", err)
+	}
+	if err := m.apply(sb, 0, true); err != nil {
+		return err
+	}
+	// A veth end drops what it sends until the kernel's link watcher has
+	// seen its carrier (its queue is a no-op until then), on both ends; a
+	// sandbox whose first SYN vanished would wait a whole retransmit (1 s).
+	if err := waitOperUp(ctx, in, sandboxIf); err != nil {
+		return err
+	}
+	return waitOperUp(ctx, m.nl, n.HostIf)
+}
+
+func waitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, 5*time.Second, errors.New("veth carrier did not come up within 5s"))
+	defer cancel()
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("find sandbox veth: %w", err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for veth carrier: %w", context.Cause(ctx))
+		case <-time.After(delay):
+		}
+	}
+}
+
+// apply installs sb's rules; sb.mu is held.
+func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
+	now := time.Now()
+	live := sb.learned[:0]
+	for _, l := range sb.learned {
+		if l.expires.After(now) {
+			live = append(live, l)
+		}
+	}
+	sb.learned = live
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	return m.nft.applySandbox(sandboxSpec{
+		id: sb.st.ID, hostIf: sb.net.HostIf, addr: sb.net.Addr, rules: sb.rules,
+		oldDomainSets: oldSets, flushSets: flush, seed: live,
+	}, now)
+}
+
+// SetRules replaces a running sandbox's rules in one nftables transaction.
+// Connections the new rules do not allow stop at their next packet.
+// Invalid rules change nothing.
+func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
+	resolved, err := resolve(rules, m.cfg.RuleSets)
+	if err != nil {
+		return err
+	}
+	sb, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	st := sb.st
+	st.Rules = rules
+	st.DomainSets = len(domainRules(resolved))
+	if err := m.writeState(st); err != nil {
+		return err
+	}
+	old, oldRules := sb.st, sb.rules
+	sb.st, sb.rules = st, resolved
+	if err := m.apply(sb, old.DomainSets, true); err != nil {
+		sb.st, sb.rules = old, oldRules
+		if werr := m.writeState(old); werr != nil {
+			log.G(ctx).Warn("restore sandbox network state", "sandbox.id", id, "error", werr)
+		}
+		return err
+	}
+	// Connections the old rules allowed and the new ones do not are cut by
+	// deleting their conntrack entries, so "established" no longer lets
+	// them through; allowed ones keep their entries (and NAT mappings).
+	pol := m.policyOf(sb)
+	m.flushConntrack(ctx, sb.net.Addr, func(dst netip.Addr, proto uint8, port uint16) bool {
+		return !pol.allows(dst, proto, port, time.Now())
+	})
+	return nil
+}
+
+func (m *Manager) policyOf(sb *sandbox) flowPolicy {
+	return flowPolicy{rules: sb.rules, learned: append([]learned(nil), sb.learned...), dns: m.alloc.dnsAddr(), pool: m.pool, explicit: m.nft.protectedExplicit}
+}
+
+// ctFilter matches flows from src whose destination cut reports true.
+type ctFilter struct {
+	src netip.Addr
+	cut func(dst netip.Addr, proto uint8, port uint16) bool
+}
+
+func (f ctFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
+	s, ok := netip.AddrFromSlice(fl.Forward.SrcIP)
+	if !ok || s.Unmap() != f.src {
+		return false
+	}
+	d, ok := netip.AddrFromSlice(fl.Forward.DstIP)
+	if !ok {
+		return false
+	}
+	return f.cut(d.Unmap(), fl.Forward.Protocol, fl.Forward.DstPort)
+}
+
+// flushConntrack forgets tracked connections from addr that cut selects.
+func (m *Manager) flushConntrack(ctx context.Context, addr netip.Addr, cut func(netip.Addr, uint8, uint16) bool) {
+	if _, err := m.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, ctFilter{src: addr, cut: cut}); err != nil {
+		log.G(ctx).Warn("flush conntrack of sandbox", "addr", addr.String(), "error", err)
+	}
+}
+
+// Rules returns the rules a sandbox runs with.
+func (m *Manager) Rules(id string) (Rules, error) {
+	sb, err := m.get(id)
+	if err != nil {
+		return Rules{}, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.st.Rules, nil
+}
+
+// Get returns a sandbox's network.
+func (m *Manager) Get(id string) (Network, error) {
+	sb, err := m.get(id)
+	if err != nil {
+		return Network{}, err
+	}
+	return sb.net, nil
+}
+
+func (m *Manager) get(id string) (*sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s has no network on this node", id)
+	}
+	return sb, nil
+}
+
+func (m *Manager) bySource(a netip.Addr) *sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byAddr[a]
+}
+
+// Teardown removes everything of a sandbox. Removing what is already gone
+// is not an error.
+func (m *Manager) Teardown(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	m.mu.Unlock()
+	if !ok {
+		sb = &sandbox{st: persisted{ID: id}, net: m.netOf(id, 0)}
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := m.teardown(ctx, sb); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	if m.byAddr[sb.net.Addr] == sb {
+		delete(m.byAddr, sb.net.Addr)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// teardown removes sb's pieces in reverse order of setup; sb.mu is held.
+func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
+	id := sb.st.ID
+	var errs []error
+	m.nftMu.Lock()
+	err := m.nft.removeSandbox(id, HostIfName(id), max(sb.st.DomainSets, 16))
+	m.nftMu.Unlock()
+	errs = append(errs, err)
+	if l, err := m.nl.LinkByName(HostIfName(id)); err == nil {
+		if err := m.nl.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete veth: %w", err))
+		}
+	}
+	errs = append(errs, removeNetNS(m.nsPath(id)))
+	if sb.net.Addr.IsValid() {
+		m.flushConntrack(ctx, sb.net.Addr, func(netip.Addr, uint8, uint16) bool { return true })
+	}
+	if sb.st.Index > 0 {
+		errs = append(errs, m.alloc.release(sb.st.Index, id))
+	} else {
+		all, err := m.alloc.list()
+		errs = append(errs, err)
+		for idx, owner := range all {
+			if owner == id {
+				errs = append(errs, m.alloc.release(idx, id))
+			}
+		}
+	}
+	if err := os.Remove(m.statePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove sandbox network state: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tear down network of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// RecoverReport says what Recover did.
+type RecoverReport struct {
+	Kept    []string
+	Removed []string
+}
+
+// Recover runs after a node restart: sandboxes live reports as running keep
+// their network (their rules are reinstalled without dropping what DNS
+// admitted); everything else this package made — state, allocations, veths,
+// nft chains and sets, netns files — is removed.
+func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (RecoverReport, error) {
+	var rep RecoverReport
+	var errs []error
+	owners := map[string]bool{}
+	m.mu.Lock()
+	for id := range m.sandboxes {
+		owners[id] = true
+	}
+	m.mu.Unlock()
+	links, err := m.nl.LinkList()
+	if err != nil {
+		return rep, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if l.Type() == "veth" && strings.HasPrefix(a.Name, hostIfPrefix) && a.Alias != "" && HostIfName(a.Alias) == a.Name {
+			owners[a.Alias] = true
+		}
+	}
+	m.nftMu.Lock()
+	nftOwners, err := m.nft.leftovers()
+	m.nftMu.Unlock()
+	if err != nil {
+		return rep, err
+	}
+	for id := range nftOwners {
+		owners[id] = true
+	}
+	if ents, err := os.ReadDir(m.cfg.NetNSDir); err == nil {
+		for _, e := range ents {
+			owners[e.Name()] = true
+		}
+	}
+	allocs, err := m.alloc.list()
+	if err != nil {
+		return rep, err
+	}
+	for _, id := range allocs {
+		owners[id] = true
+	}
+	for id := range owners {
+		if validID(id) != nil {
+			continue
+		}
+		if live(id) {
+			sb, err := m.get(id)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("sandbox %s is running but has no network state", id))
+				continue
+			}
+			sb.mu.Lock()
+			err = m.apply(sb, sb.st.DomainSets, false)
+			sb.mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			rep.Kept = append(rep.Kept, id)
+			continue
+		}
+		if err := m.Teardown(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Removed = append(rep.Removed, id)
+	}
+	return rep, errors.Join(errs...)
+}
