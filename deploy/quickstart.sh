@@ -110,6 +110,12 @@ fi
 
 say "starting OpenDsec"
 stop_running
+for p in 7070 7071 7072 ${E2B_ADDR##*:}; do
+  if ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then
+    who=$(ss -Hltnp "sport = :$p" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -n1)
+    die "port $p is already in use (${who:-unknown process}); stop it or set other ports in /etc/opendsec/opendsec.json"
+  fi
+done
 rm -f "$RUN_DIR/ready"
 if systemd_pid1; then
   install -m 0644 "$REPO/deploy/systemd/opendsec.service" /etc/systemd/system/opendsec.service
