@@ -5,6 +5,13 @@ import (
 	"time"
 )
 
+// learned is an address the DNS proxy admitted for a name.
+type learned struct {
+	name    string
+	addr    netip.Addr
+	expires time.Time
+}
+
 // flowPolicy answers, in Go, what the nftables rules of a sandbox answer
 // for a new connection; SetRules uses it to cut tracked connections the new
 // rules no longer allow.
@@ -60,4 +67,17 @@ func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Ti
 		}
 	}
 	return false
+}
+
+// linkLocal holds cloud metadata services (169.254.169.254).
+var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
+
+// protectedExplicit reports whether a CIDR rule names a protected range on
+// purpose (it lies inside link-local or the pool, or is one address), so it
+// is placed before the protection rules.
+func protectedExplicit(pool netip.Prefix, r rule) bool {
+	p := r.prefix
+	return p.Bits() == 32 ||
+		(linkLocal.Bits() <= p.Bits() && linkLocal.Contains(p.Addr())) ||
+		(pool.Bits() <= p.Bits() && pool.Contains(p.Addr()))
 }

@@ -245,10 +245,11 @@ func (m *Manager) load() error {
 			// A torn file: keep the sandbox so Recover can remove it.
 			st = persisted{ID: id}
 		}
-		sb := &sandbox{st: st, net: m.netOf(id, st.Index)}
+		sb := &sandbox{st: st, net: Network{ID: id}}
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
+			sb.net = m.netOf(id, st.Index)
 			m.byAddr[sb.net.Addr] = sb
 		}
 	}
@@ -549,7 +550,8 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	sb, ok := m.sandboxes[id]
 	m.mu.Unlock()
 	if !ok {
-		sb = &sandbox{st: persisted{ID: id}, net: m.netOf(id, 0)}
+		// Only leftovers are left to find: no address is known.
+		sb = &sandbox{st: persisted{ID: id}, net: Network{ID: id}}
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()

@@ -23,8 +23,6 @@ const (
 	ProxyMark = 0x0d5ec001
 )
 
-var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
-
 func outChain(id string) string         { return chainPrefix + id + "-o" }
 func inChain(id string) string          { return chainPrefix + id + "-i" }
 func domainSet(id string, i int) string { return fmt.Sprintf("%s%s-d%d", chainPrefix, id, i) }
@@ -184,22 +182,7 @@ func ruleExprs(r rule, dst []expr.Any) [][]expr.Any {
 	return out
 }
 
-// protectedExplicit reports whether a CIDR rule names a protected range on
-// purpose (it lies inside link-local or the pool, or is one address), so it
-// is placed before the protection rules.
-func (n *nftState) protectedExplicit(r rule) bool {
-	p := r.prefix
-	return p.Bits() == 32 ||
-		(linkLocal.Bits() <= p.Bits() && linkLocal.Contains(p.Addr())) ||
-		(n.pool.Bits() <= p.Bits() && n.pool.Contains(p.Addr()))
-}
-
-// learned is an address the DNS proxy admitted for a name.
-type learned struct {
-	name    string
-	addr    netip.Addr
-	expires time.Time
-}
+func (n *nftState) protectedExplicit(r rule) bool { return protectedExplicit(n.pool, r) }
 
 // sandboxSpec is what applySandbox needs about one sandbox.
 type sandboxSpec struct {

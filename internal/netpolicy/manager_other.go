@@ -1,0 +1,53 @@
+//go:build !linux
+
+package netpolicy
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// Network is what the backend needs to put a sandbox on its network.
+type Network struct {
+	ID        string
+	NetNSPath string
+	HostIf    string
+	Addr      netip.Addr
+	Gateway   netip.Addr
+	DNS       netip.Addr
+}
+
+// RecoverReport says what Recover did.
+type RecoverReport struct {
+	Kept    []string
+	Removed []string
+}
+
+// Manager is unavailable off Linux.
+type Manager struct{}
+
+var errNotLinux = errdefs.New(errdefs.ErrUnimplemented, "sandbox networking needs Linux")
+
+// New fails off Linux.
+func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) { return nil, errNotLinux }
+
+// Close does nothing.
+func (m *Manager) Close() error { return nil }
+
+// Setup fails off Linux.
+func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, error) {
+	return Network{}, errNotLinux
+}
+
+// SetRules fails off Linux.
+func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error { return errNotLinux }
+
+// Teardown fails off Linux.
+func (m *Manager) Teardown(ctx context.Context, id string) error { return errNotLinux }
+
+// Recover fails off Linux.
+func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (RecoverReport, error) {
+	return RecoverReport{}, errNotLinux
+}

@@ -1,0 +1,180 @@
+package netpolicy
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+func TestValidateRule(t *testing.T) {
+	good := []Rule{
+		{CIDR: "10.0.0.0/8"},
+		{CIDR: "192.0.2.7", Protocol: "udp", Ports: "53"},
+		{CIDR: "0.0.0.0/0", Protocol: "TCP", Ports: "1-65535"},
+		{Domain: "pypi.org", Protocol: "tcp", Ports: "443"},
+		{Domain: "*.Pythonhosted.org."},
+		{CIDR: "198.51.100.0/24", Protocol: "icmp"},
+	}
+	for _, r := range good {
+		if _, err := validateRule("allow[0]", r); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+	bad := map[string]Rule{
+		"allow[0].cidr":     {CIDR: "10.0.0.0/33"},
+		"allow[0].domain":   {Domain: "a b.test"},
+		"allow[0].ports":    {CIDR: "10.0.0.0/8", Ports: "65536"},
+		"allow[0].protocol": {CIDR: "10.0.0.0/8", Protocol: "gre"},
+		"allow[0]":          {},
+	}
+	for field, r := range bad {
+		_, err := validateRule("allow[0]", r)
+		if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), field+":") {
+			t.Errorf("%+v: %v, want invalid %s", r, err, field)
+		}
+	}
+	for _, d := range []string{"*.", "a..b", "*.*.a.test", strings.Repeat("a", 64) + ".test", "a/b"} {
+		if _, err := validateRule("x", Rule{Domain: d}); err == nil {
+			t.Errorf("domain %q accepted", d)
+		}
+	}
+}
+
+func TestDomainMatch(t *testing.T) {
+	exact, _ := validateRule("x", Rule{Domain: "api.example.test"})
+	wild, _ := validateRule("x", Rule{Domain: "*.example.test"})
+	cases := []struct {
+		r    rule
+		name string
+		want bool
+	}{
+		{exact, "api.example.test", true},
+		{exact, "evil.example.test", false},
+		{exact, "x.api.example.test", false},
+		{wild, "a.b.example.test", true},
+		{wild, "example.test", false},
+		{wild, "badexample.test", false},
+	}
+	for _, c := range cases {
+		if got := c.r.matches(c.name); got != c.want {
+			t.Errorf("%q matches %q = %v", c.r.domain, c.name, got)
+		}
+	}
+}
+
+func TestResolveRuleSets(t *testing.T) {
+	sets := map[string][]Rule{"pypi": {{Domain: "pypi.org"}, {Domain: "*.pythonhosted.org"}}}
+	rs, err := resolve(Rules{RuleSets: []string{"pypi", "pypi"}, Allow: []Rule{{CIDR: "10.0.0.1"}}}, sets)
+	if err != nil || len(rs) != 3 {
+		t.Fatalf("resolve: %v %d rules", err, len(rs))
+	}
+	_, err = resolve(Rules{RuleSets: []string{"npm"}}, sets)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "known: pypi") {
+		t.Errorf("unknown rule set: %v", err)
+	}
+	if err := ValidateRuleSets(map[string][]Rule{"bad": {{CIDR: "x"}}}); err == nil || !strings.HasPrefix(err.Error(), "rule_sets.bad[0].cidr") {
+		t.Errorf("ValidateRuleSets: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	base := Config{}.withDefaults("/var/lib/opendsec")
+	if err := base.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for field, mut := range map[string]func(*Config){
+		"network.pool":              func(c *Config) { c.Pool = "100.96.0.1/12" },
+		"network.dns_upstream":      func(c *Config) { c.Upstream = []string{"dns.example"} },
+		"network.default_rule_sets": func(c *Config) { c.DefaultRuleSets = []string{"nope"} },
+		"network.netns_dir":         func(c *Config) { c.NetNSDir = "rel" },
+	} {
+		c := base
+		mut(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), field) {
+			t.Errorf("%s: %v", field, err)
+		}
+	}
+}
+
+func TestAllocatorPersists(t *testing.T) {
+	dir := t.TempDir()
+	pool := netip.MustParsePrefix("100.96.0.0/29") // indices 1..3
+	a, err := newAllocator(dir, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i1, _ := a.alloc("s1")
+	i2, _ := a.alloc("s2")
+	gw, sb := a.pair(i1)
+	if gw.String() != "100.96.0.2" || sb.String() != "100.96.0.3" || a.dnsAddr().String() != "100.96.0.1" {
+		t.Errorf("pair(%d) = %v %v, dns %v", i1, gw, sb, a.dnsAddr())
+	}
+	if a.indexOf(sb) != i1 || a.indexOf(gw) != -1 {
+		t.Errorf("indexOf")
+	}
+	// A restarted node (a new allocator) never hands out a used index.
+	b, _ := newAllocator(dir, pool)
+	i3, err := b.alloc("s3")
+	if err != nil || i3 == i1 || i3 == i2 {
+		t.Fatalf("after restart got %d (%v), used %d %d", i3, err, i1, i2)
+	}
+	if _, err := b.alloc("s4"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("4th address from a pool of 3: %v, want resource exhausted", err)
+	}
+	if err := b.release(i1, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := b.list(); all[i1] != "s1" {
+		t.Error("release by a non-owner freed the address")
+	}
+	b.release(i1, "s1")
+	if i, err := b.alloc("s5"); err != nil || i != i1 {
+		t.Errorf("freed index not reused: %d %v", i, err)
+	}
+}
+
+func TestFlowPolicy(t *testing.T) {
+	must := func(r Rule) rule {
+		v, err := validateRule("x", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	pool := netip.MustParsePrefix("100.96.0.0/12")
+	now := time.Now()
+	p := flowPolicy{
+		rules: []rule{must(Rule{CIDR: "10.0.0.0/8", Protocol: "tcp", Ports: "80-90"}), must(Rule{Domain: "*.example.test", Ports: "443"}),
+			must(Rule{CIDR: "0.0.0.0/0", Protocol: "udp"})},
+		learned:  []learned{{name: "a.example.test", addr: netip.MustParseAddr("192.0.2.1"), expires: now.Add(time.Minute)}},
+		dns:      netip.MustParseAddr("100.96.0.1"),
+		pool:     pool,
+		explicit: func(r rule) bool { return protectedExplicit(pool, r) },
+	}
+	cases := []struct {
+		dst   string
+		proto uint8
+		port  uint16
+		want  bool
+	}{
+		{"10.1.2.3", 6, 85, true},
+		{"10.1.2.3", 6, 91, false},
+		{"192.0.2.1", 6, 443, true},
+		{"192.0.2.1", 17, 443, true},
+		{"192.0.2.1", 6, 80, false},
+		{"192.0.2.2", 6, 443, false},
+		{"100.96.0.1", 17, 53, true},
+		{"100.96.0.5", 17, 53, false},      // another sandbox, despite 0.0.0.0/0 udp
+		{"169.254.169.254", 17, 53, false}, // metadata
+		{"8.8.8.8", 17, 53, true},
+	}
+	for _, c := range cases {
+		if got := p.allows(netip.MustParseAddr(c.dst), c.proto, c.port, now); got != c.want {
+			t.Errorf("%s proto %d port %d: %v, want %v", c.dst, c.proto, c.port, got, c.want)
+		}
+	}
+}
