@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -51,13 +52,22 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 	if err := json.Unmarshal(raw, &ours); err != nil {
 		return fmt.Errorf("decode our config.json: %w", err)
 	}
+	// Regular files bound from the bundle (the agent's seccomp filter) are
+	// gone after the stop: keep their bytes for the replays.
+	b.base.files = map[string][]byte{}
+	for _, m := range ours.Mounts {
+		rel, ok := strings.CutPrefix(m.Source, st.Bundle+"/")
+		if fi, err := os.Stat(m.Source); ok && err == nil && fi.Mode().IsRegular() {
+			data, err := os.ReadFile(m.Source)
+			if err != nil {
+				return fmt.Errorf("read bind source %s: %w", m.Source, err)
+			}
+			b.base.files[rel] = data
+		}
+	}
 	if err := b.stop(ctx, sb.GetId()); err != nil {
 		return err
 	}
-	noSeccomp := ours
-	lin := *ours.Linux
-	lin.Seccomp = nil
-	noSeccomp.Linux = &lin
 
 	for i := -b.cfg.warmup; i < b.cfg.breakdown; i++ {
 		sb, total, err := b.create(ctx)
@@ -86,20 +96,7 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 		if err := b.base.remove(ctx, c); err != nil {
 			return err
 		}
-		// The same without the seccomp profile, to show what it costs.
-		c, err = b.base.prepareSpec(noSeccomp, st.Bundle)
-		if err != nil {
-			return err
-		}
-		nd, err := b.base.create(ctx, c)
-		if err != nil {
-			return err
-		}
-		if err := b.base.remove(ctx, c); err != nil {
-			return err
-		}
 		if i >= 0 {
-			r.bdNoSeccomp = append(r.bdNoSeccomp, nd)
 			r.bdOurs = append(r.bdOurs, total)
 			r.bdCreate = append(r.bdCreate, cd)
 			r.bdStart = append(r.bdStart, sd)

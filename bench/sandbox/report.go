@@ -31,7 +31,7 @@ type report struct {
 	concErrs                      []string
 
 	// create breakdown: ours, and our config.json replayed by hand
-	bdOurs, bdCreate, bdStart, bdAgent, bdSum, bdNoSeccomp series
+	bdOurs, bdCreate, bdStart, bdAgent, bdSum series
 }
 
 func ratio(a, b time.Duration) float64 {
@@ -144,10 +144,9 @@ func (r *report) markdown() string {
 		p("polling (backoff from 2 ms doubling to 100 ms) and the answer back.")
 		p("")
 		r.seriesTable(p, []string{"ours CreateSandbox", "runc create (our config)", "runc start", "agent /health after start", "replay total (create+start+agent)", "runc create (our config without seccomp)"},
-			[]series{r.bdOurs, r.bdCreate, r.bdStart, r.bdAgent, r.bdSum, r.bdNoSeccomp})
+			[]series{r.bdOurs, r.bdCreate, r.bdStart, r.bdAgent, r.bdSum})
 		over := r.bdOurs.percentile(50) - r.bdSum.percentile(50)
 		p("- API path and node overhead, p50 ours - p50 replay: %s ms (%.0f%% of ours' p50).", ms(over), 100*ratio(over, r.bdOurs.percentile(50)))
-		p("- Seccomp profile, p50 `runc create` with - without: %s ms.", ms(r.bdCreate.percentile(50)-r.bdNoSeccomp.percentile(50)))
 		p("- Our config vs `runc spec`'s: p50 `runc create` (our config) + `runc start` - p50 `runc run` (section above): %s ms.",
 			ms(r.bdCreate.percentile(50)+r.bdStart.percentile(50)-r.createRunc.percentile(50)))
 		p("")

@@ -29,6 +29,9 @@ type baseline struct {
 	stderr   *os.File // runc's stderr; a file so no pipe outlives a detached run
 	seq      int
 	live     map[string]*runcContainer
+	// files are regular-file bind sources of a replayed bundle (e.g. the
+	// agent's seccomp filter), by path relative to the bundle.
+	files map[string][]byte
 }
 
 type runcContainer struct {
@@ -136,6 +139,12 @@ func (b *baseline) prepareSpec(sp specs.Spec, fromBundle string) (*runcContainer
 				continue
 			}
 			sp.Mounts[i].Source = filepath.Join(c.bundle, rel)
+			if data, ok := b.files[rel]; ok {
+				if err := os.WriteFile(sp.Mounts[i].Source, data, 0o444); err != nil {
+					return c, fmt.Errorf("write bind source: %w", err)
+				}
+				continue
+			}
 			if err := os.MkdirAll(sp.Mounts[i].Source, 0o755); err != nil {
 				return c, fmt.Errorf("make bind source: %w", err)
 			}
