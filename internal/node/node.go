@@ -267,7 +267,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	if err := n.normalize(&spec); err != nil {
 		return nil, err
 	}
+	tHold := time.Now()
 	img, err := n.cfg.Images.Hold(ctx, spec.Image, req.ID)
+	holdDur := time.Since(tHold)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, errdefs.Invalid("image", "%v", err)
@@ -294,6 +296,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	if req.RequestID != "" {
 		if prev, ok := n.requests[req.RequestID]; ok {
 			n.mu.Unlock()
+			if prev.rec.ID != req.ID {
+				n.releaseHold(ctx, req.ID)
+			}
 			return n.waitReady(ctx, prev)
 		}
 	}
@@ -303,11 +308,13 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	}
 	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
 		n.mu.Unlock()
+		n.releaseHold(ctx, req.ID)
 		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
 	}
 	if n.reservedMem+spec.MemoryMB > n.cfg.MemoryMB {
 		free := n.cfg.MemoryMB - n.reservedMem
 		n.mu.Unlock()
+		n.releaseHold(ctx, req.ID)
 		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less", n.cfg.ID, free, spec.MemoryMB)
 	}
 	n.sandboxes[req.ID] = sb
@@ -318,7 +325,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	n.reservedMem += spec.MemoryMB
 	n.mu.Unlock()
 
-	err = n.doCreate(ctx, sb, img)
+	err = n.doCreate(ctx, sb, img, holdDur)
 	if err != nil {
 		n.forget(sb)
 	}
@@ -346,7 +353,7 @@ func (n *Node) waitReady(ctx context.Context, sb *sandbox) (*record, error) {
 }
 
 // doCreate makes the sandbox; on error everything it made is undone.
-func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (err error) {
+func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, holdDur time.Duration) (err error) {
 	rec := sb.rec
 	l := log.G(ctx).With(log.SandboxID(rec.ID))
 	rt := n.cfg.Backends[rec.Backend]
@@ -415,7 +422,7 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image) (er
 	sb.rec = &rec2
 	n.mu.Unlock()
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
-		"create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
+		"hold_ms", ms(holdDur), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"agent_ms", ms(tReady.Sub(tStarted)), "total_ms", ms(time.Since(t0)))
 	return nil
 }
@@ -670,3 +677,11 @@ func (n *Node) StopAll(ctx context.Context, reason string) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// releaseHold drops the image hold of a sandbox that was refused before it
+// was made. (A sandbox that exists keeps its hold: its holder is its ID.)
+func (n *Node) releaseHold(ctx context.Context, id string) {
+	if err := n.cfg.Images.Release(context.WithoutCancel(ctx), id); err != nil {
+		log.G(ctx).Warn("release image hold of refused sandbox", log.SandboxID(id), log.Err(err))
+	}
+}

@@ -18,14 +18,32 @@ import (
 )
 
 // images resolves every name to the busybox test rootfs, except "missing".
-type images struct{ layer string }
+type images struct {
+	layer string
+	mu    *sync.Mutex
+	holds map[string]bool // holder → held; guarded by mu
+}
 
-func (i images) Release(context.Context, string) error { return nil }
+func (i images) Release(_ context.Context, holder string) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	delete(i.holds, holder)
+	return nil
+}
 
-func (i images) Hold(_ context.Context, name, _ string) (runtime.Image, error) {
+func (i images) held() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return len(i.holds)
+}
+
+func (i images) Hold(_ context.Context, name, holder string) (runtime.Image, error) {
 	if name == "missing" {
 		return runtime.Image{}, errdefs.New(errdefs.ErrNotFound, "image %q not found", name)
 	}
+	i.mu.Lock()
+	i.holds[holder] = true
+	i.mu.Unlock()
 	return runtime.Image{Name: name, Layers: []string{i.layer}, Env: []string{"PATH=/bin:/usr/bin"}}, nil
 }
 
@@ -51,7 +69,7 @@ func newFixture(t *testing.T) *fixture {
 		AgentPath:      testutil.AgentBinary(t),
 		Backends:       map[string]runtime.Runtime{"container": rt},
 		DefaultBackend: "container",
-		Images:         images{testutil.BusyboxRootfs(t)},
+		Images:         images{layer: testutil.BusyboxRootfs(t), mu: new(sync.Mutex), holds: map[string]bool{}},
 		MemoryMB:       4096,
 		ReapInterval:   50 * time.Millisecond,
 	}}
@@ -112,6 +130,9 @@ func TestCreateStopLeavesNothing(t *testing.T) {
 	recs, _ := n.table.all()
 	if len(recs) != 0 {
 		t.Fatalf("table still has %d records", len(recs))
+	}
+	if h := f.cfg.Images.(images).held(); h != 0 {
+		t.Fatalf("%d image holds after stop, want 0", h)
 	}
 	if err := n.Stop(t.Context(), rec.ID, "again"); !errdefs.IsNotFound(err) {
 		t.Fatalf("second stop: %v, want not found", err)
@@ -182,6 +203,9 @@ func TestIdempotentCreate(t *testing.T) {
 	if _, _, c := n.Usage(); c != 1 {
 		t.Fatalf("%d sandboxes, want 1", c)
 	}
+	if h := f.cfg.Images.(images).held(); h != 1 {
+		t.Fatalf("%d image holds after deduplicated retries, want 1", h)
+	}
 }
 
 func TestAdmissionRefusesOverCapacity(t *testing.T) {
@@ -192,6 +216,9 @@ func TestAdmissionRefusesOverCapacity(t *testing.T) {
 	_, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", MemoryMB: 400}})
 	if !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("over capacity: %v, want resource exhausted", err)
+	}
+	if h := f.cfg.Images.(images).held(); h != 1 {
+		t.Fatalf("%d image holds after a refused create, want 1 (the running sandbox's)", h)
 	}
 }
 
