@@ -236,6 +236,20 @@ func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTime
 	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
 
+// SetNetwork replaces a running sandbox's network policy. The node checks
+// the rules (it knows its rule sets); bad rules change nothing.
+func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "set network", err))
+	}
+	return connect.NewResponse(&v1.SetNetworkResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+}
+
 // ListSandboxes asks every healthy node and filters. A node that fails to
 // answer is left out (and logged) rather than failing the whole list.
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -84,6 +85,18 @@ type Node struct {
 	MaxSandboxes int64 `json:"max_sandboxes"`
 	// MaxUploadMB caps one file write.
 	MaxUploadMB int64 `json:"max_upload_mb"`
+	// Network is the sandboxes' network policy (docs/network.md).
+	Network NodeNetwork `json:"network"`
+}
+
+// NodeNetwork configures sandbox networking: the netpolicy settings plus
+// whether to use it at all.
+type NodeNetwork struct {
+	// Enabled: unset means on when the node can (root, nftables works),
+	// with a warning when it cannot; true makes failure fatal; false leaves
+	// every sandbox in an empty network namespace (no network at all).
+	Enabled *bool `json:"enabled,omitempty"`
+	netpolicy.Config
 }
 
 // NodeRef names a node and where it listens.
@@ -160,6 +173,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.MaxSandboxes <= 0 {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")
+	}
+	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
+		return err
 	}
 	if c.APIServer.PlacementSample < 1 {
 		return errdefs.Invalid("apiserver.placement_sample", "must be at least 1")

@@ -18,8 +18,10 @@ import (
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
@@ -51,7 +53,11 @@ func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
 	}
-	return node.New(ctx, node.Config{
+	nw, err := newNetwork(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ncfg := node.Config{
 		ID:             cfg.Node.ID,
 		StateDir:       filepath.Join(cfg.DataDir, "node"),
 		AgentPath:      cfg.Node.AgentPath,
@@ -61,7 +67,37 @@ func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
 		CPU:            cfg.Node.CPU,
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
-	})
+	}
+	if nw != nil {
+		ncfg.Network = nw
+	}
+	n, err := node.New(ctx, ncfg)
+	if err != nil {
+		if nw != nil {
+			nw.Close()
+		}
+		return nil, err
+	}
+	return n, nil
+}
+
+// newNetwork starts the network policy manager, or returns nil when it is
+// turned off, or unset and this machine cannot run it.
+func newNetwork(ctx context.Context, cfg config.Config) (*netpolicy.Manager, error) {
+	en := cfg.Node.Network.Enabled
+	if en != nil && !*en {
+		log.G(ctx).Warn("network policy is off (node.network.enabled=false): sandboxes have no network")
+		return nil, nil
+	}
+	m, err := netpolicy.New(ctx, cfg.Node.Network.Config, cfg.DataDir)
+	if err != nil {
+		if en != nil || errdefs.IsInvalidArgument(err) {
+			return nil, fmt.Errorf("start network policy: %w", err)
+		}
+		log.G(ctx).Warn("network policy unavailable; sandboxes have no network (set node.network.enabled to decide)", log.Err(err))
+		return nil, nil
+	}
+	return m, nil
 }
 
 func nodeHandlerOpts(key []byte) (*auth.Verifier, []connect.HandlerOption) {

@@ -39,7 +39,7 @@ type Config struct {
 	// NodeNetNS is the network namespace (a path) that plays the node: where
 	// veths' host ends, nftables and the DNS proxy live. Empty means the
 	// namespace of the calling process (production). Tests use their own.
-	NodeNetNS string `json:"-"`
+	NodeNetNS string `json:"node_netns,omitempty"`
 }
 
 // withDefaults fills empty fields; dataDir roots StateDir.

@@ -682,3 +682,10 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 	}
 	return rep, errors.Join(errs...)
 }
+
+// Validate checks rules against this node's rule sets without changing
+// anything; errors name the field.
+func (m *Manager) Validate(rules Rules) error {
+	_, err := resolve(rules, m.cfg.RuleSets)
+	return err
+}

@@ -51,3 +51,6 @@ func (m *Manager) Teardown(ctx context.Context, id string) error { return errNot
 func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (RecoverReport, error) {
 	return RecoverReport{}, errNotLinux
 }
+
+// Validate checks rules against this node's rule sets.
+func (m *Manager) Validate(rules Rules) error { return errNotLinux }

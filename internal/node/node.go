@@ -23,6 +23,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
@@ -49,6 +50,16 @@ type ImageResolver interface {
 	Release(ctx context.Context, holder string) error
 }
 
+// Network gives each sandbox its own policed network. internal/netpolicy's
+// Manager implements it.
+type Network interface {
+	Validate(rules netpolicy.Rules) error
+	Setup(ctx context.Context, id string, rules netpolicy.Rules) (netpolicy.Network, error)
+	SetRules(ctx context.Context, id string, rules netpolicy.Rules) error
+	Teardown(ctx context.Context, id string) error
+	Recover(ctx context.Context, live func(id string) bool) (netpolicy.RecoverReport, error)
+}
+
 // Config configures a Node.
 type Config struct {
 	ID string
@@ -67,6 +78,9 @@ type Config struct {
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
 	ReapInterval time.Duration
+	// Network, when set, puts every sandbox on its own policed network
+	// (default deny). Nil leaves sandboxes in an empty network namespace.
+	Network Network
 }
 
 // Node runs sandboxes on one machine.
@@ -147,6 +161,17 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.recover(ctx); err != nil {
 		t.close()
 		return nil, err
+	}
+	if cfg.Network != nil {
+		rep, err := cfg.Network.Recover(ctx, func(id string) bool {
+			_, ok := n.sandboxes[id]
+			return ok
+		})
+		if err != nil {
+			t.close()
+			return nil, fmt.Errorf("recover sandbox networks: %w", err)
+		}
+		log.G(ctx).Info("sandbox networks recovered", "kept", len(rep.Kept), "removed", len(rep.Removed))
 	}
 	n.wg.Add(1)
 	go n.reapLoop()
@@ -249,6 +274,18 @@ func (n *Node) normalize(s *specRecord) error {
 	for k := range s.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return errdefs.Invalid("env", "key %q is not a valid variable name", k)
+		}
+	}
+	if s.Network != nil && n.cfg.Network == nil {
+		return errdefs.Invalid("network", "node %s has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset", n.cfg.ID)
+	}
+	if n.cfg.Network != nil {
+		var rules netpolicy.Rules
+		if s.Network != nil {
+			rules = *s.Network
+		}
+		if err := n.cfg.Network.Validate(rules); err != nil {
+			return prefixField("network.", err)
 		}
 	}
 	return nil
@@ -384,6 +421,22 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 		env = append(env, k+"="+v)
 	}
 	sort.Strings(env)
+	var netNS string
+	var nameservers []string
+	var netDur time.Duration
+	if n.cfg.Network != nil {
+		tNet := time.Now()
+		var rules netpolicy.Rules
+		if rec.Spec.Network != nil {
+			rules = *rec.Spec.Network
+		}
+		nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
+		if err != nil {
+			return fmt.Errorf("set up sandbox network: %w", err)
+		}
+		netNS, nameservers = nw.NetNSPath, []string{nw.DNS.String()}
+		netDur = time.Since(tNet)
+	}
 	h, err := rt.Create(ctx, runtime.Spec{
 		ID:    rec.ID,
 		Image: img,
@@ -392,10 +445,12 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 			MemoryMB:  rec.Spec.MemoryMB,
 			PidsLimit: rec.Spec.PidsLimit,
 		},
-		Env:       env,
-		AgentPath: n.cfg.AgentPath,
-		StateDir:  rec.StateDir,
-		Labels:    rec.Spec.Labels,
+		Env:         env,
+		AgentPath:   n.cfg.AgentPath,
+		StateDir:    rec.StateDir,
+		Labels:      rec.Spec.Labels,
+		NetNS:       netNS,
+		Nameservers: nameservers,
 	})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
@@ -422,7 +477,7 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	sb.rec = &rec2
 	n.mu.Unlock()
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
-		"hold_ms", ms(holdDur), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
+		"hold_ms", ms(holdDur), "net_ms", ms(netDur), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"agent_ms", ms(tReady.Sub(tStarted)), "total_ms", ms(time.Since(t0)))
 	return nil
 }
@@ -457,6 +512,12 @@ func (n *Node) destroy(ctx context.Context, rec *record) error {
 		if err := rt.Delete(ctx, rec.ID); err != nil {
 			l.Error("delete sandbox; will retry at next node start", log.Err(err))
 			return fmt.Errorf("delete sandbox: %w", err)
+		}
+	}
+	if n.cfg.Network != nil {
+		if err := n.cfg.Network.Teardown(ctx, rec.ID); err != nil {
+			l.Error("tear down sandbox network; will retry at next node start", log.Err(err))
+			return fmt.Errorf("tear down sandbox network: %w", err)
 		}
 	}
 	if err := os.RemoveAll(rec.StateDir); err != nil {
@@ -557,6 +618,39 @@ func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*recor
 	rec := *sb.rec
 	rec.ExpiresAt = time.Now().UTC().Add(time.Duration(seconds) * time.Second)
 	rec.Spec.TimeoutSec = seconds
+	sb.rec = &rec
+	n.mu.Unlock()
+	if err := n.table.put(&rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	return &rec, nil
+}
+
+// SetNetwork replaces a running sandbox's network rules. Invalid rules
+// change nothing.
+func (n *Node) SetNetwork(ctx context.Context, id string, rules netpolicy.Rules) (*record, error) {
+	if n.cfg.Network == nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "node %s has network policy turned off (node.network.enabled); its sandboxes have no network", n.cfg.ID)
+	}
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	if sb.rec.State != stateRunning {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+	}
+	n.mu.Unlock()
+	if err := n.cfg.Network.Validate(rules); err != nil {
+		return nil, prefixField("network.", err)
+	}
+	if err := n.cfg.Network.SetRules(ctx, id, rules); err != nil {
+		return nil, fmt.Errorf("set network rules: %w", err)
+	}
+	n.mu.Lock()
+	rec := *sb.rec
+	rec.Spec.Network = &rules
 	sb.rec = &rec
 	n.mu.Unlock()
 	if err := n.table.put(&rec); err != nil {
@@ -684,4 +778,14 @@ func (n *Node) releaseHold(ctx context.Context, id string) {
 	if err := n.cfg.Images.Release(context.WithoutCancel(ctx), id); err != nil {
 		log.G(ctx).Warn("release image hold of refused sandbox", log.SandboxID(id), log.Err(err))
 	}
+}
+
+// prefixField puts prefix before the field an invalid-argument error names
+// ("allow[0].cidr" → "network.allow[0].cidr"); other errors pass unchanged.
+func prefixField(prefix string, err error) error {
+	var fe *errdefs.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	return errdefs.Invalid(prefix+fe.Field, "%s", fe.Msg)
 }

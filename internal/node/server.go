@@ -13,6 +13,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/version"
 )
 
@@ -49,7 +50,31 @@ func specFromProto(s *opendsecv1.SandboxSpec) specRecord {
 		TaskID:     s.GetTaskId(),
 		PidsLimit:  s.GetPidsLimit(),
 		Workdir:    s.GetWorkdir(),
+		Network:    rulesFromProto(s.GetNetwork()),
 	}
+}
+
+// rulesFromProto converts a policy; nil stays nil (the node's default).
+func rulesFromProto(p *opendsecv1.NetworkPolicy) *netpolicy.Rules {
+	if p == nil {
+		return nil
+	}
+	r := &netpolicy.Rules{RuleSets: p.GetRuleSets()}
+	for _, a := range p.GetAllow() {
+		r.Allow = append(r.Allow, netpolicy.Rule{CIDR: a.GetCidr(), Domain: a.GetDomain(), Protocol: a.GetProtocol(), Ports: a.GetPorts()})
+	}
+	return r
+}
+
+func rulesToProto(r *netpolicy.Rules) *opendsecv1.NetworkPolicy {
+	if r == nil {
+		return nil
+	}
+	p := &opendsecv1.NetworkPolicy{RuleSets: r.RuleSets}
+	for _, a := range r.Allow {
+		p.Allow = append(p.Allow, &opendsecv1.NetworkRule{Cidr: a.CIDR, Domain: a.Domain, Protocol: a.Protocol, Ports: a.Ports})
+	}
+	return p
 }
 
 func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
@@ -81,6 +106,7 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 			TaskId:             s.TaskID,
 			PidsLimit:          s.PidsLimit,
 			Workdir:            s.Workdir,
+			Network:            rulesToProto(s.Network),
 		},
 		State:          st,
 		CreatedAt:      timestamppb.New(rec.CreatedAt),
@@ -147,6 +173,21 @@ func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.Se
 		return nil, errdefs.ToConnect(err)
 	}
 	return connect.NewResponse(&nodev1.SetTimeoutResponse{Sandbox: s.n.toProto(sb)}), nil
+}
+
+func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.SetNetworkRequest]) (*connect.Response[nodev1.SetNetworkResponse], error) {
+	rules := rulesFromProto(req.Msg.GetNetwork())
+	if rules == nil {
+		rules = &netpolicy.Rules{}
+	}
+	if _, err := s.n.SetNetwork(ctx, req.Msg.GetSandboxId(), *rules); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sb, err := s.n.get(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.SetNetworkResponse{Sandbox: s.n.toProto(sb)}), nil
 }
 
 func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {

@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
@@ -40,6 +41,8 @@ type specRecord struct {
 	TaskID     string            `json:"task_id,omitempty"`
 	PidsLimit  int64             `json:"pids_limit"`
 	Workdir    string            `json:"workdir,omitempty"`
+	// Network is the caller's network policy; nil means the node's default.
+	Network *netpolicy.Rules `json:"network,omitempty"`
 }
 
 const (

@@ -51,6 +51,12 @@ type Spec struct {
 	// it after Delete.
 	StateDir string
 	Labels   map[string]string
+	// NetNS is the path of a network namespace the sandbox joins (made and
+	// policed by the node, see internal/netpolicy). Empty means a new, empty
+	// namespace (only loopback).
+	NetNS string
+	// Nameservers are written to the sandbox's /etc/resolv.conf when set.
+	Nameservers []string
 }
 
 // Handle lets a backend find a sandbox again after the node restarts. The

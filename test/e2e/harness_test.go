@@ -74,6 +74,10 @@ type system struct {
 	cmd      *exec.Cmd
 	logPath  string
 	waitCh   chan error
+	// nodeNS is the network namespace that plays the node's host network
+	// for the network policy (veths, nftables, DNS proxy), so tests never
+	// touch the machine's own network.
+	nodeNS string
 }
 
 // newSystem writes a config with fresh ports and imports the busybox image.
@@ -84,6 +88,8 @@ func newSystem(t *testing.T) *system {
 		t.Fatal(err)
 	}
 	s := &system{t: t, dataDir: dd, cfgPath: filepath.Join(dd, "opendsec.json"), logPath: filepath.Join(dd, "up.log")}
+	s.nodeNS = filepath.Join(dd, "nodens")
+	makeNetNS(t, s.nodeNS)
 	api, nodeP, watcherP, e2bP := freePort(t), freePort(t), freePort(t), freePort(t)
 	cfg := map[string]any{
 		"version":  1,
@@ -103,6 +109,11 @@ func newSystem(t *testing.T) *system {
 			"default_backend": "container",
 			"max_sandboxes":   100,
 			"max_upload_mb":   64,
+			"network": map[string]any{
+				"enabled":    true,
+				"node_netns": s.nodeNS,
+				"netns_dir":  filepath.Join(dd, "netns"),
+			},
 		},
 		"nodes": []map[string]any{{"id": "n001", "address": fmt.Sprintf("http://127.0.0.1:%d", nodeP)}},
 		"e2b":   map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", e2bP)},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
@@ -44,6 +46,10 @@ const (
 	pidFile    = "init.pid"
 	runcLog    = "runc.log"
 	agentLog   = "agent.log"
+	resolvFile = "resolv.conf" // bind-mounted read-only at /etc/resolv.conf
+	// interpreterFile is the code interpreter's runner, bind-mounted
+	// read-only at interpreter.PathInSandbox.
+	interpreterFile = "interpreter.py"
 	// Both small tmpfs: nothing in the sandbox can fill the node's disk
 	// through the agent's stderr or the shared socket directory.
 	logTmpfsOpts = "size=1m,nr_inodes=16,mode=0700"
@@ -193,6 +199,18 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
 	case len(s.Hostname) > 64:
 		return errdefs.Invalid("hostname", "must be at most 64 characters")
+	case s.NetNS != "" && !filepath.IsAbs(s.NetNS):
+		return errdefs.Invalid("net_ns", "must be an absolute path of a network namespace, got %q", s.NetNS)
+	}
+	if s.NetNS != "" {
+		if _, err := os.Stat(s.NetNS); err != nil {
+			return errdefs.Invalid("net_ns", "%v", err)
+		}
+	}
+	for i, ns := range s.Nameservers {
+		if _, err := netip.ParseAddr(ns); err != nil {
+			return errdefs.Invalid(fmt.Sprintf("nameservers[%d]", i), "%q is not an IP address", ns)
+		}
 	}
 	for i, l := range s.Image.Layers {
 		if !filepath.IsAbs(l) || strings.ContainsAny(l, ":,") {
@@ -324,6 +342,18 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	}
 	if err := os.WriteFile(filepath.Join(spec.StateDir, seccompFile), r.seccomp, 0o400); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write seccomp filter: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.StateDir, interpreterFile), interpreter.Source, 0o444); err != nil {
+		return runtime.Handle{}, fmt.Errorf("write code interpreter: %w", err)
+	}
+	if len(spec.Nameservers) > 0 {
+		var rc strings.Builder
+		for _, ns := range spec.Nameservers {
+			fmt.Fprintf(&rc, "nameserver %s\n", ns)
+		}
+		if err := os.WriteFile(filepath.Join(spec.StateDir, resolvFile), []byte(rc.String()), 0o644); err != nil {
+			return runtime.Handle{}, fmt.Errorf("write resolv.conf: %w", err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(spec.StateDir, configFile), b, 0o600); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write config.json: %w", err)
@@ -652,7 +682,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile} {
+		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile} {
 			if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
 			}

@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
@@ -131,6 +132,7 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmpSize}},
 			{Destination: agentInSandbox, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 			{Destination: seccompInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, seccompFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
+			{Destination: interpreter.PathInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, interpreterFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
@@ -156,6 +158,16 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
+	}
+	if s.NetNS != "" {
+		for i := range sp.Linux.Namespaces {
+			if sp.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				sp.Linux.Namespaces[i].Path = s.NetNS
+			}
+		}
+	}
+	if len(s.Nameservers) > 0 {
+		sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(s.StateDir, resolvFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	for k, v := range s.Labels {
 		sp.Annotations["org.opendsec.label."+k] = v

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
@@ -280,5 +281,66 @@ func TestValidateSpec(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != c.field {
 			t.Errorf("%s: err = %v, want a field error naming %s", c.field, err, c.field)
 		}
+	}
+}
+
+func TestOCISpecNetwork(t *testing.T) {
+	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range sp.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+			t.Errorf("no NetNS: network namespace joins %q, want a new one", ns.Path)
+		}
+	}
+	for _, m := range sp.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			t.Error("no nameservers: /etc/resolv.conf is mounted")
+		}
+	}
+
+	s := testSpec()
+	s.NetNS = "/run/opendsec/netns/sb1"
+	s.Nameservers = []string{"100.96.0.1"}
+	sp, err = ociSpec(s, "/opendsec/sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var joined bool
+	for _, ns := range sp.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			joined = ns.Path == s.NetNS
+		}
+	}
+	if !joined {
+		t.Errorf("network namespace does not join %s: %+v", s.NetNS, sp.Linux.Namespaces)
+	}
+	i := slices.IndexFunc(sp.Mounts, func(m specs.Mount) bool { return m.Destination == "/etc/resolv.conf" })
+	if i < 0 {
+		t.Fatal("/etc/resolv.conf is not mounted")
+	}
+	if m := sp.Mounts[i]; m.Source != filepath.Join(s.StateDir, resolvFile) || !slices.Contains(m.Options, "ro") {
+		t.Errorf("resolv.conf mount = %+v, want a read-only bind of the state dir's %s", m, resolvFile)
+	}
+
+	bad := testSpec()
+	bad.NetNS = "relative/ns"
+	if err := validateSpec(bad); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "net_ns") {
+		t.Errorf("relative NetNS: err = %v, want invalid net_ns", err)
+	}
+}
+
+func TestOCISpecMountsInterpreterReadOnly(t *testing.T) {
+	sp, err := ociSpec(testSpec(), "/opendsec/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(sp.Mounts, func(m specs.Mount) bool { return m.Destination == interpreter.PathInSandbox })
+	if i < 0 {
+		t.Fatalf("no mount at %s", interpreter.PathInSandbox)
+	}
+	if m := sp.Mounts[i]; m.Source != filepath.Join(testSpec().StateDir, interpreterFile) || !slices.Contains(m.Options, "ro") {
+		t.Errorf("interpreter mount %+v, want a read-only bind of the state dir's %s", m, interpreterFile)
 	}
 }

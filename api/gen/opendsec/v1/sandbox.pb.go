@@ -164,7 +164,10 @@ type SandboxSpec struct {
 	// Maximum number of processes (pids cgroup). 0 means the default (1024).
 	PidsLimit int64 `protobuf:"varint,11,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
 	// Working directory for processes. Empty = the image's, else "/".
-	Workdir       string `protobuf:"bytes,12,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	Workdir string `protobuf:"bytes,12,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// Network policy. Unset means the node's default rule sets (by default:
+	// no network at all). See docs/network.md.
+	Network       *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -283,6 +286,141 @@ func (x *SandboxSpec) GetWorkdir() string {
 	return ""
 }
 
+func (x *SandboxSpec) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkPolicy is what a sandbox may reach: named rule sets from the node's
+// configuration (e.g. "pypi") plus rules given directly. Everything else is
+// denied, both ways.
+type NetworkPolicy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RuleSets      []string               `protobuf:"bytes,1,rep,name=rule_sets,json=ruleSets,proto3" json:"rule_sets,omitempty"`
+	Allow         []*NetworkRule         `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NetworkPolicy) GetRuleSets() []string {
+	if x != nil {
+		return x.RuleSets
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetAllow() []*NetworkRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+// NetworkRule allows one kind of egress. Exactly one of cidr and domain is set.
+type NetworkRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// IPv4 prefix "10.0.0.0/8" or address "192.0.2.7".
+	Cidr string `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	// Exact name "pypi.org" or suffix "*.pythonhosted.org".
+	Domain string `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// "tcp", "udp", "icmp" or empty (tcp and udp with ports, all without).
+	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// "443" or "8000-8100"; empty means every port.
+	Ports         string `protobuf:"bytes,4,opt,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRule) Reset() {
+	*x = NetworkRule{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRule) ProtoMessage() {}
+
+func (x *NetworkRule) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
+func (*NetworkRule) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NetworkRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetPorts() string {
+	if x != nil {
+		return x.Ports
+	}
+	return ""
+}
+
 type Sandbox struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -301,7 +439,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[1]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +451,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[1]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +464,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Sandbox) GetId() string {
@@ -396,7 +534,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[2]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +546,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[2]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +559,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *SandboxSpec {
@@ -447,7 +585,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[3]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +597,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[3]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +610,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -494,7 +632,7 @@ type BatchCreateSandboxesRequest struct {
 
 func (x *BatchCreateSandboxesRequest) Reset() {
 	*x = BatchCreateSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[4]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +644,7 @@ func (x *BatchCreateSandboxesRequest) String() string {
 func (*BatchCreateSandboxesRequest) ProtoMessage() {}
 
 func (x *BatchCreateSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[4]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +657,7 @@ func (x *BatchCreateSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*BatchCreateSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BatchCreateSandboxesRequest) GetSpec() *SandboxSpec {
@@ -557,7 +695,7 @@ type BatchCreateSandboxesResponse struct {
 
 func (x *BatchCreateSandboxesResponse) Reset() {
 	*x = BatchCreateSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[5]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +707,7 @@ func (x *BatchCreateSandboxesResponse) String() string {
 func (*BatchCreateSandboxesResponse) ProtoMessage() {}
 
 func (x *BatchCreateSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[5]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +720,7 @@ func (x *BatchCreateSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*BatchCreateSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BatchCreateSandboxesResponse) GetIndex() int32 {
@@ -622,7 +760,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[6]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +772,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[6]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +785,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSandboxRequest) GetId() string {
@@ -666,7 +804,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[7]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +816,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[7]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +829,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -713,7 +851,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +863,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +876,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSandboxesRequest) GetLabels() map[string]string {
@@ -771,7 +909,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +921,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +934,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -815,7 +953,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +965,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +978,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StopSandboxRequest) GetId() string {
@@ -858,7 +996,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1008,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1021,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 type SetTimeoutRequest struct {
@@ -896,7 +1034,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1046,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1059,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetTimeoutRequest) GetId() string {
@@ -938,6 +1076,103 @@ func (x *SetTimeoutRequest) GetTimeoutSeconds() int64 {
 	return 0
 }
 
+type SetNetworkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The new policy; unset or empty denies everything.
+	Network       *NetworkPolicy `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkRequest) Reset() {
+	*x = SetNetworkRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkRequest) ProtoMessage() {}
+
+func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
+func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SetNetworkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetNetworkRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type SetNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkResponse) Reset() {
+	*x = SetNetworkResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkResponse) ProtoMessage() {}
+
+func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkResponse.ProtoReflect.Descriptor instead.
+func (*SetNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetNetworkResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type SetTimeoutResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -947,7 +1182,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1194,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1207,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1005,7 +1240,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1252,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1265,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1106,7 +1341,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1353,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1366,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PtySize) GetCols() uint32 {
@@ -1164,7 +1399,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1411,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1424,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1295,7 +1530,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1542,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1555,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1418,7 +1653,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1665,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1678,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecStarted) GetPid() uint32 {
@@ -1469,7 +1704,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1716,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1729,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1537,7 +1772,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1784,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1797,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1602,7 +1837,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1849,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1862,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1646,7 +1881,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1893,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1906,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1693,7 +1928,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1940,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1953,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1750,7 +1985,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +1997,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2010,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 type SendInputRequest struct {
@@ -1791,7 +2026,7 @@ type SendInputRequest struct {
 
 func (x *SendInputRequest) Reset() {
 	*x = SendInputRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2038,7 @@ func (x *SendInputRequest) String() string {
 func (*SendInputRequest) ProtoMessage() {}
 
 func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2051,7 @@ func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
 func (*SendInputRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SendInputRequest) GetSandboxId() string {
@@ -1855,7 +2090,7 @@ type SendInputResponse struct {
 
 func (x *SendInputResponse) Reset() {
 	*x = SendInputResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2102,7 @@ func (x *SendInputResponse) String() string {
 func (*SendInputResponse) ProtoMessage() {}
 
 func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2115,7 @@ func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
 func (*SendInputResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 type ResizePtyRequest struct {
@@ -1894,7 +2129,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2141,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2154,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResizePtyRequest) GetSandboxId() string {
@@ -1951,7 +2186,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2198,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2211,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type FileInfo struct {
@@ -1996,7 +2231,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2243,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2256,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2098,7 +2333,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2345,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2358,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2156,7 +2391,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2403,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2416,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2204,7 +2439,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2451,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2464,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -2273,7 +2508,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2520,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2533,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -2351,7 +2586,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2598,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2611,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -2399,7 +2634,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2646,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2659,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2464,7 +2699,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2711,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2724,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2510,7 +2745,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2757,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2770,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2568,7 +2803,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2815,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2828,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatResponse) GetFile() *FileInfo {
@@ -2614,7 +2849,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2861,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2874,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2671,7 +2906,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2918,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2931,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 type MakeDirRequest struct {
@@ -2710,7 +2945,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2957,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2970,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2770,7 +3005,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +3017,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +3030,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MakeDirResponse) GetFile() *FileInfo {
@@ -2824,7 +3059,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3071,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3084,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -2889,7 +3124,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +3136,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3149,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MoveResponse) GetFile() *FileInfo {
@@ -2934,7 +3169,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3181,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3194,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Header) GetName() string {
@@ -2992,7 +3227,7 @@ type HTTPRequestRequest struct {
 
 func (x *HTTPRequestRequest) Reset() {
 	*x = HTTPRequestRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3239,7 @@ func (x *HTTPRequestRequest) String() string {
 func (*HTTPRequestRequest) ProtoMessage() {}
 
 func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3252,7 @@ func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestRequest.ProtoReflect.Descriptor instead.
 func (*HTTPRequestRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HTTPRequestRequest) GetSandboxId() string {
@@ -3080,7 +3315,7 @@ type HTTPRequestResponse struct {
 
 func (x *HTTPRequestResponse) Reset() {
 	*x = HTTPRequestResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3327,7 @@ func (x *HTTPRequestResponse) String() string {
 func (*HTTPRequestResponse) ProtoMessage() {}
 
 func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3340,7 @@ func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestResponse.ProtoReflect.Descriptor instead.
 func (*HTTPRequestResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *HTTPRequestResponse) GetStatus() int32 {
@@ -3133,7 +3368,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x04\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x04\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -3148,7 +3383,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\tR\x06taskId\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\v \x01(\x03R\tpidsLimit\x12\x18\n" +
-	"\aworkdir\x18\f \x01(\tR\aworkdir\x1a6\n" +
+	"\aworkdir\x18\f \x01(\tR\aworkdir\x124\n" +
+	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -3156,7 +3392,15 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_memory_mb\"\xe5\x02\n" +
+	"_memory_mb\"\\\n" +
+	"\rNetworkPolicy\x12\x1b\n" +
+	"\trule_sets\x18\x01 \x03(\tR\bruleSets\x12.\n" +
+	"\x05allow\x18\x02 \x03(\v2\x18.opendsec.v1.NetworkRuleR\x05allow\"k\n" +
+	"\vNetworkRule\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xe5\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -3203,7 +3447,12 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x13StopSandboxResponse\"L\n" +
 	"\x11SetTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"D\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"Y\n" +
+	"\x11SetNetworkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x124\n" +
+	"\anetwork\x18\x02 \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\"D\n" +
+	"\x12SetNetworkResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"D\n" +
 	"\x12SetTimeoutResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\xce\x02\n" +
 	"\tExecStart\x12\x1d\n" +
@@ -3370,7 +3619,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
-	"\x11FILE_TYPE_SYMLINK\x10\x032\x9f\x04\n" +
+	"\x11FILE_TYPE_SYMLINK\x10\x032\xee\x04\n" +
 	"\x0eSandboxService\x12V\n" +
 	"\rCreateSandbox\x12!.opendsec.v1.CreateSandboxRequest\x1a\".opendsec.v1.CreateSandboxResponse\x12m\n" +
 	"\x14BatchCreateSandboxes\x12(.opendsec.v1.BatchCreateSandboxesRequest\x1a).opendsec.v1.BatchCreateSandboxesResponse0\x01\x12M\n" +
@@ -3379,7 +3628,9 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\rListSandboxes\x12!.opendsec.v1.ListSandboxesRequest\x1a\".opendsec.v1.ListSandboxesResponse\x12P\n" +
 	"\vStopSandbox\x12\x1f.opendsec.v1.StopSandboxRequest\x1a .opendsec.v1.StopSandboxResponse\x12M\n" +
 	"\n" +
-	"SetTimeout\x12\x1e.opendsec.v1.SetTimeoutRequest\x1a\x1f.opendsec.v1.SetTimeoutResponse2\x99\x03\n" +
+	"SetTimeout\x12\x1e.opendsec.v1.SetTimeoutRequest\x1a\x1f.opendsec.v1.SetTimeoutResponse\x12M\n" +
+	"\n" +
+	"SetNetwork\x12\x1e.opendsec.v1.SetNetworkRequest\x1a\x1f.opendsec.v1.SetNetworkResponse2\x99\x03\n" +
 	"\x0eProcessService\x12?\n" +
 	"\x04Exec\x12\x18.opendsec.v1.ExecRequest\x1a\x19.opendsec.v1.ExecResponse(\x010\x01\x12V\n" +
 	"\rListProcesses\x12!.opendsec.v1.ListProcessesRequest\x1a\".opendsec.v1.ListProcessesResponse\x12V\n" +
@@ -3410,141 +3661,151 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
 	(*SandboxSpec)(nil),                  // 2: opendsec.v1.SandboxSpec
-	(*Sandbox)(nil),                      // 3: opendsec.v1.Sandbox
-	(*CreateSandboxRequest)(nil),         // 4: opendsec.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),        // 5: opendsec.v1.CreateSandboxResponse
-	(*BatchCreateSandboxesRequest)(nil),  // 6: opendsec.v1.BatchCreateSandboxesRequest
-	(*BatchCreateSandboxesResponse)(nil), // 7: opendsec.v1.BatchCreateSandboxesResponse
-	(*GetSandboxRequest)(nil),            // 8: opendsec.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 9: opendsec.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 10: opendsec.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 11: opendsec.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),           // 12: opendsec.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),          // 13: opendsec.v1.StopSandboxResponse
-	(*SetTimeoutRequest)(nil),            // 14: opendsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),           // 15: opendsec.v1.SetTimeoutResponse
-	(*ExecStart)(nil),                    // 16: opendsec.v1.ExecStart
-	(*PtySize)(nil),                      // 17: opendsec.v1.PtySize
-	(*ExecRequest)(nil),                  // 18: opendsec.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 19: opendsec.v1.ExecResponse
-	(*ExecStarted)(nil),                  // 20: opendsec.v1.ExecStarted
-	(*ExecExit)(nil),                     // 21: opendsec.v1.ExecExit
-	(*ProcessInfo)(nil),                  // 22: opendsec.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),         // 23: opendsec.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 24: opendsec.v1.ListProcessesResponse
-	(*SignalProcessRequest)(nil),         // 25: opendsec.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 26: opendsec.v1.SignalProcessResponse
-	(*SendInputRequest)(nil),             // 27: opendsec.v1.SendInputRequest
-	(*SendInputResponse)(nil),            // 28: opendsec.v1.SendInputResponse
-	(*ResizePtyRequest)(nil),             // 29: opendsec.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),            // 30: opendsec.v1.ResizePtyResponse
-	(*FileInfo)(nil),                     // 31: opendsec.v1.FileInfo
-	(*ReadFileRequest)(nil),              // 32: opendsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 33: opendsec.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 34: opendsec.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 35: opendsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 36: opendsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),               // 37: opendsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),              // 38: opendsec.v1.ListDirResponse
-	(*StatRequest)(nil),                  // 39: opendsec.v1.StatRequest
-	(*StatResponse)(nil),                 // 40: opendsec.v1.StatResponse
-	(*RemoveRequest)(nil),                // 41: opendsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 42: opendsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),               // 43: opendsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),              // 44: opendsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                  // 45: opendsec.v1.MoveRequest
-	(*MoveResponse)(nil),                 // 46: opendsec.v1.MoveResponse
-	(*Header)(nil),                       // 47: opendsec.v1.Header
-	(*HTTPRequestRequest)(nil),           // 48: opendsec.v1.HTTPRequestRequest
-	(*HTTPRequestResponse)(nil),          // 49: opendsec.v1.HTTPRequestResponse
-	nil,                                  // 50: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 51: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 52: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 53: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 54: google.protobuf.Timestamp
+	(*NetworkPolicy)(nil),                // 3: opendsec.v1.NetworkPolicy
+	(*NetworkRule)(nil),                  // 4: opendsec.v1.NetworkRule
+	(*Sandbox)(nil),                      // 5: opendsec.v1.Sandbox
+	(*CreateSandboxRequest)(nil),         // 6: opendsec.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 7: opendsec.v1.CreateSandboxResponse
+	(*BatchCreateSandboxesRequest)(nil),  // 8: opendsec.v1.BatchCreateSandboxesRequest
+	(*BatchCreateSandboxesResponse)(nil), // 9: opendsec.v1.BatchCreateSandboxesResponse
+	(*GetSandboxRequest)(nil),            // 10: opendsec.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 11: opendsec.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 12: opendsec.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 13: opendsec.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),           // 14: opendsec.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),          // 15: opendsec.v1.StopSandboxResponse
+	(*SetTimeoutRequest)(nil),            // 16: opendsec.v1.SetTimeoutRequest
+	(*SetNetworkRequest)(nil),            // 17: opendsec.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),           // 18: opendsec.v1.SetNetworkResponse
+	(*SetTimeoutResponse)(nil),           // 19: opendsec.v1.SetTimeoutResponse
+	(*ExecStart)(nil),                    // 20: opendsec.v1.ExecStart
+	(*PtySize)(nil),                      // 21: opendsec.v1.PtySize
+	(*ExecRequest)(nil),                  // 22: opendsec.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 23: opendsec.v1.ExecResponse
+	(*ExecStarted)(nil),                  // 24: opendsec.v1.ExecStarted
+	(*ExecExit)(nil),                     // 25: opendsec.v1.ExecExit
+	(*ProcessInfo)(nil),                  // 26: opendsec.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),         // 27: opendsec.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 28: opendsec.v1.ListProcessesResponse
+	(*SignalProcessRequest)(nil),         // 29: opendsec.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 30: opendsec.v1.SignalProcessResponse
+	(*SendInputRequest)(nil),             // 31: opendsec.v1.SendInputRequest
+	(*SendInputResponse)(nil),            // 32: opendsec.v1.SendInputResponse
+	(*ResizePtyRequest)(nil),             // 33: opendsec.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),            // 34: opendsec.v1.ResizePtyResponse
+	(*FileInfo)(nil),                     // 35: opendsec.v1.FileInfo
+	(*ReadFileRequest)(nil),              // 36: opendsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 37: opendsec.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 38: opendsec.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 39: opendsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 40: opendsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),               // 41: opendsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),              // 42: opendsec.v1.ListDirResponse
+	(*StatRequest)(nil),                  // 43: opendsec.v1.StatRequest
+	(*StatResponse)(nil),                 // 44: opendsec.v1.StatResponse
+	(*RemoveRequest)(nil),                // 45: opendsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 46: opendsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),               // 47: opendsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),              // 48: opendsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                  // 49: opendsec.v1.MoveRequest
+	(*MoveResponse)(nil),                 // 50: opendsec.v1.MoveResponse
+	(*Header)(nil),                       // 51: opendsec.v1.Header
+	(*HTTPRequestRequest)(nil),           // 52: opendsec.v1.HTTPRequestRequest
+	(*HTTPRequestResponse)(nil),          // 53: opendsec.v1.HTTPRequestResponse
+	nil,                                  // 54: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 55: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 56: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 57: opendsec.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 58: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	50, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	51, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
-	2,  // 2: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
-	0,  // 3: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	54, // 4: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	54, // 5: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 6: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	2,  // 7: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
-	3,  // 8: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	2,  // 9: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
-	3,  // 10: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	3,  // 11: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	52, // 12: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
-	3,  // 13: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	3,  // 14: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	53, // 15: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
-	17, // 16: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
-	16, // 17: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
-	17, // 18: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
-	20, // 19: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
-	21, // 20: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
-	22, // 21: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
-	17, // 22: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
-	1,  // 23: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	54, // 24: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	34, // 25: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
-	31, // 26: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
-	31, // 27: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
-	31, // 28: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
-	31, // 29: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
-	31, // 30: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
-	47, // 31: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
-	47, // 32: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	4,  // 33: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	6,  // 34: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	8,  // 35: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	10, // 36: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	12, // 37: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	14, // 38: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	18, // 39: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	23, // 40: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	25, // 41: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	27, // 42: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	29, // 43: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	32, // 44: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	35, // 45: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	37, // 46: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	39, // 47: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	41, // 48: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	43, // 49: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	45, // 50: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	48, // 51: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	5,  // 52: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	7,  // 53: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	9,  // 54: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	11, // 55: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	13, // 56: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	15, // 57: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	19, // 58: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	24, // 59: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	26, // 60: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	28, // 61: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	30, // 62: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	33, // 63: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	36, // 64: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	38, // 65: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	40, // 66: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	42, // 67: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	44, // 68: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	46, // 69: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	49, // 70: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	52, // [52:71] is the sub-list for method output_type
-	33, // [33:52] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	54, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	55, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
+	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
+	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
+	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
+	58, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	58, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
+	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
+	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	56, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
+	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 18: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	57, // 19: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	21, // 20: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
+	20, // 21: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
+	21, // 22: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
+	24, // 23: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
+	25, // 24: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
+	26, // 25: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
+	21, // 26: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
+	1,  // 27: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
+	58, // 28: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	38, // 29: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
+	35, // 30: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
+	35, // 31: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
+	35, // 32: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
+	35, // 33: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
+	35, // 34: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
+	51, // 35: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
+	51, // 36: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
+	6,  // 37: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 38: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 39: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 40: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 41: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 42: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 43: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	22, // 44: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	27, // 45: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	29, // 46: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	31, // 47: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	33, // 48: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	36, // 49: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	39, // 50: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	41, // 51: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	43, // 52: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	45, // 53: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	47, // 54: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	49, // 55: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	52, // 56: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	7,  // 57: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 58: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 59: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 60: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 61: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 62: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 63: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	23, // 64: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	28, // 65: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	30, // 66: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	32, // 67: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	34, // 68: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	37, // 69: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	40, // 70: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	42, // 71: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	44, // 72: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	46, // 73: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	48, // 74: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	50, // 75: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	53, // 76: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	57, // [57:77] is the sub-list for method output_type
+	37, // [37:57] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -3553,21 +3814,21 @@ func file_opendsec_v1_sandbox_proto_init() {
 		return
 	}
 	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_opendsec_v1_sandbox_proto_msgTypes[16].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[20].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[17].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[21].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Pty)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[33].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3577,7 +3838,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   52,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -475,6 +475,102 @@ func (x *SetTimeoutResponse) GetSandbox() *v1.Sandbox {
 	return nil
 }
 
+type SetNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Network       *v1.NetworkPolicy      `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkRequest) Reset() {
+	*x = SetNetworkRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkRequest) ProtoMessage() {}
+
+func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
+func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetNetworkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetNetworkRequest) GetNetwork() *v1.NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type SetNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkResponse) Reset() {
+	*x = SetNetworkResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkResponse) ProtoMessage() {}
+
+func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkResponse.ProtoReflect.Descriptor instead.
+func (*SetNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetNetworkResponse) GetSandbox() *v1.Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -483,7 +579,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +591,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +604,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 type Capacity struct {
@@ -522,7 +618,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +630,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +643,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Capacity) GetCpu() float64 {
@@ -590,7 +686,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +698,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +711,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -711,6 +807,12 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"D\n" +
 	"\x12SetTimeoutResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"h\n" +
+	"\x11SetNetworkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
+	"\anetwork\x18\x02 \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\"D\n" +
+	"\x12SetNetworkResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\r\n" +
 	"\vInfoRequest\"W\n" +
 	"\bCapacity\x12\x10\n" +
@@ -726,7 +828,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\ahealthy\x18\x06 \x01(\bR\ahealthy\x12,\n" +
 	"\x03now\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\x12\x16\n" +
-	"\x06images\x18\t \x03(\tR\x06images2\xa6\x04\n" +
+	"\x06images\x18\t \x03(\tR\x06images2\xff\x04\n" +
 	"\vNodeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.node.v1.CreateSandboxRequest\x1a'.opendsec.node.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -734,7 +836,9 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\rListSandboxes\x12&.opendsec.node.v1.ListSandboxesRequest\x1a'.opendsec.node.v1.ListSandboxesResponse\x12Z\n" +
 	"\vStopSandbox\x12$.opendsec.node.v1.StopSandboxRequest\x1a%.opendsec.node.v1.StopSandboxResponse\x12W\n" +
 	"\n" +
-	"SetTimeout\x12#.opendsec.node.v1.SetTimeoutRequest\x1a$.opendsec.node.v1.SetTimeoutResponse\x12E\n" +
+	"SetTimeout\x12#.opendsec.node.v1.SetTimeoutRequest\x1a$.opendsec.node.v1.SetTimeoutResponse\x12W\n" +
+	"\n" +
+	"SetNetwork\x12#.opendsec.node.v1.SetNetworkRequest\x1a$.opendsec.node.v1.SetNetworkResponse\x12E\n" +
 	"\x04Info\x12\x1d.opendsec.node.v1.InfoRequest\x1a\x1e.opendsec.node.v1.InfoResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
 
 var (
@@ -749,7 +853,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_opendsec_node_v1_node_proto_rawDescData
 }
 
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),  // 0: opendsec.node.v1.CreateSandboxRequest
 	(*CreateSandboxResponse)(nil), // 1: opendsec.node.v1.CreateSandboxResponse
@@ -761,39 +865,46 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*StopSandboxResponse)(nil),   // 7: opendsec.node.v1.StopSandboxResponse
 	(*SetTimeoutRequest)(nil),     // 8: opendsec.node.v1.SetTimeoutRequest
 	(*SetTimeoutResponse)(nil),    // 9: opendsec.node.v1.SetTimeoutResponse
-	(*InfoRequest)(nil),           // 10: opendsec.node.v1.InfoRequest
-	(*Capacity)(nil),              // 11: opendsec.node.v1.Capacity
-	(*InfoResponse)(nil),          // 12: opendsec.node.v1.InfoResponse
-	(*v1.SandboxSpec)(nil),        // 13: opendsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),            // 14: opendsec.v1.Sandbox
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*SetNetworkRequest)(nil),     // 10: opendsec.node.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),    // 11: opendsec.node.v1.SetNetworkResponse
+	(*InfoRequest)(nil),           // 12: opendsec.node.v1.InfoRequest
+	(*Capacity)(nil),              // 13: opendsec.node.v1.Capacity
+	(*InfoResponse)(nil),          // 14: opendsec.node.v1.InfoResponse
+	(*v1.SandboxSpec)(nil),        // 15: opendsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),            // 16: opendsec.v1.Sandbox
+	(*v1.NetworkPolicy)(nil),      // 17: opendsec.v1.NetworkPolicy
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	13, // 0: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
-	14, // 1: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	14, // 2: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	14, // 3: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	14, // 4: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	11, // 5: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
-	11, // 6: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	15, // 7: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	0,  // 8: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	2,  // 9: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	4,  // 10: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	6,  // 11: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	8,  // 12: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	10, // 13: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	1,  // 14: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	3,  // 15: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	5,  // 16: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	7,  // 17: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	9,  // 18: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	12, // 19: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	15, // 0: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
+	16, // 1: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	16, // 2: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	16, // 3: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	16, // 4: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	17, // 5: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
+	16, // 6: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	13, // 7: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
+	13, // 8: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
+	18, // 9: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	0,  // 10: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	2,  // 11: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	4,  // 12: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	6,  // 13: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	8,  // 14: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	10, // 15: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	12, // 16: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	1,  // 17: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	3,  // 18: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	5,  // 19: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	7,  // 20: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	9,  // 21: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	11, // 22: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	14, // 23: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -807,7 +918,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,6 +60,9 @@ const (
 	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
 	// RPC.
 	SandboxServiceSetTimeoutProcedure = "/opendsec.v1.SandboxService/SetTimeout"
+	// SandboxServiceSetNetworkProcedure is the fully-qualified name of the SandboxService's SetNetwork
+	// RPC.
+	SandboxServiceSetNetworkProcedure = "/opendsec.v1.SandboxService/SetNetwork"
 	// ProcessServiceExecProcedure is the fully-qualified name of the ProcessService's Exec RPC.
 	ProcessServiceExecProcedure = "/opendsec.v1.ProcessService/Exec"
 	// ProcessServiceListProcessesProcedure is the fully-qualified name of the ProcessService's
@@ -106,6 +109,9 @@ type SandboxServiceClient interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	// SetTimeout sets the lifetime to end timeout_seconds from now.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// SetNetwork replaces a running sandbox's network policy atomically;
+	// connections the new policy does not allow stop working.
+	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.v1.SandboxService service. By
@@ -155,6 +161,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 			connect.WithClientOptions(opts...),
 		),
+		setNetwork: connect.NewClient[v1.SetNetworkRequest, v1.SetNetworkResponse](
+			httpClient,
+			baseURL+SandboxServiceSetNetworkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetNetwork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -166,6 +178,7 @@ type sandboxServiceClient struct {
 	listSandboxes        *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
 	stopSandbox          *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
 	setTimeout           *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	setNetwork           *connect.Client[v1.SetNetworkRequest, v1.SetNetworkResponse]
 }
 
 // CreateSandbox calls opendsec.v1.SandboxService.CreateSandbox.
@@ -198,6 +211,11 @@ func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Requ
 	return c.setTimeout.CallUnary(ctx, req)
 }
 
+// SetNetwork calls opendsec.v1.SandboxService.SetNetwork.
+func (c *sandboxServiceClient) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	return c.setNetwork.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox makes one sandbox and returns once its agent answers.
@@ -212,6 +230,9 @@ type SandboxServiceHandler interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	// SetTimeout sets the lifetime to end timeout_seconds from now.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// SetNetwork replaces a running sandbox's network policy atomically;
+	// connections the new policy does not allow stop working.
+	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -257,6 +278,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetNetworkHandler := connect.NewUnaryHandler(
+		SandboxServiceSetNetworkProcedure,
+		svc.SetNetwork,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -271,6 +298,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceStopSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceSetTimeoutProcedure:
 			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceSetNetworkProcedure:
+			sandboxServiceSetNetworkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -302,6 +331,10 @@ func (UnimplementedSandboxServiceHandler) StopSandbox(context.Context, *connect.
 
 func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.SetNetwork is not implemented"))
 }
 
 // ProcessServiceClient is a client for the opendsec.v1.ProcessService service.

@@ -49,6 +49,8 @@ const (
 	NodeServiceStopSandboxProcedure = "/opendsec.node.v1.NodeService/StopSandbox"
 	// NodeServiceSetTimeoutProcedure is the fully-qualified name of the NodeService's SetTimeout RPC.
 	NodeServiceSetTimeoutProcedure = "/opendsec.node.v1.NodeService/SetTimeout"
+	// NodeServiceSetNetworkProcedure is the fully-qualified name of the NodeService's SetNetwork RPC.
+	NodeServiceSetNetworkProcedure = "/opendsec.node.v1.NodeService/SetNetwork"
 	// NodeServiceInfoProcedure is the fully-qualified name of the NodeService's Info RPC.
 	NodeServiceInfoProcedure = "/opendsec.node.v1.NodeService/Info"
 )
@@ -62,6 +64,7 @@ type NodeServiceClient interface {
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 	// Info reports health, capacity and what runs on the node.
 	Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error)
 }
@@ -107,6 +110,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("SetTimeout")),
 			connect.WithClientOptions(opts...),
 		),
+		setNetwork: connect.NewClient[v1.SetNetworkRequest, v1.SetNetworkResponse](
+			httpClient,
+			baseURL+NodeServiceSetNetworkProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("SetNetwork")),
+			connect.WithClientOptions(opts...),
+		),
 		info: connect.NewClient[v1.InfoRequest, v1.InfoResponse](
 			httpClient,
 			baseURL+NodeServiceInfoProcedure,
@@ -123,6 +132,7 @@ type nodeServiceClient struct {
 	listSandboxes *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
 	stopSandbox   *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
 	setTimeout    *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	setNetwork    *connect.Client[v1.SetNetworkRequest, v1.SetNetworkResponse]
 	info          *connect.Client[v1.InfoRequest, v1.InfoResponse]
 }
 
@@ -151,6 +161,11 @@ func (c *nodeServiceClient) SetTimeout(ctx context.Context, req *connect.Request
 	return c.setTimeout.CallUnary(ctx, req)
 }
 
+// SetNetwork calls opendsec.node.v1.NodeService.SetNetwork.
+func (c *nodeServiceClient) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	return c.setNetwork.CallUnary(ctx, req)
+}
+
 // Info calls opendsec.node.v1.NodeService.Info.
 func (c *nodeServiceClient) Info(ctx context.Context, req *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error) {
 	return c.info.CallUnary(ctx, req)
@@ -165,6 +180,7 @@ type NodeServiceHandler interface {
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 	// Info reports health, capacity and what runs on the node.
 	Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error)
 }
@@ -206,6 +222,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("SetTimeout")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceSetNetworkHandler := connect.NewUnaryHandler(
+		NodeServiceSetNetworkProcedure,
+		svc.SetNetwork,
+		connect.WithSchema(nodeServiceMethods.ByName("SetNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeServiceInfoHandler := connect.NewUnaryHandler(
 		NodeServiceInfoProcedure,
 		svc.Info,
@@ -224,6 +246,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceStopSandboxHandler.ServeHTTP(w, r)
 		case NodeServiceSetTimeoutProcedure:
 			nodeServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case NodeServiceSetNetworkProcedure:
+			nodeServiceSetNetworkHandler.ServeHTTP(w, r)
 		case NodeServiceInfoProcedure:
 			nodeServiceInfoHandler.ServeHTTP(w, r)
 		default:
@@ -253,6 +277,10 @@ func (UnimplementedNodeServiceHandler) StopSandbox(context.Context, *connect.Req
 
 func (UnimplementedNodeServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.SetNetwork is not implemented"))
 }
 
 func (UnimplementedNodeServiceHandler) Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error) {

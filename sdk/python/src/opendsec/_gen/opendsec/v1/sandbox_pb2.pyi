@@ -39,7 +39,7 @@ FILE_TYPE_DIRECTORY: FileType
 FILE_TYPE_SYMLINK: FileType
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir")
+    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir", "network")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class SandboxSpec(_message.Message):
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     PIDS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     backend: str
     image: str
     cpu: float
@@ -78,7 +79,28 @@ class SandboxSpec(_message.Message):
     task_id: str
     pids_limit: int
     workdir: str
-    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ...) -> None: ...
+    network: NetworkPolicy
+    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+
+class NetworkPolicy(_message.Message):
+    __slots__ = ("rule_sets", "allow")
+    RULE_SETS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    rule_sets: _containers.RepeatedScalarFieldContainer[str]
+    allow: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    def __init__(self, rule_sets: _Optional[_Iterable[str]] = ..., allow: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ...) -> None: ...
+
+class NetworkRule(_message.Message):
+    __slots__ = ("cidr", "domain", "protocol", "ports")
+    CIDR_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    cidr: str
+    domain: str
+    protocol: str
+    ports: str
+    def __init__(self, cidr: _Optional[str] = ..., domain: _Optional[str] = ..., protocol: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
     __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason")
@@ -188,6 +210,20 @@ class SetTimeoutRequest(_message.Message):
     id: str
     timeout_seconds: int
     def __init__(self, id: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class SetNetworkRequest(_message.Message):
+    __slots__ = ("id", "network")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    network: NetworkPolicy
+    def __init__(self, id: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+
+class SetNetworkResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class SetTimeoutResponse(_message.Message):
     __slots__ = ("sandbox",)

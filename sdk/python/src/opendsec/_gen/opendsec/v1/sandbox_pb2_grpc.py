@@ -65,6 +65,11 @@ class SandboxServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutResponse.FromString,
                 _registered_method=True)
+        self.SetNetwork = channel.unary_unary(
+                '/opendsec.v1.SandboxService/SetNetwork',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer(object):
@@ -113,6 +118,14 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetNetwork(self, request, context):
+        """SetNetwork replaces a running sandbox's network policy atomically;
+        connections the new policy does not allow stop working.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.SetTimeout,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutResponse.SerializeToString,
+            ),
+            'SetNetwork': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNetwork,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class SandboxService(object):
             '/opendsec.v1.SandboxService/SetTimeout',
             opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.SetTimeoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNetwork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/SetNetwork',
+            opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.FromString,
             options,
             channel_credentials,
             insecure,
