@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,6 +32,7 @@ type Agent struct {
 	fs    *filesystem
 	h     http.Handler
 	idle  *idleTrimmer // nil when disabled
+	ci    *codeInterpreter
 }
 
 // New returns an agent for cfg. With cfg.Init it also takes on PID 1's
@@ -46,6 +48,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}}
 	a.procs = newProcesses(&a.cfg)
 	a.fs = newFilesystem(&a.cfg)
+	a.ci = &codeInterpreter{a: a}
 	if cfg.Init {
 		theReaper.reapAll()
 		if err := loopbackUp(); err != nil {
@@ -68,6 +71,7 @@ func (a *Agent) Handler() http.Handler { return a.h }
 func (a *Agent) Close() error {
 	a.procs.signalAll(unix.SIGKILL)
 	a.fs.closeWatchers()
+	a.ci.stop()
 	if a.idle != nil {
 		a.idle.stop()
 	}
@@ -175,9 +179,21 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var d net.Dialer
-	dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	up, err := d.DialContext(dctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var up net.Conn
+	if port == a.cfg.InterpreterPort {
+		// The code interpreter starts on demand.
+		dctx, cancel := context.WithTimeout(r.Context(), interpreterStartTimeout)
+		defer cancel()
+		if up, err = a.ci.dial(dctx, addr); err != nil && errors.Is(err, errdefs.ErrUnavailable) {
+			writeErr(w, err)
+			return
+		}
+	} else {
+		dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		up, err = d.DialContext(dctx, "tcp", addr)
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, fmt.Sprintf("port %d is not open in the sandbox", port))
 		return

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/interpreter"
 )
 
 // Defaults for Config fields left zero.
@@ -39,6 +40,13 @@ type Config struct {
 	// before it returns the memory it freed to the OS (once per idle spell).
 	// Zero means DefaultIdleTrimAfter; negative disables it.
 	IdleTrimAfter time.Duration
+	// InterpreterPath is the code interpreter's runner, started with the
+	// image's python3 on the first tunnel to its port. Empty means
+	// interpreter.PathInSandbox.
+	InterpreterPath string
+	// InterpreterPort is the port the code interpreter listens on (on
+	// 127.0.0.1); zero means interpreter.Port.
+	InterpreterPort int
 	// Init makes the agent act as PID 1: reap every child (orphans included)
 	// and bring up the loopback interface.
 	Init bool
@@ -57,6 +65,12 @@ func (c *Config) setDefaults() {
 	if c.IdleTrimAfter == 0 {
 		c.IdleTrimAfter = DefaultIdleTrimAfter
 	}
+	if c.InterpreterPath == "" {
+		c.InterpreterPath = interpreter.PathInSandbox
+	}
+	if c.InterpreterPort == 0 {
+		c.InterpreterPort = interpreter.Port
+	}
 	if c.EtcDir == "" {
 		c.EtcDir = DefaultEtcDir
 	}
@@ -69,6 +83,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxUploadBytes < 0 {
 		return errdefs.Invalid("max_upload_bytes", "is %d; must not be negative", c.MaxUploadBytes)
+	}
+	if c.InterpreterPort < 0 || c.InterpreterPort > 65535 {
+		return errdefs.Invalid("interpreter_port", "is %d; use 1..65535", c.InterpreterPort)
 	}
 	if c.DefaultWorkdir != "" && c.DefaultWorkdir[0] != '/' {
 		return errdefs.Invalid("default_workdir", "%q is not absolute; give an absolute path", c.DefaultWorkdir)
