@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the E2B compatibility acceptance suite (test/e2b) with the real E2B
-# SDKs, pinned below: Python from PyPI (sync and async) and JS from npm
+# SDKs, pinned below: Python from PyPI (e2b and e2b-code-interpreter, sync and
+# async) and JS from npm (e2b and @e2b/code-interpreter)
 # (skipped without node, or with E2B_SKIP_JS=1), against a throwaway `opendsec up`
 # (which serves the E2B gateway) started here with its own data dir and free
 # loopback ports. Only E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and
@@ -17,9 +18,11 @@ BIN=${OPENDSEC_BIN_DIR:-$ROOT/bin}
 
 # Pinned SDK and test tools. Bump deliberately and re-run the suite.
 E2B_PY_VERSION=2.63.0
+E2B_CI_PY_VERSION=2.11.5 # e2b-code-interpreter
 E2B_JS_VERSION=2.51.0
+E2B_CI_JS_VERSION=2.8.0 # @e2b/code-interpreter
 NPM_DIR=${OPENDSEC_E2B_NPM:-/var/cache/opendsec/test/e2b-npm}
-PY_PINS=("e2b==$E2B_PY_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
+PY_PINS=("e2b==$E2B_PY_VERSION" "e2b-code-interpreter==$E2B_CI_PY_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
 
 bash deploy/images/build.sh --no-import
 
@@ -27,7 +30,7 @@ VENV=${OPENDSEC_E2B_VENV:-/var/cache/opendsec/test/e2b-venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('e2b') != '$E2B_PY_VERSION')" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('e2b') != '$E2B_PY_VERSION' or m.version('e2b-code-interpreter') != '$E2B_CI_PY_VERSION')" 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PINS[@]}"
 fi
 
@@ -79,11 +82,12 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
   E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local \
   "$VENV/bin/python" -m pytest -q -c test/e2b/python/pytest.ini test/e2b/python "$@" || rc=$?
 if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
-  echo "== e2b npm sdk $E2B_JS_VERSION"
-  if [ "$(node -p "try{require('$NPM_DIR/node_modules/e2b/package.json').version}catch(e){''}")" != "$E2B_JS_VERSION" ]; then
+  echo "== e2b npm sdk $E2B_JS_VERSION, @e2b/code-interpreter $E2B_CI_JS_VERSION"
+  npmv() { node -p "try{require('$NPM_DIR/node_modules/$1/package.json').version}catch(e){''}"; }
+  if [ "$(npmv e2b)" != "$E2B_JS_VERSION" ] || [ "$(npmv @e2b/code-interpreter)" != "$E2B_CI_JS_VERSION" ]; then
     mkdir -p "$NPM_DIR"
     [ -f "$NPM_DIR/package.json" ] || echo '{"private":true}' > "$NPM_DIR/package.json"
-    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION")
+    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION" "@e2b/code-interpreter@$E2B_CI_JS_VERSION")
   fi
   env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
     E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \

@@ -171,6 +171,9 @@ func (g *Gateway) imageFor(template string) string {
 	if img, ok := g.cfg.Templates[template]; ok {
 		return img
 	}
+	if template == CodeInterpreterTemplate {
+		return g.imageFor(DefaultTemplate)
+	}
 	return template
 }
 

@@ -332,3 +332,14 @@ func TestProxyRefusesUnknownAndInternal(t *testing.T) {
 		t.Fatalf("hostRoute routed the API host")
 	}
 }
+
+func TestCodeInterpreterTemplateIsTheDefault(t *testing.T) {
+	h := newHarness(t)
+	w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"`+CodeInterpreterTemplate+`"}`)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", w.Code, w.Body)
+	}
+	if img := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetImage(); img != DefaultImage || m["templateID"] != CodeInterpreterTemplate {
+		t.Fatalf("%s created image %q (template %v), want %q", CodeInterpreterTemplate, img, m["templateID"], DefaultImage)
+	}
+}

@@ -37,6 +37,13 @@ const (
 	DefaultTemplate = "base"
 	// DefaultImage backs the default template.
 	DefaultImage = "root/py:3.11"
+	// CodeInterpreterTemplate is the template the code-interpreter SDKs
+	// create by default; unless mapped in Templates it is the default
+	// template (whose image must have python3 for the interpreter).
+	CodeInterpreterTemplate = "code-interpreter-v1"
+	// CodeInterpreterPort is where the code-interpreter SDKs send run_code
+	// and /contexts; the sandbox's agent starts the runner on demand.
+	CodeInterpreterPort = 49999
 	// MaxTimeoutSeconds is the longest sandbox lifetime a create accepts.
 	MaxTimeoutSeconds = 86400
 	// MaxMetadata is the most metadata entries a sandbox may carry.

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -253,6 +255,13 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id str
 		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var ue *unavailableError
+			if port == CodeInterpreterPort && errors.As(err, &ue) {
+				// The agent says why the interpreter cannot run (no python3
+				// in the image...): 503, not the SDK's "sandbox timeout" 502.
+				writeError(w, http.StatusServiceUnavailable, "%s", ue.msg)
+				return
+			}
 			writeJSON(w, http.StatusBadGateway, portClosedBody{
 				SandboxID: id, Message: "The sandbox is running but port is not open", Port: port, Code: http.StatusBadGateway,
 			})
@@ -277,6 +286,12 @@ func (g *Gateway) dialPort(ctx context.Context, base, id string, port int) (net.
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
+		var body struct {
+			Message string `json:"message"`
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable && json.Unmarshal(b, &body) == nil && body.Message != "" {
+			return nil, &unavailableError{msg: body.Message}
+		}
 		return nil, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s: %s", port, resp.Status, strings.TrimSpace(string(b)))
 	}
 	rwc, ok := resp.Body.(io.ReadWriteCloser)
@@ -327,3 +342,10 @@ func (g *Gateway) signedFileSandbox(r *http.Request) (string, error) {
 	}
 	return "", errdefs.New(errdefs.ErrUnauthenticated, "invalid signature: no running sandbox signed this URL")
 }
+
+// unavailableError is the agent's 503 for a tunnel: the service behind the
+// port cannot start (the code interpreter without python3, ...).
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string        { return e.msg }
+func (e *unavailableError) Is(target error) bool { return target == errdefs.ErrUnavailable }

@@ -1,0 +1,99 @@
+"""The unmodified e2b-code-interpreter SDK against OpenDsec's runner on port 49999."""
+
+import pytest
+from e2b import SandboxException as E2BSandboxException
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+
+@pytest.fixture
+def ci(test_id):
+    sbx = Sandbox.create(metadata={"sandbox_test_id": test_id})
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+def test_run_code_keeps_state(ci):
+    first = ci.run_code("x = 1")
+    assert first.error is None and first.results == []
+    ex = ci.run_code("x + 1")
+    assert ex.error is None
+    assert ex.text == "2"
+    assert ex.results[0].is_main_result
+    assert ex.execution_count == first.execution_count + 1
+
+
+def test_run_code_error(ci):
+    ex = ci.run_code("def f():\n    raise ValueError('bad value')\nf()")
+    assert ex.error is not None
+    assert ex.error.name == "ValueError"
+    assert ex.error.value == "bad value"
+    assert "raise ValueError('bad value')" in ex.error.traceback
+    # The context survives the error.
+    assert ci.run_code("40 + 2").text == "42"
+
+
+def test_run_code_logs_and_callbacks(ci):
+    seen = []
+    ex = ci.run_code(
+        "import sys\nprint('hello')\nprint('oops', file=sys.stderr)",
+        on_stdout=lambda m: seen.append(m.line),
+    )
+    assert ex.logs.stdout == ["hello\n"]
+    assert ex.logs.stderr == ["oops\n"]
+    assert seen == ["hello\n"]
+
+
+def test_run_code_rich_result_and_env(ci):
+    ex = ci.run_code(
+        "class T:\n"
+        "    def _repr_html_(self): return '<table></table>'\n"
+        "    def __repr__(self): return 'T()'\n"
+        "T()"
+    )
+    assert ex.results[0].html == "<table></table>"
+    assert ex.results[0].text == "T()"
+    ex = ci.run_code("import os; os.environ['CI_ENV']", envs={"CI_ENV": "set"})
+    assert ex.text == "'set'"
+    ex = ci.run_code("import getpass, os; (getpass.getuser(), os.getcwd())")
+    assert ex.text == "('user', '/home/user')"
+
+
+def test_contexts_isolate_variables(ci):
+    ci.run_code("secret = 1")
+    ctx = ci.create_code_context(cwd="/tmp")
+    assert ctx.language == "python" and ctx.cwd == "/tmp"
+    ex = ci.run_code("'secret' in globals()", context=ctx)
+    assert ex.text == "False"
+    ci.run_code("y = 5", context=ctx)
+    assert ci.run_code("y", context=ctx).text == "5"
+    assert ctx.id in [c.id for c in ci.list_code_contexts()]
+    ci.restart_code_context(ctx)
+    assert ci.run_code("y", context=ctx).error.name == "NameError"
+    ci.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in ci.list_code_contexts()]
+    with pytest.raises(E2BSandboxException):  # NotFoundException
+        ci.run_code("1", context=ctx)
+    # The default context still has its variable.
+    assert ci.run_code("secret").text == "1"
+
+
+def test_image_without_python(test_id):
+    sbx = Sandbox.create(template="root/busybox", metadata={"sandbox_test_id": test_id})
+    try:
+        with pytest.raises(E2BSandboxException) as exc:
+            sbx.run_code("1")
+        assert "503" in str(exc.value) and "python3" in str(exc.value)
+    finally:
+        sbx.kill()
+
+
+async def test_async_run_code(test_id):
+    sbx = await AsyncSandbox.create(metadata={"sandbox_test_id": test_id})
+    try:
+        await sbx.run_code("z = 20")
+        ex = await sbx.run_code("z * 2 + 2")
+        assert ex.text == "42"
+    finally:
+        await sbx.kill()
