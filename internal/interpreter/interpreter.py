@@ -521,6 +521,9 @@ def serve(host, port):
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.allow_reuse_address = True
     srv = ThreadingHTTPServer((host, port), Handler)
+    # The default context starts with the server, as E2B's does, so the
+    # first execution does not pay for it; requests for it wait meanwhile.
+    threading.Thread(target=Handler.contexts.get_default, daemon=True).start()
     srv.serve_forever()
 
 
