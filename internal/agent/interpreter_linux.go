@@ -139,7 +139,7 @@ func (c *codeInterpreter) ensure(ctx context.Context) (*runnerProc, error) {
 	}()
 	r.proc = cmd.Process
 	if c.a.cfg.Init {
-		_ = os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("0"), 0)
+		_ = os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte(childOOMScoreAdj), 0)
 	}
 	go func() {
 		ws := <-waitc

@@ -553,8 +553,12 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 	p.pid = uint32(cmd.Process.Pid)
 	p.handle = cmd.Process
 	if s.cfg.Init {
-		// The agent may be shielded from the OOM killer; its children are not.
-		_ = os.WriteFile("/proc/"+itoa(int(p.pid))+"/oom_score_adj", []byte("0"), 0)
+		// The agent is the sandbox's init: if the OOM killer took it the
+		// whole sandbox would die. Lowering its own score needs
+		// CAP_SYS_RESOURCE, which neither it nor (on some hosts) the node
+		// has; raising a child's needs nothing. So every process it starts
+		// is made the preferred victim of a memory limit.
+		_ = os.WriteFile("/proc/"+itoa(int(p.pid))+"/oom_score_adj", []byte(childOOMScoreAdj), 0)
 	}
 	if lifetime > 0 {
 		p.timer = time.AfterFunc(lifetime, func() { _ = p.signal(unix.SIGKILL) })
@@ -806,3 +810,7 @@ func executable(p string) error {
 	}
 	return nil
 }
+
+// childOOMScoreAdj is the oom_score_adj of every process the agent starts
+// (the agent keeps 0): a memory limit kills user processes, not the agent.
+const childOOMScoreAdj = "500"

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -30,7 +29,7 @@ func e2bKeys(cfg config.Config) *e2b.KeyStore {
 // apiserver with an admin-scope service token and reaches sandboxes through
 // the nodes with a node-scope token, both signed with key.
 func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	apiTok, err := auth.Issue(key, "e2b-gateway", auth.ScopeAdmin, 365*24*time.Hour)
+	apiTok, err := auth.Issue(key, "e2b-gateway", auth.ScopeAdmin, serviceTokenTTL)
 	if err != nil {
 		return fmt.Errorf("issue gateway token: %w", err)
 	}

@@ -38,10 +38,17 @@ type UpOptions struct {
 	ReadyFile string
 }
 
-// serviceToken issues the short-lived token components use to call nodes.
+// serviceToken issues the token components use to call nodes.
+//
+// It is minted in memory at start and never leaves the process, so it lives
+// as long as a process may run (a 30-day token broke every node call of an
+// `opendsec up` that ran longer). Rotation comes with the cluster CA and mTLS.
 func serviceToken(key []byte) (string, error) {
-	return auth.Issue(key, "opendsec-internal", auth.ScopeNode, 30*24*time.Hour)
+	return auth.Issue(key, "opendsec-internal", auth.ScopeNode, serviceTokenTTL)
 }
+
+// serviceTokenTTL is the lifetime of in-process service tokens.
+const serviceTokenTTL = 10 * 365 * 24 * time.Hour
 
 // newNode builds the node from cfg: image store, backends, sandbox table.
 func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
@@ -148,11 +155,12 @@ func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan
 	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
 		connect.WithInterceptors(auth.ClientInterceptor(tok)))
 	srv, err := apiserver.New(apiserver.Config{
-		Nodes:           cfg.Nodes,
-		Watcher:         wc,
-		HTTPClient:      hc,
-		NodeToken:       tok,
-		Auth:            auth.NewVerifier(key),
+		Nodes:      cfg.Nodes,
+		Watcher:    wc,
+		HTTPClient: hc,
+		NodeToken:  tok,
+		// Callers only: node-scope tokens are for component-to-node calls.
+		Auth:            auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
 		PlacementSample: cfg.APIServer.PlacementSample,
 		PlacementHold:   2 * time.Duration(cfg.Watcher.PollIntervalMS) * time.Millisecond,

@@ -24,7 +24,7 @@ func (n *Node) agentTransport(sb *sandbox) *http.Transport {
 	sb.transportOnce.Do(func() {
 		rt := n.cfg.Backends[sb.rec.Backend]
 		id := sb.rec.ID
-		sb.transport = &http.Transport{
+		sb.transport.Store(&http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return rt.AgentConn(ctx, id)
 			},
@@ -33,9 +33,9 @@ func (n *Node) agentTransport(sb *sandbox) *http.Transport {
 			// lifetime with another.
 			DisableKeepAlives:  true,
 			DisableCompression: true,
-		}
+		})
 	})
-	return sb.transport
+	return sb.transport.Load()
 }
 
 // waitAgent polls the agent's /health until it answers 204.

@@ -112,7 +112,13 @@ type sandbox struct {
 	reason       atomic.Value // string: why it stopped
 
 	transportOnce sync.Once
-	transport     *http.Transport
+	transport     atomic.Pointer[http.Transport]
+
+	// stopDone is closed when the stop in progress ends; nil when no stop
+	// runs. A stop that failed leaves the sandbox in state stopping with
+	// stopDone nil, and the reaper tries again. Guarded by Node.mu.
+	stopDone chan struct{}
+	stopErr  error
 }
 
 func (s *sandbox) touch() { s.lastActivity.Store(time.Now().UnixNano()) }
@@ -332,8 +338,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	n.mu.Lock()
 	if req.RequestID != "" {
 		if prev, ok := n.requests[req.RequestID]; ok {
+			prevID := prev.rec.ID
 			n.mu.Unlock()
-			if prev.rec.ID != req.ID {
+			if prevID != req.ID {
 				n.releaseHold(ctx, req.ID)
 			}
 			return n.waitReady(ctx, prev)
@@ -398,15 +405,17 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	ctx = context.WithoutCancel(ctx)
 
 	t0 := time.Now()
-	if err := n.table.put(rec); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
-	}
+	// Installed before the first write: whatever fails, the image hold,
+	// network, backend state, dir and record are undone.
 	defer func() {
 		if err != nil {
 			l.Warn("create failed, cleaning up", log.Err(err))
 			n.destroy(ctx, rec)
 		}
 	}()
+	if err := n.table.put(rec); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
 	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
 		return fmt.Errorf("make sandbox dir: %w", err)
 	}
@@ -494,8 +503,8 @@ func (n *Node) forget(sb *sandbox) {
 	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {
 		delete(n.requests, sb.rec.RequestID)
 	}
-	if sb.transport != nil {
-		sb.transport.CloseIdleConnections()
+	if t := sb.transport.Load(); t != nil {
+		t.CloseIdleConnections()
 	}
 }
 
@@ -582,23 +591,46 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
 	}
 	n.mu.Lock()
-	rec := *sb.rec
-	if rec.State == stateStopping {
+	if done := sb.stopDone; done != nil {
+		// Another stop is under way: report its outcome, not an early nil.
 		n.mu.Unlock()
-		return nil
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n.mu.Lock()
+		err := sb.stopErr
+		n.mu.Unlock()
+		return err
 	}
+	done := make(chan struct{})
+	sb.stopDone = done
+	rec := *sb.rec
 	rec.State = stateStopping
 	sb.rec = &rec
 	n.mu.Unlock()
 	sb.reason.Store(reason)
 	ctx = context.WithoutCancel(ctx)
-	if err := n.table.put(&rec); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
+	derr := n.table.put(&rec)
+	if derr == nil {
+		derr = n.destroy(ctx, &rec)
 	}
-	derr := n.destroy(ctx, &rec)
+	n.mu.Lock()
+	sb.stopErr = derr
+	if derr != nil {
+		// Keep the sandbox (and its reservation) so nothing runs unseen;
+		// the reaper retries.
+		sb.stopDone = nil
+	}
+	n.mu.Unlock()
+	close(done)
+	if derr != nil {
+		return fmt.Errorf("stop sandbox %s (will retry): %w", id, derr)
+	}
 	n.forget(sb)
 	log.G(ctx).Info("sandbox stopped", log.SandboxID(id), "reason", reason)
-	return derr
+	return nil
 }
 
 // SetTimeout makes the sandbox's lifetime end seconds from now.
@@ -685,13 +717,27 @@ func (n *Node) recover(ctx context.Context) error {
 			}
 			continue
 		}
-		alive := false
-		if err := rt.Recover(ctx, rec.Handle); err == nil {
-			if st, err := rt.Status(ctx, rec.ID); err == nil && st.State == runtime.StateRunning {
-				alive = true
+		// Only a backend's definite answer — gone, or stopped — removes a
+		// sandbox. Any other error (a runc hiccup, an unknown handle
+		// version after an upgrade) keeps it: killing live sandboxes on a
+		// transient error at start would be far worse than a stale entry.
+		dead := false
+		if err := rt.Recover(ctx, rec.Handle); err != nil {
+			if errdefs.IsNotFound(err) {
+				dead = true
+			} else {
+				l.Error("recover sandbox; keeping it and its reservation", log.Err(err))
+			}
+		} else if st, err := rt.Status(ctx, rec.ID); err == nil && st.State == runtime.StateStopped {
+			dead = true
+		} else if err != nil {
+			if errdefs.IsNotFound(err) {
+				dead = true
+			} else {
+				l.Error("sandbox status after recovery; keeping it", log.Err(err))
 			}
 		}
-		if !alive {
+		if dead {
 			l.Warn("sandbox died while the node was down; removing it")
 			if err := n.destroy(ctx, rec); err != nil {
 				l.Error("remove dead sandbox", log.Err(err))
@@ -733,6 +779,10 @@ func (n *Node) reap(now time.Time) {
 	n.mu.Lock()
 	for id, sb := range n.sandboxes {
 		rec := sb.rec
+		if rec.State == stateStopping && sb.stopDone == nil {
+			vs = append(vs, victim{id, "retry of a failed stop"})
+			continue
+		}
 		if rec.State != stateRunning {
 			continue
 		}

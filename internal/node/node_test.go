@@ -294,6 +294,14 @@ func TestRecoverAfterRestart(t *testing.T) {
 	}
 	n1.Close() // the node goes away; sandboxes keep running
 
+	// A restarted node has a fresh backend that knows nothing in memory.
+	rt2, err := container.New(container.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rt = rt2
+	f.cfg.Backends = map[string]runtime.Runtime{"container": rt2}
+
 	n2 := f.open(t)
 	if got := echo(t, f, rec.ID); got != "ok\n" {
 		t.Fatalf("after restart: %q", got)

@@ -230,3 +230,21 @@ func diskUsage(t *testing.T, dir string) int64 {
 type countWriter struct{ n int64 }
 
 func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+// TestNodeTokenRefusedByPublicAPI checks the public API takes only caller
+// tokens: a node-scope token (for component-to-node calls) is refused.
+func TestNodeTokenRefusedByPublicAPI(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	key, err := os.ReadFile(filepath.Join(s.dataDir, "auth.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeTok, err := auth.Issue(key, "x", auth.ScopeNode, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts(nodeTok)...)
+	_, err = c.ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+	wantErr(t, "node-scope token", err, connect.CodePermissionDenied, "scope")
+}
