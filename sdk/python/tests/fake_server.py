@@ -43,6 +43,7 @@ class FakeServer(
         self.exec_time_remaining: list[float | None] = []
         self.http_requests: list[pb.HTTPRequestRequest] = []
         self.set_timeouts: list[pb.SetTimeoutRequest] = []
+        self.set_networks: list[pb.SetNetworkRequest] = []
 
     async def _auth(self, context: grpc.aio.ServicerContext, method: str) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -123,6 +124,20 @@ class FakeServer(
         s = self.sandboxes[request.id]
         s.expires_at.CopyFrom(timestamp_pb2.Timestamp(seconds=1_700_000_000 + request.timeout_seconds))
         return pb.SetTimeoutResponse(sandbox=s)
+
+    async def SetNetwork(self, request: pb.SetNetworkRequest, context: Any) -> pb.SetNetworkResponse:
+        await self._auth(context, "SetNetwork")
+        self.set_networks.append(request)
+        for i, r in enumerate(request.network.allow):
+            if r.cidr == "bad":
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f'network.allow[{i}].cidr: "bad" is not an IPv4 prefix'
+                )
+        s = self.sandboxes.get(request.id)
+        if s is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")
+        s.spec.network.CopyFrom(request.network)
+        return pb.SetNetworkResponse(sandbox=s)
 
     # ---- processes ----
 

@@ -28,6 +28,8 @@ from opendsec.types import (
     ExecResult,
     FileInfo,
     HTTPResponse,
+    NetworkPolicy,
+    NetworkSpec,
     ProcessInfo,
     SandboxInfo,
     SandboxState,
@@ -491,6 +493,26 @@ class Sandbox:
         secs = math.ceil(seconds) if seconds > 0 else int(seconds)
         resp = await self._conn.unary(
             self._conn.sandboxes.SetTimeout, pb.SetTimeoutRequest(id=self.id, timeout_seconds=secs)
+        )
+        self._info = SandboxInfo.from_proto(resp.sandbox)
+        return self._info
+
+    async def set_network(self, network: NetworkSpec | None) -> SandboxInfo:
+        """Replace the sandbox's network policy atomically while it runs.
+
+        ``network`` takes the same forms as :attr:`DSecRunArgs.network`, e.g.
+        ``{"pypi": True, "npm": False}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;
+        ``None`` or an empty policy denies everything. Connections the new
+        policy does not allow stop working.
+
+        Raises:
+            ConfigError: ``network`` has the wrong shape (nothing is sent).
+            InvalidArgumentError: the server refused a rule; ``err.field`` names
+                it (e.g. ``"network.allow[0].cidr"``) and nothing changed.
+        """
+        policy = NetworkPolicy() if network is None else NetworkPolicy.parse(network)
+        resp = await self._conn.unary(
+            self._conn.sandboxes.SetNetwork, pb.SetNetworkRequest(id=self.id, network=policy.to_proto())
         )
         self._info = SandboxInfo.from_proto(resp.sandbox)
         return self._info

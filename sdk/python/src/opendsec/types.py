@@ -8,12 +8,13 @@ import datetime as _dt
 import enum
 import json as _json
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeAlias
 
 from google.protobuf import timestamp_pb2
 
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+from opendsec.errors import ConfigError
 
 __all__ = [
     "DSecRunArgs",
@@ -22,6 +23,9 @@ __all__ = [
     "FileInfo",
     "FileType",
     "HTTPResponse",
+    "NetworkPolicy",
+    "NetworkRule",
+    "NetworkSpec",
     "ProcessInfo",
     "SandboxInfo",
     "SandboxState",
@@ -50,6 +54,10 @@ class DSecRunArgs:
         task_id: the task the sandbox belongs to.
         pids_limit: maximum number of processes; ``0`` = the default (1024).
         workdir: working directory for processes; ``""`` = the image's, else ``/``.
+        network: what the sandbox may reach, in any form of :data:`NetworkSpec`,
+            e.g. ``{"pypi": True}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;
+            ``None`` = the node's default rule sets (by default no network).
+            Read back from the server it is a :class:`NetworkPolicy`.
     """
 
     backend: str = ""
@@ -64,6 +72,7 @@ class DSecRunArgs:
     task_id: str = ""
     pids_limit: int = 0
     workdir: str = ""
+    network: NetworkSpec | None = None
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -82,6 +91,8 @@ class DSecRunArgs:
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
+        if self.network is not None:
+            spec.network.CopyFrom(NetworkPolicy.parse(self.network).to_proto())
         return spec
 
     @classmethod
@@ -100,7 +111,133 @@ class DSecRunArgs:
             task_id=spec.task_id,
             pids_limit=spec.pids_limit,
             workdir=spec.workdir,
+            network=NetworkPolicy.from_proto(spec.network) if spec.HasField("network") else None,
         )
+
+
+_RULE_KEYS = ("cidr", "domain", "protocol", "ports")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkRule:
+    """One kind of egress a sandbox may use. Set exactly one of ``cidr`` and
+    ``domain``; the server checks the values and names the bad field
+    (``network.allow[0].cidr: ...``).
+
+    Attributes:
+        cidr: IPv4 prefix ``"10.0.0.0/8"`` or address ``"192.0.2.7"``.
+        domain: exact name ``"pypi.org"`` or suffix ``"*.pythonhosted.org"``.
+        protocol: ``"tcp"``, ``"udp"``, ``"icmp"`` or ``""`` (tcp and udp with
+            ports, everything without).
+        ports: ``443``, ``"443"`` or ``"8000-8100"``; ``""`` = every port.
+    """
+
+    cidr: str = ""
+    domain: str = ""
+    protocol: str = ""
+    ports: str | int = ""
+
+    def to_proto(self) -> pb.NetworkRule:
+        """Return the ``opendsec.v1.NetworkRule`` message."""
+        return pb.NetworkRule(cidr=self.cidr, domain=self.domain, protocol=self.protocol, ports=str(self.ports))
+
+    @classmethod
+    def from_proto(cls, r: pb.NetworkRule) -> NetworkRule:
+        """Build from an ``opendsec.v1.NetworkRule`` message."""
+        return cls(cidr=r.cidr, domain=r.domain, protocol=r.protocol, ports=r.ports)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicy:
+    """What a sandbox may reach: named rule sets of the node (e.g. ``"pypi"``)
+    plus explicit rules. Everything else is denied, both ways.
+
+    Attributes:
+        rule_sets: names of rule sets from the node's configuration.
+        allow: explicit rules.
+    """
+
+    rule_sets: tuple[str, ...] = ()
+    allow: tuple[NetworkRule, ...] = ()
+
+    def to_proto(self) -> pb.NetworkPolicy:
+        """Return the ``opendsec.v1.NetworkPolicy`` message."""
+        return pb.NetworkPolicy(rule_sets=list(self.rule_sets), allow=[r.to_proto() for r in self.allow])
+
+    @classmethod
+    def from_proto(cls, p: pb.NetworkPolicy) -> NetworkPolicy:
+        """Build from an ``opendsec.v1.NetworkPolicy`` message."""
+        return cls(rule_sets=tuple(p.rule_sets), allow=tuple(NetworkRule.from_proto(r) for r in p.allow))
+
+    @classmethod
+    def parse(cls, value: NetworkSpec, field: str = "network") -> NetworkPolicy:
+        """Normalize every accepted form of a network policy (see :data:`NetworkSpec`).
+
+        Raises:
+            ConfigError: the value has the wrong shape; the message names ``field``.
+        """
+        if isinstance(value, NetworkPolicy):
+            return value
+        if isinstance(value, NetworkRule):
+            return cls(allow=(value,))
+        if isinstance(value, Mapping):
+            if value and set(value) <= set(_RULE_KEYS) and not all(isinstance(v, bool) for v in value.values()):
+                return cls(allow=(_rule(value, field),))
+            sets: list[str] = []
+            for name, on in value.items():
+                if not isinstance(name, str) or not isinstance(on, bool):
+                    raise ConfigError(
+                        f"{field}: a mapping must map rule-set names to True/False, got {name!r}: {on!r}; "
+                        'give explicit rules as a list, e.g. [{"cidr": "10.0.0.0/8", "ports": "443"}]'
+                    )
+                if on:
+                    sets.append(name)
+            return cls(rule_sets=tuple(sets))
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise ConfigError(
+                f"{field}: must be a NetworkPolicy, a mapping of rule-set names to True/False, "
+                f"or a list of rule-set names, NetworkRule and rule dicts; got {type(value).__name__}"
+            )
+        sets = []
+        rules: list[NetworkRule] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                sets.append(item)
+            elif isinstance(item, NetworkRule):
+                rules.append(item)
+            elif isinstance(item, Mapping):
+                rules.append(_rule(item, f"{field}[{i}]"))
+            else:
+                raise ConfigError(
+                    f"{field}[{i}]: must be a rule-set name, a NetworkRule or a dict with "
+                    f"{', '.join(_RULE_KEYS)}; got {type(item).__name__}"
+                )
+        return cls(rule_sets=tuple(sets), allow=tuple(rules))
+
+
+#: Every form a network policy can be given in:
+#:
+#: - ``{"pypi": True, "npm": False}``: rule-set names, those mapped to True are on;
+#: - ``[NetworkRule(cidr="10.0.0.0/8", ports="443"), {"domain": "pypi.org"}, "npm"]``:
+#:   explicit rules (``NetworkRule`` or dicts) mixed with rule-set names;
+#: - one ``NetworkRule`` or one rule dict;
+#: - a :class:`NetworkPolicy`.
+NetworkSpec: TypeAlias = (
+    "NetworkPolicy | NetworkRule | Mapping[str, Any] | Iterable[str | NetworkRule | Mapping[str, Any]]"
+)
+
+
+def _rule(d: Mapping[str, Any], field: str) -> NetworkRule:
+    unknown = sorted(str(k) for k in d if k not in _RULE_KEYS)
+    if unknown:
+        raise ConfigError(f"{field}: unknown rule keys {unknown}; use {', '.join(_RULE_KEYS)}")
+    for k in ("cidr", "domain", "protocol"):
+        if not isinstance(d.get(k, ""), str):
+            raise ConfigError(f"{field}.{k}: must be a string, got {type(d[k]).__name__}")
+    ports = d.get("ports", "")
+    if isinstance(ports, bool) or not isinstance(ports, str | int):
+        raise ConfigError(f'{field}.ports: must be a port or range like 443 or "8000-8100", got {ports!r}')
+    return NetworkRule(cidr=d.get("cidr", ""), domain=d.get("domain", ""), protocol=d.get("protocol", ""), ports=ports)
 
 
 def _seconds(v: float | None) -> int:

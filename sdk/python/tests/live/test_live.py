@@ -370,3 +370,25 @@ async def test_http_into_a_port(sandbox: Sandbox) -> None:
         assert resp.text == "hello from the sandbox\n"
     finally:
         await proc.close()
+
+
+# ---- network policy ----
+
+
+async def test_network_bad_rule_is_refused_with_the_field(client: DSecClient) -> None:
+    with pytest.raises(InvalidArgumentError) as ei:
+        await client.run_sandbox(
+            run_args(labels={"opendsec-sdk-test": "1"}, network=[{"cidr": "10.0.0.300/8", "ports": "443"}])
+        )
+    assert ei.value.field.startswith("network"), ei.value
+
+
+async def test_set_network_on_a_running_sandbox(sandbox: Sandbox) -> None:
+    info = await sandbox.set_network([{"cidr": "192.0.2.0/24", "protocol": "tcp", "ports": "443"}])
+    assert info.state is SandboxState.RUNNING
+    r = await sandbox.run_shell("echo still-here", timeout=30)
+    assert r.stdout == "still-here\n", r
+    with pytest.raises(InvalidArgumentError) as ei:
+        await sandbox.set_network([{"domain": "pypi.org", "ports": "99999"}])
+    assert ei.value.field.startswith("network"), ei.value
+    await sandbox.set_network(None)
