@@ -1,6 +1,10 @@
 package agent
 
-import "sync"
+import (
+	"sort"
+	"sync"
+	"unsafe"
+)
 
 type outKind uint8
 
@@ -11,29 +15,32 @@ const (
 )
 
 type outEvent struct {
-	seq  uint64
 	off  int64 // bytes appended before this event
 	kind outKind
 	data []byte
 }
 
-// cursor is a reader's position in an outLog.
+// eventCost is what one retained chunk costs besides its data buffer: the
+// outEvent itself, twice over for the spare capacity of the events slice.
+const eventCost = 2 * int(unsafe.Sizeof(outEvent{}))
+
+// cursor is a reader's position in an outLog: the number of bytes before it.
 type cursor struct {
-	seq uint64
 	off int64
 }
 
 // outLog is a process's output: a bounded, in-memory sequence of chunks that
-// any number of readers consume at their own pace. When it holds more than
-// max bytes the oldest chunks are dropped; a reader that falls behind them
-// learns how many bytes it lost. Writers never block on readers.
+// any number of readers consume at their own pace. Small appends of the same
+// kind are merged into chunks of up to maxChunk bytes. When the chunks cost
+// more than max bytes of memory (data buffers plus bookkeeping) the oldest
+// are dropped; a reader that falls behind them learns how many bytes it
+// lost. Writers never block on readers.
 type outLog struct {
 	mu      sync.Mutex
 	max     int
-	events  []outEvent
-	size    int
-	next    uint64 // seq of the next appended event
-	total   int64  // bytes ever appended
+	events  []outEvent // contiguous: each starts where the previous ends
+	size    int        // memory cost of events
+	total   int64      // bytes ever appended
 	closed  bool
 	changed chan struct{}
 }
@@ -42,18 +49,31 @@ func newOutLog(max int) *outLog {
 	return &outLog{max: max, changed: make(chan struct{})}
 }
 
+// append adds data to the log and takes ownership of it: the log may append
+// to it in place.
 func (l *outLog) append(kind outKind, data []byte) {
+	if len(data) == 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return
 	}
-	l.events = append(l.events, outEvent{seq: l.next, off: l.total, kind: kind, data: data})
-	l.next++
+	if n := len(l.events); n > 0 && l.events[n-1].kind == kind && len(l.events[n-1].data)+len(data) <= maxChunk {
+		// Readers may hold l.events[n-1].data, but only up to its length:
+		// growing it in place never changes bytes they can see.
+		last := &l.events[n-1]
+		before := cap(last.data)
+		last.data = append(last.data, data...)
+		l.size += cap(last.data) - before
+	} else {
+		l.events = append(l.events, outEvent{off: l.total, kind: kind, data: data})
+		l.size += cap(data) + eventCost
+	}
 	l.total += int64(len(data))
-	l.size += len(data)
 	for l.size > l.max && len(l.events) > 1 {
-		l.size -= len(l.events[0].data)
+		l.size -= cap(l.events[0].data) + eventCost
 		l.events[0] = outEvent{}
 		l.events = l.events[1:]
 	}
@@ -87,39 +107,46 @@ func (l *outLog) notifyLocked() {
 func (l *outLog) tail() cursor {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return cursor{seq: l.next, off: l.total}
+	return cursor{off: l.total}
 }
 
-// read returns up to limit bytes of events at or after c, the cursor after
-// them, how many bytes were dropped before them (c fell behind the retained
-// window), whether the log is closed and fully read, and a channel closed on
-// the next change.
+// read returns up to limit bytes of events at or after c (at least one event
+// if any), the cursor after them, how many bytes were dropped before them
+// (c fell behind the retained window), whether the log is closed and fully
+// read, and a channel closed on the next change. The first event may be the
+// rest of a chunk that c points into.
 func (l *outLog) read(c cursor, limit int) (evs []outEvent, next cursor, dropped int64, done bool, wait <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next = c
-	if len(l.events) == 0 {
-		if c.seq < l.next {
-			dropped = l.total - c.off
-			next = cursor{seq: l.next, off: l.total}
-		}
-		return nil, next, dropped, l.closed, l.changed
+	start := l.total // where the retained window begins
+	if len(l.events) > 0 {
+		start = l.events[0].off
 	}
-	first := l.events[0]
-	if c.seq < first.seq {
-		dropped = first.off - c.off
-		next = cursor{seq: first.seq, off: first.off}
+	if next.off < start {
+		dropped = start - next.off
+		next.off = start
 	}
-	n := 0
-	for i := int(next.seq - first.seq); i < len(l.events); i++ {
+	// The first event that ends after next.
+	i := sort.Search(len(l.events), func(i int) bool {
 		e := l.events[i]
+		return e.off+int64(len(e.data)) > next.off
+	})
+	n := 0
+	for ; i < len(l.events); i++ {
+		e := l.events[i]
+		if skip := next.off - e.off; skip > 0 {
+			e.data = e.data[skip:]
+			e.off = next.off
+		}
 		if n > 0 && n+len(e.data) > limit {
 			break
 		}
+		e.data = e.data[:len(e.data):len(e.data)] // so no reader appends into the log
 		evs = append(evs, e)
 		n += len(e.data)
-		next = cursor{seq: e.seq + 1, off: e.off + int64(len(e.data))}
+		next.off = e.off + int64(len(e.data))
 	}
-	done = l.closed && next.seq == l.next
+	done = l.closed && next.off == l.total
 	return evs, next, dropped, done, l.changed
 }

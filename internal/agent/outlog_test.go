@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"bytes"
+	"runtime"
+	"testing"
+)
+
+// heapAfterGC is the live heap after a full collection.
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// patternByte is the byte at offset i of the test output.
+func patternByte(i int) byte { return byte(i % 251) }
+
+func TestOutLogMemoryBoundedForTinyWrites(t *testing.T) {
+	const max = 1 << 20
+	for _, tc := range []struct {
+		name  string
+		kinds []outKind
+	}{
+		{"same kind", []outKind{outStdout}},
+		{"alternating kinds", []outKind{outStdout, outStderr}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := heapAfterGC()
+			l := newOutLog(max)
+			const writes = 1 << 20
+			for i := range writes {
+				l.append(tc.kinds[i%len(tc.kinds)], []byte{patternByte(i)})
+			}
+			grown := int64(heapAfterGC()) - int64(before)
+			t.Logf("heap grew by %d bytes for %d one-byte writes (cap %d)", grown, writes, max)
+			if grown > 3*max {
+				t.Errorf("retained heap grew by %d bytes; want at most %d (3× the %d-byte cap)", grown, 3*max, max)
+			}
+
+			// A reader from the start learns what was dropped, then gets the
+			// newest bytes, in order, with the right kinds.
+			evs, next, dropped, _, _ := l.read(cursor{}, writes)
+			if dropped == 0 {
+				t.Fatal("dropped = 0 after writing 1 MiB as tiny chunks into a 1 MiB log")
+			}
+			off := int(dropped)
+			for _, e := range evs {
+				if int(e.off) != off {
+					t.Fatalf("event at offset %d; want %d", e.off, off)
+				}
+				if len(e.data) > maxChunk {
+					t.Fatalf("event of %d bytes; want at most %d", len(e.data), maxChunk)
+				}
+				for j, b := range e.data {
+					if want := patternByte(off + j); b != want {
+						t.Fatalf("byte at offset %d = %d; want %d", off+j, b, want)
+					}
+					if want := tc.kinds[(off+j)%len(tc.kinds)]; e.kind != want {
+						t.Fatalf("byte at offset %d has kind %d; want %d", off+j, e.kind, want)
+					}
+				}
+				off += len(e.data)
+			}
+			if off != writes || next.off != writes {
+				t.Fatalf("read up to offset %d, cursor %d; want %d", off, next.off, writes)
+			}
+			runtime.KeepAlive(l)
+		})
+	}
+}
+
+// A reader that keeps up gets every byte exactly once, even when it reads
+// in the middle of a chunk that later appends grow.
+func TestOutLogReaderMidChunk(t *testing.T) {
+	l := newOutLog(1 << 20)
+	var got bytes.Buffer
+	var c cursor
+	const writes = 100000
+	for i := range writes {
+		l.append(outStdout, []byte{patternByte(i)})
+		if i%777 == 0 {
+			evs, next, dropped, done, _ := l.read(c, 5000)
+			if dropped != 0 || done {
+				t.Fatalf("dropped = %d, done = %v; want 0, false", dropped, done)
+			}
+			for _, e := range evs {
+				got.Write(e.data)
+			}
+			c = next
+		}
+	}
+	l.close()
+	for {
+		evs, next, _, done, _ := l.read(c, 5000)
+		for _, e := range evs {
+			got.Write(e.data)
+		}
+		c = next
+		if done {
+			break
+		}
+		if len(evs) == 0 {
+			t.Fatal("read returned nothing before done")
+		}
+	}
+	if got.Len() != writes {
+		t.Fatalf("read %d bytes; want %d", got.Len(), writes)
+	}
+	for i, b := range got.Bytes() {
+		if b != patternByte(i) {
+			t.Fatalf("byte %d = %d; want %d", i, b, patternByte(i))
+		}
+	}
+}
+
+// Chunks of different kinds stay apart, and tail skips what came before.
+func TestOutLogKindsAndTail(t *testing.T) {
+	l := newOutLog(1 << 20)
+	l.append(outStdout, []byte("a"))
+	l.append(outStdout, []byte("b"))
+	l.append(outStderr, []byte("c"))
+	tail := l.tail()
+	l.append(outStdout, []byte("d"))
+	evs, _, _, _, _ := l.read(cursor{}, 1<<20)
+	var got []string
+	for _, e := range evs {
+		got = append(got, string("oep"[e.kind])+":"+string(e.data))
+	}
+	if want := []string{"o:ab", "e:c", "o:d"}; !equalStrings(got, want) {
+		t.Fatalf("events = %q; want %q", got, want)
+	}
+	evs, _, _, _, _ = l.read(tail, 1<<20)
+	if len(evs) != 1 || string(evs[0].data) != "d" {
+		t.Fatalf("events after tail = %v; want one \"d\"", evs)
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
