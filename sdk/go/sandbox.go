@@ -184,3 +184,21 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*S
 
 // isEOF reports whether err marks the normal end of a stream.
 func isEOF(err error) bool { return errors.Is(err, io.EOF) }
+
+// SetNetwork atomically replaces a running sandbox's network policy and
+// returns the updated sandbox. A nil or empty policy denies everything;
+// connections the new policy does not allow stop working. A bad rule is
+// refused with the field named (network.allow[0].cidr) and nothing changes.
+func (c *Client) SetNetwork(ctx context.Context, id string, policy *opendsecv1.NetworkPolicy) (*Sandbox, error) {
+	if id == "" {
+		return nil, invalid("id", "is required; pass the sandbox ID")
+	}
+	if policy == nil {
+		policy = &opendsecv1.NetworkPolicy{}
+	}
+	resp, err := c.sandboxes.SetNetwork(ctx, connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: id, Network: policy}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.Msg.GetSandbox(), nil
+}

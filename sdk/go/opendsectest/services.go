@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path"
 	"sort"
 	"strings"
@@ -122,6 +123,39 @@ func (h sandboxService) StopSandbox(ctx context.Context, req *connect.Request[op
 	delete(h.s.files, req.Msg.GetId())
 	h.s.mu.Unlock()
 	return connect.NewResponse(&opendsecv1.StopSandboxResponse{}), nil
+}
+
+// SetNetwork refuses a rule that sets both or neither of cidr and domain and a
+// cidr that does not parse, naming the field like the real server; otherwise it
+// stores the policy in the sandbox's spec.
+func (h sandboxService) SetNetwork(ctx context.Context, req *connect.Request[opendsecv1.SetNetworkRequest]) (*connect.Response[opendsecv1.SetNetworkResponse], error) {
+	for i, r := range req.Msg.GetNetwork().GetAllow() {
+		if (r.GetCidr() == "") == (r.GetDomain() == "") {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("network.allow[%d]: set exactly one of cidr and domain", i))
+		}
+		if c := r.GetCidr(); c != "" {
+			if _, err := netip.ParsePrefix(c); err != nil {
+				if _, err := netip.ParseAddr(c); err != nil {
+					return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("network.allow[%d].cidr: %q is not an IPv4 prefix or address", i, c))
+				}
+			}
+		}
+	}
+	sb, err := h.s.sandbox(req.Msg.GetId())
+	if err != nil {
+		return nil, err
+	}
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	policy := req.Msg.GetNetwork()
+	if policy == nil {
+		policy = &opendsecv1.NetworkPolicy{}
+	}
+	if sb.Spec == nil {
+		sb.Spec = &opendsecv1.SandboxSpec{}
+	}
+	sb.Spec.Network = proto.Clone(policy).(*opendsecv1.NetworkPolicy)
+	return connect.NewResponse(&opendsecv1.SetNetworkResponse{Sandbox: proto.Clone(sb).(*opendsecv1.Sandbox)}), nil
 }
 
 func (h sandboxService) SetTimeout(ctx context.Context, req *connect.Request[opendsecv1.SetTimeoutRequest]) (*connect.Response[opendsecv1.SetTimeoutResponse], error) {
