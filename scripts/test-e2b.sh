@@ -34,44 +34,14 @@ if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PINS[@]}"
 fi
 
+. scripts/lib/system.sh
 DD=$(mktemp -d /tmp/ode2b.XXXXXX)
-UP_PID=""
 cleanup() {
-  if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
-    kill -TERM "$UP_PID"; wait "$UP_PID" || true
-  fi
+  stop_system
   if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
 }
 trap cleanup EXIT
-
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-API=$(port); NODE=$(port); WATCH=$(port); E2B=$(port)
-cat > "$DD/opendsec.json" <<JSON
-{
-  "version": 1,
-  "data_dir": "$DD",
-  "apiserver": {"listen": "127.0.0.1:$API", "watcher_address": "http://127.0.0.1:$WATCH", "placement_sample": 2},
-  "watcher": {"listen": "127.0.0.1:$WATCH", "poll_interval_ms": 200},
-  "node": {"id": "n001", "listen": "127.0.0.1:$NODE", "agent_path": "$BIN/opendsec-agent",
-           "image_dir": "$DD/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64},
-  "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
-  "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
-}
-JSON
-CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
-"$BIN/opendsec" image import-rootfs --config "$DD/opendsec.json" --data-dir "$DD" --name root/busybox --rootfs "$CACHE/busybox" --user root >/dev/null 2>"$DD/import.log" \
-  || { cat "$DD/import.log"; exit 1; }
-"$BIN/opendsec" image import-rootfs --config "$DD/opendsec.json" --data-dir "$DD" --name root/py:3.11 --rootfs "$CACHE/py-3.11" --user root >/dev/null 2>"$DD/import.log" \
-  || { cat "$DD/import.log"; exit 1; }
-
-"$BIN/opendsec" up --config "$DD/opendsec.json" --data-dir "$DD" --ready-file "$DD/ready" >"$DD/up.log" 2>&1 &
-UP_PID=$!
-for _ in $(seq 1 600); do
-  [ -s "$DD/ready" ] && break
-  kill -0 "$UP_PID" 2>/dev/null || { cat "$DD/up.log"; echo "opendsec up exited" >&2; exit 1; }
-  sleep 0.1
-done
-[ -s "$DD/ready" ] || { cat "$DD/up.log"; echo "opendsec up did not become ready" >&2; exit 1; }
+start_system "$BIN" "$DD" busybox py
 
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
 

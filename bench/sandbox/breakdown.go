@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,6 +53,16 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 	if err := json.Unmarshal(raw, &ours); err != nil {
 		return fmt.Errorf("decode our config.json: %w", err)
 	}
+	// The sandbox's policed network namespace goes with it; the replays get
+	// a fresh (empty) one, as runc makes when no path is given.
+	lin := *ours.Linux
+	lin.Namespaces = slices.Clone(lin.Namespaces)
+	for i := range lin.Namespaces {
+		if lin.Namespaces[i].Type == specs.NetworkNamespace {
+			lin.Namespaces[i].Path = ""
+		}
+	}
+	ours.Linux = &lin
 	// Regular files bound from the bundle (the agent's seccomp filter) are
 	// gone after the stop: keep their bytes for the replays.
 	b.base.files = map[string][]byte{}
