@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,37 @@ import (
 
 // DefaultHTTPTimeout bounds an HTTPRequest without timeout_ms.
 const DefaultHTTPTimeout = 30 * time.Second
+
+// MaxHTTPHeaderBytes caps the status line and headers of an HTTPRequest's
+// response, like net/http's DefaultMaxHeaderBytes.
+const MaxHTTPHeaderBytes = 1 << 20
+
+// headerLimiter reads from r, failing once more than n bytes were read
+// while it is limited.
+type headerLimiter struct {
+	r        io.Reader
+	n        int64
+	limited  bool
+	exceeded bool
+}
+
+func (l *headerLimiter) Read(p []byte) (int, error) {
+	if !l.limited {
+		return l.r.Read(p)
+	}
+	if l.n <= 0 {
+		l.exceeded = true
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	k, err := l.r.Read(p)
+	l.n -= int64(k)
+	return k, err
+}
+
+var errHeaderTooLarge = errors.New("response headers too large")
 
 func validateHTTPRequest(m *v1.HTTPRequestRequest) error {
 	if m.GetPort() < 1 || m.GetPort() > 65535 {
@@ -92,7 +124,13 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 	if err := hreq.Write(conn); err != nil {
 		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "send request to port %d: %s", m.GetPort(), err)))
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), hreq)
+	lim := &headerLimiter{r: conn, n: MaxHTTPHeaderBytes, limited: true}
+	resp, err := http.ReadResponse(bufio.NewReader(lim), hreq)
+	lim.limited = false // the body has its own cap
+	if lim.exceeded {
+		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrResourceExhausted,
+			"the response headers from port %d exceed %d bytes; make the server in the sandbox send smaller headers", m.GetPort(), MaxHTTPHeaderBytes))
+	}
 	if err != nil {
 		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response from port %d: %s", m.GetPort(), err)))
 	}
