@@ -59,12 +59,14 @@ func (a *app) createCommand() *cobra.Command {
 		count         int
 		quiet         bool
 		memoryMB      int64
+		network       networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
 		Short: "Create sandboxes and wait until they are ready",
 		Example: `  opendsecctl sandbox create --image root/py:3.11 --timeout 10m --label team=rl
-  opendsecctl sandbox create --image root/busybox --count 100 -q`,
+  opendsecctl sandbox create --image root/busybox --count 100 -q
+  opendsecctl sandbox create --image root/py:3.11 --rule-set pypi --allow 10.0.0.0/8:443/tcp --allow-domain example.com:443`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
@@ -85,6 +87,11 @@ func (a *app) createCommand() *cobra.Command {
 			}
 			if spec.Labels, err = parseKV("label", labels); err != nil {
 				return err
+			}
+			if network.set() {
+				if spec.Network, err = network.policy(); err != nil {
+					return err
+				}
 			}
 			if count < 1 || count > opendsec.MaxBatch {
 				return usagef("--count: must be between 1 and %d", opendsec.MaxBatch)
@@ -118,6 +125,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, "maximum number of processes (default 1024)")
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the IDs")
+	network.register(cmd)
 	return cmd
 }
 
