@@ -95,8 +95,11 @@ type Node struct {
 	reservedCPU float64
 	reservedMem int64
 
+	// reaping holds the IDs of sandboxes the reaper is stopping; guarded by mu.
+	reaping map[string]bool
+
 	closed chan struct{}
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the reaper and its stops
 }
 
 // sandbox is the in-memory view of one record.
@@ -184,7 +187,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// Close stops background work and closes the table. Sandboxes keep running.
+// Close stops background work, waits for the stops the reaper started, and
+// closes the table. Sandboxes keep running.
 func (n *Node) Close() error {
 	select {
 	case <-n.closed:
@@ -758,26 +762,39 @@ func (n *Node) recover(ctx context.Context) error {
 	return nil
 }
 
+// maxReapStops bounds the stops the reaper runs at once, so one stuck
+// backend call delays no other expiry (unless that many are stuck).
+const maxReapStops = 8
+
 // reapLoop stops sandboxes whose lifetime or idle timeout has passed.
 func (n *Node) reapLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.ReapInterval)
 	defer t.Stop()
+	slots := make(chan struct{}, maxReapStops)
 	for {
 		select {
 		case <-n.closed:
 			return
 		case now := <-t.C:
-			n.reap(now)
+			n.reap(now, slots)
 		}
 	}
 }
 
-func (n *Node) reap(now time.Time) {
+// reap starts a stop for every sandbox that expired and has none running
+// from the reaper, at most cap(slots) at once. Close waits for them.
+func (n *Node) reap(now time.Time, slots chan struct{}) {
 	type victim struct{ id, reason string }
 	var vs []victim
 	n.mu.Lock()
+	if n.reaping == nil {
+		n.reaping = map[string]bool{}
+	}
 	for id, sb := range n.sandboxes {
+		if n.reaping[id] {
+			continue
+		}
 		rec := sb.rec
 		if rec.State == stateStopping && sb.stopDone == nil {
 			vs = append(vs, victim{id, "retry of a failed stop"})
@@ -795,11 +812,39 @@ func (n *Node) reap(now time.Time) {
 			vs = append(vs, victim{id, "idle"})
 		}
 	}
+	for _, v := range vs {
+		n.reaping[v.id] = true
+	}
 	n.mu.Unlock()
 	for _, v := range vs {
-		if err := n.Stop(context.Background(), v.id, v.reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			log.G(context.Background()).Error("stop expired sandbox", log.SandboxID(v.id), log.Err(err))
-		}
+		n.wg.Add(1)
+		go n.reapOne(v.id, v.reason, slots)
+	}
+}
+
+// reapOne stops one expired sandbox once a slot is free, unless the node
+// closes first.
+func (n *Node) reapOne(id, reason string, slots chan struct{}) {
+	defer n.wg.Done()
+	defer func() {
+		n.mu.Lock()
+		delete(n.reaping, id)
+		n.mu.Unlock()
+	}()
+	select {
+	case slots <- struct{}{}:
+	case <-n.closed:
+		return
+	}
+	defer func() { <-slots }()
+	select {
+	case <-n.closed:
+		return
+	default:
+	}
+	ctx := context.Background()
+	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
 	}
 }
 

@@ -319,3 +319,144 @@ func TestRecoverAfterRestart(t *testing.T) {
 		t.Fatalf("usage after recovery: %d sandboxes, %d MiB", c, mem)
 	}
 }
+
+// blockingRuntime is a fake backend whose Stop blocks for one sandbox until
+// release is closed. Only the methods recovery and stop use are implemented.
+type blockingRuntime struct {
+	runtime.Runtime
+	stuck   string
+	release chan struct{}
+
+	mu       sync.Mutex
+	stopping map[string]int // stops in progress per sandbox
+	stops    map[string]int // stops begun per sandbox
+	overlap  bool           // two stops of one sandbox ran at once
+}
+
+func (r *blockingRuntime) Recover(context.Context, runtime.Handle) error { return nil }
+
+func (r *blockingRuntime) Status(_ context.Context, id string) (runtime.Status, error) {
+	return runtime.Status{State: runtime.StateRunning}, nil
+}
+
+func (r *blockingRuntime) Stop(_ context.Context, id string, _ runtime.StopOptions) error {
+	r.mu.Lock()
+	r.stopping[id]++
+	r.stops[id]++
+	if r.stopping[id] > 1 {
+		r.overlap = true
+	}
+	r.mu.Unlock()
+	if id == r.stuck {
+		<-r.release
+	}
+	r.mu.Lock()
+	r.stopping[id]--
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *blockingRuntime) Delete(context.Context, string) error { return nil }
+
+func (r *blockingRuntime) stopCount(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stops[id]
+}
+
+// One backend stop that hangs must not delay the other expiries, and Close
+// waits for the stop in flight.
+func TestReaperStuckStopDelaysNoOther(t *testing.T) {
+	dir := t.TempDir()
+	agentPath := filepath.Join(dir, "agent")
+	if err := os.WriteFile(agentPath, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(dir, "state")
+	tbl, err := openTable(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	stuck := &record{ID: sandboxid.New("t001"), Backend: "fake", State: stateRunning,
+		CreatedAt: now, ExpiresAt: now.Add(-time.Second), StateDir: filepath.Join(dir, "stuck")}
+	// The other expires after the stuck one's stop began.
+	other := &record{ID: sandboxid.New("t001"), Backend: "fake", State: stateRunning,
+		CreatedAt: now, ExpiresAt: now.Add(300 * time.Millisecond), StateDir: filepath.Join(dir, "other")}
+	for _, r := range []*record{stuck, other} {
+		if err := tbl.put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tbl.close(); err != nil {
+		t.Fatal(err)
+	}
+	rt := &blockingRuntime{stuck: stuck.ID, release: make(chan struct{}), stopping: map[string]int{}, stops: map[string]int{}}
+	n, err := New(t.Context(), Config{
+		ID:             "t001",
+		StateDir:       stateDir,
+		AgentPath:      agentPath,
+		Backends:       map[string]runtime.Runtime{"fake": rt},
+		DefaultBackend: "fake",
+		Images:         images{mu: new(sync.Mutex), holds: map[string]bool{}},
+		CPU:            4,
+		MemoryMB:       4096,
+		ReapInterval:   20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	released := false
+	t.Cleanup(func() { // before Close (cleanups run last first)
+		if !released {
+			close(rt.release)
+		}
+	})
+
+	waitGone(t, n, other.ID, 2*time.Second)
+	if rt.stopCount(stuck.ID) != 1 {
+		t.Fatalf("stuck sandbox stopped %d times; want 1 (in progress)", rt.stopCount(stuck.ID))
+	}
+	if _, err := n.get(stuck.ID); err != nil {
+		t.Fatalf("stuck sandbox: %v; want it kept while its stop runs", err)
+	}
+
+	// Close waits for the stuck stop, then returns once it ends.
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a reaper stop was in flight", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	released = true
+	close(rt.release)
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return after the stuck stop ended")
+	}
+	if _, err := n.get(stuck.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("stuck sandbox after its stop ended: %v; want not found", err)
+	}
+	rt.mu.Lock()
+	overlap, stops := rt.overlap, rt.stops[stuck.ID]
+	rt.mu.Unlock()
+	if overlap || stops != 1 {
+		t.Fatalf("stuck sandbox: %d stops, overlapping %v; want 1, false", stops, overlap)
+	}
+	// Its record is gone from the table.
+	tbl, err = openTable(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tbl.close()
+	recs, err := tbl.all()
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("records after the stops: %d, %v; want none", len(recs), err)
+	}
+}
