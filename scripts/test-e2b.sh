@@ -41,7 +41,7 @@ cleanup() {
   if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
 }
 trap cleanup EXIT
-start_system "$BIN" "$DD" busybox py
+start_system "$BIN" "$DD" busybox py -- --stop-sandboxes
 
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
 

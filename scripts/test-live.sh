@@ -24,7 +24,7 @@ cleanup() {
   if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
 }
 trap cleanup EXIT
-start_system "$BIN" "$DD" busybox py
+start_system "$BIN" "$DD" busybox py -- --stop-sandboxes
 
 export OPENDSEC_ENDPOINT="127.0.0.1:$API"
 export OPENDSEC_TOKEN="$(cat "$DD/bootstrap.token")"

@@ -8,7 +8,11 @@
 #     IMAGE: busybox or py (imported as root/busybox, root/py:3.11).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).
-#   stop_system   SIGTERM to UP_PID and wait (call from an EXIT trap).
+#     Sandbox networking (nftables table, DNS proxy address, forwarding) is
+#     set up inside a network namespace made for the system, never in the
+#     host's; OPENDSEC_HOST_NETWORK=1 uses the host's, as production does.
+#   stop_system   SIGTERM to UP_PID, wait, remove the namespace (call from
+#     an EXIT trap).
 #
 # The system's log is $DD/up.log and its admin token $DD/bootstrap.token.
 
@@ -22,6 +26,13 @@ start_system() {
     images+=("$1"); shift
   done
   API=$(free_port); NODE=$(free_port); WATCH=$(free_port); E2B=$(free_port)
+  local network='"network": {"netns_dir": "'"$dd"'/netns"}'
+  if [ "${OPENDSEC_HOST_NETWORK:-}" != 1 ]; then
+    SYSTEM_NETNS=odsys$$
+    ip netns add "$SYSTEM_NETNS"
+    ip -n "$SYSTEM_NETNS" link set lo up
+    network='"network": {"enabled": true, "node_netns": "/run/netns/'"$SYSTEM_NETNS"'", "netns_dir": "'"$dd"'/netns"}'
+  fi
   cat > "$dd/opendsec.json" <<JSON
 {
   "version": 1,
@@ -30,7 +41,8 @@ start_system() {
   "apiserver": {"listen": "127.0.0.1:$API", "watcher_address": "http://127.0.0.1:$WATCH", "placement_sample": 2},
   "watcher": {"listen": "127.0.0.1:$WATCH", "poll_interval_ms": 200},
   "node": {"id": "n001", "listen": "127.0.0.1:$NODE", "agent_path": "$bin/opendsec-agent",
-           "image_dir": "$dd/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64},
+           "image_dir": "$dd/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64,
+           $network},
   "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
   "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
 }
@@ -64,5 +76,8 @@ stop_system() {
   if [ -n "${UP_PID:-}" ] && kill -0 "$UP_PID" 2>/dev/null; then
     kill -TERM "$UP_PID"
     wait "$UP_PID" || true
+  fi
+  if [ -n "${SYSTEM_NETNS:-}" ]; then
+    ip netns delete "$SYSTEM_NETNS" 2>/dev/null || true
   fi
 }
