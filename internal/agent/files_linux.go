@@ -2,9 +2,6 @@ package agent
 
 import (
 	"compress/gzip"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/envdsig"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
@@ -36,37 +34,12 @@ func (a *Agent) fileAuth(r *http.Request, op string) (status int, msg string) {
 		}
 		return http.StatusUnauthorized, unauthorizedMsg
 	}
-	q := r.URL.Query()
-	sig := q.Get("signature")
-	if sig == "" {
-		return http.StatusUnauthorized, "missing signature query parameter"
-	}
-	exp := q.Get("signature_expiration")
-	if subtle.ConstantTimeCompare([]byte(sig), []byte(Signature(q.Get("path"), op, q.Get("username"), a.cfg.AccessToken, exp))) != 1 {
-		return http.StatusUnauthorized, "invalid signature"
-	}
-	if exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return http.StatusUnauthorized, "invalid signature expiration"
-		}
-		if n < time.Now().Unix() {
-			return http.StatusUnauthorized, "signature is already expired"
-		}
-	}
-	return 0, ""
+	return envdsig.CheckQuery(r.URL.Query(), op, a.cfg.AccessToken, time.Now())
 }
 
-// Signature is envd's file URL signature: "v1_" + unpadded base64 of
-// SHA-256("<path>:<op>:<username>:<token>[:<expiration>]"), op "read" or
-// "write", expiration in unix seconds or "" for none.
+// Signature is envd's file URL signature (see envdsig.Sign).
 func Signature(path, op, username, token, expiration string) string {
-	s := path + ":" + op + ":" + username + ":" + token
-	if expiration != "" {
-		s += ":" + expiration
-	}
-	sum := sha256.Sum256([]byte(s))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return envdsig.Sign(path, op, username, token, expiration)
 }
 
 // fileUser resolves ?username= (default user when absent).

@@ -2,17 +2,15 @@ package e2b
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kernflux/opendsec/internal/envdsig"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"strings"
 	"time"
 
@@ -195,40 +193,16 @@ func (g *Gateway) checkEnvdAuth(r *http.Request, id string) (int, string) {
 	if r.URL.Path != "/files" || (r.Method != http.MethodGet && r.Method != http.MethodPost) {
 		return http.StatusUnauthorized, unauthorizedBody
 	}
-	q := r.URL.Query()
-	sig := q.Get("signature")
-	if sig == "" {
-		return http.StatusUnauthorized, "missing signature query parameter"
-	}
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	exp := q.Get("signature_expiration")
-	if subtle.ConstantTimeCompare([]byte(sig), []byte(Signature(q.Get("path"), op, q.Get("username"), want, exp))) != 1 {
-		return http.StatusUnauthorized, "invalid signature"
-	}
-	if exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return http.StatusUnauthorized, "invalid signature expiration"
-		}
-		if n < time.Now().Unix() {
-			return http.StatusUnauthorized, "signature is already expired"
-		}
-	}
-	return 0, ""
+	return envdsig.CheckQuery(r.URL.Query(), op, want, time.Now())
 }
 
-// Signature is envd's file URL signature: "v1_" + unpadded base64 of
-// SHA-256("<path>:<operation>:<username>:<token>[:<expiration>]").
+// Signature is envd's file URL signature (see envdsig.Sign).
 func Signature(path, op, username, token, expiration string) string {
-	s := path + ":" + op + ":" + username + ":" + token
-	if expiration != "" {
-		s += ":" + expiration
-	}
-	h := sha256.Sum256([]byte(s))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(h[:])
+	return envdsig.Sign(path, op, username, token, expiration)
 }
 
 // proxyPort forwards a request to a TCP port inside the sandbox through the
