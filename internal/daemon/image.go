@@ -34,11 +34,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 			if src == "" {
 				return fmt.Errorf("--%s: is empty; give the path to import", kind)
 			}
-			conf, err := g.load()
-			if err != nil {
-				return err
-			}
-			st, err := image.Open(conf.Node.ImageDir)
+			st, err := g.imageStore()
 			if err != nil {
 				return err
 			}
@@ -73,11 +69,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "list images", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conf, err := g.load()
-			if err != nil {
-				return err
-			}
-			st, err := image.Open(conf.Node.ImageDir)
+			st, err := g.imageStore()
 			if err != nil {
 				return err
 			}
@@ -106,11 +98,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 	rm := &cobra.Command{
 		Use: "rm NAME...", Short: "remove images (running sandboxes keep their copy)", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conf, err := g.load()
-			if err != nil {
-				return err
-			}
-			st, err := image.Open(conf.Node.ImageDir)
+			st, err := g.imageStore()
 			if err != nil {
 				return err
 			}
@@ -162,4 +150,13 @@ func humanBytes(b int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// imageStore loads the configuration and opens the node's image store.
+func (g *globalFlags) imageStore() (*image.Store, error) {
+	conf, err := g.load()
+	if err != nil {
+		return nil, err
+	}
+	return image.Open(conf.Node.ImageDir)
 }

@@ -20,11 +20,7 @@ func imageImportCommand(g *globalFlags) *cobra.Command {
 			"Credentials come from ~/.docker/config.json. Layers already in the store are not fetched again.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conf, err := g.load()
-			if err != nil {
-				return err
-			}
-			st, err := image.Open(conf.Node.ImageDir)
+			st, err := g.imageStore()
 			if err != nil {
 				return err
 			}
@@ -55,11 +51,7 @@ func imageInspectCommand(g *globalFlags) *cobra.Command {
 		Short: "show images' layers, config and source as JSON",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conf, err := g.load()
-			if err != nil {
-				return err
-			}
-			st, err := image.Open(conf.Node.ImageDir)
+			st, err := g.imageStore()
 			if err != nil {
 				return err
 			}
