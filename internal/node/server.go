@@ -202,12 +202,5 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Now:            timestamppb.Now(),
 		Version:        version.Version,
 	}
-	if lister, ok := s.n.cfg.Images.(interface {
-		Names(ctx context.Context) ([]string, error)
-	}); ok {
-		if names, err := lister.Names(ctx); err == nil {
-			resp.Images = names
-		}
-	}
 	return connect.NewResponse(resp), nil
 }
