@@ -167,7 +167,10 @@ type SandboxSpec struct {
 	Workdir string `protobuf:"bytes,12,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	// Network policy. Unset means the node's default rule sets (by default:
 	// no network at all). See docs/network.md.
-	Network       *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	// When the lifetime timeout ends, pause the sandbox instead of stopping it
+	// (E2B's autoPause). It then persists until resumed or stopped.
+	AutoPause     bool `protobuf:"varint,14,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -291,6 +294,13 @@ func (x *SandboxSpec) GetNetwork() *NetworkPolicy {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *SandboxSpec) GetAutoPause() bool {
+	if x != nil {
+		return x.AutoPause
+	}
+	return false
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the node's
@@ -1217,6 +1227,748 @@ func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type PauseSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PauseSandboxRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type PauseSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ResumeSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// When > 0, the lifetime ends this many seconds after the resume; 0 keeps
+	// the lifetime that was left when the sandbox was paused.
+	TimeoutSeconds int64 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxRequest) Reset() {
+	*x = ResumeSandboxRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ResumeSandboxRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ResumeSandboxRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ResumeSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxResponse) Reset() {
+	*x = ResumeSandboxResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type GetSandboxMetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetSandboxMetricsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// SandboxMetrics is one sample of a sandbox's resource use (host-side,
+// cgroup-accounted).
+type SandboxMetrics struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Timestamp *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	// CPU limit in cores.
+	CpuCount float64 `protobuf:"fixed64,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	// CPU used since the previous sample (or since start), in percent of
+	// cpu_count cores: 0-100.
+	CpuUsedPct float64 `protobuf:"fixed64,3,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	// Cumulative CPU time in nanoseconds.
+	CpuUsageNs uint64 `protobuf:"varint,4,opt,name=cpu_usage_ns,json=cpuUsageNs,proto3" json:"cpu_usage_ns,omitempty"`
+	// Memory charged to the sandbox (including page cache) and its limit.
+	MemUsedBytes  int64 `protobuf:"varint,5,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemTotalBytes int64 `protobuf:"varint,6,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemCacheBytes int64 `protobuf:"varint,7,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
+	Pids          int64 `protobuf:"varint,8,opt,name=pids,proto3" json:"pids,omitempty"`
+	PidsLimit     int64 `protobuf:"varint,9,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// Bytes written to the sandbox's writable layer, and the size of the
+	// filesystem that holds it.
+	DiskUsedBytes  int64        `protobuf:"varint,10,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes int64        `protobuf:"varint,11,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	State          SandboxState `protobuf:"varint,12,opt,name=state,proto3,enum=opendsec.v1.SandboxState" json:"state,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SandboxMetrics) Reset() {
+	*x = SandboxMetrics{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetrics) ProtoMessage() {}
+
+func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
+func (*SandboxMetrics) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SandboxMetrics) GetTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *SandboxMetrics) GetCpuCount() float64 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuUsageNs() uint64 {
+	if x != nil {
+		return x.CpuUsageNs
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemUsedBytes() int64 {
+	if x != nil {
+		return x.MemUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemTotalBytes() int64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemCacheBytes() int64 {
+	if x != nil {
+		return x.MemCacheBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPidsLimit() int64 {
+	if x != nil {
+		return x.PidsLimit
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskTotalBytes() int64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetState() SandboxState {
+	if x != nil {
+		return x.State
+	}
+	return SandboxState_SANDBOX_STATE_UNSPECIFIED
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Metrics       *SandboxMetrics        `protobuf:"bytes,1,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+// SandboxSelector picks sandboxes for a batch operation. At least one field
+// must be set; set fields are AND-ed.
+type SandboxSelector struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sandboxes whose labels contain all of these.
+	Labels        map[string]string `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TaskId        string            `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ids           []string          `protobuf:"bytes,3,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxSelector) Reset() {
+	*x = SandboxSelector{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxSelector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxSelector) ProtoMessage() {}
+
+func (x *SandboxSelector) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxSelector.ProtoReflect.Descriptor instead.
+func (*SandboxSelector) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SandboxSelector) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *SandboxSelector) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SandboxSelector) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+// BatchFailure is one sandbox a batch operation could not handle.
+type BatchFailure struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// A connect code name ("not_found", "unavailable", ...) and a message.
+	ErrorCode     string `protobuf:"bytes,2,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,3,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchFailure) Reset() {
+	*x = BatchFailure{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchFailure) ProtoMessage() {}
+
+func (x *BatchFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchFailure.ProtoReflect.Descriptor instead.
+func (*BatchFailure) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BatchFailure) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *BatchFailure) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *BatchFailure) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+type PauseSandboxesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Selector      *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxesRequest) Reset() {
+	*x = PauseSandboxesRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxesRequest) ProtoMessage() {}
+
+func (x *PauseSandboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxesRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PauseSandboxesRequest) GetSelector() *SandboxSelector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+type PauseSandboxesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandboxes now paused (including those that already were).
+	Sandboxes     []*Sandbox      `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Failures      []*BatchFailure `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxesResponse) Reset() {
+	*x = PauseSandboxesResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxesResponse) ProtoMessage() {}
+
+func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxesResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *PauseSandboxesResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *PauseSandboxesResponse) GetFailures() []*BatchFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+type ResumeSandboxesRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Selector *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	// As ResumeSandboxRequest.timeout_seconds, for every sandbox.
+	TimeoutSeconds int64 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxesRequest) Reset() {
+	*x = ResumeSandboxesRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxesRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxesRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ResumeSandboxesRequest) GetSelector() *SandboxSelector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *ResumeSandboxesRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ResumeSandboxesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Failures      []*BatchFailure        `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxesResponse) Reset() {
+	*x = ResumeSandboxesResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxesResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxesResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ResumeSandboxesResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ResumeSandboxesResponse) GetFailures() []*BatchFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
 type ExecStart struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1240,7 +1992,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +2004,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +2017,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1341,7 +2093,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +2105,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +2118,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PtySize) GetCols() uint32 {
@@ -1399,7 +2151,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +2163,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +2176,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1530,7 +2282,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +2294,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +2307,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1653,7 +2405,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +2417,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +2430,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecStarted) GetPid() uint32 {
@@ -1704,7 +2456,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +2468,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +2481,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1772,7 +2524,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +2536,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +2549,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1837,7 +2589,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2601,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2614,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1881,7 +2633,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2645,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2658,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1928,7 +2680,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2692,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2705,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1985,7 +2737,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2749,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2762,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 type SendInputRequest struct {
@@ -2026,7 +2778,7 @@ type SendInputRequest struct {
 
 func (x *SendInputRequest) Reset() {
 	*x = SendInputRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2790,7 @@ func (x *SendInputRequest) String() string {
 func (*SendInputRequest) ProtoMessage() {}
 
 func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2803,7 @@ func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
 func (*SendInputRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SendInputRequest) GetSandboxId() string {
@@ -2090,7 +2842,7 @@ type SendInputResponse struct {
 
 func (x *SendInputResponse) Reset() {
 	*x = SendInputResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2854,7 @@ func (x *SendInputResponse) String() string {
 func (*SendInputResponse) ProtoMessage() {}
 
 func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2867,7 @@ func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
 func (*SendInputResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 type ResizePtyRequest struct {
@@ -2129,7 +2881,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2893,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2906,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ResizePtyRequest) GetSandboxId() string {
@@ -2186,7 +2938,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2950,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2963,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 type FileInfo struct {
@@ -2231,7 +2983,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2995,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +3008,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2333,7 +3085,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +3097,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +3110,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2391,7 +3143,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +3155,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +3168,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2439,7 +3191,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +3203,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +3216,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -2508,7 +3260,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +3272,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +3285,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -2586,7 +3338,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +3350,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +3363,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -2634,7 +3386,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2646,7 +3398,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2659,7 +3411,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2699,7 +3451,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +3463,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +3476,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2745,7 +3497,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +3509,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +3522,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2803,7 +3555,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +3567,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +3580,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StatResponse) GetFile() *FileInfo {
@@ -2849,7 +3601,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3613,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3626,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2906,7 +3658,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2918,7 +3670,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2931,7 +3683,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 type MakeDirRequest struct {
@@ -2945,7 +3697,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3709,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3722,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3005,7 +3757,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3769,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3782,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MakeDirResponse) GetFile() *FileInfo {
@@ -3059,7 +3811,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3823,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3836,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -3124,7 +3876,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3888,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3901,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *MoveResponse) GetFile() *FileInfo {
@@ -3169,7 +3921,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3933,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3946,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Header) GetName() string {
@@ -3227,7 +3979,7 @@ type HTTPRequestRequest struct {
 
 func (x *HTTPRequestRequest) Reset() {
 	*x = HTTPRequestRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3991,7 @@ func (x *HTTPRequestRequest) String() string {
 func (*HTTPRequestRequest) ProtoMessage() {}
 
 func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +4004,7 @@ func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestRequest.ProtoReflect.Descriptor instead.
 func (*HTTPRequestRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *HTTPRequestRequest) GetSandboxId() string {
@@ -3315,7 +4067,7 @@ type HTTPRequestResponse struct {
 
 func (x *HTTPRequestResponse) Reset() {
 	*x = HTTPRequestResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +4079,7 @@ func (x *HTTPRequestResponse) String() string {
 func (*HTTPRequestResponse) ProtoMessage() {}
 
 func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +4092,7 @@ func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestResponse.ProtoReflect.Descriptor instead.
 func (*HTTPRequestResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *HTTPRequestResponse) GetStatus() int32 {
@@ -3368,7 +4120,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x04\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x04\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -3384,7 +4136,9 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"pids_limit\x18\v \x01(\x03R\tpidsLimit\x12\x18\n" +
 	"\aworkdir\x18\f \x01(\tR\aworkdir\x124\n" +
-	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x1a6\n" +
+	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
+	"\n" +
+	"auto_pause\x18\x0e \x01(\bR\tautoPause\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -3454,7 +4208,61 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x12SetNetworkResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"D\n" +
 	"\x12SetTimeoutResponse\x12.\n" +
-	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\xce\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"%\n" +
+	"\x13PauseSandboxRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"F\n" +
+	"\x14PauseSandboxResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"O\n" +
+	"\x14ResumeSandboxRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"G\n" +
+	"\x15ResumeSandboxResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"*\n" +
+	"\x18GetSandboxMetricsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd7\x03\n" +
+	"\x0eSandboxMetrics\x128\n" +
+	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x1b\n" +
+	"\tcpu_count\x18\x02 \x01(\x01R\bcpuCount\x12 \n" +
+	"\fcpu_used_pct\x18\x03 \x01(\x01R\n" +
+	"cpuUsedPct\x12 \n" +
+	"\fcpu_usage_ns\x18\x04 \x01(\x04R\n" +
+	"cpuUsageNs\x12$\n" +
+	"\x0emem_used_bytes\x18\x05 \x01(\x03R\fmemUsedBytes\x12&\n" +
+	"\x0fmem_total_bytes\x18\x06 \x01(\x03R\rmemTotalBytes\x12&\n" +
+	"\x0fmem_cache_bytes\x18\a \x01(\x03R\rmemCacheBytes\x12\x12\n" +
+	"\x04pids\x18\b \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"pids_limit\x18\t \x01(\x03R\tpidsLimit\x12&\n" +
+	"\x0fdisk_used_bytes\x18\n" +
+	" \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\v \x01(\x03R\x0ediskTotalBytes\x12/\n" +
+	"\x05state\x18\f \x01(\x0e2\x19.opendsec.v1.SandboxStateR\x05state\"R\n" +
+	"\x19GetSandboxMetricsResponse\x125\n" +
+	"\ametrics\x18\x01 \x01(\v2\x1b.opendsec.v1.SandboxMetricsR\ametrics\"\xb9\x01\n" +
+	"\x0fSandboxSelector\x12@\n" +
+	"\x06labels\x18\x01 \x03(\v2(.opendsec.v1.SandboxSelector.LabelsEntryR\x06labels\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x10\n" +
+	"\x03ids\x18\x03 \x03(\tR\x03ids\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +
+	"\fBatchFailure\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x02 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"Q\n" +
+	"\x15PauseSandboxesRequest\x128\n" +
+	"\bselector\x18\x01 \x01(\v2\x1c.opendsec.v1.SandboxSelectorR\bselector\"\x83\x01\n" +
+	"\x16PauseSandboxesResponse\x122\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x14.opendsec.v1.SandboxR\tsandboxes\x125\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"{\n" +
+	"\x16ResumeSandboxesRequest\x128\n" +
+	"\bselector\x18\x01 \x01(\v2\x1c.opendsec.v1.SandboxSelectorR\bselector\x12'\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\x84\x01\n" +
+	"\x17ResumeSandboxesResponse\x122\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x14.opendsec.v1.SandboxR\tsandboxes\x125\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"\xce\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -3619,7 +4427,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
-	"\x11FILE_TYPE_SYMLINK\x10\x032\xee\x04\n" +
+	"\x11FILE_TYPE_SYMLINK\x10\x032\xb8\b\n" +
 	"\x0eSandboxService\x12V\n" +
 	"\rCreateSandbox\x12!.opendsec.v1.CreateSandboxRequest\x1a\".opendsec.v1.CreateSandboxResponse\x12m\n" +
 	"\x14BatchCreateSandboxes\x12(.opendsec.v1.BatchCreateSandboxesRequest\x1a).opendsec.v1.BatchCreateSandboxesResponse0\x01\x12M\n" +
@@ -3630,7 +4438,12 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"SetTimeout\x12\x1e.opendsec.v1.SetTimeoutRequest\x1a\x1f.opendsec.v1.SetTimeoutResponse\x12M\n" +
 	"\n" +
-	"SetNetwork\x12\x1e.opendsec.v1.SetNetworkRequest\x1a\x1f.opendsec.v1.SetNetworkResponse2\x99\x03\n" +
+	"SetNetwork\x12\x1e.opendsec.v1.SetNetworkRequest\x1a\x1f.opendsec.v1.SetNetworkResponse\x12S\n" +
+	"\fPauseSandbox\x12 .opendsec.v1.PauseSandboxRequest\x1a!.opendsec.v1.PauseSandboxResponse\x12V\n" +
+	"\rResumeSandbox\x12!.opendsec.v1.ResumeSandboxRequest\x1a\".opendsec.v1.ResumeSandboxResponse\x12b\n" +
+	"\x11GetSandboxMetrics\x12%.opendsec.v1.GetSandboxMetricsRequest\x1a&.opendsec.v1.GetSandboxMetricsResponse\x12Y\n" +
+	"\x0ePauseSandboxes\x12\".opendsec.v1.PauseSandboxesRequest\x1a#.opendsec.v1.PauseSandboxesResponse\x12\\\n" +
+	"\x0fResumeSandboxes\x12#.opendsec.v1.ResumeSandboxesRequest\x1a$.opendsec.v1.ResumeSandboxesResponse2\x99\x03\n" +
 	"\x0eProcessService\x12?\n" +
 	"\x04Exec\x12\x18.opendsec.v1.ExecRequest\x1a\x19.opendsec.v1.ExecResponse(\x010\x01\x12V\n" +
 	"\rListProcesses\x12!.opendsec.v1.ListProcessesRequest\x1a\".opendsec.v1.ListProcessesResponse\x12V\n" +
@@ -3661,7 +4474,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -3683,129 +4496,165 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*SetNetworkRequest)(nil),            // 17: opendsec.v1.SetNetworkRequest
 	(*SetNetworkResponse)(nil),           // 18: opendsec.v1.SetNetworkResponse
 	(*SetTimeoutResponse)(nil),           // 19: opendsec.v1.SetTimeoutResponse
-	(*ExecStart)(nil),                    // 20: opendsec.v1.ExecStart
-	(*PtySize)(nil),                      // 21: opendsec.v1.PtySize
-	(*ExecRequest)(nil),                  // 22: opendsec.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 23: opendsec.v1.ExecResponse
-	(*ExecStarted)(nil),                  // 24: opendsec.v1.ExecStarted
-	(*ExecExit)(nil),                     // 25: opendsec.v1.ExecExit
-	(*ProcessInfo)(nil),                  // 26: opendsec.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),         // 27: opendsec.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 28: opendsec.v1.ListProcessesResponse
-	(*SignalProcessRequest)(nil),         // 29: opendsec.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 30: opendsec.v1.SignalProcessResponse
-	(*SendInputRequest)(nil),             // 31: opendsec.v1.SendInputRequest
-	(*SendInputResponse)(nil),            // 32: opendsec.v1.SendInputResponse
-	(*ResizePtyRequest)(nil),             // 33: opendsec.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),            // 34: opendsec.v1.ResizePtyResponse
-	(*FileInfo)(nil),                     // 35: opendsec.v1.FileInfo
-	(*ReadFileRequest)(nil),              // 36: opendsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 37: opendsec.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 38: opendsec.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 39: opendsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 40: opendsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),               // 41: opendsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),              // 42: opendsec.v1.ListDirResponse
-	(*StatRequest)(nil),                  // 43: opendsec.v1.StatRequest
-	(*StatResponse)(nil),                 // 44: opendsec.v1.StatResponse
-	(*RemoveRequest)(nil),                // 45: opendsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 46: opendsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),               // 47: opendsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),              // 48: opendsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                  // 49: opendsec.v1.MoveRequest
-	(*MoveResponse)(nil),                 // 50: opendsec.v1.MoveResponse
-	(*Header)(nil),                       // 51: opendsec.v1.Header
-	(*HTTPRequestRequest)(nil),           // 52: opendsec.v1.HTTPRequestRequest
-	(*HTTPRequestResponse)(nil),          // 53: opendsec.v1.HTTPRequestResponse
-	nil,                                  // 54: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 55: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 56: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 57: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 58: google.protobuf.Timestamp
+	(*PauseSandboxRequest)(nil),          // 20: opendsec.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 21: opendsec.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 22: opendsec.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 23: opendsec.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),     // 24: opendsec.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),               // 25: opendsec.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),    // 26: opendsec.v1.GetSandboxMetricsResponse
+	(*SandboxSelector)(nil),              // 27: opendsec.v1.SandboxSelector
+	(*BatchFailure)(nil),                 // 28: opendsec.v1.BatchFailure
+	(*PauseSandboxesRequest)(nil),        // 29: opendsec.v1.PauseSandboxesRequest
+	(*PauseSandboxesResponse)(nil),       // 30: opendsec.v1.PauseSandboxesResponse
+	(*ResumeSandboxesRequest)(nil),       // 31: opendsec.v1.ResumeSandboxesRequest
+	(*ResumeSandboxesResponse)(nil),      // 32: opendsec.v1.ResumeSandboxesResponse
+	(*ExecStart)(nil),                    // 33: opendsec.v1.ExecStart
+	(*PtySize)(nil),                      // 34: opendsec.v1.PtySize
+	(*ExecRequest)(nil),                  // 35: opendsec.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 36: opendsec.v1.ExecResponse
+	(*ExecStarted)(nil),                  // 37: opendsec.v1.ExecStarted
+	(*ExecExit)(nil),                     // 38: opendsec.v1.ExecExit
+	(*ProcessInfo)(nil),                  // 39: opendsec.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),         // 40: opendsec.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 41: opendsec.v1.ListProcessesResponse
+	(*SignalProcessRequest)(nil),         // 42: opendsec.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 43: opendsec.v1.SignalProcessResponse
+	(*SendInputRequest)(nil),             // 44: opendsec.v1.SendInputRequest
+	(*SendInputResponse)(nil),            // 45: opendsec.v1.SendInputResponse
+	(*ResizePtyRequest)(nil),             // 46: opendsec.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),            // 47: opendsec.v1.ResizePtyResponse
+	(*FileInfo)(nil),                     // 48: opendsec.v1.FileInfo
+	(*ReadFileRequest)(nil),              // 49: opendsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 50: opendsec.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 51: opendsec.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 52: opendsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 53: opendsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),               // 54: opendsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),              // 55: opendsec.v1.ListDirResponse
+	(*StatRequest)(nil),                  // 56: opendsec.v1.StatRequest
+	(*StatResponse)(nil),                 // 57: opendsec.v1.StatResponse
+	(*RemoveRequest)(nil),                // 58: opendsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 59: opendsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),               // 60: opendsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),              // 61: opendsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                  // 62: opendsec.v1.MoveRequest
+	(*MoveResponse)(nil),                 // 63: opendsec.v1.MoveResponse
+	(*Header)(nil),                       // 64: opendsec.v1.Header
+	(*HTTPRequestRequest)(nil),           // 65: opendsec.v1.HTTPRequestRequest
+	(*HTTPRequestResponse)(nil),          // 66: opendsec.v1.HTTPRequestResponse
+	nil,                                  // 67: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 68: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 69: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 70: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 71: opendsec.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 72: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	54, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	55, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	67, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	68, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	58, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	58, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	72, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	72, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	72, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	56, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	69, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 18: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	57, // 19: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
-	21, // 20: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
-	20, // 21: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
-	21, // 22: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
-	24, // 23: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
-	25, // 24: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
-	26, // 25: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
-	21, // 26: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
-	1,  // 27: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	58, // 28: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	38, // 29: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
-	35, // 30: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
-	35, // 31: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
-	35, // 32: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
-	35, // 33: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
-	35, // 34: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
-	51, // 35: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
-	51, // 36: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	6,  // 37: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 38: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 39: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 40: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 41: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 42: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 43: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	22, // 44: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	27, // 45: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	29, // 46: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	31, // 47: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	33, // 48: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	36, // 49: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	39, // 50: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	41, // 51: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	43, // 52: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	45, // 53: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	47, // 54: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	49, // 55: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	52, // 56: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	7,  // 57: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 58: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 59: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 60: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 61: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 62: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 63: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	23, // 64: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	28, // 65: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	30, // 66: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	32, // 67: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	34, // 68: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	37, // 69: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	40, // 70: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	42, // 71: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	44, // 72: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	46, // 73: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	48, // 74: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	50, // 75: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	53, // 76: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	57, // [57:77] is the sub-list for method output_type
-	37, // [37:57] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	5,  // 19: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 20: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	72, // 21: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 22: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
+	25, // 23: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
+	70, // 24: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	27, // 25: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 26: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	28, // 27: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	27, // 28: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 29: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	28, // 30: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	71, // 31: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	34, // 32: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
+	33, // 33: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
+	34, // 34: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
+	37, // 35: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
+	38, // 36: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
+	39, // 37: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
+	34, // 38: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
+	1,  // 39: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
+	72, // 40: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	51, // 41: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
+	48, // 42: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
+	48, // 43: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
+	48, // 44: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
+	48, // 45: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
+	48, // 46: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
+	64, // 47: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
+	64, // 48: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
+	6,  // 49: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 50: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 51: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 52: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 53: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 54: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 55: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	20, // 56: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	22, // 57: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	24, // 58: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	29, // 59: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	31, // 60: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	35, // 61: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	40, // 62: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	42, // 63: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	44, // 64: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	46, // 65: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	49, // 66: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	52, // 67: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	54, // 68: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	56, // 69: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	58, // 70: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	60, // 71: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	62, // 72: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	65, // 73: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	7,  // 74: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 75: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 76: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 77: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 78: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 79: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 80: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	21, // 81: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	23, // 82: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	26, // 83: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	30, // 84: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	32, // 85: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	36, // 86: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	41, // 87: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	43, // 88: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	45, // 89: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	47, // 90: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	50, // 91: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	53, // 92: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	55, // 93: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	57, // 94: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	59, // 95: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	61, // 96: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	63, // 97: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	66, // 98: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	74, // [74:99] is the sub-list for method output_type
+	49, // [49:74] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -3814,21 +4663,21 @@ func file_opendsec_v1_sandbox_proto_init() {
 		return
 	}
 	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_opendsec_v1_sandbox_proto_msgTypes[20].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[33].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[21].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Pty)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[50].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3838,7 +4687,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   56,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -777,6 +777,278 @@ func (x *InfoResponse) GetImages() []string {
 	return nil
 }
 
+type PauseSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PauseSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type PauseSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PauseSandboxResponse) GetSandbox() *v1.Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ResumeSandboxRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId      string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	TimeoutSeconds int64                  `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxRequest) Reset() {
+	*x = ResumeSandboxRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ResumeSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResumeSandboxRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ResumeSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxResponse) Reset() {
+	*x = ResumeSandboxResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type GetSandboxMetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetSandboxMetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Metrics       *v1.SandboxMetrics     `protobuf:"bytes,1,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetSandboxMetricsResponse) GetMetrics() *v1.SandboxMetrics {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
 var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
@@ -828,7 +1100,23 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\ahealthy\x18\x06 \x01(\bR\ahealthy\x12,\n" +
 	"\x03now\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\x12\x16\n" +
-	"\x06images\x18\t \x03(\tR\x06images2\xff\x04\n" +
+	"\x06images\x18\t \x03(\tR\x06images\"4\n" +
+	"\x13PauseSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"F\n" +
+	"\x14PauseSandboxResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"^\n" +
+	"\x14ResumeSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"G\n" +
+	"\x15ResumeSandboxResponse\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"9\n" +
+	"\x18GetSandboxMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"R\n" +
+	"\x19GetSandboxMetricsResponse\x125\n" +
+	"\ametrics\x18\x01 \x01(\v2\x1b.opendsec.v1.SandboxMetricsR\ametrics2\xe7\b\n" +
 	"\vNodeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.node.v1.CreateSandboxRequest\x1a'.opendsec.node.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -839,7 +1127,12 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"SetTimeout\x12#.opendsec.node.v1.SetTimeoutRequest\x1a$.opendsec.node.v1.SetTimeoutResponse\x12W\n" +
 	"\n" +
 	"SetNetwork\x12#.opendsec.node.v1.SetNetworkRequest\x1a$.opendsec.node.v1.SetNetworkResponse\x12E\n" +
-	"\x04Info\x12\x1d.opendsec.node.v1.InfoRequest\x1a\x1e.opendsec.node.v1.InfoResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
+	"\x04Info\x12\x1d.opendsec.node.v1.InfoRequest\x1a\x1e.opendsec.node.v1.InfoResponse\x12]\n" +
+	"\fPauseSandbox\x12%.opendsec.node.v1.PauseSandboxRequest\x1a&.opendsec.node.v1.PauseSandboxResponse\x12`\n" +
+	"\rResumeSandbox\x12&.opendsec.node.v1.ResumeSandboxRequest\x1a'.opendsec.node.v1.ResumeSandboxResponse\x12l\n" +
+	"\x11GetSandboxMetrics\x12*.opendsec.node.v1.GetSandboxMetricsRequest\x1a+.opendsec.node.v1.GetSandboxMetricsResponse\x12Y\n" +
+	"\x0ePauseSandboxes\x12\".opendsec.v1.PauseSandboxesRequest\x1a#.opendsec.v1.PauseSandboxesResponse\x12\\\n" +
+	"\x0fResumeSandboxes\x12#.opendsec.v1.ResumeSandboxesRequest\x1a$.opendsec.v1.ResumeSandboxesResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
 
 var (
 	file_opendsec_node_v1_node_proto_rawDescOnce sync.Once
@@ -853,58 +1146,82 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_opendsec_node_v1_node_proto_rawDescData
 }
 
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
-	(*CreateSandboxRequest)(nil),  // 0: opendsec.node.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 1: opendsec.node.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 2: opendsec.node.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 3: opendsec.node.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 4: opendsec.node.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 5: opendsec.node.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),    // 6: opendsec.node.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),   // 7: opendsec.node.v1.StopSandboxResponse
-	(*SetTimeoutRequest)(nil),     // 8: opendsec.node.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),    // 9: opendsec.node.v1.SetTimeoutResponse
-	(*SetNetworkRequest)(nil),     // 10: opendsec.node.v1.SetNetworkRequest
-	(*SetNetworkResponse)(nil),    // 11: opendsec.node.v1.SetNetworkResponse
-	(*InfoRequest)(nil),           // 12: opendsec.node.v1.InfoRequest
-	(*Capacity)(nil),              // 13: opendsec.node.v1.Capacity
-	(*InfoResponse)(nil),          // 14: opendsec.node.v1.InfoResponse
-	(*v1.SandboxSpec)(nil),        // 15: opendsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),            // 16: opendsec.v1.Sandbox
-	(*v1.NetworkPolicy)(nil),      // 17: opendsec.v1.NetworkPolicy
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*CreateSandboxRequest)(nil),       // 0: opendsec.node.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),      // 1: opendsec.node.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),          // 2: opendsec.node.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),         // 3: opendsec.node.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),       // 4: opendsec.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 5: opendsec.node.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),         // 6: opendsec.node.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),        // 7: opendsec.node.v1.StopSandboxResponse
+	(*SetTimeoutRequest)(nil),          // 8: opendsec.node.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 9: opendsec.node.v1.SetTimeoutResponse
+	(*SetNetworkRequest)(nil),          // 10: opendsec.node.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),         // 11: opendsec.node.v1.SetNetworkResponse
+	(*InfoRequest)(nil),                // 12: opendsec.node.v1.InfoRequest
+	(*Capacity)(nil),                   // 13: opendsec.node.v1.Capacity
+	(*InfoResponse)(nil),               // 14: opendsec.node.v1.InfoResponse
+	(*PauseSandboxRequest)(nil),        // 15: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),       // 16: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),       // 17: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),      // 18: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),   // 19: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil),  // 20: opendsec.node.v1.GetSandboxMetricsResponse
+	(*v1.SandboxSpec)(nil),             // 21: opendsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                 // 22: opendsec.v1.Sandbox
+	(*v1.NetworkPolicy)(nil),           // 23: opendsec.v1.NetworkPolicy
+	(*timestamppb.Timestamp)(nil),      // 24: google.protobuf.Timestamp
+	(*v1.SandboxMetrics)(nil),          // 25: opendsec.v1.SandboxMetrics
+	(*v1.PauseSandboxesRequest)(nil),   // 26: opendsec.v1.PauseSandboxesRequest
+	(*v1.ResumeSandboxesRequest)(nil),  // 27: opendsec.v1.ResumeSandboxesRequest
+	(*v1.PauseSandboxesResponse)(nil),  // 28: opendsec.v1.PauseSandboxesResponse
+	(*v1.ResumeSandboxesResponse)(nil), // 29: opendsec.v1.ResumeSandboxesResponse
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	15, // 0: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
-	16, // 1: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	16, // 2: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	16, // 3: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	16, // 4: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	17, // 5: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
-	16, // 6: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	21, // 0: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
+	22, // 1: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	22, // 2: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	22, // 3: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	22, // 4: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	23, // 5: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
+	22, // 6: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	13, // 7: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	13, // 8: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	18, // 9: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	0,  // 10: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	2,  // 11: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	4,  // 12: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	6,  // 13: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	8,  // 14: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	10, // 15: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	12, // 16: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	1,  // 17: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	3,  // 18: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	5,  // 19: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	7,  // 20: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	9,  // 21: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	11, // 22: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	14, // 23: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	24, // 9: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	22, // 10: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	22, // 11: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	25, // 12: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
+	0,  // 13: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	2,  // 14: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	4,  // 15: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	6,  // 16: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	8,  // 17: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	10, // 18: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	12, // 19: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	15, // 20: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	17, // 21: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	19, // 22: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	26, // 23: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	27, // 24: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	1,  // 25: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	3,  // 26: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	5,  // 27: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	7,  // 28: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	9,  // 29: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	11, // 30: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	14, // 31: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	16, // 32: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	18, // 33: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	20, // 34: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	28, // 35: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	29, // 36: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	25, // [25:37] is the sub-list for method output_type
+	13, // [13:25] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -918,7 +1235,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,21 @@ const (
 	// SandboxServiceSetNetworkProcedure is the fully-qualified name of the SandboxService's SetNetwork
 	// RPC.
 	SandboxServiceSetNetworkProcedure = "/opendsec.v1.SandboxService/SetNetwork"
+	// SandboxServicePauseSandboxProcedure is the fully-qualified name of the SandboxService's
+	// PauseSandbox RPC.
+	SandboxServicePauseSandboxProcedure = "/opendsec.v1.SandboxService/PauseSandbox"
+	// SandboxServiceResumeSandboxProcedure is the fully-qualified name of the SandboxService's
+	// ResumeSandbox RPC.
+	SandboxServiceResumeSandboxProcedure = "/opendsec.v1.SandboxService/ResumeSandbox"
+	// SandboxServiceGetSandboxMetricsProcedure is the fully-qualified name of the SandboxService's
+	// GetSandboxMetrics RPC.
+	SandboxServiceGetSandboxMetricsProcedure = "/opendsec.v1.SandboxService/GetSandboxMetrics"
+	// SandboxServicePauseSandboxesProcedure is the fully-qualified name of the SandboxService's
+	// PauseSandboxes RPC.
+	SandboxServicePauseSandboxesProcedure = "/opendsec.v1.SandboxService/PauseSandboxes"
+	// SandboxServiceResumeSandboxesProcedure is the fully-qualified name of the SandboxService's
+	// ResumeSandboxes RPC.
+	SandboxServiceResumeSandboxesProcedure = "/opendsec.v1.SandboxService/ResumeSandboxes"
 	// ProcessServiceExecProcedure is the fully-qualified name of the ProcessService's Exec RPC.
 	ProcessServiceExecProcedure = "/opendsec.v1.ProcessService/Exec"
 	// ProcessServiceListProcessesProcedure is the fully-qualified name of the ProcessService's
@@ -112,6 +127,23 @@ type SandboxServiceClient interface {
 	// SetNetwork replaces a running sandbox's network policy atomically;
 	// connections the new policy does not allow stop working.
 	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
+	// PauseSandbox freezes every process of a sandbox (cgroup freezer for
+	// containers). Memory and files are kept; a paused sandbox is never stopped
+	// by its lifetime or idle timeout (its lifetime clock stops) and persists
+	// until resumed or stopped. Exec, files and ports answer failed_precondition
+	// while paused. Idempotent: pausing a paused sandbox succeeds.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox thaws a paused sandbox; its lifetime continues with what
+	// was left when it was paused (or timeout_seconds when given). Idempotent.
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// GetSandboxMetrics reports a sandbox's current resource use.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// PauseSandboxes pauses every sandbox matching a selector (labels, task_id
+	// or ids), concurrently on every node: the preemption case of a training
+	// job. Failures are per sandbox.
+	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
+	// ResumeSandboxes resumes every sandbox matching a selector.
+	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.v1.SandboxService service. By
@@ -167,6 +199,36 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SetNetwork")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
+			httpClient,
+			baseURL+SandboxServicePauseSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandbox: connect.NewClient[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		getSandboxMetrics: connect.NewClient[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse](
+			httpClient,
+			baseURL+SandboxServiceGetSandboxMetricsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+			connect.WithClientOptions(opts...),
+		),
+		pauseSandboxes: connect.NewClient[v1.PauseSandboxesRequest, v1.PauseSandboxesResponse](
+			httpClient,
+			baseURL+SandboxServicePauseSandboxesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandboxes: connect.NewClient[v1.ResumeSandboxesRequest, v1.ResumeSandboxesResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeSandboxesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -179,6 +241,11 @@ type sandboxServiceClient struct {
 	stopSandbox          *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
 	setTimeout           *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 	setNetwork           *connect.Client[v1.SetNetworkRequest, v1.SetNetworkResponse]
+	pauseSandbox         *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	resumeSandbox        *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	getSandboxMetrics    *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
+	pauseSandboxes       *connect.Client[v1.PauseSandboxesRequest, v1.PauseSandboxesResponse]
+	resumeSandboxes      *connect.Client[v1.ResumeSandboxesRequest, v1.ResumeSandboxesResponse]
 }
 
 // CreateSandbox calls opendsec.v1.SandboxService.CreateSandbox.
@@ -216,6 +283,31 @@ func (c *sandboxServiceClient) SetNetwork(ctx context.Context, req *connect.Requ
 	return c.setNetwork.CallUnary(ctx, req)
 }
 
+// PauseSandbox calls opendsec.v1.SandboxService.PauseSandbox.
+func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return c.pauseSandbox.CallUnary(ctx, req)
+}
+
+// ResumeSandbox calls opendsec.v1.SandboxService.ResumeSandbox.
+func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// GetSandboxMetrics calls opendsec.v1.SandboxService.GetSandboxMetrics.
+func (c *sandboxServiceClient) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return c.getSandboxMetrics.CallUnary(ctx, req)
+}
+
+// PauseSandboxes calls opendsec.v1.SandboxService.PauseSandboxes.
+func (c *sandboxServiceClient) PauseSandboxes(ctx context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
+	return c.pauseSandboxes.CallUnary(ctx, req)
+}
+
+// ResumeSandboxes calls opendsec.v1.SandboxService.ResumeSandboxes.
+func (c *sandboxServiceClient) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
+	return c.resumeSandboxes.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox makes one sandbox and returns once its agent answers.
@@ -233,6 +325,23 @@ type SandboxServiceHandler interface {
 	// SetNetwork replaces a running sandbox's network policy atomically;
 	// connections the new policy does not allow stop working.
 	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
+	// PauseSandbox freezes every process of a sandbox (cgroup freezer for
+	// containers). Memory and files are kept; a paused sandbox is never stopped
+	// by its lifetime or idle timeout (its lifetime clock stops) and persists
+	// until resumed or stopped. Exec, files and ports answer failed_precondition
+	// while paused. Idempotent: pausing a paused sandbox succeeds.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox thaws a paused sandbox; its lifetime continues with what
+	// was left when it was paused (or timeout_seconds when given). Idempotent.
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// GetSandboxMetrics reports a sandbox's current resource use.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// PauseSandboxes pauses every sandbox matching a selector (labels, task_id
+	// or ids), concurrently on every node: the preemption case of a training
+	// job. Failures are per sandbox.
+	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
+	// ResumeSandboxes resumes every sandbox matching a selector.
+	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -284,6 +393,36 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SetNetwork")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServicePauseSandboxHandler := connect.NewUnaryHandler(
+		SandboxServicePauseSandboxProcedure,
+		svc.PauseSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeSandboxProcedure,
+		svc.ResumeSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceGetSandboxMetricsHandler := connect.NewUnaryHandler(
+		SandboxServiceGetSandboxMetricsProcedure,
+		svc.GetSandboxMetrics,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServicePauseSandboxesHandler := connect.NewUnaryHandler(
+		SandboxServicePauseSandboxesProcedure,
+		svc.PauseSandboxes,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeSandboxesHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeSandboxesProcedure,
+		svc.ResumeSandboxes,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -300,6 +439,16 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
 		case SandboxServiceSetNetworkProcedure:
 			sandboxServiceSetNetworkHandler.ServeHTTP(w, r)
+		case SandboxServicePauseSandboxProcedure:
+			sandboxServicePauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeSandboxProcedure:
+			sandboxServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceGetSandboxMetricsProcedure:
+			sandboxServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
+		case SandboxServicePauseSandboxesProcedure:
+			sandboxServicePauseSandboxesHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeSandboxesProcedure:
+			sandboxServiceResumeSandboxesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -335,6 +484,26 @@ func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.SetNetwork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.PauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.GetSandboxMetrics is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.PauseSandboxes is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.ResumeSandboxes is not implemented"))
 }
 
 // ProcessServiceClient is a client for the opendsec.v1.ProcessService service.

@@ -13,6 +13,7 @@ import (
 	context "context"
 	errors "errors"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	v11 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	http "net/http"
 	strings "strings"
 )
@@ -53,6 +54,21 @@ const (
 	NodeServiceSetNetworkProcedure = "/opendsec.node.v1.NodeService/SetNetwork"
 	// NodeServiceInfoProcedure is the fully-qualified name of the NodeService's Info RPC.
 	NodeServiceInfoProcedure = "/opendsec.node.v1.NodeService/Info"
+	// NodeServicePauseSandboxProcedure is the fully-qualified name of the NodeService's PauseSandbox
+	// RPC.
+	NodeServicePauseSandboxProcedure = "/opendsec.node.v1.NodeService/PauseSandbox"
+	// NodeServiceResumeSandboxProcedure is the fully-qualified name of the NodeService's ResumeSandbox
+	// RPC.
+	NodeServiceResumeSandboxProcedure = "/opendsec.node.v1.NodeService/ResumeSandbox"
+	// NodeServiceGetSandboxMetricsProcedure is the fully-qualified name of the NodeService's
+	// GetSandboxMetrics RPC.
+	NodeServiceGetSandboxMetricsProcedure = "/opendsec.node.v1.NodeService/GetSandboxMetrics"
+	// NodeServicePauseSandboxesProcedure is the fully-qualified name of the NodeService's
+	// PauseSandboxes RPC.
+	NodeServicePauseSandboxesProcedure = "/opendsec.node.v1.NodeService/PauseSandboxes"
+	// NodeServiceResumeSandboxesProcedure is the fully-qualified name of the NodeService's
+	// ResumeSandboxes RPC.
+	NodeServiceResumeSandboxesProcedure = "/opendsec.node.v1.NodeService/ResumeSandboxes"
 )
 
 // NodeServiceClient is a client for the opendsec.node.v1.NodeService service.
@@ -67,6 +83,14 @@ type NodeServiceClient interface {
 	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 	// Info reports health, capacity and what runs on the node.
 	Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error)
+	// PauseSandbox and ResumeSandbox are idempotent; see opendsec.v1.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// PauseSandboxes and ResumeSandboxes act on this node's sandboxes that
+	// match the selector, concurrently.
+	PauseSandboxes(context.Context, *connect.Request[v11.PauseSandboxesRequest]) (*connect.Response[v11.PauseSandboxesResponse], error)
+	ResumeSandboxes(context.Context, *connect.Request[v11.ResumeSandboxesRequest]) (*connect.Response[v11.ResumeSandboxesResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the opendsec.node.v1.NodeService service. By
@@ -122,18 +146,53 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Info")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
+			httpClient,
+			baseURL+NodeServicePauseSandboxProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandbox: connect.NewClient[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse](
+			httpClient,
+			baseURL+NodeServiceResumeSandboxProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ResumeSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		getSandboxMetrics: connect.NewClient[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse](
+			httpClient,
+			baseURL+NodeServiceGetSandboxMetricsProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("GetSandboxMetrics")),
+			connect.WithClientOptions(opts...),
+		),
+		pauseSandboxes: connect.NewClient[v11.PauseSandboxesRequest, v11.PauseSandboxesResponse](
+			httpClient,
+			baseURL+NodeServicePauseSandboxesProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PauseSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandboxes: connect.NewClient[v11.ResumeSandboxesRequest, v11.ResumeSandboxesResponse](
+			httpClient,
+			baseURL+NodeServiceResumeSandboxesProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ResumeSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	createSandbox *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
-	getSandbox    *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
-	listSandboxes *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	stopSandbox   *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
-	setTimeout    *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
-	setNetwork    *connect.Client[v1.SetNetworkRequest, v1.SetNetworkResponse]
-	info          *connect.Client[v1.InfoRequest, v1.InfoResponse]
+	createSandbox     *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	getSandbox        *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	listSandboxes     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	stopSandbox       *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
+	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	setNetwork        *connect.Client[v1.SetNetworkRequest, v1.SetNetworkResponse]
+	info              *connect.Client[v1.InfoRequest, v1.InfoResponse]
+	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
+	pauseSandboxes    *connect.Client[v11.PauseSandboxesRequest, v11.PauseSandboxesResponse]
+	resumeSandboxes   *connect.Client[v11.ResumeSandboxesRequest, v11.ResumeSandboxesResponse]
 }
 
 // CreateSandbox calls opendsec.node.v1.NodeService.CreateSandbox.
@@ -171,6 +230,31 @@ func (c *nodeServiceClient) Info(ctx context.Context, req *connect.Request[v1.In
 	return c.info.CallUnary(ctx, req)
 }
 
+// PauseSandbox calls opendsec.node.v1.NodeService.PauseSandbox.
+func (c *nodeServiceClient) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return c.pauseSandbox.CallUnary(ctx, req)
+}
+
+// ResumeSandbox calls opendsec.node.v1.NodeService.ResumeSandbox.
+func (c *nodeServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// GetSandboxMetrics calls opendsec.node.v1.NodeService.GetSandboxMetrics.
+func (c *nodeServiceClient) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return c.getSandboxMetrics.CallUnary(ctx, req)
+}
+
+// PauseSandboxes calls opendsec.node.v1.NodeService.PauseSandboxes.
+func (c *nodeServiceClient) PauseSandboxes(ctx context.Context, req *connect.Request[v11.PauseSandboxesRequest]) (*connect.Response[v11.PauseSandboxesResponse], error) {
+	return c.pauseSandboxes.CallUnary(ctx, req)
+}
+
+// ResumeSandboxes calls opendsec.node.v1.NodeService.ResumeSandboxes.
+func (c *nodeServiceClient) ResumeSandboxes(ctx context.Context, req *connect.Request[v11.ResumeSandboxesRequest]) (*connect.Response[v11.ResumeSandboxesResponse], error) {
+	return c.resumeSandboxes.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the opendsec.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// CreateSandbox admits (or refuses with resource_exhausted) and creates a
@@ -183,6 +267,14 @@ type NodeServiceHandler interface {
 	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 	// Info reports health, capacity and what runs on the node.
 	Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error)
+	// PauseSandbox and ResumeSandbox are idempotent; see opendsec.v1.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// PauseSandboxes and ResumeSandboxes act on this node's sandboxes that
+	// match the selector, concurrently.
+	PauseSandboxes(context.Context, *connect.Request[v11.PauseSandboxesRequest]) (*connect.Response[v11.PauseSandboxesResponse], error)
+	ResumeSandboxes(context.Context, *connect.Request[v11.ResumeSandboxesRequest]) (*connect.Response[v11.ResumeSandboxesResponse], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -234,6 +326,36 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Info")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServicePauseSandboxHandler := connect.NewUnaryHandler(
+		NodeServicePauseSandboxProcedure,
+		svc.PauseSandbox,
+		connect.WithSchema(nodeServiceMethods.ByName("PauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceResumeSandboxHandler := connect.NewUnaryHandler(
+		NodeServiceResumeSandboxProcedure,
+		svc.ResumeSandbox,
+		connect.WithSchema(nodeServiceMethods.ByName("ResumeSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceGetSandboxMetricsHandler := connect.NewUnaryHandler(
+		NodeServiceGetSandboxMetricsProcedure,
+		svc.GetSandboxMetrics,
+		connect.WithSchema(nodeServiceMethods.ByName("GetSandboxMetrics")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServicePauseSandboxesHandler := connect.NewUnaryHandler(
+		NodeServicePauseSandboxesProcedure,
+		svc.PauseSandboxes,
+		connect.WithSchema(nodeServiceMethods.ByName("PauseSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceResumeSandboxesHandler := connect.NewUnaryHandler(
+		NodeServiceResumeSandboxesProcedure,
+		svc.ResumeSandboxes,
+		connect.WithSchema(nodeServiceMethods.ByName("ResumeSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceCreateSandboxProcedure:
@@ -250,6 +372,16 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceSetNetworkHandler.ServeHTTP(w, r)
 		case NodeServiceInfoProcedure:
 			nodeServiceInfoHandler.ServeHTTP(w, r)
+		case NodeServicePauseSandboxProcedure:
+			nodeServicePauseSandboxHandler.ServeHTTP(w, r)
+		case NodeServiceResumeSandboxProcedure:
+			nodeServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case NodeServiceGetSandboxMetricsProcedure:
+			nodeServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
+		case NodeServicePauseSandboxesProcedure:
+			nodeServicePauseSandboxesHandler.ServeHTTP(w, r)
+		case NodeServiceResumeSandboxesProcedure:
+			nodeServiceResumeSandboxesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -285,4 +417,24 @@ func (UnimplementedNodeServiceHandler) SetNetwork(context.Context, *connect.Requ
 
 func (UnimplementedNodeServiceHandler) Info(context.Context, *connect.Request[v1.InfoRequest]) (*connect.Response[v1.InfoResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.Info is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.PauseSandbox is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.GetSandboxMetrics is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PauseSandboxes(context.Context, *connect.Request[v11.PauseSandboxesRequest]) (*connect.Response[v11.PauseSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.PauseSandboxes is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ResumeSandboxes(context.Context, *connect.Request[v11.ResumeSandboxesRequest]) (*connect.Response[v11.ResumeSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.ResumeSandboxes is not implemented"))
 }

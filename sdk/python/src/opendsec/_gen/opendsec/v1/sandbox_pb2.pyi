@@ -39,7 +39,7 @@ FILE_TYPE_DIRECTORY: FileType
 FILE_TYPE_SYMLINK: FileType
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir", "network")
+    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir", "network", "auto_pause")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class SandboxSpec(_message.Message):
     PIDS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    AUTO_PAUSE_FIELD_NUMBER: _ClassVar[int]
     backend: str
     image: str
     cpu: float
@@ -80,7 +81,8 @@ class SandboxSpec(_message.Message):
     pids_limit: int
     workdir: str
     network: NetworkPolicy
-    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+    auto_pause: bool
+    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., auto_pause: bool = ...) -> None: ...
 
 class NetworkPolicy(_message.Message):
     __slots__ = ("rule_sets", "allow")
@@ -230,6 +232,129 @@ class SetTimeoutResponse(_message.Message):
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     sandbox: Sandbox
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class PauseSandboxRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class PauseSandboxResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class ResumeSandboxRequest(_message.Message):
+    __slots__ = ("id", "timeout_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    timeout_seconds: int
+    def __init__(self, id: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class ResumeSandboxResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class GetSandboxMetricsRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class SandboxMetrics(_message.Message):
+    __slots__ = ("timestamp", "cpu_count", "cpu_used_pct", "cpu_usage_ns", "mem_used_bytes", "mem_total_bytes", "mem_cache_bytes", "pids", "pids_limit", "disk_used_bytes", "disk_total_bytes", "state")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CPU_USED_PCT_FIELD_NUMBER: _ClassVar[int]
+    CPU_USAGE_NS_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    PIDS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    timestamp: _timestamp_pb2.Timestamp
+    cpu_count: float
+    cpu_used_pct: float
+    cpu_usage_ns: int
+    mem_used_bytes: int
+    mem_total_bytes: int
+    mem_cache_bytes: int
+    pids: int
+    pids_limit: int
+    disk_used_bytes: int
+    disk_total_bytes: int
+    state: SandboxState
+    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cpu_count: _Optional[float] = ..., cpu_used_pct: _Optional[float] = ..., cpu_usage_ns: _Optional[int] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_cache_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., pids_limit: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., state: _Optional[_Union[SandboxState, str]] = ...) -> None: ...
+
+class GetSandboxMetricsResponse(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: SandboxMetrics
+    def __init__(self, metrics: _Optional[_Union[SandboxMetrics, _Mapping]] = ...) -> None: ...
+
+class SandboxSelector(_message.Message):
+    __slots__ = ("labels", "task_id", "ids")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    task_id: str
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchFailure(_message.Message):
+    __slots__ = ("sandbox_id", "error_code", "error_message")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    error_code: str
+    error_message: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class PauseSandboxesRequest(_message.Message):
+    __slots__ = ("selector",)
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    selector: SandboxSelector
+    def __init__(self, selector: _Optional[_Union[SandboxSelector, _Mapping]] = ...) -> None: ...
+
+class PauseSandboxesResponse(_message.Message):
+    __slots__ = ("sandboxes", "failures")
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
+    failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
+
+class ResumeSandboxesRequest(_message.Message):
+    __slots__ = ("selector", "timeout_seconds")
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    selector: SandboxSelector
+    timeout_seconds: int
+    def __init__(self, selector: _Optional[_Union[SandboxSelector, _Mapping]] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class ResumeSandboxesResponse(_message.Message):
+    __slots__ = ("sandboxes", "failures")
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
+    failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
 
 class ExecStart(_message.Message):
     __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag")

@@ -70,6 +70,31 @@ class SandboxServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.FromString,
                 _registered_method=True)
+        self.PauseSandbox = channel.unary_unary(
+                '/opendsec.v1.SandboxService/PauseSandbox',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+                _registered_method=True)
+        self.ResumeSandbox = channel.unary_unary(
+                '/opendsec.v1.SandboxService/ResumeSandbox',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+                _registered_method=True)
+        self.GetSandboxMetrics = channel.unary_unary(
+                '/opendsec.v1.SandboxService/GetSandboxMetrics',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsResponse.FromString,
+                _registered_method=True)
+        self.PauseSandboxes = channel.unary_unary(
+                '/opendsec.v1.SandboxService/PauseSandboxes',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesResponse.FromString,
+                _registered_method=True)
+        self.ResumeSandboxes = channel.unary_unary(
+                '/opendsec.v1.SandboxService/ResumeSandboxes',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer(object):
@@ -126,6 +151,48 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseSandbox(self, request, context):
+        """PauseSandbox freezes every process of a sandbox (cgroup freezer for
+        containers). Memory and files are kept; a paused sandbox is never stopped
+        by its lifetime or idle timeout (its lifetime clock stops) and persists
+        until resumed or stopped. Exec, files and ports answer failed_precondition
+        while paused. Idempotent: pausing a paused sandbox succeeds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandbox(self, request, context):
+        """ResumeSandbox thaws a paused sandbox; its lifetime continues with what
+        was left when it was paused (or timeout_seconds when given). Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSandboxMetrics(self, request, context):
+        """GetSandboxMetrics reports a sandbox's current resource use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSandboxes(self, request, context):
+        """PauseSandboxes pauses every sandbox matching a selector (labels, task_id
+        or ids), concurrently on every node: the preemption case of a training
+        job. Failures are per sandbox.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandboxes(self, request, context):
+        """ResumeSandboxes resumes every sandbox matching a selector.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +230,31 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.SetNetwork,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.SerializeToString,
+            ),
+            'PauseSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandbox,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.SerializeToString,
+            ),
+            'ResumeSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandbox,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
+            ),
+            'GetSandboxMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSandboxMetrics,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsResponse.SerializeToString,
+            ),
+            'PauseSandboxes': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandboxes,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesResponse.SerializeToString,
+            ),
+            'ResumeSandboxes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandboxes,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +447,141 @@ class SandboxService(object):
             '/opendsec.v1.SandboxService/SetNetwork',
             opendsec_dot_v1_dot_sandbox__pb2.SetNetworkRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.SetNetworkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/PauseSandbox',
+            opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/ResumeSandbox',
+            opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSandboxMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/GetSandboxMetrics',
+            opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.GetSandboxMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSandboxes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/PauseSandboxes',
+            opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.PauseSandboxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSandboxes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/ResumeSandboxes',
+            opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.FromString,
             options,
             channel_credentials,
             insecure,
