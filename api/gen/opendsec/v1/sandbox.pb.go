@@ -4116,6 +4116,287 @@ func (x *HTTPRequestResponse) GetBody() []byte {
 	return nil
 }
 
+type ConnectPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ConnectPortRequest_Start
+	//	*ConnectPortRequest_Data
+	//	*ConnectPortRequest_CloseWrite
+	Msg           isConnectPortRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPortRequest) Reset() {
+	*x = ConnectPortRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPortRequest) ProtoMessage() {}
+
+func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPortRequest.ProtoReflect.Descriptor instead.
+func (*ConnectPortRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ConnectPortRequest) GetMsg() isConnectPortRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ConnectPortRequest) GetStart() *ConnectPortStart {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectPortRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *ConnectPortRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectPortRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ConnectPortRequest) GetCloseWrite() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectPortRequest_CloseWrite); ok {
+			return x.CloseWrite
+		}
+	}
+	return false
+}
+
+type isConnectPortRequest_Msg interface {
+	isConnectPortRequest_Msg()
+}
+
+type ConnectPortRequest_Start struct {
+	Start *ConnectPortStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type ConnectPortRequest_Data struct {
+	// Bytes to write to the connection.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type ConnectPortRequest_CloseWrite struct {
+	// Half-close: no more data from the caller (the port sees EOF).
+	CloseWrite bool `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3,oneof"`
+}
+
+func (*ConnectPortRequest_Start) isConnectPortRequest_Msg() {}
+
+func (*ConnectPortRequest_Data) isConnectPortRequest_Msg() {}
+
+func (*ConnectPortRequest_CloseWrite) isConnectPortRequest_Msg() {}
+
+type ConnectPortStart struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// TCP port inside the sandbox, 1-65535.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// Dial timeout; 0 means the server default (10 s).
+	TimeoutMs     int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPortStart) Reset() {
+	*x = ConnectPortStart{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPortStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPortStart) ProtoMessage() {}
+
+func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPortStart.ProtoReflect.Descriptor instead.
+func (*ConnectPortStart) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ConnectPortStart) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ConnectPortStart) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ConnectPortStart) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type ConnectPortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ConnectPortResponse_Connected
+	//	*ConnectPortResponse_Data
+	Event         isConnectPortResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPortResponse) Reset() {
+	*x = ConnectPortResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPortResponse) ProtoMessage() {}
+
+func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPortResponse.ProtoReflect.Descriptor instead.
+func (*ConnectPortResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ConnectPortResponse) GetEvent() isConnectPortResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ConnectPortResponse) GetConnected() *ConnectPortConnected {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPortResponse_Connected); ok {
+			return x.Connected
+		}
+	}
+	return nil
+}
+
+func (x *ConnectPortResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPortResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isConnectPortResponse_Event interface {
+	isConnectPortResponse_Event()
+}
+
+type ConnectPortResponse_Connected struct {
+	Connected *ConnectPortConnected `protobuf:"bytes,1,opt,name=connected,proto3,oneof"`
+}
+
+type ConnectPortResponse_Data struct {
+	// Bytes read from the connection.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*ConnectPortResponse_Connected) isConnectPortResponse_Event() {}
+
+func (*ConnectPortResponse_Data) isConnectPortResponse_Event() {}
+
+type ConnectPortConnected struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPortConnected) Reset() {
+	*x = ConnectPortConnected{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPortConnected) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPortConnected) ProtoMessage() {}
+
+func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPortConnected.ProtoReflect.Descriptor instead.
+func (*ConnectPortConnected) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
+}
+
 var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
@@ -4414,7 +4695,24 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x13HTTPRequestResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12-\n" +
 	"\aheaders\x18\x02 \x03(\v2\x13.opendsec.v1.HeaderR\aheaders\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\fR\x04body*\xcf\x01\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"\x8b\x01\n" +
+	"\x12ConnectPortRequest\x125\n" +
+	"\x05start\x18\x01 \x01(\v2\x1d.opendsec.v1.ConnectPortStartH\x00R\x05start\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
+	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
+	"closeWriteB\x05\n" +
+	"\x03msg\"d\n" +
+	"\x10ConnectPortStart\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"w\n" +
+	"\x13ConnectPortResponse\x12A\n" +
+	"\tconnected\x18\x01 \x01(\v2!.opendsec.v1.ConnectPortConnectedH\x00R\tconnected\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\a\n" +
+	"\x05event\"\x16\n" +
+	"\x14ConnectPortConnected*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -4457,9 +4755,10 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04Stat\x12\x18.opendsec.v1.StatRequest\x1a\x19.opendsec.v1.StatResponse\x12A\n" +
 	"\x06Remove\x12\x1a.opendsec.v1.RemoveRequest\x1a\x1b.opendsec.v1.RemoveResponse\x12D\n" +
 	"\aMakeDir\x12\x1b.opendsec.v1.MakeDirRequest\x1a\x1c.opendsec.v1.MakeDirResponse\x12;\n" +
-	"\x04Move\x12\x18.opendsec.v1.MoveRequest\x1a\x19.opendsec.v1.MoveResponse2_\n" +
+	"\x04Move\x12\x18.opendsec.v1.MoveRequest\x1a\x19.opendsec.v1.MoveResponse2\xb5\x01\n" +
 	"\vPortService\x12P\n" +
-	"\vHTTPRequest\x12\x1f.opendsec.v1.HTTPRequestRequest\x1a .opendsec.v1.HTTPRequestResponseB=Z;github.com/kernflux/opendsec/api/gen/opendsec/v1;opendsecv1b\x06proto3"
+	"\vHTTPRequest\x12\x1f.opendsec.v1.HTTPRequestRequest\x1a .opendsec.v1.HTTPRequestResponse\x12T\n" +
+	"\vConnectPort\x12\x1f.opendsec.v1.ConnectPortRequest\x1a .opendsec.v1.ConnectPortResponse(\x010\x01B=Z;github.com/kernflux/opendsec/api/gen/opendsec/v1;opendsecv1b\x06proto3"
 
 var (
 	file_opendsec_v1_sandbox_proto_rawDescOnce sync.Once
@@ -4474,7 +4773,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -4543,46 +4842,50 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*Header)(nil),                       // 64: opendsec.v1.Header
 	(*HTTPRequestRequest)(nil),           // 65: opendsec.v1.HTTPRequestRequest
 	(*HTTPRequestResponse)(nil),          // 66: opendsec.v1.HTTPRequestResponse
-	nil,                                  // 67: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 68: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 69: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 70: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 71: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 72: google.protobuf.Timestamp
+	(*ConnectPortRequest)(nil),           // 67: opendsec.v1.ConnectPortRequest
+	(*ConnectPortStart)(nil),             // 68: opendsec.v1.ConnectPortStart
+	(*ConnectPortResponse)(nil),          // 69: opendsec.v1.ConnectPortResponse
+	(*ConnectPortConnected)(nil),         // 70: opendsec.v1.ConnectPortConnected
+	nil,                                  // 71: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 72: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 73: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 74: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 75: opendsec.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	67, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	68, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	71, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	72, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	72, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	72, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	72, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	76, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	76, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	76, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	69, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	73, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 18: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 19: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 20: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	72, // 21: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	76, // 21: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 22: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
 	25, // 23: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	70, // 24: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	74, // 24: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
 	27, // 25: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 26: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	28, // 27: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
 	27, // 28: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 29: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	28, // 30: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	71, // 31: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	75, // 31: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
 	34, // 32: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
 	33, // 33: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
 	34, // 34: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
@@ -4591,7 +4894,7 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	39, // 37: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
 	34, // 38: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
 	1,  // 39: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	72, // 40: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	76, // 40: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
 	51, // 41: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
 	48, // 42: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
 	48, // 43: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
@@ -4600,61 +4903,65 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	48, // 46: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
 	64, // 47: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
 	64, // 48: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	6,  // 49: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 50: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 51: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 52: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 53: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 54: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 55: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	20, // 56: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	22, // 57: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	24, // 58: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	29, // 59: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	31, // 60: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	35, // 61: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	40, // 62: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	42, // 63: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	44, // 64: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	46, // 65: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	49, // 66: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	52, // 67: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	54, // 68: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	56, // 69: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	58, // 70: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	60, // 71: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	62, // 72: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	65, // 73: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	7,  // 74: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 75: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 76: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 77: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 78: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 79: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 80: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	21, // 81: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	23, // 82: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	26, // 83: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	30, // 84: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	32, // 85: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	36, // 86: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	41, // 87: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	43, // 88: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	45, // 89: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	47, // 90: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	50, // 91: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	53, // 92: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	55, // 93: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	57, // 94: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	59, // 95: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	61, // 96: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	63, // 97: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	66, // 98: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	74, // [74:99] is the sub-list for method output_type
-	49, // [49:74] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	68, // 49: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
+	70, // 50: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
+	6,  // 51: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 52: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 53: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 54: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 55: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 56: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 57: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	20, // 58: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	22, // 59: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	24, // 60: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	29, // 61: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	31, // 62: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	35, // 63: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	40, // 64: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	42, // 65: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	44, // 66: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	46, // 67: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	49, // 68: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	52, // 69: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	54, // 70: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	56, // 71: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	58, // 72: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	60, // 73: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	62, // 74: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	65, // 75: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	67, // 76: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 77: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 78: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 79: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 80: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 81: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 82: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 83: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	21, // 84: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	23, // 85: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	26, // 86: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	30, // 87: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	32, // 88: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	36, // 89: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	41, // 90: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	43, // 91: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	45, // 92: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	47, // 93: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	50, // 94: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	53, // 95: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	55, // 96: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	57, // 97: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	59, // 98: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	61, // 99: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	63, // 100: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	66, // 101: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	69, // 102: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	77, // [77:103] is the sub-list for method output_type
+	51, // [51:77] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -4681,13 +4988,22 @@ func file_opendsec_v1_sandbox_proto_init() {
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
+	file_opendsec_v1_sandbox_proto_msgTypes[65].OneofWrappers = []any{
+		(*ConnectPortRequest_Start)(nil),
+		(*ConnectPortRequest_Data)(nil),
+		(*ConnectPortRequest_CloseWrite)(nil),
+	}
+	file_opendsec_v1_sandbox_proto_msgTypes[67].OneofWrappers = []any{
+		(*ConnectPortResponse_Connected)(nil),
+		(*ConnectPortResponse_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   70,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

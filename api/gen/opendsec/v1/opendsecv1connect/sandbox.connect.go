@@ -108,6 +108,8 @@ const (
 	FileServiceMoveProcedure = "/opendsec.v1.FileService/Move"
 	// PortServiceHTTPRequestProcedure is the fully-qualified name of the PortService's HTTPRequest RPC.
 	PortServiceHTTPRequestProcedure = "/opendsec.v1.PortService/HTTPRequest"
+	// PortServiceConnectPortProcedure is the fully-qualified name of the PortService's ConnectPort RPC.
+	PortServiceConnectPortProcedure = "/opendsec.v1.PortService/ConnectPort"
 )
 
 // SandboxServiceClient is a client for the opendsec.v1.SandboxService service.
@@ -920,6 +922,14 @@ func (UnimplementedFileServiceHandler) Move(context.Context, *connect.Request[v1
 type PortServiceClient interface {
 	// HTTPRequest sends one HTTP request to a port inside the sandbox.
 	HTTPRequest(context.Context, *connect.Request[v1.HTTPRequestRequest]) (*connect.Response[v1.HTTPRequestResponse], error)
+	// ConnectPort opens a raw TCP stream to a port inside the sandbox. The
+	// first request must be `start`; the first response is `connected` (or an
+	// error, e.g. unavailable "connection refused in sandbox" when nothing
+	// listens on the port). Then requests carry bytes to the port and
+	// responses carry bytes from it; `close_write` (or ending the request
+	// stream) half-closes, so the port reads EOF. The response stream ends when
+	// the sandbox side closes the connection.
+	ConnectPort(context.Context) *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse]
 }
 
 // NewPortServiceClient constructs a client for the opendsec.v1.PortService service. By default, it
@@ -939,12 +949,19 @@ func NewPortServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(portServiceMethods.ByName("HTTPRequest")),
 			connect.WithClientOptions(opts...),
 		),
+		connectPort: connect.NewClient[v1.ConnectPortRequest, v1.ConnectPortResponse](
+			httpClient,
+			baseURL+PortServiceConnectPortProcedure,
+			connect.WithSchema(portServiceMethods.ByName("ConnectPort")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // portServiceClient implements PortServiceClient.
 type portServiceClient struct {
 	hTTPRequest *connect.Client[v1.HTTPRequestRequest, v1.HTTPRequestResponse]
+	connectPort *connect.Client[v1.ConnectPortRequest, v1.ConnectPortResponse]
 }
 
 // HTTPRequest calls opendsec.v1.PortService.HTTPRequest.
@@ -952,10 +969,23 @@ func (c *portServiceClient) HTTPRequest(ctx context.Context, req *connect.Reques
 	return c.hTTPRequest.CallUnary(ctx, req)
 }
 
+// ConnectPort calls opendsec.v1.PortService.ConnectPort.
+func (c *portServiceClient) ConnectPort(ctx context.Context) *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse] {
+	return c.connectPort.CallBidiStream(ctx)
+}
+
 // PortServiceHandler is an implementation of the opendsec.v1.PortService service.
 type PortServiceHandler interface {
 	// HTTPRequest sends one HTTP request to a port inside the sandbox.
 	HTTPRequest(context.Context, *connect.Request[v1.HTTPRequestRequest]) (*connect.Response[v1.HTTPRequestResponse], error)
+	// ConnectPort opens a raw TCP stream to a port inside the sandbox. The
+	// first request must be `start`; the first response is `connected` (or an
+	// error, e.g. unavailable "connection refused in sandbox" when nothing
+	// listens on the port). Then requests carry bytes to the port and
+	// responses carry bytes from it; `close_write` (or ending the request
+	// stream) half-closes, so the port reads EOF. The response stream ends when
+	// the sandbox side closes the connection.
+	ConnectPort(context.Context, *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error
 }
 
 // NewPortServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -971,10 +1001,18 @@ func NewPortServiceHandler(svc PortServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(portServiceMethods.ByName("HTTPRequest")),
 		connect.WithHandlerOptions(opts...),
 	)
+	portServiceConnectPortHandler := connect.NewBidiStreamHandler(
+		PortServiceConnectPortProcedure,
+		svc.ConnectPort,
+		connect.WithSchema(portServiceMethods.ByName("ConnectPort")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.PortService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PortServiceHTTPRequestProcedure:
 			portServiceHTTPRequestHandler.ServeHTTP(w, r)
+		case PortServiceConnectPortProcedure:
+			portServiceConnectPortHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -986,4 +1024,8 @@ type UnimplementedPortServiceHandler struct{}
 
 func (UnimplementedPortServiceHandler) HTTPRequest(context.Context, *connect.Request[v1.HTTPRequestRequest]) (*connect.Response[v1.HTTPRequestResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.PortService.HTTPRequest is not implemented"))
+}
+
+func (UnimplementedPortServiceHandler) ConnectPort(context.Context, *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.PortService.ConnectPort is not implemented"))
 }

@@ -690,3 +690,35 @@ class HTTPRequestResponse(_message.Message):
     headers: _containers.RepeatedCompositeFieldContainer[Header]
     body: bytes
     def __init__(self, status: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class ConnectPortRequest(_message.Message):
+    __slots__ = ("start", "data", "close_write")
+    START_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_WRITE_FIELD_NUMBER: _ClassVar[int]
+    start: ConnectPortStart
+    data: bytes
+    close_write: bool
+    def __init__(self, start: _Optional[_Union[ConnectPortStart, _Mapping]] = ..., data: _Optional[bytes] = ..., close_write: bool = ...) -> None: ...
+
+class ConnectPortStart(_message.Message):
+    __slots__ = ("sandbox_id", "port", "timeout_ms")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    port: int
+    timeout_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., port: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ConnectPortResponse(_message.Message):
+    __slots__ = ("connected", "data")
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    connected: ConnectPortConnected
+    data: bytes
+    def __init__(self, connected: _Optional[_Union[ConnectPortConnected, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ConnectPortConnected(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1193,6 +1193,11 @@ class PortServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestResponse.FromString,
                 _registered_method=True)
+        self.ConnectPort = channel.stream_stream(
+                '/opendsec.v1.PortService/ConnectPort',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ConnectPortRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ConnectPortResponse.FromString,
+                _registered_method=True)
 
 
 class PortServiceServicer(object):
@@ -1206,6 +1211,19 @@ class PortServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectPort(self, request_iterator, context):
+        """ConnectPort opens a raw TCP stream to a port inside the sandbox. The
+        first request must be `start`; the first response is `connected` (or an
+        error, e.g. unavailable "connection refused in sandbox" when nothing
+        listens on the port). Then requests carry bytes to the port and
+        responses carry bytes from it; `close_write` (or ending the request
+        stream) half-closes, so the port reads EOF. The response stream ends when
+        the sandbox side closes the connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PortServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1213,6 +1231,11 @@ def add_PortServiceServicer_to_server(servicer, server):
                     servicer.HTTPRequest,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestResponse.SerializeToString,
+            ),
+            'ConnectPort': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConnectPort,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ConnectPortRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ConnectPortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1243,6 +1266,33 @@ class PortService(object):
             '/opendsec.v1.PortService/HTTPRequest',
             opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.HTTPRequestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectPort(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/opendsec.v1.PortService/ConnectPort',
+            opendsec_dot_v1_dot_sandbox__pb2.ConnectPortRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.ConnectPortResponse.FromString,
             options,
             channel_credentials,
             insecure,
