@@ -83,8 +83,10 @@ type newSandboxJSON struct {
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	VolumeMounts []json.RawMessage `json:"volumeMounts"`
-	MCP          json.RawMessage   `json:"mcp"`
+	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkJSON      `json:"network"`
 }
 
 func (g *Gateway) apiMux() http.Handler {
@@ -103,9 +105,10 @@ func (g *Gateway) apiMux() http.Handler {
 	h("POST /sandboxes/{id}/pause", g.pause)
 	h("POST /sandboxes/{id}/resume", g.resume)
 	h("GET /sandboxes/{id}/metrics", g.metrics)
+	h("PUT /sandboxes/{id}/network", g.updateNetwork)
 	for _, p := range []string{
 		"POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/snapshots", "GET /snapshots",
-		"PUT /sandboxes/{id}/network", "GET /sandboxes/metrics", "GET /sandboxes/{id}/logs",
+		"GET /sandboxes/metrics", "GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
 		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
 	} {
@@ -237,6 +240,18 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
+		network, err := createNetwork(req.AllowInternetAccess, req.Network)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+			if !secure {
+				writeError(w, http.StatusBadRequest, "network.allowPublicTraffic: false needs a secure sandbox; drop secure=false")
+				return
+			}
+			labels[labelPrivate] = "true"
+		}
 		spec := &v1.SandboxSpec{
 			Image:          g.imageFor(req.TemplateID),
 			TimeoutSeconds: timeout,
@@ -244,6 +259,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Labels:         labels,
 			User:           g.cfg.User,
 			Workdir:        homeOf(g.cfg.User),
+			Network:        network,
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil {
@@ -280,6 +296,10 @@ func (g *Gateway) sandboxOf(sb *v1.Sandbox) sandboxJSON {
 	if l[labelSecure] == "true" {
 		out.EnvdAccessToken = g.accessToken(sb.GetId())
 	}
+	if l[labelPrivate] == "true" {
+		t := g.trafficToken(sb.GetId())
+		out.TrafficAccessToken = &t
+	}
 	return out
 }
 
@@ -311,9 +331,8 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 	}
 	if full {
 		d := g.cfg.Domain
-		allow := true
 		out.Domain = &d
-		out.AllowInternetAccess = &allow
+		out.AllowInternetAccess = internetAllowed(sb.GetSpec().GetNetwork())
 		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
 		if l[labelSecure] == "true" {
 			out.EnvdAccessToken = g.accessToken(sb.GetId())

@@ -90,6 +90,17 @@ func (f *fakeAPI) SetTimeout(_ context.Context, r *connect.Request[v1.SetTimeout
 	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: sb}), nil
 }
 
+func (f *fakeAPI) SetNetwork(_ context.Context, r *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[r.Msg.GetId()]
+	if !ok {
+		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "sandbox not found"))
+	}
+	sb.Spec.Network = r.Msg.GetNetwork()
+	return connect.NewResponse(&v1.SetNetworkResponse{Sandbox: sb}), nil
+}
+
 type harness struct {
 	t       *testing.T
 	api     *fakeAPI

@@ -55,6 +55,7 @@ const (
 	labelTeam     = "e2b.sys/team"
 	labelTemplate = "e2b.sys/template"
 	labelSecure   = "e2b.sys/secure"
+	labelPrivate  = "e2b.sys/private"
 	labelMeta     = "e2b.meta/"
 )
 
@@ -66,6 +67,7 @@ type SandboxAPI interface {
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	SetNetwork(context.Context, *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error)
 }
 
 // Config configures a Gateway.
@@ -107,8 +109,9 @@ type Gateway struct {
 }
 
 type cachedSandbox struct {
-	secure bool
-	at     time.Time
+	secure  bool // envd needs the access token
+	private bool // user ports need the traffic access token
+	at      time.Time
 }
 
 // New checks cfg and returns a Gateway.

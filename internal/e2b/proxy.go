@@ -53,38 +53,39 @@ func writeSandboxNotFound(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, notFoundBody{SandboxID: id, Message: "The sandbox was not found", Code: http.StatusBadGateway})
 }
 
-// sandboxSecure reports whether sandbox id is running and whether it
-// requires its access token, using a short-lived cache unless fresh.
-func (g *Gateway) sandboxSecure(ctx context.Context, id string, fresh bool) (running, secure bool, err error) {
+// sandboxSecure reports whether sandbox id is running and which tokens its
+// traffic needs, using a short-lived cache unless fresh.
+func (g *Gateway) sandboxSecure(ctx context.Context, id string, fresh bool) (running bool, c cachedSandbox, err error) {
 	g.cacheMu.Lock()
 	c, ok := g.cache[id]
 	g.cacheMu.Unlock()
 	if ok && !fresh && time.Since(c.at) < cacheTTL {
-		return true, c.secure, nil
+		return true, c, nil
 	}
 	resp, err := g.cfg.API.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Id: id}))
 	if err != nil {
 		err = errdefs.FromConnect(err)
 		if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
 			g.forget(id)
-			return false, false, nil
+			return false, cachedSandbox{}, nil
 		}
-		return false, false, fmt.Errorf("get sandbox: %w", err)
+		return false, cachedSandbox{}, fmt.Errorf("get sandbox: %w", err)
 	}
 	sb := resp.Msg.GetSandbox()
 	if sb.GetState() != v1.SandboxState_SANDBOX_STATE_RUNNING || sb.GetSpec().GetLabels()[labelTeam] == "" {
 		// Paused, stopping, or not made through the gateway.
 		g.forget(id)
-		return false, false, nil
+		return false, cachedSandbox{}, nil
 	}
-	secure = sb.GetSpec().GetLabels()[labelSecure] == "true"
+	l := sb.GetSpec().GetLabels()
+	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", at: time.Now()}
 	g.cacheMu.Lock()
 	if len(g.cache) > 100000 {
 		clear(g.cache)
 	}
-	g.cache[id] = cachedSandbox{secure: secure, at: time.Now()}
+	g.cache[id] = c
 	g.cacheMu.Unlock()
-	return true, secure, nil
+	return true, c, nil
 }
 
 func (g *Gateway) forget(id string) {
@@ -110,7 +111,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	health := port == EnvdPort && r.URL.Path == "/health"
-	running, secure, err := g.sandboxSecure(r.Context(), id, health)
+	running, sec, err := g.sandboxSecure(r.Context(), id, health)
 	if err != nil {
 		log.G(r.Context()).Warn("look up sandbox for proxy", log.SandboxID(id), log.Err(err))
 		writeError(w, http.StatusBadGateway, "cannot look up sandbox %s: %s", id, err.Error())
@@ -121,10 +122,16 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	if port != EnvdPort {
+		if sec.private && !g.checkTrafficToken(r, id) {
+			writeJSON(w, http.StatusForbidden, portClosedBody{
+				SandboxID: id, Message: "Missing or invalid traffic access token (e2b-traffic-access-token header)", Port: port, Code: http.StatusForbidden,
+			})
+			return
+		}
 		g.proxyPort(w, r, base, id, port)
 		return
 	}
-	if secure && !health {
+	if sec.secure && !health {
 		if status, msg := g.checkEnvdAuth(r, id); status != 0 {
 			writeError(w, status, "%s", msg)
 			return
@@ -224,6 +231,7 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id str
 			pr.Out.Header.Del(auth.TokenHeader)
 			pr.Out.Header.Del("E2b-Sandbox-Id")
 			pr.Out.Header.Del("E2b-Sandbox-Port")
+			pr.Out.Header.Del("E2b-Traffic-Access-Token")
 			pr.SetXForwarded()
 		},
 		Transport:     tr,

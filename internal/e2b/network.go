@@ -1,0 +1,263 @@
+package e2b
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// maxEgressEntries caps allowOut and denyOut, each.
+const maxEgressEntries = 64
+
+// allTraffic is E2B's "every destination" (the SDKs' ctx.all_traffic).
+const allTraffic = "0.0.0.0/0"
+
+// denyAllRule is how the gateway asks for "no egress at all" on create,
+// where an empty OpenDsec policy means the node's default rule sets: one
+// rule that matches no real destination.
+var denyAllRule = &v1.NetworkRule{Cidr: "0.0.0.0/32"}
+
+// networkJSON is E2B's SandboxNetworkConfig (create) and, with
+// allow_internet_access, SandboxNetworkUpdateConfig (PUT .../network).
+type networkJSON struct {
+	AllowPublicTraffic  *bool           `json:"allowPublicTraffic"`
+	AllowOut            []string        `json:"allowOut"`
+	DenyOut             []string        `json:"denyOut"`
+	EgressProxy         json.RawMessage `json:"egressProxy"`
+	MaskRequestHost     *string         `json:"maskRequestHost"`
+	HTTPSPorts          []uint32        `json:"httpsPorts"`
+	Rules               json.RawMessage `json:"rules"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+}
+
+func present(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s != "" && s != "null" && s != "{}"
+}
+
+// unsupported refuses the E2B network features OpenDsec has no equivalent
+// for, naming the field.
+func (n *networkJSON) unsupported(prefix string) error {
+	switch {
+	case present(n.EgressProxy):
+		return errdefs.Invalid(prefix+"egressProxy", "is not supported by OpenDsec's E2B gateway; leave it unset")
+	case present(n.Rules):
+		return errdefs.Invalid(prefix+"rules", "(header transforms) are not supported by OpenDsec's E2B gateway; leave them unset")
+	case n.MaskRequestHost != nil && *n.MaskRequestHost != "":
+		return errdefs.Invalid(prefix+"maskRequestHost", "is not supported by OpenDsec's E2B gateway; leave it unset")
+	}
+	for i, p := range n.HTTPSPorts {
+		if p < 1 || p > 65535 || p == EnvdPort {
+			return errdefs.Invalid(fmt.Sprintf("%shttpsPorts[%d]", prefix, i), "%d must be a port between 1 and 65535 other than %d", p, EnvdPort)
+		}
+	}
+	return nil
+}
+
+var domainRe = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// parseIPv4 parses an IPv4 address or prefix; ok is false for anything
+// else (a domain).
+func parseIPv4(s string) (netip.Prefix, bool, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, true, err
+		}
+		if !p.Addr().Is4() {
+			return netip.Prefix{}, true, fmt.Errorf("is IPv6; IPv6 is off in sandboxes")
+		}
+		return p.Masked(), true, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, false, nil
+	}
+	if !a.Is4() {
+		return netip.Prefix{}, true, fmt.Errorf("is IPv6; IPv6 is off in sandboxes")
+	}
+	return netip.PrefixFrom(a, 32), true, nil
+}
+
+// egressPolicy maps E2B's egress settings onto an OpenDsec network policy.
+// E2B allows all egress unless denied; denyOut holds CIDRs and IPs, allowOut
+// CIDRs, IPs and domains, and an allowOut entry wins over a denyOut one.
+// OpenDsec policies only allow, so "everything but denyOut" becomes the
+// complement of denyOut as a list of prefixes. The node still blocks what it
+// always blocks (itself, other sandboxes, metadata addresses). prefix names
+// the request's fields in errors ("network.").
+func egressPolicy(prefix string, allowInternet *bool, allowOut, denyOut []string) (*v1.NetworkPolicy, error) {
+	if len(allowOut) > maxEgressEntries {
+		return nil, errdefs.Invalid(prefix+"allowOut", "has %d entries; at most %d are allowed", len(allowOut), maxEgressEntries)
+	}
+	if len(denyOut) > maxEgressEntries {
+		return nil, errdefs.Invalid(prefix+"denyOut", "has %d entries; at most %d are allowed", len(denyOut), maxEgressEntries)
+	}
+	internet := allowInternet == nil || *allowInternet
+	var denies []netip.Prefix
+	for i, s := range denyOut {
+		p, isIP, err := parseIPv4(strings.TrimSpace(s))
+		if !isIP || err != nil {
+			msg := "is not an IPv4 address or CIDR (like \"10.0.0.0/8\"); denyOut takes no domains"
+			if err != nil {
+				msg = err.Error()
+			}
+			return nil, errdefs.Invalid(fmt.Sprintf("%sdenyOut[%d]", prefix, i), "%q %s", s, msg)
+		}
+		if p.Bits() == 0 {
+			internet = false
+		}
+		denies = append(denies, p)
+	}
+	pol := &v1.NetworkPolicy{}
+	for i, s := range allowOut {
+		s = strings.ToLower(strings.TrimSpace(s))
+		field := fmt.Sprintf("%sallowOut[%d]", prefix, i)
+		p, isIP, err := parseIPv4(s)
+		switch {
+		case err != nil:
+			return nil, errdefs.Invalid(field, "%q %s", s, err.Error())
+		case isIP:
+			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
+		case !domainRe.MatchString(s) || len(s) > 253:
+			return nil, errdefs.Invalid(field, "%q is not an IPv4 address, CIDR or domain (like \"pypi.org\" or \"*.example.com\")", s)
+		case internet:
+			return nil, errdefs.Invalid(field, "domain %q needs all other egress denied: add %q to denyOut (or set allow_internet_access to false)", s, allTraffic)
+		default:
+			pol.Allow = append(pol.Allow, &v1.NetworkRule{Domain: s})
+		}
+	}
+	if internet {
+		for _, p := range complement(netip.MustParsePrefix(allTraffic), denies) {
+			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
+		}
+	}
+	if len(pol.Allow) == 0 {
+		pol.Allow = []*v1.NetworkRule{denyAllRule}
+	}
+	return pol, nil
+}
+
+// complement returns the prefixes covering p minus every prefix in out, in
+// address order (at most 32 per excluded prefix).
+func complement(p netip.Prefix, out []netip.Prefix) []netip.Prefix {
+	overlaps := false
+	for _, o := range out {
+		if o.Bits() <= p.Bits() && o.Contains(p.Addr()) {
+			return nil // p is wholly excluded
+		}
+		if p.Overlaps(o) {
+			overlaps = true
+		}
+	}
+	if !overlaps {
+		return []netip.Prefix{p}
+	}
+	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
+	a := p.Addr().As4()
+	bit := p.Bits()
+	a[bit/8] |= 0x80 >> (bit % 8)
+	hi := netip.PrefixFrom(netip.AddrFrom4(a), p.Bits()+1)
+	return append(complement(lo, out), complement(hi, out)...)
+}
+
+// internetAllowed reports whether a policy made by egressPolicy lets the
+// sandbox reach the internet at large (nil: the node's default).
+func internetAllowed(pol *v1.NetworkPolicy) *bool {
+	if pol == nil {
+		return nil
+	}
+	// The complement of a denyOut list always holds a prefix of /7 or
+	// shorter; explicit allowOut entries (and the deny-all rule) never do
+	// unless they name most of the internet.
+	allowed := false
+	for _, r := range pol.GetAllow() {
+		if p, err := netip.ParsePrefix(r.GetCidr()); err == nil && p.Bits() < 8 {
+			allowed = true
+		}
+	}
+	return &allowed
+}
+
+// createNetwork maps a create request's allow_internet_access and network
+// onto a policy. Neither given: nil, the node's default rule sets.
+func createNetwork(allowInternet *bool, n *networkJSON) (*v1.NetworkPolicy, error) {
+	if n != nil {
+		if err := n.unsupported("network."); err != nil {
+			return nil, err
+		}
+	}
+	if allowInternet == nil && (n == nil || (n.AllowOut == nil && n.DenyOut == nil)) {
+		return nil, nil
+	}
+	var allowOut, denyOut []string
+	if n != nil {
+		allowOut, denyOut = n.AllowOut, n.DenyOut
+	}
+	return egressPolicy("network.", allowInternet, allowOut, denyOut)
+}
+
+// updateNetwork serves PUT /sandboxes/{id}/network: the body replaces the
+// sandbox's whole egress configuration (omitted fields are cleared, so {}
+// allows all egress, as in E2B).
+func (g *Gateway) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var body networkJSON
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := body.unsupported(""); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if body.AllowPublicTraffic != nil || body.HTTPSPorts != nil {
+		writeError(w, http.StatusBadRequest, "allowPublicTraffic and httpsPorts can only be set when the sandbox is created")
+		return
+	}
+	pol, err := egressPolicy("", body.AllowInternetAccess, body.AllowOut, body.DenyOut)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if stateOf(sb) != "running" {
+		writeError(w, http.StatusConflict, "sandbox %s is %s; its network can be changed only while it runs", sb.GetId(), stateOf(sb))
+		return
+	}
+	if _, err := g.cfg.API.SetNetwork(r.Context(), connect.NewRequest(&v1.SetNetworkRequest{Id: sb.GetId(), Network: pol})); err != nil {
+		writeErr(w, fmt.Errorf("set network: %w", errdefs.FromConnect(err)))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// trafficToken is the traffic access token of sandbox id: what requests to
+// its user ports must carry when it was created with allowPublicTraffic
+// false.
+func (g *Gateway) trafficToken(id string) string {
+	m := hmac.New(sha256.New, g.cfg.Secret)
+	m.Write([]byte("e2b traffic access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// checkTrafficToken reports whether r carries sandbox id's traffic token.
+func (g *Gateway) checkTrafficToken(r *http.Request, id string) bool {
+	tok := r.Header.Get("E2b-Traffic-Access-Token")
+	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(g.trafficToken(id))) == 1
+}
