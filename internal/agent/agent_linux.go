@@ -195,7 +195,11 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		up, err = d.DialContext(dctx, "tcp", addr)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("port %d is not open in the sandbox", port))
+		msg := fmt.Sprintf("port %d is not open in the sandbox", port)
+		if errors.Is(err, unix.ECONNREFUSED) {
+			msg = fmt.Sprintf("connection refused in sandbox: port %d is not open (nothing listens on 127.0.0.1:%d or 0.0.0.0:%d)", port, port, port)
+		}
+		writeError(w, http.StatusBadGateway, msg)
 		return
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()

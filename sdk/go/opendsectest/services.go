@@ -354,6 +354,46 @@ func (h portService) HTTPRequest(ctx context.Context, req *connect.Request[opend
 	return connect.NewResponse(resp), nil
 }
 
+// ConnectPort behaves like an echo server listening on every port but 1:
+// data comes back as sent, and the stream ends after close_write. Port 1
+// refuses, as a port with nothing listening does.
+func (h portService) ConnectPort(ctx context.Context, stream *connect.BidiStream[opendsecv1.ConnectPortRequest, opendsecv1.ConnectPortResponse]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	st := first.GetStart()
+	if st == nil {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("start: the first message must be start"))
+	}
+	if _, err := h.s.sandbox(st.GetSandboxId()); err != nil {
+		return err
+	}
+	if st.GetPort() < 1 || st.GetPort() > 65535 {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("port: %d must be between 1 and 65535", st.GetPort()))
+	}
+	if st.GetPort() == 1 {
+		return connect.NewError(connect.CodeUnavailable, errors.New("connection refused in sandbox: port 1 is not open"))
+	}
+	if err := stream.Send(&opendsecv1.ConnectPortResponse{Event: &opendsecv1.ConnectPortResponse_Connected{Connected: &opendsecv1.ConnectPortConnected{}}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Receive()
+		if errors.Is(err, io.EOF) || m.GetCloseWrite() {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d := m.GetData(); len(d) > 0 {
+			if err := stream.Send(&opendsecv1.ConnectPortResponse{Event: &opendsecv1.ConnectPortResponse_Data{Data: d}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 // ---- processes ----
 
 // ExecIO is what an ExecFunc sees of its stream.
