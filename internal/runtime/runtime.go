@@ -134,17 +134,34 @@ type Runtime interface {
 	AgentConn(ctx context.Context, id string) (net.Conn, error)
 }
 
-// Pauser is implemented by backends that can freeze a sandbox.
+// Pauser is implemented by backends that can freeze a sandbox. Both are
+// idempotent: pausing a paused sandbox and resuming a running one succeed.
+// While paused, no process of the sandbox runs (its agent does not answer),
+// memory and files are kept, and Status reports StatePaused, also after a
+// Recover. Stop and Delete work on a paused sandbox.
 type Pauser interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
 }
 
-// Stats is a sandbox's resource use.
+// Stats is a sandbox's resource use, host-side. Zero means unknown for the
+// limits and the disk fields.
 type Stats struct {
+	// MemoryBytes is the memory charged to the sandbox, page cache included.
 	MemoryBytes int64
-	CPUNanos    uint64
-	Pids        int64
+	// MemoryCacheBytes is the page cache part of MemoryBytes.
+	MemoryCacheBytes int64
+	// MemoryLimitBytes is the sandbox's memory limit.
+	MemoryLimitBytes int64
+	// CPUNanos is the CPU time used since the sandbox started.
+	CPUNanos uint64
+	Pids     int64
+	// PidsLimit is the sandbox's process limit.
+	PidsLimit int64
+	// DiskUsedBytes is what the sandbox wrote to its writable layer;
+	// DiskTotalBytes is the size of the filesystem that holds it.
+	DiskUsedBytes  int64
+	DiskTotalBytes int64
 }
 
 // StatsReader is implemented by backends that report resource use.

@@ -189,6 +189,10 @@ func (m cgroupMounts) stats(path string) (runtime.Stats, error) {
 				st.CPUNanos = us * 1000
 			}
 		}
+		st.MemoryCacheBytes, _ = readKeyed(filepath.Join(d, "memory.stat"), "file")
+		st.MemoryLimitBytes, _ = readInt(filepath.Join(d, "memory.max"))
+		st.PidsLimit, _ = readInt(filepath.Join(d, "pids.max"))
+		st.MemoryLimitBytes, st.PidsLimit = max(st.MemoryLimitBytes, 0), max(st.PidsLimit, 0)
 		return st, nil
 	}
 	if st.MemoryBytes, err = readInt(filepath.Join(m.v1["memory"], path, "memory.usage_in_bytes")); err != nil {
@@ -202,5 +206,10 @@ func (m cgroupMounts) stats(path string) (runtime.Stats, error) {
 		return st, fmt.Errorf("read cpuacct.usage: %w", err)
 	}
 	st.CPUNanos = uint64(cpu)
+	mem := filepath.Join(m.v1["memory"], path)
+	st.MemoryCacheBytes, _ = readKeyed(filepath.Join(mem, "memory.stat"), "total_cache")
+	st.MemoryLimitBytes, _ = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
+	st.PidsLimit, _ = readInt(filepath.Join(m.v1["pids"], path, "pids.max"))
+	st.MemoryLimitBytes, st.PidsLimit = max(st.MemoryLimitBytes, 0), max(st.PidsLimit, 0)
 	return st, nil
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,7 @@ func Suite(t *testing.T, f Factory) {
 	t.Run("LongStateDir", func(t *testing.T) { testLongStateDir(t, f) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, 10) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, f) })
+	t.Run("PauseRecover", func(t *testing.T) { testPauseRecover(t, f) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, f) })
 }
 
@@ -494,8 +496,18 @@ func testPause(t *testing.T, f Factory) {
 	}
 	ctx := t.Context()
 	spec, _ := StartSandbox(t, rt, tmpl)
+	// A loop that counts every 20 ms, started in the background.
+	if res, err := Run(ctx, rt, spec.ID, "", "/bin/sh", "-c",
+		"(i=0; while :; do i=$((i+1)); echo $i > /count.tmp && mv /count.tmp /count; sleep 0.02; done) >/dev/null 2>&1 </dev/null &"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("start counter: %v %+v", err, res)
+	}
+	first := waitCount(t, rt, spec.ID, 1)
+
 	if err := p.Pause(ctx, spec.ID); err != nil {
 		t.Fatalf("pause: %v", err)
+	}
+	if err := p.Pause(ctx, spec.ID); err != nil {
+		t.Fatalf("pause of a paused sandbox (must be idempotent): %v", err)
 	}
 	mustState(t, rt, spec.ID, runtime.StatePaused)
 	short, cancel := contextWithTimeout(t, 300*time.Millisecond)
@@ -503,11 +515,26 @@ func testPause(t *testing.T, f Factory) {
 	if _, err := Run(short, rt, spec.ID, "", "true"); err == nil {
 		t.Fatalf("a paused sandbox ran a process")
 	}
+	// Stay paused for a second: a running counter would advance by ~50.
+	time.Sleep(time.Second)
+	mustState(t, rt, spec.ID, runtime.StatePaused)
 	if err := p.Resume(ctx, spec.ID); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
+	if err := p.Resume(ctx, spec.ID); err != nil {
+		t.Fatalf("resume of a running sandbox (must be idempotent): %v", err)
+	}
 	mustState(t, rt, spec.ID, runtime.StateRunning)
+	after := readCount(t, rt, spec.ID)
+	// Between the first read and the pause, and between the resume and
+	// this read, the loop runs for a few ticks at most; the paused second
+	// must not count.
+	if after-first > 25 {
+		t.Fatalf("counter went from %d to %d across a 1 s pause: the sandbox ran while paused", first, after)
+	}
+	waitCount(t, rt, spec.ID, after+5) // and it counts again
 	mustEcho(t, rt, spec.ID)
+
 	// Stop must work on a paused sandbox too.
 	if err := p.Pause(ctx, spec.ID); err != nil {
 		t.Fatalf("pause: %v", err)
@@ -516,6 +543,69 @@ func testPause(t *testing.T, f Factory) {
 		t.Fatalf("stop paused: %v", err)
 	}
 	mustState(t, rt, spec.ID, runtime.StateStopped)
+	if err := p.Pause(ctx, spec.ID); err == nil {
+		t.Fatalf("pause of a stopped sandbox succeeded")
+	}
+}
+
+// testPauseRecover: a paused sandbox is still paused after a node restart
+// (a second backend instance that Recovers it), and resumes from there.
+func testPauseRecover(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	p, ok := rt.(runtime.Pauser)
+	if !ok {
+		t.Skip("backend does not implement Pause")
+	}
+	ctx := t.Context()
+	spec, h := StartSandbox(t, rt, tmpl)
+	if err := p.Pause(ctx, spec.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	rt2, _ := f(t)
+	if err := rt2.Recover(ctx, h); err != nil {
+		t.Fatalf("recover paused: %v", err)
+	}
+	mustState(t, rt2, spec.ID, runtime.StatePaused)
+	if err := rt2.(runtime.Pauser).Resume(ctx, spec.ID); err != nil {
+		t.Fatalf("resume after recover: %v", err)
+	}
+	mustState(t, rt2, spec.ID, runtime.StateRunning)
+	mustEcho(t, rt2, spec.ID)
+	if err := rt2.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+}
+
+// readCount reads the counter testPause's loop writes to /count.
+func readCount(t testing.TB, rt runtime.Runtime, id string) int {
+	t.Helper()
+	res, err := Run(t.Context(), rt, id, "", "cat", "/count")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("read counter: %v %+v", err, res)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if err != nil {
+		t.Fatalf("counter %q: %v", res.Stdout, err)
+	}
+	return n
+}
+
+// waitCount polls until the counter reaches at least n and returns it.
+func waitCount(t testing.TB, rt runtime.Runtime, id string, n int) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := Run(t.Context(), rt, id, "", "cat", "/count")
+		if err == nil && res.ExitCode == 0 {
+			if c, err := strconv.Atoi(strings.TrimSpace(res.Stdout)); err == nil && c >= n {
+				return c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counter did not reach %d in 10 s (last: %q, %v)", n, res.Stdout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func testStats(t *testing.T, f Factory) {
@@ -545,5 +635,30 @@ func testStats(t *testing.T, f Factory) {
 	if st.CPUNanos == 0 {
 		t.Errorf("cpu = 0 ns after running a process")
 	}
-	t.Logf("idle stats: memory %d KiB, pids %d, cpu %s", st.MemoryBytes>>10, st.Pids, time.Duration(st.CPUNanos))
+	if st.MemoryLimitBytes != 0 && st.MemoryLimitBytes != tmpl.Resources.MemoryMB<<20 {
+		t.Errorf("memory limit = %d bytes, want %d MiB", st.MemoryLimitBytes, tmpl.Resources.MemoryMB)
+	}
+	if st.PidsLimit != 0 && tmpl.Resources.PidsLimit > 0 && st.PidsLimit != tmpl.Resources.PidsLimit {
+		t.Errorf("pids limit = %d, want %d", st.PidsLimit, tmpl.Resources.PidsLimit)
+	}
+	if st.MemoryCacheBytes < 0 || st.MemoryCacheBytes > st.MemoryBytes {
+		t.Errorf("memory cache = %d, want within [0, memory %d]", st.MemoryCacheBytes, st.MemoryBytes)
+	}
+	// Writing 1 MiB to the root filesystem shows in the disk use.
+	before := st.DiskUsedBytes
+	if res, err := Run(t.Context(), rt, spec.ID, "", "/bin/sh", "-c", "dd if=/dev/zero of=/stats.bin bs=64k count=16 2>/dev/null && sync"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write a file: %v %+v", err, res)
+	}
+	st2, err := sr.Stats(t.Context(), spec.ID)
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	if st2.DiskTotalBytes != 0 && st2.DiskUsedBytes-before < 1<<20 {
+		t.Errorf("disk used went from %d to %d after writing 1 MiB", before, st2.DiskUsedBytes)
+	}
+	if st2.CPUNanos < st.CPUNanos {
+		t.Errorf("cpu went backwards: %d then %d", st.CPUNanos, st2.CPUNanos)
+	}
+	t.Logf("idle stats: memory %d KiB (cache %d KiB, limit %d MiB), pids %d/%d, cpu %s, disk %d KiB of %d MiB",
+		st.MemoryBytes>>10, st.MemoryCacheBytes>>10, st.MemoryLimitBytes>>20, st.Pids, st.PidsLimit, time.Duration(st.CPUNanos), st2.DiskUsedBytes>>10, st2.DiskTotalBytes>>20)
 }
