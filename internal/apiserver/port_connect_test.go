@@ -1,0 +1,165 @@
+package apiserver_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+)
+
+// listenPort serves fn on a loopback listener standing in for port inside
+// the fake sandbox.
+func (e *env) listenPort(t *testing.T, port uint32, fn func(net.Conn)) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go fn(c)
+		}
+	}()
+	a := e.nodes[0].agent
+	a.mu.Lock()
+	a.ports[port] = ln.Addr().String()
+	a.mu.Unlock()
+}
+
+func startPort(id string, port uint32) *v1.ConnectPortRequest {
+	return &v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Start{Start: &v1.ConnectPortStart{SandboxId: id, Port: port}}}
+}
+
+// A stream carries bytes both ways, in order, and half-closes: the server
+// in the sandbox reads EOF after close_write and can still answer.
+func TestConnectPortStream(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	e.listenPort(t, 8000, func(c net.Conn) {
+		defer c.Close()
+		b, _ := io.ReadAll(c) // until the caller's close_write
+		c.Write(b)
+		c.Write([]byte("|eof"))
+	})
+
+	s := e.port.ConnectPort(t.Context())
+	if err := s.Send(startPort(id, 8000)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Receive()
+	if err != nil || first.GetConnected() == nil {
+		t.Fatalf("first response = %v, %v; want connected", first, err)
+	}
+	want := make([]byte, 1<<20)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	for off := 0; off < len(want); off += 40000 {
+		chunk := want[off:min(off+40000, len(want))]
+		if err := s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Data{Data: chunk}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_CloseWrite{CloseWrite: true}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for {
+		m, err := s.Receive()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("receive after %d bytes: %v", len(got), err)
+		}
+		got = append(got, m.GetData()...)
+	}
+	if !bytes.Equal(got, append(want, "|eof"...)) {
+		t.Fatalf("got %d bytes, want %d echoed + |eof", len(got), len(want))
+	}
+	s.CloseRequest()
+}
+
+// Ending the call closes the connection inside the sandbox.
+func TestConnectPortCancelClosesConn(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	closed := make(chan error, 1)
+	e.listenPort(t, 8000, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte("hi"))
+		_, err := io.Copy(io.Discard, c)
+		closed <- err
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	s := e.port.ConnectPort(ctx)
+	s.Send(startPort(id, 8000))
+	if m, err := s.Receive(); err != nil || m.GetConnected() == nil {
+		t.Fatalf("first response = %v, %v", m, err)
+	}
+	if m, err := s.Receive(); err != nil || string(m.GetData()) != "hi" {
+		t.Fatalf("data = %v, %v; want hi", m, err)
+	}
+	// A Go client resets the HTTP/2 stream when its context ends and the
+	// response is closed.
+	cancel()
+	s.CloseResponse()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection in the sandbox stayed open after the call ended")
+	}
+}
+
+func TestConnectPortErrors(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	open := func(first *v1.ConnectPortRequest) error {
+		s := e.port.ConnectPort(t.Context())
+		defer s.CloseResponse()
+		if first != nil {
+			s.Send(first)
+		}
+		s.CloseRequest()
+		for {
+			m, err := s.Receive()
+			if err != nil {
+				return err
+			}
+			if m.GetConnected() != nil {
+				return nil
+			}
+		}
+	}
+	wantCode(t, open(startPort(id, 0)), connect.CodeInvalidArgument, "port: 0 must be between 1 and 65535")
+	wantCode(t, open(startPort(id, 65536)), connect.CodeInvalidArgument, "port: 65536 must be between 1 and 65535")
+	wantCode(t, open(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Start{Start: &v1.ConnectPortStart{SandboxId: id, Port: 80, TimeoutMs: -1}}}),
+		connect.CodeInvalidArgument, "timeout_ms")
+	wantCode(t, open(nil), connect.CodeInvalidArgument, "start")
+	wantCode(t, open(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Data{Data: []byte("x")}}), connect.CodeInvalidArgument, "first message must be start")
+	wantCode(t, open(startPort(id, 8001)), connect.CodeUnavailable, "port 8001 is not open in the sandbox")
+	wantCode(t, open(startPort("n001zzzzzzzzzzzzzzzz", 8000)), connect.CodeNotFound, "not found")
+
+	// A second start after the stream opened ends it with invalid_argument.
+	e.listenPort(t, 8000, func(c net.Conn) { defer c.Close(); io.Copy(io.Discard, c) })
+	s := e.port.ConnectPort(t.Context())
+	s.Send(startPort(id, 8000))
+	if m, err := s.Receive(); err != nil || m.GetConnected() == nil {
+		t.Fatalf("first response = %v, %v", m, err)
+	}
+	s.Send(startPort(id, 8000))
+	_, err := s.Receive()
+	wantCode(t, err, connect.CodeInvalidArgument, "only the first message may be start")
+}
