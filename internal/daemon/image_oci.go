@@ -15,9 +15,15 @@ func imageImportCommand(g *globalFlags) *cobra.Command {
 	var quiet bool
 	c := &cobra.Command{
 		Use:   "import REF",
-		Short: "import an image from an OCI or Docker registry (linux/amd64)",
-		Long: "Import pulls REF (REGISTRY/REPOSITORY[:TAG|@sha256:DIGEST]) into the image store as layers.\n" +
-			"Credentials come from ~/.docker/config.json. Layers already in the store are not fetched again.",
+		Short: "import an image from an OCI or Docker registry, an OCI layout or a docker save tarball (linux/amd64)",
+		Long: "Import stores the image REF in the image store as layers. REF is one of:\n" +
+			"  REGISTRY/REPOSITORY[:TAG|@sha256:DIGEST]   pull from a registry (credentials from ~/.docker/config.json)\n" +
+			"  oci-layout:PATH[:TAG|@sha256:DIGEST]       an OCI image layout directory (TAG is its ref.name annotation)\n" +
+			"  docker-archive:PATH[:REF]                  a `docker save` tarball (REF picks one of several images)\n" +
+			"Layers already in the store are not read again. Every digest the source records is checked.",
+		Example: "  opendsec image import registry.example:5000/team/app:v1\n" +
+			"  opendsec image import oci-layout:/srv/layouts/app:v1 --name team/app:v1\n" +
+			"  opendsec image import docker-archive:/tmp/app.tar:team/app:v1",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := g.imageStore()
@@ -39,7 +45,7 @@ func imageImportCommand(g *globalFlags) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&storeName, "name", "", "store the image under this name (default: the repository and tag of REF)")
+	c.Flags().StringVar(&storeName, "name", "", "store the image under this name (default: the repository and tag of REF, or the archive's tag)")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	return c
 }

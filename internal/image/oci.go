@@ -64,7 +64,9 @@ func NameFromRef(ref string) (string, error) {
 }
 
 // Import pulls the image ref from an OCI or Docker registry (linux/amd64
-// from a multi-arch index) and stores it as a layered image. Layers already
+// from a multi-arch index), or reads it from a local archive
+// ("oci-layout:PATH[:TAG|@DIGEST]", "docker-archive:PATH[:REF]"), and
+// stores it as a layered image. Layers already
 // in the store are not fetched again. Each layer is verified against its
 // digest and its diff_id; tar entries that could escape the layer are
 // refused; device files are skipped; whiteouts become OverlayFS whiteouts.
@@ -73,6 +75,9 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	var o importOptions
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if isArchiveRef(ref) { // oci-layout: and docker-archive: (archive.go)
+		return s.importArchive(ctx, ref, o)
 	}
 	r, err := name.ParseReference(ref)
 	if err != nil {
