@@ -109,6 +109,7 @@ type importOptions struct {
 	progress func(Progress)
 	name     string
 	remote   []remote.Option
+	merge    bool
 }
 
 // WithProgress calls fn as files are copied (throttled, and once with Done

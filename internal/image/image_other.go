@@ -40,3 +40,5 @@ func (s *Store) layerDirs(context.Context, []Layer, string) ([]string, error) {
 }
 
 func extractTar(context.Context, io.Reader, string, *progress, bool) error { return errLinuxOnly }
+
+func applyLayer(context.Context, string, string, bool) error { return errLinuxOnly }

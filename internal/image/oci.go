@@ -184,6 +184,11 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	if err != nil {
 		return Image{}, err
 	}
+	if o.merge {
+		if out, err = s.commitMerged(ctx, storeName, cfg, source, want); err != nil {
+			return Image{}, fmt.Errorf("merge layers of %s: %w", storeName, err)
+		}
+	}
 	log.G(ctx).Info("image imported", "image", storeName, "source", source, "id", out.ID, "layers", len(layers), "fetched", len(fetch), "bytes", p.bytes, "format", s.format, "duration", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }

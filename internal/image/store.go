@@ -140,6 +140,9 @@ type layerInfo struct {
 	// FileSize and FileDigest describe layer.erofs.
 	FileSize   int64  `json:"file_size,omitempty"`
 	FileDigest string `json:"file_digest,omitempty"`
+	// TreeDigest is the tree digest of a plain directory layer whose
+	// Digest is not one (a registry layer's diff_id), for Verify.
+	TreeDigest string `json:"tree_digest,omitempty"`
 }
 
 func (s *Store) readLayer(digest string) (layerInfo, error) {
@@ -185,7 +188,8 @@ func (s *Store) stageLayer(ctx context.Context, st *staging, digest string, fill
 		return stagedLayer{}, err
 	}
 	var size int64
-	if digest == "" {
+	known := digest != ""
+	if !known {
 		if digest, size, err = digestTree(ctx, tree); err != nil {
 			return stagedLayer{}, err
 		}
@@ -193,6 +197,11 @@ func (s *Store) stageLayer(ctx context.Context, st *staging, digest string, fill
 		size = treeSize(tree)
 	}
 	info := layerInfo{Digest: digest, Format: s.format, Size: size}
+	if s.format != FormatEROFS && known {
+		if info.TreeDigest, _, err = digestTree(ctx, tree); err != nil {
+			return stagedLayer{}, err
+		}
+	}
 	if s.format == FormatEROFS {
 		img := filepath.Join(ldir, "layer.erofs")
 		if err := mkfsEROFS(ctx, img, tree); err != nil {
