@@ -28,6 +28,12 @@ func WithMergeLayers() ImportOption {
 	return func(o *importOptions) { o.merge = true }
 }
 
+// WithInsecure lets a registry import use plain HTTP (and unverified TLS)
+// for a registry that is not on loopback.
+func WithInsecure() ImportOption {
+	return func(o *importOptions) { o.insecure = true }
+}
+
 // ComposeLayer is one extra layer of Compose: a layer already in the store
 // (Digest), or the layers of another image that are not already in the
 // stack below it (Image), e.g. the top layer of an image made by PackDiff

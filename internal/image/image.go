@@ -110,6 +110,7 @@ type importOptions struct {
 	name     string
 	remote   []remote.Option
 	merge    bool
+	insecure bool
 }
 
 // WithProgress calls fn as files are copied (throttled, and once with Done

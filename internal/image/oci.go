@@ -79,7 +79,11 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	if isArchiveRef(ref) { // oci-layout: and docker-archive: (archive.go)
 		return s.importArchive(ctx, ref, o)
 	}
-	r, err := name.ParseReference(ref)
+	var nopts []name.Option
+	if o.insecure {
+		nopts = append(nopts, name.Insecure)
+	}
+	r, err := name.ParseReference(ref, nopts...)
 	if err != nil {
 		return Image{}, errdefs.Invalid("ref", "%q is not an image reference: %v; use REGISTRY/REPOSITORY[:TAG|@sha256:DIGEST]", ref, err)
 	}
