@@ -35,6 +35,7 @@ from opendsec.errors import (
 from opendsec.errors import (
     TimeoutError as TimeoutError,
 )
+from opendsec.ports import PortStream
 from opendsec.sandbox import CHUNK_SIZE, ExecProcess, Files, Sandbox
 from opendsec.types import (
     DSecRunArgs,
@@ -82,6 +83,7 @@ __all__ = [
     "NetworkSpec",
     "NotFoundError",
     "PermissionDeniedError",
+    "PortStream",
     "ProcessInfo",
     "QuotaExceededError",
     "Sandbox",

@@ -23,6 +23,7 @@ from opendsec.errors import (
     NotFoundError,
     from_grpc_error,
 )
+from opendsec.ports import PortStream
 from opendsec.types import (
     ExecEvent,
     ExecResult,
@@ -619,6 +620,22 @@ class Sandbox:
             self._conn.processes.ResizePty,
             pb.ResizePtyRequest(sandbox_id=self.id, pid=pid, size=pb.PtySize(cols=cols, rows=rows)),
         )
+
+    def connect_port(self, port: int, *, timeout: float | None = None) -> PortStream:
+        """Open a TCP stream to ``port`` inside the sandbox.
+
+        ``await`` the result or use ``async with`` (which closes it)::
+
+            async with sandbox.connect_port(6379) as s:
+                await s.write(b"PING\\r\\n")
+                print(await s.read())
+
+        ``timeout`` bounds connecting (default 10 s on the server). A port
+        outside 1..65535 raises :class:`InvalidArgumentError`; nothing
+        listening raises :class:`UnavailableError` ("connection refused in
+        sandbox").
+        """
+        return PortStream(self._conn, self.id, port, timeout)
 
     async def http(
         self,
