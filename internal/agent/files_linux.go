@@ -272,6 +272,8 @@ func (a *Agent) serveUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	results := make([]uploadResult, 0, len(done))
 	for _, u := range done {
+		_, statErr := os.Lstat(u.target)
+		a.fs.uploads.note(u.target, statErr == nil)
 		if err := os.Rename(u.tmp, u.target); err != nil {
 			cleanup()
 			a.writeUploadErr(w, fsErr("write", u.target, err))
@@ -306,7 +308,7 @@ func writeTemp(target string, src io.Reader, usr *user, md map[string]string, li
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(filepath.Dir(target), ".opendsec-upload-*")
+	f, err := os.CreateTemp(filepath.Dir(target), uploadTempPrefix+"*")
 	if err != nil {
 		removeCreated(created)
 		return nil, fsErr("create", target, err)

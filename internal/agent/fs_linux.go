@@ -25,9 +25,10 @@ const xattrPrefix = "user.e2b."
 // filesystem is the filesystem.Filesystem service. It acts as root and
 // gives what it creates to the requesting user, as envd does.
 type filesystem struct {
-	cfg   *Config
-	users users
-	watch watchers
+	cfg     *Config
+	users   users
+	watch   watchers
+	uploads recentUploads
 }
 
 var _ filesystemconnect.FilesystemHandler = (*filesystem)(nil)

@@ -385,7 +385,6 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 func (s *processes) follow(ctx context.Context, p *proc, c cursor, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
 	ka := time.NewTimer(keepalive)
 	defer ka.Stop()
-	extended := false
 	for {
 		evs, next, dropped, done, wait := p.out.read(c, readBatch)
 		c = next
@@ -420,15 +419,11 @@ func (s *processes) follow(ctx context.Context, p *proc, c cursor, keepalive tim
 			}
 			ka.Reset(keepalive)
 		case <-ctx.Done():
-			// Connect-Timeout-Ms is the process lifetime: the process is
-			// being killed right now, so give its end a moment to arrive.
-			if !extended && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.timer != nil {
-				extended = true
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-				defer cancel()
-				continue
-			}
+			// Connect-Timeout-Ms is the process lifetime: its timer is
+			// killing the process right now. The stream ends with
+			// deadline_exceeded, as envd's does, so the SDKs raise their
+			// timeout error rather than a failed-command one; Connect
+			// still replays the end.
 			return errdefs.ToConnect(ctx.Err())
 		}
 	}

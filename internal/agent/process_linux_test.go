@@ -145,7 +145,11 @@ func TestConnectTimeoutIsProcessLifetime(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("process lived %s", took)
 	}
-	// Whether or not the stream carried the end, the process must be gone.
+	// The SDKs raise their timeout error on deadline_exceeded (an end event
+	// would read as a failed command instead).
+	if connect.CodeOf(s.Err()) != connect.CodeDeadlineExceeded || r.end != nil {
+		t.Fatalf("stream ended with %v (end %v); want deadline_exceeded and no end", s.Err(), r.end)
+	}
 	eventually(t, 5*time.Second, "the process to be killed", func() bool {
 		_, err := os.Stat("/proc/" + strconv.Itoa(int(r.pid)))
 		return errors.Is(err, os.ErrNotExist)

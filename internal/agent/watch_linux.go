@@ -119,9 +119,24 @@ func (d *dirWatch) convert(ev fsnotify.Event) []*fspb.FilesystemEvent {
 	if err != nil {
 		name = ev.Name
 	}
+	if isUploadTemp(ev.Name) {
+		return nil // an upload in progress; its rename is reported below
+	}
 	if d.recursive && ev.Has(fsnotify.Create) {
 		if st, err := os.Lstat(ev.Name); err == nil && st.IsDir() {
 			_ = d.add(ev.Name)
+		}
+	}
+	if ev.Has(fsnotify.Create) {
+		if out, ok := d.fsys.uploads.uploadEvents(ev.Name, name); ok {
+			if d.includeEntry {
+				if e, err := d.fsys.entry(ev.Name); err == nil {
+					for _, fe := range out {
+						fe.Entry = e
+					}
+				}
+			}
+			return out
 		}
 	}
 	var out []*fspb.FilesystemEvent

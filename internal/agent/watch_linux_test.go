@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,57 @@ func TestPollingWatcher(t *testing.T) {
 	}
 	if _, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("removed watcher: %v", err)
+	}
+}
+
+// An upload writes a temp file and renames it into place; watchers must see
+// what envd's in-place write shows: CREATE then WRITE of the target (only
+// WRITE when it existed), and nothing of the temp file.
+func TestWatchSeesUploadsAsInPlaceWrites(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := t.Context()
+	dir := t.TempDir()
+	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "up.txt")
+	var seen []*fspb.FilesystemEvent
+	waitFor := func(want ...fspb.EventType) {
+		t.Helper()
+		seen = nil
+		eventually(t, 10*time.Second, "upload events", func() bool {
+			ev, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: cw.Msg.WatcherId}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen = append(seen, ev.Msg.Events...)
+			return len(seen) >= len(want)
+		})
+		var got []fspb.EventType
+		for _, fe := range seen {
+			if fe.Name != "up.txt" {
+				t.Fatalf("event for %q: %v", fe.Name, seen)
+			}
+			got = append(got, fe.Type)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("events %v; want %v", got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("events %v; want %v", got, want)
+			}
+		}
+	}
+	for _, want := range [][]fspb.EventType{
+		{fspb.EventType_EVENT_TYPE_CREATE, fspb.EventType_EVENT_TYPE_WRITE},
+		{fspb.EventType_EVENT_TYPE_WRITE},
+	} {
+		resp, b := e.do(t, "POST", filesURL(target), strings.NewReader("data"), map[string]string{"Content-Type": "application/octet-stream"})
+		if resp.StatusCode != 200 {
+			t.Fatalf("upload: %d %s", resp.StatusCode, b)
+		}
+		waitFor(want...)
 	}
 }
