@@ -92,7 +92,11 @@ func (n *Node) AgentProxy() http.Handler {
 			n.mu.Lock()
 			st := sb.rec.State
 			n.mu.Unlock()
-			if st != stateRunning {
+			switch st {
+			case stateRunning:
+			case statePaused:
+				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id)
+			default:
 				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
 			}
 		}

@@ -122,6 +122,11 @@ type sandbox struct {
 	// stopDone nil, and the reaper tries again. Guarded by Node.mu.
 	stopDone chan struct{}
 	stopErr  error
+
+	// pauseMu serialises Pause and Resume of this sandbox.
+	pauseMu sync.Mutex
+	// lastCPU is the previous CPU sample, for Metrics.
+	lastCPU atomic.Pointer[cpuSample]
 }
 
 func (s *sandbox) touch() { s.lastActivity.Store(time.Now().UnixNano()) }
@@ -709,7 +714,7 @@ func (n *Node) recover(ctx context.Context) error {
 			l.Error("sandbox uses a backend this node no longer has; leaving its record", "backend", rec.Backend)
 			continue
 		}
-		if rec.State != stateRunning {
+		if rec.State != stateRunning && rec.State != statePaused {
 			l.Info("cleaning up sandbox interrupted while " + rec.State)
 			if rec.Handle.ID != "" {
 				if err := rt.Recover(ctx, rec.Handle); err != nil && !errdefs.IsNotFound(err) {
@@ -734,6 +739,10 @@ func (n *Node) recover(ctx context.Context) error {
 			}
 		} else if st, err := rt.Status(ctx, rec.ID); err == nil && st.State == runtime.StateStopped {
 			dead = true
+		} else if err == nil {
+			// A node killed between a freeze (or thaw) and its record
+			// finds the backend's state newer than the record's.
+			rec = reconcilePaused(ctx, n.table, rec, st.State)
 		} else if err != nil {
 			if errdefs.IsNotFound(err) {
 				dead = true
@@ -785,7 +794,10 @@ func (n *Node) reapLoop() {
 // reap starts a stop for every sandbox that expired and has none running
 // from the reaper, at most cap(slots) at once. Close waits for them.
 func (n *Node) reap(now time.Time, slots chan struct{}) {
-	type victim struct{ id, reason string }
+	type victim struct {
+		id, reason string
+		pause      bool // auto_pause: pause instead of stopping
+	}
 	var vs []victim
 	n.mu.Lock()
 	if n.reaping == nil {
@@ -797,19 +809,19 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 		}
 		rec := sb.rec
 		if rec.State == stateStopping && sb.stopDone == nil {
-			vs = append(vs, victim{id, "retry of a failed stop"})
+			vs = append(vs, victim{id, "retry of a failed stop", false})
 			continue
 		}
 		if rec.State != stateRunning {
 			continue
 		}
 		if now.After(rec.ExpiresAt) {
-			vs = append(vs, victim{id, "timeout"})
+			vs = append(vs, victim{id, "timeout", rec.Spec.AutoPause})
 			continue
 		}
 		if rec.Spec.IdleSec > 0 && sb.active.Load() == 0 &&
 			now.Sub(time.Unix(0, sb.lastActivity.Load())) > time.Duration(rec.Spec.IdleSec)*time.Second {
-			vs = append(vs, victim{id, "idle"})
+			vs = append(vs, victim{id, "idle", rec.Spec.AutoPause})
 		}
 	}
 	for _, v := range vs {
@@ -818,13 +830,13 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 	n.mu.Unlock()
 	for _, v := range vs {
 		n.wg.Add(1)
-		go n.reapOne(v.id, v.reason, slots)
+		go n.reapOne(v.id, v.reason, v.pause, slots)
 	}
 }
 
 // reapOne stops one expired sandbox once a slot is free, unless the node
 // closes first.
-func (n *Node) reapOne(id, reason string, slots chan struct{}) {
+func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	defer n.wg.Done()
 	defer func() {
 		n.mu.Lock()
@@ -843,6 +855,12 @@ func (n *Node) reapOne(id, reason string, slots chan struct{}) {
 	default:
 	}
 	ctx := context.Background()
+	if pause {
+		if _, err := n.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			log.G(ctx).Error("auto-pause expired sandbox", log.SandboxID(id), "reason", reason, log.Err(err))
+		}
+		return
+	}
 	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
 	}

@@ -2,32 +2,111 @@ package node
 
 import (
 	"context"
-	"errors"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
-var errPauseTODO = connect.NewError(connect.CodeUnimplemented, errors.New("pause is not implemented yet"))
-
 func (s *service) PauseSandbox(ctx context.Context, req *connect.Request[nodev1.PauseSandboxRequest]) (*connect.Response[nodev1.PauseSandboxResponse], error) {
-	return nil, errPauseTODO
+	sb, err := s.lifecycle(ctx, req.Msg.GetSandboxId(), func(id string) error {
+		_, err := s.n.Pause(ctx, id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nodev1.PauseSandboxResponse{Sandbox: sb}), nil
 }
 
 func (s *service) ResumeSandbox(ctx context.Context, req *connect.Request[nodev1.ResumeSandboxRequest]) (*connect.Response[nodev1.ResumeSandboxResponse], error) {
-	return nil, errPauseTODO
+	sb, err := s.lifecycle(ctx, req.Msg.GetSandboxId(), func(id string) error {
+		_, err := s.n.Resume(ctx, id, req.Msg.GetTimeoutSeconds())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nodev1.ResumeSandboxResponse{Sandbox: sb}), nil
+}
+
+// lifecycle runs op on the sandbox and returns its new view.
+func (s *service) lifecycle(ctx context.Context, id string, op func(string) error) (*opendsecv1.Sandbox, error) {
+	if err := op(id); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sb, err := s.n.get(id)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return s.n.toProto(sb), nil
 }
 
 func (s *service) GetSandboxMetrics(ctx context.Context, req *connect.Request[nodev1.GetSandboxMetricsRequest]) (*connect.Response[nodev1.GetSandboxMetricsResponse], error) {
-	return nil, errPauseTODO
+	m, err := s.n.Metrics(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&nodev1.GetSandboxMetricsResponse{Metrics: metricsToProto(m)}), nil
+}
+
+func metricsToProto(m Metrics) *opendsecv1.SandboxMetrics {
+	st := opendsecv1.SandboxState_SANDBOX_STATE_RUNNING
+	if m.State == statePaused {
+		st = opendsecv1.SandboxState_SANDBOX_STATE_PAUSED
+	}
+	return &opendsecv1.SandboxMetrics{
+		Timestamp:      timestamppb.New(m.Time),
+		CpuCount:       m.CPUCount,
+		CpuUsedPct:     m.CPUUsedPct,
+		CpuUsageNs:     m.CPUNanos,
+		MemUsedBytes:   m.MemoryBytes,
+		MemTotalBytes:  m.MemoryLimitBytes,
+		MemCacheBytes:  m.MemoryCacheBytes,
+		Pids:           m.Pids,
+		PidsLimit:      m.PidsLimit,
+		DiskUsedBytes:  m.DiskUsedBytes,
+		DiskTotalBytes: m.DiskTotalBytes,
+		State:          st,
+	}
+}
+
+func selectorFromProto(s *opendsecv1.SandboxSelector) Selector {
+	return Selector{Labels: s.GetLabels(), TaskID: s.GetTaskId(), IDs: s.GetIds()}
+}
+
+func (s *service) batchResults(rs []BatchResult) ([]*opendsecv1.Sandbox, []*opendsecv1.BatchFailure) {
+	var ok []*opendsecv1.Sandbox
+	var failed []*opendsecv1.BatchFailure
+	for _, r := range rs {
+		if r.Err != nil {
+			failed = append(failed, &opendsecv1.BatchFailure{SandboxId: r.ID, ErrorCode: errdefs.Code(r.Err).String(), ErrorMessage: r.Err.Error()})
+			continue
+		}
+		if sb, err := s.n.get(r.ID); err == nil {
+			ok = append(ok, s.n.toProto(sb))
+		}
+	}
+	return ok, failed
 }
 
 func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxesRequest]) (*connect.Response[opendsecv1.PauseSandboxesResponse], error) {
-	return nil, errPauseTODO
+	rs, err := s.n.PauseMatching(ctx, selectorFromProto(req.Msg.GetSelector()))
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	ok, failed := s.batchResults(rs)
+	return connect.NewResponse(&opendsecv1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }
 
 func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[opendsecv1.ResumeSandboxesRequest]) (*connect.Response[opendsecv1.ResumeSandboxesResponse], error) {
-	return nil, errPauseTODO
+	rs, err := s.n.ResumeMatching(ctx, selectorFromProto(req.Msg.GetSelector()), req.Msg.GetTimeoutSeconds())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	ok, failed := s.batchResults(rs)
+	return connect.NewResponse(&opendsecv1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }

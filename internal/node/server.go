@@ -51,6 +51,7 @@ func specFromProto(s *opendsecv1.SandboxSpec) specRecord {
 		PidsLimit:  s.GetPidsLimit(),
 		Workdir:    s.GetWorkdir(),
 		Network:    rulesFromProto(s.GetNetwork()),
+		AutoPause:  s.GetAutoPause(),
 	}
 }
 
@@ -87,6 +88,8 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 		st = opendsecv1.SandboxState_SANDBOX_STATE_CREATING
 	case stateStopping:
 		st = opendsecv1.SandboxState_SANDBOX_STATE_STOPPING
+	case statePaused:
+		st = opendsecv1.SandboxState_SANDBOX_STATE_PAUSED
 	}
 	reason, _ := sb.reason.Load().(string)
 	s := rec.Spec
@@ -107,6 +110,7 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 			PidsLimit:          s.PidsLimit,
 			Workdir:            s.Workdir,
 			Network:            rulesToProto(s.Network),
+			AutoPause:          s.AutoPause,
 		},
 		State:          st,
 		CreatedAt:      timestamppb.New(rec.CreatedAt),

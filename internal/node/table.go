@@ -20,11 +20,14 @@ type record struct {
 	RequestID string         `json:"request_id,omitempty"`
 	Backend   string         `json:"backend"`
 	Spec      specRecord     `json:"spec"`
-	State     string         `json:"state"` // creating, running, stopping
+	State     string         `json:"state"` // creating, running, paused, stopping
 	CreatedAt time.Time      `json:"created_at"`
 	ExpiresAt time.Time      `json:"expires_at"`
 	StateDir  string         `json:"state_dir"`
 	Handle    runtime.Handle `json:"handle"`
+	// PausedAt is when a paused sandbox was paused (zero otherwise): its
+	// lifetime clock stopped there.
+	PausedAt time.Time `json:"paused_at,omitzero"`
 }
 
 // specRecord is the caller's spec with defaults applied.
@@ -43,11 +46,14 @@ type specRecord struct {
 	Workdir    string            `json:"workdir,omitempty"`
 	// Network is the caller's network policy; nil means the node's default.
 	Network *netpolicy.Rules `json:"network,omitempty"`
+	// AutoPause pauses instead of stopping when a timeout ends.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 const (
 	stateCreating = "creating"
 	stateRunning  = "running"
+	statePaused   = "paused"
 	stateStopping = "stopping"
 )
 

@@ -1,0 +1,317 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// Pause semantics (E2B's): a paused sandbox keeps its memory and files and
+// persists until resumed or stopped. Its lifetime clock stops: the lifetime
+// left at the pause (ExpiresAt - PausedAt) starts again at the resume. It is
+// never idle-reaped. Exec, files and ports answer failed_precondition.
+
+// maxBatchOps bounds the pauses or resumes one batch runs at once on a node.
+const maxBatchOps = 64
+
+// pauser returns the backend of rec if it can pause.
+func (n *Node) pauser(rec *record) (runtime.Pauser, error) {
+	p, ok := n.cfg.Backends[rec.Backend].(runtime.Pauser)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause sandboxes", rec.Backend)
+	}
+	return p, nil
+}
+
+// readyRunning waits for a create in progress and returns the sandbox.
+func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-sb.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
+	}
+	if sb.err != nil {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+// Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
+func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
+	sb, err := n.readySandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	switch rec.State {
+	case statePaused:
+		return rec, nil
+	case stateRunning:
+	default:
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
+	}
+	p, err := n.pauser(rec)
+	if err != nil {
+		return nil, err
+	}
+	// Freeze first, then record: a node killed in between finds the
+	// backend paused and the record running, and recover trusts the backend.
+	if err := p.Pause(ctx, id); err != nil {
+		return nil, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	now := time.Now().UTC()
+	n.mu.Lock()
+	if sb.rec.State != stateRunning {
+		// Stopped meanwhile (the stop thaws and kills): nothing to record.
+		st := sb.rec.State
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, st)
+	}
+	r2 := *sb.rec
+	r2.State = statePaused
+	r2.PausedAt = now
+	sb.rec = &r2
+	n.mu.Unlock()
+	if err := n.table.put(&r2); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	log.G(ctx).Info("sandbox paused", log.SandboxID(id))
+	return &r2, nil
+}
+
+// Resume thaws a paused sandbox. Its lifetime continues with what was left
+// at the pause, or ends timeoutSec from now when timeoutSec > 0. Resuming a
+// running sandbox succeeds (and applies timeoutSec the same way).
+func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record, error) {
+	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
+	}
+	sb, err := n.readySandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	switch rec.State {
+	case stateRunning:
+		if timeoutSec > 0 {
+			return n.SetTimeout(ctx, id, timeoutSec)
+		}
+		return rec, nil
+	case statePaused:
+	default:
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
+	}
+	p, err := n.pauser(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Resume(ctx, id); err != nil {
+		return nil, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	sb.touch() // time spent paused is not idle time
+	now := time.Now().UTC()
+	n.mu.Lock()
+	if sb.rec.State != statePaused {
+		st := sb.rec.State
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, st)
+	}
+	r2 := *sb.rec
+	r2.State = stateRunning
+	r2.ExpiresAt = resumedExpiry(&r2, now, timeoutSec)
+	if timeoutSec > 0 {
+		r2.Spec.TimeoutSec = timeoutSec
+	}
+	r2.PausedAt = time.Time{}
+	sb.rec = &r2
+	n.mu.Unlock()
+	if err := n.table.put(&r2); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	log.G(ctx).Info("sandbox resumed", log.SandboxID(id))
+	return &r2, nil
+}
+
+// resumedExpiry is when a sandbox resumed at now ends: timeoutSec from now,
+// or the lifetime it had left when it was paused (at least a second).
+func resumedExpiry(rec *record, now time.Time, timeoutSec int64) time.Time {
+	if timeoutSec > 0 {
+		return now.Add(time.Duration(timeoutSec) * time.Second)
+	}
+	left := rec.ExpiresAt.Sub(rec.PausedAt)
+	if rec.PausedAt.IsZero() || left < time.Second {
+		left = time.Second
+	}
+	return now.Add(left)
+}
+
+// Selector picks sandboxes on this node; set fields are AND-ed.
+type Selector struct {
+	Labels map[string]string
+	TaskID string
+	IDs    []string
+}
+
+func (s Selector) empty() bool {
+	return len(s.Labels) == 0 && s.TaskID == "" && len(s.IDs) == 0
+}
+
+func (s Selector) match(rec *record) bool {
+	if s.TaskID != "" && rec.Spec.TaskID != s.TaskID {
+		return false
+	}
+	for k, v := range s.Labels {
+		if got, ok := rec.Spec.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	if len(s.IDs) > 0 {
+		for _, id := range s.IDs {
+			if id == rec.ID {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// BatchResult is the outcome of a batch operation on one sandbox.
+type BatchResult struct {
+	ID  string
+	Rec *record
+	Err error
+}
+
+// PauseMatching pauses every sandbox matching sel, concurrently.
+func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, error) {
+	return n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) { return n.Pause(ctx, id) })
+}
+
+// ResumeMatching resumes every sandbox matching sel, concurrently.
+func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int64) ([]BatchResult, error) {
+	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
+	}
+	return n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) { return n.Resume(ctx, id, timeoutSec) })
+}
+
+func (n *Node) batch(ctx context.Context, sel Selector, op func(context.Context, string) (*record, error)) ([]BatchResult, error) {
+	if sel.empty() {
+		return nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
+	}
+	var ids []string
+	n.mu.Lock()
+	for id, sb := range n.sandboxes {
+		if sel.match(sb.rec) && (sb.rec.State == stateRunning || sb.rec.State == statePaused) {
+			ids = append(ids, id)
+		}
+	}
+	n.mu.Unlock()
+	out := make([]BatchResult, len(ids))
+	slots := make(chan struct{}, maxBatchOps)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			rec, err := op(ctx, id)
+			out[i] = BatchResult{ID: id, Rec: rec, Err: err}
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+// Metrics is one sample of a sandbox's resource use.
+type Metrics struct {
+	Time       time.Time
+	CPUCount   float64
+	CPUUsedPct float64
+	runtime.Stats
+	State string
+}
+
+// cpuSample is the previous CPU reading of a sandbox, for CPUUsedPct.
+type cpuSample struct {
+	at    time.Time
+	nanos uint64
+}
+
+// Metrics reads a sandbox's resource use. CPUUsedPct covers the time since
+// the previous call (or since the sandbox started).
+func (n *Node) Metrics(ctx context.Context, id string) (Metrics, error) {
+	sb, err := n.readySandbox(ctx, id)
+	if err != nil {
+		return Metrics{}, err
+	}
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	sr, ok := n.cfg.Backends[rec.Backend].(runtime.StatsReader)
+	if !ok {
+		return Metrics{}, errdefs.New(errdefs.ErrUnimplemented, "backend %s does not report resource use", rec.Backend)
+	}
+	st, err := sr.Stats(ctx, id)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("sandbox stats: %w", err)
+	}
+	now := time.Now().UTC()
+	m := Metrics{Time: now, CPUCount: rec.Spec.CPU, Stats: st, State: rec.State}
+	if m.MemoryLimitBytes == 0 {
+		m.MemoryLimitBytes = rec.Spec.MemoryMB << 20
+	}
+	if m.PidsLimit == 0 {
+		m.PidsLimit = rec.Spec.PidsLimit
+	}
+	prev := cpuSample{at: rec.CreatedAt}
+	if p := sb.lastCPU.Swap(&cpuSample{at: now, nanos: st.CPUNanos}); p != nil {
+		prev = *p
+	}
+	if dt := now.Sub(prev.at); dt > 0 && st.CPUNanos >= prev.nanos && rec.Spec.CPU > 0 {
+		pct := float64(st.CPUNanos-prev.nanos) / float64(dt.Nanoseconds()) / rec.Spec.CPU * 100
+		m.CPUUsedPct = min(pct, 100)
+	}
+	return m, nil
+}
+
+// reconcilePaused makes a recovered record's paused state agree with the
+// backend's and records the change; on a write error it keeps rec.
+func reconcilePaused(ctx context.Context, t *table, rec *record, st runtime.State) *record {
+	r2 := *rec
+	switch {
+	case st == runtime.StatePaused && rec.State == stateRunning:
+		r2.State, r2.PausedAt = statePaused, time.Now().UTC()
+	case st == runtime.StateRunning && rec.State == statePaused:
+		r2.State = stateRunning
+		r2.ExpiresAt = resumedExpiry(rec, time.Now().UTC(), 0)
+		r2.PausedAt = time.Time{}
+	default:
+		return rec
+	}
+	if err := t.put(&r2); err != nil {
+		log.G(ctx).Error("record recovered pause state", log.SandboxID(rec.ID), log.Err(err))
+		return rec
+	}
+	log.G(ctx).Info("sandbox pause state taken from the backend", log.SandboxID(rec.ID), "state", r2.State)
+	return &r2
+}
