@@ -124,7 +124,10 @@ func RunNode(ctx context.Context, cfg config.Config, key []byte, ready chan<- st
 }
 
 func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxWithProxy {
-	return &muxWithProxy{rpc: n.Handler(opts...), proxy: v.Middleware(n.AgentProxy())}
+	rpc := http.NewServeMux()
+	rpc.Handle("/", n.Handler(opts...))
+	rpc.Handle(n.ImageHandler(opts...))
+	return &muxWithProxy{rpc: rpc, proxy: v.Middleware(n.AgentProxy())}
 }
 
 // RunWatcher serves the watcher until ctx ends.

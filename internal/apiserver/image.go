@@ -1,0 +1,136 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+var _ opendsecv1connect.ImageServiceHandler = (*Server)(nil)
+
+// imageClient reaches a node's NodeImageService.
+func (s *Server) imageClient(n *nodeConn) nodev1connect.NodeImageServiceClient {
+	return nodev1connect.NewNodeImageServiceClient(s.hc, n.address)
+}
+
+// anyImageNode picks a healthy node for an image call: every node shares
+// the image store, so any one of them serves it.
+func (s *Server) anyImageNode(ctx context.Context) (nodev1connect.NodeImageServiceClient, error) {
+	view, err := s.nodeView(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ready []*nodeConn
+	for _, st := range view {
+		if n, ok := s.nodes[st.GetNodeId()]; ok && st.GetHealthy() {
+			ready = append(ready, n)
+		}
+	}
+	if len(ready) == 0 {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "no healthy node to serve the image store; check `opendsecctl node list`")
+	}
+	return s.imageClient(ready[rand.IntN(len(ready))]), nil
+}
+
+// ImportImage forwards the import to a node and relays its progress.
+func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImportImageResponse]) error {
+	if req.Msg.GetRef() == "" {
+		return errdefs.ToConnect(errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1"))
+	}
+	c, err := s.anyImageNode(ctx)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	up, err := c.ImportImage(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
+	}
+	defer up.Close()
+	for up.Receive() {
+		if err := stream.Send(up.Msg()); err != nil {
+			return err
+		}
+	}
+	if err := up.Err(); err != nil {
+		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
+	}
+	return nil
+}
+
+// unary forwards one unary image call to any healthy node.
+func unary[Req, Resp any](ctx context.Context, s *Server, what string, req *Req, call func(nodev1connect.NodeImageServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+	c, err := s.anyImageNode(ctx)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := call(c, ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, what, err))
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+func (s *Server) ListImages(ctx context.Context, req *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {
+	return unary(ctx, s, "list images", req.Msg, nodev1connect.NodeImageServiceClient.ListImages)
+}
+
+func (s *Server) GetImage(ctx context.Context, req *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error) {
+	if req.Msg.GetName() == "" {
+		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
+	}
+	return unary(ctx, s, "get image", req.Msg, nodev1connect.NodeImageServiceClient.GetImage)
+}
+
+func (s *Server) TagImage(ctx context.Context, req *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error) {
+	return unary(ctx, s, "tag image", req.Msg, nodev1connect.NodeImageServiceClient.TagImage)
+}
+
+func (s *Server) RemoveImage(ctx context.Context, req *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
+	if req.Msg.GetName() == "" {
+		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
+	}
+	return unary(ctx, s, "remove image", req.Msg, nodev1connect.NodeImageServiceClient.RemoveImage)
+}
+
+func (s *Server) ComposeImage(ctx context.Context, req *connect.Request[v1.ComposeImageRequest]) (*connect.Response[v1.ComposeImageResponse], error) {
+	return unary(ctx, s, "compose image", req.Msg, nodev1connect.NodeImageServiceClient.ComposeImage)
+}
+
+func (s *Server) GarbageCollect(ctx context.Context, req *connect.Request[v1.GarbageCollectRequest]) (*connect.Response[v1.GarbageCollectResponse], error) {
+	return unary(ctx, s, "collect image garbage", req.Msg, nodev1connect.NodeImageServiceClient.GarbageCollect)
+}
+
+func (s *Server) VerifyImages(ctx context.Context, req *connect.Request[v1.VerifyImagesRequest]) (*connect.Response[v1.VerifyImagesResponse], error) {
+	return unary(ctx, s, "verify images", req.Msg, nodev1connect.NodeImageServiceClient.VerifyImages)
+}
+
+// PackDiff goes to the node that runs the sandbox: its writable layer is
+// on that node's disk.
+func (s *Server) PackDiff(ctx context.Context, req *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
+	n, err := s.nodeFor("sandbox_id", req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.ToConnect(namingSandbox(err))
+	}
+	resp, err := s.imageClient(n).PackDiff(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return nil, errdefs.ToConnect(namingSandbox(remoteErr(ctx, "pack sandbox", err)))
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+// namingSandbox makes a not-found error name the request field.
+func namingSandbox(err error) error {
+	if errors.Is(err, errdefs.ErrNotFound) && !strings.Contains(err.Error(), "sandbox_id") {
+		return fmt.Errorf("sandbox_id: %w", err)
+	}
+	return err
+}
