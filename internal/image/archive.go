@@ -179,6 +179,11 @@ func (s *Store) importArchiveImage(ctx context.Context, a archiveImage, o import
 	if err != nil {
 		return Image{}, err
 	}
+	if o.merge {
+		if out, err = s.commitMerged(ctx, a.name, cfg, a.source, want); err != nil {
+			return Image{}, fmt.Errorf("merge layers of %s: %w", a.name, err)
+		}
+	}
 	log.G(ctx).Info("image imported", "image", a.name, "source", a.source, "id", out.ID, "layers", len(a.layers), "fetched", len(fetch), "bytes", p.bytes, "format", s.format, "duration", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }

@@ -32,9 +32,7 @@ import (
 // whiteoutTree is what a sandbox of whiteoutImage sees.
 var whiteoutTree = []string{"etc/", "etc/b=b2", "hl1=same", "hl2=same", "opq/", "opq/new=new", "top=t"}
 
-// sandboxTree holds name in s and lists the root a sandbox of it gets: an
-// overlay over its layers with a fresh upper, as the container backend
-// makes it.
+// sandboxTree holds name in s and lists the root a sandbox of it gets.
 func sandboxTree(t *testing.T, s *Store, name string) []string {
 	t.Helper()
 	ctx := t.Context()
@@ -43,6 +41,20 @@ func sandboxTree(t *testing.T, s *Store, name string) []string {
 		t.Fatal(err)
 	}
 	defer s.Release(context.WithoutCancel(ctx), "sbx")
+	mnt := overlayRoot(t, ri.Layers)
+	tree := treeOf(t, mnt)
+	var a, b unix.Stat_t
+	if unix.Stat(filepath.Join(mnt, "hl1"), &a) == nil && unix.Stat(filepath.Join(mnt, "hl2"), &b) == nil && a.Ino != b.Ino {
+		t.Error("hard link hl2 -> hl1 lost")
+	}
+	return tree
+}
+
+// overlayRoot mounts a sandbox's root as the container backend makes it:
+// overlayfs over layers (topmost first) with a fresh upper. It is unmounted
+// when the test ends.
+func overlayRoot(t *testing.T, layers []string) string {
+	t.Helper()
 	work := t.TempDir()
 	upper, wd, mnt := filepath.Join(work, "u"), filepath.Join(work, "w"), filepath.Join(work, "m")
 	for _, d := range []string{upper, wd, mnt} {
@@ -50,23 +62,12 @@ func sandboxTree(t *testing.T, s *Store, name string) []string {
 			t.Fatal(err)
 		}
 	}
-	lower := strings.Join(ri.Layers, ":")
-	if len(ri.Layers) == 1 { // overlay needs two lowers without an upper; add an empty one
-		empty := filepath.Join(work, "e")
-		os.Mkdir(empty, 0o755)
-		lower += ":" + empty
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, wd)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(layers, ":"), upper, wd)
 	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
 		t.Fatalf("mount overlay: %v", err)
 	}
-	defer unix.Unmount(mnt, unix.MNT_DETACH)
-	tree := treeOf(t, mnt)
-	var a, b unix.Stat_t
-	if unix.Stat(filepath.Join(mnt, "hl1"), &a) == nil && unix.Stat(filepath.Join(mnt, "hl2"), &b) == nil && a.Ino != b.Ino {
-		t.Error("hard link hl2 -> hl1 lost")
-	}
-	return tree
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	return mnt
 }
 
 // writeLayout writes imgs into a fresh OCI layout, each annotated with its

@@ -40,9 +40,12 @@ type staging struct {
 	lock *os.File
 }
 
-func (s *Store) newStaging() (*staging, error) {
+func (s *Store) newStaging() (*staging, error) { return newStagingIn(s.path("tmp")) }
+
+// newStagingIn makes a staging dir in tmp, a store's tmp/ directory.
+func newStagingIn(tmp string) (*staging, error) {
 	id := randomID()
-	lp := s.path("tmp", id+".lock")
+	lp := filepath.Join(tmp, id+".lock")
 	// The lock file is born locked: created under another name, flocked,
 	// then renamed, so cleanTmp never sees an unlocked live lock file.
 	f, err := os.OpenFile(lp+".new", os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
@@ -59,7 +62,7 @@ func (s *Store) newStaging() (*staging, error) {
 		os.Remove(lp + ".new")
 		return nil, fmt.Errorf("lock import staging: %w", err)
 	}
-	st := &staging{dir: s.path("tmp", id), lock: f}
+	st := &staging{dir: filepath.Join(tmp, id), lock: f}
 	if err := os.Mkdir(st.dir, 0o755); err != nil {
 		st.cleanup()
 		return nil, fmt.Errorf("create import staging: %w", err)

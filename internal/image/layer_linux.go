@@ -51,11 +51,15 @@ func probeEROFSOnce(scratch string) error {
 	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
 		return errors.New("mkfs.erofs not found (apt-get install erofs-utils)")
 	}
-	dir, err := os.MkdirTemp(scratch, "probe-")
+	// Guarded like an import's staging dir: another process opening the
+	// same store at this moment must not clean the probe away (it then
+	// fell back to plain directory layers without a word).
+	st, err := newStagingIn(scratch)
 	if err != nil {
 		return fmt.Errorf("probe erofs: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer st.cleanup()
+	dir := st.dir
 	src, mnt, img := filepath.Join(dir, "src"), filepath.Join(dir, "mnt"), filepath.Join(dir, "probe.erofs")
 	if err := os.Mkdir(src, 0o755); err != nil {
 		return fmt.Errorf("probe erofs: %w", err)
