@@ -2,31 +2,163 @@ package apiserver
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"sync"
 
 	"connectrpc.com/connect"
 
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
 )
 
-var errPauseTODO = connect.NewError(connect.CodeUnimplemented, errors.New("pause is not implemented yet"))
-
+// PauseSandbox asks the owning node to freeze the sandbox.
 func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
-	return nil, errPauseTODO
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.PauseSandbox(ctx, connect.NewRequest(&nodev1.PauseSandboxRequest{SandboxId: req.Msg.GetId()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "pause sandbox", err))
+	}
+	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
 
+// ResumeSandbox asks the owning node to thaw the sandbox.
 func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
-	return nil, errPauseTODO
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.ResumeSandbox(ctx, connect.NewRequest(&nodev1.ResumeSandboxRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "resume sandbox", err))
+	}
+	return connect.NewResponse(&v1.ResumeSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
 
+// checkResumeTimeout allows 0 (keep the lifetime left at the pause).
+func checkResumeTimeout(sec int64) error {
+	if sec == 0 {
+		return nil
+	}
+	return checkTimeout("timeout_seconds", sec)
+}
+
+// GetSandboxMetrics asks the owning node for the sandbox's resource use.
 func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
-	return nil, errPauseTODO
+	n, err := s.nodeFor("id", req.Msg.GetId())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := n.client.GetSandboxMetrics(ctx, connect.NewRequest(&nodev1.GetSandboxMetricsRequest{SandboxId: req.Msg.GetId()}))
+	if err != nil {
+		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox metrics", err))
+	}
+	return connect.NewResponse(&v1.GetSandboxMetricsResponse{Metrics: resp.Msg.GetMetrics()}), nil
 }
 
+// PauseSandboxes pauses every matching sandbox on every node at once.
 func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
-	return nil, errPauseTODO
+	sel := req.Msg.GetSelector()
+	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+		resp, err := n.client.PauseSandboxes(ctx, connect.NewRequest(&v1.PauseSandboxesRequest{Selector: sel}))
+		if err != nil {
+			return nil, nil, err
+		}
+		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
+	})
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }
 
+// ResumeSandboxes resumes every matching sandbox on every node at once.
 func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
-	return nil, errPauseTODO
+	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sel := req.Msg.GetSelector()
+	timeout := req.Msg.GetTimeoutSeconds()
+	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+		resp, err := n.client.ResumeSandboxes(ctx, connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: sel, TimeoutSeconds: timeout}))
+		if err != nil {
+			return nil, nil, err
+		}
+		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
+	})
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+}
+
+type batchCall func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error)
+
+// fanOut runs call on every node that can hold a matching sandbox, all
+// nodes at once. With ids, only their owning nodes are asked, each with its
+// own ids; an id of an unknown node is a per-sandbox not_found failure. A
+// node that fails as a whole is one failure with an empty sandbox_id.
+func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what string, call batchCall) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+	if len(sel.GetLabels()) == 0 && sel.GetTaskId() == "" && len(sel.GetIds()) == 0 {
+		return nil, nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
+	}
+	var failed []*v1.BatchFailure
+	targets := map[*nodeConn]*v1.SandboxSelector{}
+	if ids := sel.GetIds(); len(ids) > 0 {
+		for i, id := range ids {
+			n, err := s.nodeFor(fmt.Sprintf("selector.ids[%d]", i), id)
+			if errdefs.IsInvalidArgument(err) {
+				return nil, nil, err
+			}
+			if err != nil {
+				failed = append(failed, &v1.BatchFailure{SandboxId: id, ErrorCode: errdefs.Code(err).String(), ErrorMessage: err.Error()})
+				continue
+			}
+			t, ok := targets[n]
+			if !ok {
+				t = &v1.SandboxSelector{Labels: sel.GetLabels(), TaskId: sel.GetTaskId()}
+				targets[n] = t
+			}
+			t.Ids = append(t.Ids, id)
+		}
+	} else {
+		view, err := s.nodeView(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, st := range view {
+			if n, ok := s.nodes[st.GetNodeId()]; ok && st.GetHealthy() {
+				targets[n] = sel
+			}
+		}
+	}
+	var (
+		mu  sync.Mutex
+		out []*v1.Sandbox
+		wg  sync.WaitGroup
+	)
+	for n, nsel := range targets {
+		wg.Go(func() {
+			ok, bad, err := call(ctx, n, nsel)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				err = remoteErr(ctx, what, err)
+				log.G(ctx).Warn(what+" on node", log.NodeID(n.id), log.Err(err))
+				failed = append(failed, &v1.BatchFailure{ErrorCode: errdefs.Code(err).String(), ErrorMessage: fmt.Sprintf("node %s: %v", n.id, err)})
+				return
+			}
+			out = append(out, ok...)
+			failed = append(failed, bad...)
+		})
+	}
+	wg.Wait()
+	return out, failed, nil
 }

@@ -1,0 +1,118 @@
+package apiserver_test
+
+import (
+	"context"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+)
+
+// The fake node's pause: it flips the state of matching sandboxes.
+func (n *fakeNode) PauseSandboxes(_ context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
+	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), v1.SandboxState_SANDBOX_STATE_PAUSED)}), nil
+}
+
+func (n *fakeNode) ResumeSandboxes(_ context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
+	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), v1.SandboxState_SANDBOX_STATE_RUNNING)}), nil
+}
+
+func (n *fakeNode) PauseSandbox(_ context.Context, req *connect.Request[nodev1.PauseSandboxRequest]) (*connect.Response[nodev1.PauseSandboxResponse], error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sb, err := n.get(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	sb.State = v1.SandboxState_SANDBOX_STATE_PAUSED
+	return connect.NewResponse(&nodev1.PauseSandboxResponse{Sandbox: sb}), nil
+}
+
+func (n *fakeNode) setMatching(sel *v1.SandboxSelector, st v1.SandboxState) []*v1.Sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []*v1.Sandbox
+	for id, sb := range n.sbs {
+		if sel.GetTaskId() != "" && sb.GetSpec().GetTaskId() != sel.GetTaskId() {
+			continue
+		}
+		if ids := sel.GetIds(); len(ids) > 0 && !contains(ids, id) {
+			continue
+		}
+		sb.State = st
+		out = append(out, sb)
+	}
+	return out
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPauseSandboxesFansOutToEveryNode(t *testing.T) {
+	e := setup(t, nil, "n001", "n002")
+	var job []*v1.Sandbox
+	for range 6 {
+		job = append(job, e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "job"}))
+	}
+	other := e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "other"})
+	perNode := map[string]int{}
+	for _, sb := range job {
+		perNode[sb.GetNodeId()]++
+	}
+	if len(perNode) != 2 {
+		t.Fatalf("placement used %d nodes for 6 sandboxes; the test needs both", len(perNode))
+	}
+	resp, err := e.sbx.PauseSandboxes(t.Context(), connect.NewRequest(&v1.PauseSandboxesRequest{Selector: &v1.SandboxSelector{TaskId: "job"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Msg.GetSandboxes()) != 6 || len(resp.Msg.GetFailures()) != 0 {
+		t.Fatalf("paused %d, failures %v; want 6 and none", len(resp.Msg.GetSandboxes()), resp.Msg.GetFailures())
+	}
+	for _, sb := range resp.Msg.GetSandboxes() {
+		if sb.GetState() != v1.SandboxState_SANDBOX_STATE_PAUSED || sb.GetSpec().GetTaskId() != "job" {
+			t.Fatalf("answer %s: state %s task %q", sb.GetId(), sb.GetState(), sb.GetSpec().GetTaskId())
+		}
+	}
+	got, err := e.sbx.GetSandbox(t.Context(), connect.NewRequest(&v1.GetSandboxRequest{Id: other.GetId()}))
+	if err != nil || got.Msg.GetSandbox().GetState() != v1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("sandbox of another task: %v %v", got, err)
+	}
+
+	// By ids: only the owning nodes, and an id of an unknown node fails alone.
+	ids := []string{job[0].GetId(), "zzzz" + job[0].GetId()[4:]}
+	r2, err := e.sbx.ResumeSandboxes(t.Context(), connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: &v1.SandboxSelector{Ids: ids}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r2.Msg.GetSandboxes()) != 1 || r2.Msg.GetSandboxes()[0].GetId() != job[0].GetId() {
+		t.Fatalf("resumed %v, want only %s", r2.Msg.GetSandboxes(), job[0].GetId())
+	}
+	if f := r2.Msg.GetFailures(); len(f) != 1 || f[0].GetSandboxId() != ids[1] || f[0].GetErrorCode() != "not_found" {
+		t.Fatalf("failures %v, want one not_found for %s", f, ids[1])
+	}
+}
+
+func TestBatchPauseBadInput(t *testing.T) {
+	e := setup(t, nil, "n001")
+	_, err := e.sbx.PauseSandboxes(t.Context(), connect.NewRequest(&v1.PauseSandboxesRequest{}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("empty selector: %v, want invalid_argument", err)
+	}
+	_, err = e.sbx.ResumeSandboxes(t.Context(), connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: &v1.SandboxSelector{TaskId: "x"}, TimeoutSeconds: -1}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("negative timeout: %v, want invalid_argument", err)
+	}
+	_, err = e.sbx.PauseSandbox(t.Context(), connect.NewRequest(&v1.PauseSandboxRequest{}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("empty id: %v, want invalid_argument", err)
+	}
+}
