@@ -44,12 +44,14 @@ trap cleanup EXIT
 start_system "$BIN" "$DD" busybox py -- --stop-sandboxes
 
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
+# A key of another principal, for the isolation tests (not an SDK variable).
+OTHER_KEY=$("$BIN/opendsec" e2b key create --principal other --config "$DD/opendsec.json" --data-dir "$DD")
 
 echo "== e2b python sdk $E2B_PY_VERSION (sync + async)"
 rc=0
 env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
   E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
-  E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local \
+  E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_TEST_OTHER_KEY="$OTHER_KEY" \
   "$VENV/bin/python" -m pytest -q -c test/e2b/python/pytest.ini test/e2b/python "$@" || rc=$?
 if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
   echo "== e2b npm sdk $E2B_JS_VERSION, @e2b/code-interpreter $E2B_CI_JS_VERSION"
@@ -61,7 +63,7 @@ if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
   fi
   env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
     E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
-    E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_NPM_DIR="$NPM_DIR" \
+    E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_NPM_DIR="$NPM_DIR" E2B_TEST_OTHER_KEY="$OTHER_KEY" \
     node --test test/e2b/js/ || rc=$?
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
