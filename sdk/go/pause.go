@@ -1,0 +1,139 @@
+package opendsec
+
+import (
+	"context"
+	"time"
+
+	"connectrpc.com/connect"
+
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+)
+
+// Metrics is one sample of a sandbox's resource use: CPU (count, percent
+// used since the previous sample, cumulative ns), memory (used, limit,
+// cache), processes, and the bytes written to its root filesystem.
+type Metrics = opendsecv1.SandboxMetrics
+
+// PauseSandbox freezes every process of a sandbox. A paused sandbox keeps
+// its memory and files, is never stopped by its timeouts (its lifetime clock
+// stops) and refuses exec and file calls with FailedPrecondition until it is
+// resumed. Pausing a paused sandbox succeeds.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	if id == "" {
+		return nil, invalid("id", "is required; pass the sandbox ID")
+	}
+	resp, err := c.sandboxes.PauseSandbox(ctx, connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: id}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.Msg.GetSandbox(), nil
+}
+
+// ResumeSandbox thaws a paused sandbox. With timeout 0 its lifetime
+// continues with what was left at the pause; otherwise it ends timeout from
+// now (rounded up to whole seconds). Resuming a running sandbox succeeds.
+func (c *Client) ResumeSandbox(ctx context.Context, id string, timeout time.Duration) (*Sandbox, error) {
+	if id == "" {
+		return nil, invalid("id", "is required; pass the sandbox ID")
+	}
+	secs, err := resumeSeconds(timeout)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.sandboxes.ResumeSandbox(ctx, connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: id, TimeoutSeconds: secs}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.Msg.GetSandbox(), nil
+}
+
+func resumeSeconds(d time.Duration) (int64, error) {
+	if d < 0 {
+		return 0, invalid("timeout", "must be 0 (keep the lifetime left at the pause) or positive, got %s", d)
+	}
+	return int64((d + time.Second - 1) / time.Second), nil
+}
+
+// SandboxMetrics returns a sandbox's current resource use.
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (*Metrics, error) {
+	if id == "" {
+		return nil, invalid("id", "is required; pass the sandbox ID")
+	}
+	resp, err := c.sandboxes.GetSandboxMetrics(ctx, connect.NewRequest(&opendsecv1.GetSandboxMetricsRequest{Id: id}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.Msg.GetMetrics(), nil
+}
+
+// Selector picks the sandboxes of a batch pause or resume. At least one
+// field must be set; set fields are AND-ed.
+type Selector struct {
+	Labels map[string]string
+	TaskID string
+	IDs    []string
+}
+
+func (s Selector) proto() *opendsecv1.SandboxSelector {
+	return &opendsecv1.SandboxSelector{Labels: s.Labels, TaskId: s.TaskID, Ids: s.IDs}
+}
+
+// BatchFailure is a sandbox a batch pause or resume could not handle. ID is
+// empty when a whole node failed to answer.
+type BatchFailure struct {
+	ID  string
+	Err error
+}
+
+// BatchOutcome is what a batch pause or resume did.
+type BatchOutcome struct {
+	// Sandboxes are the ones now paused (or running, for a resume).
+	Sandboxes []*Sandbox
+	Failures  []BatchFailure
+}
+
+func outcome(sbs []*Sandbox, fs []*opendsecv1.BatchFailure) *BatchOutcome {
+	o := &BatchOutcome{Sandboxes: sbs}
+	for _, f := range fs {
+		o.Failures = append(o.Failures, BatchFailure{ID: f.GetSandboxId(), Err: itemError(f.GetErrorCode(), f.GetErrorMessage())})
+	}
+	return o
+}
+
+func (s Selector) check() error {
+	if len(s.Labels) == 0 && s.TaskID == "" && len(s.IDs) == 0 {
+		return invalid("selector", "is empty; give labels, a task ID or IDs")
+	}
+	return nil
+}
+
+// PauseSandboxes pauses every sandbox sel matches, on every node at once:
+// the preemption case of a training job. Sandboxes fail one by one
+// (BatchOutcome.Failures); the error is for the call as a whole.
+func (c *Client) PauseSandboxes(ctx context.Context, sel Selector) (*BatchOutcome, error) {
+	if err := sel.check(); err != nil {
+		return nil, err
+	}
+	resp, err := c.sandboxes.PauseSandboxes(ctx, connect.NewRequest(&opendsecv1.PauseSandboxesRequest{Selector: sel.proto()}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return outcome(resp.Msg.GetSandboxes(), resp.Msg.GetFailures()), nil
+}
+
+// ResumeSandboxes resumes every sandbox sel matches; timeout is as in
+// ResumeSandbox.
+func (c *Client) ResumeSandboxes(ctx context.Context, sel Selector, timeout time.Duration) (*BatchOutcome, error) {
+	if err := sel.check(); err != nil {
+		return nil, err
+	}
+	secs, err := resumeSeconds(timeout)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.sandboxes.ResumeSandboxes(ctx, connect.NewRequest(&opendsecv1.ResumeSandboxesRequest{Selector: sel.proto(), TimeoutSeconds: secs}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return outcome(resp.Msg.GetSandboxes(), resp.Msg.GetFailures()), nil
+}
