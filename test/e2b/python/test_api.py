@@ -123,8 +123,8 @@ def test_wrong_key_everywhere():
         Sandbox.kill("n001aaaaaaaaaaaaaaaa", api_key=bad)
 
 
-@pytest.mark.skipif(not OTHER, reason="E2B_TEST_OTHER_KEY is set by scripts/test-e2b.sh")
 def test_key_isolation(sandbox):
+    assert OTHER, "E2B_TEST_OTHER_KEY (a key of another principal) is set by scripts/test-e2b.sh"
     sid = sandbox.sandbox_id
     assert sid not in ids(OTHER)
     assert sid not in [s.sandbox_id for s in Sandbox.list(api_key=OTHER).next_items()]

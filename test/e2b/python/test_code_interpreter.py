@@ -97,3 +97,79 @@ async def test_async_run_code(test_id):
         assert ex.text == "42"
     finally:
         await sbx.kill()
+
+
+def test_rich_results(ci):
+    ex = ci.run_code(
+        "class R:\n"
+        "    def _repr_html_(self): return '<b>bold</b>'\n"
+        "    def _repr_markdown_(self): return '**bold**'\n"
+        "    def _repr_svg_(self): return '<svg></svg>'\n"
+        "    def _repr_png_(self): return b'\\x89PNG fake'\n"
+        "    def _repr_json_(self): return {'a': [1, 2]}\n"
+        "    def _repr_latex_(self): return r'$x^2$'\n"
+        "    def __repr__(self): return 'R()'\n"
+        "R()"
+    )
+    assert ex.error is None
+    r = ex.results[0]
+    assert r.is_main_result
+    assert (r.text, r.html, r.markdown, r.svg, r.latex) == ("R()", "<b>bold</b>", "**bold**", "<svg></svg>", "$x^2$")
+    import base64
+
+    assert base64.b64decode(r.png) == b"\x89PNG fake"
+    assert r.json == {"a": [1, 2]}
+    assert set(r.formats()) >= {"html", "markdown", "svg", "png", "json", "latex"}
+    # A dict is a plain-text result; display() adds non-main results.
+    ex = ci.run_code("d = {'k': [1, 2], 's': 'v'}\nd")
+    assert ex.text == "{'k': [1, 2], 's': 'v'}"
+    ex = ci.run_code("display('shown'); 7")
+    texts = [(r.is_main_result, r.text) for r in ex.results]
+    assert (False, "'shown'") in texts and (True, "7") in texts
+
+
+def test_error_kinds_and_execution_count(ci):
+    ex = ci.run_code("undefined_name + 1")
+    assert ex.error.name == "NameError" and "undefined_name" in ex.error.value
+    ex = ci.run_code("def f(:\n  pass")
+    assert ex.error.name == "SyntaxError"
+    ex = ci.run_code("print('before'); 1/0")
+    assert ex.error.name == "ZeroDivisionError" and ex.logs.stdout == ["before\n"]
+    assert "ZeroDivisionError" in ex.error.traceback
+    a = ci.run_code("1").execution_count
+    b = ci.run_code("2").execution_count
+    assert b == a + 1
+
+
+def test_contexts_restart_keeps_id(ci):
+    ctx = ci.create_code_context()
+    ci.run_code("v = 'kept'", context=ctx)
+    assert ci.run_code("v", context=ctx).text == "'kept'"
+    ci.restart_code_context(ctx.id)
+    assert ci.run_code("v", context=ctx).error.name == "NameError"
+    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "'/home/user'"
+    ci.remove_code_context(ctx.id)
+    ids = [c.id for c in ci.list_code_contexts()]
+    assert ctx.id not in ids
+
+
+async def test_async_code_interpreter_full(test_id):
+    sbx = await AsyncSandbox.create(metadata={"sandbox_test_id": test_id})
+    try:
+        ex = await sbx.run_code("raise RuntimeError('async boom')")
+        assert ex.error.name == "RuntimeError" and ex.error.value == "async boom"
+        ex = await sbx.run_code("class H:\n    def _repr_html_(self): return '<i>a</i>'\nH()")
+        assert ex.results[0].html == "<i>a</i>"
+        ctx = await sbx.create_code_context(cwd="/tmp")
+        await sbx.run_code("n = 3", context=ctx)
+        assert (await sbx.run_code("n * 2", context=ctx)).text == "6"
+        assert ctx.id in [c.id for c in await sbx.list_code_contexts()]
+        await sbx.restart_code_context(ctx)
+        assert (await sbx.run_code("n", context=ctx)).error.name == "NameError"
+        await sbx.remove_code_context(ctx)
+        assert ctx.id not in [c.id for c in await sbx.list_code_contexts()]
+        out = []
+        ex = await sbx.run_code("print('streamed')", on_stdout=lambda m: out.append(m.line))
+        assert out == ["streamed\n"]
+    finally:
+        await sbx.kill()
