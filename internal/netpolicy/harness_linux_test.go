@@ -162,28 +162,31 @@ func (w *world) tcpEcho(ns, addr string) net.Listener {
 	var ln net.Listener
 	must(w.t, inNetNS(ns, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }))
 	w.t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					l, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(l)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go serveEcho(ln)
 	return ln
+}
+
+// serveEcho echoes lines on every connection ln accepts until it is closed.
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			for {
+				l, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if _, err := c.Write([]byte(l)); err != nil {
+					return
+				}
+			}
+		}()
+	}
 }
 
 func (w *world) udpEcho(addr string) {
