@@ -64,6 +64,7 @@ type Client struct {
 	processes opendsecv1connect.ProcessServiceClient
 	files     opendsecv1connect.FileServiceClient
 	ports     opendsecv1connect.PortServiceClient
+	images    opendsecv1connect.ImageServiceClient
 }
 
 // RetryPolicy says how CreateSandbox and BatchCreate retry when the server is
@@ -145,6 +146,7 @@ func New(endpoint string, opts ...Option) (*Client, error) {
 	c.processes = opendsecv1connect.NewProcessServiceClient(c.httpc, base, copts...)
 	c.files = opendsecv1connect.NewFileServiceClient(c.httpc, base, copts...)
 	c.ports = opendsecv1connect.NewPortServiceClient(c.httpc, base, copts...)
+	c.images = opendsecv1connect.NewImageServiceClient(c.httpc, base, copts...)
 	return c, nil
 }
 
