@@ -121,6 +121,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringVar(&spec.User, "user", "", "default user for processes (default root)")
 	f.StringVar(&spec.TaskId, "task-id", "", "task the sandbox belongs to")
+	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends")
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory for processes")
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, "maximum number of processes (default 1024)")
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
