@@ -35,3 +35,36 @@ test('code interpreter: state, errors, logs, contexts', async () => {
     await sbx.kill()
   }
 })
+
+test('code interpreter: rich results, contexts restart and list, errors', async () => {
+  const sbx = await Sandbox.create()
+  try {
+    const rich = await sbx.runCode(
+      "class R:\n    def _repr_html_(self): return '<b>b</b>'\n    def _repr_json_(self): return {'n': 1}\n    def __repr__(self): return 'R()'\nR()")
+    const r = rich.results[0]
+    assert.equal(r.isMainResult, true)
+    assert.equal(r.text, 'R()')
+    assert.equal(r.html, '<b>b</b>')
+    assert.deepEqual(r.json, { n: 1 })
+    assert.ok(r.formats().includes('html'))
+    assert.equal((await sbx.runCode("{'k': [1, 2]}")).text, "{'k': [1, 2]}")
+
+    const syn = await sbx.runCode('def f(:')
+    assert.equal(syn.error.name, 'SyntaxError')
+    const a = await sbx.runCode('1')
+    const b = await sbx.runCode('2')
+    assert.equal(b.executionCount, a.executionCount + 1)
+
+    const ctx = await sbx.createCodeContext({ cwd: '/tmp' })
+    assert.equal(ctx.cwd, '/tmp')
+    await sbx.runCode('kept = 5', { context: ctx })
+    assert.equal((await sbx.runCode('kept', { context: ctx })).text, '5')
+    await sbx.restartCodeContext(ctx)
+    assert.equal((await sbx.runCode('kept', { context: ctx })).error.name, 'NameError')
+    assert.equal((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text, "'/tmp'")
+    await sbx.removeCodeContext(ctx.id)
+    assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
+  } finally {
+    await sbx.kill()
+  }
+})
