@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
+	"log"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,9 +15,16 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/crane"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
 
 func (s *system) images() opendsecv1connect.ImageServiceClient {
@@ -261,4 +272,134 @@ func TestImagesComposePackDiffGC(t *testing.T) {
 		}
 	}
 	fmt.Fprintln(os.Stderr, "images e2e: ok")
+}
+
+var ctlOnce sync.Once
+
+// ctl runs the opendsecctl binary (built once) against the system.
+func (s *system) ctl(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctlOnce.Do(func() {
+		root, _ := filepath.Abs("../..")
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "opendsecctl"), "./cmd/opendsecctl")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build opendsecctl: %v\n%s", err, out)
+		}
+	})
+	cmd := exec.CommandContext(t.Context(), filepath.Join(binDir, "opendsecctl"), args...)
+	cmd.Env = append(os.Environ(), "OPENDSEC_ENDPOINT="+s.endpoint, "OPENDSEC_TOKEN="+s.token)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code = cmd.ProcessState.ExitCode()
+	if err != nil && code < 0 {
+		t.Fatalf("opendsecctl %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// TestImagesRegistryCLIAndGoSDK imports from a registry on loopback with
+// the CLI (merged layers, progress on stderr), composes it onto busybox
+// and packs a sandbox with the Go SDK.
+func TestImagesRegistryCLIAndGoSDK(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	ctx := t.Context()
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	l1, err := crane.Layer(map[string][]byte{"app/one": []byte("1"), "app/gone": []byte("g")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := crane.Layer(map[string][]byte{"app/two": []byte("2"), "app/.wh.gone": nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l1, l2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	ref := host + "/team/app:v1"
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+
+	out, errOut, code := s.ctl(t, "image", "import", ref, "--merge-layers", "--name", "team/app:v1")
+	if code != 0 || !strings.Contains(out, "team/app:v1") || !strings.Contains(errOut, "pulling "+ref) {
+		t.Fatalf("image import: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	out, _, code = s.ctl(t, "image", "compose", "root/busybox", "team/app:env", "--image", "team/app:v1", "--env", "APP=1")
+	if code != 0 {
+		t.Fatalf("image compose: exit %d %s", code, out)
+	}
+	out, _, _ = s.ctl(t, "image", "list")
+	for _, n := range []string{"root/busybox:latest", "team/app:v1", "team/app:env"} {
+		if !strings.Contains(out, n) {
+			t.Fatalf("image list lacks %s:\n%s", n, out)
+		}
+	}
+
+	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	app, err := c.GetImage(ctx, "team/app:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(app.Layers) != 1 {
+		t.Fatalf("--merge-layers left %d layers, want 1", len(app.Layers))
+	}
+	sb, err := c.CreateSandbox(ctx, &opendsec.SandboxSpec{Image: "team/app:env"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.shell(t, sb.Id, "cat /app/one /app/two; ls /app; echo $APP")
+	if res.stdout != "12one\ntwo\n1\n" {
+		t.Fatalf("sandbox of the imported, merged, composed image sees %q (stderr %q)", res.stdout, res.stderr)
+	}
+	s.shell(t, sb.Id, "echo three > /app/three && rm /app/one")
+	out, errOut, code = s.ctl(t, "sandbox", "pack-diff", sb.Id, "team/app:packed", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"team/app:packed"`) {
+		t.Fatalf("pack-diff: exit %d\n%s\n%s", code, out, errOut)
+	}
+	sb2, err := c.CreateSandbox(ctx, &opendsec.SandboxSpec{Image: "team/app:packed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := s.shell(t, sb2.Id, "ls /app; echo $APP"); res.stdout != "three\ntwo\n1\n" {
+		t.Fatalf("sandbox of the packed image sees %q", res.stdout)
+	}
+	if _, err := c.TagImage(ctx, "team/app:packed", "team/app:stable"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PackDiff(ctx, "n001"+strings.Repeat("z", 16), "x"); !opendsec.IsNotFound(err) {
+		t.Fatalf("pack-diff of an unknown sandbox: %v, want not found", err)
+	}
+	_, errOut, code = s.ctl(t, "image", "inspect", "team/app:nope")
+	if code != 1 || !strings.Contains(errOut, "team/app:nope") {
+		t.Fatalf("inspect unknown: exit %d %s", code, errOut)
+	}
+	_, errOut, code = s.ctl(t, "image", "import", "127.0.0.1:1/nothing:v1", "-q")
+	if code != 1 || !strings.Contains(errOut, "127.0.0.1:1") {
+		t.Fatalf("import from an unreachable registry: exit %d %s", code, errOut)
+	}
+	out, errOut, code = s.ctl(t, "image", "verify")
+	if code != 0 || !strings.Contains(errOut, "0 damaged") {
+		t.Fatalf("verify: exit %d %s %s", code, out, errOut)
+	}
 }
