@@ -44,6 +44,7 @@ class FakeServer(
         self.http_requests: list[pb.HTTPRequestRequest] = []
         self.set_timeouts: list[pb.SetTimeoutRequest] = []
         self.set_networks: list[pb.SetNetworkRequest] = []
+        self.resume_requests: list[pb.ResumeSandboxRequest] = []
 
     async def _auth(self, context: grpc.aio.ServicerContext, method: str) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -117,6 +118,61 @@ class FakeServer(
             await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")
         self.stopped.append(request.id)
         return pb.StopSandboxResponse()
+
+    async def _set_state(self, sid: str, state: int, context: Any) -> pb.Sandbox:
+        s = self.sandboxes.get(sid)
+        if s is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {sid!r} not found")
+        s.state = state  # type: ignore[assignment]
+        return s
+
+    async def PauseSandbox(self, request: pb.PauseSandboxRequest, context: Any) -> pb.PauseSandboxResponse:
+        await self._auth(context, "PauseSandbox")
+        return pb.PauseSandboxResponse(sandbox=await self._set_state(request.id, pb.SANDBOX_STATE_PAUSED, context))
+
+    async def ResumeSandbox(self, request: pb.ResumeSandboxRequest, context: Any) -> pb.ResumeSandboxResponse:
+        await self._auth(context, "ResumeSandbox")
+        self.resume_requests.append(request)
+        return pb.ResumeSandboxResponse(sandbox=await self._set_state(request.id, pb.SANDBOX_STATE_RUNNING, context))
+
+    async def GetSandboxMetrics(
+        self, request: pb.GetSandboxMetricsRequest, context: Any
+    ) -> pb.GetSandboxMetricsResponse:
+        await self._auth(context, "GetSandboxMetrics")
+        s = self.sandboxes.get(request.id)
+        if s is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")
+        m = pb.SandboxMetrics(
+            cpu_count=1, cpu_used_pct=12.5, cpu_usage_ns=3_000_000, mem_used_bytes=1 << 20,
+            mem_total_bytes=512 << 20, pids=2, pids_limit=1024, state=s.state,
+        )
+        m.timestamp.CopyFrom(timestamp_pb2.Timestamp(seconds=1_700_000_100))
+        return pb.GetSandboxMetricsResponse(metrics=m)
+
+    def _select(self, sel: pb.SandboxSelector) -> list[pb.Sandbox]:
+        return [
+            s
+            for s in self.sandboxes.values()
+            if all(s.spec.labels.get(k) == v for k, v in sel.labels.items())
+            and (not sel.task_id or s.spec.task_id == sel.task_id)
+            and (not sel.ids or s.id in sel.ids)
+        ]
+
+    async def PauseSandboxes(self, request: pb.PauseSandboxesRequest, context: Any) -> pb.PauseSandboxesResponse:
+        await self._auth(context, "PauseSandboxes")
+        out = self._select(request.selector)
+        for s in out:
+            s.state = pb.SANDBOX_STATE_PAUSED
+        fails = [pb.BatchFailure(sandbox_id=i, error_code="not_found", error_message=f"sandbox {i} not found")
+                 for i in request.selector.ids if i not in self.sandboxes]
+        return pb.PauseSandboxesResponse(sandboxes=out, failures=fails)
+
+    async def ResumeSandboxes(self, request: pb.ResumeSandboxesRequest, context: Any) -> pb.ResumeSandboxesResponse:
+        await self._auth(context, "ResumeSandboxes")
+        out = self._select(request.selector)
+        for s in out:
+            s.state = pb.SANDBOX_STATE_RUNNING
+        return pb.ResumeSandboxesResponse(sandboxes=out)
 
     async def SetTimeout(self, request: pb.SetTimeoutRequest, context: Any) -> pb.SetTimeoutResponse:
         await self._auth(context, "SetTimeout")

@@ -15,7 +15,7 @@ Quick start::
 """
 
 from opendsec import errors
-from opendsec.client import BatchItem, BatchRun, DSecClient
+from opendsec.client import BatchFailure, BatchItem, BatchOutcome, BatchRun, DSecClient
 from opendsec.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -49,6 +49,7 @@ from opendsec.types import (
     NetworkSpec,
     ProcessInfo,
     SandboxInfo,
+    SandboxMetrics,
     SandboxState,
 )
 
@@ -60,7 +61,9 @@ __all__ = [
     "CHUNK_SIZE",
     "AlreadyExistsError",
     "AuthenticationError",
+    "BatchFailure",
     "BatchItem",
+    "BatchOutcome",
     "BatchRun",
     "CancelledError",
     "ConfigError",
@@ -88,6 +91,7 @@ __all__ = [
     "QuotaExceededError",
     "Sandbox",
     "SandboxInfo",
+    "SandboxMetrics",
     "SandboxState",
     "UnavailableError",
     "UnimplementedError",

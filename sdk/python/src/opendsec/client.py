@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
 from types import TracebackType
@@ -17,7 +18,7 @@ from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_
 from opendsec.sandbox import Sandbox
 from opendsec.types import DSecRunArgs, SandboxInfo
 
-__all__ = ["BatchItem", "BatchRun", "DSecClient"]
+__all__ = ["BatchFailure", "BatchItem", "BatchOutcome", "BatchRun", "DSecClient"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,38 @@ class BatchRun:
 
     def __await__(self) -> Generator[Any, None, list[BatchItem]]:
         return self.collect().__await__()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchFailure:
+    """A sandbox :meth:`DSecClient.pause_sandboxes` or
+    :meth:`DSecClient.resume_sandboxes` could not handle.
+
+    ``sandbox_id`` is empty when a whole node failed to answer.
+    """
+
+    sandbox_id: str
+    error: DSecError
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOutcome:
+    """What a batch pause or resume did: the sandboxes now paused (or
+    running) and the failures, one per sandbox."""
+
+    sandboxes: list[Sandbox]
+    failures: list[BatchFailure]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failures
+
+
+def _selector(labels: Mapping[str, str] | None, task_id: str | None, ids: list[str] | None) -> pb.SandboxSelector:
+    if not labels and not task_id and not ids:
+        raise ConfigError("selector: give labels, task_id or ids (an empty selector would match every sandbox)")
+    return pb.SandboxSelector(labels=dict(labels or {}), task_id=task_id or "", ids=list(ids or []))
 
 
 def _batch_item(conn: Conn, msg: pb.BatchCreateSandboxesResponse) -> BatchItem:
@@ -221,6 +254,46 @@ class DSecClient:
         req = pb.ListSandboxesRequest(labels=dict(labels or {}), task_id=task_id or "", backend=backend or "")
         resp = await self._conn.unary(self._conn.sandboxes.ListSandboxes, req, retry=True)
         return [Sandbox(self._conn, SandboxInfo.from_proto(s)) for s in resp.sandboxes]
+
+    def _outcome(self, sbs: Any, failures: Any) -> BatchOutcome:
+        return BatchOutcome(
+            sandboxes=[Sandbox(self._conn, SandboxInfo.from_proto(s)) for s in sbs],
+            failures=[
+                BatchFailure(sandbox_id=f.sandbox_id, error=from_code_name(f.error_code or "unknown", f.error_message))
+                for f in failures
+            ],
+        )
+
+    async def pause_sandboxes(
+        self,
+        labels: Mapping[str, str] | None = None,
+        task_id: str | None = None,
+        ids: list[str] | None = None,
+    ) -> BatchOutcome:
+        """Pause every sandbox matching the selector, on every node at once: the
+        preemption case of a training job (``client.pause_sandboxes(task_id=job)``).
+
+        Set selector fields are AND-ed; at least one is required (ConfigError
+        otherwise). Sandboxes fail one by one (:attr:`BatchOutcome.failures`).
+        See :meth:`Sandbox.pause` for what pausing means.
+        """
+        req = pb.PauseSandboxesRequest(selector=_selector(labels, task_id, ids))
+        resp = await self._conn.unary(self._conn.sandboxes.PauseSandboxes, req)
+        return self._outcome(resp.sandboxes, resp.failures)
+
+    async def resume_sandboxes(
+        self,
+        labels: Mapping[str, str] | None = None,
+        task_id: str | None = None,
+        ids: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> BatchOutcome:
+        """Resume every sandbox matching the selector, on every node at once.
+        ``timeout`` is as in :meth:`Sandbox.resume`."""
+        secs = 0 if timeout is None else (math.ceil(timeout) if timeout > 0 else int(timeout))
+        req = pb.ResumeSandboxesRequest(selector=_selector(labels, task_id, ids), timeout_seconds=secs)
+        resp = await self._conn.unary(self._conn.sandboxes.ResumeSandboxes, req)
+        return self._outcome(resp.sandboxes, resp.failures)
 
     async def stop_sandbox(self, sandbox_id: str) -> None:
         """Stop and delete the sandbox with this ID."""

@@ -33,6 +33,7 @@ from opendsec.types import (
     NetworkSpec,
     ProcessInfo,
     SandboxInfo,
+    SandboxMetrics,
     SandboxState,
     _headers,
 )
@@ -517,6 +518,40 @@ class Sandbox:
         )
         self._info = SandboxInfo.from_proto(resp.sandbox)
         return self._info
+
+    async def pause(self) -> SandboxInfo:
+        """Freeze every process of the sandbox (the cgroup freezer for containers).
+
+        A paused sandbox keeps its memory and files, is never stopped by its
+        timeouts (its lifetime clock stops) and persists until :meth:`resume` or
+        :meth:`stop`. Exec, file and port calls raise
+        :class:`~opendsec.errors.FailedPreconditionError` while it is paused.
+        Pausing a paused sandbox succeeds.
+        """
+        resp = await self._conn.unary(self._conn.sandboxes.PauseSandbox, pb.PauseSandboxRequest(id=self.id))
+        self._info = SandboxInfo.from_proto(resp.sandbox)
+        return self._info
+
+    async def resume(self, timeout: float | None = None) -> SandboxInfo:
+        """Thaw a paused sandbox; its processes continue where they stopped.
+
+        Its lifetime continues with what was left at the pause, or ends
+        ``timeout`` seconds from now when given. Resuming a running sandbox
+        succeeds.
+        """
+        secs = 0 if timeout is None else (math.ceil(timeout) if timeout > 0 else int(timeout))
+        resp = await self._conn.unary(
+            self._conn.sandboxes.ResumeSandbox, pb.ResumeSandboxRequest(id=self.id, timeout_seconds=secs)
+        )
+        self._info = SandboxInfo.from_proto(resp.sandbox)
+        return self._info
+
+    async def metrics(self) -> SandboxMetrics:
+        """Return the sandbox's current CPU, memory, process and disk use."""
+        resp = await self._conn.unary(
+            self._conn.sandboxes.GetSandboxMetrics, pb.GetSandboxMetricsRequest(id=self.id), retry=True
+        )
+        return SandboxMetrics.from_proto(resp.metrics)
 
     async def stop(self) -> None:
         """Stop and delete the sandbox: processes, mounts, files."""

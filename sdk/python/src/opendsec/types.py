@@ -28,6 +28,7 @@ __all__ = [
     "NetworkSpec",
     "ProcessInfo",
     "SandboxInfo",
+    "SandboxMetrics",
     "SandboxState",
 ]
 
@@ -58,6 +59,9 @@ class DSecRunArgs:
             e.g. ``{"pypi": True}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;
             ``None`` = the node's default rule sets (by default no network).
             Read back from the server it is a :class:`NetworkPolicy`.
+        auto_pause: when the lifetime (or idle) timeout ends, pause the sandbox
+            instead of stopping it (E2B's ``autoPause``); it then keeps its memory
+            and files until :meth:`Sandbox.resume` or :meth:`Sandbox.stop`.
     """
 
     backend: str = ""
@@ -73,6 +77,7 @@ class DSecRunArgs:
     pids_limit: int = 0
     workdir: str = ""
     network: NetworkSpec | None = None
+    auto_pause: bool = False
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -88,6 +93,7 @@ class DSecRunArgs:
             task_id=self.task_id or "",
             pids_limit=int(self.pids_limit or 0),
             workdir=self.workdir or "",
+            auto_pause=bool(self.auto_pause),
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -112,6 +118,7 @@ class DSecRunArgs:
             pids_limit=spec.pids_limit,
             workdir=spec.workdir,
             network=NetworkPolicy.from_proto(spec.network) if spec.HasField("network") else None,
+            auto_pause=spec.auto_pause,
         )
 
 
@@ -310,6 +317,56 @@ class SandboxInfo:
             expires_at=_ts(s.expires_at, s.HasField("expires_at")),
             last_activity_at=_ts(s.last_activity_at, s.HasField("last_activity_at")),
             reason=s.reason,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxMetrics:
+    """One sample of a sandbox's resource use (host-side, cgroup-accounted).
+
+    Attributes:
+        timestamp: when it was taken (UTC).
+        state: the sandbox's state (running or paused).
+        cpu_count: the CPU limit in cores.
+        cpu_used_pct: CPU used since the previous sample (or since start), in
+            percent of ``cpu_count`` cores (0-100).
+        cpu_usage_ns: CPU time used since the sandbox started.
+        mem_used / mem_total / mem_cache: bytes charged (page cache included),
+            the memory limit, and the page cache part.
+        pids / pids_limit: processes and their limit.
+        disk_used / disk_total: bytes written to the sandbox's root filesystem,
+            and the size of the node filesystem that holds them.
+    """
+
+    timestamp: _dt.datetime | None
+    state: SandboxState
+    cpu_count: float
+    cpu_used_pct: float
+    cpu_usage_ns: int
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    pids: int
+    pids_limit: int
+    disk_used: int
+    disk_total: int
+
+    @classmethod
+    def from_proto(cls, m: pb.SandboxMetrics) -> SandboxMetrics:
+        """Build from an ``opendsec.v1.SandboxMetrics`` message."""
+        return cls(
+            timestamp=_ts(m.timestamp, m.HasField("timestamp")),
+            state=SandboxState.from_proto(m.state),
+            cpu_count=m.cpu_count,
+            cpu_used_pct=m.cpu_used_pct,
+            cpu_usage_ns=m.cpu_usage_ns,
+            mem_used=m.mem_used_bytes,
+            mem_total=m.mem_total_bytes,
+            mem_cache=m.mem_cache_bytes,
+            pids=m.pids,
+            pids_limit=m.pids_limit,
+            disk_used=m.disk_used_bytes,
+            disk_total=m.disk_total_bytes,
         )
 
 

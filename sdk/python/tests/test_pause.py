@@ -1,0 +1,67 @@
+"""Unit tests of pause, resume, metrics and batch pause, against the fake server."""
+
+from __future__ import annotations
+
+import pytest
+from fake_server import FakeServer
+
+from opendsec import (
+    ConfigError,
+    DSecClient,
+    DSecRunArgs,
+    NotFoundError,
+    SandboxMetrics,
+    SandboxState,
+)
+from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
+
+
+async def test_pause_resume_and_metrics(client: DSecClient, server: FakeServer) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox", auto_pause=True))
+    assert server.create_requests[0].spec.auto_pause is True
+    assert sb.info.spec.auto_pause is True
+    info = await sb.pause()
+    assert info.state is SandboxState.PAUSED and sb.info.state is SandboxState.PAUSED
+    m = await sb.metrics()
+    assert isinstance(m, SandboxMetrics)
+    assert (m.cpu_count, m.cpu_used_pct, m.mem_used, m.mem_total, m.pids) == (1, 12.5, 1 << 20, 512 << 20, 2)
+    assert m.state is SandboxState.PAUSED and m.timestamp is not None
+    info = await sb.resume(timeout=90.5)
+    assert info.state is SandboxState.RUNNING
+    assert server.resume_requests[-1].timeout_seconds == 91
+    await sb.resume()
+    assert server.resume_requests[-1].timeout_seconds == 0  # keep the lifetime left at the pause
+
+
+async def test_batch_pause_by_task_and_resume_by_labels(client: DSecClient, server: FakeServer) -> None:
+    job = [await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="job", labels={"k": "v"})) for _ in range(3)]
+    other = await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="other"))
+    out = await client.pause_sandboxes(task_id="job")
+    assert out.ok and sorted(s.id for s in out.sandboxes) == sorted(s.id for s in job)
+    assert all(s.info.state is SandboxState.PAUSED for s in out.sandboxes)
+    assert server.sandboxes[other.id].state == pb.SANDBOX_STATE_RUNNING
+    out = await client.resume_sandboxes(labels={"k": "v"})
+    assert len(out.sandboxes) == 3 and all(s.info.state is SandboxState.RUNNING for s in out.sandboxes)
+
+
+async def test_batch_failures_are_per_sandbox(client: DSecClient) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    out = await client.pause_sandboxes(ids=[sb.id, "nosuch"])
+    assert [s.id for s in out.sandboxes] == [sb.id]
+    assert not out.ok and out.failures[0].sandbox_id == "nosuch"
+    assert isinstance(out.failures[0].error, NotFoundError)
+
+
+async def test_empty_selector_is_refused_before_sending(client: DSecClient, server: FakeServer) -> None:
+    with pytest.raises(ConfigError, match="selector"):
+        await client.pause_sandboxes()
+    with pytest.raises(ConfigError, match="selector"):
+        await client.resume_sandboxes(labels={})
+    assert not any(m == "PauseSandboxes" for m, _ in server.auth)
+
+
+async def test_pause_unknown_sandbox(client: DSecClient) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    await sb.stop()
+    with pytest.raises(NotFoundError):
+        await sb.pause()
