@@ -39,6 +39,7 @@ type networkJSON struct {
 	MaskRequestHost     *string         `json:"maskRequestHost"`
 	HTTPSPorts          []uint32        `json:"httpsPorts"`
 	Rules               json.RawMessage `json:"rules"`
+	DNSServers          []string        `json:"dns_servers"`
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 }
 
@@ -57,6 +58,8 @@ func (n *networkJSON) unsupported(prefix string) error {
 		return errdefs.Invalid(prefix+"rules", "(header transforms) are not supported by OpenDsec's E2B gateway; leave them unset")
 	case n.MaskRequestHost != nil && *n.MaskRequestHost != "":
 		return errdefs.Invalid(prefix+"maskRequestHost", "is not supported by OpenDsec's E2B gateway; leave it unset")
+	case len(n.DNSServers) > 0:
+		return errdefs.Invalid(prefix+"dns_servers", "cannot be chosen: sandboxes resolve through their node's DNS proxy, which enforces domain rules; leave it unset")
 	}
 	for i, p := range n.HTTPSPorts {
 		if p < 1 || p > 65535 || p == EnvdPort {

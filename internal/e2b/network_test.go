@@ -121,6 +121,7 @@ func TestCreateAndUpdateNetwork(t *testing.T) {
 	}{
 		{h.keyA, `{"denyOut":["nope"]}`, 400},
 		{h.keyA, `{"egressProxy":{"address":"1.2.3.4:1080"}}`, 400},
+		{h.keyA, `{"dns_servers":["1.1.1.1"]}`, 400},
 		{h.keyA, `{"allowOut":`, 400},
 		{h.keyB, `{}`, 404},
 	} {
