@@ -35,6 +35,7 @@ from opendsec.errors import (
 from opendsec.errors import (
     TimeoutError as TimeoutError,
 )
+from opendsec.images import GCResult, Image, ImageConfig, ImageLayer, Images, ImportProgress, VerifyResult
 from opendsec.ports import PortStream
 from opendsec.sandbox import CHUNK_SIZE, ExecProcess, Files, Sandbox
 from opendsec.types import (
@@ -78,7 +79,13 @@ __all__ = [
     "FileInfo",
     "FileType",
     "Files",
+    "GCResult",
     "HTTPResponse",
+    "Image",
+    "ImageConfig",
+    "ImageLayer",
+    "Images",
+    "ImportProgress",
     "InternalError",
     "InvalidArgumentError",
     "NetworkPolicy",
@@ -95,6 +102,7 @@ __all__ = [
     "SandboxState",
     "UnavailableError",
     "UnimplementedError",
+    "VerifyResult",
     "__version__",
     "errors",
 ]

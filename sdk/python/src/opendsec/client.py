@@ -15,6 +15,7 @@ import grpc.aio
 from opendsec._conn import Conn
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
 from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_name, from_grpc_error
+from opendsec.images import Images
 from opendsec.sandbox import Sandbox
 from opendsec.types import DSecRunArgs, SandboxInfo
 
@@ -167,6 +168,8 @@ class DSecClient:
         retry_backoff: float = 0.25,
     ) -> None:
         self._conn = Conn(endpoint, token, timeout=timeout, max_retries=max_retries, retry_backoff=retry_backoff)
+        self.images: Images = Images(self._conn)
+        """The shared image store: import, list, get, tag, remove, compose, gc, verify."""
 
     def __repr__(self) -> str:
         return f"DSecClient(endpoint={self._conn.endpoint!r})"

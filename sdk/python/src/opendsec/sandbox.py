@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,6 +23,7 @@ from opendsec.errors import (
     NotFoundError,
     from_grpc_error,
 )
+from opendsec.images import Image, Images
 from opendsec.ports import PortStream
 from opendsec.types import (
     ExecEvent,
@@ -697,6 +698,23 @@ class Sandbox:
         return HTTPResponse(
             status=resp.status, headers=[(h.name, h.value) for h in resp.headers], body=bytes(resp.body)
         )
+
+
+    async def pack_diff(self, name: str, scrub_paths: Sequence[str] | None = None) -> Image:
+        """Save this sandbox's changes (its writable layer) as a new layer on top
+        of its image: a new image ``name`` that new sandboxes start from. The
+        sandbox keeps running and the original image is unchanged.
+
+        Args:
+            name: the new image's name, e.g. ``"team/env:with-deps"``.
+            scrub_paths: absolute paths left out of the new layer (the image's own
+                version, if any, shows through), e.g. ``["/root/.cache"]``.
+
+        Raises:
+            InvalidArgumentError: a bad name or scrub path (``err.field`` names it).
+            NotFoundError: the sandbox is gone.
+        """
+        return await Images(self._conn).pack_diff(self.id, name, scrub_paths)
 
 
 def _with_state(info: SandboxInfo, state: SandboxState) -> SandboxInfo:
