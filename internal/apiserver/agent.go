@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -18,6 +21,7 @@ import (
 // agent reaches one sandbox's agent through its node's proxy.
 type agent struct {
 	id   string
+	node *nodeConn
 	base string // <node>/agent/<id>
 	proc processconnect.ProcessClient
 	fs   filesystemconnect.FilesystemClient
@@ -31,6 +35,7 @@ func (s *Server) agentFor(id string) (*agent, error) {
 	base := n.address + "/agent/" + id
 	return &agent{
 		id:   id,
+		node: n,
 		base: base,
 		proc: processconnect.NewProcessClient(s.hc, base),
 		fs:   filesystemconnect.NewFilesystemClient(s.hc, base),
@@ -53,6 +58,8 @@ func httpErr(resp *http.Response, what string) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var body struct {
 		Message string `json:"message"`
+		// Status is the node's connect code name for the category.
+		Status string `json:"status"`
 	}
 	msg := ""
 	if json.Unmarshal(b, &body) == nil && body.Message != "" {
@@ -62,6 +69,10 @@ func httpErr(resp *http.Response, what string) error {
 	}
 	if msg == "" {
 		msg = what + ": " + resp.Status
+	}
+	var code connect.Code
+	if body.Status != "" && code.UnmarshalText([]byte(body.Status)) == nil {
+		return errdefs.FromConnect(connect.NewError(code, errors.New(msg)))
 	}
 	var cat error
 	switch resp.StatusCode {
@@ -103,6 +114,16 @@ func ctxErr(ctx context.Context, err error) error {
 func (a *agent) agentErr(ctx context.Context, what string, err error) error {
 	if connect.CodeOf(err) == connect.CodeUnimplemented && strings.Contains(err.Error(), "404") {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", a.id)
+	}
+	// A streaming Connect client drops the body of a non-200 answer, so a
+	// proxy refusal (400) arrives without its reason. The one the node gives
+	// is a paused sandbox; ask the node (only on this error path).
+	if c := connect.CodeOf(err); (c == connect.CodeInternal || c == connect.CodeUnknown || c == connect.CodeInvalidArgument) &&
+		strings.Contains(err.Error(), "HTTP status 400") && a.node != nil && ctx.Err() == nil {
+		resp, gerr := a.node.client.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: a.id}))
+		if gerr == nil && resp.Msg.GetSandbox().GetState() == v1.SandboxState_SANDBOX_STATE_PAUSED {
+			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", a.id)
+		}
 	}
 	return remoteErr(ctx, what, err)
 }

@@ -136,9 +136,12 @@ func (n *Node) AgentProxy() http.Handler {
 	})
 }
 
+// writeJSONError answers {"code": <http status>, "message", "status": <connect
+// code name>}; status keeps categories that share an HTTP status apart
+// (failed_precondition and invalid_argument are both 400).
 func writeJSONError(w http.ResponseWriter, err error) {
 	code := errdefs.HTTPStatus(err)
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q}\n", code, err.Error())
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", code, err.Error(), errdefs.Code(err).String())
 }
