@@ -115,14 +115,17 @@ type machine struct {
 }
 
 type report struct {
-	cfg     config
-	machine machine
-	started time.Time
-	elapsed time.Duration
-	paths   []*pathResult
-	setup   series
-	change  series
-	down    series
+	cfg        config
+	machine    machine
+	started    time.Time
+	elapsed    time.Duration
+	paths      []*pathResult
+	setup      series
+	change     series // SetRules with a nearly empty conntrack table
+	changeFull series // SetRules after the TCP phase
+	down       series
+	// conntrack entries in the node namespace before each SetRules pass
+	ctBefore, ctAfter int
 	// nftRules is the number of rules in one sandbox's two chains.
 	nftRules int
 }
@@ -162,7 +165,7 @@ func (r *report) markdown() string {
 	p("| run time | %s |", r.elapsed.Round(time.Second))
 	p("| load average (start → end) | %s → %s |", m.loadStart, m.loadEnd)
 	p("")
-	p("## Network setup (%d sandboxes, one at a time, all kept until the teardown phase)", r.cfg.setups)
+	p("## Network setup (%d sandboxes, one at a time; all exist during the TCP phase below)", r.cfg.setups)
 	p("")
 	p("| step | p50 | p95 | mean | max |")
 	p("|---|---|---|---|---|")
@@ -170,12 +173,15 @@ func (r *report) markdown() string {
 		name string
 		s    series
 	}{
-		{"`Setup` (netns, veth pair, /31, routes, nftables chains + map entries, state file)", r.setup},
-		{"`SetRules` (replace the rules atomically, cut flows no longer allowed)", r.change},
-		{"`Teardown` (chains, map entries, veth, netns, address)", r.down},
+		{"`Setup`: netns, veth pair, /31, routes, nftables chains + map entries, state file", r.setup},
+		{fmt.Sprintf("`SetRules`: replace the rules atomically and cut flows no longer allowed; %d conntrack entries on the node", r.ctBefore), r.change},
+		{fmt.Sprintf("`SetRules` again after the TCP phase: %d conntrack entries on the node", r.ctAfter), r.changeFull},
+		{"`Teardown`: chains, map entries, veth, netns, address, state", r.down},
 	} {
 		p("| %s | %s | %s | %s | %s |", row.name, ms(row.s.pct(50)), ms(row.s.pct(95)), ms(row.s.mean()), ms(row.s.pct(100)))
 	}
+	p("")
+	p("`SetRules` cuts flows by dumping the node's whole conntrack table (`ConntrackDeleteFilters`), so its cost grows with the table, not with the sandbox.")
 	p("")
 	p("## TCP through the policy vs unpoliced (%d rounds, paths interleaved)", r.cfg.rounds)
 	p("")

@@ -403,6 +403,45 @@ func run(ctx context.Context, c config) (_ *report, err error) {
 		return nil, err
 	}
 
+	fmt.Fprintf(os.Stderr, "== setup x%d\n", c.setups)
+	ids := make([]string, c.setups)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("benchnet%05d", i)
+	}
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		t0 := time.Now()
+		_, err := m.Setup(ctx, id, netpolicy.Rules{Allow: []netpolicy.Rule{{CIDR: inetAddr + "/32", Protocol: "tcp", Ports: "443"}}})
+		if err != nil {
+			return nil, fmt.Errorf("set up %s: %w", id, err)
+		}
+		r.setup = append(r.setup, time.Since(t0))
+		made = append(made, id)
+	}
+	// SetRules cuts flows the new rules forbid by walking the node's
+	// conntrack table: time it with the table nearly empty and again after
+	// the TCP phase has filled it.
+	setRules := func(ports string) (series, int, error) {
+		n, err := conntrackEntries(node)
+		if err != nil {
+			return nil, 0, err
+		}
+		var s series
+		for _, id := range ids {
+			t0 := time.Now()
+			if err := m.SetRules(ctx, id, netpolicy.Rules{Allow: []netpolicy.Rule{{CIDR: inetAddr + "/32", Protocol: "tcp", Ports: ports}}}); err != nil {
+				return nil, 0, fmt.Errorf("set rules of %s: %w", id, err)
+			}
+			s = append(s, time.Since(t0))
+		}
+		return s, n, nil
+	}
+	if r.change, r.ctBefore, err = setRules("80"); err != nil {
+		return nil, err
+	}
+
 	paths := []path{
 		{res: &pathResult{name: "direct veth", what: "client netns ↔ veth ↔ server netns; no node, no nftables"}, ns: direct, addr: directSrv},
 		{res: &pathResult{name: "routed, unpoliced", what: "client netns ↔ veth ↔ node netns (routing, forwarding; the opendsec table's base chains miss) ↔ veth ↔ server"}, ns: routed, addr: inetAddr},
@@ -427,29 +466,9 @@ func run(ctx context.Context, c config) (_ *report, err error) {
 		}
 	}
 
-	fmt.Fprintf(os.Stderr, "== setup x%d\n", c.setups)
-	ids := make([]string, c.setups)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("benchnet%05d", i)
-	}
-	for _, id := range ids {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		t0 := time.Now()
-		_, err := m.Setup(ctx, id, netpolicy.Rules{Allow: []netpolicy.Rule{{CIDR: inetAddr + "/32", Protocol: "tcp", Ports: "443"}}})
-		if err != nil {
-			return nil, fmt.Errorf("set up %s: %w", id, err)
-		}
-		r.setup = append(r.setup, time.Since(t0))
-		made = append(made, id)
-	}
-	for _, id := range ids {
-		t0 := time.Now()
-		if err := m.SetRules(ctx, id, netpolicy.Rules{Allow: []netpolicy.Rule{{CIDR: inetAddr + "/32", Protocol: "tcp", Ports: "80"}}}); err != nil {
-			return nil, fmt.Errorf("set rules of %s: %w", id, err)
-		}
-		r.change = append(r.change, time.Since(t0))
+	fmt.Fprintf(os.Stderr, "== set rules and tear down x%d\n", c.setups)
+	if r.changeFull, r.ctAfter, err = setRules("8080"); err != nil {
+		return nil, err
 	}
 	for _, id := range ids {
 		t0 := time.Now()
@@ -461,6 +480,25 @@ func run(ctx context.Context, c config) (_ *report, err error) {
 	}
 	r.elapsed = time.Since(r.started)
 	return r, nil
+}
+
+// conntrackEntries counts the IPv4 conntrack entries in the namespace at path.
+func conntrackEntries(path string) (int, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return 0, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		return 0, fmt.Errorf("list conntrack: %w", err)
+	}
+	return len(flows), nil
 }
 
 func slicesDelete(s []string, v string) []string {
