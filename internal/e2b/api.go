@@ -74,13 +74,14 @@ type detailJSON struct {
 
 // newSandboxJSON is NewSandbox (v1) and NewSandboxV2.
 type newSandboxJSON struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int64            `json:"timeout"`
-	AutoPause  *bool             `json:"autoPause"`
-	Secure     *bool             `json:"secure"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	AutoResume *struct {
+	TemplateID      string            `json:"templateID"`
+	Timeout         *int64            `json:"timeout"`
+	AutoPause       *bool             `json:"autoPause"`
+	AutoPauseMemory *bool             `json:"autoPauseMemory"`
+	Secure          *bool             `json:"secure"`
+	Metadata        map[string]string `json:"metadata"`
+	EnvVars         map[string]string `json:"envVars"`
+	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
@@ -105,10 +106,11 @@ func (g *Gateway) apiMux() http.Handler {
 	h("POST /sandboxes/{id}/pause", g.pause)
 	h("POST /sandboxes/{id}/resume", g.resume)
 	h("GET /sandboxes/{id}/metrics", g.metrics)
+	h("GET /sandboxes/metrics", g.metricsMany)
 	h("PUT /sandboxes/{id}/network", g.updateNetwork)
 	for _, p := range []string{
 		"POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/snapshots", "GET /snapshots",
-		"GET /sandboxes/metrics", "GET /sandboxes/{id}/logs",
+		"GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
 		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
 	} {
@@ -220,8 +222,17 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "mcp: the MCP gateway is not supported by OpenDsec's E2B gateway yet")
 			return
 		}
-		if req.AutoPause != nil && *req.AutoPause {
-			writeError(w, http.StatusBadRequest, "autoPause: pausing is not supported by OpenDsec's E2B gateway yet; leave it unset")
+		autoPause := req.AutoPause != nil && *req.AutoPause
+		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+			if !autoPause {
+				writeError(w, http.StatusBadRequest, "autoPauseMemory: only meaningful with autoPause: true")
+				return
+			}
+			writeError(w, http.StatusBadRequest, "autoPauseMemory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
+			return
+		}
+		if autoPause && req.AutoResume != nil && req.AutoResume.Enabled {
+			writeError(w, http.StatusBadRequest, "autoResume: resuming on traffic is not supported by OpenDsec's E2B gateway yet; resume with connect")
 			return
 		}
 		secure := v2 || req.Secure == nil || *req.Secure
@@ -260,6 +271,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			User:           g.cfg.User,
 			Workdir:        homeOf(g.cfg.User),
 			Network:        network,
+			AutoPause:      autoPause,
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil {
@@ -334,6 +346,9 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		out.Domain = &d
 		out.AllowInternetAccess = internetAllowed(sb.GetSpec().GetNetwork())
 		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
+		if sb.GetSpec().GetAutoPause() {
+			out.Lifecycle.OnTimeout = "pause"
+		}
 		if l[labelSecure] == "true" {
 			out.EnvdAccessToken = g.accessToken(sb.GetId())
 		}
@@ -463,7 +478,8 @@ func (g *Gateway) refresh(w http.ResponseWriter, r *http.Request) {
 }
 
 // connect extends a running sandbox's lifetime (never shortens it) and
-// returns it with 200 (201 would mean it was resumed from pause).
+// returns it with 200, or resumes a paused one (lifetime: timeout from now)
+// and returns it with 201.
 func (g *Gateway) connect(defTimeout int64) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
@@ -487,8 +503,17 @@ func (g *Gateway) connect(defTimeout int64) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
+		if body.Memory != nil && !*body.Memory {
+			writeError(w, http.StatusBadRequest, "memory: false (a cold boot from the filesystem) is not supported; OpenDsec keeps a paused sandbox's memory, leave it unset")
+			return
+		}
 		if stateOf(sb) == "paused" {
-			writeError(w, http.StatusNotImplemented, "sandbox %s is paused and resuming is not supported by OpenDsec's E2B gateway yet", sb.GetId())
+			sb, err := g.resumeSandbox(r.Context(), sb.GetId(), t)
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			writeJSON(w, http.StatusCreated, g.sandboxOf(sb))
 			return
 		}
 		if t > 0 {
@@ -501,7 +526,19 @@ func (g *Gateway) connect(defTimeout int64) http.HandlerFunc {
 	}
 }
 
+// pause freezes the sandbox: 204, or 409 when it already is paused.
 func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if body.Memory != nil && !*body.Memory {
+		writeError(w, http.StatusBadRequest, "memory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
+		return
+	}
 	sb, err := g.lookup(r.Context(), sandboxID(r))
 	if err != nil {
 		writeErr(w, err)
@@ -511,10 +548,50 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox %s is already paused", sb.GetId())
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "pausing sandboxes is not supported by OpenDsec's E2B gateway yet")
+	g.forget(sb.GetId())
+	if _, err := g.cfg.API.PauseSandbox(r.Context(), connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId()})); err != nil {
+		writeErr(w, fmt.Errorf("pause sandbox: %w", errdefs.FromConnect(err)))
+		return
+	}
+	g.forget(sb.GetId())
+	w.WriteHeader(http.StatusNoContent)
 }
 
+// resumeSandbox thaws a paused sandbox; its lifetime ends timeout seconds
+// from now (E2B restarts the clock on resume).
+func (g *Gateway) resumeSandbox(ctx context.Context, id string, timeout int64) (*v1.Sandbox, error) {
+	resp, err := g.cfg.API.ResumeSandbox(ctx, connect.NewRequest(&v1.ResumeSandboxRequest{Id: id, TimeoutSeconds: max(timeout, 1)}))
+	if err != nil {
+		return nil, fmt.Errorf("resume sandbox: %w", errdefs.FromConnect(err))
+	}
+	g.forget(id)
+	return resp.Msg.GetSandbox(), nil
+}
+
+// resume is the deprecated POST /sandboxes/{id}/resume: 201 with the
+// sandbox, or 409 when it is running.
 func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout   *int64 `json:"timeout"`
+		AutoPause *bool  `json:"autoPause"`
+		Memory    *bool  `json:"memory"`
+	}
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	t := int64(15)
+	if body.Timeout != nil {
+		t = *body.Timeout
+	}
+	if err := checkTimeout("timeout", t); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if body.Memory != nil && !*body.Memory {
+		writeError(w, http.StatusBadRequest, "memory: false (a cold boot from the filesystem) is not supported; leave it unset")
+		return
+	}
 	sb, err := g.lookup(r.Context(), sandboxID(r))
 	if err != nil {
 		writeErr(w, err)
@@ -524,17 +601,122 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox %s is already running", sb.GetId())
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "resuming sandboxes is not supported by OpenDsec's E2B gateway yet")
-}
-
-// metrics answers with no samples: OpenDsec does not record sandbox metrics
-// time series yet.
-func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
-	if _, err := g.lookup(r.Context(), sandboxID(r)); err != nil {
+	if sb, err = g.resumeSandbox(r.Context(), sb.GetId(), t); err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, []any{})
+	writeJSON(w, http.StatusCreated, g.sandboxOf(sb))
+}
+
+// metricJSON is E2B's SandboxMetric.
+type metricJSON struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int32     `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+func metricOf(m *v1.SandboxMetrics) metricJSON {
+	ts := m.GetTimestamp().AsTime().UTC()
+	return metricJSON{
+		Timestamp:     ts,
+		TimestampUnix: ts.Unix(),
+		CPUCount:      int32(max(1, math.Ceil(m.GetCpuCount()))),
+		CPUUsedPct:    math.Round(m.GetCpuUsedPct()*100) / 100,
+		MemUsed:       m.GetMemUsedBytes(),
+		MemTotal:      m.GetMemTotalBytes(),
+		MemCache:      m.GetMemCacheBytes(),
+		DiskUsed:      m.GetDiskUsedBytes(),
+		DiskTotal:     m.GetDiskTotalBytes(),
+	}
+}
+
+// metrics answers GET /sandboxes/{id}/metrics?start=&end= (unix seconds).
+// OpenDsec keeps no metrics history: the answer is the current sample when
+// "now" is within the window (E2B's 10 s tolerance included), else [].
+func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var bounds [2]*time.Time
+	for i, name := range []string{"start", "end"} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				writeError(w, http.StatusBadRequest, "%s: %q is not a unix time in seconds", name, v)
+				return
+			}
+			t := time.Unix(n, 0)
+			bounds[i] = &t
+		}
+	}
+	if bounds[0] != nil && bounds[1] != nil && bounds[1].Before(*bounds[0]) {
+		writeError(w, http.StatusBadRequest, "end: is before start")
+		return
+	}
+	sb, err := g.lookup(r.Context(), sandboxID(r))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	now := time.Now()
+	const slack = 10 * time.Second
+	if (bounds[0] != nil && now.Before(bounds[0].Add(-slack))) || (bounds[1] != nil && now.After(bounds[1].Add(slack))) {
+		writeJSON(w, http.StatusOK, []metricJSON{})
+		return
+	}
+	resp, err := g.cfg.API.GetSandboxMetrics(r.Context(), connect.NewRequest(&v1.GetSandboxMetricsRequest{Id: sb.GetId()}))
+	if err != nil {
+		writeErr(w, fmt.Errorf("get sandbox metrics: %w", errdefs.FromConnect(err)))
+		return
+	}
+	writeJSON(w, http.StatusOK, []metricJSON{metricOf(resp.Msg.GetMetrics())})
+}
+
+// metricsMany answers GET /sandboxes/metrics?sandbox_ids=a,b (at most 100)
+// with the current sample of each of the caller's sandboxes; unknown ones
+// are left out.
+func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
+	var ids []string
+	for _, v := range r.URL.Query()["sandbox_ids"] {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 || len(ids) > 100 {
+		writeError(w, http.StatusBadRequest, "sandbox_ids: give 1 to 100 comma-separated sandbox IDs, got %d", len(ids))
+		return
+	}
+	out := map[string]metricJSON{}
+	for _, id := range ids {
+		if i := strings.IndexByte(id, '-'); i >= 0 {
+			id = id[:i]
+		}
+		sb, err := g.lookup(r.Context(), id)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		resp, err := g.cfg.API.GetSandboxMetrics(r.Context(), connect.NewRequest(&v1.GetSandboxMetricsRequest{Id: sb.GetId()}))
+		if err != nil {
+			err = errdefs.FromConnect(err)
+			if errdefs.IsNotFound(err) {
+				continue
+			}
+			writeErr(w, fmt.Errorf("get sandbox metrics: %w", err))
+			return
+		}
+		out[id] = metricOf(resp.Msg.GetMetrics())
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
 
 // parseMetadataQuery decodes the list filter "k=v&k2=v2" (itself

@@ -305,9 +305,6 @@ func TestConnectNeverShortensAndTimeout(t *testing.T) {
 	if w, _ := h.do(h.keyA, "POST", "/sandboxes/n001aaaaaaaaaaaaaaaa/connect", `{"timeout":10}`); w.Code != http.StatusNotFound {
 		t.Fatalf("connect unknown: %d", w.Code)
 	}
-	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", ``); w.Code != http.StatusNotImplemented || m["code"] != float64(501) {
-		t.Fatalf("pause: %d %v", w.Code, m)
-	}
 }
 
 func TestProxyRefusesUnknownAndInternal(t *testing.T) {
