@@ -97,8 +97,12 @@ func (r *report) markdown() string {
 	}
 	var rows []row
 	seen := map[string]bool{}
-	for _, im := range r.images {
-		for _, n := range []int{c.smallCount, c.baselineBig, c.count} {
+	for i, im := range r.images {
+		counts := []int{c.baselineBig, c.count} // the big image is last
+		if i < len(r.images)-1 {
+			counts = []int{c.smallCount}
+		}
+		for _, n := range counts {
 			k := fmt.Sprintf("%s|%d", im.label, n)
 			if n > 0 && !seen[k] && (r.results[key("ours", im, n)] != nil || r.results[key("baseline", im, n)] != nil) {
 				seen[k] = true
