@@ -32,6 +32,7 @@ type config struct {
 	out      string
 	command  string
 	revision string
+	api      apiConfig
 }
 
 func main() {
@@ -42,6 +43,13 @@ func main() {
 	flag.IntVar(&c.conns, "conns", 500, "new connections (connect + one round trip + close) per path per round")
 	flag.IntVar(&c.msg, "msg", 64, "request/response size in bytes")
 	flag.DurationVar(&c.bulk, "bulk", time.Second, "bulk transfer time per path per round")
+	flag.StringVar(&c.api.endpoint, "endpoint", "", "also measure a sandbox port through this apiserver (host:port); empty skips the inbound section")
+	flag.StringVar(&c.api.tokenFile, "token-file", "", "file with the token for -endpoint")
+	flag.StringVar(&c.api.netnsDir, "netns-dir", "", "the node's network.netns_dir, for the in-sandbox baseline of the inbound section")
+	flag.StringVar(&c.api.image, "image", "root/busybox", "image of the inbound section's sandbox (needs busybox nc and httpd)")
+	flag.IntVar(&c.api.rr, "api-rr", 2000, "inbound: round trips per path per round")
+	flag.IntVar(&c.api.conns, "api-conns", 200, "inbound: new connections per path per round")
+	flag.IntVar(&c.api.bulkMiB, "api-bulk-mib", 64, "inbound: MiB downloaded per path per round")
 	flag.StringVar(&c.out, "out", "", "write the markdown report here too (default: print only)")
 	flag.StringVar(&c.command, "command", "", "command line to record in the report")
 	flag.StringVar(&c.revision, "revision", "", "source revision to record in the report")
@@ -56,6 +64,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := run(ctx, c)
+	if err == nil && c.api.endpoint != "" {
+		c.api.rounds = c.rounds
+		r.inbound, err = inbound(ctx, c.api)
+		r.elapsed = time.Since(r.started)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "error: %s\n", err)
 		os.Exit(1)
@@ -128,6 +141,7 @@ type report struct {
 	ctBefore, ctAfter int
 	// nftRules is the number of rules in one sandbox's two chains.
 	nftRules int
+	inbound  *apiResult
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
@@ -197,6 +211,23 @@ func (r *report) markdown() string {
 			float64(pol.rr.pct(50)-base.rr.pct(50))/1e3, ratio(pol.rr.pct(50), base.rr.pct(50)),
 			float64(pol.conn.pct(50)-base.conn.pct(50))/1e3, ratio(pol.conn.pct(50), base.conn.pct(50)),
 			median(pol.mbps)/max(median(base.mbps), 1e-9))
+		p("")
+	}
+	if in := r.inbound; in != nil {
+		p("## Inbound: a port inside a sandbox, through the API vs from inside the sandbox (%d rounds, interleaved)", in.cfg.rounds)
+		p("")
+		p("A `%s` sandbox on the system at `%s` runs `nc -ll -p %d -e /bin/cat` (a fork+exec of cat per connection) and `httpd` serving a %d MiB file.", in.cfg.image, in.cfg.endpoint, echoPort, in.cfg.bulkMiB)
+		p("")
+		p("| path | what | round trip p50 | round trip p99 | new connection p50 | new connection p99 | download MB/s (median of rounds) |")
+		p("|---|---|---|---|---|---|---|")
+		for _, pr := range []*pathResult{in.api, in.local} {
+			if len(pr.rr) == 0 {
+				continue
+			}
+			p("| %s | %s | %s | %s | %s | %s | %.0f |", pr.name, pr.what, us(pr.rr.pct(50)), us(pr.rr.pct(99)), us(pr.conn.pct(50)), us(pr.conn.pct(99)), median(pr.mbps))
+		}
+		p("")
+		p("Round trip: 64 bytes to the echo server and back on one open stream, %d per round. New connection: open the stream (`ConnectPort` returns once the agent connected to the port), one round trip, close; %d per round — it includes nc's fork+exec of cat. Download: one HTTP/1.0 GET of the file, MB = 10^6 bytes.", in.cfg.rr, in.cfg.conns)
 		p("")
 	}
 	p("How it was measured:")

@@ -146,6 +146,16 @@ func vethBetween(a, aName, aAddr, b, bName, bAddr string, bits int) error {
 	return inNS(b, func() error { return up(bName, bAddr) })
 }
 
+// dialInNS connects to addr from the namespace at path.
+func dialInNS(path, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := inNS(path, func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
 func addRoute(ns, dst, gw string) error {
 	return inNS(ns, func() error {
 		_, d, err := net.ParseCIDR(dst)
