@@ -211,6 +211,13 @@ func (r *report) markdown() string {
 			float64(pol.rr.pct(50)-base.rr.pct(50))/1e3, ratio(pol.rr.pct(50), base.rr.pct(50)),
 			float64(pol.conn.pct(50)-base.conn.pct(50))/1e3, ratio(pol.conn.pct(50), base.conn.pct(50)),
 			median(pol.mbps)/max(median(base.mbps), 1e-9))
+		if len(r.paths) == 3 {
+			rt := r.paths[1]
+			p("Policed vs routed unpoliced (the policy's own cost: per-sandbox chains, NAT): round trip p50 %+.1f µs (%.2fx), new connection p50 %+.1f µs (%.2fx), bulk %.2fx.",
+				float64(pol.rr.pct(50)-rt.rr.pct(50))/1e3, ratio(pol.rr.pct(50), rt.rr.pct(50)),
+				float64(pol.conn.pct(50)-rt.conn.pct(50))/1e3, ratio(pol.conn.pct(50), rt.conn.pct(50)),
+				median(pol.mbps)/max(median(rt.mbps), 1e-9))
+		}
 		p("")
 	}
 	if in := r.inbound; in != nil {
