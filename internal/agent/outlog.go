@@ -34,7 +34,11 @@ type cursor struct {
 // kind are merged into chunks of up to maxChunk bytes. When the chunks cost
 // more than max bytes of memory (data buffers plus bookkeeping) the oldest
 // are dropped; a reader that falls behind them learns how many bytes it
-// lost. Writers never block on readers.
+// lost. While readers are attached (a client streams the output), a writer
+// instead waits for the slowest of them before dropping what it has not
+// read, so the process blocks on its full pipe as under envd and a
+// streaming client loses nothing; with nobody attached, writers never
+// block.
 type outLog struct {
 	mu      sync.Mutex
 	max     int
@@ -43,10 +47,63 @@ type outLog struct {
 	total   int64      // bytes ever appended
 	closed  bool
 	changed chan struct{}
+	// readers are the attached readers' positions; readerMoved is signalled when
+	// one advances or detaches.
+	readers     map[*outReader]struct{}
+	readerMoved *sync.Cond
+}
+
+// outReader is an attached reader's position in an outLog.
+type outReader struct {
+	off int64
 }
 
 func newOutLog(max int) *outLog {
-	return &outLog{max: max, changed: make(chan struct{})}
+	l := &outLog{max: max, changed: make(chan struct{}), readers: map[*outReader]struct{}{}}
+	l.readerMoved = sync.NewCond(&l.mu)
+	return l
+}
+
+// attach registers a reader at c; writers wait for it before dropping
+// output it has not read. Call detach when it stops reading.
+func (l *outLog) attach(c cursor) *outReader {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := &outReader{off: c.off}
+	l.readers[r] = struct{}{}
+	return r
+}
+
+// advance records that r has read everything before c.
+func (l *outLog) advance(r *outReader, c cursor) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.off > r.off {
+		r.off = c.off
+		l.readerMoved.Broadcast()
+	}
+}
+
+func (l *outLog) detach(r *outReader) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.readers, r)
+	l.readerMoved.Broadcast()
+}
+
+// oldestUnread reports whether an attached reader has not yet read all of
+// the oldest retained chunk. Callers hold mu.
+func (l *outLog) oldestUnread() bool {
+	if len(l.events) == 0 {
+		return false
+	}
+	end := l.events[0].off + int64(len(l.events[0].data))
+	for r := range l.readers {
+		if r.off < end {
+			return true
+		}
+	}
+	return false
 }
 
 // append adds data to the log and takes ownership of it: the log may append
@@ -57,6 +114,11 @@ func (l *outLog) append(kind outKind, data []byte) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Wait until dropping the oldest chunk to make room would lose nothing
+	// an attached reader still has to read.
+	for !l.closed && l.size+len(data)+eventCost > l.max && len(l.events) > 1 && l.oldestUnread() {
+		l.readerMoved.Wait()
+	}
 	if l.closed {
 		return
 	}
@@ -72,7 +134,9 @@ func (l *outLog) append(kind outKind, data []byte) {
 		l.size += cap(data) + eventCost
 	}
 	l.total += int64(len(data))
-	for l.size > l.max && len(l.events) > 1 {
+	// Never drop what an attached reader has not read (the wait above keeps
+	// the overshoot to one chunk's growth).
+	for l.size > l.max && len(l.events) > 1 && !l.oldestUnread() {
 		l.size -= cap(l.events[0].data) + eventCost
 		l.events[0] = outEvent{}
 		l.events = l.events[1:]
@@ -87,6 +151,7 @@ func (l *outLog) close() {
 	if !l.closed {
 		l.closed = true
 		l.notifyLocked()
+		l.readerMoved.Broadcast()
 	}
 }
 
@@ -96,6 +161,7 @@ func (l *outLog) release() {
 	defer l.mu.Unlock()
 	l.events = nil
 	l.size = 0
+	l.readerMoved.Broadcast()
 }
 
 func (l *outLog) notifyLocked() {

@@ -149,3 +149,63 @@ func equalStrings(a, b []string) bool {
 	}
 	return true
 }
+
+// An attached reader makes writers wait instead of dropping what it has not
+// read; detaching lets them drop again.
+func TestOutLogWaitsForAttachedReader(t *testing.T) {
+	const max = 256 << 10
+	l := newOutLog(max)
+	r := l.attach(cursor{})
+	const total = 4 * max
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		for i := 0; i < total; i += 1024 {
+			chunk := make([]byte, 1024)
+			for j := range chunk {
+				chunk[j] = patternByte(i + j)
+			}
+			l.append(outStdout, chunk)
+		}
+		l.close()
+	}()
+	var got []byte
+	c := cursor{}
+	for {
+		evs, next, dropped, done, wait := l.read(c, 64<<10)
+		if dropped > 0 {
+			t.Fatalf("an attached reader lost %d bytes at offset %d", dropped, c.off)
+		}
+		for _, e := range evs {
+			got = append(got, e.data...)
+		}
+		c = next
+		l.advance(r, c)
+		if done {
+			break
+		}
+		if len(evs) == 0 {
+			<-wait
+		}
+	}
+	<-wrote
+	if len(got) != total {
+		t.Fatalf("read %d bytes; want %d", len(got), total)
+	}
+	for i, b := range got {
+		if b != patternByte(i) {
+			t.Fatalf("byte %d = %d; want %d", i, b, patternByte(i))
+		}
+	}
+
+	// A detached reader no longer holds writers back: they drop.
+	l2 := newOutLog(max)
+	r2 := l2.attach(cursor{})
+	l2.detach(r2)
+	for i := 0; i < total; i += 1024 {
+		l2.append(outStdout, make([]byte, 1024)) // must not block
+	}
+	if _, _, dropped, _, _ := l2.read(cursor{}, 1024); dropped == 0 {
+		t.Fatal("with no reader attached nothing was dropped")
+	}
+}

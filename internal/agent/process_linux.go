@@ -47,6 +47,8 @@ type proc struct {
 	isPTY  bool
 	out    *outLog
 	handle *os.Process
+	// owner is the Start stream's place in out (see follow).
+	owner *outReader
 
 	mu     sync.Mutex
 	stdin  *os.File // pipe write end; nil when none or closed
@@ -131,11 +133,12 @@ func (s *processes) Start(ctx context.Context, req *connect.Request[process.Star
 	// start subscribed us already, so output cannot be released before
 	// this stream reads it even if the process exits at once.
 	defer p.removeSub()
+	defer p.out.detach(p.owner)
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
 	if err := send(startEvent(p.pid)); err != nil {
 		return err
 	}
-	return s.follow(ctx, p, cursor{}, keepaliveInterval(req.Header()), send)
+	return s.follow(ctx, p, cursor{}, p.owner, keepaliveInterval(req.Header()), send)
 }
 
 func (s *processes) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
@@ -152,7 +155,7 @@ func (s *processes) Connect(ctx context.Context, req *connect.Request[process.Co
 	if end := p.ended(); end != nil {
 		return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
 	}
-	return s.follow(ctx, p, p.out.tail(), keepaliveInterval(req.Header()), send)
+	return s.follow(ctx, p, p.out.tail(), nil, keepaliveInterval(req.Header()), send)
 }
 
 func (s *processes) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
@@ -382,12 +385,19 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 // slowly than the process writes, the output it missed is replaced by a
 // marker naming the dropped byte count.
 // The caller holds a subscription (addSub) for the duration.
-func (s *processes) follow(ctx context.Context, p *proc, c cursor, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
+// owner is the reader of the Start stream (nil for Connect streams): the
+// process waits for it rather than drop output it has not read, as under
+// envd, so commands.run loses nothing; Connect streams that fall behind are
+// told what they lost instead, and never stall the process.
+func (s *processes) follow(ctx context.Context, p *proc, c cursor, owner *outReader, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
 	ka := time.NewTimer(keepalive)
 	defer ka.Stop()
 	for {
 		evs, next, dropped, done, wait := p.out.read(c, readBatch)
 		c = next
+		if owner != nil {
+			p.out.advance(owner, c)
+		}
 		if dropped > 0 {
 			kind := outStderr
 			if p.isPTY {
@@ -479,6 +489,7 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 
 	// subs: 1 for the Start stream that asked for it.
 	p := &proc{tag: req.Tag, config: pc, isPTY: req.Pty != nil, out: newOutLog(s.cfg.MaxOutputBytes), done: make(chan struct{}), subs: 1}
+	p.owner = p.out.attach(cursor{})
 	var (
 		readers   []*os.File // parent's read ends
 		childSide []*os.File // closed in the parent after start

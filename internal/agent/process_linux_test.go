@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -629,7 +630,7 @@ func TestOutputKeptUntilStartStreamReads(t *testing.T) {
 	}
 	<-p.done
 	var out strings.Builder
-	err = s.follow(t.Context(), p, cursor{}, time.Minute, func(ev *process.ProcessEvent) error {
+	err = s.follow(t.Context(), p, cursor{}, p.owner, time.Minute, func(ev *process.ProcessEvent) error {
 		out.Write(ev.GetData().GetStdout())
 		out.Write(ev.GetData().GetStderr())
 		return nil
@@ -637,5 +638,42 @@ func TestOutputKeptUntilStartStreamReads(t *testing.T) {
 	p.removeSub()
 	if err != nil || out.String() != "hi\n" {
 		t.Fatalf("output %q, %v", out.String(), err)
+	}
+}
+
+// TestStartStreamLosesNoOutput: a Start stream that reads more slowly than
+// the process writes still gets every byte (envd blocks the process; so do
+// we), far beyond the retained-output cap.
+func TestStartStreamLosesNoOutput(t *testing.T) {
+	e := newEnv(t, Config{MaxOutputBytes: 256 << 10})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	const n = 3 << 20
+	s, err := e.proc.Start(ctx, startReq("/bin/sh", "-c", "head -c "+strconv.Itoa(n)+" /dev/zero | tr '\\0' a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	var end *process.ProcessEvent_EndEvent
+	for i := 0; s.Receive(); i++ {
+		ev := s.Msg().GetEvent()
+		if d := ev.GetData().GetStdout(); d != nil {
+			if bytes.Count(d, []byte("a")) != len(d) {
+				t.Fatalf("unexpected output %q", d[:min(len(d), 200)])
+			}
+			got += len(d)
+		}
+		if ev.GetData().GetStderr() != nil {
+			t.Fatalf("stderr %q", ev.GetData().GetStderr())
+		}
+		if ev.GetEnd() != nil {
+			end = ev.GetEnd()
+		}
+		if i%8 == 0 {
+			time.Sleep(time.Millisecond) // a slow reader (pacing, not synchronisation)
+		}
+	}
+	if got != n || end == nil || end.ExitCode != 0 {
+		t.Fatalf("got %d of %d bytes, end %v, err %v", got, n, end, s.Err())
 	}
 }
