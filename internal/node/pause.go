@@ -47,49 +47,57 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
+	rec, changed, err := n.pause(ctx, id)
+	if err != nil || !changed {
+		return rec, err
+	}
+	if err := n.table.put(rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	log.G(ctx).Info("sandbox paused", log.SandboxID(id))
+	return rec, nil
+}
+
+// pause freezes the sandbox and updates its in-memory record; changed
+// reports whether the caller must write rec to the table. Until it does, a
+// node killed meanwhile finds the backend paused and the record running,
+// and recover trusts the backend.
+func (n *Node) pause(ctx context.Context, id string) (rec *record, changed bool, err error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
 	n.mu.Lock()
-	rec := sb.rec
+	rec = sb.rec
 	n.mu.Unlock()
 	switch rec.State {
 	case statePaused:
-		return rec, nil
+		return rec, false, nil
 	case stateRunning:
 	default:
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
+		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
 	}
 	p, err := n.pauser(rec)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	// Freeze first, then record: a node killed in between finds the
-	// backend paused and the record running, and recover trusts the backend.
 	if err := p.Pause(ctx, id); err != nil {
-		return nil, fmt.Errorf("pause sandbox %s: %w", id, err)
+		return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	now := time.Now().UTC()
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	if sb.rec.State != stateRunning {
 		// Stopped meanwhile (the stop thaws and kills): nothing to record.
-		st := sb.rec.State
-		n.mu.Unlock()
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, st)
+		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
 	}
 	r2 := *sb.rec
 	r2.State = statePaused
 	r2.PausedAt = now
 	sb.rec = &r2
-	n.mu.Unlock()
-	if err := n.table.put(&r2); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
-	}
-	log.G(ctx).Info("sandbox paused", log.SandboxID(id))
-	return &r2, nil
+	return &r2, true, nil
 }
 
 // Resume thaws a paused sandbox. Its lifetime continues with what was left
@@ -99,9 +107,23 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
+	rec, changed, err := n.resume(ctx, id, timeoutSec)
+	if err != nil || !changed {
+		return rec, err
+	}
+	if err := n.table.put(rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	log.G(ctx).Info("sandbox resumed", log.SandboxID(id))
+	return rec, nil
+}
+
+// resume thaws the sandbox and updates its in-memory record; changed
+// reports whether the caller must write rec to the table.
+func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (*record, bool, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
@@ -111,27 +133,27 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 	switch rec.State {
 	case stateRunning:
 		if timeoutSec > 0 {
-			return n.SetTimeout(ctx, id, timeoutSec)
+			rec, err := n.SetTimeout(ctx, id, timeoutSec)
+			return rec, false, err
 		}
-		return rec, nil
+		return rec, false, nil
 	case statePaused:
 	default:
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
+		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
 	}
 	p, err := n.pauser(rec)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := p.Resume(ctx, id); err != nil {
-		return nil, fmt.Errorf("resume sandbox %s: %w", id, err)
+		return nil, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	sb.touch() // time spent paused is not idle time
 	now := time.Now().UTC()
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	if sb.rec.State != statePaused {
-		st := sb.rec.State
-		n.mu.Unlock()
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, st)
+		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
 	}
 	r2 := *sb.rec
 	r2.State = stateRunning
@@ -141,12 +163,7 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 	}
 	r2.PausedAt = time.Time{}
 	sb.rec = &r2
-	n.mu.Unlock()
-	if err := n.table.put(&r2); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
-	}
-	log.G(ctx).Info("sandbox resumed", log.SandboxID(id))
-	return &r2, nil
+	return &r2, true, nil
 }
 
 // resumedExpiry is when a sandbox resumed at now ends: timeoutSec from now,
@@ -200,9 +217,24 @@ type BatchResult struct {
 	Err error
 }
 
-// PauseMatching pauses every sandbox matching sel, concurrently.
+// PauseMatching pauses every sandbox matching sel, concurrently, and
+// records them in one table write.
 func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, error) {
-	return n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) { return n.Pause(ctx, id) })
+	var mu sync.Mutex
+	var changed []*record
+	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
+		rec, ch, err := n.pause(ctx, id)
+		if ch {
+			mu.Lock()
+			changed = append(changed, rec)
+			mu.Unlock()
+		}
+		return rec, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n.recordBatch(ctx, rs, changed, "paused", sel)
 }
 
 // ResumeMatching resumes every sandbox matching sel, concurrently.
@@ -210,7 +242,38 @@ func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int6
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
-	return n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) { return n.Resume(ctx, id, timeoutSec) })
+	var mu sync.Mutex
+	var changed []*record
+	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
+		rec, ch, err := n.resume(ctx, id, timeoutSec)
+		if ch {
+			mu.Lock()
+			changed = append(changed, rec)
+			mu.Unlock()
+		}
+		return rec, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n.recordBatch(ctx, rs, changed, "resumed", sel)
+}
+
+// recordBatch writes the records a batch changed in one transaction; when
+// that fails every item reports it (recovery later takes the backend's
+// state as the truth).
+func (n *Node) recordBatch(ctx context.Context, rs []BatchResult, changed []*record, what string, sel Selector) ([]BatchResult, error) {
+	if err := n.table.putAll(changed); err != nil {
+		err = fmt.Errorf("record %s sandboxes: %w", what, err)
+		for i := range rs {
+			if rs[i].Err == nil {
+				rs[i].Err = err
+			}
+		}
+		return rs, nil
+	}
+	log.G(ctx).Info("sandboxes "+what, "count", len(changed), "task_id", sel.TaskID)
+	return rs, nil
 }
 
 func (n *Node) batch(ctx context.Context, sel Selector, op func(context.Context, string) (*record, error)) ([]BatchResult, error) {

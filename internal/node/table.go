@@ -111,6 +111,30 @@ func (t *table) put(r *record) error {
 	})
 }
 
+// putAll writes many records in one transaction (one fsync): a batch pause
+// of a whole task costs one disk write, not one per sandbox.
+func (t *table) putAll(rs []*record) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	bs := make([][]byte, len(rs))
+	for i, r := range rs {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("encode sandbox record: %w", err)
+		}
+		bs[i] = b
+	}
+	return t.db.Update(func(tx *bolt.Tx) error {
+		for i, r := range rs {
+			if err := tx.Bucket(bucketSandboxes).Put([]byte(r.ID), bs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func (t *table) delete(r *record) error {
 	return t.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSandboxes).Delete([]byte(r.ID)); err != nil {
