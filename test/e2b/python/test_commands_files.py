@@ -304,3 +304,9 @@ async def test_async_signed_and_timeout(async_sandbox):
     assert not await async_sandbox.is_running()
     with pytest.raises(NotFoundException):
         await AsyncSandbox.get_info(async_sandbox.sandbox_id)
+
+
+def test_large_output_is_not_lost(sandbox):
+    n = 3_000_000  # beyond the agent's retained-output cap
+    r = sandbox.commands.run(f"head -c {n} /dev/zero | tr '\\0' a")
+    assert len(r.stdout) == n and set(r.stdout) == {"a"}
