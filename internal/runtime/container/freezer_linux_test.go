@@ -24,7 +24,10 @@ func TestFreezerV2(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for time.Now().Before(deadline) {
 			if b, _ := os.ReadFile(filepath.Join(d, "cgroup.freeze")); strings.TrimSpace(string(b)) == "1" {
-				os.WriteFile(filepath.Join(d, "cgroup.events"), []byte("populated 1\nfrozen 1\n"), 0o644)
+				// Replaced atomically: the reader never sees a half-written file.
+				tmp := filepath.Join(d, "events.tmp")
+				os.WriteFile(tmp, []byte("populated 1\nfrozen 1\n"), 0o644)
+				os.Rename(tmp, filepath.Join(d, "cgroup.events"))
 				return
 			}
 			time.Sleep(time.Millisecond)
