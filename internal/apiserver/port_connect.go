@@ -17,7 +17,7 @@ import (
 const DefaultConnectTimeout = 10 * time.Second
 
 // connectPortChunk is the most bytes one ConnectPortResponse carries.
-const connectPortChunk = 32 << 10
+const connectPortChunk = 64 << 10
 
 func validateConnectPort(m *v1.ConnectPortStart) error {
 	if m.GetPort() < 1 || m.GetPort() > 65535 {
