@@ -187,6 +187,13 @@ func HostIfName(id string) string {
 	return hostIfPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(h[:]))[:13]
 }
 
+// Planned returns the namespace path and resolver that Setup gives id, so a
+// caller can prepare the container's config while Setup runs. Nothing else
+// of the result is known before Setup.
+func (m *Manager) Planned(id string) Network {
+	return Network{ID: id, NetNSPath: m.nsPath(id), DNS: m.alloc.dnsAddr()}
+}
+
 func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, id) }
 func (m *Manager) statePath(id string) string {
 	return filepath.Join(m.cfg.StateDir, "sandboxes", id+".json")

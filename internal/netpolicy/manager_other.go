@@ -37,6 +37,9 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) { re
 func (m *Manager) Close() error { return nil }
 
 // Setup fails off Linux.
+// Planned returns an empty Network: sandbox networks are Linux-only.
+func (m *Manager) Planned(id string) Network { return Network{ID: id} }
+
 func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, error) {
 	return Network{}, errNotLinux
 }

@@ -55,6 +55,9 @@ type ImageResolver interface {
 type Network interface {
 	Validate(rules netpolicy.Rules) error
 	Setup(ctx context.Context, id string, rules netpolicy.Rules) (netpolicy.Network, error)
+	// Planned names the namespace path and resolver Setup will give id,
+	// without making anything.
+	Planned(id string) netpolicy.Network
 	SetRules(ctx context.Context, id string, rules netpolicy.Rules) error
 	Teardown(ctx context.Context, id string) error
 	Recover(ctx context.Context, live func(id string) bool) (netpolicy.RecoverReport, error)
@@ -414,16 +417,52 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	ctx = context.WithoutCancel(ctx)
 
 	t0 := time.Now()
+	// The network is set up while the bundle is prepared: only the start
+	// needs it, and its namespace path and resolver are known up front.
+	var (
+		netNS       string
+		nameservers []string
+		netDur      time.Duration
+		netDone     chan error
+		netErr      error
+	)
+	waitNet := func() error {
+		if netDone != nil {
+			netErr = <-netDone
+			netDone = nil
+		}
+		return netErr
+	}
 	// Installed before the first write: whatever fails, the image hold,
 	// network, backend state, dir and record are undone.
 	defer func() {
 		if err != nil {
+			_ = waitNet() // never tear down a network still being set up
 			l.Warn("create failed, cleaning up", log.Err(err))
 			n.destroy(ctx, rec)
 		}
 	}()
 	if err := n.table.put(rec); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
+	}
+	if n.cfg.Network != nil {
+		var rules netpolicy.Rules
+		if rec.Spec.Network != nil {
+			rules = *rec.Spec.Network
+		}
+		plan := n.cfg.Network.Planned(rec.ID)
+		netNS, nameservers = plan.NetNSPath, []string{plan.DNS.String()}
+		netDone = make(chan error, 1)
+		go func() {
+			tNet := time.Now()
+			nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
+			netDur = time.Since(tNet)
+			if err == nil && (nw.NetNSPath != plan.NetNSPath || nw.DNS != plan.DNS) {
+				err = errdefs.New(errdefs.ErrInternal, "network of sandbox %s is %s (resolver %s), not the planned %s (%s)",
+					rec.ID, nw.NetNSPath, nw.DNS, plan.NetNSPath, plan.DNS)
+			}
+			netDone <- err
+		}()
 	}
 	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
 		return fmt.Errorf("make sandbox dir: %w", err)
@@ -439,22 +478,6 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 		env = append(env, k+"="+v)
 	}
 	sort.Strings(env)
-	var netNS string
-	var nameservers []string
-	var netDur time.Duration
-	if n.cfg.Network != nil {
-		tNet := time.Now()
-		var rules netpolicy.Rules
-		if rec.Spec.Network != nil {
-			rules = *rec.Spec.Network
-		}
-		nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
-		if err != nil {
-			return fmt.Errorf("set up sandbox network: %w", err)
-		}
-		netNS, nameservers = nw.NetNSPath, []string{nw.DNS.String()}
-		netDur = time.Since(tNet)
-	}
 	h, err := rt.Create(ctx, runtime.Spec{
 		ID:    rec.ID,
 		Image: img,
@@ -473,10 +496,13 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
+	// No table write for the handle: a node that dies from here until the
+	// sandbox is recorded running finds it "creating" and deletes it by ID
+	// (the backend keeps an intent for exactly that).
 	rec2 := *rec
 	rec2.Handle = h
-	if err := n.table.put(&rec2); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
+	if err := waitNet(); err != nil {
+		return fmt.Errorf("set up sandbox network: %w", err)
 	}
 	tCreated := time.Now()
 	if err := rt.Start(ctx, rec.ID); err != nil {

@@ -52,8 +52,9 @@ type Spec struct {
 	StateDir string
 	Labels   map[string]string
 	// NetNS is the path of a network namespace the sandbox joins (made and
-	// policed by the node, see internal/netpolicy). Empty means a new, empty
-	// namespace (only loopback).
+	// policed by the node, see internal/netpolicy). It must exist by Start,
+	// not yet at Create: the node makes it while the backend prepares.
+	// Empty means a new, empty namespace (only loopback).
 	NetNS string
 	// Nameservers are written to the sandbox's /etc/resolv.conf when set.
 	Nameservers []string

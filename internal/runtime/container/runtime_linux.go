@@ -83,6 +83,9 @@ type sandbox struct {
 	phase atomic.Int32
 	// pid is init's host pid once runc ran it (0 before).
 	pid atomic.Int64
+	// netNS is the network namespace to join (Spec.NetNS), checked at
+	// Start: it may be made while the bundle is prepared.
+	netNS string
 }
 
 // Phases of a sandbox. Create only prepares the bundle; runc learns about
@@ -202,11 +205,6 @@ func validateSpec(s runtime.Spec) error {
 	case s.NetNS != "" && !filepath.IsAbs(s.NetNS):
 		return errdefs.Invalid("net_ns", "must be an absolute path of a network namespace, got %q", s.NetNS)
 	}
-	if s.NetNS != "" {
-		if _, err := os.Stat(s.NetNS); err != nil {
-			return errdefs.Invalid("net_ns", "%v", err)
-		}
-	}
 	for i, ns := range s.Nameservers {
 		if _, err := netip.ParseAddr(ns); err != nil {
 			return errdefs.Invalid(fmt.Sprintf("nameservers[%d]", i), "%q is not an IP address", ns)
@@ -251,7 +249,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID}
+	sb := &sandbox{id: spec.ID, netNS: spec.NetNS}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok || r.creating[spec.ID] {
 		r.mu.Unlock()
@@ -497,6 +495,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	case phaseStoppedUnstarted:
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is stopped and cannot be started again; create a new one", id)
 	case phasePrepared:
+		if sb.netNS != "" {
+			if _, err := os.Stat(sb.netNS); err != nil {
+				return errdefs.Invalid("net_ns", "network namespace of sandbox %s: %v; set it up before Start", id, err)
+			}
+		}
 		pid, err := r.runcRun(ctx, id, sb.st.Bundle)
 		if err != nil {
 			// runc removes what it made of a container that failed to
