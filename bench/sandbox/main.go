@@ -377,6 +377,10 @@ func (b *bench) runShellTrue(ctx context.Context, id string) (time.Duration, err
 
 // memoryPhase: idle sandboxes' cgroup-accounted memory and agent RSS.
 func (b *bench) memoryPhase(ctx context.Context, r *report) error {
+	before, err := memAvailable()
+	if err != nil {
+		return err
+	}
 	var ids []string
 	for range b.cfg.idle {
 		sb, _, err := b.create(ctx)
@@ -393,6 +397,11 @@ func (b *bench) memoryPhase(ctx context.Context, r *report) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	after, err := memAvailable()
+	if err != nil {
+		return err
+	}
+	r.hostPerSandbox = (before - after) / int64(len(ids))
 	for _, id := range ids {
 		s, err := sampleMemory(ctx, b.cfg.runc, b.cfg.stateRoot, b.cfg.cgParent, b.cg, id)
 		if err != nil {

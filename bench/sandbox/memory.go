@@ -26,6 +26,10 @@ type memSample struct {
 	// /proc/<pid>/status: VmRSS = RssAnon + RssFile + RssShmem.
 	agentPid                     int
 	agentRSS, agentAnon, agentFi int64
+	// agentPssFile is the agent's proportional share of the file pages it
+	// maps (/proc/<pid>/smaps_rollup Pss_File + Pss_Shmem): the binary's
+	// pages divided among every process that maps them.
+	agentPssFile int64
 }
 
 // sampleMemory reads the memory of sandbox id, whose cgroup is
@@ -72,6 +76,11 @@ func sampleMemory(ctx context.Context, runc, stateRoot, cgParent string, cg cgro
 	}
 	// /proc/<pid>/status reports kB.
 	s.agentRSS, s.agentAnon, s.agentFi = status["VmRSS:"]<<10, status["RssAnon:"]<<10, status["RssFile:"]<<10
+	rollup, err := readKV(fmt.Sprintf("/proc/%d/smaps_rollup", st.Pid))
+	if err != nil {
+		return s, err
+	}
+	s.agentPssFile = (rollup["Pss_File:"] + rollup["Pss_Shmem:"]) << 10
 	return s, nil
 }
 
@@ -109,4 +118,17 @@ func readKV(path string) (map[string]int64, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// memAvailable is the host's MemAvailable (/proc/meminfo) in bytes.
+func memAvailable() (int64, error) {
+	m, err := readKV("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	v, ok := m["MemAvailable:"]
+	if !ok {
+		return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+	}
+	return v << 10, nil
 }

@@ -18,6 +18,8 @@ type report struct {
 	machine machine
 	started time.Time
 	elapsed time.Duration
+	// hostPerSandbox is the host MemAvailable drop per idle sandbox.
+	hostPerSandbox int64
 
 	loadStart, loadEnd string // /proc/loadavg around the run
 
@@ -46,6 +48,14 @@ func verdict(ok bool) string {
 		return "**met**"
 	}
 	return "**NOT met**"
+}
+
+func (r *report) memPssFileMedian() int64 {
+	v := make([]int64, len(r.mem))
+	for i, s := range r.mem {
+		v[i] = s.cgUsage + s.agentPssFile
+	}
+	return medianInt64(v)
 }
 
 func (r *report) memMedians() (usage, anon, file, kmem, rss, rssAnon, rssFile, sum int64) {
@@ -119,6 +129,8 @@ func (r *report) markdown() string {
 	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
 	p("| idle sandbox, agent VmRSS (median; RssAnon %s + RssFile %s) | %s MiB | | | | |", mib(rssAnon), mib(rssFile), mib(rss))
 	p("| idle sandbox, cgroup + agent VmRSS (median; counts agent anon twice) | %s MiB | | | <= 8 MiB | %s |", mib(sum), verdict(sum <= targetIdleBytes))
+	p("| idle sandbox, cgroup + agent's share of mapped file pages (median; cgroup usage + Pss_File) | %s MiB | | | <= 8 MiB | %s |", mib(r.memPssFileMedian()), verdict(r.memPssFileMedian() <= targetIdleBytes))
+	p("| idle sandbox, host MemAvailable drop per sandbox (%d idle sandboxes; noisy) | %s MiB | | | | |", len(r.mem), mib(r.hostPerSandbox))
 	p("| %d concurrent creates all succeed | %d/%d running | | | all | %s |", r.concN, len(r.concOurs), r.concN, verdict(concOK))
 	p("")
 
@@ -181,14 +193,20 @@ func (r *report) markdown() string {
 	p("  and `/proc/<pid>/status`, split into RssAnon and RssFile. RssFile is mostly the agent binary's pages, shared by all")
 	p("  sandboxes through the host page cache. The agent's anon pages are counted in cgroup usage too, so")
 	p("  **cgroup + VmRSS** double-counts them: an upper bound.")
+	p("- **agent Pss_File**: the agent's proportional share of the file pages it maps (`/proc/<pid>/smaps_rollup`")
+	p("  Pss_File + Pss_Shmem): the static binary's resident pages divided among every agent mapping them. **cgroup +")
+	p("  Pss_File** is what one more idle sandbox costs in memory, without counting anything twice.")
+	p("- **host drop**: MemAvailable (`/proc/meminfo`) before the idle sandboxes were created minus after they idled, per")
+	p("  sandbox. Everything the host spends (kernel objects, node bookkeeping, page tables) but noisy: anything else on")
+	p("  the machine moves it.")
 	p("")
-	p("| sandbox | procs | cgroup usage | anon | cache | kmem | agent VmRSS | RssAnon | RssFile | cgroup + VmRSS |")
-	p("|---|---|---|---|---|---|---|---|---|---|")
+	p("| sandbox | procs | cgroup usage | anon | cache | kmem | agent VmRSS | RssAnon | RssFile | Pss_File | cgroup + VmRSS | cgroup + Pss_File |")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range r.mem {
-		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |", s.id, s.procs, mib(s.cgUsage), mib(s.cgAnon), mib(s.cgFile),
-			mibOrNA(s.cgKmem), mib(s.agentRSS), mib(s.agentAnon), mib(s.agentFi), mib(s.cgUsage+s.agentRSS))
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", s.id, s.procs, mib(s.cgUsage), mib(s.cgAnon), mib(s.cgFile),
+			mibOrNA(s.cgKmem), mib(s.agentRSS), mib(s.agentAnon), mib(s.agentFi), mib(s.agentPssFile), mib(s.cgUsage+s.agentRSS), mib(s.cgUsage+s.agentPssFile))
 	}
-	p("| **median (MiB)** | | **%s** | %s | %s | %s | **%s** | %s | %s | **%s** |", mib(usage), mib(anon), mib(file), mibOrNA(kmem), mib(rss), mib(rssAnon), mib(rssFile), mib(sum))
+	p("| **median (MiB)** | | **%s** | %s | %s | %s | **%s** | %s | %s | | **%s** | **%s** |", mib(usage), mib(anon), mib(file), mibOrNA(kmem), mib(rss), mib(rssAnon), mib(rssFile), mib(sum), mib(r.memPssFileMedian()))
 	p("")
 
 	p("## %d concurrent creates", r.concN)
