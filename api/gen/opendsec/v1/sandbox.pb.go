@@ -4284,6 +4284,7 @@ type ConnectPortResponse struct {
 	//
 	//	*ConnectPortResponse_Connected
 	//	*ConnectPortResponse_Data
+	//	*ConnectPortResponse_Eof
 	Event         isConnectPortResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4344,6 +4345,15 @@ func (x *ConnectPortResponse) GetData() []byte {
 	return nil
 }
 
+func (x *ConnectPortResponse) GetEof() bool {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPortResponse_Eof); ok {
+			return x.Eof
+		}
+	}
+	return false
+}
+
 type isConnectPortResponse_Event interface {
 	isConnectPortResponse_Event()
 }
@@ -4357,9 +4367,18 @@ type ConnectPortResponse_Data struct {
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
 }
 
+type ConnectPortResponse_Eof struct {
+	// The server in the sandbox half-closed: no more data comes, but the
+	// caller may keep writing until it sends close_write (or ends its
+	// stream), which ends the response stream. Sent at most once.
+	Eof bool `protobuf:"varint,3,opt,name=eof,proto3,oneof"`
+}
+
 func (*ConnectPortResponse_Connected) isConnectPortResponse_Event() {}
 
 func (*ConnectPortResponse_Data) isConnectPortResponse_Event() {}
+
+func (*ConnectPortResponse_Eof) isConnectPortResponse_Event() {}
 
 type ConnectPortConnected struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -4707,10 +4726,11 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"w\n" +
+	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"\x8b\x01\n" +
 	"\x13ConnectPortResponse\x12A\n" +
 	"\tconnected\x18\x01 \x01(\v2!.opendsec.v1.ConnectPortConnectedH\x00R\tconnected\x12\x14\n" +
-	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\a\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12\x12\n" +
+	"\x03eof\x18\x03 \x01(\bH\x00R\x03eofB\a\n" +
 	"\x05event\"\x16\n" +
 	"\x14ConnectPortConnected*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
@@ -4996,6 +5016,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 	file_opendsec_v1_sandbox_proto_msgTypes[67].OneofWrappers = []any{
 		(*ConnectPortResponse_Connected)(nil),
 		(*ConnectPortResponse_Data)(nil),
+		(*ConnectPortResponse_Eof)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

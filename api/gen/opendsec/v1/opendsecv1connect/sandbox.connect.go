@@ -927,8 +927,10 @@ type PortServiceClient interface {
 	// error, e.g. unavailable "connection refused in sandbox" when nothing
 	// listens on the port). Then requests carry bytes to the port and
 	// responses carry bytes from it; `close_write` (or ending the request
-	// stream) half-closes, so the port reads EOF. The response stream ends when
-	// the sandbox side closes the connection.
+	// stream) half-closes, so the port reads EOF. When the sandbox side
+	// half-closes, the response `eof` is sent and the caller may keep writing;
+	// the response stream ends once both directions are done (or either side
+	// fails).
 	ConnectPort(context.Context) *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse]
 }
 
@@ -983,8 +985,10 @@ type PortServiceHandler interface {
 	// error, e.g. unavailable "connection refused in sandbox" when nothing
 	// listens on the port). Then requests carry bytes to the port and
 	// responses carry bytes from it; `close_write` (or ending the request
-	// stream) half-closes, so the port reads EOF. The response stream ends when
-	// the sandbox side closes the connection.
+	// stream) half-closes, so the port reads EOF. When the sandbox side
+	// half-closes, the response `eof` is sent and the caller may keep writing;
+	// the response stream ends once both directions are done (or either side
+	// fails).
 	ConnectPort(context.Context, *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error
 }
 

@@ -712,12 +712,14 @@ class ConnectPortStart(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., port: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ConnectPortResponse(_message.Message):
-    __slots__ = ("connected", "data")
+    __slots__ = ("connected", "data", "eof")
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
     connected: ConnectPortConnected
     data: bytes
-    def __init__(self, connected: _Optional[_Union[ConnectPortConnected, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    eof: bool
+    def __init__(self, connected: _Optional[_Union[ConnectPortConnected, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: bool = ...) -> None: ...
 
 class ConnectPortConnected(_message.Message):
     __slots__ = ()

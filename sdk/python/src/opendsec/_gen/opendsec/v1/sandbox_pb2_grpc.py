@@ -1217,8 +1217,10 @@ class PortServiceServicer(object):
         error, e.g. unavailable "connection refused in sandbox" when nothing
         listens on the port). Then requests carry bytes to the port and
         responses carry bytes from it; `close_write` (or ending the request
-        stream) half-closes, so the port reads EOF. The response stream ends when
-        the sandbox side closes the connection.
+        stream) half-closes, so the port reads EOF. When the sandbox side
+        half-closes, the response `eof` is sent and the caller may keep writing;
+        the response stream ends once both directions are done (or either side
+        fails).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
