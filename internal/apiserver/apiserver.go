@@ -177,7 +177,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(opendsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(opendsecv1connect.NewProcessServiceHandler(s, opts...))
 	mux.Handle(opendsecv1connect.NewFileServiceHandler(s, opts...))
-	mux.Handle(opendsecv1connect.NewPortServiceHandler(s, opts...))
+	mux.Handle(s.portServiceHandler(opts...))
 	mux.Handle(opendsecv1connect.NewImageServiceHandler(s, opts...))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
