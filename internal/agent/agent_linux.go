@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -235,34 +234,6 @@ func headerHasToken(h http.Header, name, token string) bool {
 		}
 	}
 	return false
-}
-
-// splice copies both ways until both directions are done, half-closing
-// each side's write direction when the other side's reads end.
-func splice(client net.Conn, up net.Conn, clientR io.Reader) {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		io.Copy(up, clientR)
-		closeWrite(up)
-	}()
-	go func() {
-		defer wg.Done()
-		io.Copy(client, up)
-		closeWrite(client)
-	}()
-	wg.Wait()
-	client.Close()
-	up.Close()
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-		return
-	}
-	c.Close()
 }
 
 // loopbackUp sets IFF_UP on lo (a fresh network namespace has it down).
