@@ -76,6 +76,9 @@ type Node struct {
 	AgentPath string `json:"agent_path"`
 	// ImageDir is the image store.
 	ImageDir string `json:"image_dir"`
+	// ImportDir is the only directory archive imports through the API
+	// (oci-layout:PATH, docker-archive:PATH) may read from.
+	ImportDir string `json:"import_dir"`
 	// DefaultBackend is used when a create names none.
 	DefaultBackend string `json:"default_backend"`
 	// Capacity the node offers; 0 means detect (all CPUs, 90% of memory).
@@ -122,6 +125,7 @@ func Default(dataDir string) Config {
 			Listen:         "127.0.0.1:7071",
 			AgentPath:      "/usr/local/lib/opendsec/opendsec-agent",
 			ImageDir:       filepath.Join(dataDir, "images"),
+			ImportDir:      filepath.Join(dataDir, "import"),
 			DefaultBackend: "container",
 			MaxSandboxes:   1000,
 			MaxUploadMB:    1024,
@@ -167,6 +171,9 @@ func (c *Config) Validate() error {
 	}
 	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
 		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
+	}
+	if c.Node.ImportDir == "" || !filepath.IsAbs(c.Node.ImportDir) || filepath.Clean(c.Node.ImportDir) == "/" {
+		return errdefs.Invalid("node.import_dir", "%q must be an absolute directory other than /, e.g. /var/lib/opendsec/import", c.Node.ImportDir)
 	}
 	if c.Node.MaxUploadMB <= 0 {
 		return errdefs.Invalid("node.max_upload_mb", "must be positive")

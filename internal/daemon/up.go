@@ -52,7 +52,7 @@ const serviceTokenTTL = 10 * 365 * 24 * time.Hour
 
 // newNode builds the node from cfg: image store, backends, sandbox table.
 func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
-	store, err := image.Open(cfg.Node.ImageDir)
+	store, err := image.Open(cfg.Node.ImageDir, image.WithImportDir(cfg.Node.ImportDir))
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}

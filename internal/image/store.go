@@ -45,6 +45,14 @@ func WithMountDir(dir string) Option { return func(s *Store) { s.mountDir = dir 
 // Open when EROFS cannot be used; FormatDir forces the fallback.
 func WithFormat(f Format) Option { return func(s *Store) { s.format = f } }
 
+// WithImportDir restricts archive imports (oci-layout:PATH,
+// docker-archive:PATH) to absolute paths under dir, without symlinks below
+// it. A node serving the API sets it; the local CLI, run by the host's
+// administrator, does not.
+func WithImportDir(dir string) Option {
+	return func(s *Store) { s.importDir = filepath.Clean(dir) }
+}
+
 // Store is an image store in one directory. It is safe for concurrent use by
 // goroutines and by several processes (on one or several nodes) sharing the
 // directory.
@@ -52,6 +60,8 @@ type Store struct {
 	dir      string
 	mountDir string
 	format   Format
+	// importDir, when set, is the only place archive imports read from.
+	importDir string
 	// canMount reports whether EROFS layers can be mounted here.
 	canMount bool
 }
@@ -89,6 +99,14 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	}
 	if err := s.cleanTmp(); err != nil {
 		return nil, err
+	}
+	if s.importDir != "" {
+		if !filepath.IsAbs(s.importDir) {
+			return nil, errdefs.Invalid("node.import_dir", "%q must be an absolute path", s.importDir)
+		}
+		if err := os.MkdirAll(s.importDir, 0o755); err != nil {
+			return nil, fmt.Errorf("create image import dir: %w", err)
+		}
 	}
 	if s.format != FormatDir {
 		perr := probeEROFS(s.path("tmp"))
