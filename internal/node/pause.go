@@ -47,6 +47,11 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
+	end, err := n.begin("pause sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	rec, changed, err := n.pause(ctx, id)
 	if err != nil || !changed {
 		return rec, err
@@ -104,6 +109,11 @@ func (n *Node) pause(ctx context.Context, id string) (rec *record, changed bool,
 // at the pause, or ends timeoutSec from now when timeoutSec > 0. Resuming a
 // running sandbox succeeds (and applies timeoutSec the same way).
 func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record, error) {
+	end, err := n.begin("resume sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
@@ -133,7 +143,7 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (*record
 	switch rec.State {
 	case stateRunning:
 		if timeoutSec > 0 {
-			rec, err := n.SetTimeout(ctx, id, timeoutSec)
+			rec, err := n.setTimeout(ctx, id, timeoutSec)
 			return rec, false, err
 		}
 		return rec, false, nil
@@ -220,6 +230,11 @@ type BatchResult struct {
 // PauseMatching pauses every sandbox matching sel, concurrently, and
 // records them in one table write.
 func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, error) {
+	end, err := n.begin("pause sandboxes matching a selector")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	var mu sync.Mutex
 	var changed []*record
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
@@ -239,6 +254,11 @@ func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, 
 
 // ResumeMatching resumes every sandbox matching sel, concurrently.
 func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int64) ([]BatchResult, error) {
+	end, err := n.begin("resume sandboxes matching a selector")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
