@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -50,9 +51,37 @@ func serviceToken(key []byte) (string, error) {
 // serviceTokenTTL is the lifetime of in-process service tokens.
 const serviceTokenTTL = 10 * 365 * 24 * time.Hour
 
-// newNode builds the node from cfg: image store, backends, sandbox table.
-func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
-	store, err := image.Open(cfg.Node.ImageDir, image.WithImportDir(cfg.Node.ImportDir))
+// nodeShutdownTimeout bounds the node's wait for creates, stops and pauses
+// in flight at shutdown; what is still running then is left for recovery at
+// the next start. The HTTP servers have had up to 10s to drain before.
+const nodeShutdownTimeout = 20 * time.Second
+
+// localNode is a node with the network manager it was built with.
+type localNode struct {
+	*node.Node
+	net *netpolicy.Manager // nil when network policy is off
+}
+
+// shutdown shuts the node down (bounded by nodeShutdownTimeout), then the
+// network manager's DNS proxy and netlink sockets: no create or stop uses
+// them after the node has stopped. Sandboxes and their networks stay.
+func (ln *localNode) shutdown(ctx context.Context) error {
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), nodeShutdownTimeout,
+		fmt.Errorf("node shutdown exceeded %s", nodeShutdownTimeout))
+	defer cancel()
+	err := ln.Node.Shutdown(ctx)
+	if ln.net != nil {
+		if nerr := ln.net.Close(); nerr != nil {
+			err = errors.Join(err, fmt.Errorf("close network policy: %w", nerr))
+		}
+	}
+	return err
+}
+
+// newNode builds the node from cfg: image store, backends, network policy,
+// sandbox table.
+func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
+	store, err := image.Open(cfg.Node.ImageDir)
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
@@ -85,7 +114,7 @@ func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
 		}
 		return nil, err
 	}
-	return n, nil
+	return &localNode{Node: n, net: nw}, nil
 }
 
 // newNetwork starts the network policy manager, or returns nil when it is
@@ -118,9 +147,12 @@ func RunNode(ctx context.Context, cfg config.Config, key []byte, ready chan<- st
 	if err != nil {
 		return err
 	}
-	defer n.Close()
 	v, opts := nodeHandlerOpts(key)
-	return serve(ctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), ready)
+	err = serve(ctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), ready)
+	if serr := n.shutdown(ctx); serr != nil {
+		err = errors.Join(err, fmt.Errorf("shut down node: %w", serr))
+	}
+	return err
 }
 
 func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxWithProxy {
@@ -193,13 +225,21 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	if err != nil {
 		return err
 	}
-	defer n.Close()
+	shutDown := false
+	defer func() {
+		// Early returns: the node still releases its table and sockets.
+		if !shutDown {
+			if err := n.shutdown(ctx); err != nil {
+				log.G(ctx).Error("shut down node", log.Err(err))
+			}
+		}
+	}()
 
 	g, gctx := errgroup.WithContext(ctx)
 	nodeReady, watcherReady, apiReady := make(chan string, 1), make(chan string, 1), make(chan string, 1)
 	g.Go(func() error {
 		v, opts := nodeHandlerOpts(key)
-		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), nodeReady)
+		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), nodeReady)
 	})
 	g.Go(func() error { return RunWatcher(gctx, cfg, key, watcherReady) })
 	g.Go(func() error { return RunAPIServer(gctx, cfg, key, apiReady) })
@@ -229,6 +269,10 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	err = g.Wait()
 	if o.StopSandboxes {
 		n.StopAll(context.WithoutCancel(ctx), "opendsec up --stop-sandboxes shutdown")
+	}
+	shutDown = true
+	if serr := n.shutdown(ctx); serr != nil {
+		log.G(ctx).Error("shut down node; what it left is recovered at the next start", log.Err(serr))
 	}
 	if err != nil && ctx.Err() == nil {
 		return err
