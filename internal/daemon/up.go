@@ -39,17 +39,21 @@ type UpOptions struct {
 	ReadyFile string
 }
 
-// serviceToken issues the token components use to call nodes.
-//
-// It is minted in memory at start and never leaves the process, so it lives
-// as long as a process may run (a 30-day token broke every node call of an
-// `opendsec up` that ran longer). Rotation comes with the cluster CA and mTLS.
-func serviceToken(key []byte) (string, error) {
-	return auth.Issue(key, "opendsec-internal", auth.ScopeNode, serviceTokenTTL)
-}
+// serviceTokenTTL is the lifetime of the service tokens components mint
+// for calls to each other; each is renewed at half its lifetime by the
+// component holding it. (A variable so tests can shorten it.)
+var serviceTokenTTL = auth.ServiceTokenTTL
 
-// serviceTokenTTL is the lifetime of in-process service tokens.
-const serviceTokenTTL = 10 * 365 * 24 * time.Hour
+// startServiceToken issues a short-lived service token for subject and
+// renews it in the background until ctx ends.
+func startServiceToken(ctx context.Context, key []byte, subject, scope string) (*auth.ServiceToken, error) {
+	st, err := auth.NewServiceToken(key, subject, scope, serviceTokenTTL)
+	if err != nil {
+		return nil, fmt.Errorf("issue %s service token: %w", subject, err)
+	}
+	go st.Run(ctx)
+	return st, nil
+}
 
 // nodeShutdownTimeout bounds the node's wait for creates, stops and pauses
 // in flight at shutdown; what is still running then is left for recovery at
@@ -164,12 +168,12 @@ func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxW
 
 // RunWatcher serves the watcher until ctx ends.
 func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	tok, err := serviceToken(key)
+	g, ctx := errgroup.WithContext(ctx)
+	tok, err := startServiceToken(ctx, key, "opendsec-watcher", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
-	w := watcher.New(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
-	g, ctx := errgroup.WithContext(ctx)
+	w := watcher.NewWithTokens(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
 	g.Go(func() error { return w.Run(ctx) })
 	g.Go(func() error {
 		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
@@ -182,18 +186,18 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 
 // RunAPIServer serves the public API until ctx ends.
 func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	tok, err := serviceToken(key)
+	tok, err := startServiceToken(ctx, key, "opendsec-apiserver", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
 	hc := h2cClient()
 	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
-		connect.WithInterceptors(auth.ClientInterceptor(tok)))
+		connect.WithInterceptors(auth.ClientInterceptorFrom(tok)))
 	srv, err := apiserver.New(apiserver.Config{
 		Nodes:      cfg.Nodes,
 		Watcher:    wc,
 		HTTPClient: hc,
-		NodeToken:  tok,
+		NodeTokens: tok,
 		// Callers only: node-scope tokens are for component-to-node calls.
 		Auth:            auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
@@ -298,9 +302,10 @@ func (m *muxWithProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // waitNodeSeen waits until the watcher reports this machine's node healthy,
 // so the first create after "up" has somewhere to go.
 func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
-	tok, err := serviceToken(key)
+	// One call site, done within a minute: a token without renewal.
+	tok, err := auth.Issue(key, "opendsec-up", auth.ScopeNode, 5*time.Minute)
 	if err != nil {
-		return err
+		return fmt.Errorf("issue service token: %w", err)
 	}
 	wc := watcherv1connect.NewWatcherServiceClient(h2cClient(), cfg.APIServer.WatcherAddress,
 		connect.WithInterceptors(auth.ClientInterceptor(tok)))
