@@ -108,19 +108,9 @@ func requirePublicRegistry(ctx context.Context, registry string) error {
 		}
 	}
 	for _, a := range addrs {
-		if internalAddr(a) {
+		if image.IsInternalAddr(a) {
 			return errdefs.New(errdefs.ErrPermissionDenied, "ref: registry %s is at %s, a loopback, private or link-local address; importing from it needs %s", registry, a, adminScope)
 		}
 	}
 	return nil
-}
-
-// cgnat is 100.64.0.0/10 (RFC 6598), where sandbox address pools live.
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
-
-// internalAddr reports whether a is not a public unicast address.
-func internalAddr(a netip.Addr) bool {
-	a = a.Unmap()
-	return !a.IsValid() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a)
 }
