@@ -263,3 +263,72 @@ func (n *Node) closing() bool {
 	defer n.gate.mu.Unlock()
 	return n.gate.closing
 }
+
+// A create still running when the shutdown deadline passes is left for
+// recovery: Shutdown returns at the deadline, the record stays "creating"
+// (the create can no longer write the table), and the next start undoes it.
+func TestShutdownLeavesLateCreateForRecovery(t *testing.T) {
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "state")
+	rt := &slowCreateRuntime{agentSock: filepath.Join(dir, "agent.sock"), entered: make(chan struct{}, 4), release: make(chan struct{})}
+	fakeAgent(t, rt.agentSock)
+	n := openFakeNode(t, dir, rt)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(rt.release)
+		}
+	})
+
+	id := sandboxid.New("t001")
+	created := make(chan error, 1)
+	go func() {
+		_, err := n.Create(context.Background(), CreateRequest{ID: id, Spec: specRecord{Image: "root/busybox"}})
+		created <- err
+	}()
+	select {
+	case <-rt.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("create never reached the backend")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("shutdown took %s with a 200ms deadline", d)
+	}
+	if r := tableRecords(t, stateDir)[id]; r == nil || r.State != stateCreating {
+		t.Fatalf("record of the late create: %+v; want it kept as creating", r)
+	}
+
+	// The late create ends without a sandbox: it could not record one.
+	released = true
+	close(rt.release)
+	select {
+	case err := <-created:
+		if err == nil {
+			t.Fatal("create finished after the table closed; want an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("late create did not end")
+	}
+	if r := tableRecords(t, stateDir)[id]; r == nil || r.State != stateCreating {
+		t.Fatalf("record after the late create ended: %+v; want it still creating", r)
+	}
+
+	// The next start undoes it.
+	rt2 := &slowCreateRuntime{agentSock: rt.agentSock, entered: make(chan struct{}, 4), release: make(chan struct{})}
+	n2 := openFakeNode(t, dir, rt2)
+	if _, err := n2.get(id); !errdefs.IsNotFound(err) {
+		t.Fatalf("late create after restart: %v; want not found", err)
+	}
+	if err := n2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if recs := tableRecords(t, stateDir); len(recs) != 0 {
+		t.Fatalf("%d records after recovery; want none", len(recs))
+	}
+}
