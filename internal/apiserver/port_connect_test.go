@@ -207,12 +207,11 @@ func TestConnectPortServerClosesWhileCallerSends(t *testing.T) {
 			for s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Data{Data: chunk}}) == nil {
 			}
 		}()
-		_, eof, err := receiveUntilEnd(s)
+		// eof may or may not come first: the failed write can win the race
+		// with reading the port's EOF.
+		_, _, err := receiveUntilEnd(s)
 		if n := apiserver.ActiveConnectPortRelays(); n != 0 {
 			t.Fatalf("round %d: %d relay goroutines still run after the call ended (%v)", i, n, err)
-		}
-		if !eof {
-			t.Fatalf("round %d: no eof event before the end (%v)", i, err)
 		}
 		wantCode(t, err, connect.CodeUnavailable, "write to the port")
 		s.CloseRequest()
