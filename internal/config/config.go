@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
@@ -88,6 +89,10 @@ type Node struct {
 	MaxSandboxes int64 `json:"max_sandboxes"`
 	// MaxUploadMB caps one file write.
 	MaxUploadMB int64 `json:"max_upload_mb"`
+	// MaxPaused is how long a sandbox may stay paused before the node stops
+	// it, as a Go duration ("24h", "90m"); "0" keeps paused sandboxes until
+	// they are resumed or stopped. See MaxPausedDuration.
+	MaxPaused string `json:"max_paused"`
 	// Network is the sandboxes' network policy (docs/network.md).
 	Network NodeNetwork `json:"network"`
 }
@@ -129,6 +134,7 @@ func Default(dataDir string) Config {
 			DefaultBackend: "container",
 			MaxSandboxes:   1000,
 			MaxUploadMB:    1024,
+			MaxPaused:      DefaultMaxPaused,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -181,6 +187,9 @@ func (c *Config) Validate() error {
 	if c.Node.MaxSandboxes <= 0 {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")
 	}
+	if _, err := c.Node.MaxPausedDuration(); err != nil {
+		return err
+	}
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
 		return err
 	}
@@ -204,4 +213,21 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// DefaultMaxPaused is node.max_paused when the config does not set it.
+const DefaultMaxPaused = "24h"
+
+// MaxPausedDuration parses MaxPaused: 0 means paused sandboxes are kept
+// until resumed or stopped. Empty means DefaultMaxPaused.
+func (n Node) MaxPausedDuration() (time.Duration, error) {
+	v := n.MaxPaused
+	if v == "" {
+		v = DefaultMaxPaused
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, errdefs.Invalid("node.max_paused", "%q is not a duration; give e.g. \"24h\" or \"90m\", or \"0\" to keep paused sandboxes until they are resumed or stopped", n.MaxPaused)
+	}
+	return d, nil
 }

@@ -85,6 +85,10 @@ func (ln *localNode) shutdown(ctx context.Context) error {
 // newNode builds the node from cfg: image store, backends, network policy,
 // sandbox table.
 func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
+	maxPaused, err := cfg.Node.MaxPausedDuration()
+	if err != nil {
+		return nil, err
+	}
 	store, err := image.Open(cfg.Node.ImageDir)
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
@@ -107,6 +111,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		CPU:            cfg.Node.CPU,
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
+		MaxPaused:      maxPaused,
 	}
 	if nw != nil {
 		ncfg.Network = nw

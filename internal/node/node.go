@@ -81,6 +81,12 @@ type Config struct {
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
 	ReapInterval time.Duration
+	// MaxPaused is how long a sandbox may stay paused before the reaper
+	// stops it; 0 keeps paused sandboxes until they are resumed or stopped.
+	MaxPaused time.Duration
+	// Clock is the time lifetimes are measured with (nil: the wall clock).
+	// Tests move it forward instead of sleeping.
+	Clock func() time.Time
 	// Network, when set, puts every sandbox on its own policed network
 	// (default deny). Nil leaves sandboxes in an empty network namespace.
 	Network Network
@@ -827,13 +833,14 @@ func (n *Node) reapLoop() {
 		select {
 		case <-n.closed:
 			return
-		case now := <-t.C:
-			n.reap(now, slots)
+		case <-t.C:
+			n.reap(n.now(), slots)
 		}
 	}
 }
 
-// reap starts a stop for every sandbox that expired and has none running
+// reap starts a stop for every sandbox that expired (or stayed paused longer
+// than MaxPaused) and has none running
 // from the reaper, at most cap(slots) at once. Shutdown waits for them, up to
 // its deadline.
 func (n *Node) reap(now time.Time, slots chan struct{}) {
@@ -853,6 +860,10 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 		rec := sb.rec
 		if rec.State == stateStopping && sb.stopDone == nil {
 			vs = append(vs, victim{id, "retry of a failed stop", false})
+			continue
+		}
+		if rec.State == statePaused && n.cfg.MaxPaused > 0 && now.Sub(rec.PausedAt) > n.cfg.MaxPaused {
+			vs = append(vs, victim{id, "paused too long", false})
 			continue
 		}
 		if rec.State != stateRunning {
