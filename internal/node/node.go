@@ -840,9 +840,8 @@ func (n *Node) reapLoop() {
 }
 
 // reap starts a stop for every sandbox that expired (or stayed paused longer
-// than MaxPaused) and has none running
-// from the reaper, at most cap(slots) at once. Shutdown waits for them, up to
-// its deadline.
+// than MaxPaused) and has none running from the reaper, at most cap(slots)
+// at once. Shutdown waits for them, up to its deadline.
 func (n *Node) reap(now time.Time, slots chan struct{}) {
 	type victim struct {
 		id, reason string
