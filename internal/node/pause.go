@@ -161,9 +161,11 @@ func (n *Node) now() time.Time {
 	return time.Now().UTC()
 }
 
-// Resume thaws a paused sandbox. Its lifetime continues with what was left
-// at the pause, or ends timeoutSec from now when timeoutSec > 0. Resuming a
-// running sandbox succeeds (and applies timeoutSec the same way).
+// Resume thaws a paused sandbox. Its lifetime ends timeoutSec from now when
+// timeoutSec > 0; else it continues with what was left at the pause, or
+// starts afresh (Spec.TimeoutSec) when the pause came at its expiry (an
+// auto-pause on timeout). Resuming a running sandbox succeeds (and applies
+// timeoutSec the same way).
 func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record, error) {
 	end, err := n.begin("resume sandbox " + id)
 	if err != nil {
@@ -237,7 +239,7 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (change,
 // resumedExpiry is when a sandbox resumed at now ends: timeoutSec from now;
 // else, when it was paused at or after its expiry (an auto-pause on
 // timeout), a fresh full lifetime (Spec.TimeoutSec) from now; else the
-// lifetime it had left when it was paused.
+// lifetime it had left when it was paused (at least a second).
 func resumedExpiry(rec *record, now time.Time, timeoutSec int64) time.Time {
 	if timeoutSec > 0 {
 		return now.Add(time.Duration(timeoutSec) * time.Second)
