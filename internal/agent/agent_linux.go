@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,6 +33,11 @@ type Agent struct {
 	h     http.Handler
 	idle  *idleTrimmer // nil when disabled
 	ci    *codeInterpreter
+	// tunnelIdle bounds a half-closed tunnel's silence (defaultTunnelIdle;
+	// tests shorten it before serving).
+	tunnelIdle time.Duration
+	// tunnels counts the port tunnels being served.
+	tunnels atomic.Int64
 }
 
 // New returns an agent for cfg. With cfg.Init it also takes on PID 1's
@@ -44,7 +50,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Env == nil {
 		cfg.Env = os.Environ()
 	}
-	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}}
+	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}, tunnelIdle: defaultTunnelIdle}
 	a.procs = newProcesses(&a.cfg)
 	a.fs = newFilesystem(&a.cfg)
 	a.ci = &codeInterpreter{a: a}
@@ -222,7 +228,9 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		buffered, _ := brw.Reader.Peek(n)
 		down = io.MultiReader(bytesReader(buffered), conn)
 	}
-	splice(conn, up, down)
+	a.tunnels.Add(1)
+	defer a.tunnels.Add(-1)
+	splice(conn, up, down, a.tunnelIdle)
 }
 
 func headerHasToken(h http.Header, name, token string) bool {

@@ -9,14 +9,11 @@ import (
 	"time"
 )
 
-// tunnelIdle bounds how long a tunnel waits for bytes in one direction
-// after the other direction ended cleanly (a half-close): a server that
-// never closes after EOF, or a caller that vanished, frees the tunnel's
-// two connections and goroutines after this long without bytes.
-var tunnelIdle = 60 * time.Second
-
-// activeTunnels counts the tunnels splice is serving.
-var activeTunnels atomic.Int64
+// defaultTunnelIdle bounds how long a tunnel waits for bytes in one
+// direction after the other direction ended cleanly (a half-close): a
+// server that never closes after EOF, or a caller that vanished, frees the
+// tunnel's two connections and goroutines after this long without bytes.
+const defaultTunnelIdle = 60 * time.Second
 
 // tunnelBufSize is the copy buffer of one tunnel direction.
 const tunnelBufSize = 32 << 10
@@ -25,10 +22,8 @@ const tunnelBufSize = 32 << 10
 // each side's write direction when the other side's reads end cleanly. An
 // error in either direction (the caller dropped the connection, the server
 // reset it) closes both connections at once; after a clean half-close the
-// remaining direction ends after tunnelIdle without bytes.
-func splice(client net.Conn, up net.Conn, clientR io.Reader) {
-	activeTunnels.Add(1)
-	defer activeTunnels.Add(-1)
+// remaining direction ends after idle without bytes.
+func splice(client net.Conn, up net.Conn, clientR io.Reader, idle time.Duration) {
 	var closeOnce sync.Once
 	abort := func() {
 		closeOnce.Do(func() {
@@ -38,8 +33,8 @@ func splice(client net.Conn, up net.Conn, clientR io.Reader) {
 	}
 	defer abort()
 
-	toUp := &tunnelDir{dst: up, src: clientR, srcConn: client}
-	toClient := &tunnelDir{dst: client, src: up, srcConn: up}
+	toUp := &tunnelDir{dst: up, src: clientR, srcConn: client, idle: idle}
+	toClient := &tunnelDir{dst: client, src: up, srcConn: up, idle: idle}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	run := func(d, other *tunnelDir) {
@@ -61,13 +56,14 @@ type tunnelDir struct {
 	dst     net.Conn
 	src     io.Reader
 	srcConn net.Conn // whose read deadline bounds src
-	idle    atomic.Bool
+	idle    time.Duration
+	bounded atomic.Bool
 }
 
-// bound makes reads in this direction fail after tunnelIdle without bytes.
+// bound makes reads in this direction fail after d.idle without bytes.
 func (d *tunnelDir) bound() {
-	d.idle.Store(true)
-	_ = d.srcConn.SetReadDeadline(time.Now().Add(tunnelIdle))
+	d.bounded.Store(true)
+	_ = d.srcConn.SetReadDeadline(time.Now().Add(d.idle))
 }
 
 // copy copies until src's clean EOF (nil) or any error.
@@ -76,8 +72,8 @@ func (d *tunnelDir) copy() error {
 	for {
 		n, err := d.src.Read(buf)
 		if n > 0 {
-			if d.idle.Load() {
-				_ = d.srcConn.SetReadDeadline(time.Now().Add(tunnelIdle))
+			if d.bounded.Load() {
+				_ = d.srcConn.SetReadDeadline(time.Now().Add(d.idle))
 			}
 			if _, werr := d.dst.Write(buf[:n]); werr != nil {
 				return werr

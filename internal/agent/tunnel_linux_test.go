@@ -52,17 +52,11 @@ func serveLoopback(t *testing.T, fn func(net.Conn)) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-func setTunnelIdle(t *testing.T, d time.Duration) {
-	old := tunnelIdle
-	tunnelIdle = d
-	t.Cleanup(func() { tunnelIdle = old })
-}
-
 // Callers that drop their connection to a server that never closes (and
 // never writes) leave nothing behind once the idle bound passes.
 func TestTunnelDroppedCallerSilentServer(t *testing.T) {
-	setTunnelIdle(t, 300*time.Millisecond)
 	e := newEnv(t, Config{})
+	e.agent.tunnelIdle = 300 * time.Millisecond
 	hold := make(chan struct{})
 	defer close(hold)
 	var sawEOF atomic.Int64
@@ -72,7 +66,6 @@ func TestTunnelDroppedCallerSilentServer(t *testing.T) {
 		sawEOF.Add(1)
 		<-hold // never closes on its own
 	})
-	before := activeTunnels.Load()
 	const n = 20
 	for range n {
 		c, _ := openTunnel(t, e, port)
@@ -80,7 +73,7 @@ func TestTunnelDroppedCallerSilentServer(t *testing.T) {
 		c.Close()
 	}
 	eventually(t, 5*time.Second, "the server to read EOF on every tunnel", func() bool { return sawEOF.Load() == n })
-	eventually(t, 5*time.Second, "the dropped tunnels to end", func() bool { return activeTunnels.Load() == before })
+	eventually(t, 5*time.Second, "the dropped tunnels to end", func() bool { return e.agent.tunnels.Load() == 0 })
 }
 
 // A server that keeps writing notices a dropped caller at once: its writes
@@ -99,7 +92,6 @@ func TestTunnelDroppedCallerChattyServer(t *testing.T) {
 			}
 		}
 	})
-	before := activeTunnels.Load()
 	const n = 10
 	for range n {
 		c, br := openTunnel(t, e, port)
@@ -109,14 +101,14 @@ func TestTunnelDroppedCallerChattyServer(t *testing.T) {
 		c.Close()
 	}
 	eventually(t, 5*time.Second, "the server's writes to fail on every dropped tunnel", func() bool { return ended.Load() == n })
-	eventually(t, 5*time.Second, "the dropped tunnels to end", func() bool { return activeTunnels.Load() == before })
+	eventually(t, 5*time.Second, "the dropped tunnels to end", func() bool { return e.agent.tunnels.Load() == 0 })
 }
 
 // The idle bound only cuts silence: a half-closed tunnel whose server keeps
 // sending lives past it and delivers everything.
 func TestTunnelIdleBoundResetsOnBytes(t *testing.T) {
-	setTunnelIdle(t, 300*time.Millisecond)
 	e := newEnv(t, Config{})
+	e.agent.tunnelIdle = 300 * time.Millisecond
 	port := serveLoopback(t, func(c net.Conn) {
 		defer c.Close()
 		io.Copy(io.Discard, c) // until the caller half-closes
