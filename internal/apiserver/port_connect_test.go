@@ -165,6 +165,19 @@ func TestConnectPortErrors(t *testing.T) {
 	wantCode(t, err, connect.CodeInvalidArgument, "only the first message may be start")
 }
 
+// noRelaysLeft waits until earlier tests' calls have finished their relays,
+// so that counting them means something.
+func noRelaysLeft(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for apiserver.ActiveConnectPortRelays() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d relays of earlier calls still run", apiserver.ActiveConnectPortRelays())
+		}
+		time.Sleep(5 * time.Millisecond) // polling
+	}
+}
+
 // receiveUntilEnd reads responses until the stream ends and returns the
 // data, whether eof came, and the end (nil for a clean end).
 func receiveUntilEnd(s *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse]) ([]byte, bool, error) {
@@ -191,6 +204,7 @@ func TestConnectPortServerClosesWhileCallerSends(t *testing.T) {
 	e := setup(t, nil, "n001")
 	id := e.create(busybox()).GetId()
 	e.listenPort(t, 8000, func(c net.Conn) { c.Close() })
+	noRelaysLeft(t)
 
 	for i := range 5 {
 		s := e.port.ConnectPort(t.Context())
@@ -231,6 +245,7 @@ func TestConnectPortServerHalfClose(t *testing.T) {
 		c.(*net.TCPConn).CloseWrite()
 		io.Copy(io.Discard, c)
 	})
+	noRelaysLeft(t)
 	s := e.port.ConnectPort(t.Context())
 	defer s.CloseResponse()
 	s.Send(startPort(id, 8000))
