@@ -1319,7 +1319,8 @@ type ResumeSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// When > 0, the lifetime ends this many seconds after the resume; 0 keeps
-	// the lifetime that was left when the sandbox was paused.
+	// the lifetime that was left when the sandbox was paused (a sandbox
+	// auto-paused because its lifetime ran out gets its full timeout again).
 	TimeoutSeconds int64 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

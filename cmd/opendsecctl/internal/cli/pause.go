@@ -109,7 +109,7 @@ when they were paused, or ends --timeout from now.`,
 		},
 	}
 	sel.register(cmd)
-	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime from now, e.g. 10m (default: what was left at the pause)")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime from now, e.g. 10m (default: what was left at the pause; the full create timeout after an auto-pause at expiry)")
 	return cmd
 }
 

@@ -536,8 +536,9 @@ class Sandbox:
     async def resume(self, timeout: float | None = None) -> SandboxInfo:
         """Thaw a paused sandbox; its processes continue where they stopped.
 
-        Its lifetime continues with what was left at the pause, or ends
-        ``timeout`` seconds from now when given. Resuming a running sandbox
+        Its lifetime continues with what was left at the pause (a sandbox
+        auto-paused because its lifetime ran out gets its full timeout from
+        create again), or ends ``timeout`` seconds from now when given. Resuming a running sandbox
         succeeds.
         """
         secs = 0 if timeout is None else (math.ceil(timeout) if timeout > 0 else int(timeout))
