@@ -63,6 +63,7 @@ type Server struct {
 	failCreates   int                            // guarded by mu
 	failCode      connect.Code                   // guarded by mu
 	failAfterSave bool                           // guarded by mu
+	halfClosedGot []byte                         // what port 2 received after its half-close; guarded by mu
 	writeChunks   []int                          // data chunk sizes of the last WriteFile; guarded by mu
 	resizes       []*opendsecv1.PtySize          // guarded by mu
 	execStarts    []*opendsecv1.ExecStart        // guarded by mu
@@ -277,4 +278,12 @@ func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string) (*opends
 	s.files[sb.Id] = map[string][]byte{}
 	s.dirs[sb.Id] = map[string]bool{"/": true, "/tmp": true}
 	return proto.Clone(sb).(*opendsecv1.Sandbox), nil
+}
+
+// HalfClosedPortGot returns what the fake's port 2 received after it
+// half-closed (see ConnectPort), once the caller half-closed too.
+func (s *Server) HalfClosedPortGot() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.halfClosedGot...)
 }

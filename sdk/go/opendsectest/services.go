@@ -354,9 +354,11 @@ func (h portService) HTTPRequest(ctx context.Context, req *connect.Request[opend
 	return connect.NewResponse(resp), nil
 }
 
-// ConnectPort behaves like an echo server listening on every port but 1:
-// data comes back as sent, and the stream ends after close_write. Port 1
-// refuses, as a port with nothing listening does.
+// ConnectPort behaves like an echo server listening on every port but 1
+// and 2: data comes back as sent, and the stream ends after close_write.
+// Port 1 refuses, as a port with nothing listening does. Port 2 sends
+// "hello\n" and half-closes at once, then keeps what it receives until the
+// caller half-closes (HalfClosedPortGot).
 func (h portService) ConnectPort(ctx context.Context, stream *connect.BidiStream[opendsecv1.ConnectPortRequest, opendsecv1.ConnectPortResponse]) error {
 	first, err := stream.Receive()
 	if err != nil {
@@ -377,6 +379,28 @@ func (h portService) ConnectPort(ctx context.Context, stream *connect.BidiStream
 	}
 	if err := stream.Send(&opendsecv1.ConnectPortResponse{Event: &opendsecv1.ConnectPortResponse_Connected{Connected: &opendsecv1.ConnectPortConnected{}}}); err != nil {
 		return err
+	}
+	if st.GetPort() == 2 {
+		if err := stream.Send(&opendsecv1.ConnectPortResponse{Event: &opendsecv1.ConnectPortResponse_Data{Data: []byte("hello\n")}}); err != nil {
+			return err
+		}
+		if err := stream.Send(&opendsecv1.ConnectPortResponse{Event: &opendsecv1.ConnectPortResponse_Eof{Eof: true}}); err != nil {
+			return err
+		}
+		var got []byte
+		for {
+			m, err := stream.Receive()
+			if errors.Is(err, io.EOF) || m.GetCloseWrite() {
+				h.s.mu.Lock()
+				h.s.halfClosedGot = got
+				h.s.mu.Unlock()
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			got = append(got, m.GetData()...)
+		}
 	}
 	for {
 		m, err := stream.Receive()

@@ -130,9 +130,9 @@ func errText(err error) string {
 }
 
 // relayConn copies between a local connection and a stream to the sandbox
-// port. The caller's half-close reaches the server in the sandbox; when the
-// server closes, the stream has ended, so the local connection is
-// half-closed (the client reads EOF) and reading from it stops.
+// port. Half-closes pass both ways: the local client's reaches the server
+// in the sandbox, and the server's half-closes the local connection (the
+// client reads EOF) while what the client still sends keeps going up.
 func relayConn(ctx context.Context, c portConnector, lc net.Conn, id string, port uint32) error {
 	defer lc.Close()
 	ctx, cancel := context.WithCancel(ctx)
@@ -152,10 +152,13 @@ func relayConn(ctx context.Context, c portConnector, lc net.Conn, id string, por
 	}()
 	_, downErr := io.Copy(lc, rc)
 	if tc, ok := lc.(*net.TCPConn); ok && downErr == nil {
+		// The server half-closed: pass it on, and keep relaying what the
+		// local client still sends until it closes too.
 		tc.CloseWrite()
+	} else {
+		// The stream failed: unblock the copy above, nothing more goes up.
+		lc.SetReadDeadline(time.Now())
 	}
-	// Unblock the copy above: the stream has ended, nothing more goes up.
-	lc.SetReadDeadline(time.Now())
 	upErr := <-up
 	if ctx.Err() != nil {
 		return nil

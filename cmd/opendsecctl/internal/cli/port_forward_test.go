@@ -115,6 +115,50 @@ func TestPortForwardRelays(t *testing.T) {
 	}
 }
 
+// A server that half-closes first: the local client reads its data and EOF,
+// and what the client sends afterwards still reaches the server.
+func TestPortForwardServerHalfClose(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	id := createOne(t, srv)
+	c, err := opendsec.New(srv.Addr(), opendsec.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- forwardPort(ctx, c, ln, id, 2, &syncBuffer{}) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	lc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	lc.SetDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(lc) // ends at the server's half-close
+	if err != nil || string(got) != "hello\n" {
+		t.Fatalf("read %q (%v), want hello and EOF", got, err)
+	}
+	if _, err := io.WriteString(lc, "still here"); err != nil {
+		t.Fatalf("write after the server's half-close: %v", err)
+	}
+	lc.(*net.TCPConn).CloseWrite()
+	deadline := time.Now().Add(10 * time.Second)
+	for string(srv.HalfClosedPortGot()) != "still here" {
+		if time.Now().After(deadline) {
+			t.Fatalf("server got %q after its half-close, want %q", srv.HalfClosedPortGot(), "still here")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestPortForwardBadInput(t *testing.T) {
 	srv := opendsectest.New(t, token)
 	id := createOne(t, srv)
