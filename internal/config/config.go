@@ -74,6 +74,14 @@ type Node struct {
 	Listen string `json:"listen"`
 	// AgentPath is the static opendsec-agent binary put in every sandbox.
 	AgentPath string `json:"agent_path"`
+	// InitPath is the static opendsec-init binary, every container
+	// sandbox's PID 1; empty means opendsec-init next to AgentPath.
+	InitPath string `json:"init_path,omitempty"`
+	// AgentIdleExitMS: the agent server inside a sandbox exits after this
+	// long without requests, processes or watchers, and opendsec-init starts
+	// it again on the next connection (an idle sandbox then costs only
+	// init's memory). 0 keeps the server running.
+	AgentIdleExitMS int64 `json:"agent_idle_exit_ms"`
 	// ImageDir is the image store.
 	ImageDir string `json:"image_dir"`
 	// DefaultBackend is used when a create names none.
@@ -118,13 +126,14 @@ func Default(dataDir string) Config {
 		},
 		Watcher: Watcher{Listen: "127.0.0.1:7072", PollIntervalMS: 1000},
 		Node: Node{
-			ID:             "n001",
-			Listen:         "127.0.0.1:7071",
-			AgentPath:      "/usr/local/lib/opendsec/opendsec-agent",
-			ImageDir:       filepath.Join(dataDir, "images"),
-			DefaultBackend: "container",
-			MaxSandboxes:   1000,
-			MaxUploadMB:    1024,
+			ID:              "n001",
+			Listen:          "127.0.0.1:7071",
+			AgentPath:       "/usr/local/lib/opendsec/opendsec-agent",
+			AgentIdleExitMS: 30000,
+			ImageDir:        filepath.Join(dataDir, "images"),
+			DefaultBackend:  "container",
+			MaxSandboxes:    1000,
+			MaxUploadMB:     1024,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -167,6 +176,12 @@ func (c *Config) Validate() error {
 	}
 	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
 		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
+	}
+	if c.Node.AgentIdleExitMS < 0 {
+		return errdefs.Invalid("node.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", c.Node.AgentIdleExitMS)
+	}
+	if c.Node.InitPath != "" && !filepath.IsAbs(c.Node.InitPath) {
+		return errdefs.Invalid("node.init_path", "%q is not absolute; give the absolute path of opendsec-init", c.Node.InitPath)
 	}
 	if c.Node.MaxUploadMB <= 0 {
 		return errdefs.Invalid("node.max_upload_mb", "must be positive")
