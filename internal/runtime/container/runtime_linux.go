@@ -324,7 +324,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
 		}
 	}
-	// The agent (uid 0 in the sandbox) creates its socket in run; the node
+	// opendsec-init (uid 0 in the sandbox) creates the agent socket in run; the node
 	// connects as root.
 	for _, m := range []struct{ dir, opts string }{{logDir, logTmpfsOpts}, {runDir, runTmpfsOpts}} {
 		if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, m.dir), "tmpfs",
