@@ -40,12 +40,15 @@ func run(cfg config) int {
 	// before init (it fails quietly without CAP_SYS_RESOURCE).
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 
-	sigc := make(chan os.Signal, 16)
-	signal.Notify(sigc, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
+	// Separate channels: a burst of SIGCHLD never crowds out a SIGTERM
+	// (one pending SIGCHLD is enough, every reap takes all exited children).
+	chld, term := make(chan os.Signal, 1), make(chan os.Signal, 2)
+	signal.Notify(chld, unix.SIGCHLD)
+	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 	s := &supervisor{cfg: cfg, lfd: lfd, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
 	go waitReadable(lfd, s.arm, s.ready)
 	s.arm <- struct{}{}
-	return s.loop(sigc)
+	return s.loop(chld, term)
 }
 
 // supervisor starts the server on demand and reaps every process.
@@ -62,19 +65,17 @@ type supervisor struct {
 	exitCode    int
 }
 
-func (s *supervisor) loop(sigc <-chan os.Signal) int {
+func (s *supervisor) loop(chld, term <-chan os.Signal) int {
 	var retry <-chan time.Time
 	for {
 		select {
-		case sig := <-sigc:
-			if sig == unix.SIGCHLD {
-				if done, delay := s.reap(); done {
-					return s.exitCode
-				} else if delay >= 0 {
-					retry = s.rearm(delay)
-				}
-				continue
+		case <-chld:
+			if done, delay := s.reap(); done {
+				return s.exitCode
+			} else if delay >= 0 {
+				retry = s.rearm(delay)
 			}
+		case sig := <-term:
 			s.terminating = true
 			if s.pid == 0 {
 				return 0
