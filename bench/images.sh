@@ -41,7 +41,9 @@ OPENDSEC_LOG_LEVEL=${OPENDSEC_BENCH_LOG_LEVEL:-info} start_system "$BIN" "$DD" -
 
 echo "== bench" >&2
 rc=0
-"$BIN/images" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" -data-dir "$DD" \
+# The layouts are imported through the API, which reads archives only from
+# the node's import dir (node.import_dir, <data dir>/import by default).
+"$BIN/images" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" -data-dir "$DD" -work "$DD/import" \
   -busybox "$CACHE/busybox" -command "bench/images.sh $*" -revision "$VERSION" "$@" || rc=$?
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)" >&2; tail -n 40 "$DD/up.log" >&2; fi
 exit $rc

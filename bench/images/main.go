@@ -50,7 +50,7 @@ func main() {
 	flag.StringVar(&c.tokenFile, "token-file", "", "file holding the API token (default $OPENDSEC_TOKEN)")
 	flag.StringVar(&c.dataDir, "data-dir", "", "the system's data dir: its image store and sandbox dirs are measured (du)")
 	flag.StringVar(&c.busybox, "busybox", "/var/cache/opendsec/rootfs/busybox", "busybox rootfs directory: the base layer of both images (deploy/images/build.sh --no-import)")
-	flag.StringVar(&c.work, "work", "/var/tmp", "where the layer tarballs, layouts and baseline roots go (on the data disk)")
+	flag.StringVar(&c.work, "work", "/var/tmp", "where the layer tarballs, layouts and baseline roots go (on the data disk; under the system's node.import_dir, since layouts are imported through the API)")
 	flag.StringVar(&c.runc, "runc", "runc", "runc binary of the baseline")
 	flag.IntVar(&c.bigMiB, "big-mib", 1024, "size of the big image's data layer (MiB of file content)")
 	flag.IntVar(&c.smallMiB, "small-mib", 100, "size of the small image's data layer (MiB); 0 skips the small image")

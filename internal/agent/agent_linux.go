@@ -11,7 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -34,6 +34,11 @@ type Agent struct {
 	idle  *idleTrimmer // nil when disabled
 	ci    *codeInterpreter
 	act   *activity // requests in flight, for idle exit
+	// tunnelIdle bounds a half-closed tunnel's silence (defaultTunnelIdle;
+	// tests shorten it before serving).
+	tunnelIdle time.Duration
+	// tunnels counts the port tunnels being served.
+	tunnels atomic.Int64
 }
 
 // New returns an agent for cfg. With cfg.Init it also takes on PID 1's
@@ -54,7 +59,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Env == nil {
 		cfg.Env = os.Environ()
 	}
-	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}}
+	a := &Agent{cfg: cfg, users: users{dir: cfg.EtcDir}, tunnelIdle: defaultTunnelIdle}
 	a.procs = newProcesses(&a.cfg)
 	a.fs = newFilesystem(&a.cfg)
 	a.ci = &codeInterpreter{a: a}
@@ -234,7 +239,9 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		buffered, _ := brw.Reader.Peek(n)
 		down = io.MultiReader(bytesReader(buffered), conn)
 	}
-	splice(conn, up, down)
+	a.tunnels.Add(1)
+	defer a.tunnels.Add(-1)
+	splice(conn, up, down, a.tunnelIdle)
 }
 
 func headerHasToken(h http.Header, name, token string) bool {
@@ -246,34 +253,6 @@ func headerHasToken(h http.Header, name, token string) bool {
 		}
 	}
 	return false
-}
-
-// splice copies both ways until both directions are done, half-closing
-// each side's write direction when the other side's reads end.
-func splice(client net.Conn, up net.Conn, clientR io.Reader) {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		io.Copy(up, clientR)
-		closeWrite(up)
-	}()
-	go func() {
-		defer wg.Done()
-		io.Copy(client, up)
-		closeWrite(client)
-	}()
-	wg.Wait()
-	client.Close()
-	up.Close()
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-		return
-	}
-	c.Close()
 }
 
 // loopbackUp sets IFF_UP on lo (a fresh network namespace has it down).

@@ -211,6 +211,7 @@ func (a *Agent) serveUpload(w http.ResponseWriter, r *http.Request) {
 	cleanup := func() {
 		for i := len(done) - 1; i >= 0; i-- {
 			os.Remove(done[i].tmp)
+			a.fs.uploads.releaseTemp(done[i].tmp)
 			removeCreated(done[i].created)
 		}
 	}
@@ -227,7 +228,7 @@ func (a *Agent) serveUpload(w http.ResponseWriter, r *http.Request) {
 				return errdefs.Invalid("path", "'%s' is the target of more than one part; upload each file once", target)
 			}
 		}
-		u, err := writeTemp(target, src, usr, md, limit)
+		u, err := writeTemp(&a.fs.uploads, target, src, usr, md, limit)
 		if u != nil {
 			done = append(done, u)
 		}
@@ -279,6 +280,7 @@ func (a *Agent) serveUpload(w http.ResponseWriter, r *http.Request) {
 			a.writeUploadErr(w, fsErr("write", u.target, err))
 			return
 		}
+		a.fs.uploads.releaseTemp(u.tmp)
 		results = append(results, uploadResult{Path: u.target, Name: filepath.Base(u.target), Type: "file", Metadata: md})
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -300,7 +302,8 @@ func (a *Agent) writeUploadErr(w http.ResponseWriter, err error) {
 
 // writeTemp writes src to a temp file in target's directory (made if
 // missing, owned by usr), with usr as owner, mode 0644 and metadata xattrs.
-func writeTemp(target string, src io.Reader, usr *user, md map[string]string, limit int64) (*uploaded, error) {
+// temps remembers the temp file so that watchers skip it.
+func writeTemp(temps *recentUploads, target string, src io.Reader, usr *user, md map[string]string, limit int64) (*uploaded, error) {
 	if st, err := os.Stat(target); err == nil && st.IsDir() {
 		return nil, errdefs.Invalid("path", "'%s' is a directory; name a file inside it", target)
 	}
@@ -308,7 +311,7 @@ func writeTemp(target string, src io.Reader, usr *user, md map[string]string, li
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(filepath.Dir(target), uploadTempPrefix+"*")
+	f, err := temps.createTemp(filepath.Dir(target))
 	if err != nil {
 		removeCreated(created)
 		return nil, fsErr("create", target, err)

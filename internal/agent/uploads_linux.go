@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"crypto/rand"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,12 +20,17 @@ const uploadMemory = 10 * time.Second
 
 // recentUploads remembers the files uploads renamed into place, so that
 // directory watchers report them as envd does (it writes in place): CREATE
-// for a new file, then WRITE, and nothing of the temp file.
+// for a new file, then WRITE, and nothing of the temp file. Only the temp
+// files the agent made are hidden: a user's file with the same prefix is
+// reported like any other.
 type recentUploads struct {
 	mu sync.Mutex
 	// m maps a target path to whether it existed before the upload and
 	// when it was renamed; guarded by mu.
 	m map[string]recentUpload
+	// temps maps the path of each temp file an upload made to when it was
+	// renamed or removed (zero while the upload writes it); guarded by mu.
+	temps map[string]time.Time
 }
 
 type recentUpload struct {
@@ -73,6 +81,51 @@ func (r *recentUploads) uploadEvents(path, name string) ([]*fspb.FilesystemEvent
 	return append(out, &fspb.FilesystemEvent{Name: name, Type: fspb.EventType_EVENT_TYPE_WRITE}), true
 }
 
-func isUploadTemp(path string) bool {
-	return strings.HasPrefix(filepath.Base(path), uploadTempPrefix)
+// createTemp creates a new temp file for an upload in dir, remembered as
+// the agent's own before it exists so that no watcher sees its events.
+func (r *recentUploads) createTemp(dir string) (*os.File, error) {
+	for range 100 {
+		path := filepath.Join(dir, uploadTempPrefix+rand.Text())
+		r.mu.Lock()
+		if r.temps == nil {
+			r.temps = map[string]time.Time{}
+		}
+		now := time.Now()
+		for p, at := range r.temps {
+			if !at.IsZero() && now.Sub(at) > uploadMemory {
+				delete(r.temps, p)
+			}
+		}
+		r.temps[path] = time.Time{}
+		r.mu.Unlock()
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			return f, nil
+		}
+		r.mu.Lock()
+		delete(r.temps, path)
+		r.mu.Unlock()
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, err
+		}
+	}
+	return nil, &fs.PathError{Op: "createtemp", Path: filepath.Join(dir, uploadTempPrefix+"*"), Err: fs.ErrExist}
+}
+
+// releaseTemp records that the temp file at path was renamed or removed;
+// its late events stay hidden for uploadMemory.
+func (r *recentUploads) releaseTemp(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.temps[path]; ok {
+		r.temps[path] = time.Now()
+	}
+}
+
+// isTemp reports whether path is (or recently was) an upload's temp file.
+func (r *recentUploads) isTemp(path string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.temps[path]
+	return ok && (at.IsZero() || time.Since(at) <= uploadMemory)
 }

@@ -119,7 +119,7 @@ func (d *dirWatch) convert(ev fsnotify.Event) []*fspb.FilesystemEvent {
 	if err != nil {
 		name = ev.Name
 	}
-	if isUploadTemp(ev.Name) {
+	if d.fsys.uploads.isTemp(ev.Name) {
 		return nil // an upload in progress; its rename is reported below
 	}
 	if d.recursive && ev.Has(fsnotify.Create) {

@@ -145,3 +145,46 @@ func TestWatchSeesUploadsAsInPlaceWrites(t *testing.T) {
 		waitFor(want...)
 	}
 }
+
+// Only the agent's own temp files are hidden: a user's file that merely
+// shares their prefix is reported, while an upload next to it still shows
+// nothing of its temp file.
+func TestWatchReportsUserFilesWithUploadPrefix(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := t.Context()
+	dir := t.TempDir()
+	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := uploadTempPrefix + "x"
+	if err := os.WriteFile(filepath.Join(dir, user), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resp, b := e.do(t, "POST", filesURL(filepath.Join(dir, "up.txt")), strings.NewReader("data"), map[string]string{"Content-Type": "application/octet-stream"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("upload: %d %s", resp.StatusCode, b)
+	}
+	var seen []*fspb.FilesystemEvent
+	has := func(name string, typ fspb.EventType) bool {
+		for _, fe := range seen {
+			if fe.Name == name && fe.Type == typ {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, 10*time.Second, "events of the user's file and the upload", func() bool {
+		ev, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: cw.Msg.WatcherId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = append(seen, ev.Msg.Events...)
+		return has(user, fspb.EventType_EVENT_TYPE_CREATE) && has(user, fspb.EventType_EVENT_TYPE_WRITE) && has("up.txt", fspb.EventType_EVENT_TYPE_WRITE)
+	})
+	for _, fe := range seen {
+		if fe.Name != user && fe.Name != "up.txt" {
+			t.Fatalf("event for %q (the upload's temp file?): %v", fe.Name, seen)
+		}
+	}
+}

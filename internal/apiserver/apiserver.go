@@ -59,6 +59,9 @@ type Config struct {
 	HTTPClient *http.Client
 	// NodeToken is a "node"-scope token for calls to nodes.
 	NodeToken string
+	// NodeTokens, when set, replaces NodeToken: each call to a node takes
+	// its current token (a renewed auth.ServiceToken).
+	NodeTokens auth.TokenSource
 	// Auth verifies callers' tokens. Required.
 	Auth *auth.Verifier
 	// MaxUploadBytes caps one WriteFile (DefaultMaxUploadBytes if 0).
@@ -144,10 +147,14 @@ func New(cfg Config) (*Server, error) {
 	tunnel.Protocols = new(http.Protocols)
 	tunnel.Protocols.SetHTTP1(true)
 	tunnel.ForceAttemptHTTP2 = false
+	nodeTokens := cfg.NodeTokens
+	if nodeTokens == nil {
+		nodeTokens = auth.StaticToken(cfg.NodeToken)
+	}
 	s := &Server{
 		cfg:    cfg,
-		tunnel: auth.Client(&http.Client{Transport: tunnel}, cfg.NodeToken),
-		hc:     auth.Client(cfg.HTTPClient, cfg.NodeToken),
+		tunnel: auth.ClientFrom(&http.Client{Transport: tunnel}, nodeTokens),
+		hc:     auth.ClientFrom(cfg.HTTPClient, nodeTokens),
 		nodes:  map[string]*nodeConn{},
 		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
 	}
@@ -177,7 +184,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(opendsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(opendsecv1connect.NewProcessServiceHandler(s, opts...))
 	mux.Handle(opendsecv1connect.NewFileServiceHandler(s, opts...))
-	mux.Handle(opendsecv1connect.NewPortServiceHandler(s, opts...))
+	mux.Handle(s.portServiceHandler(opts...))
 	mux.Handle(opendsecv1connect.NewImageServiceHandler(s, opts...))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)

@@ -50,6 +50,9 @@ func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	if err := checkImport(ctx, c, req.Msg); err != nil {
+		return errdefs.ToConnect(err)
+	}
 	up, err := c.ImportImage(ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
@@ -66,11 +69,17 @@ func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 	return nil
 }
 
-// unary forwards one unary image call to any healthy node.
-func unary[Req, Resp any](ctx context.Context, s *Server, what string, req *Req, call func(nodev1connect.NodeImageServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+// unary forwards one unary image call to any healthy node, after check
+// (when set) allows it.
+func unary[Req, Resp any](ctx context.Context, s *Server, what string, req *Req, check func(nodev1connect.NodeImageServiceClient) error, call func(nodev1connect.NodeImageServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
 	c, err := s.anyImageNode(ctx)
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
+	}
+	if check != nil {
+		if err := check(c); err != nil {
+			return nil, errdefs.ToConnect(err)
+		}
 	}
 	resp, err := call(c, ctx, connect.NewRequest(req))
 	if err != nil {
@@ -80,47 +89,72 @@ func unary[Req, Resp any](ctx context.Context, s *Server, what string, req *Req,
 }
 
 func (s *Server) ListImages(ctx context.Context, req *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {
-	return unary(ctx, s, "list images", req.Msg, nodev1connect.NodeImageServiceClient.ListImages)
+	return unary(ctx, s, "list images", req.Msg, nil, nodev1connect.NodeImageServiceClient.ListImages)
 }
 
 func (s *Server) GetImage(ctx context.Context, req *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error) {
 	if req.Msg.GetName() == "" {
 		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
 	}
-	return unary(ctx, s, "get image", req.Msg, nodev1connect.NodeImageServiceClient.GetImage)
+	return unary(ctx, s, "get image", req.Msg, nil, nodev1connect.NodeImageServiceClient.GetImage)
 }
 
+// TagImage needs an admin token when the target names an image already.
 func (s *Server) TagImage(ctx context.Context, req *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error) {
-	return unary(ctx, s, "tag image", req.Msg, nodev1connect.NodeImageServiceClient.TagImage)
+	check := func(c nodev1connect.NodeImageServiceClient) error {
+		return requireAdminToReplace(ctx, c, "target", req.Msg.GetTarget())
+	}
+	return unary(ctx, s, "tag image", req.Msg, check, nodev1connect.NodeImageServiceClient.TagImage)
 }
 
+// RemoveImage needs an admin token.
 func (s *Server) RemoveImage(ctx context.Context, req *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
+	if err := requireAdmin(ctx, "removing an image"); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	if req.Msg.GetName() == "" {
 		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
 	}
-	return unary(ctx, s, "remove image", req.Msg, nodev1connect.NodeImageServiceClient.RemoveImage)
+	return unary(ctx, s, "remove image", req.Msg, nil, nodev1connect.NodeImageServiceClient.RemoveImage)
 }
 
+// ComposeImage needs an admin token when the name names an image already.
 func (s *Server) ComposeImage(ctx context.Context, req *connect.Request[v1.ComposeImageRequest]) (*connect.Response[v1.ComposeImageResponse], error) {
-	return unary(ctx, s, "compose image", req.Msg, nodev1connect.NodeImageServiceClient.ComposeImage)
+	check := func(c nodev1connect.NodeImageServiceClient) error {
+		return requireAdminToReplace(ctx, c, "name", req.Msg.GetName())
+	}
+	return unary(ctx, s, "compose image", req.Msg, check, nodev1connect.NodeImageServiceClient.ComposeImage)
 }
 
+// GarbageCollect needs an admin token.
 func (s *Server) GarbageCollect(ctx context.Context, req *connect.Request[v1.GarbageCollectRequest]) (*connect.Response[v1.GarbageCollectResponse], error) {
-	return unary(ctx, s, "collect image garbage", req.Msg, nodev1connect.NodeImageServiceClient.GarbageCollect)
+	if err := requireAdmin(ctx, "collecting image garbage"); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return unary(ctx, s, "collect image garbage", req.Msg, nil, nodev1connect.NodeImageServiceClient.GarbageCollect)
 }
 
+// VerifyImages needs an admin token: it re-reads the whole store.
 func (s *Server) VerifyImages(ctx context.Context, req *connect.Request[v1.VerifyImagesRequest]) (*connect.Response[v1.VerifyImagesResponse], error) {
-	return unary(ctx, s, "verify images", req.Msg, nodev1connect.NodeImageServiceClient.VerifyImages)
+	if err := requireAdmin(ctx, "verifying the image store"); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return unary(ctx, s, "verify images", req.Msg, nil, nodev1connect.NodeImageServiceClient.VerifyImages)
 }
 
 // PackDiff goes to the node that runs the sandbox: its writable layer is
-// on that node's disk.
+// on that node's disk. It needs an admin token when the name names an
+// image already.
 func (s *Server) PackDiff(ctx context.Context, req *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
 	n, err := s.nodeFor("sandbox_id", req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(namingSandbox(err))
 	}
-	resp, err := s.imageClient(n).PackDiff(ctx, connect.NewRequest(req.Msg))
+	c := s.imageClient(n)
+	if err := requireAdminToReplace(ctx, c, "name", req.Msg.GetName()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	resp, err := c.PackDiff(ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return nil, errdefs.ToConnect(namingSandbox(remoteErr(ctx, "pack sandbox", err)))
 	}

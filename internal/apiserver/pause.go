@@ -101,10 +101,11 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 
 type batchCall func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error)
 
-// fanOut runs call on every node that can hold a matching sandbox, all
-// nodes at once. With ids, only their owning nodes are asked, each with its
-// own ids; an id of an unknown node is a per-sandbox not_found failure. A
-// node that fails as a whole is one failure with an empty sandbox_id.
+// fanOut runs call on every configured node, all at once, healthy or not
+// in the watcher's view. With ids, only their owning nodes are asked, each
+// with its own ids; an id of an unknown node is a per-sandbox not_found
+// failure. A node that fails as a whole (unreachable, say) is one failure
+// with an empty sandbox_id and a message naming the node.
 func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what string, call batchCall) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
 	if len(sel.GetLabels()) == 0 && sel.GetTaskId() == "" && len(sel.GetIds()) == 0 {
 		return nil, nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
@@ -129,14 +130,12 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 			t.Ids = append(t.Ids, id)
 		}
 	} else {
-		view, err := s.nodeView(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, st := range view {
-			if n, ok := s.nodes[st.GetNodeId()]; ok && st.GetHealthy() {
-				targets[n] = sel
-			}
+		// Every configured node, whatever the watcher thinks of it: a node
+		// that is briefly unhealthy (preempted, overloaded) may still hold
+		// matching sandboxes, and one that cannot be reached must show up
+		// as a failure, not be skipped.
+		for _, n := range s.nodes {
+			targets[n] = sel
 		}
 	}
 	var (

@@ -2,12 +2,18 @@ package apiserver_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
+	"github.com/kernflux/opendsec/internal/apiserver"
+	"github.com/kernflux/opendsec/internal/config"
 )
 
 // The fake node's pause: it flips the state of matching sandboxes.
@@ -114,5 +120,73 @@ func TestBatchPauseBadInput(t *testing.T) {
 	_, err = e.sbx.PauseSandbox(t.Context(), connect.NewRequest(&v1.PauseSandboxRequest{}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("empty id: %v, want invalid_argument", err)
+	}
+}
+
+// unhealthyView reports some nodes unhealthy, as the watcher does for a
+// node that missed its polls.
+type unhealthyView struct {
+	apiserver.WatcherClient
+	down map[string]bool
+}
+
+func (u unhealthyView) ListNodes(ctx context.Context, req *connect.Request[watcherv1.ListNodesRequest]) (*connect.Response[watcherv1.ListNodesResponse], error) {
+	resp, err := u.WatcherClient.ListNodes(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range resp.Msg.GetNodes() {
+		if u.down[st.GetNodeId()] {
+			st.Healthy = false
+		}
+	}
+	return resp, nil
+}
+
+// A batch pause asks every configured node: one the watcher marks
+// unhealthy still pauses its sandboxes, and one that cannot be reached is a
+// failure naming it.
+func TestPauseSandboxesReachesUnhealthyAndReportsUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	e := setup(t, func(c *apiserver.Config) {
+		c.Watcher = unhealthyView{WatcherClient: c.Watcher, down: map[string]bool{"n002": true}}
+		c.Nodes = append(c.Nodes, config.NodeRef{ID: "n003", Address: deadAddr})
+	}, "n001", "n002")
+	var onN002 []string
+	for _, n := range e.nodes {
+		n.set(func(n *fakeNode) {
+			for i := range 2 {
+				id := n.id + fmt.Sprintf("job%012d", i)
+				n.sbs[id] = &v1.Sandbox{Id: id, NodeId: n.id, State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "job"}}
+				if n.id == "n002" {
+					onN002 = append(onN002, id)
+				}
+			}
+		})
+	}
+	resp, err := e.sbx.PauseSandboxes(t.Context(), connect.NewRequest(&v1.PauseSandboxesRequest{Selector: &v1.SandboxSelector{TaskId: "job"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := map[string]bool{}
+	for _, sb := range resp.Msg.GetSandboxes() {
+		paused[sb.GetId()] = true
+	}
+	for _, id := range onN002 {
+		if !paused[id] {
+			t.Errorf("sandbox %s on the unhealthy node n002 was not paused (paused: %v)", id, paused)
+		}
+	}
+	if len(paused) != 4 {
+		t.Errorf("paused %d sandboxes, want 4", len(paused))
+	}
+	f := resp.Msg.GetFailures()
+	if len(f) != 1 || f[0].GetSandboxId() != "" || f[0].GetErrorCode() != "unavailable" || !strings.Contains(f[0].GetErrorMessage(), "n003") {
+		t.Fatalf("failures %v, want one unavailable failure naming node n003", f)
 	}
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
@@ -29,11 +33,40 @@ func validateConnectPort(m *v1.ConnectPortStart) error {
 	return nil
 }
 
+// activeRelays counts ConnectPort relay goroutines still running (tests
+// check that none outlives its call).
+var activeRelays atomic.Int64
+
+// requestBodyKey carries the request body of a PortService call in its
+// context (see portServiceHandler).
+type requestBodyKey struct{}
+
+// portServiceHandler is the PortService handler with each request's body
+// in its context, so ConnectPort can close it: that is the only way to end
+// a stream.Receive blocked in another goroutine before the handler returns
+// (connect forbids touching the stream after that).
+func (s *Server) portServiceHandler(opts ...connect.HandlerOption) (string, http.Handler) {
+	path, h := opendsecv1connect.NewPortServiceHandler(s, opts...)
+	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestBodyKey{}, r.Body)))
+	})
+}
+
+// closeRequestBody ends the call's request stream: a Receive blocked on it
+// returns an error. Idempotent (HTTP/2 bodies; bidi streams need HTTP/2).
+func closeRequestBody(ctx context.Context) {
+	if b, ok := ctx.Value(requestBodyKey{}).(io.Closer); ok {
+		_ = b.Close()
+	}
+}
+
 // ConnectPort relays a raw TCP stream between the caller and a port inside
 // the sandbox, through the same agent tunnel as HTTPRequest
 // (GET <node>/agent/<id>/_opendsec/port/<port> with Upgrade: tcp). Half-
 // closes travel both ways: close_write (or the end of the caller's stream)
-// makes the port read EOF, and the port's EOF ends the response stream.
+// makes the port read EOF, and the port's EOF is sent as the eof event while
+// the caller may keep writing; the call ends once both directions are done
+// or either side fails. The relay goroutine never outlives the call.
 func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
@@ -64,19 +97,34 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
-	defer conn.Close()
+	bodyCtx := ctx
 
 	// The connection closes when the call ends or the caller misbehaves, which
 	// unblocks the read loop below.
 	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
+	var wg sync.WaitGroup
+	defer func() {
+		// Nothing may use the stream after the handler returns: end the
+		// relay's Receive and wait for it.
+		cancel(nil)
+		stop()
+		conn.Close()
+		closeRequestBody(bodyCtx)
+		wg.Wait()
+	}()
 
 	if err := stream.Send(&v1.ConnectPortResponse{Event: &v1.ConnectPortResponse_Connected{Connected: &v1.ConnectPortConnected{}}}); err != nil {
 		return err
 	}
-	go relayToPort(stream, conn, cancel)
+	writeDone := make(chan struct{})
+	wg.Add(1)
+	activeRelays.Add(1)
+	go func() {
+		defer wg.Done()
+		defer activeRelays.Add(-1)
+		relayToPort(stream, conn, cancel, writeDone)
+	}()
 
 	buf := make([]byte, connectPortChunk)
 	for {
@@ -88,7 +136,7 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 			}
 		}
 		if errors.Is(rerr, io.EOF) {
-			return nil
+			break
 		}
 		if rerr != nil {
 			if ctx.Err() != nil {
@@ -96,6 +144,19 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 			}
 			return errdefs.ToConnect(errdefs.New(errdefs.ErrUnavailable, "read from port %d: %s", st.GetPort(), rerr))
 		}
+	}
+	// The port half-closed; the caller may still be writing.
+	if err := stream.Send(&v1.ConnectPortResponse{Event: &v1.ConnectPortResponse_Eof{Eof: true}}); err != nil {
+		return err
+	}
+	select {
+	case <-writeDone:
+		if ctx.Err() != nil {
+			return errdefs.ToConnect(context.Cause(ctx))
+		}
+		return nil
+	case <-ctx.Done():
+		return errdefs.ToConnect(context.Cause(ctx))
 	}
 }
 
@@ -105,8 +166,10 @@ type closeWriter interface {
 }
 
 // relayToPort writes the caller's data to conn until the caller half-closes
-// or its stream ends; a protocol error or a failed write cancels the call.
-func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse], conn io.ReadWriteCloser, cancel context.CancelCauseFunc) {
+// or its stream ends, then closes writeDone; a protocol error or a failed
+// write cancels the call (and closes writeDone too).
+func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse], conn io.ReadWriteCloser, cancel context.CancelCauseFunc, writeDone chan<- struct{}) {
+	defer close(writeDone)
 	halfClose := func() {
 		if cw, ok := conn.(closeWriter); ok {
 			if err := cw.CloseWrite(); err != nil {
@@ -135,6 +198,7 @@ func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPor
 		case *v1.ConnectPortRequest_CloseWrite:
 			if msg.CloseWrite {
 				halfClose()
+				return
 			}
 		case *v1.ConnectPortRequest_Start:
 			cancel(errdefs.Invalid("start", "only the first message may be start"))

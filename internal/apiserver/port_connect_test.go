@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/apiserver"
 )
 
 // listenPort serves fn on a loopback listener standing in for port inside
@@ -162,4 +163,119 @@ func TestConnectPortErrors(t *testing.T) {
 	s.Send(startPort(id, 8000))
 	_, err := s.Receive()
 	wantCode(t, err, connect.CodeInvalidArgument, "only the first message may be start")
+}
+
+// noRelaysLeft waits until earlier tests' calls have finished their relays,
+// so that counting them means something.
+func noRelaysLeft(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for apiserver.ActiveConnectPortRelays() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d relays of earlier calls still run", apiserver.ActiveConnectPortRelays())
+		}
+		time.Sleep(5 * time.Millisecond) // polling
+	}
+}
+
+// receiveUntilEnd reads responses until the stream ends and returns the
+// data, whether eof came, and the end (nil for a clean end).
+func receiveUntilEnd(s *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse]) ([]byte, bool, error) {
+	var data []byte
+	eof := false
+	for {
+		m, err := s.Receive()
+		if errors.Is(err, io.EOF) {
+			return data, eof, nil
+		}
+		if err != nil {
+			return data, eof, err
+		}
+		data = append(data, m.GetData()...)
+		eof = eof || m.GetEof()
+	}
+}
+
+// A server that closes right after accepting while the caller keeps
+// sending: the call ends with an error and its relay goroutine is gone by
+// the time the caller sees the end (connect forbids using the stream after
+// the handler returned).
+func TestConnectPortServerClosesWhileCallerSends(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	e.listenPort(t, 8000, func(c net.Conn) { c.Close() })
+	noRelaysLeft(t)
+
+	for i := range 5 {
+		s := e.port.ConnectPort(t.Context())
+		if err := s.Send(startPort(id, 8000)); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := s.Receive(); err != nil || m.GetConnected() == nil {
+			t.Fatalf("first response = %v, %v; want connected", m, err)
+		}
+		sendDone := make(chan struct{})
+		go func() {
+			defer close(sendDone)
+			chunk := make([]byte, 16<<10)
+			for s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Data{Data: chunk}}) == nil {
+			}
+		}()
+		// eof may or may not come first: the failed write can win the race
+		// with reading the port's EOF.
+		_, _, err := receiveUntilEnd(s)
+		if n := apiserver.ActiveConnectPortRelays(); n != 0 {
+			t.Fatalf("round %d: %d relay goroutines still run after the call ended (%v)", i, n, err)
+		}
+		wantCode(t, err, connect.CodeUnavailable, "write to the port")
+		s.CloseRequest()
+		<-sendDone
+		s.CloseResponse()
+	}
+}
+
+// The port's half-close arrives as eof while the caller still writes; the
+// call ends cleanly once the caller half-closes too.
+func TestConnectPortServerHalfClose(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	e.listenPort(t, 8000, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte("hello"))
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c)
+	})
+	noRelaysLeft(t)
+	s := e.port.ConnectPort(t.Context())
+	defer s.CloseResponse()
+	s.Send(startPort(id, 8000))
+	if m, err := s.Receive(); err != nil || m.GetConnected() == nil {
+		t.Fatalf("first response = %v, %v; want connected", m, err)
+	}
+	var got []byte
+	for {
+		m, err := s.Receive()
+		if err != nil {
+			t.Fatalf("receive after %q: %v; want data then eof", got, err)
+		}
+		got = append(got, m.GetData()...)
+		if m.GetEof() {
+			break
+		}
+	}
+	if string(got) != "hello" {
+		t.Fatalf("data before eof = %q, want hello", got)
+	}
+	if n := apiserver.ActiveConnectPortRelays(); n != 1 {
+		t.Fatalf("%d relays run after eof, want 1 (the caller may still write)", n)
+	}
+	if err := s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_CloseWrite{CloseWrite: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if data, _, err := receiveUntilEnd(s); err != nil || len(data) > 0 {
+		t.Fatalf("after close_write: data %q, end %v; want a clean end", data, err)
+	}
+	if n := apiserver.ActiveConnectPortRelays(); n != 0 {
+		t.Fatalf("%d relays still run after the call ended", n)
+	}
 }

@@ -131,44 +131,63 @@ func setToken(h http.Header, tok string) {
 // TokenHeader for when Authorization is already set). base nil means
 // http.DefaultTransport.
 func RoundTripper(tok string, base http.RoundTripper) http.RoundTripper {
+	return RoundTripperFrom(StaticToken(tok), base)
+}
+
+// RoundTripperFrom is RoundTripper with the token taken from src for each
+// request, so a renewed token is used as soon as it exists.
+func RoundTripperFrom(src TokenSource, base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &tokenTransport{tok: tok, base: base}
+	return &tokenTransport{src: src, base: base}
 }
 
 type tokenTransport struct {
-	tok  string
+	src  TokenSource
 	base http.RoundTripper
 }
 
 func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	setToken(r.Header, t.tok)
+	setToken(r.Header, t.src.Token())
 	return t.base.RoundTrip(r)
 }
 
 // Client returns a copy of c (http.DefaultClient if nil) whose transport
 // adds tok to every request.
 func Client(c *http.Client, tok string) *http.Client {
+	return ClientFrom(c, StaticToken(tok))
+}
+
+// ClientFrom is Client with the token taken from src for each request.
+func ClientFrom(c *http.Client, src TokenSource) *http.Client {
 	if c == nil {
 		c = http.DefaultClient
 	}
 	cc := *c
-	cc.Transport = RoundTripper(tok, c.Transport)
+	cc.Transport = RoundTripperFrom(src, c.Transport)
 	return &cc
 }
 
 // ClientInterceptor returns a connect client interceptor that adds tok to
 // unary and streaming calls.
-func ClientInterceptor(tok string) connect.Interceptor { return &clientInterceptor{tok: tok} }
+func ClientInterceptor(tok string) connect.Interceptor {
+	return ClientInterceptorFrom(StaticToken(tok))
+}
 
-type clientInterceptor struct{ tok string }
+// ClientInterceptorFrom is ClientInterceptor with the token taken from src
+// for each call.
+func ClientInterceptorFrom(src TokenSource) connect.Interceptor {
+	return &clientInterceptor{src: src}
+}
+
+type clientInterceptor struct{ src TokenSource }
 
 func (i *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
-			setToken(req.Header(), i.tok)
+			setToken(req.Header(), i.src.Token())
 		}
 		return next(ctx, req)
 	}
@@ -176,7 +195,7 @@ func (i *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 
 func (i *clientInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		return &tokenConn{StreamingClientConn: next(ctx, spec), tok: i.tok}
+		return &tokenConn{StreamingClientConn: next(ctx, spec), tok: i.src.Token()}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
@@ -84,6 +85,9 @@ type Node struct {
 	AgentIdleExitMS int64 `json:"agent_idle_exit_ms"`
 	// ImageDir is the image store.
 	ImageDir string `json:"image_dir"`
+	// ImportDir is the only directory archive imports through the API
+	// (oci-layout:PATH, docker-archive:PATH) may read from.
+	ImportDir string `json:"import_dir"`
 	// DefaultBackend is used when a create names none.
 	DefaultBackend string `json:"default_backend"`
 	// Capacity the node offers; 0 means detect (all CPUs, 90% of memory).
@@ -93,6 +97,10 @@ type Node struct {
 	MaxSandboxes int64 `json:"max_sandboxes"`
 	// MaxUploadMB caps one file write.
 	MaxUploadMB int64 `json:"max_upload_mb"`
+	// MaxPaused is how long a sandbox may stay paused before the node stops
+	// it, as a Go duration ("24h", "90m"); "0" keeps paused sandboxes until
+	// they are resumed or stopped. See MaxPausedDuration.
+	MaxPaused string `json:"max_paused"`
 	// Network is the sandboxes' network policy (docs/network.md).
 	Network NodeNetwork `json:"network"`
 }
@@ -131,9 +139,11 @@ func Default(dataDir string) Config {
 			AgentPath:       "/usr/local/lib/opendsec/opendsec-agent",
 			AgentIdleExitMS: 30000,
 			ImageDir:        filepath.Join(dataDir, "images"),
+			ImportDir:       filepath.Join(dataDir, "import"),
 			DefaultBackend:  "container",
 			MaxSandboxes:    1000,
 			MaxUploadMB:     1024,
+			MaxPaused:       DefaultMaxPaused,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -183,11 +193,17 @@ func (c *Config) Validate() error {
 	if c.Node.InitPath != "" && !filepath.IsAbs(c.Node.InitPath) {
 		return errdefs.Invalid("node.init_path", "%q is not absolute; give the absolute path of opendsec-init", c.Node.InitPath)
 	}
+	if c.Node.ImportDir == "" || !filepath.IsAbs(c.Node.ImportDir) || filepath.Clean(c.Node.ImportDir) == "/" {
+		return errdefs.Invalid("node.import_dir", "%q must be an absolute directory other than /, e.g. /var/lib/opendsec/import", c.Node.ImportDir)
+	}
 	if c.Node.MaxUploadMB <= 0 {
 		return errdefs.Invalid("node.max_upload_mb", "must be positive")
 	}
 	if c.Node.MaxSandboxes <= 0 {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")
+	}
+	if _, err := c.Node.MaxPausedDuration(); err != nil {
+		return err
 	}
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
 		return err
@@ -212,4 +228,21 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// DefaultMaxPaused is node.max_paused when the config does not set it.
+const DefaultMaxPaused = "24h"
+
+// MaxPausedDuration parses MaxPaused: 0 means paused sandboxes are kept
+// until resumed or stopped. Empty means DefaultMaxPaused.
+func (n Node) MaxPausedDuration() (time.Duration, error) {
+	v := n.MaxPaused
+	if v == "" {
+		v = DefaultMaxPaused
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, errdefs.Invalid("node.max_paused", "%q is not a duration; give e.g. \"24h\" or \"90m\", or \"0\" to keep paused sandboxes until they are resumed or stopped", n.MaxPaused)
+	}
+	return d, nil
 }

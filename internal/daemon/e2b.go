@@ -27,13 +27,14 @@ func e2bKeys(cfg config.Config) *e2b.KeyStore {
 
 // RunE2B serves the E2B-compatible gateway until ctx ends. It calls the
 // apiserver with an admin-scope service token and reaches sandboxes through
-// the nodes with a node-scope token, both signed with key.
+// the nodes with a node-scope token, both signed with key, short-lived and
+// renewed in the background.
 func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	apiTok, err := auth.Issue(key, "e2b-gateway", auth.ScopeAdmin, serviceTokenTTL)
+	apiTok, err := startServiceToken(ctx, key, "e2b-gateway", auth.ScopeAdmin)
 	if err != nil {
-		return fmt.Errorf("issue gateway token: %w", err)
+		return err
 	}
-	nodeTok, err := serviceToken(key)
+	nodeTok, err := startServiceToken(ctx, key, "e2b-gateway", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
@@ -43,7 +44,7 @@ func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- str
 	}
 	hc := h2cClient()
 	api := opendsecv1connect.NewSandboxServiceClient(hc, strings.TrimRight(apiAddr, "/"),
-		connect.WithInterceptors(auth.ClientInterceptor(apiTok)))
+		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	// Port tunnels need HTTP/1.1 (HTTP/2 has no Upgrade).
 	tunnel := http.DefaultTransport.(*http.Transport).Clone()
 	tunnel.Protocols = new(http.Protocols)
@@ -54,8 +55,8 @@ func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- str
 		API:        api,
 		Keys:       e2bKeys(cfg),
 		Nodes:      cfg.Nodes,
-		NodeClient: auth.Client(hc, nodeTok),
-		NodeTunnel: auth.Client(&http.Client{Transport: tunnel}, nodeTok),
+		NodeClient: auth.ClientFrom(hc, nodeTok),
+		NodeTunnel: auth.ClientFrom(&http.Client{Transport: tunnel}, nodeTok),
 		Secret:     secret.Sum(nil),
 		Domain:     cfg.E2B.Domain,
 		Templates:  cfg.E2B.Templates,

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -38,20 +39,56 @@ type UpOptions struct {
 	ReadyFile string
 }
 
-// serviceToken issues the token components use to call nodes.
-//
-// It is minted in memory at start and never leaves the process, so it lives
-// as long as a process may run (a 30-day token broke every node call of an
-// `opendsec up` that ran longer). Rotation comes with the cluster CA and mTLS.
-func serviceToken(key []byte) (string, error) {
-	return auth.Issue(key, "opendsec-internal", auth.ScopeNode, serviceTokenTTL)
+// serviceTokenTTL is the lifetime of the service tokens components mint
+// for calls to each other; each is renewed at half its lifetime by the
+// component holding it. (A variable so tests can shorten it.)
+var serviceTokenTTL = auth.ServiceTokenTTL
+
+// startServiceToken issues a short-lived service token for subject and
+// renews it in the background until ctx ends.
+func startServiceToken(ctx context.Context, key []byte, subject, scope string) (*auth.ServiceToken, error) {
+	st, err := auth.NewServiceToken(key, subject, scope, serviceTokenTTL)
+	if err != nil {
+		return nil, fmt.Errorf("issue %s service token: %w", subject, err)
+	}
+	go st.Run(ctx)
+	return st, nil
 }
 
-// serviceTokenTTL is the lifetime of in-process service tokens.
-const serviceTokenTTL = 10 * 365 * 24 * time.Hour
+// nodeShutdownTimeout bounds the node's wait for creates, stops and pauses
+// in flight at shutdown; what is still running then is left for recovery at
+// the next start. The HTTP servers have had up to 10s to drain before.
+const nodeShutdownTimeout = 20 * time.Second
 
-// newNode builds the node from cfg: image store, backends, sandbox table.
-func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
+// localNode is a node with the network manager it was built with.
+type localNode struct {
+	*node.Node
+	net *netpolicy.Manager // nil when network policy is off
+}
+
+// shutdown shuts the node down (bounded by nodeShutdownTimeout), then the
+// network manager's DNS proxy and netlink sockets: no create or stop uses
+// them after the node has stopped. Sandboxes and their networks stay.
+func (ln *localNode) shutdown(ctx context.Context) error {
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), nodeShutdownTimeout,
+		fmt.Errorf("node shutdown exceeded %s", nodeShutdownTimeout))
+	defer cancel()
+	err := ln.Node.Shutdown(ctx)
+	if ln.net != nil {
+		if nerr := ln.net.Close(); nerr != nil {
+			err = errors.Join(err, fmt.Errorf("close network policy: %w", nerr))
+		}
+	}
+	return err
+}
+
+// newNode builds the node from cfg: image store, backends, network policy,
+// sandbox table.
+func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
+	maxPaused, err := cfg.Node.MaxPausedDuration()
+	if err != nil {
+		return nil, err
+	}
 	store, err := image.Open(cfg.Node.ImageDir)
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
@@ -76,6 +113,7 @@ func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
 		CPU:            cfg.Node.CPU,
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
+		MaxPaused:      maxPaused,
 	}
 	if nw != nil {
 		ncfg.Network = nw
@@ -87,7 +125,7 @@ func newNode(ctx context.Context, cfg config.Config) (*node.Node, error) {
 		}
 		return nil, err
 	}
-	return n, nil
+	return &localNode{Node: n, net: nw}, nil
 }
 
 // newNetwork starts the network policy manager, or returns nil when it is
@@ -120,9 +158,12 @@ func RunNode(ctx context.Context, cfg config.Config, key []byte, ready chan<- st
 	if err != nil {
 		return err
 	}
-	defer n.Close()
 	v, opts := nodeHandlerOpts(key)
-	return serve(ctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), ready)
+	err = serve(ctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), ready)
+	if serr := n.shutdown(ctx); serr != nil {
+		err = errors.Join(err, fmt.Errorf("shut down node: %w", serr))
+	}
+	return err
 }
 
 func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxWithProxy {
@@ -134,12 +175,12 @@ func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxW
 
 // RunWatcher serves the watcher until ctx ends.
 func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	tok, err := serviceToken(key)
+	g, ctx := errgroup.WithContext(ctx)
+	tok, err := startServiceToken(ctx, key, "opendsec-watcher", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
-	w := watcher.New(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
-	g, ctx := errgroup.WithContext(ctx)
+	w := watcher.NewWithTokens(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
 	g.Go(func() error { return w.Run(ctx) })
 	g.Go(func() error {
 		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
@@ -152,18 +193,18 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 
 // RunAPIServer serves the public API until ctx ends.
 func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	tok, err := serviceToken(key)
+	tok, err := startServiceToken(ctx, key, "opendsec-apiserver", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
 	hc := h2cClient()
 	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
-		connect.WithInterceptors(auth.ClientInterceptor(tok)))
+		connect.WithInterceptors(auth.ClientInterceptorFrom(tok)))
 	srv, err := apiserver.New(apiserver.Config{
 		Nodes:      cfg.Nodes,
 		Watcher:    wc,
 		HTTPClient: hc,
-		NodeToken:  tok,
+		NodeTokens: tok,
 		// Callers only: node-scope tokens are for component-to-node calls.
 		Auth:            auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
@@ -195,13 +236,21 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	if err != nil {
 		return err
 	}
-	defer n.Close()
+	shutDown := false
+	defer func() {
+		// Early returns: the node still releases its table and sockets.
+		if !shutDown {
+			if err := n.shutdown(ctx); err != nil {
+				log.G(ctx).Error("shut down node", log.Err(err))
+			}
+		}
+	}()
 
 	g, gctx := errgroup.WithContext(ctx)
 	nodeReady, watcherReady, apiReady := make(chan string, 1), make(chan string, 1), make(chan string, 1)
 	g.Go(func() error {
 		v, opts := nodeHandlerOpts(key)
-		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n, v, opts), nodeReady)
+		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), nodeReady)
 	})
 	g.Go(func() error { return RunWatcher(gctx, cfg, key, watcherReady) })
 	g.Go(func() error { return RunAPIServer(gctx, cfg, key, apiReady) })
@@ -232,6 +281,10 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	if o.StopSandboxes {
 		n.StopAll(context.WithoutCancel(ctx), "opendsec up --stop-sandboxes shutdown")
 	}
+	shutDown = true
+	if serr := n.shutdown(ctx); serr != nil {
+		log.G(ctx).Error("shut down node; what it left is recovered at the next start", log.Err(serr))
+	}
 	if err != nil && ctx.Err() == nil {
 		return err
 	}
@@ -256,9 +309,10 @@ func (m *muxWithProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // waitNodeSeen waits until the watcher reports this machine's node healthy,
 // so the first create after "up" has somewhere to go.
 func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
-	tok, err := serviceToken(key)
+	// One call site, done within a minute: a token without renewal.
+	tok, err := auth.Issue(key, "opendsec-up", auth.ScopeNode, 5*time.Minute)
 	if err != nil {
-		return err
+		return fmt.Errorf("issue service token: %w", err)
 	}
 	wc := watcherv1connect.NewWatcherServiceClient(h2cClient(), cfg.APIServer.WatcherAddress,
 		connect.WithInterceptors(auth.ClientInterceptor(tok)))

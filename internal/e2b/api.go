@@ -17,9 +17,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
@@ -678,11 +680,14 @@ func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
 
 // metricsMany answers GET /sandboxes/metrics?sandbox_ids=a,b (at most 100)
 // with the current sample of each of the caller's sandboxes; unknown ones
-// are left out.
+// are left out. Sandboxes are asked maxMetricsCalls at a time.
 func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
 	var ids []string
 	for _, v := range r.URL.Query()["sandbox_ids"] {
 		for _, id := range strings.Split(v, ",") {
+			if i := strings.IndexByte(id, '-'); i >= 0 {
+				id = id[:i]
+			}
 			if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
 				ids = append(ids, id)
 			}
@@ -692,32 +697,43 @@ func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "sandbox_ids: give 1 to 100 comma-separated sandbox IDs, got %d", len(ids))
 		return
 	}
+	var mu sync.Mutex
 	out := map[string]metricJSON{}
+	eg, ctx := errgroup.WithContext(r.Context())
+	eg.SetLimit(maxMetricsCalls)
 	for _, id := range ids {
-		if i := strings.IndexByte(id, '-'); i >= 0 {
-			id = id[:i]
-		}
-		sb, err := g.lookup(r.Context(), id)
-		if errdefs.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		resp, err := g.cfg.API.GetSandboxMetrics(r.Context(), connect.NewRequest(&v1.GetSandboxMetricsRequest{Id: sb.GetId()}))
-		if err != nil {
-			err = errdefs.FromConnect(err)
+		eg.Go(func() error {
+			sb, err := g.lookup(ctx, id)
 			if errdefs.IsNotFound(err) {
-				continue
+				return nil
 			}
-			writeErr(w, fmt.Errorf("get sandbox metrics: %w", err))
-			return
-		}
-		out[id] = metricOf(resp.Msg.GetMetrics())
+			if err != nil {
+				return err
+			}
+			resp, err := g.cfg.API.GetSandboxMetrics(ctx, connect.NewRequest(&v1.GetSandboxMetricsRequest{Id: sb.GetId()}))
+			if err != nil {
+				err = errdefs.FromConnect(err)
+				if errdefs.IsNotFound(err) {
+					return nil
+				}
+				return fmt.Errorf("get sandbox metrics of %s: %w", id, err)
+			}
+			mu.Lock()
+			out[id] = metricOf(resp.Msg.GetMetrics())
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		writeErr(w, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
+
+// maxMetricsCalls bounds the sandboxes one metrics-of-many request asks at
+// once.
+const maxMetricsCalls = 16
 
 // parseMetadataQuery decodes the list filter "k=v&k2=v2" (itself
 // query-escaped) as E2B does.

@@ -94,13 +94,47 @@ func parseIPv4(s string) (netip.Prefix, bool, error) {
 	return netip.PrefixFrom(a, 32), true, nil
 }
 
+// reservedRanges are the destinations the gateway never puts in a policy:
+// link-local (cloud metadata at 169.254.169.254), the shared address space
+// that holds the nodes' sandbox pools (default 100.96.0.0/12; the gateway
+// does not know each node's pool, so it keeps out all of 100.64.0.0/10),
+// loopback, "this network", multicast and the reserved class E. The node
+// blocks its own addresses, other sandboxes and link-local for broad rules
+// anyway; but a rule that lies inside one of these ranges opens it on purpose
+// (docs/network.md), and a complement of denyOut would produce exactly such
+// rules (denying 169.254.169.255 would allow 169.254.169.254/32).
+var reservedRanges = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// reservedNames says what each of reservedRanges is, for errors.
+var reservedNames = map[netip.Prefix]string{
+	reservedRanges[0]: "\"this network\" (0.0.0.0/8)",
+	reservedRanges[1]: "the shared address space 100.64.0.0/10, which holds the sandboxes and their nodes",
+	reservedRanges[2]: "loopback (127.0.0.0/8)",
+	reservedRanges[3]: "link-local 169.254.0.0/16, which holds cloud metadata",
+	reservedRanges[4]: "multicast (224.0.0.0/4)",
+	reservedRanges[5]: "reserved (240.0.0.0/4)",
+}
+
+// maxPolicyRules is the most rules the node takes in one policy
+// (netpolicy's limit).
+const maxPolicyRules = 256
+
 // egressPolicy maps E2B's egress settings onto an OpenDsec network policy.
 // E2B allows all egress unless denied; denyOut holds CIDRs and IPs, allowOut
 // CIDRs, IPs and domains, and an allowOut entry wins over a denyOut one.
 // OpenDsec policies only allow, so "everything but denyOut" becomes the
-// complement of denyOut as a list of prefixes. The node still blocks what it
-// always blocks (itself, other sandboxes, metadata addresses). prefix names
-// the request's fields in errors ("network.").
+// complement of denyOut and of reservedRanges as a list of prefixes. The
+// node still blocks what it always blocks (itself, other sandboxes, metadata
+// addresses). allowOut entries inside a reserved range are refused; wider
+// ones are clipped to leave the reserved ranges out. prefix names the
+// request's fields in errors ("network.").
 func egressPolicy(prefix string, allowInternet *bool, allowOut, denyOut []string) (*v1.NetworkPolicy, error) {
 	if len(allowOut) > maxEgressEntries {
 		return nil, errdefs.Invalid(prefix+"allowOut", "has %d entries; at most %d are allowed", len(allowOut), maxEgressEntries)
@@ -133,7 +167,14 @@ func egressPolicy(prefix string, allowInternet *bool, allowOut, denyOut []string
 		case err != nil:
 			return nil, errdefs.Invalid(field, "%q %s", s, err.Error())
 		case isIP:
-			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
+			for _, r := range reservedRanges {
+				if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+					return nil, errdefs.Invalid(field, "%q lies in %s; sandboxes cannot reach it through the E2B gateway: remove the entry", s, reservedNames[r])
+				}
+			}
+			for _, c := range complement(p, reservedRanges) {
+				pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: c.String()})
+			}
 		case !domainRe.MatchString(s) || len(s) > 253:
 			return nil, errdefs.Invalid(field, "%q is not an IPv4 address, CIDR or domain (like \"pypi.org\" or \"*.example.com\")", s)
 		case internet:
@@ -143,9 +184,22 @@ func egressPolicy(prefix string, allowInternet *bool, allowOut, denyOut []string
 		}
 	}
 	if internet {
-		for _, p := range complement(netip.MustParsePrefix(allTraffic), denies) {
-			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
+		if len(denies) == 0 {
+			// One broad rule: the node keeps its protected destinations
+			// closed under it.
+			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: allTraffic})
+		} else {
+			for _, p := range complement(netip.MustParsePrefix(allTraffic), append(denies, reservedRanges...)) {
+				pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
+			}
 		}
+	}
+	if len(pol.Allow) > maxPolicyRules {
+		field := prefix + "denyOut"
+		if !internet {
+			field = prefix + "allowOut"
+		}
+		return nil, errdefs.Invalid(field, "needs %d OpenDsec rules, more than the %d a sandbox may have: merge entries into wider CIDRs", len(pol.Allow), maxPolicyRules)
 	}
 	if len(pol.Allow) == 0 {
 		pol.Allow = []*v1.NetworkRule{denyAllRule}

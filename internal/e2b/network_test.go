@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -61,7 +62,7 @@ func TestEgressPolicy(t *testing.T) {
 		{"no internet denies all", &f, nil, nil, []string{"0.0.0.0/32"}, false},
 		{"deny all but some", nil, []string{"1.1.1.1", "pypi.org", "*.example.com"}, []string{"0.0.0.0/0"}, []string{"1.1.1.1/32", "pypi.org", "*.example.com"}, false},
 		{"no internet plus allow", &f, []string{"10.1.0.0/16"}, nil, []string{"10.1.0.0/16"}, false},
-		{"deny one range", nil, nil, []string{"128.0.0.0/1"}, []string{"0.0.0.0/1"}, true},
+		{"deny one range", nil, nil, []string{"128.0.0.0/1"}, []string{"1.0.0.0/8", "2.0.0.0/7", "4.0.0.0/6", "8.0.0.0/5", "16.0.0.0/4", "32.0.0.0/3", "64.0.0.0/3", "96.0.0.0/6", "100.0.0.0/10", "100.128.0.0/9", "101.0.0.0/8", "102.0.0.0/7", "104.0.0.0/5", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7", "126.0.0.0/8"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, err := egressPolicy("network.", c.internet, c.allow, c.deny)
@@ -123,6 +124,7 @@ func TestCreateAndUpdateNetwork(t *testing.T) {
 		{h.keyA, `{"egressProxy":{"address":"1.2.3.4:1080"}}`, 400},
 		{h.keyA, `{"dns_servers":["1.1.1.1"]}`, 400},
 		{h.keyA, `{"allowOut":`, 400},
+		{h.keyA, `{"allowOut":["169.254.169.254"],"denyOut":["0.0.0.0/0"]}`, 400},
 		{h.keyB, `{}`, 404},
 	} {
 		w, m := h.do(c.key, "PUT", "/sandboxes/"+id+"/network", c.body)
@@ -144,6 +146,111 @@ func TestCreateAndUpdateNetwork(t *testing.T) {
 	w, _ = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","network":{"denyOut":["300.1.1.1"]}}`)
 	if w.Code != 400 || !strings.Contains(w.Body.String(), "network.denyOut[0]") || len(h.api.sbs) != n {
 		t.Fatalf("bad network on create: %d %s (%d sandboxes, had %d)", w.Code, w.Body, len(h.api.sbs), n)
+	}
+}
+
+// covers reports whether any CIDR rule of pol contains a.
+func covers(pol *v1.NetworkPolicy, a string) bool {
+	for _, r := range pol.GetAllow() {
+		if p, err := netip.ParsePrefix(r.GetCidr()); err == nil && p.Contains(netip.MustParseAddr(a)) {
+			return true
+		}
+	}
+	return false
+}
+
+// The review's reproductions: a denyOut entry next to a protected address
+// must not turn into an allow rule that names it (the node lets a rule that
+// lies inside link-local or the pool through, as a rule that says so).
+func TestEgressPolicyKeepsReservedRangesOut(t *testing.T) {
+	reserved := []string{"169.254.169.254", "169.254.0.1", "100.96.0.1", "100.96.0.2", "100.104.0.1", "100.64.0.1", "127.0.0.1", "0.0.0.1", "224.0.0.251", "240.0.0.1", "255.255.255.255"}
+	for _, deny := range [][]string{
+		{"169.254.169.255"},
+		{"100.96.0.0/13"},
+		{"100.104.0.0/13", "169.254.0.0/17"},
+		{"10.0.0.1"},
+		{"128.0.0.0/1"},
+		{"8.8.4.4", "198.51.100.0/24"},
+	} {
+		pol, err := egressPolicy("network.", nil, nil, deny)
+		if err != nil {
+			t.Fatalf("deny %v: %v", deny, err)
+		}
+		for _, r := range pol.GetAllow() {
+			p := netip.MustParsePrefix(r.GetCidr())
+			for _, res := range reservedRanges {
+				if p.Overlaps(res) {
+					t.Errorf("deny %v: rule %s overlaps %s", deny, p, res)
+				}
+			}
+		}
+		for _, a := range reserved {
+			if covers(pol, a) {
+				t.Errorf("deny %v: %s is allowed", deny, a)
+			}
+		}
+		for _, d := range deny {
+			p, _, _ := parseIPv4(d)
+			if covers(pol, p.Addr().String()) {
+				t.Errorf("deny %v: denied %s is allowed", deny, p.Addr())
+			}
+		}
+	open:
+		for _, a := range []string{"1.1.1.1", "100.63.255.255", "100.128.0.1", "169.253.0.1", "169.255.0.1", "203.0.113.9"} {
+			for _, d := range deny {
+				if p, _, _ := parseIPv4(d); p.Contains(netip.MustParseAddr(a)) {
+					continue open
+				}
+			}
+			if !covers(pol, a) {
+				t.Errorf("deny %v: %s is neither denied nor reserved but not allowed: %v", deny, a, cidrs(pol))
+			}
+		}
+		if !*internetAllowed(pol) {
+			t.Errorf("deny %v: internetAllowed false", deny)
+		}
+	}
+	// allowOut wins over denyOut but is clipped the same way.
+	for allow, open := range map[string]string{"0.0.0.0/0": "8.8.8.8", "96.0.0.0/4": "100.128.0.1", "169.0.0.0/8": "169.255.0.1"} {
+		pol, err := egressPolicy("network.", nil, []string{allow}, []string{"0.0.0.0/0"})
+		if err != nil {
+			t.Fatalf("allow %s: %v", allow, err)
+		}
+		for _, a := range reserved {
+			if covers(pol, a) {
+				t.Errorf("allow %s: %s is allowed: %v", allow, a, cidrs(pol))
+			}
+		}
+		if !covers(pol, open) {
+			t.Errorf("allow %s: %s is not allowed: %v", allow, open, cidrs(pol))
+		}
+	}
+	// An allowOut entry inside a reserved range is refused, naming it, on
+	// create and on update alike.
+	for _, bad := range []string{"169.254.169.254", "169.254.0.0/16", "100.96.0.0/12", "100.104.0.7", "127.0.0.1", "0.0.0.0", "224.0.0.0/8", "240.1.2.3"} {
+		for _, internet := range []*bool{nil, new(bool)} {
+			_, err := egressPolicy("network.", internet, []string{"1.2.3.4", bad}, []string{"0.0.0.0/0"})
+			if err == nil || !strings.HasPrefix(err.Error(), "network.allowOut[1]:") {
+				t.Errorf("allowOut %q: err %v; want one naming network.allowOut[1]", bad, err)
+			}
+		}
+	}
+	// A denyOut list whose complement is more than the node takes.
+	var many []string
+	for i := range 64 {
+		many = append(many, fmt.Sprintf("%d.%d.7.1", 1+i, 3*i))
+	}
+	if _, err := egressPolicy("", nil, nil, many); err == nil || !strings.HasPrefix(err.Error(), "denyOut:") {
+		t.Errorf("64 scattered denyOut addresses: err %v; want one naming denyOut", err)
+	}
+}
+
+func TestCreateRefusesReservedAllowOut(t *testing.T) {
+	h := newHarness(t)
+	n := len(h.api.sbs)
+	w, _ := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["8.8.8.8","169.254.169.254"],"denyOut":["0.0.0.0/0"]}}`)
+	if w.Code != 400 || !strings.Contains(w.Body.String(), "network.allowOut[1]") || len(h.api.sbs) != n {
+		t.Fatalf("metadata in allowOut on create: %d %s (%d sandboxes, had %d)", w.Code, w.Body, len(h.api.sbs), n)
 	}
 }
 

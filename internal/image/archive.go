@@ -82,6 +82,10 @@ func (l archiveLayer) Compressed() (io.ReadCloser, error) { return l.open() }
 func (s *Store) importArchive(ctx context.Context, ref string, o importOptions) (Image, error) {
 	var a archiveImage
 	var err error
+	spec := ref[strings.IndexByte(ref, ':')+1:]
+	if err := s.checkImportPath(spec); err != nil {
+		return Image{}, err
+	}
 	if spec, ok := strings.CutPrefix(ref, SchemeOCILayout); ok {
 		a, err = readOCILayout(spec)
 	} else if spec, ok := strings.CutPrefix(ref, SchemeDockerArchive); ok {
@@ -202,6 +206,51 @@ func archiveError(ref string, err error) error {
 		return errdefs.Invalid("ref", "%s is damaged (a file it lists is missing): %v", ref, err)
 	}
 	return errdefs.Invalid("ref", "%s is damaged: %v", ref, err)
+}
+
+// checkImportPath refuses an archive spec ("PATH[:TAG...]") whose path is
+// not under the store's import directory (WithImportDir): a relative path,
+// one outside it lexically, one with '.' or '..' elements, or one through
+// a symlink below the import directory. The refusal is one message,
+// whatever exists, so it reveals nothing about the host's files.
+func (s *Store) checkImportPath(spec string) error {
+	if s.importDir == "" {
+		return nil
+	}
+	refuse := errdefs.Invalid("ref", "archive imports read only from under the import directory %s (config node.import_dir); copy the layout or tarball there and give its absolute path, e.g. oci-layout:%s/app:v1", s.importDir, s.importDir)
+	rel, ok := strings.CutPrefix(spec, s.importDir+"/")
+	if !ok || rel == "" {
+		return refuse
+	}
+	parts := strings.Split(rel, "/")
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return refuse
+		}
+	}
+	// The path ends where the tag starts (at a ':' or '@' that may also be
+	// part of a name), so every prefix ending before one is checked too.
+	isLink := func(p string) bool {
+		fi, err := os.Lstat(p)
+		return err == nil && fi.Mode()&fs.ModeSymlink != 0
+	}
+	cur := s.importDir
+	for _, p := range parts {
+		for i := 1; i < len(p); i++ {
+			if (p[i] == ':' || p[i] == '@') && isLink(filepath.Join(cur, p[:i])) {
+				return refuse
+			}
+		}
+		cur = filepath.Join(cur, p)
+		fi, err := os.Lstat(cur)
+		if err != nil {
+			break
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return refuse
+		}
+	}
+	return nil
 }
 
 // splitArchiveSpec splits "PATH[SEP...]" where PATH may itself contain the

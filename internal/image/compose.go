@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -330,7 +329,7 @@ func (s *Store) commitMerged(ctx context.Context, name string, cfg Config, sourc
 		}
 		sl, err := s.stageLayer(ctx, st, "", func(ctx context.Context, dst string) error {
 			for _, d := range dirs {
-				if err := applyLayer(ctx, d, dst, r[0] == 0); err != nil {
+				if err := applyLayer(ctx, d, dst, r[0] == 0, nil); err != nil {
 					return fmt.Errorf("merge layers: %w", err)
 				}
 			}
@@ -395,13 +394,10 @@ func (s *Store) PackDiff(ctx context.Context, req PackDiffRequest) (Image, error
 	defer st.cleanup()
 	empty := true
 	sl, err := s.stageLayer(ctx, st, "", func(ctx context.Context, dst string) error {
-		if err := applyLayer(ctx, req.Upper, dst, false); err != nil {
+		// Scrubbed paths are left out during the copy: nothing in the
+		// copy, which the sandbox controls, is ever resolved.
+		if err := applyLayer(ctx, req.Upper, dst, false, scrub); err != nil {
 			return fmt.Errorf("pack sandbox upper: %w", err)
-		}
-		for _, p := range scrub {
-			if err := removeTree(filepath.Join(dst, filepath.FromSlash(p))); err != nil {
-				return fmt.Errorf("scrub %s: %w", p, err)
-			}
 		}
 		ents, err := os.ReadDir(dst)
 		empty = err == nil && len(ents) == 0

@@ -361,12 +361,20 @@ func copyTree(ctx context.Context, src, dst string, p *progress) error {
 	return nil
 }
 
+// copyFile copies the regular file src (never a symlink, a fifo or a
+// device put in its place: src may be in a live sandbox's upper) to the new
+// file dst.
 func copyFile(src, dst string) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	if fi, err := in.Stat(); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is no longer a regular file: %w", src, errdefs.ErrFailedPrecondition)
+	}
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -19,6 +20,10 @@ const (
 	overlayXattrPrefix = "trusted.overlay."
 	opaqueXattr        = "trusted.overlay.opaque"
 )
+
+// packWalkHook, when set by a test, runs as applyLayer reaches each entry
+// of the source, after reading it and before opening it.
+var packWalkHook func(rel string)
 
 // isWhiteout reports whether fi is an OverlayFS whiteout (a 0/0 character
 // device).
@@ -49,7 +54,11 @@ func isWhiteout(fi fs.FileInfo) bool {
 // lowest layer, where there is nothing to hide: whiteouts are left out and
 // no directory is made opaque (overlayfs would list a whiteout in the
 // lowest layer as a device file).
-func applyLayer(ctx context.Context, src, dst string, bottom bool) error {
+//
+// src is read without ever following a symlink (walkNoFollow), so it may be
+// a live sandbox's upper. Entries whose slash path relative to src is in
+// skip are left out with everything below them.
+func applyLayer(ctx context.Context, src, dst string, bottom bool, skip []string) error {
 	const what = "layer"
 	type dirMeta struct {
 		path string
@@ -57,25 +66,14 @@ func applyLayer(ctx context.Context, src, dst string, bottom bool) error {
 	}
 	var dirs []dirMeta
 	links := map[inodeKey]string{}
-	n := 0
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return fmt.Errorf("read %s: %w", what, err)
+	err := walkNoFollow(ctx, src, func(rel, p string, fi fs.FileInfo) error {
+		if slices.Contains(skip, rel) {
+			return fs.SkipDir
 		}
-		if n++; n%128 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+		if packWalkHook != nil {
+			packWalkHook(rel)
 		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		fi, err := d.Info()
-		if err != nil {
-			return fmt.Errorf("read %s: %w", what, err)
-		}
+		target := filepath.Join(dst, filepath.FromSlash(rel))
 		m := metaOf(p, fi)
 		if m.xattrs == nil {
 			m.xattrs = map[string][]byte{}

@@ -97,11 +97,15 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 		return Image{}, err
 	}
 	start := time.Now()
-	ropts := append([]remote.Option{
+	ropts := []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithPlatform(Platform),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
-	}, o.remote...)
+	}
+	if guardRegistry(ctx, r.Context().RegistryStr()) {
+		ropts = append(ropts, remote.WithTransport(publicOnlyTransport()))
+	}
+	ropts = append(ropts, o.remote...)
 	img, err := remote.Image(r, ropts...)
 	if err != nil {
 		return Image{}, registryError(ctx, r, err)

@@ -45,6 +45,14 @@ func WithMountDir(dir string) Option { return func(s *Store) { s.mountDir = dir 
 // Open when EROFS cannot be used; FormatDir forces the fallback.
 func WithFormat(f Format) Option { return func(s *Store) { s.format = f } }
 
+// WithImportDir restricts archive imports (oci-layout:PATH,
+// docker-archive:PATH) to absolute paths under dir, without symlinks below
+// it. A node serving the API sets it; the local CLI, run by the host's
+// administrator, does not.
+func WithImportDir(dir string) Option {
+	return func(s *Store) { s.importDir = filepath.Clean(dir) }
+}
+
 // Store is an image store in one directory. It is safe for concurrent use by
 // goroutines and by several processes (on one or several nodes) sharing the
 // directory.
@@ -52,6 +60,8 @@ type Store struct {
 	dir      string
 	mountDir string
 	format   Format
+	// importDir, when set, is the only place archive imports read from.
+	importDir string
 	// canMount reports whether EROFS layers can be mounted here.
 	canMount bool
 }
@@ -89,6 +99,14 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	}
 	if err := s.cleanTmp(); err != nil {
 		return nil, err
+	}
+	if s.importDir != "" {
+		if !filepath.IsAbs(s.importDir) {
+			return nil, errdefs.Invalid("node.import_dir", "%q must be an absolute path", s.importDir)
+		}
+		if err := os.MkdirAll(s.importDir, 0o755); err != nil {
+			return nil, fmt.Errorf("create image import dir: %w", err)
+		}
 	}
 	if s.format != FormatDir {
 		perr := probeEROFS(s.path("tmp"))
@@ -627,6 +645,10 @@ func (s *Store) Release(ctx context.Context, holder string) error {
 	return nil
 }
 
+// pruneRemove deletes a doomed layer moved to the trash; a test replaces it
+// to observe the deletion.
+var pruneRemove = removeTree
+
 // PruneResult says what Prune removed.
 type PruneResult struct {
 	Removed []string // layer digests
@@ -635,17 +657,41 @@ type PruneResult struct {
 
 // Prune removes layers and manifests no image name refers to and no holder
 // holds, unmounts their unused mounts on this node, and clears what crashed
-// imports left in tmp/.
+// imports left in tmp/. Under the store lock doomed layers are only renamed
+// into tmp/ (cheap); they are deleted after the lock is released, so
+// imports and sandbox creates (Hold) do not wait for the deletion. A crash
+// before the deletion leaves the trash to cleanTmp at the next Open or
+// Prune.
 func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
+	res, trash, err := s.pruneLocked(ctx)
+	for _, dir := range trash {
+		if rerr := pruneRemove(dir); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			// The layer is already out of layers/; cleanTmp retries.
+			log.G(ctx).Warn("delete pruned image layer", "dir", dir, "error", rerr)
+		}
+	}
+	if err != nil {
+		return res, err
+	}
+	if err := s.cleanTmp(); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// pruneLocked, under the store lock, unmounts and renames into tmp/ every
+// layer Prune removes, and returns the renamed directories.
+func (s *Store) pruneLocked(ctx context.Context) (PruneResult, []string, error) {
+	var trash []string
 	unlock, err := s.lock(ctx)
 	if err != nil {
-		return PruneResult{}, err
+		return PruneResult{}, nil, err
 	}
 	defer unlock()
 	keepManifest := map[string]bool{}
 	imgs, err := s.List(ctx)
 	if err != nil {
-		return PruneResult{}, err
+		return PruneResult{}, trash, err
 	}
 	for _, im := range imgs {
 		if h, err := digestHex(im.ID); err == nil {
@@ -654,7 +700,7 @@ func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
 	}
 	holds, err := os.ReadDir(s.path("holds"))
 	if err != nil {
-		return PruneResult{}, fmt.Errorf("prune images: %w", err)
+		return PruneResult{}, trash, fmt.Errorf("prune images: %w", err)
 	}
 	for _, e := range holds {
 		if hs, err := os.ReadDir(s.path("holds", e.Name())); err == nil && len(hs) > 0 {
@@ -671,7 +717,7 @@ func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
 	}
 	mans, err := os.ReadDir(s.path("manifests"))
 	if err != nil {
-		return PruneResult{}, fmt.Errorf("prune images: %w", err)
+		return PruneResult{}, trash, fmt.Errorf("prune images: %w", err)
 	}
 	for _, e := range mans {
 		h, ok := strings.CutSuffix(e.Name(), ".json")
@@ -680,13 +726,13 @@ func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
 		}
 		if !keepManifest[h] {
 			if err := os.Remove(s.path("manifests", e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return PruneResult{}, fmt.Errorf("prune manifest: %w", err)
+				return PruneResult{}, trash, fmt.Errorf("prune manifest: %w", err)
 			}
 			continue
 		}
 		m, err := s.readManifest("sha256:" + h)
 		if err != nil {
-			return PruneResult{}, fmt.Errorf("prune images: %w", err)
+			return PruneResult{}, trash, fmt.Errorf("prune images: %w", err)
 		}
 		for _, l := range m.Layers {
 			if lh, err := digestHex(l.Digest); err == nil {
@@ -696,7 +742,7 @@ func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
 	}
 	ents, err := os.ReadDir(s.path("layers"))
 	if err != nil {
-		return PruneResult{}, fmt.Errorf("prune images: %w", err)
+		return PruneResult{}, trash, fmt.Errorf("prune images: %w", err)
 	}
 	var res PruneResult
 	for _, e := range ents {
@@ -704,26 +750,21 @@ func (s *Store) Prune(ctx context.Context) (PruneResult, error) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return res, trash, err
 		}
 		info, _ := s.readLayer("sha256:" + e.Name())
 		if err := s.unmountLayer(ctx, e.Name()); err != nil {
-			return res, err
+			return res, trash, err
 		}
 		// Rename first, so a crash mid-removal never leaves a half layer
 		// under its digest.
-		trash := s.path("tmp", "prune-"+randomID())
-		if err := os.Rename(s.path("layers", e.Name()), trash); err != nil {
-			return res, fmt.Errorf("prune layer %s: %w", e.Name(), err)
+		dir := s.path("tmp", "prune-"+randomID())
+		if err := os.Rename(s.path("layers", e.Name()), dir); err != nil {
+			return res, trash, fmt.Errorf("prune layer %s: %w", e.Name(), err)
 		}
-		if err := removeTree(trash); err != nil {
-			return res, fmt.Errorf("prune layer %s: %w", e.Name(), err)
-		}
+		trash = append(trash, dir)
 		res.Removed = append(res.Removed, "sha256:"+e.Name())
 		res.Bytes += info.Size
 	}
-	if err := s.cleanTmp(); err != nil {
-		return res, err
-	}
-	return res, nil
+	return res, trash, nil
 }

@@ -72,12 +72,18 @@ func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Ti
 // linkLocal holds cloud metadata services (169.254.169.254).
 var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
 
-// protectedExplicit reports whether a CIDR rule names a protected range on
-// purpose (it lies inside link-local or the pool, or is one address), so it
-// is placed before the protection rules.
+// protectedExplicit reports whether a CIDR rule opens protected
+// destinations on purpose, so it is placed before the protection rules: its
+// prefix lies entirely inside link-local (169.254.0.0/16) or entirely inside
+// the pool. A rule that merely covers such a range (0.0.0.0/0, 0.0.0.0/1, a
+// complement computed from a deny list) does not, whatever its length; a
+// single address outside both ranges does not either, so no rule opens the
+// node's own addresses outside the pool.
 func protectedExplicit(pool netip.Prefix, r rule) bool {
-	p := r.prefix
-	return p.Bits() == 32 ||
-		(linkLocal.Bits() <= p.Bits() && linkLocal.Contains(p.Addr())) ||
-		(pool.Bits() <= p.Bits() && pool.Contains(p.Addr()))
+	return within(r.prefix, linkLocal) || within(r.prefix, pool)
+}
+
+// within reports whether p lies entirely inside outer.
+func within(p, outer netip.Prefix) bool {
+	return p.IsValid() && outer.Bits() <= p.Bits() && outer.Contains(p.Addr())
 }

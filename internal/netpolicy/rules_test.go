@@ -149,7 +149,7 @@ func TestFlowPolicy(t *testing.T) {
 	now := time.Now()
 	p := flowPolicy{
 		rules: []rule{must(Rule{CIDR: "10.0.0.0/8", Protocol: "tcp", Ports: "80-90"}), must(Rule{Domain: "*.example.test", Ports: "443"}),
-			must(Rule{CIDR: "0.0.0.0/0", Protocol: "udp"})},
+			must(Rule{CIDR: "0.0.0.0/0", Protocol: "udp"}), must(Rule{CIDR: "169.254.169.254", Protocol: "tcp", Ports: "80"})},
 		learned:  []learned{{name: "a.example.test", addr: netip.MustParseAddr("192.0.2.1"), expires: now.Add(time.Minute)}},
 		dns:      netip.MustParseAddr("100.96.0.1"),
 		pool:     pool,
@@ -170,11 +170,41 @@ func TestFlowPolicy(t *testing.T) {
 		{"100.96.0.1", 17, 53, true},
 		{"100.96.0.5", 17, 53, false},      // another sandbox, despite 0.0.0.0/0 udp
 		{"169.254.169.254", 17, 53, false}, // metadata
+		{"169.254.169.254", 6, 80, true},   // metadata, by a rule inside link-local
+		{"169.254.169.254", 6, 81, false},
 		{"8.8.8.8", 17, 53, true},
 	}
 	for _, c := range cases {
 		if got := p.allows(netip.MustParseAddr(c.dst), c.proto, c.port, now); got != c.want {
 			t.Errorf("%s proto %d port %d: %v, want %v", c.dst, c.proto, c.port, got, c.want)
+		}
+	}
+}
+
+func TestProtectedExplicit(t *testing.T) {
+	pool := netip.MustParsePrefix("100.96.0.0/12")
+	for cidr, want := range map[string]bool{
+		"169.254.169.254/32": true,
+		"169.254.0.0/16":     true,
+		"169.254.128.0/17":   true,
+		"100.96.0.4/32":      true,
+		"100.96.0.0/12":      true,
+		"100.104.0.0/13":     true,
+		// Covering a protected range, or being one address, is no opt-in.
+		"0.0.0.0/0":      false,
+		"0.0.0.0/1":      false,
+		"128.0.0.0/1":    false,
+		"169.254.0.0/15": false,
+		"100.64.0.0/10":  false,
+		"198.18.0.1/32":  false,
+		"8.8.8.8/32":     false,
+	} {
+		r, err := validateRule("x", Rule{CIDR: cidr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := protectedExplicit(pool, r); got != want {
+			t.Errorf("%s: protectedExplicit = %v, want %v", cidr, got, want)
 		}
 	}
 }

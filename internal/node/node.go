@@ -88,6 +88,12 @@ type Config struct {
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
 	ReapInterval time.Duration
+	// MaxPaused is how long a sandbox may stay paused before the reaper
+	// stops it; 0 keeps paused sandboxes until they are resumed or stopped.
+	MaxPaused time.Duration
+	// Clock is the time lifetimes are measured with (nil: the wall clock).
+	// Tests move it forward instead of sleeping.
+	Clock func() time.Time
 	// Network, when set, puts every sandbox on its own policed network
 	// (default deny). Nil leaves sandboxes in an empty network namespace.
 	Network Network
@@ -114,6 +120,9 @@ type Node struct {
 
 	closed chan struct{}
 	wg     sync.WaitGroup // the reaper and its stops
+
+	// gate refuses table writers once shutdown begins; see Shutdown.
+	gate gate
 }
 
 // sandbox is the in-memory view of one record.
@@ -146,7 +155,8 @@ type sandbox struct {
 func (s *sandbox) touch() { s.lastActivity.Store(time.Now().UnixNano()) }
 
 // New opens the sandbox table, recovers every sandbox in it and starts the
-// timeout reaper. Close stops the reaper and leaves sandboxes running.
+// timeout reaper. Shutdown (or Close) stops the reaper and leaves sandboxes
+// running.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := sandboxid.ValidNode(cfg.ID); err != nil {
 		return nil, err
@@ -216,19 +226,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go n.reapLoop()
 	return n, nil
-}
-
-// Close stops background work, waits for the stops the reaper started, and
-// closes the table. Sandboxes keep running.
-func (n *Node) Close() error {
-	select {
-	case <-n.closed:
-		return nil
-	default:
-	}
-	close(n.closed)
-	n.wg.Wait()
-	return n.table.close()
 }
 
 // ID returns the node's ID.
@@ -335,6 +332,11 @@ func (n *Node) normalize(s *specRecord) error {
 // Create admits and creates a sandbox, returning once its agent answers. It
 // is idempotent on RequestID: a retry returns the first sandbox.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
+	end, err := n.begin("create sandbox " + req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if _, err := sandboxid.Node("sandbox_id", req.ID); err != nil {
 		return nil, err
 	}
@@ -638,6 +640,11 @@ func (n *Node) List(ctx context.Context) []*sandbox {
 
 // Stop stops and deletes a sandbox. reason is logged.
 func (n *Node) Stop(ctx context.Context, id, reason string) error {
+	end, err := n.begin("stop sandbox " + id)
+	if err != nil {
+		return err
+	}
+	defer end()
 	sb, err := n.get(id)
 	if err != nil {
 		return err
@@ -695,6 +702,16 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 
 // SetTimeout makes the sandbox's lifetime end seconds from now.
 func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
+	end, err := n.begin("set timeout of sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	return n.setTimeout(ctx, id, seconds)
+}
+
+// setTimeout is SetTimeout inside an admitted operation.
+func (n *Node) setTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
 	if seconds <= 0 || seconds > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, MaxTimeoutSec)
 	}
@@ -721,6 +738,11 @@ func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*recor
 // SetNetwork replaces a running sandbox's network rules. Invalid rules
 // change nothing.
 func (n *Node) SetNetwork(ctx context.Context, id string, rules netpolicy.Rules) (*record, error) {
+	end, err := n.begin("set network of sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if n.cfg.Network == nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "node %s has network policy turned off (node.network.enabled); its sandboxes have no network", n.cfg.ID)
 	}
@@ -836,14 +858,15 @@ func (n *Node) reapLoop() {
 		select {
 		case <-n.closed:
 			return
-		case now := <-t.C:
-			n.reap(now, slots)
+		case <-t.C:
+			n.reap(n.now(), slots)
 		}
 	}
 }
 
-// reap starts a stop for every sandbox that expired and has none running
-// from the reaper, at most cap(slots) at once. Close waits for them.
+// reap starts a stop for every sandbox that expired (or stayed paused longer
+// than MaxPaused) and has none running from the reaper, at most cap(slots)
+// at once. Shutdown waits for them, up to its deadline.
 func (n *Node) reap(now time.Time, slots chan struct{}) {
 	type victim struct {
 		id, reason string
@@ -861,6 +884,10 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 		rec := sb.rec
 		if rec.State == stateStopping && sb.stopDone == nil {
 			vs = append(vs, victim{id, "retry of a failed stop", false})
+			continue
+		}
+		if rec.State == statePaused && n.cfg.MaxPaused > 0 && now.Sub(rec.PausedAt) > n.cfg.MaxPaused {
+			vs = append(vs, victim{id, "paused too long", false})
 			continue
 		}
 		if rec.State != stateRunning {
@@ -907,12 +934,12 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	}
 	ctx := context.Background()
 	if pause {
-		if _, err := n.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := n.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
 			log.G(ctx).Error("auto-pause expired sandbox", log.SandboxID(id), "reason", reason, log.Err(err))
 		}
 		return
 	}
-	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
 		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
 	}
 }

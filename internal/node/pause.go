@@ -12,9 +12,12 @@ import (
 )
 
 // Pause semantics (E2B's): a paused sandbox keeps its memory and files and
-// persists until resumed or stopped. Its lifetime clock stops: the lifetime
-// left at the pause (ExpiresAt - PausedAt) starts again at the resume. It is
-// never idle-reaped. Exec, files and ports answer failed_precondition.
+// persists until resumed or stopped, or until it has been paused longer than
+// Config.MaxPaused (then the reaper stops it). Its lifetime clock stops: the
+// lifetime left at the pause (ExpiresAt - PausedAt) starts again at the
+// resume; a sandbox paused because its lifetime ended (auto_pause) gets a
+// fresh full lifetime (Spec.TimeoutSec). It is never idle-reaped. Exec,
+// files and ports answer failed_precondition.
 
 // maxBatchOps bounds the pauses or resumes one batch runs at once on a node.
 const maxBatchOps = 64
@@ -47,83 +50,149 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
-	rec, changed, err := n.pause(ctx, id)
-	if err != nil || !changed {
-		return rec, err
+	end, err := n.begin("pause sandbox " + id)
+	if err != nil {
+		return nil, err
 	}
-	if err := n.table.put(rec); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
+	defer end()
+	c, err := n.pause(ctx, id)
+	if err != nil || c.sb == nil {
+		return c.next, err
+	}
+	if err := n.table.put(c.next); err != nil {
+		n.undo(ctx, c)
+		return nil, fmt.Errorf("record paused sandbox %s (the pause was undone): %w", id, err)
 	}
 	log.G(ctx).Info("sandbox paused", log.SandboxID(id))
-	return rec, nil
+	return c.next, nil
 }
 
-// pause freezes the sandbox and updates its in-memory record; changed
-// reports whether the caller must write rec to the table. Until it does, a
-// node killed meanwhile finds the backend paused and the record running,
-// and recover trusts the backend.
-func (n *Node) pause(ctx context.Context, id string) (rec *record, changed bool, err error) {
+// change is a pause or resume applied to the backend and the in-memory
+// record (prev became next) but not yet to the table. A zero sb means
+// nothing changed (next is the record as it is).
+type change struct {
+	sb         *sandbox
+	prev, next *record
+}
+
+// undo reverts c after its table write failed: the backend and the
+// in-memory record go back to prev, so the caller's error leaves the
+// sandbox as it was. When something else changed the sandbox meanwhile it
+// does nothing; when the backend cannot be reverted, memory keeps next (it
+// agrees with the backend, which recovery trusts).
+func (n *Node) undo(ctx context.Context, c change) {
+	ctx = context.WithoutCancel(ctx)
+	id := c.prev.ID
+	c.sb.pauseMu.Lock()
+	defer c.sb.pauseMu.Unlock()
+	n.mu.Lock()
+	cur := c.sb.rec
+	n.mu.Unlock()
+	if cur != c.next {
+		return
+	}
+	p, err := n.pauser(c.prev)
+	if err == nil {
+		if c.prev.State == statePaused {
+			err = p.Pause(ctx, id)
+		} else {
+			err = p.Resume(ctx, id)
+		}
+	}
+	if err != nil {
+		log.G(ctx).Error("undo unrecorded pause state change", log.SandboxID(id), "state", c.next.State, log.Err(err))
+		return
+	}
+	n.mu.Lock()
+	if c.sb.rec == c.next {
+		c.sb.rec = c.prev
+	}
+	n.mu.Unlock()
+}
+
+// pause freezes the sandbox and updates its in-memory record; a change with
+// sb set must be written to the table (or undone). Until it is, a node
+// killed meanwhile finds the backend paused and the record running, and
+// recover trusts the backend.
+func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
-		return nil, false, err
+		return change{}, err
 	}
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
 	n.mu.Lock()
-	rec = sb.rec
+	rec := sb.rec
 	n.mu.Unlock()
 	switch rec.State {
 	case statePaused:
-		return rec, false, nil
+		return change{next: rec}, nil
 	case stateRunning:
 	default:
-		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
 	}
 	p, err := n.pauser(rec)
 	if err != nil {
-		return nil, false, err
+		return change{}, err
 	}
 	if err := p.Pause(ctx, id); err != nil {
-		return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
+		return change{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	now := time.Now().UTC()
+	now := n.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if sb.rec.State != stateRunning {
 		// Stopped meanwhile (the stop thaws and kills): nothing to record.
-		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
 	}
-	r2 := *sb.rec
+	prev := sb.rec
+	r2 := *prev
 	r2.State = statePaused
 	r2.PausedAt = now
 	sb.rec = &r2
-	return &r2, true, nil
+	return change{sb: sb, prev: prev, next: &r2}, nil
 }
 
-// Resume thaws a paused sandbox. Its lifetime continues with what was left
-// at the pause, or ends timeoutSec from now when timeoutSec > 0. Resuming a
-// running sandbox succeeds (and applies timeoutSec the same way).
+// now is the node's clock (Config.Clock, or the wall clock), in UTC.
+func (n *Node) now() time.Time {
+	if n.cfg.Clock != nil {
+		return n.cfg.Clock().UTC()
+	}
+	return time.Now().UTC()
+}
+
+// Resume thaws a paused sandbox. Its lifetime ends timeoutSec from now when
+// timeoutSec > 0; else it continues with what was left at the pause, or
+// starts afresh (Spec.TimeoutSec) when the pause came at its expiry (an
+// auto-pause on timeout). Resuming a running sandbox succeeds (and applies
+// timeoutSec the same way).
 func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record, error) {
+	end, err := n.begin("resume sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
-	rec, changed, err := n.resume(ctx, id, timeoutSec)
-	if err != nil || !changed {
-		return rec, err
+	c, err := n.resume(ctx, id, timeoutSec)
+	if err != nil || c.sb == nil {
+		return c.next, err
 	}
-	if err := n.table.put(rec); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
+	if err := n.table.put(c.next); err != nil {
+		n.undo(ctx, c)
+		return nil, fmt.Errorf("record resumed sandbox %s (the resume was undone): %w", id, err)
 	}
-	log.G(ctx).Info("sandbox resumed", log.SandboxID(id))
-	return rec, nil
+	log.G(ctx).Info("sandbox resumed", log.SandboxID(id), "expires_at", c.next.ExpiresAt)
+	return c.next, nil
 }
 
-// resume thaws the sandbox and updates its in-memory record; changed
-// reports whether the caller must write rec to the table.
-func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (*record, bool, error) {
+// resume thaws the sandbox and updates its in-memory record; a change with
+// sb set must be written to the table (or undone).
+func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (change, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
-		return nil, false, err
+		return change{}, err
 	}
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
@@ -133,29 +202,30 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (*record
 	switch rec.State {
 	case stateRunning:
 		if timeoutSec > 0 {
-			rec, err := n.SetTimeout(ctx, id, timeoutSec)
-			return rec, false, err
+			rec, err := n.setTimeout(ctx, id, timeoutSec)
+			return change{next: rec}, err
 		}
-		return rec, false, nil
+		return change{next: rec}, nil
 	case statePaused:
 	default:
-		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
 	}
 	p, err := n.pauser(rec)
 	if err != nil {
-		return nil, false, err
+		return change{}, err
 	}
 	if err := p.Resume(ctx, id); err != nil {
-		return nil, false, fmt.Errorf("resume sandbox %s: %w", id, err)
+		return change{}, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	sb.touch() // time spent paused is not idle time
-	now := time.Now().UTC()
+	now := n.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if sb.rec.State != statePaused {
-		return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
 	}
-	r2 := *sb.rec
+	prev := sb.rec
+	r2 := *prev
 	r2.State = stateRunning
 	r2.ExpiresAt = resumedExpiry(&r2, now, timeoutSec)
 	if timeoutSec > 0 {
@@ -163,20 +233,25 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (*record
 	}
 	r2.PausedAt = time.Time{}
 	sb.rec = &r2
-	return &r2, true, nil
+	return change{sb: sb, prev: prev, next: &r2}, nil
 }
 
-// resumedExpiry is when a sandbox resumed at now ends: timeoutSec from now,
-// or the lifetime it had left when it was paused (at least a second).
+// resumedExpiry is when a sandbox resumed at now ends: timeoutSec from now;
+// else, when it was paused at or after its expiry (an auto-pause on
+// timeout), a fresh full lifetime (Spec.TimeoutSec) from now; else the
+// lifetime it had left when it was paused (at least a second).
 func resumedExpiry(rec *record, now time.Time, timeoutSec int64) time.Time {
 	if timeoutSec > 0 {
 		return now.Add(time.Duration(timeoutSec) * time.Second)
 	}
-	left := rec.ExpiresAt.Sub(rec.PausedAt)
-	if rec.PausedAt.IsZero() || left < time.Second {
-		left = time.Second
+	if rec.PausedAt.IsZero() || !rec.PausedAt.Before(rec.ExpiresAt) {
+		full := rec.Spec.TimeoutSec
+		if full <= 0 {
+			full = DefaultTimeoutSec
+		}
+		return now.Add(time.Duration(full) * time.Second)
 	}
-	return now.Add(left)
+	return now.Add(max(rec.ExpiresAt.Sub(rec.PausedAt), time.Second))
 }
 
 // Selector picks sandboxes on this node; set fields are AND-ed.
@@ -220,16 +295,21 @@ type BatchResult struct {
 // PauseMatching pauses every sandbox matching sel, concurrently, and
 // records them in one table write.
 func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, error) {
+	end, err := n.begin("pause sandboxes matching a selector")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	var mu sync.Mutex
-	var changed []*record
+	var changed []change
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		rec, ch, err := n.pause(ctx, id)
-		if ch {
+		c, err := n.pause(ctx, id)
+		if c.sb != nil {
 			mu.Lock()
-			changed = append(changed, rec)
+			changed = append(changed, c)
 			mu.Unlock()
 		}
-		return rec, err
+		return c.next, err
 	})
 	if err != nil {
 		return nil, err
@@ -239,19 +319,24 @@ func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, 
 
 // ResumeMatching resumes every sandbox matching sel, concurrently.
 func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int64) ([]BatchResult, error) {
+	end, err := n.begin("resume sandboxes matching a selector")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
 	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
 	}
 	var mu sync.Mutex
-	var changed []*record
+	var changed []change
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		rec, ch, err := n.resume(ctx, id, timeoutSec)
-		if ch {
+		c, err := n.resume(ctx, id, timeoutSec)
+		if c.sb != nil {
 			mu.Lock()
-			changed = append(changed, rec)
+			changed = append(changed, c)
 			mu.Unlock()
 		}
-		return rec, err
+		return c.next, err
 	})
 	if err != nil {
 		return nil, err
@@ -260,14 +345,20 @@ func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int6
 }
 
 // recordBatch writes the records a batch changed in one transaction; when
-// that fails every item reports it (recovery later takes the backend's
-// state as the truth).
-func (n *Node) recordBatch(ctx context.Context, rs []BatchResult, changed []*record, what string, sel Selector) ([]BatchResult, error) {
-	if err := n.table.putAll(changed); err != nil {
-		err = fmt.Errorf("record %s sandboxes: %w", what, err)
+// that fails every change is undone and every item reports the failure.
+func (n *Node) recordBatch(ctx context.Context, rs []BatchResult, changed []change, what string, sel Selector) ([]BatchResult, error) {
+	recs := make([]*record, len(changed))
+	for i, c := range changed {
+		recs[i] = c.next
+	}
+	if err := n.table.putAll(recs); err != nil {
+		for _, c := range changed {
+			n.undo(ctx, c)
+		}
+		err = fmt.Errorf("record %s sandboxes (undone): %w", what, err)
 		for i := range rs {
 			if rs[i].Err == nil {
-				rs[i].Err = err
+				rs[i].Err, rs[i].Rec = err, nil
 			}
 		}
 		return rs, nil

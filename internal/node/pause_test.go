@@ -6,8 +6,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
@@ -99,8 +103,49 @@ func TestRecoverReconcilesPause(t *testing.T) {
 	}
 }
 
+// testClock is a node clock a test moves forward instead of sleeping. It
+// counts its reads: the reaper reads it once at the start of every pass.
+type testClock struct {
+	off   atomic.Int64 // nanoseconds ahead of the wall clock
+	reads atomic.Int64
+}
+
+func (c *testClock) now() time.Time {
+	c.reads.Add(1)
+	return time.Now().Add(time.Duration(c.off.Load()))
+}
+
+func (c *testClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// reapPasses waits until the reaper has finished k full passes after this
+// call (k+1 reads of the clock; nothing else reads it meanwhile).
+func (c *testClock) reapPasses(t *testing.T, k int64) {
+	t.Helper()
+	want := c.reads.Load() + k + 1
+	deadline := time.Now().Add(10 * time.Second)
+	for c.reads.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reaper made no %d passes in 10 s", k)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// mustStayPaused fails unless id is paused and the reaper is not acting on it.
+func mustStayPaused(t *testing.T, n *Node, id, why string) {
+	t.Helper()
+	n.mu.Lock()
+	reaping := n.reaping[id]
+	n.mu.Unlock()
+	if got := stateOf(t, n, id); got != statePaused || reaping {
+		t.Fatalf("%s: state %s, reaper acting on it %v; want paused and left alone", why, got, reaping)
+	}
+}
+
 func TestPausedNotReapedAndClockStops(t *testing.T) {
 	f := newFixture(t)
+	clk := &testClock{}
+	f.cfg.Clock = clk.now
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{TimeoutSec: 2, IdleSec: 1})
 	paused, err := n.Pause(t.Context(), rec.ID)
@@ -108,20 +153,159 @@ func TestPausedNotReapedAndClockStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	left := paused.ExpiresAt.Sub(paused.PausedAt)
-	// Both timeouts pass while paused; there is no event to wait for.
-	time.Sleep(3 * time.Second)
-	if got := stateOf(t, n, rec.ID); got != statePaused {
-		t.Fatalf("state after both timeouts passed while paused = %s, want paused", got)
+	// Both timeouts pass while paused.
+	clk.advance(3 * time.Second)
+	clk.reapPasses(t, 2)
+	mustStayPaused(t, n, rec.ID, "both timeouts passed while paused")
+	resumed, err := n.Resume(t.Context(), rec.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resumed.ExpiresAt.Sub(clk.now()); got > left || got < left-time.Second {
+		t.Fatalf("lifetime after resume = %s, want the %s left at the pause", got, left)
+	}
+	// And then the lifetime clock runs again.
+	waitGone(t, n, rec.ID, 10*time.Second)
+}
+
+// An auto-pause on timeout happens after the expiry; resume(0), the SDK's
+// and CLI's default, gives a fresh full lifetime, not the second left.
+func TestResumeAfterAutoPauseOnTimeout(t *testing.T) {
+	f := newFixture(t)
+	clk := &testClock{}
+	f.cfg.Clock = clk.now
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 60, AutoPause: true})
+	clk.advance(61 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for stateOf(t, n, rec.ID) != statePaused {
+		if time.Now().After(deadline) {
+			t.Fatalf("auto_pause sandbox not paused 10 s after its timeout")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
 	resumed, err := n.Resume(t.Context(), rec.ID, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := time.Until(resumed.ExpiresAt); got > left || got < left-time.Second {
-		t.Fatalf("lifetime after resume = %s, want the %s left at the pause", got, left)
+	if got := resumed.ExpiresAt.Sub(clk.now()); got < 59*time.Second || got > 60*time.Second {
+		t.Fatalf("lifetime after resume(0) of a timed-out sandbox = %s, want the full 60s", got)
 	}
-	// And then the lifetime clock runs again.
+	clk.reapPasses(t, 3)
+	if got := stateOf(t, n, rec.ID); got != stateRunning {
+		t.Fatalf("state a few reaper passes after resume(0) = %s, want running", got)
+	}
+	if got := echo(t, f, rec.ID); got != "ok\n" {
+		t.Fatalf("after resume: %q", got)
+	}
+}
+
+func TestResumedExpiry(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := t0.Add(time.Hour)
+	spec := specRecord{TimeoutSec: 300}
+	for _, c := range []struct {
+		name     string
+		rec      record
+		timeout  int64
+		wantLeft time.Duration
+	}{
+		{"explicit timeout", record{Spec: spec, PausedAt: t0, ExpiresAt: t0.Add(time.Minute)}, 30, 30 * time.Second},
+		{"paused with time left", record{Spec: spec, PausedAt: t0, ExpiresAt: t0.Add(time.Minute)}, 0, time.Minute},
+		{"paused at expiry", record{Spec: spec, PausedAt: t0, ExpiresAt: t0}, 0, 300 * time.Second},
+		{"paused after expiry", record{Spec: spec, PausedAt: t0, ExpiresAt: t0.Add(-time.Second)}, 0, 300 * time.Second},
+		{"paused just before expiry", record{Spec: spec, PausedAt: t0, ExpiresAt: t0.Add(time.Millisecond)}, 0, time.Second},
+	} {
+		if got := resumedExpiry(&c.rec, now, c.timeout).Sub(now); got != c.wantLeft {
+			t.Errorf("%s: lifetime %s, want %s", c.name, got, c.wantLeft)
+		}
+	}
+}
+
+func TestMaxPausedStopsPaused(t *testing.T) {
+	f := newFixture(t)
+	clk := &testClock{}
+	f.cfg.Clock = clk.now
+	f.cfg.MaxPaused = time.Hour
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 60})
+	if _, err := n.Pause(t.Context(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(59 * time.Minute)
+	clk.reapPasses(t, 2)
+	mustStayPaused(t, n, rec.ID, "paused 59 min of at most 1 h")
+	clk.advance(2 * time.Minute)
 	waitGone(t, n, rec.ID, 10*time.Second)
+	if _, err := f.rt.Status(t.Context(), rec.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("backend still knows the sandbox paused too long: %v", err)
+	}
+}
+
+// breakTable makes every table write fail until the returned func reopens it.
+func breakTable(t *testing.T, n *Node) (restore func()) {
+	t.Helper()
+	path := n.table.db.Path()
+	if err := n.table.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatalf("reopen the sandbox table: %v", err)
+			}
+			n.table.db = db
+		})
+	}
+	t.Cleanup(restore) // before the fixture's cleanup stops the sandboxes
+	return restore
+}
+
+// A pause or resume whose table write fails is undone: the caller's error
+// leaves the sandbox as it was, in the backend and in memory.
+func TestPauseResumeUndoneWhenNotRecorded(t *testing.T) {
+	f := newFixture(t)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TaskID: "job"})
+
+	restore := breakTable(t, n)
+	if _, err := n.Pause(t.Context(), rec.ID); err == nil {
+		t.Fatalf("pause with a broken table succeeded")
+	}
+	mustBackendState(t, f.rt, rec.ID, runtime.StateRunning)
+	if got := stateOf(t, n, rec.ID); got != stateRunning {
+		t.Fatalf("state after a failed pause = %s, want running", got)
+	}
+	rs, err := n.PauseMatching(t.Context(), Selector{TaskID: "job"})
+	if err != nil || len(rs) != 1 || rs[0].Err == nil {
+		t.Fatalf("batch pause with a broken table: %+v %v, want one failed item", rs, err)
+	}
+	mustBackendState(t, f.rt, rec.ID, runtime.StateRunning)
+	if got := stateOf(t, n, rec.ID); got != stateRunning {
+		t.Fatalf("state after a failed batch pause = %s, want running", got)
+	}
+	restore()
+
+	if _, err := n.Pause(t.Context(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	restore = breakTable(t, n)
+	if _, err := n.Resume(t.Context(), rec.ID, 0); err == nil {
+		t.Fatalf("resume with a broken table succeeded")
+	}
+	mustBackendState(t, f.rt, rec.ID, runtime.StatePaused)
+	if got := stateOf(t, n, rec.ID); got != statePaused {
+		t.Fatalf("state after a failed resume = %s, want paused", got)
+	}
+	restore()
+	if _, err := n.Resume(t.Context(), rec.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := echo(t, f, rec.ID); got != "ok\n" {
+		t.Fatalf("after resume: %q", got)
+	}
 }
 
 func TestAutoPause(t *testing.T) {

@@ -172,6 +172,10 @@ type Stats struct {
 	// DiskTotalBytes is the size of the filesystem that holds it.
 	DiskUsedBytes  int64
 	DiskTotalBytes int64
+	// DiskMeasuredAt is when the disk numbers were measured: a backend may
+	// cache them (measuring can mean walking every file). Zero when they
+	// are not known yet.
+	DiskMeasuredAt time.Time
 }
 
 // StatsReader is implemented by backends that report resource use.

@@ -50,11 +50,17 @@ var _ watcherv1connect.WatcherServiceHandler = (*Watcher)(nil)
 // New returns a Watcher for nodes, calling them with httpClient (nil means
 // http.DefaultClient) and the node-scope service token.
 func New(cfg config.Watcher, nodes []config.NodeRef, httpClient *http.Client, token string) *Watcher {
+	return NewWithTokens(cfg, nodes, httpClient, auth.StaticToken(token))
+}
+
+// NewWithTokens is New with each poll taking its token from tokens (a
+// renewed auth.ServiceToken).
+func NewWithTokens(cfg config.Watcher, nodes []config.NodeRef, httpClient *http.Client, tokens auth.TokenSource) *Watcher {
 	interval := time.Duration(cfg.PollIntervalMS) * time.Millisecond
 	if interval <= 0 {
 		interval = time.Second
 	}
-	hc := auth.Client(httpClient, token)
+	hc := auth.ClientFrom(httpClient, tokens)
 	w := &Watcher{
 		interval: interval,
 		// A poll may take up to one interval plus slack, never less than 2s,

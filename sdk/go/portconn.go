@@ -16,8 +16,9 @@ const portChunk = 32 << 10
 
 // PortConn is a TCP stream to a port inside a sandbox, opened with
 // ConnectPort. Read returns io.EOF once the server in the sandbox closed its
-// side; CloseWrite makes the server read EOF; Close ends both directions.
-// One goroutine may Read while another Writes.
+// side (a half-close: Write keeps working until CloseWrite or Close);
+// CloseWrite makes the server read EOF; Close ends both directions. One
+// goroutine may Read while another Writes.
 type PortConn struct {
 	stream *connect.BidiStreamForClient[opendsecv1.ConnectPortRequest, opendsecv1.ConnectPortResponse]
 	cancel context.CancelFunc
@@ -89,6 +90,9 @@ func (p *PortConn) Read(b []byte) (int, error) {
 			p.rerr = io.EOF
 		case err != nil:
 			p.rerr = convertError(err)
+		case resp.GetEof():
+			// The server half-closed; the stream stays open for writing.
+			p.rerr = io.EOF
 		default:
 			p.buf = resp.GetData()
 		}
@@ -120,7 +124,8 @@ func (p *PortConn) Write(b []byte) (int, error) {
 }
 
 // CloseWrite tells the server in the sandbox that no more data comes: it
-// reads EOF. Reading goes on until it closes its side.
+// reads EOF. Reading goes on until it closes its side; once both sides
+// are closed the stream ends.
 func (p *PortConn) CloseWrite() error {
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()

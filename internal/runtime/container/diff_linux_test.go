@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,5 +55,68 @@ func TestDiffShowsTheUpper(t *testing.T) {
 	}
 	if err := d.Diff(t.Context(), "nosuchsandbox", func(context.Context, string) error { return nil }); !errdefs.IsNotFound(err) {
 		t.Fatalf("diff of an unknown sandbox: %v, want not found", err)
+	}
+}
+
+// TestDiffFreezesARunningSandbox checks Diff freezes a running sandbox for
+// the whole of fn (so code in it cannot swap paths in the upper during the
+// copy) and thaws it afterwards, also when fn fails; a sandbox paused before
+// Diff stays paused.
+func TestDiffFreezesARunningSandbox(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	r := rt.(*Runtime)
+	sb, err := r.get(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := func() bool {
+		t.Helper()
+		ok, err := r.cg.frozen(sb.st.CgroupPath)
+		if err != nil {
+			t.Fatalf("read freezer state: %v", err)
+		}
+		return ok
+	}
+	if frozen() {
+		t.Fatal("a fresh sandbox is frozen")
+	}
+	var inside bool
+	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error {
+		inside = frozen()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !inside {
+		t.Fatal("the sandbox ran during Diff's fn: want it frozen")
+	}
+	if frozen() {
+		t.Fatal("the sandbox is still frozen after Diff")
+	}
+
+	boom := errors.New("boom")
+	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Diff = %v, want fn's error", err)
+	}
+	if frozen() {
+		t.Fatal("the sandbox is still frozen after a failed Diff")
+	}
+
+	if err := r.Pause(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error {
+		inside = frozen()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !inside || !frozen() {
+		t.Fatalf("paused sandbox: frozen during fn %v, after %v; want it left paused", inside, frozen())
+	}
+	if err := r.Resume(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
@@ -135,34 +133,4 @@ func readKeyed(path, key string) (int64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// diskUsage returns the bytes allocated to files under dir (hard links
-// counted once) and the size of the filesystem that holds it.
-func diskUsage(dir string) (used, total int64) {
-	var fs unix.Statfs_t
-	if unix.Statfs(dir, &fs) == nil {
-		total = int64(fs.Blocks) * fs.Bsize
-	}
-	type ino struct{ dev, ino uint64 }
-	seen := map[ino]bool{}
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) != nil {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
-			k := ino{st.Dev, st.Ino}
-			if seen[k] {
-				return nil
-			}
-			seen[k] = true
-		}
-		used += st.Blocks * 512
-		return nil
-	})
-	return used, total
 }

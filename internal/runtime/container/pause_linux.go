@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
@@ -70,6 +75,122 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err != nil {
 		return st, fmt.Errorf("sandbox stats: %w", err)
 	}
-	st.DiskUsedBytes, st.DiskTotalBytes = diskUsage(filepath.Join(sb.st.Bundle, upperDir))
+	st.DiskUsedBytes, st.DiskTotalBytes, st.DiskMeasuredAt = sb.disk.get(ctx, filepath.Join(sb.st.Bundle, upperDir))
 	return st, nil
+}
+
+// Measuring the writable layer means walking every file in it, which costs
+// time in proportion to the files: a sandbox with a million files would
+// make every metrics call take seconds. So each sandbox caches its last
+// measurement for diskTTLFactor times what the walk took (a small layer is
+// measured afresh at almost every call, a huge one at most every
+// diskMaxTTL), runs at most one walk at a time, and a caller waits at most
+// diskWait for a walk before it takes the cached value (with its time).
+const (
+	diskMaxTTL    = 10 * time.Second
+	diskTTLFactor = 50
+	diskWait      = 500 * time.Millisecond
+	// diskWalkLimit stops a walk; its partial sum (a lower bound) is kept
+	// for diskPartialTTL.
+	diskWalkLimit  = time.Minute
+	diskPartialTTL = 10 * time.Minute
+)
+
+// diskCache is one sandbox's cached disk measurement.
+type diskCache struct {
+	mu          sync.Mutex
+	used, total int64         // guarded by mu
+	at          time.Time     // when used and total were measured; zero: never
+	ttl         time.Duration // how long they are used after at
+	walking     chan struct{} // closed when the walk in progress ends; nil if none
+}
+
+// get returns the cached measurement of dir if it is fresh; otherwise it
+// starts a walk (unless one runs) and waits for it up to diskWait or ctx,
+// then returns what the cache holds.
+func (c *diskCache) get(ctx context.Context, dir string) (used, total int64, at time.Time) {
+	c.mu.Lock()
+	if !c.at.IsZero() && time.Since(c.at) < c.ttl {
+		defer c.mu.Unlock()
+		return c.used, c.total, c.at
+	}
+	done := c.walking
+	if done == nil {
+		done = make(chan struct{})
+		c.walking = done
+		go c.walk(dir, done)
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(diskWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used, c.total, c.at
+}
+
+// walk measures dir into the cache and closes done.
+func (c *diskCache) walk(dir string, done chan struct{}) {
+	start := time.Now()
+	used, total, complete := diskUsage(dir, start.Add(diskWalkLimit))
+	ttl := diskTTL(time.Since(start), complete)
+	if !complete {
+		log.G(context.Background()).Warn("disk usage walk of a sandbox's writable layer stopped at its time limit; its disk use is a lower bound",
+			"dir", dir, "limit", diskWalkLimit, "used_bytes", used)
+	}
+	c.mu.Lock()
+	c.used, c.total, c.at, c.ttl = used, total, start.UTC(), ttl
+	c.walking = nil
+	c.mu.Unlock()
+	close(done)
+}
+
+// diskTTL is how long a measurement that took cost is used.
+func diskTTL(cost time.Duration, complete bool) time.Duration {
+	if !complete {
+		return diskPartialTTL
+	}
+	return min(cost*diskTTLFactor, diskMaxTTL)
+}
+
+// errWalkLimit stops a walk at its deadline.
+var errWalkLimit = errors.New("walk time limit reached")
+
+// diskUsage returns the bytes allocated to files under dir (hard links
+// counted once) and the size of the filesystem that holds it. complete is
+// false when the walk stopped at deadline (used is then a lower bound).
+func diskUsage(dir string, deadline time.Time) (used, total int64, complete bool) {
+	var fs unix.Statfs_t
+	if unix.Statfs(dir, &fs) == nil {
+		total = int64(fs.Blocks) * fs.Bsize
+	}
+	type ino struct{ dev, ino uint64 }
+	seen := map[ino]bool{}
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if n++; n%1024 == 0 && time.Now().After(deadline) {
+			return errWalkLimit
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		if st.Nlink > 1 && !d.IsDir() {
+			k := ino{st.Dev, st.Ino}
+			if seen[k] {
+				return nil
+			}
+			seen[k] = true
+		}
+		used += st.Blocks * 512
+		return nil
+	})
+	return used, total, !errors.Is(err, errWalkLimit)
 }

@@ -86,6 +86,8 @@ type sandbox struct {
 	// netNS is the network namespace to join (Spec.NetNS), checked at
 	// Start: it may be made while the bundle is prepared.
 	netNS string
+	// disk caches the size of the writable layer for Stats.
+	disk diskCache
 }
 
 // Phases of a sandbox. Create only prepares the bundle; runc learns about

@@ -106,3 +106,48 @@ async def test_connect_port_errors(echo: tuple[EchoPorts, Sandbox]) -> None:
     with pytest.raises(UnavailableError, match="connection refused in sandbox"):
         await sb.connect_port(1)
     assert [s.port for s in f.starts] == [1]
+
+
+class HalfClosingPorts(FakeServer):
+    """ConnectPort's port sends b"hello" and half-closes (eof), then reads
+    what the caller sends until close_write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got = b""
+        self.ended = asyncio.Event()
+
+    async def ConnectPort(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ConnectPortResponse]:
+        await self._auth(context, "ConnectPort")
+        try:
+            it = request_iterator.__aiter__()
+            await it.__anext__()
+            yield pb.ConnectPortResponse(connected=pb.ConnectPortConnected())
+            yield pb.ConnectPortResponse(data=b"hello")
+            yield pb.ConnectPortResponse(eof=True)
+            async for m in it:
+                if m.WhichOneof("msg") == "close_write":
+                    break
+                self.got += m.data
+        finally:
+            self.ended.set()
+
+
+async def test_connect_port_server_half_close() -> None:
+    f = HalfClosingPorts()
+    server, port = await start(f)
+    try:
+        async with DSecClient(f"127.0.0.1:{port}", GOOD_TOKEN, timeout=10, retry_backoff=0.001) as c:
+            sb = await c.get_sandbox(f._make(pb.SandboxSpec(image="root/busybox"), "sb1").id)
+            async with sb.connect_port(8000) as s:
+                # read_all returns at the server's half-close, not at the stream's end.
+                assert await asyncio.wait_for(s.read_all(), 10) == b"hello"
+                assert s.at_eof
+                assert await s.read() == b""
+                await s.write(b"still ")
+                await s.write(b"writing")
+                await s.close_write()
+                await asyncio.wait_for(f.ended.wait(), 10)
+            assert f.got == b"still writing"
+    finally:
+        await server.stop(None)

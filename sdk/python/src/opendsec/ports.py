@@ -46,8 +46,9 @@ class PortStream:
         data = await s.read_all()        # until the server closes
 
     :meth:`read` returns ``b""`` once the server in the sandbox closed its
-    side. Nothing listening on the port raises :class:`UnavailableError`
-    ("connection refused in sandbox").
+    side; that is a half-close, so :meth:`write` keeps working until
+    :meth:`close_write` or :meth:`close`. Nothing listening on the port raises
+    :class:`UnavailableError` ("connection refused in sandbox").
     """
 
     def __init__(self, conn: Conn, sandbox_id: str, port: int, timeout: float | None) -> None:
@@ -134,8 +135,13 @@ class PortStream:
             if msg is grpc.aio.EOF:
                 self._eof = True
                 return
-            if msg.WhichOneof("event") == "data":
+            kind = msg.WhichOneof("event")
+            if kind == "data":
                 self._buf = bytes(msg.data)
+            elif kind == "eof":
+                # The server half-closed; the stream stays open for writing.
+                self._eof = True
+                return
 
     async def read(self, n: int = -1) -> bytes:
         """Read up to ``n`` bytes (``-1``: whatever arrives next). ``b""`` means EOF."""
@@ -160,7 +166,7 @@ class PortStream:
         return bytes(out)
 
     async def read_all(self) -> bytes:
-        """Read until the server in the sandbox closes its side."""
+        """Read until the server in the sandbox closes (or half-closes) its side."""
         out = bytearray()
         while chunk := await self.read():
             out.extend(chunk)
