@@ -15,9 +15,10 @@ build: agent ## build every binary into bin/
 	@mkdir -p $(BIN)
 	@for c in $(CMDS); do [ -d cmd/$$c ] && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; done
 
-agent: ## build the static in-sandbox agent
+agent: ## build the static in-sandbox agent and its init (PID 1), side by side
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/opendsec-init ./cmd/opendsec-init
 
 test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...

@@ -99,9 +99,12 @@ say "building"
 make -C "$REPO" build >/dev/null
 install -d "$LIB_DIR" "$LOG_DIR" "$RUN_DIR" "$OPS_DIR"
 for b in $BINS; do install -m 0755 "$REPO/bin/$b" "/usr/local/bin/$b"; done
-# The agent is replaced by rename so running sandboxes keep their copy.
-install -m 0755 "$REPO/bin/opendsec-agent" "$LIB_DIR/opendsec-agent.new" && mv -f "$LIB_DIR/opendsec-agent.new" "$LIB_DIR/opendsec-agent"
-note "installed $(echo $BINS) to /usr/local/bin, the agent to $LIB_DIR"
+# The agent and its init are replaced by rename so running sandboxes keep
+# their copies.
+for b in opendsec-agent opendsec-init; do
+  install -m 0755 "$REPO/bin/$b" "$LIB_DIR/$b.new" && mv -f "$LIB_DIR/$b.new" "$LIB_DIR/$b"
+done
+note "installed $(echo $BINS) to /usr/local/bin, the agent and opendsec-init to $LIB_DIR"
 
 if [ $SKIP_IMAGES = 0 ]; then
   say "building the offline base images (cached after the first run)"

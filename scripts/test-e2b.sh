@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BIN=${OPENDSEC_BIN_DIR:-$ROOT/bin}
-[ -x "$BIN/opendsec" ] || make build
+[ -x "$BIN/opendsec" ] && [ -x "$BIN/opendsec-init" ] || make build
 
 # Pinned SDK and test tools. Bump deliberately and re-run the suite.
 E2B_PY_VERSION=2.63.0

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BIN=$ROOT/bin
-[ -x "$BIN/opendsec" ] || make build
+[ -x "$BIN/opendsec" ] && [ -x "$BIN/opendsec-init" ] || make build
 
 # Base images, built once and cached (deploy/images/build.sh).
 bash deploy/images/build.sh --no-import

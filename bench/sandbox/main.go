@@ -409,6 +409,15 @@ func (b *bench) memoryPhase(ctx context.Context, r *report) error {
 		}
 		r.mem = append(r.mem, s)
 	}
+	// The first exec after the idle spell: it pays the agent server's start
+	// where the server had exited.
+	for i, id := range ids {
+		d, err := b.execTrue(ctx, id)
+		if err != nil {
+			return fmt.Errorf("exec after idle in %s: %w", id, err)
+		}
+		r.mem[i].firstExecAfterSample = d
+	}
 	for _, id := range ids {
 		if err := b.stop(ctx, id); err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // memSample is the host-side memory of one idle sandbox.
@@ -22,14 +23,22 @@ type memSample struct {
 	cgAnon  int64 // v1 total_rss; v2 anon
 	cgFile  int64 // v1 total_cache; v2 file (page cache: overlay upper, tmpfs)
 	cgKmem  int64 // v1 memory.kmem.usage_in_bytes; v2 kernel (-1 if unknown)
-	// The agent (the container's init, PID 1 inside) as seen in
-	// /proc/<pid>/status: VmRSS = RssAnon + RssFile + RssShmem.
+	// Our processes in the sandbox as seen in /proc/<pid>/status (VmRSS =
+	// RssAnon + RssFile + RssShmem), summed: the container's init
+	// (opendsec-init, PID 1 inside) and, when it runs, the agent server
+	// (its child; it exits when idle and init starts it on demand).
 	agentPid                     int
 	agentRSS, agentAnon, agentFi int64
-	// agentPssFile is the agent's proportional share of the file pages it
-	// maps (/proc/<pid>/smaps_rollup Pss_File + Pss_Shmem): the binary's
-	// pages divided among every process that maps them.
+	// agentPssFile is their proportional share of the file pages they map
+	// (/proc/<pid>/smaps_rollup Pss_File + Pss_Shmem): the binaries' pages
+	// divided among every process that maps them.
 	agentPssFile int64
+	// initRSS is init's VmRSS alone; serverPid and serverRSS the server's
+	// (0 when it had exited idle).
+	initRSS              int64
+	serverPid            int
+	serverRSS            int64
+	firstExecAfterSample time.Duration // one exec `true` right after sampling
 }
 
 // sampleMemory reads the memory of sandbox id, whose cgroup is
@@ -70,18 +79,58 @@ func sampleMemory(ctx context.Context, runc, stateRoot, cgParent string, cg cgro
 		return s, fmt.Errorf("decode runc state of %s: %q", id, out)
 	}
 	s.agentPid = st.Pid
-	status, err := readKV(fmt.Sprintf("/proc/%d/status", st.Pid))
-	if err != nil {
+	if err := s.addProc(st.Pid); err != nil {
 		return s, err
+	}
+	s.initRSS = s.agentRSS
+	if s.serverPid = serverOf(st.Pid); s.serverPid > 0 {
+		before := s.agentRSS
+		if err := s.addProc(s.serverPid); err != nil {
+			return s, err
+		}
+		s.serverRSS = s.agentRSS - before
+	}
+	return s, nil
+}
+
+// addProc adds pid's resident memory to the sample.
+func (s *memSample) addProc(pid int) error {
+	status, err := readKV(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err
 	}
 	// /proc/<pid>/status reports kB.
-	s.agentRSS, s.agentAnon, s.agentFi = status["VmRSS:"]<<10, status["RssAnon:"]<<10, status["RssFile:"]<<10
-	rollup, err := readKV(fmt.Sprintf("/proc/%d/smaps_rollup", st.Pid))
+	s.agentRSS += status["VmRSS:"] << 10
+	s.agentAnon += status["RssAnon:"] << 10
+	s.agentFi += status["RssFile:"] << 10
+	rollup, err := readKV(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
-		return s, err
+		return err
 	}
-	s.agentPssFile = (rollup["Pss_File:"] + rollup["Pss_Shmem:"]) << 10
-	return s, nil
+	s.agentPssFile += (rollup["Pss_File:"] + rollup["Pss_Shmem:"]) << 10
+	return nil
+}
+
+// serverOf is the agent server running under init (its child named
+// "agent"), or 0.
+func serverOf(initPid int) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i, j := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if i < 0 || j < i {
+			continue
+		}
+		f := strings.Fields(string(b[j+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(initPid) && string(b[i+1:j]) == "agent" && f[0] != "Z" {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	return 0
 }
 
 func readInt(path string) (int64, error) {

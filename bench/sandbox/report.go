@@ -50,6 +50,25 @@ func verdict(ok bool) string {
 	return "**NOT met**"
 }
 
+// idleServerStats counts the idle sandboxes whose agent server still ran
+// and gives the first-exec latencies after the idle spell: all, and (as
+// text) the p50 of those whose server had exited.
+func (r *report) idleServerStats() (running int, all series, idle string) {
+	var exited series
+	for _, s := range r.mem {
+		all = append(all, s.firstExecAfterSample)
+		if s.serverPid > 0 {
+			running++
+		} else {
+			exited = append(exited, s.firstExecAfterSample)
+		}
+	}
+	if len(exited) == 0 {
+		return running, all, "no server had exited"
+	}
+	return running, all, ms(exited.percentile(50)) + " ms"
+}
+
 func (r *report) memPssFileMedian() int64 {
 	v := make([]int64, len(r.mem))
 	for i, s := range r.mem {
@@ -127,9 +146,11 @@ func (r *report) markdown() string {
 		ms(r.execOurs.percentile(50)), ms(r.execRunc.percentile(50)), er, targetExecRatio, verdict(er <= targetExecRatio))
 	p("| our execs that failed | %d of %d | | | | %s |", len(r.execErrs), 2*r.cfg.execs, verdict(len(r.execErrs) == 0))
 	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
-	p("| idle sandbox, agent VmRSS (median; RssAnon %s + RssFile %s) | %s MiB | | | | |", mib(rssAnon), mib(rssFile), mib(rss))
-	p("| idle sandbox, cgroup + agent VmRSS (median; counts agent anon twice) | %s MiB | | | <= 8 MiB | %s |", mib(sum), verdict(sum <= targetIdleBytes))
-	p("| idle sandbox, cgroup + agent's share of mapped file pages (median; cgroup usage + Pss_File) | %s MiB | | | <= 8 MiB | %s |", mib(r.memPssFileMedian()), verdict(r.memPssFileMedian() <= targetIdleBytes))
+	idleServers, firstExec, firstExecIdle := r.idleServerStats()
+	p("| idle sandbox, init + agent server VmRSS (median; RssAnon %s + RssFile %s; servers still running: %d of %d) | %s MiB | | | | |", mib(rssAnon), mib(rssFile), idleServers, len(r.mem), mib(rss))
+	p("| idle sandbox, cgroup + init/server VmRSS (median; counts their anon twice) | %s MiB | | | <= 8 MiB | %s |", mib(sum), verdict(sum <= targetIdleBytes))
+	p("| idle sandbox, cgroup + init/server share of mapped file pages (median; cgroup usage + Pss_File) | %s MiB | | | <= 8 MiB | %s |", mib(r.memPssFileMedian()), verdict(r.memPssFileMedian() <= targetIdleBytes))
+	p("| first exec `true` after the idle spell (p50 all; p50 where the server had exited) | %s ms; %s | | | | |", ms(firstExec.percentile(50)), firstExecIdle)
 	p("| idle sandbox, host MemAvailable drop per sandbox (%d idle sandboxes; noisy) | %s MiB | | | | |", len(r.mem), mib(r.hostPerSandbox))
 	p("| %d concurrent creates all succeed | %d/%d running | | | all | %s |", r.concN, len(r.concOurs), r.concN, verdict(concOK))
 	p("")
@@ -189,24 +210,31 @@ func (r *report) markdown() string {
 	p("  file pages first touched by it). This is what the sandbox's memory limit acts on.")
 	p("- **anon / cache**: its `memory.stat` breakdown (v1 `total_rss` / `total_cache`, v2 `anon` / `file`).")
 	p("- **kmem**: kernel memory (v1 `memory.kmem.usage_in_bytes`, v2 `kernel`), already inside cgroup usage.")
-	p("- **agent VmRSS**: resident set of the container's init (the agent, PID 1 inside), from `runc --root %s state <id>`", r.cfg.stateRoot)
-	p("  and `/proc/<pid>/status`, split into RssAnon and RssFile. RssFile is mostly the agent binary's pages, shared by all")
-	p("  sandboxes through the host page cache. The agent's anon pages are counted in cgroup usage too, so")
+	p("- **VmRSS**: resident set of the container's init (opendsec-init, PID 1 inside, from `runc --root %s state <id>`)", r.cfg.stateRoot)
+	p("  plus, when it still runs, the agent server (init's child; it exits after `node.agent_idle_exit_ms` idle and init")
+	p("  starts it again on the next connection), from `/proc/<pid>/status`, split into RssAnon and RssFile (**init** and")
+	p("  **server** give each one's VmRSS; server `-` = exited). RssFile is mostly the static binaries' pages, shared by all")
+	p("  sandboxes through the host page cache. Their anon pages are counted in cgroup usage too, so")
 	p("  **cgroup + VmRSS** double-counts them: an upper bound.")
-	p("- **agent Pss_File**: the agent's proportional share of the file pages it maps (`/proc/<pid>/smaps_rollup`")
-	p("  Pss_File + Pss_Shmem): the static binary's resident pages divided among every agent mapping them. **cgroup +")
+	p("- **Pss_File**: their proportional share of the file pages they map (`/proc/<pid>/smaps_rollup`")
+	p("  Pss_File + Pss_Shmem): the binaries' resident pages divided among every process mapping them. **cgroup +")
 	p("  Pss_File** is what one more idle sandbox costs in memory, without counting anything twice.")
+	p("- **1st exec**: one `true` exec right after the sample; where the server had exited it includes starting it.")
 	p("- **host drop**: MemAvailable (`/proc/meminfo`) before the idle sandboxes were created minus after they idled, per")
 	p("  sandbox. Everything the host spends (kernel objects, node bookkeeping, page tables) but noisy: anything else on")
 	p("  the machine moves it.")
 	p("")
-	p("| sandbox | procs | cgroup usage | anon | cache | kmem | agent VmRSS | RssAnon | RssFile | Pss_File | cgroup + VmRSS | cgroup + Pss_File |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	p("| sandbox | procs | cgroup usage | anon | cache | kmem | init | server | VmRSS | RssAnon | RssFile | Pss_File | cgroup + VmRSS | cgroup + Pss_File | 1st exec |")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range r.mem {
-		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", s.id, s.procs, mib(s.cgUsage), mib(s.cgAnon), mib(s.cgFile),
-			mibOrNA(s.cgKmem), mib(s.agentRSS), mib(s.agentAnon), mib(s.agentFi), mib(s.agentPssFile), mib(s.cgUsage+s.agentRSS), mib(s.cgUsage+s.agentPssFile))
+		server := "-"
+		if s.serverPid > 0 {
+			server = mib(s.serverRSS)
+		}
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s ms |", s.id, s.procs, mib(s.cgUsage), mib(s.cgAnon), mib(s.cgFile),
+			mibOrNA(s.cgKmem), mib(s.initRSS), server, mib(s.agentRSS), mib(s.agentAnon), mib(s.agentFi), mib(s.agentPssFile), mib(s.cgUsage+s.agentRSS), mib(s.cgUsage+s.agentPssFile), ms(s.firstExecAfterSample))
 	}
-	p("| **median (MiB)** | | **%s** | %s | %s | %s | **%s** | %s | %s | | **%s** | **%s** |", mib(usage), mib(anon), mib(file), mibOrNA(kmem), mib(rss), mib(rssAnon), mib(rssFile), mib(sum), mib(r.memPssFileMedian()))
+	p("| **median (MiB)** | | **%s** | %s | %s | %s | | | **%s** | %s | %s | | **%s** | **%s** | |", mib(usage), mib(anon), mib(file), mibOrNA(kmem), mib(rss), mib(rssAnon), mib(rssFile), mib(sum), mib(r.memPssFileMedian()))
 	p("")
 
 	p("## %d concurrent creates", r.concN)

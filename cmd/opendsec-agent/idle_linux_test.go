@@ -94,3 +94,26 @@ func rssAnon(t *testing.T, pid int) int64 {
 	t.Fatal("no RssAnon in /proc/<pid>/status")
 	return 0
 }
+
+// TestIdleExitFlags: --idle-exit needs a socket kept by opendsec-init, and
+// a negative value is refused; both name the flag.
+func TestIdleExitFlags(t *testing.T) {
+	bin := testutil.AgentBinary(t)
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", sock, "--idle-exit", "1s"}, "--idle-exit needs --listen-fd"},
+		{[]string{"--listen-fd", "3", "--idle-exit", "-1s"}, "--idle-exit: -1s is negative"},
+		{[]string{"--listen-fd", "9"}, "--listen-fd"},
+	} {
+		out, err := exec.Command(bin, tc.args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%v: err %v output %q; want a failure saying %q", tc.args, err, out, tc.want)
+		}
+	}
+	if _, err := os.Stat(sock); err == nil {
+		t.Error("a refused start created the socket")
+	}
+}

@@ -1,5 +1,7 @@
-// Command opendsec-agent runs inside every sandbox (PID 1 in containers) and
-// serves E2B's envd protocol on a unix socket or a TCP address.
+// Command opendsec-agent runs inside every sandbox and serves E2B's envd
+// protocol on a unix socket or a TCP address. In containers it runs under
+// opendsec-init (PID 1), which hands it the listening socket (--listen-fd)
+// and starts it again on demand after it exits idle (--idle-exit).
 package main
 
 import (
@@ -13,12 +15,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kernflux/opendsec/internal/agent"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/seccompbpf"
 	"github.com/kernflux/opendsec/internal/version"
 )
 
@@ -37,6 +41,8 @@ func run() error {
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 		showVer   = flag.Bool("version", false, "print the version and exit")
 		seccompF  = flag.String("seccomp-filter", "", "install this seccomp BPF program (no_new_privs, all threads) before anything else; the agent exits if it cannot")
+		listenFD  = flag.Int("listen-fd", -1, "serve on this inherited listening socket (from opendsec-init) instead of --listen; makes the agent a child subreaper")
+		idleExit  = flag.Duration("idle-exit", 0, "exit cleanly after this long without requests, child processes or watchers (0: never); needs --listen-fd")
 	)
 	flag.StringVar(&cfg.DefaultUser, "default-user", agent.DefaultUser, "user for requests that name none")
 	flag.StringVar(&cfg.DefaultWorkdir, "default-workdir", "", "cwd for processes started without one (default: the user's home)")
@@ -51,9 +57,15 @@ func run() error {
 	// First: nothing the agent starts, nor the agent once it serves
 	// requests, may run without the sandbox's filter.
 	if *seccompF != "" {
-		if err := agent.InstallSeccompFilter(*seccompF); err != nil {
+		if err := seccompbpf.Install(*seccompF); err != nil {
 			return err
 		}
+	}
+	if *idleExit < 0 {
+		return fmt.Errorf("--idle-exit: %s is negative; give 0 (never) or a duration like 30s", *idleExit)
+	}
+	if *idleExit > 0 && *listenFD < 0 {
+		return fmt.Errorf("--idle-exit needs --listen-fd: only a socket kept open by opendsec-init survives the exit")
 	}
 	logger := log.New(log.Options{Level: *logLevel})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -68,36 +80,99 @@ func run() error {
 		cfg.AccessToken = strings.TrimSpace(string(b))
 	}
 	cfg.Init = os.Getpid() == 1
+	// Under opendsec-init, orphans of user processes come to the server
+	// (it reaps them like PID 1) rather than to init.
+	cfg.Subreaper = *listenFD >= 0 && !cfg.Init
 	a, err := agent.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("configure agent: %w", err)
 	}
 	defer a.Close()
 
-	ln, err := listenOn(*listen)
+	listenFn := func() (net.Listener, error) { return listenOn(*listen) }
+	addr := *listen
+	if *listenFD >= 0 {
+		addr = "fd " + strconv.Itoa(*listenFD)
+		// Held for the process's life: its finalizer would close the fd.
+		f := os.NewFile(uintptr(*listenFD), "listen-fd")
+		if f == nil {
+			return fmt.Errorf("--listen-fd %d: not an open file descriptor", *listenFD)
+		}
+		defer f.Close()
+		listenFn = func() (net.Listener, error) { return inheritedListener(f) }
+	}
+	logger.Info("agent listening", "addr", addr, "version", version.Version, "pid1", cfg.Init, "subreaper", cfg.Subreaper, "idle_exit", *idleExit)
+	for {
+		again, err := serve(ctx, a, listenFn, *idleExit)
+		if err != nil || !again {
+			return err
+		}
+	}
+}
+
+// drainTimeout bounds the wait for requests in flight at an idle exit or
+// shutdown.
+const drainTimeout = 5 * time.Second
+
+// serve serves a until ctx ends (false) or, with idleExit, until a has been
+// idle that long. Then it stops accepting (the inherited socket stays open,
+// so new connections wait in its queue), lets requests in flight finish
+// and, if the agent is still idle, returns false to exit; if something
+// started meanwhile it returns true to serve again.
+func serve(ctx context.Context, a *agent.Agent, listen func() (net.Listener, error), idleExit time.Duration) (again bool, err error) {
+	ln, err := listen()
 	if err != nil {
-		return err
+		return false, err
 	}
 	srv := &http.Server{
 		Handler:           a.Handler(),
 		ReadHeaderTimeout: 30 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
-	logger.Info("agent listening", "addr", *listen, "version", version.Version, "pid1", cfg.Init)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	var idle chan error
+	ictx, icancel := context.WithCancel(ctx)
+	defer icancel()
+	if idleExit > 0 {
+		idle = make(chan error, 1)
+		go func() { idle <- a.WaitIdle(ictx, idleExit) }()
+	}
+	logger := log.G(ctx)
 	select {
 	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
+		return false, fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
+		logger.Info("agent shutting down")
+	case <-idle:
+		// Nil unless ctx ended, which Shutdown below handles the same way.
+		logger.Debug("agent idle: stopping", "after", idleExit)
 	}
-	logger.Info("agent shutting down")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("shut down: %w", err)
+		return false, fmt.Errorf("shut down: %w", err)
 	}
-	return nil
+	if ctx.Err() != nil {
+		return false, nil
+	}
+	if why := a.Busy(); why != "" {
+		logger.Debug("agent busy again: serving", "why", why)
+		return true, nil
+	}
+	logger.Info("agent idle: exiting", "after", idleExit)
+	return false, nil
+}
+
+// inheritedListener serves on a dup of the listening socket fd. Closing the
+// listener closes only the dup: fd stays open (and the socket file stays)
+// for the next server opendsec-init starts.
+func inheritedListener(f *os.File) (net.Listener, error) {
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("--listen-fd: not a listening socket: %w", err)
+	}
+	return ln, nil
 }
 
 // listenOn listens on a unix socket path (removing a stale socket file) or

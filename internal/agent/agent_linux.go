@@ -33,6 +33,7 @@ type Agent struct {
 	h     http.Handler
 	idle  *idleTrimmer // nil when disabled
 	ci    *codeInterpreter
+	act   *activity // requests in flight, for idle exit
 	// tunnelIdle bounds a half-closed tunnel's silence (defaultTunnelIdle;
 	// tests shorten it before serving).
 	tunnelIdle time.Duration
@@ -42,10 +43,18 @@ type Agent struct {
 
 // New returns an agent for cfg. With cfg.Init it also takes on PID 1's
 // duties: it reaps every child of this process and brings up loopback.
+// cfg.Subreaper makes this process a child subreaper first, so orphans of
+// the processes it starts are reparented to it, and implies cfg.Init.
 func New(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("become child subreaper: %w", err)
+		}
+		cfg.Init = true
 	}
 	if cfg.Env == nil {
 		cfg.Env = os.Environ()
@@ -66,6 +75,8 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.idle = newIdleTrimmer(cfg.IdleTrimAfter, freeOSMemory)
 		a.h = a.idle.wrap(a.h)
 	}
+	a.act = &activity{}
+	a.h = a.act.wrap(a.h)
 	return a, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 )
 
 // Agent is only implemented on Linux.
@@ -21,3 +22,11 @@ func (a *Agent) Handler() http.Handler { return http.NotFoundHandler() }
 
 // Close does nothing.
 func (a *Agent) Close() error { return nil }
+
+// Busy reports nothing on other systems.
+func (a *Agent) Busy() string { return "" }
+
+// WaitIdle fails: idle exit needs Linux.
+func (a *Agent) WaitIdle(ctx context.Context, d time.Duration) error {
+	return errors.New("idle exit needs linux")
+}

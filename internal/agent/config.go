@@ -50,6 +50,9 @@ type Config struct {
 	// Init makes the agent act as PID 1: reap every child (orphans included)
 	// and bring up the loopback interface.
 	Init bool
+	// Subreaper makes the agent a child subreaper (PR_SET_CHILD_SUBREAPER)
+	// with Init's duties: the server under opendsec-init, which is PID 1.
+	Subreaper bool
 }
 
 func (c *Config) setDefaults() {
@@ -94,6 +97,6 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) String() string {
-	return fmt.Sprintf("user=%s workdir=%q max_output=%d max_upload=%d init=%t token=%t",
-		c.DefaultUser, c.DefaultWorkdir, c.MaxOutputBytes, c.MaxUploadBytes, c.Init, c.AccessToken != "")
+	return fmt.Sprintf("user=%s workdir=%q max_output=%d max_upload=%d init=%t subreaper=%t token=%t",
+		c.DefaultUser, c.DefaultWorkdir, c.MaxOutputBytes, c.MaxUploadBytes, c.Init, c.Subreaper, c.AccessToken != "")
 }

@@ -75,6 +75,14 @@ type Node struct {
 	Listen string `json:"listen"`
 	// AgentPath is the static opendsec-agent binary put in every sandbox.
 	AgentPath string `json:"agent_path"`
+	// InitPath is the static opendsec-init binary, every container
+	// sandbox's PID 1; empty means opendsec-init next to AgentPath.
+	InitPath string `json:"init_path,omitempty"`
+	// AgentIdleExitMS: the agent server inside a sandbox exits after this
+	// long without requests, processes or watchers, and opendsec-init starts
+	// it again on the next connection (an idle sandbox then costs only
+	// init's memory). 0 keeps the server running.
+	AgentIdleExitMS int64 `json:"agent_idle_exit_ms"`
 	// ImageDir is the image store.
 	ImageDir string `json:"image_dir"`
 	// ImportDir is the only directory archive imports through the API
@@ -126,15 +134,16 @@ func Default(dataDir string) Config {
 		},
 		Watcher: Watcher{Listen: "127.0.0.1:7072", PollIntervalMS: 1000},
 		Node: Node{
-			ID:             "n001",
-			Listen:         "127.0.0.1:7071",
-			AgentPath:      "/usr/local/lib/opendsec/opendsec-agent",
-			ImageDir:       filepath.Join(dataDir, "images"),
-			ImportDir:      filepath.Join(dataDir, "import"),
-			DefaultBackend: "container",
-			MaxSandboxes:   1000,
-			MaxUploadMB:    1024,
-			MaxPaused:      DefaultMaxPaused,
+			ID:              "n001",
+			Listen:          "127.0.0.1:7071",
+			AgentPath:       "/usr/local/lib/opendsec/opendsec-agent",
+			AgentIdleExitMS: 30000,
+			ImageDir:        filepath.Join(dataDir, "images"),
+			ImportDir:       filepath.Join(dataDir, "import"),
+			DefaultBackend:  "container",
+			MaxSandboxes:    1000,
+			MaxUploadMB:     1024,
+			MaxPaused:       DefaultMaxPaused,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -177,6 +186,12 @@ func (c *Config) Validate() error {
 	}
 	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
 		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
+	}
+	if c.Node.AgentIdleExitMS < 0 {
+		return errdefs.Invalid("node.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", c.Node.AgentIdleExitMS)
+	}
+	if c.Node.InitPath != "" && !filepath.IsAbs(c.Node.InitPath) {
+		return errdefs.Invalid("node.init_path", "%q is not absolute; give the absolute path of opendsec-init", c.Node.InitPath)
 	}
 	if c.Node.ImportDir == "" || !filepath.IsAbs(c.Node.ImportDir) || filepath.Clean(c.Node.ImportDir) == "/" {
 		return errdefs.Invalid("node.import_dir", "%q must be an absolute directory other than /, e.g. /var/lib/opendsec/import", c.Node.ImportDir)

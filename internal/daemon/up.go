@@ -105,6 +105,8 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		ID:             cfg.Node.ID,
 		StateDir:       filepath.Join(cfg.DataDir, "node"),
 		AgentPath:      cfg.Node.AgentPath,
+		InitPath:       cfg.Node.InitPath,
+		AgentIdleExit:  agentIdleExit(cfg.Node.AgentIdleExitMS),
 		Backends:       map[string]runtime.Runtime{"container": ct},
 		DefaultBackend: cfg.Node.DefaultBackend,
 		Images:         store,
@@ -334,4 +336,13 @@ func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
 		case <-t.C:
 		}
 	}
+}
+
+// agentIdleExit maps node.agent_idle_exit_ms (0: never) to
+// node.Config.AgentIdleExit (negative: never).
+func agentIdleExit(ms int64) time.Duration {
+	if ms == 0 {
+		return -1
+	}
+	return time.Duration(ms) * time.Millisecond
 }

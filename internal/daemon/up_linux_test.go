@@ -125,8 +125,10 @@ func startUp(t *testing.T, withNetwork bool) *upSystem {
 	t.Helper()
 	dd := t.TempDir()
 	agent := filepath.Join(dd, "agent")
-	if err := os.WriteFile(agent, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{agent, filepath.Join(dd, "opendsec-init")} {
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s := &upSystem{cfg: config.Default(dd), api: freeAddr(t), watch: freeAddr(t), node: freeAddr(t), e2b: freeAddr(t), done: make(chan error, 1)}
 	cfg := &s.cfg

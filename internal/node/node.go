@@ -69,6 +69,13 @@ type Config struct {
 	// StateDir holds the sandbox table and per-sandbox directories.
 	StateDir  string
 	AgentPath string
+	// InitPath is opendsec-init, container sandboxes' PID 1; empty means
+	// opendsec-init next to AgentPath.
+	InitPath string
+	// AgentIdleExit is how long a sandbox's agent server stays idle before
+	// it exits (init restarts it on demand). Zero means
+	// DefaultAgentIdleExit; negative means never.
+	AgentIdleExit time.Duration
 	// Backends by name; DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
@@ -91,6 +98,10 @@ type Config struct {
 	// (default deny). Nil leaves sandboxes in an empty network namespace.
 	Network Network
 }
+
+// DefaultAgentIdleExit is how long a sandbox's agent server stays idle
+// before it exits, when Config.AgentIdleExit is zero.
+const DefaultAgentIdleExit = 30 * time.Second
 
 // Node runs sandboxes on one machine.
 type Node struct {
@@ -158,6 +169,18 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return nil, errdefs.Invalid("node.agent_path", "%v; build it with `make agent` or run deploy/quickstart.sh", err)
+	}
+	if cfg.InitPath == "" {
+		cfg.InitPath = filepath.Join(filepath.Dir(cfg.AgentPath), "opendsec-init")
+	}
+	if _, err := os.Stat(cfg.InitPath); err != nil {
+		return nil, errdefs.Invalid("node.init_path", "%v; build it with `make agent` (it goes next to opendsec-agent) or run deploy/quickstart.sh", err)
+	}
+	switch {
+	case cfg.AgentIdleExit == 0:
+		cfg.AgentIdleExit = DefaultAgentIdleExit
+	case cfg.AgentIdleExit < 0:
+		cfg.AgentIdleExit = 0
 	}
 	if cfg.CPU <= 0 {
 		cfg.CPU = float64(goruntime.NumCPU())
@@ -488,12 +511,14 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 			MemoryMB:  rec.Spec.MemoryMB,
 			PidsLimit: rec.Spec.PidsLimit,
 		},
-		Env:         env,
-		AgentPath:   n.cfg.AgentPath,
-		StateDir:    rec.StateDir,
-		Labels:      rec.Spec.Labels,
-		NetNS:       netNS,
-		Nameservers: nameservers,
+		Env:           env,
+		AgentPath:     n.cfg.AgentPath,
+		InitPath:      n.cfg.InitPath,
+		AgentIdleExit: n.cfg.AgentIdleExit,
+		StateDir:      rec.StateDir,
+		Labels:        rec.Spec.Labels,
+		NetNS:         netNS,
+		Nameservers:   nameservers,
 	})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)

@@ -369,8 +369,10 @@ func (r *blockingRuntime) stopCount(id string) int {
 func TestReaperStuckStopDelaysNoOther(t *testing.T) {
 	dir := t.TempDir()
 	agentPath := filepath.Join(dir, "agent")
-	if err := os.WriteFile(agentPath, nil, 0o755); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{agentPath, filepath.Join(dir, "opendsec-init")} {
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	stateDir := filepath.Join(dir, "state")
 	tbl, err := openTable(stateDir)

@@ -68,8 +68,10 @@ func fakeAgent(t *testing.T, path string) {
 func openFakeNode(t *testing.T, dir string, rt runtime.Runtime) *Node {
 	t.Helper()
 	agentPath := filepath.Join(dir, "agent")
-	if err := os.WriteFile(agentPath, nil, 0o755); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{agentPath, filepath.Join(dir, "opendsec-init")} {
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	n, err := New(t.Context(), Config{
 		ID:             "t001",

@@ -43,9 +43,18 @@ type Spec struct {
 	// Hostname inside the sandbox; empty = ID.
 	Hostname string
 	// AgentPath is the host path of the static opendsec-agent binary. The
-	// backend makes it available read-only inside the sandbox and runs it as
-	// the sandbox's init (PID 1).
+	// backend makes it available read-only inside the sandbox and runs it,
+	// on demand, under InitPath.
 	AgentPath string
+	// InitPath is the host path of the static opendsec-init binary, the
+	// sandbox's PID 1: it holds the agent's listening socket and starts the
+	// agent server when a connection arrives. Empty means opendsec-init in
+	// AgentPath's directory.
+	InitPath string
+	// AgentIdleExit is how long the agent server stays without requests,
+	// processes or watchers before it exits (init starts it again on the
+	// next connection). Zero means never.
+	AgentIdleExit time.Duration
 	// StateDir is a node-local directory owned by the backend for this
 	// sandbox (upper layer, sockets, logs). The node creates it and removes
 	// it after Delete.

@@ -174,10 +174,12 @@ var agentBuild struct {
 	path string // guarded by mu; set once built in this process
 }
 
-// AgentBinary builds ./cmd/opendsec-agent (static, CGO_ENABLED=0) once per
-// test process and returns its path. The binary is cached across processes
-// under a name keyed by a hash of every source file it is built from, so it
-// is rebuilt after any change to the agent or the packages it imports.
+// AgentBinary builds ./cmd/opendsec-agent and ./cmd/opendsec-init
+// (static, CGO_ENABLED=0) once per test process, side by side in one
+// directory (the container backend finds opendsec-init next to the agent),
+// and returns the agent's path. The pair is cached across processes in a
+// directory keyed by a hash of every source file they are built from, so
+// they are rebuilt after any change to either or the packages they import.
 func AgentBinary(t testing.TB) string {
 	t.Helper()
 	agentBuild.mu.Lock()
@@ -194,39 +196,49 @@ func AgentBinary(t testing.TB) string {
 		t.Fatalf("hash agent sources: %v", err)
 	}
 	cache := CacheDir(t)
-	path := filepath.Join(cache, "opendsec-agent-"+sum[:16])
+	dir := filepath.Join(cache, "agent-"+sum[:16])
 	withFileLock(t, filepath.Join(cache, "opendsec-agent.lock"), func() error {
-		if _, err := os.Stat(path); err == nil {
+		if _, err := os.Stat(dir); err == nil {
 			return nil
 		}
-		tmp := path + ".tmp"
-		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, "./cmd/opendsec-agent")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp)
-			return fmt.Errorf("build opendsec-agent: %w\n%s", err, out)
+		tmp := dir + ".tmp"
+		os.RemoveAll(tmp)
+		for _, name := range []string{"opendsec-agent", "opendsec-init"} {
+			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(tmp, name), "./cmd/"+name)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				os.RemoveAll(tmp)
+				return fmt.Errorf("build %s: %w\n%s", name, err, out)
+			}
 		}
-		if err := os.Rename(tmp, path); err != nil {
+		if err := os.Rename(tmp, dir); err != nil {
 			return err
 		}
-		pruneAgents(cache, path)
+		pruneAgents(cache, dir)
 		return nil
 	})
-	agentBuild.path = path
-	return path
+	agentBuild.path = filepath.Join(dir, "opendsec-agent")
+	return agentBuild.path
 }
 
-// pruneAgents removes agent binaries of older sources, once they are an hour
+// InitBinary returns the opendsec-init built with AgentBinary, next to it.
+func InitBinary(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(filepath.Dir(AgentBinary(t)), "opendsec-init")
+}
+
+// pruneAgents removes agent builds of older sources, once they are an hour
 // old (a running sandbox keeps its bind-mounted copy alive anyway).
 func pruneAgents(cache, keep string) {
 	old, _ := filepath.Glob(filepath.Join(cache, "opendsec-agent-*"))
-	for _, p := range old {
+	dirs, _ := filepath.Glob(filepath.Join(cache, "agent-*"))
+	for _, p := range append(old, dirs...) {
 		fi, err := os.Stat(p)
 		if p == keep || strings.HasSuffix(p, ".tmp") || err != nil || time.Since(fi.ModTime()) < time.Hour {
 			continue
 		}
-		os.Remove(p)
+		os.RemoveAll(p)
 	}
 }
 
@@ -248,11 +260,11 @@ func moduleRoot() (string, error) {
 }
 
 // agentSourceHash hashes go.mod, go.sum and the Go files of every package of
-// this module that the agent imports.
+// this module that the agent or init imports.
 func agentSourceHash(root string) (string, error) {
 	cmd := exec.Command("go", "list", "-deps", "-f",
 		`{{if .Module}}{{if .Module.Main}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}{{end}}`,
-		"./cmd/opendsec-agent")
+		"./cmd/opendsec-agent", "./cmd/opendsec-init")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.Output()

@@ -70,7 +70,14 @@ func TestAgentBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasSuffix(p, sum[:16]) {
+	if !strings.HasSuffix(filepath.Dir(p), sum[:16]) {
 		t.Fatalf("binary %s not keyed by the source hash %s", p, sum[:16])
+	}
+	ip := InitBinary(t)
+	if filepath.Dir(ip) != filepath.Dir(p) {
+		t.Fatalf("init %s is not next to the agent %s", ip, p)
+	}
+	if b, err := os.ReadFile(ip); err != nil || len(b) < 4 || string(b[:4]) != "\x7fELF" {
+		t.Fatalf("init binary %s is not an ELF file: %v", ip, err)
 	}
 }

@@ -4,7 +4,8 @@
 # background. Source this file, then:
 #
 #   start_system BIN DD [IMAGE...] [-- UP_FLAGS...]
-#     BIN: dir with opendsec and opendsec-agent; DD: an empty data dir;
+#     BIN: dir with opendsec, opendsec-agent and opendsec-init (next to
+#     the agent: the node finds it there); DD: an empty data dir;
 #     IMAGE: busybox or py (imported as root/busybox, root/py:3.11).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).

@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(d)
 		binDir = d
 		root, _ := filepath.Abs("../..")
-		for _, c := range []string{"opendsec", "opendsec-agent"} {
+		for _, c := range []string{"opendsec", "opendsec-agent", "opendsec-init"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(d, c), "./cmd/"+c)
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

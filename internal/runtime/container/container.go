@@ -2,12 +2,13 @@
 // container run by the runc binary with namespaces (pid, mount, uts, ipc,
 // network, cgroup), cgroup limits (v1 and v2), Docker's default seccomp
 // profile and capability set, no_new_privs and masked /proc paths, on an
-// overlayfs root. The opendsec-agent is bind-mounted read-only and runs as
-// the container's init; the node reaches it over a unix socket.
+// overlayfs root. opendsec-init is the container's PID 1 and starts the
+// opendsec-agent on demand (both bind-mounted read-only); the node reaches
+// the agent over a unix socket init holds.
 //
 // Create only prepares the bundle; Start runs it with one `runc run
 // --detach`. The seccomp profile is compiled to BPF once per node start
-// and installed by the agent before it serves anything (seccomp_linux.go),
+// and installed by opendsec-init before anything else runs (seccomp_linux.go),
 // so runc does not recompile it with libseccomp on every create.
 //
 // The runc binary (not libcontainer as a library) is used so containers are

@@ -113,19 +113,19 @@ func TestCreateFailureUndoes(t *testing.T) {
 	}
 }
 
-// TestStartFailureLeavesNothing: runc run fails in the container's init (the
-// agent lost its exec bit after Create). Start reports it, runc keeps no
+// TestStartFailureLeavesNothing: runc run fails in the container's init
+// (opendsec-init lost its exec bit after Create). Start reports it, runc keeps no
 // record, the sandbox stays created, and Delete removes everything.
 func TestStartFailureLeavesNothing(t *testing.T) {
 	f := newFactory(t)
 	rt, tmpl := f(t)
 	c := rt.(*Runtime)
-	bad := filepath.Join(t.TempDir(), "agent")
+	bad := filepath.Join(t.TempDir(), "opendsec-init")
 	if err := os.WriteFile(bad, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	spec := runtimetest.Prepare(t, rt, tmpl)
-	spec.AgentPath = bad
+	spec.InitPath = bad
 	ctx := t.Context()
 	if _, err := rt.Create(ctx, spec); err != nil {
 		t.Fatalf("create: %v", err)
@@ -135,7 +135,7 @@ func TestStartFailureLeavesNothing(t *testing.T) {
 	}
 	err := rt.Start(ctx, spec.ID)
 	if err == nil {
-		t.Fatalf("start of a sandbox whose agent is not a program succeeded")
+		t.Fatalf("start of a sandbox whose init is not a program succeeded")
 	}
 	t.Logf("start: %v", err)
 	if _, err := os.Stat(filepath.Join(c.cfg.StateRoot, spec.ID)); err == nil {

@@ -194,6 +194,8 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("image.layers", "must list at least one layer directory")
 	case s.AgentPath == "":
 		return errdefs.Invalid("agent_path", "must be the host path of the opendsec-agent binary")
+	case s.InitPath != "" && !filepath.IsAbs(s.InitPath):
+		return errdefs.Invalid("init_path", "must be an absolute path of the opendsec-init binary, got %q", s.InitPath)
 	case s.StateDir == "" || !filepath.IsAbs(s.StateDir):
 		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
 	case s.Resources.MemoryMB < minMemoryMB:
@@ -224,6 +226,16 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("agent_path", "%q is not a regular file", s.AgentPath)
 	} else if fi.Mode().Perm()&0o111 == 0 {
 		return errdefs.Invalid("agent_path", "%q is not executable (mode %v): chmod +x it", s.AgentPath, fi.Mode().Perm())
+	}
+	if ip := initPath(s); ip != "" {
+		if fi, err := os.Stat(ip); err != nil || !fi.Mode().IsRegular() {
+			return errdefs.Invalid("init_path", "%q is not a regular file; build it with `make agent` (it goes next to opendsec-agent)", ip)
+		} else if fi.Mode().Perm()&0o111 == 0 {
+			return errdefs.Invalid("init_path", "%q is not executable (mode %v): chmod +x it", ip, fi.Mode().Perm())
+		}
+	}
+	if s.AgentIdleExit < 0 {
+		return errdefs.Invalid("agent_idle_exit", "is %s; give 0 (never) or a positive duration", s.AgentIdleExit)
 	}
 	for i, e := range append(append([]string{}, s.Image.Env...), s.Env...) {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
@@ -314,7 +326,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
 		}
 	}
-	// The agent (uid 0 in the sandbox) creates its socket in run; the node
+	// opendsec-init (uid 0 in the sandbox) creates the agent socket in run; the node
 	// connects as root.
 	for _, m := range []struct{ dir, opts string }{{logDir, logTmpfsOpts}, {runDir, runTmpfsOpts}} {
 		if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, m.dir), "tmpfs",

@@ -14,8 +14,9 @@ import (
 
 // The sandbox's seccomp filter is Docker's default profile compiled once per
 // node start into a classic BPF program (compileSeccomp) and installed by
-// the agent itself, before it serves anything, with no_new_privs and
-// SECCOMP_FILTER_FLAG_TSYNC; every process the agent starts inherits it.
+// opendsec-init (PID 1) before anything else runs, with no_new_privs and
+// SECCOMP_FILTER_FLAG_TSYNC; the agent server and every process it starts
+// inherit it.
 // runc 1.1 would compile the same profile with libseccomp on every create,
 // which costs ~16 ms of each create. docs/security.md explains why the
 // protection is the same.

@@ -50,12 +50,12 @@ func TestSandboxIsolation(t *testing.T) {
 			pid, comm, _ := strings.Cut(l, " ")
 			if pid == "1" {
 				foundInit = true
-				if !strings.Contains(comm, "agent") {
-					t.Errorf("pid 1 is %q, want the agent", comm)
+				if comm != "init" {
+					t.Errorf("pid 1 is %q, want opendsec-init", comm)
 				}
 				continue
 			}
-			if comm != "sh" && comm != "cat" {
+			if comm != "agent" && comm != "sh" && comm != "cat" {
 				t.Errorf("sandbox sees process %q", l)
 			}
 		}
@@ -153,20 +153,23 @@ func TestSandboxIsolation(t *testing.T) {
 	})
 
 	t.Run("CannotWriteAgent", func(t *testing.T) {
-		before := fileHash(t, tmpl.AgentPath)
-		for _, script := range []string{
-			"echo x > /.opendsec/agent",
-			"echo x >> /.opendsec/agent",
-			"rm -f /.opendsec/agent",
-			"mv /.opendsec/agent /tmp/agent",
-			"chmod 777 /.opendsec/agent",
-		} {
-			if res := sh(t, rt, id, script); res.ExitCode == 0 {
-				t.Errorf("%q succeeded", script)
+		initHost := filepath.Join(filepath.Dir(tmpl.AgentPath), "opendsec-init")
+		for inSandbox, host := range map[string]string{"/.opendsec/agent": tmpl.AgentPath, "/.opendsec/init": initHost} {
+			before := fileHash(t, host)
+			for _, script := range []string{
+				"echo x > " + inSandbox,
+				"echo x >> " + inSandbox,
+				"rm -f " + inSandbox,
+				"mv " + inSandbox + " /tmp/moved",
+				"chmod 777 " + inSandbox,
+			} {
+				if res := sh(t, rt, id, script); res.ExitCode == 0 {
+					t.Errorf("%q succeeded", script)
+				}
 			}
-		}
-		if after := fileHash(t, tmpl.AgentPath); after != before {
-			t.Fatalf("agent binary on the host changed")
+			if after := fileHash(t, host); after != before {
+				t.Fatalf("%s on the host changed", host)
+			}
 		}
 	})
 

@@ -16,6 +16,7 @@ import (
 // Paths inside the sandbox.
 const (
 	agentInSandbox  = "/.opendsec/agent"
+	initInSandbox   = "/.opendsec/init"
 	runDirInSandbox = "/run/opendsec"
 	agentSocketName = "agent.sock"
 )
@@ -59,21 +60,39 @@ func defaultSeccompProfile() (*specs.LinuxSeccomp, error) {
 	return prof, nil
 }
 
+// initPath is the opendsec-init binary for s: s.InitPath, or opendsec-init
+// next to the agent.
+func initPath(s runtime.Spec) string {
+	if s.InitPath != "" {
+		return s.InitPath
+	}
+	return filepath.Join(filepath.Dir(s.AgentPath), InitBinaryName)
+}
+
+// InitBinaryName is the file name of opendsec-init, looked for next to the
+// agent binary when the spec names no InitPath.
+const InitBinaryName = "opendsec-init"
+
 // ociSpec builds the OCI runtime config for a sandbox. The rootfs is
 // "rootfs" relative to the bundle (StateDir). It has no seccomp section:
-// the agent installs the compiled profile from seccompInSandbox (see
-// seccomp_linux.go).
+// opendsec-init installs the compiled profile from seccompInSandbox (see
+// seccomp_linux.go) before anything else runs.
 func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	hostname := s.Hostname
 	if hostname == "" {
 		hostname = s.ID
 	}
-	args := []string{agentInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName)}
+	// PID 1 is opendsec-init: it installs the filter, holds the agent's
+	// socket and starts the agent (the args after "--") on demand.
+	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName), "--", agentInSandbox}
 	if s.Image.User != "" {
 		args = append(args, "--default-user", s.Image.User)
 	}
 	if s.Image.Workdir != "" {
 		args = append(args, "--default-workdir", s.Image.Workdir)
+	}
+	if s.AgentIdleExit > 0 {
+		args = append(args, "--idle-exit", s.AgentIdleExit.String())
 	}
 	env := append(append([]string{}, s.Image.Env...), s.Env...)
 	hasPath := false
@@ -131,6 +150,7 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmpSize}},
 			{Destination: agentInSandbox, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: initInSandbox, Type: "bind", Source: initPath(s), Options: []string{"bind", "ro", "nosuid", "nodev"}},
 			{Destination: seccompInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, seccompFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: interpreter.PathInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, interpreterFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},

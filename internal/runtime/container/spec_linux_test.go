@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/net/bpf"
@@ -21,13 +22,14 @@ import (
 
 func testSpec() runtime.Spec {
 	return runtime.Spec{
-		ID:        "sb1",
-		Image:     runtime.Image{Layers: []string{"/layers/a"}, Env: []string{"LANG=C.UTF-8"}, User: "user", Workdir: "/home/user"},
-		Env:       []string{"FOO=bar"},
-		AgentPath: "/opt/opendsec-agent",
-		StateDir:  "/var/lib/opendsec/sb1",
-		Resources: runtime.Resources{CPU: 1.5, MemoryMB: 256, PidsLimit: 100},
-		Labels:    map[string]string{"task": "t1"},
+		ID:            "sb1",
+		Image:         runtime.Image{Layers: []string{"/layers/a"}, Env: []string{"LANG=C.UTF-8"}, User: "user", Workdir: "/home/user"},
+		Env:           []string{"FOO=bar"},
+		AgentPath:     "/opt/opendsec-agent",
+		AgentIdleExit: 30 * time.Second,
+		StateDir:      "/var/lib/opendsec/sb1",
+		Resources:     runtime.Resources{CPU: 1.5, MemoryMB: 256, PidsLimit: 100},
+		Labels:        map[string]string{"task": "t1"},
 	}
 }
 
@@ -90,11 +92,13 @@ func TestOCISpecHardening(t *testing.T) {
 		t.Errorf("cgroupsPath %q hostname %q", sp.Linux.CgroupsPath, sp.Hostname)
 	}
 
-	var agent, sys *specs.Mount
+	var agent, init, sys *specs.Mount
 	for i, m := range sp.Mounts {
 		switch m.Destination {
 		case agentInSandbox:
 			agent = &sp.Mounts[i]
+		case initInSandbox:
+			init = &sp.Mounts[i]
 		case "/sys":
 			sys = &sp.Mounts[i]
 		}
@@ -102,10 +106,15 @@ func TestOCISpecHardening(t *testing.T) {
 	if agent == nil || agent.Source != "/opt/opendsec-agent" || !slices.Contains(agent.Options, "ro") || !slices.Contains(agent.Options, "nosuid") {
 		t.Errorf("agent mount %+v, want read-only nosuid bind of the agent", agent)
 	}
+	// No InitPath: opendsec-init next to the agent.
+	if init == nil || init.Source != "/opt/opendsec-init" || !slices.Contains(init.Options, "ro") || !slices.Contains(init.Options, "nosuid") {
+		t.Errorf("init mount %+v, want read-only nosuid bind of /opt/opendsec-init", init)
+	}
 	if sys == nil || !slices.Contains(sys.Options, "ro") {
 		t.Errorf("sysfs mount %+v, want read-only", sys)
 	}
-	wantArgs := []string{agentInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", "/run/opendsec/agent.sock", "--default-user", "user", "--default-workdir", "/home/user"}
+	wantArgs := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", "/run/opendsec/agent.sock",
+		"--", agentInSandbox, "--default-user", "user", "--default-workdir", "/home/user", "--idle-exit", "30s"}
 	if !slices.Equal(p.Args, wantArgs) {
 		t.Errorf("args %v, want %v", p.Args, wantArgs)
 	}
@@ -114,8 +123,8 @@ func TestOCISpecHardening(t *testing.T) {
 	}
 }
 
-// TestOCISpecSeccomp: runc gets no profile; the agent gets the compiled
-// one, read-only, as its first flag.
+// TestOCISpecSeccomp: runc gets no profile; init gets the compiled one,
+// read-only, as its first flag.
 func TestOCISpecSeccomp(t *testing.T) {
 	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
 	if err != nil {
@@ -125,7 +134,7 @@ func TestOCISpecSeccomp(t *testing.T) {
 		t.Errorf("config.json has a seccomp profile: runc would compile it on every create")
 	}
 	if len(sp.Process.Args) < 3 || sp.Process.Args[1] != "--seccomp-filter" || sp.Process.Args[2] != seccompInSandbox {
-		t.Errorf("agent args %v do not start with --seccomp-filter %s", sp.Process.Args, seccompInSandbox)
+		t.Errorf("init args %v do not start with --seccomp-filter %s", sp.Process.Args, seccompInSandbox)
 	}
 	var m *specs.Mount
 	for i := range sp.Mounts {
@@ -248,6 +257,17 @@ func TestValidateSpec(t *testing.T) {
 	if err := os.WriteFile(agent, []byte("x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "opendsec-init"), []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	noExec := filepath.Join(dir, "noexec")
+	if err := os.WriteFile(noExec, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lone := filepath.Join(layer, "agent")
+	if err := os.WriteFile(lone, []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	good := testSpec()
 	good.Image.Layers, good.AgentPath = []string{layer}, agent
 	if err := validateSpec(good); err != nil {
@@ -263,6 +283,11 @@ func TestValidateSpec(t *testing.T) {
 		{"image.layers[0]", func(s *runtime.Spec) { s.Image.Layers = []string{dir + "/x:y"} }},
 		{"image.layers[1]", func(s *runtime.Spec) { s.Image.Layers = []string{layer, agent} }},
 		{"agent_path", func(s *runtime.Spec) { s.AgentPath = layer }},
+		{"init_path", func(s *runtime.Spec) { s.InitPath = "rel/opendsec-init" }},
+		{"init_path", func(s *runtime.Spec) { s.InitPath = layer }},
+		{"init_path", func(s *runtime.Spec) { s.InitPath = noExec }},
+		{"init_path", func(s *runtime.Spec) { s.AgentPath = lone }}, // no opendsec-init next to it
+		{"agent_idle_exit", func(s *runtime.Spec) { s.AgentIdleExit = -time.Second }},
 		{"state_dir", func(s *runtime.Spec) { s.StateDir = "rel" }},
 		{"resources.memory_mb", func(s *runtime.Spec) { s.Resources.MemoryMB = 0 }},
 		{"resources.cpu", func(s *runtime.Spec) { s.Resources.CPU = 0 }},

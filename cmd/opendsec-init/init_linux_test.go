@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startInit runs opendsec-init (not as PID 1) with server and returns it
+// and its socket.
+func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *bytes.Buffer) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
+	cmd := exec.Command(testutil.InitBinary(t), append([]string{"--listen", sock, "--"}, server...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	poll(t, 5*time.Second, "init's socket", func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	return cmd, sock, &stderr
+}
+
+// children lists the pids whose parent is pid.
+func children(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+		if len(f) > 1 && string(f[1]) == strconv.Itoa(pid) && string(f[0]) != "Z" {
+			c, _ := strconv.Atoi(e.Name())
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// TestServerOnDemandAndIdleExit: no server until a connection arrives; the
+// real agent serves on fd 3, exits after its idle window, and the next
+// connection starts a new one on the same socket.
+func TestServerOnDemandAndIdleExit(t *testing.T) {
+	cmd, sock, stderr := startInit(t, testutil.AgentBinary(t), "--log-level", "warn", "--idle-exit", "300ms")
+	if c := children(cmd.Process.Pid); len(c) != 0 {
+		t.Fatalf("server %v runs before any connection", c)
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	health := func() {
+		t.Helper()
+		resp, err := hc.Get("http://agent/health")
+		if err != nil {
+			t.Fatalf("health: %v (init stderr: %s)", err, stderr)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("health: %d", resp.StatusCode)
+		}
+	}
+	health()
+	first := children(cmd.Process.Pid)
+	if len(first) != 1 {
+		t.Fatalf("servers after a connection: %v, want one", first)
+	}
+	poll(t, 10*time.Second, "server idle exit", func() bool { return len(children(cmd.Process.Pid)) == 0 })
+	health()
+	second := children(cmd.Process.Pid)
+	if len(second) != 1 || second[0] == first[0] {
+		t.Fatalf("servers after the idle exit: %v (first %v), want a new one", second, first)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
+// TestFailingServerBacksOff: a server that fails at start is started again
+// with a growing delay while a connection waits, never in a tight loop.
+func TestFailingServerBacksOff(t *testing.T) {
+	count := filepath.Join(t.TempDir(), "starts")
+	cmd, sock, stderr := startInit(t, "/bin/sh", "-c", "echo x >> "+count+"; exit 3")
+	conn, err := net.Dial("unix", sock) // queued: nobody accepts it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	starts := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "x")
+	}
+	poll(t, 5*time.Second, "a second start", func() bool { return starts() >= 2 })
+	// Backoff 100ms, 200ms, 400ms, 800ms...: within 1.5s of the first
+	// start at most 5 starts; without it there would be hundreds.
+	time.Sleep(1500 * time.Millisecond) // the observation window, not synchronisation
+	if n := starts(); n > 6 {
+		t.Fatalf("%d starts in about 1.5s: init spins", n)
+	}
+	if !strings.Contains(stderr.String(), "exited with status 3") {
+		t.Errorf("init did not log the failure: %q", stderr.String())
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
+// TestSIGTERMForwarded: SIGTERM reaches the server, and init exits when
+// the server has, with its status.
+func TestSIGTERMForwarded(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "term")
+	cmd, sock, _ := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; while :; do sleep 0.05; done")
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	poll(t, 5*time.Second, "server start", func() bool { return len(children(cmd.Process.Pid)) == 1 })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("init: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("init did not exit after SIGTERM")
+	}
+	if b, _ := os.ReadFile(marker); string(b) != "got\n" {
+		t.Fatalf("server did not get SIGTERM (marker %q)", b)
+	}
+}

@@ -1,0 +1,89 @@
+// Command opendsec-init is the PID 1 of every container sandbox. It is tiny
+// on purpose: an idle sandbox runs only this process. It installs the
+// sandbox's seccomp filter, creates the agent's listening unix socket, reaps
+// every orphan, and starts the agent server (opendsec-agent) on demand with
+// the socket as fd 3 whenever the server is not running and a connection
+// waits. The server exits after an idle spell (--idle-exit) and is started
+// again by the next connection; connections queue in the kernel meanwhile.
+//
+// Usage:
+//
+//	opendsec-init [--seccomp-filter PATH] --listen PATH -- SERVER [ARGS...]
+//
+// SERVER gets ARGS plus "--listen-fd 3". It depends only on the standard
+// library's smallest packages and golang.org/x/sys/unix (see deps_test.go):
+// no net/http, no protobuf, no fmt.
+package main
+
+import (
+	"errors"
+	"os"
+	"time"
+)
+
+// config is what the command line says.
+type config struct {
+	seccomp string   // seccomp BPF program to install first; empty: none
+	listen  string   // unix socket path to create and hand to the server
+	server  []string // server argv (without --listen-fd)
+}
+
+// Respawn backoff after a server that fails at start.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 10 * time.Second
+	// startWindow: a server that exits non-zero sooner than this after its
+	// start counts as failing to start.
+	startWindow = 5 * time.Second
+)
+
+const usage = "usage: opendsec-init [--seccomp-filter PATH] --listen PATH -- SERVER [ARGS...]"
+
+func main() {
+	cfg, err := parseArgs(os.Args[1:])
+	if err != nil {
+		logf(err.Error() + "\n" + usage)
+		os.Exit(2)
+	}
+	os.Exit(run(cfg))
+}
+
+func parseArgs(args []string) (config, error) {
+	var c config
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch a {
+		case "--":
+			c.server = args[i+1:]
+			i = len(args)
+		case "--seccomp-filter", "--listen":
+			if i+1 >= len(args) || args[i+1] == "" {
+				return c, errors.New(a + " needs a value")
+			}
+			if a == "--listen" {
+				c.listen = args[i+1]
+			} else {
+				c.seccomp = args[i+1]
+			}
+			i++
+		case "-h", "--help":
+			return c, errors.New("help requested")
+		default:
+			return c, errors.New("unknown argument " + a + "; put the server's command after --")
+		}
+	}
+	switch {
+	case c.listen == "":
+		return c, errors.New("--listen: missing; give the unix socket path the node dials")
+	case c.listen[0] != '/':
+		return c, errors.New("--listen: " + c.listen + " is not absolute; give an absolute socket path")
+	case len(c.server) == 0 || c.server[0] == "":
+		return c, errors.New("server: missing; give its command after --, e.g. -- /.opendsec/agent")
+	}
+	return c, nil
+}
+
+// logf writes one line to stderr (the sandbox's agent log).
+func logf(msg string) {
+	os.Stderr.WriteString("opendsec-init: " + msg + "\n")
+}

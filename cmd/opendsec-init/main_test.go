@@ -1,0 +1,34 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseArgs(t *testing.T) {
+	c, err := parseArgs([]string{"--seccomp-filter", "/f", "--listen", "/run/a.sock", "--", "/agent", "--x", "--"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.seccomp != "/f" || c.listen != "/run/a.sock" || !slices.Equal(c.server, []string{"/agent", "--x", "--"}) {
+		t.Fatalf("parsed %+v", c)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{[]string{"--", "/agent"}, "--listen"},
+		{[]string{"--listen", "rel.sock", "--", "/agent"}, "not absolute"},
+		{[]string{"--listen", "/a.sock"}, "server"},
+		{[]string{"--listen", "/a.sock", "--"}, "server"},
+		{[]string{"--listen"}, "--listen needs a value"},
+		{[]string{"--seccomp-filter", "", "--listen", "/a", "--", "/x"}, "--seccomp-filter needs a value"},
+		{[]string{"--bogus", "--listen", "/a", "--", "/x"}, "unknown argument --bogus"},
+	} {
+		_, err := parseArgs(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseArgs(%q) = %v; want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
