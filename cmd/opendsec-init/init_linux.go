@@ -47,8 +47,16 @@ func run(cfg config) int {
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 	s := &supervisor{cfg: cfg, lfd: lfd, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
 	go waitReadable(lfd, s.arm, s.ready)
-	s.arm <- struct{}{}
-	return s.loop(chld, term)
+	// The node asks for /health the moment the sandbox starts: start the
+	// server now, so its start overlaps runc's return instead of waiting
+	// for that first connection. Later starts are on demand.
+	var retry <-chan time.Time
+	if err := s.start(); err != nil {
+		s.failures++
+		logf(err.Error())
+		retry = s.rearm(s.backoff())
+	}
+	return s.loop(chld, term, retry)
 }
 
 // supervisor starts the server on demand and reaps every process.
@@ -65,8 +73,8 @@ type supervisor struct {
 	exitCode    int
 }
 
-func (s *supervisor) loop(chld, term <-chan os.Signal) int {
-	var retry <-chan time.Time
+// loop runs until init is done; retry, when set, re-arms the socket watch.
+func (s *supervisor) loop(chld, term <-chan os.Signal, retry <-chan time.Time) int {
 	for {
 		select {
 		case <-chld:

@@ -68,14 +68,14 @@ func children(pid int) []int {
 	return out
 }
 
-// TestServerOnDemandAndIdleExit: no server until a connection arrives; the
-// real agent serves on fd 3, exits after its idle window, and the next
-// connection starts a new one on the same socket.
-func TestServerOnDemandAndIdleExit(t *testing.T) {
+// TestServerAtBootThenOnDemand: init starts the server at boot (the node
+// asks for /health at once); the real agent serves on fd 3, exits after its
+// idle window with no server left, and the next connection starts a new one
+// on the same socket.
+func TestServerAtBootThenOnDemand(t *testing.T) {
 	cmd, sock, stderr := startInit(t, testutil.AgentBinary(t), "--log-level", "warn", "--idle-exit", "300ms")
-	if c := children(cmd.Process.Pid); len(c) != 0 {
-		t.Fatalf("server %v runs before any connection", c)
-	}
+	poll(t, 10*time.Second, "server started at boot", func() bool { return len(children(cmd.Process.Pid)) == 1 })
+	boot := children(cmd.Process.Pid)
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
@@ -92,15 +92,14 @@ func TestServerOnDemandAndIdleExit(t *testing.T) {
 		}
 	}
 	health()
-	first := children(cmd.Process.Pid)
-	if len(first) != 1 {
-		t.Fatalf("servers after a connection: %v, want one", first)
+	if got := children(cmd.Process.Pid); len(got) != 1 || got[0] != boot[0] {
+		t.Fatalf("servers after the first connection: %v, want the boot server %v", got, boot)
 	}
 	poll(t, 10*time.Second, "server idle exit", func() bool { return len(children(cmd.Process.Pid)) == 0 })
 	health()
 	second := children(cmd.Process.Pid)
-	if len(second) != 1 || second[0] == first[0] {
-		t.Fatalf("servers after the idle exit: %v (first %v), want a new one", second, first)
+	if len(second) != 1 || second[0] == boot[0] {
+		t.Fatalf("servers after the idle exit: %v (boot %v), want a new one", second, boot)
 	}
 	if cmd.ProcessState != nil {
 		t.Fatal("init exited")
