@@ -93,6 +93,10 @@ func run() error {
 	addr := *listen
 	if *listenFD >= 0 {
 		addr = "fd " + strconv.Itoa(*listenFD)
+		// Init passes the socket without close-on-exec; set it, or every
+		// process the agent starts inherits it and could accept the node's
+		// requests to the agent.
+		syscall.CloseOnExec(*listenFD)
 		// Held for the process's life: its finalizer would close the fd.
 		f := os.NewFile(uintptr(*listenFD), "listen-fd")
 		if f == nil {

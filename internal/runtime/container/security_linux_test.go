@@ -68,6 +68,16 @@ func TestSandboxIsolation(t *testing.T) {
 		}
 	})
 
+	// The agent's listening socket (fd 3 from opendsec-init) must not leak
+	// into what it starts: a process holding it could accept the node's
+	// requests to the agent and answer them.
+	t.Run("NoInheritedSockets", func(t *testing.T) {
+		res := sh(t, rt, id, `for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -ge 3 ]; then echo "$n $(readlink $f)"; fi; done`)
+		if strings.Contains(res.Stdout, "socket:") {
+			t.Fatalf("a process started by the agent holds a socket it inherited:\n%s", res.Stdout)
+		}
+	})
+
 	t.Run("RunsAsUser", func(t *testing.T) {
 		res, err := runtimetest.Run(t.Context(), rt, id, "user", "/bin/sh", "-c",
 			"id -u && ls / >/dev/null && echo ok > /tmp/u && cat /tmp/u && stat -c %a /")
