@@ -42,6 +42,9 @@ const (
 	DefaultBatchConcurrency = 8
 	DefaultViewTTL          = 250 * time.Millisecond
 	DefaultPlacementHold    = 3 * time.Second
+	// DefaultBatchNodeTimeout bounds one node's part of a batch pause or
+	// resume.
+	DefaultBatchNodeTimeout = 15 * time.Second
 	// MaxBatch is the most sandboxes one BatchCreateSandboxes makes.
 	MaxBatch = 32768
 	// readChunk is the size of ReadFile's messages.
@@ -77,6 +80,11 @@ type Config struct {
 	ViewTTL time.Duration
 	// BatchConcurrency bounds the creates one batch runs at once.
 	BatchConcurrency int
+	// BatchNodeTimeout bounds each node's part of PauseSandboxes and
+	// ResumeSandboxes (DefaultBatchNodeTimeout if 0): a node that does not
+	// answer in time is reported as that node's failure, and the others'
+	// results come back without waiting for it.
+	BatchNodeTimeout time.Duration
 }
 
 // Server implements the public services. Create it with New.
@@ -131,6 +139,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.BatchConcurrency <= 0 {
 		cfg.BatchConcurrency = DefaultBatchConcurrency
+	}
+	if cfg.BatchNodeTimeout <= 0 {
+		cfg.BatchNodeTimeout = DefaultBatchNodeTimeout
 	}
 	if cfg.HTTPClient == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -104,8 +104,9 @@ type batchCall func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) (
 // fanOut runs call on every configured node, all at once, healthy or not
 // in the watcher's view. With ids, only their owning nodes are asked, each
 // with its own ids; an id of an unknown node is a per-sandbox not_found
-// failure. A node that fails as a whole (unreachable, say) is one failure
-// with an empty sandbox_id and a message naming the node.
+// failure. A node that fails as a whole (unreachable, say, or silent for
+// longer than Config.BatchNodeTimeout) is one failure with an empty
+// sandbox_id and a message naming the node.
 func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what string, call batchCall) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
 	if len(sel.GetLabels()) == 0 && sel.GetTaskId() == "" && len(sel.GetIds()) == 0 {
 		return nil, nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
@@ -143,13 +144,17 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 		out []*v1.Sandbox
 		wg  sync.WaitGroup
 	)
+	d := s.cfg.BatchNodeTimeout
 	for n, nsel := range targets {
 		wg.Go(func() {
-			ok, bad, err := call(ctx, n, nsel)
+			nctx, cancel := context.WithTimeoutCause(ctx, d, errdefs.New(errdefs.ErrDeadlineExceeded,
+				"no answer within %s; its sandboxes may or may not have changed, so check them or retry the batch", d))
+			defer cancel()
+			ok, bad, err := call(nctx, n, nsel)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				err = remoteErr(ctx, what, err)
+				err = remoteErr(nctx, what, err)
 				log.G(ctx).Warn(what+" on node", log.NodeID(n.id), log.Err(err))
 				failed = append(failed, &v1.BatchFailure{ErrorCode: errdefs.Code(err).String(), ErrorMessage: fmt.Sprintf("node %s: %v", n.id, err)})
 				return

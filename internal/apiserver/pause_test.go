@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -188,5 +190,97 @@ func TestPauseSandboxesReachesUnhealthyAndReportsUnreachable(t *testing.T) {
 	f := resp.Msg.GetFailures()
 	if len(f) != 1 || f[0].GetSandboxId() != "" || f[0].GetErrorCode() != "unavailable" || !strings.Contains(f[0].GetErrorMessage(), "n003") {
 		t.Fatalf("failures %v, want one unavailable failure naming node n003", f)
+	}
+}
+
+// silentNode accepts connections on loopback and never answers, like a node
+// whose packets are dropped after the connection was made.
+func silentNode(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// A node that never answers costs a batch pause or resume only the per-node
+// timeout: the other nodes' results come back, and the silent node is one
+// deadline_exceeded failure naming it.
+func TestBatchPauseSilentNodeTimesOut(t *testing.T) {
+	const perNode = 300 * time.Millisecond
+	e := setup(t, func(c *apiserver.Config) {
+		c.BatchNodeTimeout = perNode
+		c.Nodes = append(c.Nodes, config.NodeRef{ID: "n009", Address: silentNode(t)})
+	}, "n001")
+	id := "n001" + fmt.Sprintf("job%012d", 0)
+	e.nodes[0].set(func(n *fakeNode) {
+		n.sbs[id] = &v1.Sandbox{Id: id, NodeId: n.id, State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "job"}}
+	})
+	for _, op := range []string{"pause", "resume"} {
+		// The caller allows far longer than the per-node timeout: without
+		// that timeout the call would use all of it and fail.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		start := time.Now()
+		var (
+			sbs []*v1.Sandbox
+			f   []*v1.BatchFailure
+			err error
+		)
+		sel := &v1.SandboxSelector{TaskId: "job"}
+		if op == "pause" {
+			var resp *connect.Response[v1.PauseSandboxesResponse]
+			resp, err = e.sbx.PauseSandboxes(ctx, connect.NewRequest(&v1.PauseSandboxesRequest{Selector: sel}))
+			if err == nil {
+				sbs, f = resp.Msg.GetSandboxes(), resp.Msg.GetFailures()
+			}
+		} else {
+			var resp *connect.Response[v1.ResumeSandboxesResponse]
+			resp, err = e.sbx.ResumeSandboxes(ctx, connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: sel}))
+			if err == nil {
+				sbs, f = resp.Msg.GetSandboxes(), resp.Msg.GetFailures()
+			}
+		}
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s after %s: %v", op, took, err)
+		}
+		if took > 10*time.Second {
+			t.Errorf("%s took %s; the silent node should cost about %s", op, took, perNode)
+		}
+		if len(sbs) != 1 || sbs[0].GetId() != id {
+			t.Errorf("%s: changed %v, want only %s", op, sbs, id)
+		}
+		if len(f) != 1 || f[0].GetSandboxId() != "" || f[0].GetErrorCode() != "deadline_exceeded" ||
+			!strings.Contains(f[0].GetErrorMessage(), "n009") || !strings.Contains(f[0].GetErrorMessage(), perNode.String()) {
+			t.Errorf("%s: failures %v, want one deadline_exceeded failure naming node n009 and %s", op, f, perNode)
+		}
 	}
 }
