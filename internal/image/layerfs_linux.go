@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/fsutil"
 )
 
 const (
@@ -55,7 +56,7 @@ func isWhiteout(fi fs.FileInfo) bool {
 // no directory is made opaque (overlayfs would list a whiteout in the
 // lowest layer as a device file).
 //
-// src is read without ever following a symlink (walkNoFollow), so it may be
+// src is read without ever following a symlink (fsutil.WalkNoFollow), so it may be
 // a live sandbox's upper. Entries whose slash path relative to src is in
 // skip are left out with everything below them.
 func applyLayer(ctx context.Context, src, dst string, bottom bool, skip []string) error {
@@ -66,7 +67,7 @@ func applyLayer(ctx context.Context, src, dst string, bottom bool, skip []string
 	}
 	var dirs []dirMeta
 	links := map[inodeKey]string{}
-	err := walkNoFollow(ctx, src, func(rel, p string, fi fs.FileInfo) error {
+	err := fsutil.WalkNoFollow(ctx, src, func(rel, p string, fi fs.FileInfo) error {
 		if slices.Contains(skip, rel) {
 			return fs.SkipDir
 		}

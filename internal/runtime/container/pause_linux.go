@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/fsutil"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
@@ -157,32 +160,34 @@ func diskTTL(cost time.Duration, complete bool) time.Duration {
 	return min(cost*diskTTLFactor, diskMaxTTL)
 }
 
-// errWalkLimit stops a walk at its deadline.
-var errWalkLimit = errors.New("walk time limit reached")
+// diskWalkHook, if set, runs for each entry the walk visits (tests).
+var diskWalkHook func(rel string)
 
 // diskUsage returns the bytes allocated to files under dir (hard links
 // counted once) and the size of the filesystem that holds it. complete is
 // false when the walk stopped at deadline (used is then a lower bound).
+//
+// dir is a live sandbox's upper layer, which the sandbox may change during
+// the walk: the walk never follows a symlink (a directory swapped for a
+// symlink to / is skipped, not walked), so it never measures host files.
 func diskUsage(dir string, deadline time.Time) (used, total int64, complete bool) {
 	var fs unix.Statfs_t
 	if unix.Statfs(dir, &fs) == nil {
 		total = int64(fs.Blocks) * fs.Bsize
 	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	type ino struct{ dev, ino uint64 }
 	seen := map[ino]bool{}
-	n := 0
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
+	err := fsutil.WalkNoFollowSkipChanged(ctx, dir, func(rel, _ string, fi iofs.FileInfo) error {
+		if diskWalkHook != nil {
+			diskWalkHook(rel)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
 			return nil
 		}
-		if n++; n%1024 == 0 && time.Now().After(deadline) {
-			return errWalkLimit
-		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) != nil {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
+		if st.Nlink > 1 && !fi.IsDir() {
 			k := ino{st.Dev, st.Ino}
 			if seen[k] {
 				return nil
@@ -192,5 +197,8 @@ func diskUsage(dir string, deadline time.Time) (used, total int64, complete bool
 		used += st.Blocks * 512
 		return nil
 	})
-	return used, total, !errors.Is(err, errWalkLimit)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.G(ctx).Debug("disk usage walk of a sandbox's writable layer ended early; its disk use is a lower bound", "dir", dir, "error", err)
+	}
+	return used, total, !errors.Is(err, context.DeadlineExceeded)
 }

@@ -1,4 +1,6 @@
-package image
+// Package fsutil holds filesystem helpers shared by the image store and the
+// container runtime.
+package fsutil
 
 import (
 	"context"
@@ -13,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// walkNoFollow walks the tree at root in lexical order, like
+// WalkNoFollow walks the tree at root in lexical order, like
 // filepath.WalkDir, but never follows a symlink below root, even when the
 // tree changes during the walk (a sandbox's live upper layer): every
 // directory is opened relative to its parent's descriptor with
@@ -25,7 +27,20 @@ import (
 // (/proc/self/fd/N/NAME, valid only during fn: use it with Lstat, Readlink,
 // Llistxattr and O_NOFOLLOW opens) and the entry's Lstat. fn returning
 // fs.SkipDir leaves the entry's contents out (for a directory) and goes on.
-func walkNoFollow(ctx context.Context, root string, fn func(rel, p string, fi fs.FileInfo) error) error {
+func WalkNoFollow(ctx context.Context, root string, fn func(rel, p string, fi fs.FileInfo) error) error {
+	return walkNoFollow(ctx, root, false, fn)
+}
+
+// WalkNoFollowSkipChanged is WalkNoFollow for a tree that changes under
+// the walk and where a partial answer is fine (measuring a live upper
+// layer): a directory that is no longer a directory (or is gone) when the
+// walk opens it is skipped instead of failing the walk. It still never
+// follows a symlink.
+func WalkNoFollowSkipChanged(ctx context.Context, root string, fn func(rel, p string, fi fs.FileInfo) error) error {
+	return walkNoFollow(ctx, root, true, fn)
+}
+
+func walkNoFollow(ctx context.Context, root string, skipChanged bool, fn func(rel, p string, fi fs.FileInfo) error) error {
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", root, &os.PathError{Op: "open", Path: root, Err: err})
@@ -44,14 +59,14 @@ func walkNoFollow(ctx context.Context, root string, fn func(rel, p string, fi fs
 		return err
 	}
 	n := 0
-	return walkDirFd(ctx, dir, fd, ".", fn, &n)
+	return walkDirFd(ctx, dir, fd, ".", skipChanged, fn, &n)
 }
 
 func fdPath(fd int, name string) string {
 	return "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name
 }
 
-func walkDirFd(ctx context.Context, dir *os.File, fd int, rel string, fn func(rel, p string, fi fs.FileInfo) error, n *int) error {
+func walkDirFd(ctx context.Context, dir *os.File, fd int, rel string, skipChanged bool, fn func(rel, p string, fi fs.FileInfo) error, n *int) error {
 	names, err := dir.Readdirnames(-1)
 	if err != nil {
 		return fmt.Errorf("read directory %s: %w", rel, err)
@@ -80,11 +95,14 @@ func walkDirFd(ctx context.Context, dir *os.File, fd int, rel string, fn func(re
 			continue
 		}
 		cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil && skipChanged && (errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOENT)) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("open directory %s (changed during the walk?): %w", crel, err)
 		}
 		child := os.NewFile(uintptr(cfd), crel)
-		err = walkDirFd(ctx, child, cfd, crel, fn, n)
+		err = walkDirFd(ctx, child, cfd, crel, skipChanged, fn, n)
 		child.Close()
 		if err != nil {
 			return err
