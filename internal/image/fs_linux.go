@@ -76,6 +76,9 @@ func (st *staging) cleanup() {
 	st.lock.Close()
 }
 
+// cleanTmpListed, if set, runs right after cleanTmp lists tmp/ (tests).
+var cleanTmpListed func()
+
 // cleanTmp removes staging dirs whose importer is gone (its flock is free)
 // and dirs without a lock file (the lock file is created first and removed
 // last).
@@ -84,6 +87,9 @@ func (s *Store) cleanTmp() error {
 	if err != nil {
 		return fmt.Errorf("clean image staging: %w", err)
 	}
+	if cleanTmpListed != nil {
+		cleanTmpListed()
+	}
 	names := map[string]bool{}
 	for _, e := range ents {
 		names[e.Name()] = true
@@ -91,20 +97,17 @@ func (s *Store) cleanTmp() error {
 	for _, e := range ents {
 		n := e.Name()
 		if filepath.Ext(n) == ".lock" {
-			lp := s.path("tmp", n)
-			f, err := os.OpenFile(lp, os.O_RDWR|unix.O_CLOEXEC, 0)
-			if err != nil {
-				continue
-			}
-			if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-				_ = removeTree(s.path("tmp", n[:len(n)-len(".lock")]))
-				_ = os.Remove(lp)
-			}
-			f.Close()
+			s.cleanStaging(n[:len(n)-len(".lock")])
 			continue
 		}
 		if e.IsDir() && !names[n+".lock"] {
-			_ = removeTree(s.path("tmp", n))
+			// The listing is not atomic: the lock file may have appeared
+			// after it was read past. Look again right before removing.
+			if _, err := os.Lstat(s.path("tmp", n+".lock")); err == nil {
+				s.cleanStaging(n)
+			} else if errors.Is(err, fs.ErrNotExist) {
+				_ = removeTree(s.path("tmp", n))
+			}
 			continue
 		}
 		// A .lock.new is an importer between create and rename, or one
@@ -116,6 +119,21 @@ func (s *Store) cleanTmp() error {
 		}
 	}
 	return nil
+}
+
+// cleanStaging removes staging dir tmp/<id> and its lock file if the lock
+// is free (its importer is gone); a held lock leaves both alone.
+func (s *Store) cleanStaging(id string) {
+	lp := s.path("tmp", id+".lock")
+	f, err := os.OpenFile(lp, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		_ = removeTree(s.path("tmp", id))
+		_ = os.Remove(lp)
+	}
 }
 
 func syncFS(dir string) error {
