@@ -53,7 +53,7 @@ func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 	if err := checkImport(ctx, c, req.Msg); err != nil {
 		return errdefs.ToConnect(err)
 	}
-	up, err := c.ImportImage(ctx, connect.NewRequest(req.Msg))
+	up, err := c.ImportImage(ctx, nodeImportRequest(ctx, req.Msg))
 	if err != nil {
 		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
 	}

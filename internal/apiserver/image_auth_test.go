@@ -18,6 +18,7 @@ import (
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/image"
 )
 
 // fakeImages is a node's image service that knows a few image names and
@@ -28,6 +29,8 @@ type fakeImages struct {
 	mu     sync.Mutex
 	calls  []string
 	images []string
+	// adminHeaders holds image.CallerAdminHeader of each ImportImage.
+	adminHeaders []string
 }
 
 func (f *fakeImages) called(m string) {
@@ -50,8 +53,11 @@ func (f *fakeImages) GetImage(_ context.Context, req *connect.Request[v1.GetImag
 	return connect.NewResponse(&v1.GetImageResponse{Image: &v1.Image{Name: n}}), nil
 }
 
-func (f *fakeImages) ImportImage(_ context.Context, _ *connect.Request[v1.ImportImageRequest], _ *connect.ServerStream[v1.ImportImageResponse]) error {
+func (f *fakeImages) ImportImage(_ context.Context, req *connect.Request[v1.ImportImageRequest], _ *connect.ServerStream[v1.ImportImageResponse]) error {
 	f.called("ImportImage")
+	f.mu.Lock()
+	f.adminHeaders = append(f.adminHeaders, req.Header().Get(image.CallerAdminHeader))
+	f.mu.Unlock()
 	return nil
 }
 
@@ -234,3 +240,38 @@ func TestImageServiceNeedsAdmin(t *testing.T) {
 }
 
 var _ nodev1connect.NodeImageServiceHandler = (*fakeImages)(nil)
+
+// TestImportPassesCallerAdminToNode checks the node learns from the
+// apiserver whether an import's caller is an admin (the node then decides
+// whether internal registries may be reached, never from its own DNS
+// answer): a user's import carries no admin header, an admin's does, and a
+// user's own header does not get through.
+func TestImportPassesCallerAdminToNode(t *testing.T) {
+	_, f, user, admin := setupImages(t)
+	if err := importErr(t, user, &v1.ImportImageRequest{Ref: "203.0.113.7:5000/team/app:v1"}); err != nil {
+		t.Fatalf("user import: %v", err)
+	}
+	st, err := user.ImportImage(t.Context(), func() *connect.Request[v1.ImportImageRequest] {
+		r := connect.NewRequest(&v1.ImportImageRequest{Ref: "203.0.113.7:5000/team/app:v2"})
+		r.Header().Set(image.CallerAdminHeader, "true")
+		return r
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("user import with a forged header: %v", err)
+	}
+	st.Close()
+	if err := importErr(t, admin, &v1.ImportImageRequest{Ref: "203.0.113.7:5000/team/app:v3"}); err != nil {
+		t.Fatalf("admin import: %v", err)
+	}
+	f.mu.Lock()
+	got := slices.Clone(f.adminHeaders)
+	f.mu.Unlock()
+	if want := []string{"", "", "true"}; !slices.Equal(got, want) {
+		t.Fatalf("caller-admin headers at the node: %q, want %q", got, want)
+	}
+}

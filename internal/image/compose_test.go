@@ -198,7 +198,7 @@ func TestMergeLayersKeepsWhiteouts(t *testing.T) {
 	ref := host + "/team/app:v1"
 	pushIndex(t, ref, whiteoutImage(t))
 	s := newStore(t)
-	img, err := s.Import(ctx, ref, WithMergeLayers())
+	img, err := s.Import(ctx, ref, WithInternalRegistry(), WithMergeLayers())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func TestNodeProcessImportHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the go signal", func() bool { _, err := os.Stat(parts[3]); return err == nil })
-	img, err := s.Import(context.Background(), parts[1], WithName("shared/img:v1"))
+	img, err := s.Import(context.Background(), parts[1], WithInternalRegistry(), WithName("shared/img:v1"))
 	if err != nil {
 		t.Fatal(err)
 	}

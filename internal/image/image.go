@@ -111,6 +111,9 @@ type importOptions struct {
 	remote   []remote.Option
 	merge    bool
 	insecure bool
+	// internalRegistry: the caller is an admin, so a registry import may
+	// connect to internal addresses (WithInternalRegistry).
+	internalRegistry bool
 }
 
 // WithProgress calls fn as files are copied (throttled, and once with Done

@@ -102,7 +102,7 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 		remote.WithPlatform(Platform),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
 	}
-	if guardRegistry(ctx, r.Context().RegistryStr()) {
+	if guardRegistry(o.internalRegistry) {
 		ropts = append(ropts, remote.WithTransport(publicOnlyTransport()))
 	}
 	ropts = append(ropts, o.remote...)
@@ -279,6 +279,9 @@ func registryError(ctx context.Context, r name.Reference, err error) error {
 	var fe *errdefs.FieldError
 	if errors.As(err, &fe) {
 		return err
+	}
+	if errors.Is(err, errInternalAddr) {
+		return errdefs.New(errdefs.ErrPermissionDenied, "registry %s: %v", r.Context().RegistryStr(), errInternalAddr)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {

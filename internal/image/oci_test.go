@@ -208,7 +208,7 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 		t.Run(string(format), func(t *testing.T) {
 			s := openStore(t, filepath.Join(t.TempDir(), "images"), WithFormat(format))
 			var last Progress
-			img, err := s.Import(ctx, ref, WithProgress(func(p Progress) { last = p }))
+			img, err := s.Import(ctx, ref, WithInternalRegistry(), WithProgress(func(p Progress) { last = p }))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,7 +250,7 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 
 			// Again: nothing fetched, the same layers.
 			last = Progress{}
-			img2, err := s.Import(ctx, ref, WithName("other/name"), WithProgress(func(p Progress) { last = p }))
+			img2, err := s.Import(ctx, ref, WithInternalRegistry(), WithName("other/name"), WithProgress(func(p Progress) { last = p }))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -305,7 +305,7 @@ func TestImportRegistryBadInput(t *testing.T) {
 		{host + "/cut/img:v1", errdefs.ErrUnavailable, "cut short"},
 		{host + "/empty/img:v1", errdefs.ErrInvalidArgument, "no layers"},
 	} {
-		_, err := s.Import(ctx, tc.ref)
+		_, err := s.Import(ctx, tc.ref, WithInternalRegistry())
 		if err == nil || !errorsIs(err, tc.is) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v; want %v containing %q", tc.ref, err, tc.is, tc.want)
 		}
@@ -313,7 +313,7 @@ func TestImportRegistryBadInput(t *testing.T) {
 			t.Fatalf("%s changed the store:\n%v\n%v", tc.ref, before, after)
 		}
 	}
-	if _, err := s.Import(ctx, host+"/ok/img:v1"); err != nil {
+	if _, err := s.Import(ctx, host+"/ok/img:v1", WithInternalRegistry()); err != nil {
 		t.Fatalf("good import after bad ones: %v", err)
 	}
 }

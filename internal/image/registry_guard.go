@@ -1,12 +1,11 @@
 package image
 
 import (
-	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"strings"
 	"syscall"
 	"time"
 
@@ -27,39 +26,43 @@ func IsInternalAddr(a netip.Addr) bool {
 		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a)
 }
 
-// guardRegistry reports whether an import from registry (host[:port])
-// must never connect to an internal address: true unless the registry is
-// itself on one (by IP or by name). A registry on an internal address is
-// only reachable by admins (the apiserver checks); a public one must not
-// redirect the node, or have its name rebound, into the cluster's network.
-// A name that does not resolve is guarded. With an HTTP(S) proxy
-// configured the proxy is the node's egress control and connections go to
-// it, so nothing is guarded.
-func guardRegistry(ctx context.Context, registry string) bool {
+// CallerAdminHeader is the header of a node request with which the
+// apiserver passes on that the caller it verified holds an admin token.
+// The node trusts it only on a node-scope hop (the apiserver's own token;
+// callers cannot reach the node with one), and lets only such imports, or
+// those made with an admin token directly, reach internal registries.
+const CallerAdminHeader = "Opendsec-Caller-Admin"
+
+// WithInternalRegistry lets a registry import connect to internal
+// addresses (loopback, private, link-local, CGNAT): the registry itself,
+// where it redirects and its token server. Only for imports an admin asked
+// for; without it every connection must go to a public address.
+func WithInternalRegistry() ImportOption {
+	return func(o *importOptions) { o.internalRegistry = true }
+}
+
+// guardRegistry reports whether a registry import must never connect to an
+// internal address: always, unless the caller is an admin
+// (internalAllowed). The decision is never taken from this node's own DNS
+// answer for the registry's name: a name that resolved to a public address
+// when the apiserver checked it can resolve to an internal one here (DNS
+// rebinding, split horizon), so connections are checked as they are made.
+// With an HTTP(S) proxy configured the proxy is the node's egress control
+// and connections go to it, so nothing is guarded.
+func guardRegistry(internalAllowed bool) bool {
+	if internalAllowed {
+		return false
+	}
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
 		if os.Getenv(k) != "" {
 			return false
 		}
 	}
-	host := registry
-	if h, _, err := net.SplitHostPort(registry); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if a, err := netip.ParseAddr(host); err == nil {
-		return !IsInternalAddr(a)
-	}
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil || len(addrs) == 0 {
-		return true
-	}
-	for _, a := range addrs {
-		if IsInternalAddr(a) {
-			return false
-		}
-	}
 	return true
 }
+
+// errInternalAddr is why the guarded transport refused a connection.
+var errInternalAddr = errdefs.New(errdefs.ErrPermissionDenied, "connecting to an internal address is refused; importing from a registry on a loopback, private, link-local or CGNAT address (or one that redirects or resolves there) needs an admin token")
 
 // publicOnlyTransport is remote.DefaultTransport whose every connection
 // (to the registry, to where it redirects, to a token server) is refused
@@ -74,7 +77,7 @@ func publicOnlyTransport() http.RoundTripper {
 				return err
 			}
 			if a, err := netip.ParseAddr(host); err != nil || IsInternalAddr(a) {
-				return errdefs.New(errdefs.ErrPermissionDenied, "registry import: the registry is public, so connecting to the internal address %s is refused (a redirect or a rebound name?)", host)
+				return fmt.Errorf("%s: %w", host, errInternalAddr)
 			}
 			return nil
 		},

@@ -2,10 +2,20 @@ package image
 
 import (
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/compression"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -23,24 +33,29 @@ func TestIsInternalAddr(t *testing.T) {
 	}
 }
 
-// TestPublicRegistryGuard checks a registry import whose registry is at a
-// public address never connects to an internal one (a redirect to a cloud
-// metadata address, or a name rebound to loopback), while a registry that
-// is itself internal (an administrator's, the tests' on loopback) is
-// reached as before.
-func TestPublicRegistryGuard(t *testing.T) {
-	ctx := t.Context()
+func clearProxyEnv(t *testing.T) {
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
 		t.Setenv(k, "")
 	}
-	for host, want := range map[string]bool{
-		"203.0.113.7:5000": true, "203.0.113.7": true,
-		"127.0.0.1:5000": false, "localhost:5000": false, "[::1]:5000": false, "10.0.0.1": false,
-	} {
-		if got := guardRegistry(ctx, host); got != want {
-			t.Errorf("guardRegistry(%s) = %v, want %v", host, got, want)
-		}
+}
+
+// TestPublicRegistryGuard checks that every import is guarded unless the
+// caller is an admin (or a proxy is the node's egress control), and that
+// the guarded transport never connects to an internal address.
+func TestPublicRegistryGuard(t *testing.T) {
+	clearProxyEnv(t)
+	if !guardRegistry(false) {
+		t.Fatal("a non-admin import is not guarded")
 	}
+	if guardRegistry(true) {
+		t.Fatal("an admin's import is guarded")
+	}
+	t.Setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+	if guardRegistry(false) {
+		t.Fatal("an import through the node's proxy is guarded")
+	}
+	clearProxyEnv(t)
+
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("metadata")) }))
 	defer srv.Close()
 	c := &http.Client{Transport: publicOnlyTransport()}
@@ -51,5 +66,56 @@ func TestPublicRegistryGuard(t *testing.T) {
 	}
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("guarded dial to loopback: %v, want permission denied", err)
+	}
+}
+
+// TestImportRebindingRefused is DNS rebinding at the node: the apiserver
+// let a user import from a name that resolved to a public address there,
+// and at the node the same name ("localhost" here) resolves to an internal
+// one. Without the admin option the node connects nowhere internal: the
+// import is refused, the registry sees no request and the store is
+// unchanged. The same import by an admin (WithInternalRegistry) succeeds.
+func TestImportRebindingRefused(t *testing.T) {
+	clearProxyEnv(t)
+	ctx := t.Context()
+	var hits atomic.Int64
+	reg := registry.New(registry.Logger(discardLogger()))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layerOf(t, compression.GZip, fileE("f", "data")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushIndex(t, "127.0.0.1:"+port+"/team/app:v1", img)
+	hits.Store(0)
+
+	s := openStore(t, filepath.Join(t.TempDir(), "images"), WithFormat(FormatDir))
+	before := snapshot(t, s)
+	ref := "localhost:" + port + "/team/app:v1"
+	for _, r := range []string{ref, "127.0.0.1:" + port + "/team/app:v1"} {
+		_, err = s.Import(ctx, r)
+		if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "admin token") {
+			t.Fatalf("non-admin import of %s: %v, want permission denied saying an admin token is needed", r, err)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the refused imports reached the internal registry (%d requests)", n)
+	}
+	if after := snapshot(t, s); !slices.Equal(before, after) {
+		t.Fatalf("a refused import changed the store:\n%v\n%v", before, after)
+	}
+	got, err := s.Import(ctx, ref, WithInternalRegistry())
+	if err != nil {
+		t.Fatalf("admin import: %v", err)
+	}
+	if got.Name != "team/app:v1" || hits.Load() == 0 {
+		t.Fatalf("admin import: %+v after %d requests", got, hits.Load())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/runtime"
@@ -54,6 +55,9 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 	}
 	if m.GetInsecure() {
 		opts = append(opts, image.WithInsecure())
+	}
+	if callerIsAdmin(ctx, req.Header()) {
+		opts = append(opts, image.WithInternalRegistry())
 	}
 	var last time.Time
 	var sendErr error
@@ -244,4 +248,24 @@ func configFromProto(c *opendsecv1.ImageConfig) image.Config {
 		Env: c.GetEnv(), Workdir: c.GetWorkdir(), User: c.GetUser(),
 		Entrypoint: c.GetEntrypoint(), Cmd: c.GetCmd(), Labels: c.GetLabels(),
 	}
+}
+
+// callerIsAdmin reports whether the import was asked for by an admin: the
+// node was called with an admin token, or by a component (node-scope
+// token: the apiserver) that set image.CallerAdminHeader after verifying
+// its caller's admin token. Callers cannot reach the node with a node-scope
+// token, so the header is only believed on that hop; without verified
+// claims (a node served without authentication) nobody is an admin. The
+// node's own DNS answer for the registry never decides this.
+func callerIsAdmin(ctx context.Context, h http.Header) bool {
+	c, ok := auth.FromContext(ctx)
+	switch {
+	case !ok:
+		return false
+	case c.Scope == auth.ScopeAdmin:
+		return true
+	case c.Scope == auth.ScopeNode:
+		return h.Get(image.CallerAdminHeader) == "true"
+	}
+	return false
 }
