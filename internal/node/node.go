@@ -276,6 +276,9 @@ func (n *Node) normalize(s *specRecord) error {
 	if s.Image == "" {
 		return errdefs.Invalid("image", "is empty; name an image, e.g. root/py:3.11")
 	}
+	if _, ok := n.cfg.Backends[s.Backend].(runtime.Pauser); s.AutoPause && !ok {
+		return errdefs.Invalid("auto_pause", "the %s backend cannot pause sandboxes; leave auto_pause off (the sandbox is stopped at its timeout) or pick a backend that can pause", s.Backend)
+	}
 	switch {
 	case s.CPU < 0:
 		return errdefs.Invalid("cpu", "is %g; give a positive number of cores, or 0 for the default %g", s.CPU, DefaultCPU)
@@ -844,6 +847,10 @@ func (n *Node) recover(ctx context.Context) error {
 	return nil
 }
 
+// autoPauseTimeout bounds the reaper's pause of an auto_pause sandbox; past
+// it the sandbox is stopped instead.
+const autoPauseTimeout = time.Minute
+
 // maxReapStops bounds the stops the reaper runs at once, so one stuck
 // backend call delays no other expiry (unless that many are stuck).
 const maxReapStops = 8
@@ -934,10 +941,17 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	}
 	ctx := context.Background()
 	if pause {
-		if _, err := n.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
-			log.G(ctx).Error("auto-pause expired sandbox", log.SandboxID(id), "reason", reason, log.Err(err))
+		pctx, cancel := context.WithTimeoutCause(ctx, autoPauseTimeout,
+			fmt.Errorf("auto-pause took longer than %s", autoPauseTimeout))
+		_, err := n.Pause(pctx, id)
+		cancel()
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) || n.shuttingDown(err) {
+			return
 		}
-		return
+		// A sandbox that cannot be paused (a freezer stuck, a backend
+		// that lost the ability) must not outlive its timeout: stop it.
+		log.G(ctx).Warn("auto-pause of expired sandbox failed; stopping it instead", log.SandboxID(id), "reason", reason, log.Err(err))
+		reason += " (auto-pause failed)"
 	}
 	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
 		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))

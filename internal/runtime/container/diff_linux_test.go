@@ -120,3 +120,60 @@ func TestDiffFreezesARunningSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRecoverThawsInterruptedDiff: a node that dies while Diff holds a
+// sandbox frozen leaves it frozen; the next Recover must thaw it (it is
+// running, not paused by anyone), while a sandbox the user paused stays
+// paused. The node "restarts" inside fn: a fresh Runtime recovers the
+// handle while the first one's freeze is in place, as after a kill -9.
+func TestRecoverThawsInterruptedDiff(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, h := runtimetest.StartSandbox(t, rt, tmpl)
+	r := rt.(*Runtime)
+	sb, err := r.get(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(sb.st.Bundle, diffFrozenFile)
+	err = r.Diff(t.Context(), spec.ID, func(ctx context.Context, _ string) error {
+		if st, err := rt.Status(ctx, spec.ID); err != nil || st.State != runtime.StatePaused {
+			t.Fatalf("status during Diff = %+v, %v; want frozen", st, err)
+		}
+		if _, err := os.Stat(marker); err != nil {
+			t.Errorf("no freeze marker while frozen for Diff: %v", err)
+		}
+		rt2, _ := f(t)
+		if err := rt2.Recover(ctx, h); err != nil {
+			t.Fatalf("recover: %v", err)
+		}
+		if st, err := rt2.Status(ctx, spec.ID); err != nil || st.State != runtime.StateRunning {
+			t.Errorf("status after recovering a sandbox frozen by an interrupted Diff = %+v, %v; want running", st, err)
+		}
+		if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("freeze marker left after the recovery thawed the sandbox: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runtimetest.Run(t.Context(), rt, spec.ID, "", "/bin/true"); err != nil {
+		t.Fatalf("exec after Diff: %v", err)
+	}
+
+	// A user's pause is no Diff: recovery leaves it paused.
+	if err := r.Pause(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	rt3, _ := f(t)
+	if err := rt3.Recover(t.Context(), h); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := rt3.Status(t.Context(), spec.ID); err != nil || st.State != runtime.StatePaused {
+		t.Fatalf("status after recovering a paused sandbox = %+v, %v; want paused", st, err)
+	}
+	if err := r.Resume(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -898,14 +898,20 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return fmt.Errorf("recover sandbox: %w", err)
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if sb, ok := r.sandboxes[h.ID]; ok && !sb.deleted.Load() {
+		r.mu.Unlock()
 		return nil
 	}
 	if r.creating[h.ID] {
+		r.mu.Unlock()
 		return errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q is being created", h.ID)
 	}
+	// Published locked, so no operation runs before the thaw below.
+	sb.op.Lock()
+	defer sb.op.Unlock()
 	r.sandboxes[h.ID] = sb
+	r.mu.Unlock()
+	r.thawAfterDiff(ctx, sb)
 	return nil
 }
 
