@@ -36,6 +36,9 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.Crea
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
+	if err := checkNetworkPolicy(ctx, spec.GetNetwork()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	sb, err := s.create(ctx, spec, req.Msg.GetRequestId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
@@ -137,6 +140,9 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 	}
 	spec, err := normalizeSpec(req.Msg.GetSpec())
 	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	if err := checkNetworkPolicy(ctx, spec.GetNetwork()); err != nil {
 		return errdefs.ToConnect(err)
 	}
 	// Requests no node could ever satisfy fail as a whole, up front.
@@ -241,6 +247,9 @@ func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTime
 func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
 	n, err := s.nodeFor("id", req.Msg.GetId())
 	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := checkNetworkPolicy(ctx, req.Msg.GetNetwork()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	resp, err := n.client.SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
