@@ -45,6 +45,7 @@ func run(cfg config) int {
 	chld, term := make(chan os.Signal, 1), make(chan os.Signal, 2)
 	signal.Notify(chld, unix.SIGCHLD)
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
+	dropSignals()
 	s := &supervisor{cfg: cfg, lfd: lfd, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
 	go waitReadable(lfd, s.arm, s.ready)
 	// The node asks for /health the moment the sandbox starts: start the
@@ -57,6 +58,32 @@ func run(cfg config) int {
 		retry = s.rearm(s.backoff())
 	}
 	return s.loop(chld, term, retry)
+}
+
+// fatalSignals are the signals whose arrival from kill(2) would end init
+// (the Go runtime dies of them unless they are notified): a root process in
+// the sandbox must not take PID 1 down with kill -HUP 1. SIGTERM, SIGINT
+// and SIGCHLD are handled in the loop; SIGKILL and SIGSTOP from inside the
+// sandbox never reach PID 1.
+var fatalSignals = []os.Signal{
+	unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE,
+	unix.SIGALRM, unix.SIGVTALRM, unix.SIGSTKFLT, unix.SIGXCPU, unix.SIGXFSZ,
+	unix.SIGIO, unix.SIGPWR, unix.SIGSYS, unix.SIGTRAP, unix.SIGABRT,
+	// Sent by kill only: the runtime still panics on its own faults.
+	unix.SIGILL, unix.SIGBUS, unix.SIGFPE, unix.SIGSEGV,
+}
+
+// dropSignals receives fatalSignals and discards them. Notify, not
+// signal.Ignore: an ignored signal stays ignored across exec, in the server
+// and every process it starts (a shell with SIGHUP and SIGPIPE ignored);
+// a notified one is back to its default in the child.
+func dropSignals() {
+	c := make(chan os.Signal, 4)
+	signal.Notify(c, fatalSignals...)
+	go func() {
+		for range c {
+		}
+	}()
 }
 
 // supervisor starts the server on demand and reaps every process.

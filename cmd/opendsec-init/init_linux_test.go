@@ -163,3 +163,51 @@ func TestSIGTERMForwarded(t *testing.T) {
 		t.Fatalf("server did not get SIGTERM (marker %q)", b)
 	}
 }
+
+// TestStraySignalsDoNotKillInit: signals the Go runtime would die of (a
+// root process's kill -HUP 1) leave init running, and the server it starts
+// still has them at their default (not ignored).
+func TestStraySignalsDoNotKillInit(t *testing.T) {
+	dir := t.TempDir()
+	marker, sigign := filepath.Join(dir, "term"), filepath.Join(dir, "sigign")
+	cmd, _, stderr := startInit(t, "/bin/sh", "-c", "grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+
+		"; trap 'echo got > "+marker+"; exit 0' TERM; while :; do sleep 0.05; done")
+	poll(t, 5*time.Second, "server start", func() bool { _, err := os.Stat(sigign); return err == nil })
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGQUIT, syscall.SIGALRM, syscall.SIGSEGV} {
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatalf("send %v: %v", sig, err)
+		}
+	}
+	// Init still supervises: SIGTERM reaches the server and init exits
+	// with its status, not of a stray signal.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("init after stray signals: %v (stderr %q)", err, stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("init did not exit after SIGTERM")
+	}
+	if b, _ := os.ReadFile(marker); string(b) != "got\n" {
+		t.Fatalf("server did not get SIGTERM (marker %q)", b)
+	}
+	b, err := os.ReadFile(sigign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b))
+	mask, err := strconv.ParseUint(f[len(f)-1], 16, 64)
+	if err != nil {
+		t.Fatalf("SigIgn line %q: %v", b, err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGUSR1} {
+		if mask&(1<<(uint(sig)-1)) != 0 {
+			t.Errorf("the server inherits %v ignored (SigIgn %s)", sig, f[len(f)-1])
+		}
+	}
+}
