@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// defaultTunnelIdle bounds how long a tunnel waits for bytes in one
-// direction after the other direction ended cleanly (a half-close): a
-// server that never closes after EOF, or a caller that vanished, frees the
-// tunnel's two connections and goroutines after this long without bytes.
+// defaultTunnelIdle bounds how long a tunnel waits for the caller after
+// the sandbox side ended cleanly (a half-close): a caller that vanished, or
+// never closes, frees the tunnel's two connections and goroutines after
+// this long without bytes from it.
 const defaultTunnelIdle = 60 * time.Second
 
 // tunnelBufSize is the copy buffer of one tunnel direction.
@@ -21,8 +21,14 @@ const tunnelBufSize = 32 << 10
 // splice copies both ways until both directions are done, half-closing
 // each side's write direction when the other side's reads end cleanly. An
 // error in either direction (the caller dropped the connection, the server
-// reset it) closes both connections at once; after a clean half-close the
-// remaining direction ends after idle without bytes.
+// reset it) closes both connections at once.
+//
+// Only the caller's silence is bounded, and only after the sandbox side's
+// EOF: after the caller's half-close (a request sent nc -N style) the
+// server may compute for as long as it likes before answering; the
+// connection is the sandbox's own resource, and a caller gone meanwhile
+// shows as a failed write when the server answers, or ends with the
+// server's close.
 func splice(client net.Conn, up net.Conn, clientR io.Reader, idle time.Duration) {
 	var closeOnce sync.Once
 	abort := func() {
@@ -37,17 +43,23 @@ func splice(client net.Conn, up net.Conn, clientR io.Reader, idle time.Duration)
 	toClient := &tunnelDir{dst: client, src: up, srcConn: up, idle: idle}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	run := func(d, other *tunnelDir) {
+	go func() {
 		defer wg.Done()
-		if err := d.copy(); err != nil {
+		if err := toUp.copy(); err != nil {
 			abort()
 			return
 		}
-		closeWrite(d.dst)
-		other.bound()
-	}
-	go run(toUp, toClient)
-	go run(toClient, toUp)
+		closeWrite(up)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := toClient.copy(); err != nil {
+			abort()
+			return
+		}
+		closeWrite(client)
+		toUp.bound()
+	}()
 	wg.Wait()
 }
 

@@ -52,19 +52,27 @@ func serveLoopback(t *testing.T, fn func(net.Conn)) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// Callers that drop their connection to a server that never closes (and
-// never writes) leave nothing behind once the idle bound passes.
+// Callers that drop their connection to a server that stays silent past
+// the idle bound (it may compute for long: the connection is the
+// sandbox's) leave nothing behind once the server answers: its writes
+// fail.
 func TestTunnelDroppedCallerSilentServer(t *testing.T) {
 	e := newEnv(t, Config{})
-	e.agent.tunnelIdle = 300 * time.Millisecond
-	hold := make(chan struct{})
-	defer close(hold)
-	var sawEOF atomic.Int64
+	e.agent.tunnelIdle = 100 * time.Millisecond
+	answer := make(chan struct{})
+	var sawEOF, ended atomic.Int64
 	port := serveLoopback(t, func(c net.Conn) {
 		defer c.Close()
 		io.Copy(io.Discard, c)
 		sawEOF.Add(1)
-		<-hold // never closes on its own
+		<-answer
+		for {
+			if _, err := c.Write([]byte("answer\n")); err != nil {
+				ended.Add(1)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // pacing, not synchronisation
+		}
 	})
 	const n = 20
 	for range n {
@@ -73,7 +81,53 @@ func TestTunnelDroppedCallerSilentServer(t *testing.T) {
 		c.Close()
 	}
 	eventually(t, 5*time.Second, "the server to read EOF on every tunnel", func() bool { return sawEOF.Load() == n })
+	close(answer)
+	eventually(t, 5*time.Second, "the server's writes to fail on every dropped tunnel", func() bool { return ended.Load() == n })
 	eventually(t, 5*time.Second, "the dropped tunnels to end", func() bool { return e.agent.tunnels.Load() == 0 })
+}
+
+// A caller that sends its request and half-closes gets the answer of a
+// server that computes for longer than the idle bound first.
+func TestTunnelHalfClosedCallerWaitsForSlowServer(t *testing.T) {
+	e := newEnv(t, Config{})
+	e.agent.tunnelIdle = 100 * time.Millisecond
+	port := serveLoopback(t, func(c net.Conn) {
+		defer c.Close()
+		req, _ := io.ReadAll(c)            // until the caller half-closes
+		time.Sleep(500 * time.Millisecond) // computing: 5 idle bounds
+		fmt.Fprintf(c, "answer to %s", req)
+	})
+	c, br := openTunnel(t, e, port)
+	defer c.Close()
+	c.Write([]byte("question"))
+	c.(*net.UnixConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if want := "answer to question"; err != nil || string(got) != want {
+		t.Fatalf("got %q, %v; want %q", got, err, want)
+	}
+}
+
+// After the server's half-close the caller's silence is bounded: a caller
+// that never sends nor closes frees the tunnel after the idle bound, while
+// the server keeps its side open.
+func TestTunnelSilentCallerAfterServerEOF(t *testing.T) {
+	e := newEnv(t, Config{})
+	e.agent.tunnelIdle = 200 * time.Millisecond
+	var serverDone atomic.Int64
+	port := serveLoopback(t, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte("bye"))
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c) // ends when the tunnel closes the connection
+		serverDone.Add(1)
+	})
+	c, br := openTunnel(t, e, port)
+	defer c.Close()
+	if got, err := io.ReadAll(br); err != nil || string(got) != "bye" {
+		t.Fatalf("got %q, %v; want bye then EOF", got, err)
+	}
+	eventually(t, 5*time.Second, "the tunnel of a silent caller to end", func() bool { return e.agent.tunnels.Load() == 0 })
+	eventually(t, 5*time.Second, "the server to see the tunnel closed", func() bool { return serverDone.Load() == 1 })
 }
 
 // A server that keeps writing notices a dropped caller at once: its writes
