@@ -306,8 +306,15 @@ func (a *fakeAgent) tunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
 	brw.Flush()
-	go func() { io.Copy(up, brw); up.(*net.TCPConn).CloseWrite() }()
+	// Half-closes both ways, like the agent's splice: the caller may keep
+	// writing after the port's EOF.
+	toUp := make(chan struct{})
+	go func() { io.Copy(up, brw); up.(*net.TCPConn).CloseWrite(); close(toUp) }()
 	io.Copy(conn, up)
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		<-toUp
+	}
 	conn.Close()
 	up.Close()
 }

@@ -23,6 +23,18 @@ const DefaultConnectTimeout = 10 * time.Second
 // connectPortChunk is the most bytes one ConnectPortResponse carries.
 const connectPortChunk = 64 << 10
 
+// ConnectPortIdleAfterEOF bounds the caller's silence (no data, no
+// close_write) after the port's eof: the agent ends a tunnel whose caller
+// stays silent this long after the sandbox side's EOF (its
+// defaultTunnelIdle), and the call must not outlive its tunnel. Nothing
+// shows the tunnel's end on the connection itself (the port's EOF was its
+// last word, and reads after an EOF return EOF at once), so the call keeps
+// the same clock.
+const ConnectPortIdleAfterEOF = 60 * time.Second
+
+// connectPortIdle, when positive, replaces ConnectPortIdleAfterEOF (tests).
+var connectPortIdle atomic.Int64
+
 func validateConnectPort(m *v1.ConnectPortStart) error {
 	if m.GetPort() < 1 || m.GetPort() > 65535 {
 		return errdefs.Invalid("port", "%d must be between 1 and 65535", m.GetPort())
@@ -66,7 +78,9 @@ func closeRequestBody(ctx context.Context) {
 // closes travel both ways: close_write (or the end of the caller's stream)
 // makes the port read EOF, and the port's EOF is sent as the eof event while
 // the caller may keep writing; the call ends once both directions are done
-// or either side fails. The relay goroutine never outlives the call.
+// or either side fails, or when the caller stays silent for
+// ConnectPortIdleAfterEOF after the eof (the tunnel ends then too). The
+// relay goroutine never outlives the call.
 func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
@@ -118,12 +132,13 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 		return err
 	}
 	writeDone := make(chan struct{})
+	heard := make(chan struct{}, 1) // a message from the caller arrived
 	wg.Add(1)
 	activeRelays.Add(1)
 	go func() {
 		defer wg.Done()
 		defer activeRelays.Add(-1)
-		relayToPort(stream, conn, cancel, writeDone)
+		relayToPort(stream, conn, cancel, writeDone, heard)
 	}()
 
 	buf := make([]byte, connectPortChunk)
@@ -149,14 +164,27 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 	if err := stream.Send(&v1.ConnectPortResponse{Event: &v1.ConnectPortResponse_Eof{Eof: true}}); err != nil {
 		return err
 	}
-	select {
-	case <-writeDone:
-		if ctx.Err() != nil {
+	idle := ConnectPortIdleAfterEOF
+	if d := connectPortIdle.Load(); d > 0 {
+		idle = time.Duration(d)
+	}
+	silence := time.NewTimer(idle)
+	defer silence.Stop()
+	for {
+		select {
+		case <-writeDone:
+			if ctx.Err() != nil {
+				return errdefs.ToConnect(context.Cause(ctx))
+			}
+			return nil
+		case <-ctx.Done():
 			return errdefs.ToConnect(context.Cause(ctx))
+		case <-heard:
+			silence.Reset(idle)
+		case <-silence.C:
+			return errdefs.ToConnect(errdefs.New(errdefs.ErrDeadlineExceeded,
+				"port %d closed its side and the caller sent nothing for %s after; the sandbox's tunnel closes such a connection: send data or close_write sooner", st.GetPort(), idle))
 		}
-		return nil
-	case <-ctx.Done():
-		return errdefs.ToConnect(context.Cause(ctx))
 	}
 }
 
@@ -167,8 +195,9 @@ type closeWriter interface {
 
 // relayToPort writes the caller's data to conn until the caller half-closes
 // or its stream ends, then closes writeDone; a protocol error or a failed
-// write cancels the call (and closes writeDone too).
-func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse], conn io.ReadWriteCloser, cancel context.CancelCauseFunc, writeDone chan<- struct{}) {
+// write cancels the call (and closes writeDone too). Every message received
+// is reported on heard (without blocking).
+func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse], conn io.ReadWriteCloser, cancel context.CancelCauseFunc, writeDone, heard chan<- struct{}) {
 	defer close(writeDone)
 	halfClose := func() {
 		if cw, ok := conn.(closeWriter); ok {
@@ -188,6 +217,10 @@ func relayToPort(stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPor
 		if err != nil {
 			cancel(err)
 			return
+		}
+		select {
+		case heard <- struct{}{}:
+		default:
 		}
 		switch msg := m.GetMsg().(type) {
 		case *v1.ConnectPortRequest_Data:

@@ -287,3 +287,76 @@ func TestConnectPortServerHalfClose(t *testing.T) {
 		t.Fatalf("%d relays still run after the call ended", n)
 	}
 }
+
+// After the port's eof a caller that stays silent does not hold the call
+// open past the tunnel's life: the call ends after the idle bound (the
+// agent closes such a tunnel, and nothing on the connection shows it). A
+// caller that keeps sending is not cut.
+func TestConnectPortSilentCallerAfterEOF(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	apiserver.SetConnectPortIdle(t, 300*time.Millisecond)
+	got := make(chan []byte, 1)
+	e.listenPort(t, 8000, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte("bye"))
+		c.(*net.TCPConn).CloseWrite()
+		b, _ := io.ReadAll(c)
+		got <- b
+	})
+	noRelaysLeft(t)
+	open := func() *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse] {
+		s := e.port.ConnectPort(t.Context())
+		t.Cleanup(func() { s.CloseRequest(); s.CloseResponse() })
+		s.Send(startPort(id, 8000))
+		for {
+			m, err := s.Receive()
+			if err != nil {
+				t.Fatalf("receive before eof: %v", err)
+			}
+			if m.GetEof() {
+				return s
+			}
+		}
+	}
+	end := func(s *connect.BidiStreamForClient[v1.ConnectPortRequest, v1.ConnectPortResponse]) error {
+		ended := make(chan error, 1)
+		go func() {
+			_, _, err := receiveUntilEnd(s)
+			ended <- err
+		}()
+		select {
+		case err := <-ended:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call of a silent caller still runs 10 s after the port's eof")
+			return nil
+		}
+	}
+
+	s := open()
+	wantCode(t, end(s), connect.CodeDeadlineExceeded, "the caller sent nothing")
+	if n := apiserver.ActiveConnectPortRelays(); n != 0 {
+		t.Fatalf("%d relays still run after the call ended", n)
+	}
+
+	// Sending more often than the bound keeps the call: 6 sends 100 ms
+	// apart span twice the bound.
+	s = open()
+	for i := range 6 {
+		if err := s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_Data{Data: []byte{'a' + byte(i)}}}); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond) // pacing, not synchronisation
+	}
+	if err := s.Send(&v1.ConnectPortRequest{Msg: &v1.ConnectPortRequest_CloseWrite{CloseWrite: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := end(s); err != nil {
+		t.Fatalf("a caller that kept sending: %v; want a clean end", err)
+	}
+	<-got // the first call's server
+	if b := <-got; string(b) != "abcdef" {
+		t.Fatalf("the port read %q, want abcdef", b)
+	}
+}
