@@ -49,7 +49,7 @@ func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Ti
 		if r.isDomain() || !r.prefix.Contains(dst) || !r.allowsProto(proto, port) {
 			continue
 		}
-		if !protected || p.explicit(r) {
+		if !protected || p.explicit(r) && (r.fromSet || !p.nodeOwned(dst)) {
 			return true
 		}
 	}
@@ -67,6 +67,14 @@ func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Ti
 		}
 	}
 	return false
+}
+
+// nodeOwned reports whether dst is one of the node's own addresses in the
+// pool: the DNS proxy's, or the node end (even address) of a sandbox's /31.
+// Only rule sets open those; nftables drops them (fib local) before a
+// caller's rules.
+func (p flowPolicy) nodeOwned(dst netip.Addr) bool {
+	return dst == p.dns || p.pool.Contains(dst) && dst.Is4() && dst.As4()[3]%2 == 0
 }
 
 // linkLocal holds cloud metadata services (169.254.169.254).

@@ -261,23 +261,33 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 	for _, ex := range ruleExprs(rule{proto: ProtoAny, portLo: 53, portHi: 53}, dnsDst) {
 		add(o, append(ex, accept)...)
 	}
-	var broad []rule
+	var broad, callerExplicit []rule
 	for _, r := range s.rules {
-		if r.isDomain() {
-			continue
-		}
-		if !n.protectedExplicit(r) {
+		switch {
+		case r.isDomain():
+		case !n.protectedExplicit(r):
 			broad = append(broad, r)
-			continue
+		case !r.fromSet:
+			callerExplicit = append(callerExplicit, r)
+		default:
+			// An administrator's rule set may open protected ranges,
+			// the node's own addresses in them included.
+			for _, ex := range ruleExprs(r, matchPrefix(16, r.prefix, expr.CmpOpEq)) {
+				add(o, append(ex, accept)...)
+			}
 		}
+	}
+	// Protected destinations: the node's own addresses (the sandbox's
+	// gateway and DNS address too: DNS to the proxy is accepted above),
+	// every sandbox, link-local and metadata. A caller's rule inside
+	// link-local or the pool opens those ranges, never the node itself.
+	add(o, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}, drop)
+	for _, r := range callerExplicit {
 		for _, ex := range ruleExprs(r, matchPrefix(16, r.prefix, expr.CmpOpEq)) {
 			add(o, append(ex, accept)...)
 		}
 	}
-	// Protected destinations: the node's own addresses, every sandbox,
-	// link-local and metadata.
-	add(o, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}, drop)
 	add(o, append(matchPrefix(16, n.pool, expr.CmpOpEq), drop)...)
 	add(o, append(matchPrefix(16, linkLocal, expr.CmpOpEq), drop)...)
 	for _, r := range broad {

@@ -110,13 +110,24 @@ func TestProtectedDestinations(t *testing.T) {
 	allowed(t, "explicit metadata rule", func() error { return tcpFrom(a, metadataIP+":80") })
 	denied(t, "explicit metadata rule: node uplink", tcpFrom(a, nodeUplink+":9999"))
 	denied(t, "explicit metadata rule: node via the gateway", tcpFrom(a, a.Gateway.String()+":9999"))
-	// So does one inside the pool: the node at the sandbox's gateway.
-	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: a.Gateway.String(), Protocol: "tcp", Ports: "9999"}}}))
-	allowed(t, "explicit gateway rule", func() error { return tcpFrom(a, a.Gateway.String()+":9999") })
-	denied(t, "explicit gateway rule: metadata", tcpFrom(a, metadataIP+":80"))
-	// A rule set is the administrator's and counts as given on purpose.
+	// A caller's rule inside the pool never opens the node itself: the
+	// gateway (and the DNS address) are the node's own addresses, dropped
+	// before a caller's rules. DNS to the proxy still answers.
+	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: a.Gateway.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: w.m.pool.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: a.DNS.String(), Protocol: "tcp", Ports: "9999"}, {Domain: "api.example.test", Protocol: "tcp", Ports: "443"}}}))
+	denied(t, "caller gateway rule", tcpFrom(a, a.Gateway.String()+":9999"))
+	denied(t, "caller gateway rule: dns address, other port", tcpFrom(a, a.DNS.String()+":9999"))
+	denied(t, "caller gateway rule: metadata", tcpFrom(a, metadataIP+":80"))
+	if rcode, ips, err := resolveFrom(a, a.DNS.String()+":53", "api.example.test"); err != nil || rcode != 0 || len(ips) == 0 {
+		t.Fatalf("caller gateway rule: dns via the proxy: rcode %d %v %v", rcode, ips, err)
+	}
+	// A rule set is the administrator's and counts as given on purpose:
+	// it may open link-local, and the node at the gateways.
+	pool := w.m.pool.String()
 	w.m.Close()
-	sets := map[string][]Rule{"metadata": {{CIDR: "169.254.0.0/16", Protocol: "tcp"}}}
+	sets := map[string][]Rule{
+		"metadata": {{CIDR: "169.254.0.0/16", Protocol: "tcp"}},
+		"gateways": {{CIDR: pool, Protocol: "tcp", Ports: "9999"}},
+	}
 	for k, v := range w.cfg.RuleSets {
 		sets[k] = v
 	}
@@ -126,4 +137,7 @@ func TestProtectedDestinations(t *testing.T) {
 	must(t, err)
 	must(t, w.m.SetRules(ctx, a.ID, Rules{RuleSets: []string{"metadata"}}))
 	allowed(t, "metadata rule set", func() error { return tcpFrom(a, metadataIP+":80") })
+	denied(t, "metadata rule set: node via the gateway", tcpFrom(a, a.Gateway.String()+":9999"))
+	must(t, w.m.SetRules(ctx, a.ID, Rules{RuleSets: []string{"gateways"}}))
+	allowed(t, "gateways rule set", func() error { return tcpFrom(a, a.Gateway.String()+":9999") })
 }

@@ -49,6 +49,9 @@ type rule struct {
 	portLo   uint16
 	portHi   uint16 // 0 means every port
 	original Rule
+	// fromSet: the rule comes from a rule set of the node configuration
+	// (the administrator's), not from the caller's allow list.
+	fromSet bool
 }
 
 func (r rule) isDomain() bool { return r.domain != "" }
@@ -224,6 +227,7 @@ func resolve(rs Rules, sets map[string][]Rule) ([]rule, error) {
 			if err != nil {
 				return nil, err
 			}
+			v.fromSet = true
 			out = append(out, v)
 		}
 	}
