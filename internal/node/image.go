@@ -186,8 +186,16 @@ func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opends
 
 // PackDiff saves the writable layer of sandbox id (running, or stopped but
 // not yet deleted) as a new layer on top of its image: a new image called
-// name in store. scrubPaths are left out of the new layer.
+// name in store. scrubPaths are left out of the new layer. A running
+// sandbox is frozen meanwhile, so shutdown waits for a PackDiff in flight
+// (up to its deadline; a node that dies before the thaw thaws it at the
+// next start).
 func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string, scrubPaths []string) (image.Image, error) {
+	end, err := n.begin("pack diff of sandbox " + id)
+	if err != nil {
+		return image.Image{}, err
+	}
+	defer end()
 	if id == "" {
 		return image.Image{}, errdefs.Invalid("sandbox_id", "is empty; give a sandbox ID (list them with `opendsecctl sandbox list`)")
 	}

@@ -119,3 +119,94 @@ func TestAutoPauseRefusedWithoutPauser(t *testing.T) {
 		t.Fatalf("%d sandboxes after a refused create, want 0", c)
 	}
 }
+
+// blockingDiffer is a fake backend whose Diff blocks until release is
+// closed (or ctx ends) and then fails without calling fn.
+type blockingDiffer struct {
+	blockingRuntime
+	entered chan struct{}
+	release chan struct{}
+}
+
+var errDiffReleased = errors.New("diff released")
+
+func (r *blockingDiffer) Diff(ctx context.Context, _ string, _ func(context.Context, string) error) error {
+	r.entered <- struct{}{}
+	select {
+	case <-r.release:
+		return errDiffReleased
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var _ runtime.Differ = (*blockingDiffer)(nil)
+
+// A shutdown waits for a pack_diff in flight (the sandbox is frozen for it)
+// and refuses new ones with unavailable.
+func TestShutdownWaitsForPackDiff(t *testing.T) {
+	now := time.Now().UTC()
+	rec := &record{ID: sandboxid.New("t001"), Backend: "fake", State: stateRunning,
+		Spec:      specRecord{Backend: "fake", TimeoutSec: 3600},
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), StateDir: filepath.Join(t.TempDir(), "sb")}
+	rt := &blockingDiffer{blockingRuntime: blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}},
+		entered: make(chan struct{}, 4), release: make(chan struct{})}
+	n := openRecorded(t, rt, rec)
+	released := false
+	t.Cleanup(func() { // before the node's Close
+		if !released {
+			close(rt.release)
+		}
+	})
+	packed := make(chan error, 1)
+	go func() {
+		_, err := n.PackDiff(context.Background(), nil, rec.ID, "team/saved:v1", nil)
+		packed <- err
+	}()
+	select {
+	case <-rt.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pack_diff never reached the backend")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !n.closing() {
+		if time.Now().After(deadline) {
+			t.Fatal("shutdown never began")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+	late, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	_, err := n.PackDiff(late, nil, rec.ID, "team/saved:v2", nil)
+	cancel()
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("pack_diff during shutdown: %v; want unavailable", err)
+	}
+	if got := n.gate.inFlight(); len(got) != 1 || got[0] != "pack diff of sandbox "+rec.ID {
+		t.Fatalf("operations in flight during shutdown: %q; want the pack_diff", got)
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a pack_diff was in flight", err)
+	default:
+	}
+	released = true
+	close(rt.release)
+	select {
+	case err := <-packed:
+		if !errors.Is(err, errDiffReleased) {
+			t.Fatalf("pack_diff in flight: %v; want the backend's answer", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("pack_diff did not finish")
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the pack_diff finished")
+	}
+}
