@@ -57,7 +57,14 @@ print(" ".join(s["id"] for s in d))' 2>/dev/null); do opendsecctl sandbox stop "
     systemctl daemon-reload 2>/dev/null || true
   fi
   for b in $BINS; do rm -f "/usr/local/bin/$b"; done
-  rm -rf "$LIB_DIR" "$DATA_DIR" "$LOG_DIR" "$RUN_DIR" /var/cache/opendsec "$OPS_DIR/demo.env"
+  # --one-file-system: never descend into a mount (a layer still mounted by
+  # another OpenDsec on this machine, e.g. a test system); say what is left.
+  rm -rf --one-file-system "$LIB_DIR" "$DATA_DIR" "$LOG_DIR" "$RUN_DIR" /var/cache/opendsec "$OPS_DIR/demo.env" 2>/dev/null || true
+  left=$(awk -v a="$DATA_DIR" -v b="$RUN_DIR" '$2 ~ "^"a"/" || $2 ~ "^"b"/" {print $2}' /proc/self/mounts)
+  if [ -n "$left" ]; then
+    note "still mounted (another OpenDsec on this machine uses them; left alone):"
+    printf '      %s\n' $left
+  fi
   note "removed binaries, data ($DATA_DIR), logs, caches and $OPS_DIR/demo.env"
   exit 0
 }
