@@ -59,11 +59,20 @@ func (c Config) withDefaults(dataDir string) Config {
 	return c
 }
 
+// sharedSpace is RFC 6598's shared address space; sandbox pools live in it.
+var sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
+
 // Validate checks the configuration; errors name the field.
 func (c Config) Validate() error {
 	p, err := netip.ParsePrefix(c.Pool)
 	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p != p.Masked() {
 		return errdefs.Invalid("network.pool", "%q must be an IPv4 prefix of /29 or larger like %q", c.Pool, DefaultPool)
+	}
+	// The apiserver and the E2B gateway keep callers' rules out of every
+	// node's pool without knowing it: they refuse (or subtract) all of
+	// 100.64.0.0/10. A pool elsewhere would escape that.
+	if !sharedSpace.Contains(p.Addr()) || p.Bits() < sharedSpace.Bits() {
+		return errdefs.Invalid("network.pool", "%q must lie inside the shared address space 100.64.0.0/10 (like %q), which the apiserver and the E2B gateway keep callers' rules out of", c.Pool, DefaultPool)
 	}
 	if !filepath.IsAbs(c.NetNSDir) {
 		return errdefs.Invalid("network.netns_dir", "%q must be an absolute path", c.NetNSDir)
