@@ -20,7 +20,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/log"
 )
 
 // Reference schemes of local archives, accepted by Store.Import next to
@@ -55,11 +54,12 @@ type archiveImage struct {
 	name   string // the store name unless WithName says otherwise
 	source string // Image.Source
 	cf     *v1.ConfigFile
-	layers []archiveLayer
+	layers []importLayer
 }
 
-// archiveLayer is one layer of an archive image.
-type archiveLayer struct {
+// importLayer is one layer of an image being imported, from an archive or
+// a registry.
+type importLayer struct {
 	v1.Layer
 	diffID string
 	// size is the stored bytes when known cheaply (0 otherwise).
@@ -73,7 +73,7 @@ type archiveLayer struct {
 }
 
 // Compressed returns the layer's stored bytes (fetchLayer reads them).
-func (l archiveLayer) Compressed() (io.ReadCloser, error) { return l.open() }
+func (l importLayer) Compressed() (io.ReadCloser, error) { return l.open() }
 
 // importArchive imports an "oci-layout:" or "docker-archive:" reference:
 // the same layer handling as a registry import (whiteouts, hard links,
@@ -110,86 +110,14 @@ func (s *Store) importArchive(ctx context.Context, ref string, o importOptions) 
 }
 
 func (s *Store) importArchiveImage(ctx context.Context, a archiveImage, o importOptions) (Image, error) {
-	start := time.Now()
-	cf := a.cf
-	if cf.OS != "" && (cf.OS != Platform.OS || (cf.Architecture != "" && cf.Architecture != Platform.Architecture)) {
-		return Image{}, errdefs.New(errdefs.ErrFailedPrecondition, "image %s is %s/%s; only %s/%s runs here", a.ref, cf.OS, cf.Architecture, Platform.OS, Platform.Architecture)
-	}
-	if len(a.layers) == 0 {
-		return Image{}, errdefs.Invalid("ref", "image %s has no layers; nothing to run", a.ref)
-	}
-	if len(cf.RootFS.DiffIDs) != len(a.layers) {
-		return Image{}, errdefs.Invalid("ref", "image %s lists %d layers but its config has %d diff_ids; the archive is damaged", a.ref, len(a.layers), len(cf.RootFS.DiffIDs))
-	}
-	cfg := Config{
-		Env:        cf.Config.Env,
-		Workdir:    cf.Config.WorkingDir,
-		User:       cf.Config.User,
-		Entrypoint: cf.Config.Entrypoint,
-		Cmd:        cf.Config.Cmd,
-		Labels:     cf.Config.Labels,
-	}
-	if err := validateConfig(cfg); err != nil {
-		return Image{}, fmt.Errorf("image %s config: %w", a.ref, err)
-	}
-
-	p := &progress{fn: o.progress}
-	var fetch []int
-	for i, l := range a.layers {
-		if s.hasLayer(l.diffID) {
-			continue
-		}
-		fetch = append(fetch, i)
-		p.totalBytes += l.size
-	}
-	st, err := s.newStaging()
-	if err != nil {
-		return Image{}, err
-	}
-	defer st.cleanup()
-	var staged []stagedLayer
-	for _, i := range fetch {
-		l := a.layers[i]
-		sl, err := s.stageLayer(ctx, st, l.diffID, func(ctx context.Context, dir string) error {
-			return fetchLayer(ctx, l, l.diffID, dir, p)
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return Image{}, context.Cause(ctx)
-			}
-			if l.verify != nil {
-				if verr := l.verify(); verr != nil {
-					err = verr
-				}
-			}
-			return Image{}, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(a.layers), l.diffID, archiveError(a.ref, err))
-		}
-		staged = append(staged, sl)
-	}
-	p.done()
-	want := make([]Layer, len(a.layers))
-	for i, l := range a.layers {
-		want[i] = Layer{Digest: l.diffID}
-		for _, sl := range staged {
-			if sl.info.Digest == l.diffID {
-				want[i].Size = sl.info.Size
+	return s.importLayers(ctx, a.ref, a.name, a.source, "archive", time.Now(), a.cf, a.layers, o, func(l importLayer, err error) error {
+		if l.verify != nil {
+			if verr := l.verify(); verr != nil {
+				err = verr
 			}
 		}
-		if li, err := s.readLayer(l.diffID); err == nil {
-			want[i].Size = li.Size
-		}
-	}
-	out, err := s.commit(ctx, a.name, cfg, a.source, want, staged)
-	if err != nil {
-		return Image{}, err
-	}
-	if o.merge {
-		if out, err = s.commitMerged(ctx, a.name, cfg, a.source, want); err != nil {
-			return Image{}, fmt.Errorf("merge layers of %s: %w", a.name, err)
-		}
-	}
-	log.G(ctx).Info("image imported", "image", a.name, "source", a.source, "id", out.ID, "layers", len(a.layers), "fetched", len(fetch), "bytes", p.bytes, "format", s.format, "duration", time.Since(start).Round(time.Millisecond))
-	return out, nil
+		return archiveError(a.ref, err)
+	})
 }
 
 // archiveError categorizes an error reading a local archive: errors that
@@ -471,7 +399,7 @@ func layoutArchiveImage(dir string, img v1.Image) (archiveImage, error) {
 			}
 			return &verifyingReader{rc: rc, h: sha256.New(), want: d, size: size}, nil
 		}
-		a.layers = append(a.layers, archiveLayer{
+		a.layers = append(a.layers, importLayer{
 			Layer:  l,
 			diffID: cf.RootFS.DiffIDs[i].String(),
 			size:   size,
@@ -654,7 +582,7 @@ func readDockerArchive(spec string) (archiveImage, error) {
 		if err != nil {
 			return archiveImage{}, archiveError(what, fmt.Errorf("layer %d: %w", i+1, err))
 		}
-		a.layers = append(a.layers, archiveLayer{Layer: l, diffID: h.String(), open: l.Uncompressed})
+		a.layers = append(a.layers, importLayer{Layer: l, diffID: h.String(), open: l.Uncompressed})
 	}
 	return a, nil
 }

@@ -118,18 +118,40 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	if err != nil {
 		return Image{}, registryError(ctx, r, err)
 	}
-	if cf.OS != "" && (cf.OS != Platform.OS || (cf.Architecture != "" && cf.Architecture != Platform.Architecture)) {
-		return Image{}, errdefs.New(errdefs.ErrFailedPrecondition, "image %s is %s/%s; only %s/%s runs here", ref, cf.OS, cf.Architecture, Platform.OS, Platform.Architecture)
-	}
-	layers, err := img.Layers()
+	rls, err := img.Layers()
 	if err != nil {
 		return Image{}, registryError(ctx, r, err)
+	}
+	layers := make([]importLayer, len(rls))
+	for i, l := range rls {
+		layers[i] = importLayer{Layer: l, open: l.Compressed}
+		if i < len(cf.RootFS.DiffIDs) {
+			layers[i].diffID = cf.RootFS.DiffIDs[i].String()
+		}
+		if n, err := l.Size(); err == nil {
+			layers[i].size = n
+		}
+	}
+	source := r.Context().Name() + "@" + digest.String()
+	return s.importLayers(ctx, ref, storeName, source, "image", start, cf, layers, o, func(_ importLayer, err error) error {
+		return registryError(ctx, r, err)
+	})
+}
+
+// importLayers checks an image's platform and config, stores the layers
+// the store lacks and commits the image as name: what registry (Import) and
+// archive imports share. layers[i] goes with cf.RootFS.DiffIDs[i]; damaged
+// names what is damaged when their counts differ; layerErr says why layer l
+// could not be stored. On any error the store is unchanged.
+func (s *Store) importLayers(ctx context.Context, ref, name, source, damaged string, start time.Time, cf *v1.ConfigFile, layers []importLayer, o importOptions, layerErr func(l importLayer, err error) error) (Image, error) {
+	if cf.OS != "" && (cf.OS != Platform.OS || (cf.Architecture != "" && cf.Architecture != Platform.Architecture)) {
+		return Image{}, errdefs.New(errdefs.ErrFailedPrecondition, "image %s is %s/%s; only %s/%s runs here", ref, cf.OS, cf.Architecture, Platform.OS, Platform.Architecture)
 	}
 	if len(layers) == 0 {
 		return Image{}, errdefs.Invalid("ref", "image %s has no layers; nothing to run", ref)
 	}
 	if len(cf.RootFS.DiffIDs) != len(layers) {
-		return Image{}, errdefs.Invalid("ref", "image %s lists %d layers but its config has %d diff_ids; the image is damaged", ref, len(layers), len(cf.RootFS.DiffIDs))
+		return Image{}, errdefs.Invalid("ref", "image %s lists %d layers but its config has %d diff_ids; the %s is damaged", ref, len(layers), len(cf.RootFS.DiffIDs), damaged)
 	}
 	cfg := Config{
 		Env:        cf.Config.Env,
@@ -146,13 +168,11 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	p := &progress{fn: o.progress}
 	var fetch []int
 	for i, l := range layers {
-		if s.hasLayer(cf.RootFS.DiffIDs[i].String()) {
+		if s.hasLayer(l.diffID) {
 			continue
 		}
 		fetch = append(fetch, i)
-		if n, err := l.Size(); err == nil {
-			p.totalBytes += n
-		}
+		p.totalBytes += l.size
 	}
 	st, err := s.newStaging()
 	if err != nil {
@@ -161,43 +181,41 @@ func (s *Store) Import(ctx context.Context, ref string, opts ...ImportOption) (I
 	defer st.cleanup()
 	var staged []stagedLayer
 	for _, i := range fetch {
-		diffID := cf.RootFS.DiffIDs[i].String()
-		sl, err := s.stageLayer(ctx, st, diffID, func(ctx context.Context, dir string) error {
-			return fetchLayer(ctx, layers[i], diffID, dir, p)
+		l := layers[i]
+		sl, err := s.stageLayer(ctx, st, l.diffID, func(ctx context.Context, dir string) error {
+			return fetchLayer(ctx, l, l.diffID, dir, p)
 		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return Image{}, context.Cause(ctx)
 			}
-			return Image{}, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(layers), diffID, registryError(ctx, r, err))
+			return Image{}, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(layers), l.diffID, layerErr(l, err))
 		}
 		staged = append(staged, sl)
 	}
 	p.done()
 	want := make([]Layer, len(layers))
-	for i := range layers {
-		d := cf.RootFS.DiffIDs[i].String()
-		want[i] = Layer{Digest: d}
+	for i, l := range layers {
+		want[i] = Layer{Digest: l.diffID}
 		for _, sl := range staged {
-			if sl.info.Digest == d {
+			if sl.info.Digest == l.diffID {
 				want[i].Size = sl.info.Size
 			}
 		}
-		if li, err := s.readLayer(d); err == nil {
+		if li, err := s.readLayer(l.diffID); err == nil {
 			want[i].Size = li.Size
 		}
 	}
-	source := r.Context().Name() + "@" + digest.String()
-	out, err := s.commit(ctx, storeName, cfg, source, want, staged)
+	out, err := s.commit(ctx, name, cfg, source, want, staged)
 	if err != nil {
 		return Image{}, err
 	}
 	if o.merge {
-		if out, err = s.commitMerged(ctx, storeName, cfg, source, want); err != nil {
-			return Image{}, fmt.Errorf("merge layers of %s: %w", storeName, err)
+		if out, err = s.commitMerged(ctx, name, cfg, source, want); err != nil {
+			return Image{}, fmt.Errorf("merge layers of %s: %w", name, err)
 		}
 	}
-	log.G(ctx).Info("image imported", "image", storeName, "source", source, "id", out.ID, "layers", len(layers), "fetched", len(fetch), "bytes", p.bytes, "format", s.format, "duration", time.Since(start).Round(time.Millisecond))
+	log.G(ctx).Info("image imported", "image", name, "source", source, "id", out.ID, "layers", len(layers), "fetched", len(fetch), "bytes", p.bytes, "format", s.format, "duration", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }
 
