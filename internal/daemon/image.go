@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/progressbar"
 )
 
 func imageCommand(g *globalFlags) *cobra.Command {
@@ -52,7 +52,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", img.Name, img.ID, humanBytes(img.Size))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", img.Name, img.ID, progressbar.Bytes(img.Size))
 			return nil
 		}
 	}
@@ -89,7 +89,7 @@ func imageCommand(g *globalFlags) *cobra.Command {
 				if len(id) > 19 {
 					id = id[:19]
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", i.Name, id, humanBytes(i.Size), i.Created.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", i.Name, id, progressbar.Bytes(i.Size), i.Created.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},
@@ -123,7 +123,6 @@ func progressBar(w io.Writer, label string) func(image.Progress) {
 			return
 		}
 		last = time.Now()
-		const width = 30
 		frac := 0.0
 		if p.TotalBytes > 0 {
 			frac = float64(p.Bytes) / float64(p.TotalBytes)
@@ -131,25 +130,11 @@ func progressBar(w io.Writer, label string) func(image.Progress) {
 		if p.Done {
 			frac = 1
 		}
-		n := int(frac * width)
-		fmt.Fprintf(w, "\r%s [%s%s] %3.0f%% %s, %d files", label, strings.Repeat("=", n), strings.Repeat(" ", width-n), frac*100, humanBytes(p.Bytes), p.Files)
+		fmt.Fprint(w, progressbar.Line(label, frac, p.Bytes, p.Files))
 		if p.Done {
 			fmt.Fprintln(w)
 		}
 	}
-}
-
-func humanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }
 
 // imageStore loads the configuration and opens the node's image store.

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/progressbar"
 )
 
 // imageImportCommand is `opendsec image import REF`: pull from a registry.
@@ -41,7 +42,7 @@ func imageImportCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%d layers\t%s\n", img.Name, img.ID, len(img.Layers), humanBytes(img.Size))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%d layers\t%s\n", img.Name, img.ID, len(img.Layers), progressbar.Bytes(img.Size))
 			return nil
 		},
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kernflux/opendsec/internal/progressbar"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
 
@@ -62,27 +63,12 @@ func importBar(w io.Writer, label string) func(*opendsec.ImportProgress) {
 			return
 		}
 		last = time.Now()
-		const width = 30
 		frac := 0.0
 		if p.GetTotalBytes() > 0 {
 			frac = min(1, float64(p.GetBytes())/float64(p.GetTotalBytes()))
 		}
-		n := int(frac * width)
-		fmt.Fprintf(w, "\r%s [%s%s] %3.0f%% %s, %d files", label, strings.Repeat("=", n), strings.Repeat(" ", width-n), frac*100, humanBytes(p.GetBytes()), p.GetFiles())
+		fmt.Fprint(w, progressbar.Line(label, frac, p.GetBytes(), p.GetFiles()))
 	}
-}
-
-func humanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }
 
 func (a *app) printImages(imgs []*opendsec.Image) error {
@@ -101,7 +87,7 @@ func (a *app) printImages(imgs []*opendsec.Image) error {
 		if len(id) > 12 {
 			id = id[:12]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", im.GetName(), id, len(im.GetLayers()), humanBytes(im.GetSize()), fmtTime(im.GetCreated()), orDash(im.GetSource()))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", im.GetName(), id, len(im.GetLayers()), progressbar.Bytes(im.GetSize()), fmtTime(im.GetCreated()), orDash(im.GetSource()))
 	}
 	return tw.Flush()
 }
@@ -222,7 +208,7 @@ func (a *app) imageGCCommand() *cobra.Command {
 			for _, d := range res.GetRemovedLayers() {
 				fmt.Fprintln(a.stdout, d)
 			}
-			fmt.Fprintf(a.stderr, "removed %d layers, %s\n", len(res.GetRemovedLayers()), humanBytes(res.GetRemovedBytes()))
+			fmt.Fprintf(a.stderr, "removed %d layers, %s\n", len(res.GetRemovedLayers()), progressbar.Bytes(res.GetRemovedBytes()))
 			return nil
 		},
 	}
