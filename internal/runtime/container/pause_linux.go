@@ -22,22 +22,16 @@ import (
 // Pause freezes every process of the sandbox with the cgroup freezer.
 // Pausing a paused sandbox succeeds.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
-	sb, err := r.lock(id)
-	if err != nil {
-		return err
-	}
-	defer sb.op.Unlock()
-	if err := r.running(sb); err != nil {
-		return err
-	}
-	if err := r.cg.setFrozen(ctx, sb.st.CgroupPath, true); err != nil {
-		return fmt.Errorf("pause sandbox %s: %w", id, err)
-	}
-	return nil
+	return r.setFrozen(ctx, id, true)
 }
 
 // Resume thaws a paused sandbox. Resuming a running sandbox succeeds.
 func (r *Runtime) Resume(ctx context.Context, id string) error {
+	return r.setFrozen(ctx, id, false)
+}
+
+// setFrozen freezes or thaws a started sandbox, under its lifecycle lock.
+func (r *Runtime) setFrozen(ctx context.Context, id string, frozen bool) error {
 	sb, err := r.lock(id)
 	if err != nil {
 		return err
@@ -46,8 +40,12 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if err := r.running(sb); err != nil {
 		return err
 	}
-	if err := r.cg.setFrozen(ctx, sb.st.CgroupPath, false); err != nil {
-		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	if err := r.cg.setFrozen(ctx, sb.st.CgroupPath, frozen); err != nil {
+		verb := "resume"
+		if frozen {
+			verb = "pause"
+		}
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
 	}
 	return nil
 }
