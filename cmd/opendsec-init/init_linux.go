@@ -31,7 +31,13 @@ func run(cfg config) int {
 			return 1
 		}
 	}
-	lfd, err := listenUnix(cfg.listen)
+	var lfd int
+	var err error
+	if cfg.fd >= 0 {
+		lfd, err = inheritListener(cfg.fd)
+	} else {
+		lfd, err = listenUnix(cfg.listen)
+	}
 	if err != nil {
 		logf(err.Error())
 		return 1
@@ -217,6 +223,30 @@ func waitReadable(fd int, arm <-chan struct{}, ready chan<- struct{}) {
 		}
 		ready <- struct{}{}
 	}
+}
+
+// inheritListener checks that fd is a listening unix stream socket and moves
+// it to a close-on-exec descriptor above the standard ones: only the server
+// gets it, as fd 3, never a process the server starts.
+func inheritListener(fd int) (int, error) {
+	name := "--listen-fd " + strconv.Itoa(fd)
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil {
+		return -1, &opError{name + ": not a socket", err}
+	} else if dom != unix.AF_UNIX {
+		return -1, errors.New(name + ": not a unix socket")
+	}
+	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
+		return -1, errors.New(name + ": not a stream socket")
+	}
+	if acc, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || acc != 1 {
+		return -1, errors.New(name + ": not listening; listen(2) before handing it over")
+	}
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 10)
+	if err != nil {
+		return -1, &opError{name + ": dup", err}
+	}
+	unix.Close(fd)
+	return nfd, nil
 }
 
 // listenUnix creates the listening socket at path (replacing a stale one).

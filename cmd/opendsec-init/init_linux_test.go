@@ -211,3 +211,84 @@ func TestStraySignalsDoNotKillInit(t *testing.T) {
 		}
 	}
 }
+
+// TestInheritedListener: with --listen-fd, init serves on a socket the
+// caller bound and listened on before starting it, and a connection made
+// before init even ran is answered; the socket is not left open as fd 3 in
+// init (it moved to a close-on-exec descriptor). A descriptor that is not
+// a listening unix socket is refused at start.
+func TestInheritedListener(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close() // lf keeps the socket listening
+	// Connect before init runs: the connection waits in the backlog.
+	early, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	cmd := exec.Command(testutil.InitBinary(t), "--listen-fd", "3", "--", testutil.AgentBinary(t), "--log-level", "warn")
+	cmd.ExtraFiles = []*os.File{lf}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lf.Close()
+	cmd.WaitDelay = 5 * time.Second
+	t.Cleanup(func() {
+		for _, c := range children(cmd.Process.Pid) {
+			syscall.Kill(c, syscall.SIGKILL)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	early.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := early.Write([]byte("GET /health HTTP/1.0\r\nHost: agent\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := early.Read(buf)
+	if err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.0 204") && !strings.HasPrefix(string(buf[:n]), "HTTP/1.0 200") {
+		t.Fatalf("early connection: %q, %v; init stderr: %s", buf[:n], err, stderr.String())
+	}
+	if _, err := os.Readlink("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/fd/3"); err == nil {
+		t.Errorf("init still holds fd 3; the inherited socket must move to a close-on-exec descriptor")
+	}
+
+	// A pipe is not a listening socket.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	bad := exec.Command(testutil.InitBinary(t), "--listen-fd", "3", "--", testutil.AgentBinary(t))
+	bad.ExtraFiles = []*os.File{r}
+	out, err := bad.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--listen-fd 3: not a socket") {
+		t.Fatalf("init with a pipe as --listen-fd: %v, %q; want a refusal naming --listen-fd", err, out)
+	}
+	// A unix socket that does not listen.
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := os.NewFile(uintptr(fds[0]), "sp")
+	defer sp.Close()
+	defer syscall.Close(fds[1])
+	bad = exec.Command(testutil.InitBinary(t), "--listen-fd", "3", "--", testutil.AgentBinary(t))
+	bad.ExtraFiles = []*os.File{sp}
+	out, err = bad.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not listening") {
+		t.Fatalf("init with a connected socket as --listen-fd: %v, %q; want a refusal", err, out)
+	}
+}

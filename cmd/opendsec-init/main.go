@@ -1,6 +1,7 @@
 // Command opendsec-init is the PID 1 of every container sandbox. It is tiny
 // on purpose: an idle sandbox runs only this process. It installs the
-// sandbox's seccomp filter, creates the agent's listening unix socket, reaps
+// sandbox's seccomp filter, takes the agent's listening unix socket (made by
+// the node and inherited, or created here), reaps
 // every orphan, and starts the agent server (opendsec-agent) on demand with
 // the socket as fd 3 whenever the server is not running and a connection
 // waits. The server exits after an idle spell (--idle-exit) and is started
@@ -8,7 +9,11 @@
 //
 // Usage:
 //
-//	opendsec-init [--seccomp-filter PATH] --listen PATH -- SERVER [ARGS...]
+//	opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) -- SERVER [ARGS...]
+//
+// With --listen-fd the socket is already bound and listening (the node
+// makes it before the container starts, so connections queue from the
+// first instant); with --listen init makes it.
 //
 // SERVER gets ARGS plus "--listen-fd 3". It depends only on the standard
 // library's smallest packages and golang.org/x/sys/unix (see deps_test.go):
@@ -18,6 +23,7 @@ package main
 import (
 	"errors"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -25,6 +31,7 @@ import (
 type config struct {
 	seccomp string   // seccomp BPF program to install first; empty: none
 	listen  string   // unix socket path to create and hand to the server
+	fd      int      // inherited listening socket; -1: none (use listen)
 	server  []string // server argv (without --listen-fd)
 }
 
@@ -37,7 +44,7 @@ const (
 	startWindow = 5 * time.Second
 )
 
-const usage = "usage: opendsec-init [--seccomp-filter PATH] --listen PATH -- SERVER [ARGS...]"
+const usage = "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) -- SERVER [ARGS...]"
 
 func main() {
 	cfg, err := parseArgs(os.Args[1:])
@@ -49,20 +56,27 @@ func main() {
 }
 
 func parseArgs(args []string) (config, error) {
-	var c config
+	c := config{fd: -1}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		switch a {
 		case "--":
 			c.server = args[i+1:]
 			i = len(args)
-		case "--seccomp-filter", "--listen":
+		case "--seccomp-filter", "--listen", "--listen-fd":
 			if i+1 >= len(args) || args[i+1] == "" {
 				return c, errors.New(a + " needs a value")
 			}
-			if a == "--listen" {
+			switch a {
+			case "--listen":
 				c.listen = args[i+1]
-			} else {
+			case "--listen-fd":
+				n, err := strconv.Atoi(args[i+1])
+				if err != nil || n < 3 {
+					return c, errors.New("--listen-fd: " + args[i+1] + " is not a file descriptor number of 3 or more")
+				}
+				c.fd = n
+			default:
 				c.seccomp = args[i+1]
 			}
 			i++
@@ -73,9 +87,11 @@ func parseArgs(args []string) (config, error) {
 		}
 	}
 	switch {
-	case c.listen == "":
-		return c, errors.New("--listen: missing; give the unix socket path the node dials")
-	case c.listen[0] != '/':
+	case c.listen != "" && c.fd >= 0:
+		return c, errors.New("--listen and --listen-fd: give one, not both")
+	case c.listen == "" && c.fd < 0:
+		return c, errors.New("--listen: missing; give the unix socket path the node dials (or --listen-fd)")
+	case c.fd < 0 && c.listen[0] != '/':
 		return c, errors.New("--listen: " + c.listen + " is not absolute; give an absolute socket path")
 	case len(c.server) == 0 || c.server[0] == "":
 		return c, errors.New("server: missing; give its command after --, e.g. -- /.opendsec/agent")

@@ -14,6 +14,10 @@ func TestParseArgs(t *testing.T) {
 	if c.seccomp != "/f" || c.listen != "/run/a.sock" || !slices.Equal(c.server, []string{"/agent", "--x", "--"}) {
 		t.Fatalf("parsed %+v", c)
 	}
+	c, err = parseArgs([]string{"--listen-fd", "3", "--", "/agent"})
+	if err != nil || c.fd != 3 || c.listen != "" {
+		t.Fatalf("parsed %+v, %v", c, err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string // in the error
@@ -25,6 +29,9 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"--listen"}, "--listen needs a value"},
 		{[]string{"--seccomp-filter", "", "--listen", "/a", "--", "/x"}, "--seccomp-filter needs a value"},
 		{[]string{"--bogus", "--listen", "/a", "--", "/x"}, "unknown argument --bogus"},
+		{[]string{"--listen-fd", "x", "--", "/x"}, "not a file descriptor number"},
+		{[]string{"--listen-fd", "2", "--", "/x"}, "not a file descriptor number"},
+		{[]string{"--listen-fd", "3", "--listen", "/a", "--", "/x"}, "not both"},
 	} {
 		_, err := parseArgs(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -601,7 +601,13 @@ func (s *Store) Hold(ctx context.Context, name, holder string) (runtime.Image, e
 		if err := os.MkdirAll(hdir, 0o755); err != nil {
 			return Image{}, fmt.Errorf("hold image: %w", err)
 		}
-		if err := writeFileAtomic(filepath.Join(hdir, holder), []byte(img.Name+"\n")); err != nil {
+		// Not synced (unlike the store's manifests and refs): a hold
+		// only matters while its sandbox lives, and every sandbox of
+		// this machine dies with a power loss (at its next start the node
+		// removes the dead sandboxes and their holds). Other nodes see
+		// it as soon as it is written (NFS flushes it at close). Its
+		// existence is what counts; the content is for people.
+		if err := os.WriteFile(filepath.Join(hdir, holder), []byte(img.Name+"\n"), 0o644); err != nil {
 			return Image{}, fmt.Errorf("hold image: %w", err)
 		}
 		return img, nil

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,17 +39,21 @@ func (n *Node) agentTransport(sb *sandbox) *http.Transport {
 	return sb.transport.Load()
 }
 
-// waitAgent polls the agent's /health until it answers 204.
+// errSandboxGone ends waitAgent when the sandbox stopped, paused or went
+// away while it waited.
+var errSandboxGone = errors.New("sandbox no longer running")
+
+// waitAgent asks the agent for /health until it answers 204. The socket
+// listens from before the sandbox's start, so the first request normally
+// waits in its backlog and is answered as soon as the server runs; a failed
+// request (init gone, socket replaced) is retried with a growing delay
+// until AgentReadyTimeout, or until the sandbox is no longer running.
 func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, n.cfg.AgentReadyTimeout,
 		fmt.Errorf("agent of sandbox %s did not answer within %s", sb.rec.ID, n.cfg.AgentReadyTimeout))
 	defer cancel()
 	client := &http.Client{Transport: n.agentTransport(sb)}
-	// The agent usually answers within a few milliseconds of start; a
-	// failed probe (no socket yet) costs microseconds, so probe every
-	// millisecond at first and back off only for slow starts.
-	backoff := time.Millisecond
-	probes := 0
+	backoff := 5 * time.Millisecond
 	var last error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
@@ -62,6 +67,9 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 			err = fmt.Errorf("agent health: status %d", resp.StatusCode)
 		}
 		last = err
+		if !n.stillRunning(sb) {
+			return errSandboxGone
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -69,10 +77,17 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 			return errdefs.New(errdefs.ErrUnavailable, "%v: %v", context.Cause(ctx), last)
 		case <-t.C:
 		}
-		if probes++; probes > 200 && backoff < 50*time.Millisecond {
-			backoff *= 2
-		}
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
+}
+
+// stillRunning reports whether sb is still the node's running sandbox of
+// its ID.
+func (n *Node) stillRunning(sb *sandbox) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur, ok := n.sandboxes[sb.rec.ID]
+	return ok && cur == sb && sb.rec.State == stateRunning
 }
 
 // AgentPrefix is the HTTP path under which the node forwards to agents:

@@ -539,10 +539,10 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 		return fmt.Errorf("start sandbox: %w", err)
 	}
 	tStarted := time.Now()
-	if err := n.waitAgent(ctx, sb); err != nil {
-		return err
-	}
-	tReady := time.Now()
+	// No wait for the agent here: its socket listens since before the
+	// start, so the caller's first request waits in the socket's backlog
+	// while init starts the server. checkAgent confirms the agent answers
+	// and stops the sandbox if it never does.
 	rec2.State = stateRunning
 	if err := n.table.put(&rec2); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
@@ -552,8 +552,43 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	n.mu.Unlock()
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
 		"hold_ms", ms(holdDur), "net_ms", ms(netDur), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
-		"agent_ms", ms(tReady.Sub(tStarted)), "total_ms", ms(time.Since(t0)))
+		"total_ms", ms(time.Since(t0)))
+	n.wg.Add(1)
+	go n.checkAgent(sb, tStarted)
 	return nil
+}
+
+// checkAgent waits for a new sandbox's agent to answer /health (the first
+// request through its socket's backlog) and stops the sandbox, with the
+// reason, if it does not answer within AgentReadyTimeout: a sandbox whose
+// init or agent cannot start never stays "running". It gives up quietly
+// when the node closes or the sandbox goes away first.
+func (n *Node) checkAgent(sb *sandbox, started time.Time) {
+	defer n.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	id := sb.rec.ID
+	l := log.G(ctx).With(log.SandboxID(id))
+	err := n.waitAgent(ctx, sb)
+	if err == nil {
+		l.Debug("agent answered", "agent_ms", ms(time.Since(started)))
+		return
+	}
+	if ctx.Err() != nil || errors.Is(err, errSandboxGone) || !n.stillRunning(sb) {
+		return // the node closes, or the sandbox stopped or paused meanwhile
+	}
+	reason := "agent did not start: " + err.Error()
+	l.Error("stopping sandbox whose agent never answered", "reason", reason)
+	if err := n.Stop(ctx, id, reason); err != nil && !errdefs.IsNotFound(err) && !n.shuttingDown(err) {
+		l.Error("stop sandbox whose agent never answered", log.Err(err))
+	}
 }
 
 // forget drops sb from memory and releases its reservation.

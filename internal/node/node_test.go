@@ -462,3 +462,27 @@ func TestReaperStuckStopDelaysNoOther(t *testing.T) {
 		t.Fatalf("records after the stops: %d, %v; want none", len(recs), err)
 	}
 }
+
+// TestAgentThatNeverAnswersIsStopped: a create returns once the sandbox has
+// started (its agent socket listens since before the start); a sandbox
+// whose agent then never answers is stopped by the node within
+// AgentReadyTimeout, so no broken sandbox stays "running".
+func TestAgentThatNeverAnswersIsStopped(t *testing.T) {
+	f := newFixture(t)
+	broken := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken agent' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.InitPath = testutil.InitBinary(t)
+	f.cfg.AgentPath = broken
+	f.cfg.AgentReadyTimeout = time.Second
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 600})
+	if rec.State != stateRunning {
+		t.Fatalf("state after create: %s", rec.State)
+	}
+	waitGone(t, n, rec.ID, 15*time.Second)
+	if _, err := os.Stat(rec.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("stopped sandbox's dir left: %v", err)
+	}
+}

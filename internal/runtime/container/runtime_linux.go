@@ -394,10 +394,21 @@ func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
 		return 0, fmt.Errorf("open agent log: %w", err)
 	}
 	defer logf.Close()
+	// The agent's socket is bound and listening before the container
+	// exists: from the moment runc returns, a connection waits in its
+	// backlog until init's server accepts it, so nothing has to wait for
+	// the agent's start. init inherits it as fd 3 (--preserve-fds 1); the
+	// node keeps no copy, so a sandbox whose init died refuses connections.
+	lfile, err := listenUnixAt(filepath.Join(bundle, runDir), agentSocketName)
+	if err != nil {
+		return 0, err
+	}
+	defer lfile.Close()
 	rlog := filepath.Join(bundle, logDir, runcLog)
 	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
-		"run", "--detach", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
+		"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
+	cmd.ExtraFiles = []*os.File{lfile}
 	// A new session: signals to the node's process group (Ctrl-C) never reach
 	// the container.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -948,6 +959,44 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	}
 	return c, nil
 }
+
+// listenUnixAt makes the agent's listening socket dir/name (replacing a stale
+// one from an earlier, failed start), mode 0600, through an O_PATH handle of
+// dir so that its length never matters (sun_path holds 108 bytes). The
+// caller passes the returned file to the sandbox and closes its copy.
+func listenUnixAt(dir, name string) (*os.File, error) {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open agent socket dir: %w", err)
+	}
+	defer unix.Close(dfd)
+	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("remove stale agent socket: %w", err)
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("make agent socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	path := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("bind agent socket: %w", err)
+	}
+	if err := unix.Fchmodat(dfd, name, 0o600, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("chmod agent socket: %w", err)
+	}
+	if err := unix.Listen(fd, agentBacklog); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("listen on agent socket: %w", err)
+	}
+	return f, nil
+}
+
+// agentBacklog is the agent socket's accept queue: requests wait there
+// while init starts a server (the kernel caps it at net.core.somaxconn).
+const agentBacklog = 4096
 
 // dialUnix dials the unix socket dir/name. The sandbox can write to dir, so
 // name is opened with O_PATH|O_NOFOLLOW and must be a socket: a symlink

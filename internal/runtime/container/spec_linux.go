@@ -3,6 +3,7 @@ package container
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/moby/profiles/seccomp"
@@ -19,6 +20,9 @@ const (
 	initInSandbox   = "/.opendsec/init"
 	runDirInSandbox = "/run/opendsec"
 	agentSocketName = "agent.sock"
+	// agentListenFD is the agent socket's fd in the container's init: runc
+	// passes the first fd after stdio with --preserve-fds 1.
+	agentListenFD = 3
 )
 
 // defaultCaps is Docker's default capability set: nothing more (no
@@ -83,8 +87,9 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 		hostname = s.ID
 	}
 	// PID 1 is opendsec-init: it installs the filter, holds the agent's
-	// socket and starts the agent (the args after "--") on demand.
-	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", filepath.Join(runDirInSandbox, agentSocketName), "--", agentInSandbox}
+	// socket (bound and listening before runc runs, inherited as fd 3, see
+	// runcRun) and starts the agent (the args after "--") on demand.
+	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", strconv.Itoa(agentListenFD), "--", agentInSandbox}
 	if s.Image.User != "" {
 		args = append(args, "--default-user", s.Image.User)
 	}

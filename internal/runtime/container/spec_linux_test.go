@@ -113,7 +113,7 @@ func TestOCISpecHardening(t *testing.T) {
 	if sys == nil || !slices.Contains(sys.Options, "ro") {
 		t.Errorf("sysfs mount %+v, want read-only", sys)
 	}
-	wantArgs := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen", "/run/opendsec/agent.sock",
+	wantArgs := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", "3",
 		"--", agentInSandbox, "--default-user", "user", "--default-workdir", "/home/user", "--idle-exit", "30s"}
 	if !slices.Equal(p.Args, wantArgs) {
 		t.Errorf("args %v, want %v", p.Args, wantArgs)
