@@ -442,7 +442,10 @@ type Sandbox struct {
 	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	LastActivityAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_activity_at,json=lastActivityAt,proto3" json:"last_activity_at,omitempty"`
 	// Why a sandbox is FAILED or STOPPED (e.g. "timeout", "idle", "stopped by caller").
-	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The create took a prestarted sandbox from its node's warm pool (see
+	// docs/concepts.md, "Warm pool") instead of making one from scratch.
+	FromWarmPool  bool `protobuf:"varint,9,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -533,11 +536,21 @@ func (x *Sandbox) GetReason() string {
 	return ""
 }
 
+func (x *Sandbox) GetFromWarmPool() bool {
+	if x != nil {
+		return x.FromWarmPool
+	}
+	return false
+}
+
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Idempotency key chosen by the client; retries reuse it.
-	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Make the sandbox from scratch even when the node's warm pool holds a
+	// matching prestarted one (benchmarks of the cold path, debugging).
+	SkipWarmPool  bool `protobuf:"varint,3,opt,name=skip_warm_pool,json=skipWarmPool,proto3" json:"skip_warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -584,6 +597,13 @@ func (x *CreateSandboxRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *CreateSandboxRequest) GetSkipWarmPool() bool {
+	if x != nil {
+		return x.SkipWarmPool
+	}
+	return false
 }
 
 type CreateSandboxResponse struct {
@@ -635,7 +655,9 @@ type BatchCreateSandboxesRequest struct {
 	Spec  *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	Count int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	// Each item gets request_id "<request_id>-<index>".
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// As in CreateSandboxRequest.
+	SkipWarmPool  bool `protobuf:"varint,4,opt,name=skip_warm_pool,json=skipWarmPool,proto3" json:"skip_warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -689,6 +711,13 @@ func (x *BatchCreateSandboxesRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *BatchCreateSandboxesRequest) GetSkipWarmPool() bool {
+	if x != nil {
+		return x.SkipWarmPool
+	}
+	return false
 }
 
 type BatchCreateSandboxesResponse struct {
@@ -4455,7 +4484,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xe5\x02\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\x8b\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -4466,18 +4495,21 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12D\n" +
 	"\x10last_activity_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0elastActivityAt\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"c\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12$\n" +
+	"\x0efrom_warm_pool\x18\t \x01(\bR\ffromWarmPool\"\x89\x01\n" +
 	"\x14CreateSandboxRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"G\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12$\n" +
+	"\x0eskip_warm_pool\x18\x03 \x01(\bR\fskipWarmPool\"G\n" +
 	"\x15CreateSandboxResponse\x12.\n" +
-	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\x80\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\xa6\x01\n" +
 	"\x1bBatchCreateSandboxesRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xa8\x01\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12$\n" +
+	"\x0eskip_warm_pool\x18\x04 \x01(\bR\fskipWarmPool\"\xa8\x01\n" +
 	"\x1cBatchCreateSandboxesResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12.\n" +
 	"\asandbox\x18\x02 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12\x1d\n" +

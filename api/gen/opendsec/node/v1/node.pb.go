@@ -28,10 +28,14 @@ const (
 )
 
 type CreateSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Spec          *v1.SandboxSpec        `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
-	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ID for a sandbox made from scratch. A sandbox taken from the warm
+	// pool keeps the ID it was prestarted with (same node prefix): callers
+	// use the ID in the response. StopSandbox with sandbox_id still finds it.
+	SandboxId     string          `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Spec          *v1.SandboxSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	RequestId     string          `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SkipWarmPool  bool            `protobuf:"varint,4,opt,name=skip_warm_pool,json=skipWarmPool,proto3" json:"skip_warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -85,6 +89,13 @@ func (x *CreateSandboxRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *CreateSandboxRequest) GetSkipWarmPool() bool {
+	if x != nil {
+		return x.SkipWarmPool
+	}
+	return false
 }
 
 type CreateSandboxResponse struct {
@@ -1053,13 +1064,14 @@ var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19opendsec/v1/sandbox.proto\"\x82\x01\n" +
+	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19opendsec/v1/sandbox.proto\"\xa8\x01\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"G\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12$\n" +
+	"\x0eskip_warm_pool\x18\x04 \x01(\bR\fskipWarmPool\"G\n" +
 	"\x15CreateSandboxResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +

@@ -105,7 +105,7 @@ class NetworkRule(_message.Message):
     def __init__(self, cidr: _Optional[str] = ..., domain: _Optional[str] = ..., protocol: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason")
+    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Sandbox(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVITY_AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FROM_WARM_POOL_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     spec: SandboxSpec
@@ -122,15 +123,18 @@ class Sandbox(_message.Message):
     expires_at: _timestamp_pb2.Timestamp
     last_activity_at: _timestamp_pb2.Timestamp
     reason: str
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    from_warm_pool: bool
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ("spec", "request_id")
+    __slots__ = ("spec", "request_id", "skip_warm_pool")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SKIP_WARM_POOL_FIELD_NUMBER: _ClassVar[int]
     spec: SandboxSpec
     request_id: str
-    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    skip_warm_pool: bool
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., skip_warm_pool: bool = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ("sandbox",)
@@ -139,14 +143,16 @@ class CreateSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class BatchCreateSandboxesRequest(_message.Message):
-    __slots__ = ("spec", "count", "request_id")
+    __slots__ = ("spec", "count", "request_id", "skip_warm_pool")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SKIP_WARM_POOL_FIELD_NUMBER: _ClassVar[int]
     spec: SandboxSpec
     count: int
     request_id: str
-    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    skip_warm_pool: bool
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ..., skip_warm_pool: bool = ...) -> None: ...
 
 class BatchCreateSandboxesResponse(_message.Message):
     __slots__ = ("index", "sandbox", "error_code", "error_message")
