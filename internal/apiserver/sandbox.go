@@ -39,7 +39,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.Crea
 	if err := checkNetworkPolicy(ctx, spec.GetNetwork()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	sb, err := s.create(ctx, spec, req.Msg.GetRequestId())
+	sb, err := s.create(ctx, spec, req.Msg.GetRequestId(), req.Msg.GetSkipWarmPool())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -79,7 +79,9 @@ func (s *Server) candidates(ctx context.Context, spec *v1.SandboxSpec) ([]string
 }
 
 // create places and creates one sandbox from a normalized spec.
-func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID string) (*v1.Sandbox, error) {
+// skipPool makes the sandbox from scratch even when the node's warm pool
+// holds a matching one.
+func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID string, skipPool bool) (*v1.Sandbox, error) {
 	cands, err := s.candidates(ctx, spec)
 	if err != nil {
 		return nil, err // already says what to change; no prefix
@@ -90,7 +92,7 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 		n := s.nodes[nodeID]
 		id := sandboxid.New(nodeID)
 		r := s.placer.Reserve(nodeID, placementRequest(spec))
-		resp, err := n.client.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID}))
+		resp, err := n.client.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID, SkipWarmPool: skipPool}))
 		if err == nil {
 			r.Done()
 			return resp.Msg.GetSandbox(), nil
@@ -170,7 +172,7 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 				if rid != "" {
 					itemRID = fmt.Sprintf("%s-%d", rid, i)
 				}
-				sb, err := s.create(ctx, spec, itemRID)
+				sb, err := s.create(ctx, spec, itemRID, req.Msg.GetSkipWarmPool())
 				resp := &v1.BatchCreateSandboxesResponse{Index: i, Sandbox: sb}
 				if err != nil {
 					resp.ErrorCode = errdefs.Code(err).String()
