@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +43,11 @@ func run(cfg config) int {
 		logf(err.Error())
 		return 1
 	}
+	env, err := serverEnv(cfg.envFile)
+	if err != nil {
+		logf(err.Error())
+		return 1
+	}
 	// Like the agent was as PID 1: the OOM killer takes a user process
 	// before init (it fails quietly without CAP_SYS_RESOURCE).
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
@@ -52,7 +58,7 @@ func run(cfg config) int {
 	signal.Notify(chld, unix.SIGCHLD)
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 	dropSignals()
-	s := &supervisor{cfg: cfg, lfd: lfd, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
+	s := &supervisor{cfg: cfg, lfd: lfd, env: env, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
 	go waitReadable(lfd, s.arm, s.ready)
 	// The node asks for /health the moment the sandbox starts: start the
 	// server now, so its start overlaps runc's return instead of waiting
@@ -96,6 +102,7 @@ func dropSignals() {
 type supervisor struct {
 	cfg   config
 	lfd   int
+	env   []string // the server's environment
 	arm   chan struct{} // ask waitReadable for one readiness report
 	ready chan struct{} // a connection waits
 
@@ -157,7 +164,7 @@ func (s *supervisor) backoff() time.Duration {
 func (s *supervisor) start() error {
 	argv := append(append([]string{}, s.cfg.server...), "--listen-fd", strconv.Itoa(listenFD))
 	pid, err := syscall.ForkExec(argv[0], argv, &syscall.ProcAttr{
-		Env:   os.Environ(),
+		Env:   s.env,
 		Files: []uintptr{0, 1, 2, uintptr(s.lfd)},
 	})
 	if err != nil {
@@ -223,6 +230,36 @@ func waitReadable(fd int, arm <-chan struct{}, ready chan<- struct{}) {
 		}
 		ready <- struct{}{}
 	}
+}
+
+// serverEnv returns the server's environment: the entries of the env file
+// when there is one (it is removed once read: it may hold secrets), else
+// init's own.
+func serverEnv(path string) ([]string, error) {
+	if path == "" {
+		return os.Environ(), nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return os.Environ(), nil
+	}
+	if err != nil {
+		return nil, &opError{"read --env-file", err}
+	}
+	if err := os.Remove(path); err != nil {
+		return nil, &opError{"remove --env-file", err}
+	}
+	var env []string
+	for _, e := range strings.Split(string(b), "\x00") {
+		if e == "" {
+			continue
+		}
+		if !strings.Contains(e, "=") {
+			return nil, errors.New("--env-file " + path + ": entry " + strconv.Quote(e) + " is not K=V")
+		}
+		env = append(env, e)
+	}
+	return env, nil
 }
 
 // inheritListener checks that fd is a listening unix stream socket and moves

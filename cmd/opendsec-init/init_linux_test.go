@@ -292,3 +292,51 @@ func TestInheritedListener(t *testing.T) {
 		t.Fatalf("init with a connected socket as --listen-fd: %v, %q; want a refusal", err, out)
 	}
 }
+
+// TestEnvFile: the --env-file's entries are the server's whole environment
+// (init's own is not passed on), and the file is gone once read; a file
+// with an entry that is not K=V stops init with an error naming it; a
+// missing file means init's own environment.
+func TestEnvFile(t *testing.T) {
+	dir := t.TempDir()
+	server := filepath.Join(dir, "server")
+	out := filepath.Join(dir, "env.out")
+	// The "server" writes its environment and exits 0 at once.
+	if err := os.WriteFile(server, []byte("#!/bin/sh\nenv > "+out+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	envFile := filepath.Join(dir, "agent.env")
+	if err := os.WriteFile(envFile, []byte("A=1\x00B=two words\x00PATH=/usr/bin:/bin\x00"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testutil.InitBinary(t), "--listen", filepath.Join(dir, "s.sock"), "--env-file", envFile, "--", server)
+	cmd.Env = []string{"INIT_ONLY=x", "PATH=/usr/bin:/bin"}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	poll(t, 10*time.Second, "server's env written", func() bool {
+		b, err := os.ReadFile(out)
+		return err == nil && strings.Contains(string(b), "PATH=")
+	})
+	b, _ := os.ReadFile(out)
+	got := string(b)
+	if !strings.Contains(got, "A=1\n") || !strings.Contains(got, "B=two words\n") || strings.Contains(got, "INIT_ONLY") {
+		t.Fatalf("server env:\n%s\nwant A and B from the env file and nothing of init's own", got)
+	}
+	if _, err := os.Stat(envFile); !os.IsNotExist(err) {
+		t.Fatalf("env file still there after boot: %v", err)
+	}
+
+	if err := os.WriteFile(envFile, []byte("A=1\x00junk\x00"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := exec.Command(testutil.InitBinary(t), "--listen", filepath.Join(dir, "s2.sock"), "--env-file", envFile, "--", server)
+	msg, err := bad.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), `entry "junk" is not K=V`) {
+		t.Fatalf("init with a bad env file: %v, %q", err, msg)
+	}
+}

@@ -9,11 +9,14 @@
 //
 // Usage:
 //
-//	opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) -- SERVER [ARGS...]
+//	opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] -- SERVER [ARGS...]
 //
 // With --listen-fd the socket is already bound and listening (the node
 // makes it before the container starts, so connections queue from the
-// first instant); with --listen init makes it.
+// first instant); with --listen init makes it. When the --env-file exists
+// at boot (a sandbox prestarted for the node's warm pool gets its caller's
+// environment only when it is let run), its NUL-separated K=V entries are
+// the server's environment instead of init's own, and the file is removed.
 //
 // SERVER gets ARGS plus "--listen-fd 3". It depends only on the standard
 // library's smallest packages and golang.org/x/sys/unix (see deps_test.go):
@@ -32,6 +35,7 @@ type config struct {
 	seccomp string   // seccomp BPF program to install first; empty: none
 	listen  string   // unix socket path to create and hand to the server
 	fd      int      // inherited listening socket; -1: none (use listen)
+	envFile string   // NUL-separated K=V entries for the server, read once and removed; empty: none
 	server  []string // server argv (without --listen-fd)
 }
 
@@ -44,7 +48,7 @@ const (
 	startWindow = 5 * time.Second
 )
 
-const usage = "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) -- SERVER [ARGS...]"
+const usage = "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] -- SERVER [ARGS...]"
 
 func main() {
 	cfg, err := parseArgs(os.Args[1:])
@@ -63,13 +67,15 @@ func parseArgs(args []string) (config, error) {
 		case "--":
 			c.server = args[i+1:]
 			i = len(args)
-		case "--seccomp-filter", "--listen", "--listen-fd":
+		case "--seccomp-filter", "--listen", "--listen-fd", "--env-file":
 			if i+1 >= len(args) || args[i+1] == "" {
 				return c, errors.New(a + " needs a value")
 			}
 			switch a {
 			case "--listen":
 				c.listen = args[i+1]
+			case "--env-file":
+				c.envFile = args[i+1]
 			case "--listen-fd":
 				n, err := strconv.Atoi(args[i+1])
 				if err != nil || n < 3 {

@@ -14,8 +14,8 @@ func TestParseArgs(t *testing.T) {
 	if c.seccomp != "/f" || c.listen != "/run/a.sock" || !slices.Equal(c.server, []string{"/agent", "--x", "--"}) {
 		t.Fatalf("parsed %+v", c)
 	}
-	c, err = parseArgs([]string{"--listen-fd", "3", "--", "/agent"})
-	if err != nil || c.fd != 3 || c.listen != "" {
+	c, err = parseArgs([]string{"--listen-fd", "3", "--env-file", "/run/e", "--", "/agent"})
+	if err != nil || c.fd != 3 || c.listen != "" || c.envFile != "/run/e" {
 		t.Fatalf("parsed %+v, %v", c, err)
 	}
 	for _, tc := range []struct {
@@ -30,6 +30,7 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"--seccomp-filter", "", "--listen", "/a", "--", "/x"}, "--seccomp-filter needs a value"},
 		{[]string{"--bogus", "--listen", "/a", "--", "/x"}, "unknown argument --bogus"},
 		{[]string{"--listen-fd", "x", "--", "/x"}, "not a file descriptor number"},
+		{[]string{"--listen-fd", "3", "--env-file", "", "--", "/x"}, "--env-file needs a value"},
 		{[]string{"--listen-fd", "2", "--", "/x"}, "not a file descriptor number"},
 		{[]string{"--listen-fd", "3", "--listen", "/a", "--", "/x"}, "not both"},
 	} {
