@@ -102,7 +102,7 @@ func dropSignals() {
 type supervisor struct {
 	cfg   config
 	lfd   int
-	env   []string // the server's environment
+	env   []string      // the server's environment
 	arm   chan struct{} // ask waitReadable for one readiness report
 	ready chan struct{} // a connection waits
 
