@@ -45,6 +45,8 @@ class FakeServer(
         self.set_timeouts: list[pb.SetTimeoutRequest] = []
         self.set_networks: list[pb.SetNetworkRequest] = []
         self.resume_requests: list[pb.ResumeSandboxRequest] = []
+        # Prestarted sandboxes a create may take, unless it sets skip_warm_pool.
+        self.warm_pool = 0
 
     async def _auth(self, context: grpc.aio.ServicerContext, method: str) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -71,7 +73,15 @@ class FakeServer(
         if request.spec.image == "bad":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'image: "bad" is not a known image; list images')
         sid = "sb" + request.request_id[:8]
-        return pb.CreateSandboxResponse(sandbox=self._make(request.spec, sid))
+        s = self._make(request.spec, sid)
+        s.from_warm_pool = self._take_warm(request.skip_warm_pool)
+        return pb.CreateSandboxResponse(sandbox=s)
+
+    def _take_warm(self, skip: bool) -> bool:
+        if skip or self.warm_pool <= 0:
+            return False
+        self.warm_pool -= 1
+        return True
 
     async def BatchCreateSandboxes(
         self, request: pb.BatchCreateSandboxesRequest, context: Any
@@ -89,6 +99,7 @@ class FakeServer(
                 )
             else:
                 s = self._make(request.spec, f"b{i}")
+                s.from_warm_pool = self._take_warm(request.skip_warm_pool)
                 yield pb.BatchCreateSandboxesResponse(index=i, sandbox=s)
 
     async def GetSandbox(self, request: pb.GetSandboxRequest, context: Any) -> pb.GetSandboxResponse:

@@ -126,6 +126,17 @@ def _selector(labels: Mapping[str, str] | None, task_id: str | None, ids: list[s
     return pb.SandboxSelector(labels=dict(labels or {}), task_id=task_id or "", ids=list(ids or []))
 
 
+def _run_args(args: DSecRunArgs | None) -> DSecRunArgs:
+    if args is None:
+        return DSecRunArgs()
+    if not isinstance(args, DSecRunArgs):
+        raise ConfigError(f"args must be a DSecRunArgs, got {type(args).__name__}")
+    if not isinstance(args.skip_warm_pool, bool):
+        got = args.skip_warm_pool
+        raise ConfigError(f"skip_warm_pool: must be True or False, got {got!r} ({type(got).__name__})")
+    return args
+
+
 def _batch_item(conn: Conn, msg: pb.BatchCreateSandboxesResponse) -> BatchItem:
     if msg.error_code or not msg.HasField("sandbox"):
         err = from_code_name(msg.error_code or "unknown", msg.error_message)
@@ -207,15 +218,22 @@ class DSecClient:
         retried with the SAME request_id, so a lost answer never makes a second
         sandbox.
 
+        The sandbox may come prestarted from its node's warm pool
+        (:attr:`Sandbox.from_warm_pool`); then its ID is the pooled sandbox's.
+        Always use the returned sandbox's :attr:`Sandbox.id`.
+
         Raises:
+            ConfigError: ``args`` is not a :class:`DSecRunArgs` or has a field
+                of the wrong type (nothing is sent).
             InvalidArgumentError: a field of ``args`` is wrong (``err.field`` names it).
             NotFoundError: the image does not exist.
             QuotaExceededError: no quota or no node capacity left.
         """
-        if args is not None and not isinstance(args, DSecRunArgs):
-            raise ConfigError(f"args must be a DSecRunArgs, got {type(args).__name__}")
+        args = _run_args(args)
         req = pb.CreateSandboxRequest(
-            spec=(args or DSecRunArgs()).to_proto(), request_id=request_id or uuid.uuid4().hex
+            spec=args.to_proto(),
+            request_id=request_id or uuid.uuid4().hex,
+            skip_warm_pool=args.skip_warm_pool,
         )
         resp = await self._conn.unary(self._conn.sandboxes.CreateSandbox, req, timeout=timeout, retry=True)
         return Sandbox(self._conn, SandboxInfo.from_proto(resp.sandbox))
@@ -234,10 +252,20 @@ class DSecClient:
         :class:`BatchItem` per sandbox as it becomes ready, each with either a
         ``sandbox`` or a typed ``error``; ``await client.run_sandboxes(args, n)``
         returns all of them sorted by index. ``timeout`` bounds the whole
-        batch (default: none).
+        batch (default: none). Items take prestarted sandboxes from the warm
+        pool while it has them (unless ``args.skip_warm_pool``); the rest are
+        made from scratch.
+
+        Raises:
+            ConfigError: ``args`` is not a :class:`DSecRunArgs` or has a field
+                of the wrong type (nothing is sent).
         """
+        args = _run_args(args)
         req = pb.BatchCreateSandboxesRequest(
-            spec=(args or DSecRunArgs()).to_proto(), count=count, request_id=request_id or uuid.uuid4().hex
+            spec=args.to_proto(),
+            count=count,
+            request_id=request_id or uuid.uuid4().hex,
+            skip_warm_pool=args.skip_warm_pool,
         )
         return BatchRun(self._conn, req, timeout)
 

@@ -463,6 +463,14 @@ class Sandbox:
         return self._info.id
 
     @property
+    def from_warm_pool(self) -> bool:
+        """True when the create took a prestarted sandbox from its node's warm
+        pool (it started faster) instead of making one from scratch; always
+        False with ``DSecRunArgs(skip_warm_pool=True)``. As the server said at
+        the last call, like :attr:`info`."""
+        return self._info.from_warm_pool
+
+    @property
     def info(self) -> SandboxInfo:
         """What the server said about the sandbox at the last call (see :meth:`refresh`)."""
         return self._info

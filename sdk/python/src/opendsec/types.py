@@ -62,6 +62,13 @@ class DSecRunArgs:
         auto_pause: when the lifetime (or idle) timeout ends, pause the sandbox
             instead of stopping it (E2B's ``autoPause``); it then keeps its memory
             and files until :meth:`Sandbox.resume` or :meth:`Sandbox.stop`.
+        skip_warm_pool: make the sandbox from scratch even when its node's warm
+            pool holds a prestarted sandbox of the same shape (for measuring the
+            cold path, or debugging). Default ``False``: a create whose shape
+            matches takes a prestarted sandbox, which is much faster; see
+            :attr:`Sandbox.from_warm_pool` and "Warm pool" in docs/concepts.md.
+            It is a flag of the create call, not part of the spec: it is not
+            stored, and :attr:`SandboxInfo.spec` reads it back as ``False``.
     """
 
     backend: str = ""
@@ -78,6 +85,7 @@ class DSecRunArgs:
     workdir: str = ""
     network: NetworkSpec | None = None
     auto_pause: bool = False
+    skip_warm_pool: bool = False
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -294,6 +302,8 @@ class SandboxInfo:
         spec: the spec it was created with (after server defaults).
         created_at / expires_at / last_activity_at: UTC times, ``None`` if unset.
         reason: why it is FAILED or STOPPED (e.g. ``"timeout"``, ``"idle"``).
+        from_warm_pool: the create took a prestarted sandbox from its node's
+            warm pool instead of making one from scratch.
     """
 
     id: str
@@ -304,6 +314,7 @@ class SandboxInfo:
     expires_at: _dt.datetime | None
     last_activity_at: _dt.datetime | None
     reason: str
+    from_warm_pool: bool = False
 
     @classmethod
     def from_proto(cls, s: pb.Sandbox) -> SandboxInfo:
@@ -317,6 +328,7 @@ class SandboxInfo:
             expires_at=_ts(s.expires_at, s.HasField("expires_at")),
             last_activity_at=_ts(s.last_activity_at, s.HasField("last_activity_at")),
             reason=s.reason,
+            from_warm_pool=s.from_warm_pool,
         )
 
 

@@ -59,6 +59,23 @@ async def test_run_shell_prints_42(sandbox: Sandbox) -> None:
     assert info.spec.image == IMAGE
 
 
+async def test_warm_pool_flags(client: DSecClient) -> None:
+    # Holds whether or not the node keeps a warm pool: a create reports where
+    # its sandbox came from, and skip_warm_pool always gives a cold one.
+    default = await client.run_sandbox(run_args(labels={"opendsec-sdk-test": "1"}))
+    try:
+        assert isinstance(default.from_warm_pool, bool)
+        assert (await default.run_shell("echo ok")).stdout == "ok\n"
+    finally:
+        await default.stop()
+    cold = await client.run_sandbox(run_args(labels={"opendsec-sdk-test": "1"}, skip_warm_pool=True))
+    try:
+        assert cold.from_warm_pool is False
+        assert (await cold.run_shell("echo ok")).stdout == "ok\n"
+    finally:
+        await cold.stop()
+
+
 async def test_env_cwd_user(client: DSecClient) -> None:
     async with await client.run_sandbox(run_args(env={"SPEC_VAR": "from-spec"})) as sb:
         r = await sb.run_shell('echo "$SPEC_VAR $FOO"; pwd; id -u', env={"FOO": "bar"}, cwd="/tmp", user="root")
