@@ -46,7 +46,9 @@ const DefaultEndpoint = "http://127.0.0.1:7070"
 type (
 	// SandboxSpec is what a caller asks for when creating a sandbox.
 	SandboxSpec = opendsecv1.SandboxSpec
-	// Sandbox is a sandbox as the server reports it.
+	// Sandbox is a sandbox as the server reports it. Its GetFromWarmPool
+	// reports whether the create that made it took a prestarted sandbox
+	// from the node's warm pool.
 	Sandbox = opendsecv1.Sandbox
 	// FileInfo describes a file inside a sandbox.
 	FileInfo = opendsecv1.FileInfo

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -496,5 +497,55 @@ func TestHTTPRequest(t *testing.T) {
 	}
 	if _, err := c.HTTPRequest(t.Context(), sb.Id, opendsec.HTTPRequest{Port: 0}); !opendsec.IsInvalidArgument(err) {
 		t.Fatalf("port 0: %v", err)
+	}
+}
+
+func TestCreateSandboxWith(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.WarmPool = true
+	c := newClient(t, srv)
+	ctx := t.Context()
+	spec := &opendsec.SandboxSpec{Image: "root/busybox"}
+
+	warm, err := c.CreateSandboxWith(ctx, spec, opendsec.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create through the pool: %v", err)
+	}
+	if !warm.GetFromWarmPool() {
+		t.Error("default create: FromWarmPool = false, want true from a node with a warm pool")
+	}
+	cold, err := c.CreateSandboxWith(ctx, spec, opendsec.CreateOptions{SkipWarmPool: true, RequestID: "bench-1"})
+	if err != nil {
+		t.Fatalf("create with SkipWarmPool: %v", err)
+	}
+	if cold.GetFromWarmPool() {
+		t.Error("SkipWarmPool create: FromWarmPool = true, want false")
+	}
+	// The same RequestID is the same create.
+	again, err := c.CreateSandboxWith(ctx, spec, opendsec.CreateOptions{SkipWarmPool: true, RequestID: "bench-1"})
+	if err != nil || again.GetId() != cold.GetId() {
+		t.Fatalf("repeat of request ID bench-1 = %v, %v; want sandbox %s again", again.GetId(), err, cold.GetId())
+	}
+	plain := create(t, c)
+	if !plain.GetFromWarmPool() {
+		t.Error("CreateSandbox: FromWarmPool = false, want true (it must not skip the pool)")
+	}
+
+	if got, want := srv.CreateSkipWarmPool(), []bool{false, true, true, false}; !slices.Equal(got, want) {
+		t.Errorf("skip_warm_pool on the wire = %v, want %v", got, want)
+	}
+	ids := srv.CreateRequestIDs()
+	if ids[0] == "" || ids[0] == ids[3] || ids[1] != "bench-1" {
+		t.Errorf("request IDs = %q: want a fresh one for an empty RequestID and the caller's otherwise", ids)
+	}
+
+	if _, err := c.CreateSandboxWith(ctx, nil, opendsec.CreateOptions{}); !opendsec.IsInvalidArgument(err) || !strings.Contains(err.Error(), "spec") {
+		t.Errorf("nil spec: %v, want invalid argument naming spec", err)
+	}
+	if _, err := c.CreateSandboxWithRequestID(ctx, spec, ""); !opendsec.IsInvalidArgument(err) || !strings.Contains(err.Error(), "request_id") {
+		t.Errorf("empty request ID: %v, want invalid argument naming request_id", err)
+	}
+	if n := len(srv.Sandboxes()); n != 3 {
+		t.Errorf("fake holds %d sandboxes, want 3 (bad input must make none)", n)
 	}
 }

@@ -14,24 +14,48 @@ import (
 // MaxBatch is the most sandboxes one BatchCreate makes.
 const MaxBatch = 32768
 
-// CreateSandbox makes one sandbox from spec and returns it once its agent
-// answers. When the server is unavailable it retries (see RetryPolicy) with
-// the same request ID, so a lost answer never leads to a second sandbox.
+// CreateSandbox makes one sandbox from spec and returns it once it runs and
+// its agent's socket listens. When the server is unavailable it retries (see
+// RetryPolicy) with the same request ID, so a lost answer never leads to a
+// second sandbox. The node may hand out a prestarted sandbox from its warm
+// pool; the returned sandbox's GetFromWarmPool reports whether it did.
 func (c *Client) CreateSandbox(ctx context.Context, spec *SandboxSpec) (*Sandbox, error) {
-	return c.CreateSandboxWithRequestID(ctx, spec, newRequestID())
+	return c.CreateSandboxWith(ctx, spec, CreateOptions{})
 }
 
 // CreateSandboxWithRequestID is CreateSandbox with a caller-chosen
 // idempotency key: calling it again with the same requestID returns the
 // sandbox the first call made.
 func (c *Client) CreateSandboxWithRequestID(ctx context.Context, spec *SandboxSpec, requestID string) (*Sandbox, error) {
+	if spec != nil && requestID == "" {
+		return nil, invalid("request_id", "must not be empty")
+	}
+	return c.CreateSandboxWith(ctx, spec, CreateOptions{RequestID: requestID})
+}
+
+// CreateOptions are the less common settings of CreateSandboxWith. The zero
+// value behaves as CreateSandbox.
+type CreateOptions struct {
+	// RequestID is the idempotency key: a create with the RequestID of an
+	// earlier one returns the sandbox that one made. Empty means a fresh
+	// random key (retries of this call still share it).
+	RequestID string
+	// SkipWarmPool makes the node create the sandbox from scratch even when
+	// its warm pool holds a matching prestarted one: for measuring the cold
+	// path, or ruling the pool out while debugging.
+	SkipWarmPool bool
+}
+
+// CreateSandboxWith is CreateSandbox with opts.
+func (c *Client) CreateSandboxWith(ctx context.Context, spec *SandboxSpec, opts CreateOptions) (*Sandbox, error) {
 	if spec == nil {
 		return nil, invalid("spec", "is required; pass at least an image")
 	}
+	requestID := opts.RequestID
 	if requestID == "" {
-		return nil, invalid("request_id", "must not be empty")
+		requestID = newRequestID()
 	}
-	req := &opendsecv1.CreateSandboxRequest{Spec: spec, RequestId: requestID}
+	req := &opendsecv1.CreateSandboxRequest{Spec: spec, RequestId: requestID, SkipWarmPool: opts.SkipWarmPool}
 	var sb *Sandbox
 	err := c.withRetry(ctx, func() error {
 		resp, err := c.sandboxes.CreateSandbox(ctx, connect.NewRequest(req))

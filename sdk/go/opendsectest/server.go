@@ -49,6 +49,10 @@ type Server struct {
 	// BatchItemError, when set, makes batch item i fail with the returned
 	// error (a *connect.Error) instead of creating a sandbox.
 	BatchItemError func(i int) error
+	// WarmPool, when true, makes the fake act as a node whose warm pool
+	// always holds a match: every create without skip_warm_pool reports
+	// from_warm_pool. When false, no create does.
+	WarmPool bool
 
 	srv *httptest.Server
 
@@ -60,6 +64,7 @@ type Server struct {
 	dirs          map[string]map[string]bool     // sandbox ID → directory paths; guarded by mu
 	calls         []Call                         // guarded by mu
 	createIDs     []string                       // request IDs of every CreateSandbox; guarded by mu
+	createSkips   []bool                         // skip_warm_pool of every CreateSandbox; guarded by mu
 	failCreates   int                            // guarded by mu
 	failCode      connect.Code                   // guarded by mu
 	failAfterSave bool                           // guarded by mu
@@ -124,6 +129,14 @@ func (s *Server) CreateRequestIDs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.createIDs...)
+}
+
+// CreateSkipWarmPool returns the skip_warm_pool flag of every CreateSandbox
+// received, in order.
+func (s *Server) CreateSkipWarmPool() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]bool(nil), s.createSkips...)
 }
 
 // WriteChunks returns the data chunk sizes of the last WriteFile.
@@ -245,7 +258,9 @@ func validateSpec(spec *opendsecv1.SandboxSpec) error {
 }
 
 // create makes a sandbox for requestID, or returns the one it already made.
-func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string) (*opendsecv1.Sandbox, error) {
+// fromPool says whether the new sandbox is reported as taken from the warm
+// pool.
+func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string, fromPool bool) (*opendsecv1.Sandbox, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
@@ -269,6 +284,8 @@ func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string) (*opends
 		State:     opendsecv1.SandboxState_SANDBOX_STATE_RUNNING,
 		CreatedAt: timestamppb.New(now),
 		ExpiresAt: timestamppb.New(now.Add(time.Duration(timeout) * time.Second)),
+
+		FromWarmPool: fromPool,
 	}
 	if sb.Spec.Backend == "" {
 		sb.Spec.Backend = "container"

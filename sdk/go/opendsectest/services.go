@@ -30,6 +30,8 @@ func (h sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[
 	s := h.s
 	s.mu.Lock()
 	s.createIDs = append(s.createIDs, req.Msg.GetRequestId())
+	s.createSkips = append(s.createSkips, req.Msg.GetSkipWarmPool())
+	fromPool := s.WarmPool && !req.Msg.GetSkipWarmPool()
 	fail := s.failCreates > 0
 	code, afterSave := s.failCode, s.failAfterSave
 	if fail {
@@ -39,7 +41,7 @@ func (h sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[
 	if fail && !afterSave {
 		return nil, connect.NewError(code, errors.New("injected failure"))
 	}
-	sb, err := s.create(req.Msg.GetSpec(), req.Msg.GetRequestId())
+	sb, err := s.create(req.Msg.GetSpec(), req.Msg.GetRequestId(), fromPool)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +66,7 @@ func (h sandboxService) BatchCreateSandboxes(ctx context.Context, req *connect.R
 			err = h.s.BatchItemError(i)
 		}
 		if err == nil {
-			resp.Sandbox, err = h.s.create(req.Msg.GetSpec(), fmt.Sprintf("%s-%d", req.Msg.GetRequestId(), i))
+			resp.Sandbox, err = h.s.create(req.Msg.GetSpec(), fmt.Sprintf("%s-%d", req.Msg.GetRequestId(), i), h.s.WarmPool && !req.Msg.GetSkipWarmPool())
 		}
 		if err != nil {
 			resp.ErrorCode = connect.CodeOf(err).String()
