@@ -39,6 +39,13 @@ func fmtTime(ts *timestamppb.Timestamp) string {
 	return ts.AsTime().Local().Format(time.DateTime)
 }
 
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
 func orDash(s string) string {
 	if s == "" {
 		return "-"
@@ -98,6 +105,7 @@ func printSandboxDetail(w io.Writer, sb *opendsec.Sandbox) error {
 		{"Created", fmtTime(sb.GetCreatedAt())},
 		{"Expires", fmtTime(sb.GetExpiresAt())},
 		{"Last activity", fmtTime(sb.GetLastActivityAt())},
+		{"From warm pool", yesNo(sb.GetFromWarmPool())},
 	}
 	if sp.GetIdleTimeoutSeconds() > 0 {
 		rows = append(rows, [2]string{"Idle timeout", (time.Duration(sp.GetIdleTimeoutSeconds()) * time.Second).String()})

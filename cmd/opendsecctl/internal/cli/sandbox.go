@@ -60,12 +60,14 @@ func (a *app) createCommand() *cobra.Command {
 		quiet         bool
 		memoryMB      int64
 		network       networkFlags
+		skipWarmPool  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
 		Short: "Create sandboxes and wait until they are ready",
 		Example: `  opendsecctl sandbox create --image root/py:3.11 --timeout 10m --label team=rl
   opendsecctl sandbox create --image root/busybox --count 100 -q
+  opendsecctl sandbox create --image root/busybox --skip-warm-pool -o json
   opendsecctl sandbox create --image root/py:3.11 --rule-set pypi --allow 10.0.0.0/8:443/tcp --allow-domain example.com:443`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,12 +98,15 @@ func (a *app) createCommand() *cobra.Command {
 			if count < 1 || count > opendsec.MaxBatch {
 				return usagef("--count: must be between 1 and %d", opendsec.MaxBatch)
 			}
+			if skipWarmPool && count > 1 {
+				return usagef("--skip-warm-pool: works only with --count 1 for now; create the sandboxes one at a time")
+			}
 			c, err := a.connect()
 			if err != nil {
 				return err
 			}
 			if count == 1 {
-				sb, err := c.CreateSandbox(cmd.Context(), &spec)
+				sb, err := c.CreateSandboxWith(cmd.Context(), &spec, opendsec.CreateOptions{SkipWarmPool: skipWarmPool})
 				if err != nil {
 					return err
 				}
@@ -126,6 +131,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, "maximum number of processes (default 1024)")
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the IDs")
+	f.BoolVar(&skipWarmPool, "skip-warm-pool", false, "make the sandbox from scratch, never from the node's warm pool of prestarted sandboxes")
 	network.register(cmd)
 	return cmd
 }
