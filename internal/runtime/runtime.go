@@ -144,6 +144,19 @@ type Runtime interface {
 	AgentConn(ctx context.Context, id string) (net.Conn, error)
 }
 
+// Prestarter is implemented by backends that can make a sandbox's processes
+// ahead of its start, for a node's warm pool. After Create and Prestart
+// everything of the sandbox exists (namespaces, mounts, cgroups, its network
+// joined, its agent's socket listening) but nothing of it runs, and Status
+// reports StateCreated. Launch lets it run, with env ("K=V", on top of the
+// image's) as its agent's environment instead of Spec.Env; Start of a
+// prestarted sandbox is Launch with no env. Stop and Delete work on a
+// prestarted sandbox that never ran.
+type Prestarter interface {
+	Prestart(ctx context.Context, id string) error
+	Launch(ctx context.Context, id string, env []string) error
+}
+
 // Pauser is implemented by backends that can freeze a sandbox. Both are
 // idempotent: pausing a paused sandbox and resuming a running one succeed.
 // While paused, no process of the sandbox runs (its agent does not answer),

@@ -86,6 +86,11 @@ type sandbox struct {
 	// netNS is the network namespace to join (Spec.NetNS), checked at
 	// Start: it may be made while the bundle is prepared.
 	netNS string
+	// prestarted: `runc create` made the container (Prestart) and Launch
+	// has not let it run yet.
+	prestarted atomic.Bool
+	// imageEnv is the image's environment, for Launch.
+	imageEnv []string
 	// disk caches the size of the writable layer for Stats.
 	disk diskCache
 }
@@ -263,7 +268,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID, netNS: spec.NetNS}
+	sb := &sandbox{id: spec.ID, netNS: spec.NetNS, imageEnv: spec.Image.Env}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok || r.creating[spec.ID] {
 		r.mu.Unlock()
@@ -539,6 +544,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		sb.phase.Store(phaseLaunched)
 		log.G(ctx).Debug("sandbox started", "sandbox.id", id, "pid", pid)
 		return nil
+	}
+	if sb.prestarted.Load() {
+		return r.launch(ctx, sb, nil)
 	}
 	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	if startErr == nil {

@@ -23,6 +23,9 @@ const (
 	// agentListenFD is the agent socket's fd in the container's init: runc
 	// passes the first fd after stdio with --preserve-fds 1.
 	agentListenFD = 3
+	// agentEnvFile, in the run dir, holds a launched prestarted sandbox's
+	// environment for its agent (NUL-separated K=V).
+	agentEnvFile = "agent.env"
 )
 
 // defaultCaps is Docker's default capability set: nothing more (no
@@ -77,6 +80,25 @@ func initPath(s runtime.Spec) string {
 // agent binary when the spec names no InitPath.
 const InitBinaryName = "opendsec-init"
 
+// agentEnv is the agent's environment: the image's, then the sandbox's,
+// one entry per key (the sandbox's value wins; a process given two entries
+// of one key may read either), with a default PATH when neither sets one.
+func agentEnv(image, sandbox []string) []string {
+	all := append(append([]string{defaultPath}, image...), sandbox...)
+	at := make(map[string]int, len(all))
+	env := make([]string, 0, len(all))
+	for _, e := range all {
+		k, _, _ := strings.Cut(e, "=")
+		if i, ok := at[k]; ok {
+			env[i] = e
+			continue
+		}
+		at[k] = len(env)
+		env = append(env, e)
+	}
+	return env
+}
+
 // ociSpec builds the OCI runtime config for a sandbox. The rootfs is
 // "rootfs" relative to the bundle (StateDir). It has no seccomp section:
 // opendsec-init installs the compiled profile from seccompInSandbox (see
@@ -89,7 +111,10 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	// PID 1 is opendsec-init: it installs the filter, holds the agent's
 	// socket (bound and listening before runc runs, inherited as fd 3, see
 	// runcRun) and starts the agent (the args after "--") on demand.
-	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", strconv.Itoa(agentListenFD), "--", agentInSandbox}
+	// A prestarted sandbox gets its caller's environment at launch, in the
+	// env file (see Launch); init reads and removes it at boot.
+	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", strconv.Itoa(agentListenFD),
+		"--env-file", filepath.Join(runDirInSandbox, agentEnvFile), "--", agentInSandbox}
 	if s.Image.User != "" {
 		args = append(args, "--default-user", s.Image.User)
 	}
@@ -99,16 +124,7 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	if s.AgentIdleExit > 0 {
 		args = append(args, "--idle-exit", s.AgentIdleExit.String())
 	}
-	env := append(append([]string{}, s.Image.Env...), s.Env...)
-	hasPath := false
-	for _, e := range env {
-		if strings.HasPrefix(e, "PATH=") {
-			hasPath = true
-		}
-	}
-	if !hasPath {
-		env = append([]string{defaultPath}, env...)
-	}
+	env := agentEnv(s.Image.Env, s.Env)
 
 	mem := s.Resources.MemoryMB << 20
 	quota := int64(s.Resources.CPU * cpuPeriod)

@@ -113,7 +113,7 @@ func TestOCISpecHardening(t *testing.T) {
 	if sys == nil || !slices.Contains(sys.Options, "ro") {
 		t.Errorf("sysfs mount %+v, want read-only", sys)
 	}
-	wantArgs := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", "3",
+	wantArgs := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", "3", "--env-file", "/run/opendsec/agent.env",
 		"--", agentInSandbox, "--default-user", "user", "--default-workdir", "/home/user", "--idle-exit", "30s"}
 	if !slices.Equal(p.Args, wantArgs) {
 		t.Errorf("args %v, want %v", p.Args, wantArgs)
@@ -367,5 +367,20 @@ func TestOCISpecMountsInterpreterReadOnly(t *testing.T) {
 	}
 	if m := sp.Mounts[i]; m.Source != filepath.Join(testSpec().StateDir, interpreterFile) || !slices.Contains(m.Options, "ro") {
 		t.Errorf("interpreter mount %+v, want a read-only bind of the state dir's %s", m, interpreterFile)
+	}
+}
+
+// TestAgentEnvOneEntryPerKey: the sandbox's env overrides the image's for
+// the same key (one entry each, in first-seen order), and PATH defaults
+// only when neither sets it.
+func TestAgentEnvOneEntryPerKey(t *testing.T) {
+	got := agentEnv([]string{"A=image", "B=image"}, []string{"A=sandbox", "C=x"})
+	want := []string{defaultPath, "A=sandbox", "B=image", "C=x"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("agentEnv = %q, want %q", got, want)
+	}
+	got = agentEnv([]string{"PATH=/img"}, []string{"PATH=/sb"})
+	if !slices.Equal(got, []string{"PATH=/sb"}) {
+		t.Fatalf("agentEnv with PATH = %q", got)
 	}
 }

@@ -46,6 +46,82 @@ func Suite(t *testing.T, f Factory) {
 	t.Run("Pause", func(t *testing.T) { testPause(t, f) })
 	t.Run("PauseRecover", func(t *testing.T) { testPauseRecover(t, f) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, f) })
+	t.Run("Prestart", func(t *testing.T) { testPrestart(t, f) })
+}
+
+// testPrestart: a prestarted sandbox runs nothing (its agent does not
+// answer) until Launch, which gives its agent the launch env on top of the
+// image's; a prestarted sandbox that is never launched stops and deletes
+// without leftovers.
+func testPrestart(t *testing.T, f Factory) {
+	rt, tmpl := f(t)
+	ps, ok := rt.(runtime.Prestarter)
+	if !ok {
+		t.Skipf("backend %s cannot prestart sandboxes (no runtime.Prestarter)", rt.Info().Name)
+	}
+	ctx := t.Context()
+	tmpl.Image.Env = append(tmpl.Image.Env, "FROM_IMAGE=img", "OVERRIDDEN=image")
+	tmpl.Env = []string{"FROM_SPEC=ignored-by-launch"}
+	spec := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := ps.Prestart(ctx, spec.ID); err != nil {
+		t.Fatalf("prestart: %v", err)
+	}
+	st := mustState(t, rt, spec.ID, runtime.StateCreated)
+	// Nothing runs: a health request waits in the socket's backlog.
+	hctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	code, err := Health(hctx, rt, spec.ID)
+	cancel()
+	if err == nil {
+		t.Fatalf("agent of a prestarted, never launched sandbox answered %d", code)
+	}
+	if err := ps.Launch(ctx, spec.ID, []string{"FROM_LAUNCH=yes", "OVERRIDDEN=launch"}); err != nil {
+		t.Fatalf("launch: %v", err)
+	}
+	if err := WaitAgent(ctx, rt, spec.ID, agentTimeout); err != nil {
+		t.Fatal(err)
+	}
+	mustState(t, rt, spec.ID, runtime.StateRunning)
+	res, err := Run(ctx, rt, spec.ID, "", "/bin/sh", "-c", `echo "$FROM_IMAGE,$FROM_LAUNCH,$OVERRIDDEN,$FROM_SPEC"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout != "img,yes,launch,\n" {
+		t.Fatalf("env after launch: %q; want the image's env with the launch env on top (and not Spec.Env)", res.Stdout)
+	}
+	if err := ps.Launch(ctx, spec.ID, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("second launch: %v; want a failed precondition", err)
+	}
+	if err := rt.Stop(ctx, spec.ID, StopOptions()); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeftovers(t, spec.StateDir, st.Pid)
+
+	// Never launched.
+	spec2 := Prepare(t, rt, tmpl)
+	if _, err := rt.Create(ctx, spec2); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := ps.Prestart(ctx, spec2.ID); err != nil {
+		t.Fatalf("prestart: %v", err)
+	}
+	st2 := mustState(t, rt, spec2.ID, runtime.StateCreated)
+	if st2.Pid <= 0 {
+		t.Fatalf("prestarted sandbox reports pid %d", st2.Pid)
+	}
+	if err := rt.Stop(ctx, spec2.ID, StopOptions()); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Delete(ctx, spec2.ID); err != nil {
+		t.Fatal(err)
+	}
+	mustNotFound(t, rt, spec2.ID)
+	AssertNoLeftovers(t, spec2.StateDir, st2.Pid)
 }
 
 // NewID returns a fresh sandbox ID ([a-z0-9]).

@@ -1,0 +1,182 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+var _ runtime.Prestarter = (*Runtime)(nil)
+
+// prestartNice is the CPU niceness of the runc process that prestarts a
+// sandbox: a warm pool refills from CPU that running sandboxes leave idle.
+// Launch gives the sandbox's init back the normal priority before it runs.
+const prestartNice = 19
+
+// Prestart makes the prepared sandbox's container with `runc create`:
+// namespaces, mounts, cgroups and the network namespace joined, its agent
+// socket listening, and runc's init waiting for the start. Nothing of the
+// sandbox runs until Launch. runc runs at low CPU priority.
+func (r *Runtime) Prestart(ctx context.Context, id string) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.op.Unlock()
+	if sb.phase.Load() != phasePrepared {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was already started; only a prepared sandbox can be prestarted", id)
+	}
+	if sb.netNS != "" {
+		if _, err := os.Stat(sb.netNS); err != nil {
+			return errdefs.Invalid("net_ns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
+		}
+	}
+	bundle := sb.st.Bundle
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer devnull.Close()
+	logf, err := os.OpenFile(filepath.Join(bundle, logDir, agentLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open agent log: %w", err)
+	}
+	defer logf.Close()
+	lfile, err := listenUnixAt(filepath.Join(bundle, runDir), agentSocketName)
+	if err != nil {
+		return err
+	}
+	defer lfile.Close()
+	rlog := filepath.Join(bundle, logDir, runcLog)
+	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
+		"create", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
+	cmd.ExtraFiles = []*os.File{lfile}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("prestart sandbox: runc create: %w", err)
+	}
+	// runc forks its init a few milliseconds into its run; the children
+	// inherit this.
+	_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
+	if err := cmd.Wait(); err != nil {
+		if _, derr := r.runcOut(context.WithoutCancel(ctx), sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {
+			log.G(ctx).Warn("remove container after failed runc create", "sandbox.id", id, "error", derr)
+			sb.phase.Store(phaseLaunched)
+		}
+		return fmt.Errorf("prestart sandbox: runc create: %w: %s", err, runcLogError(rlog))
+	}
+	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
+	if err != nil {
+		sb.phase.Store(phaseLaunched) // runc has it: Stop and Delete clean up
+		return fmt.Errorf("read init pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pb)))
+	if err != nil {
+		sb.phase.Store(phaseLaunched)
+		return fmt.Errorf("parse init pid: %w", err)
+	}
+	sb.pid.Store(int64(pid))
+	sb.prestarted.Store(true)
+	sb.phase.Store(phaseLaunched)
+	log.G(ctx).Debug("sandbox prestarted", "sandbox.id", id, "pid", pid)
+	return nil
+}
+
+// Launch lets a prestarted sandbox run: env (K=V, on top of the image's)
+// goes to its agent through the env file, which init reads and removes at
+// boot; init gets the normal CPU priority back; then `runc start`.
+func (r *Runtime) Launch(ctx context.Context, id string, env []string) error {
+	sb, err := r.lock(id)
+	if err != nil {
+		return err
+	}
+	defer sb.op.Unlock()
+	if !sb.prestarted.Load() {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not prestarted (or was launched already)", id)
+	}
+	return r.launch(ctx, sb, env)
+}
+
+// launch is Launch with sb.op held.
+func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
+	id := sb.id
+	var b strings.Builder
+	for _, e := range agentEnv(sb.imageEnv, env) {
+		if strings.IndexByte(e, 0) >= 0 || !strings.Contains(e, "=") {
+			return errdefs.Invalid("env", "entry %q is not K=V without NUL bytes", e)
+		}
+		b.WriteString(e)
+		b.WriteByte(0)
+	}
+	if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, b.String()); err != nil {
+		return err
+	}
+	if pid := int(sb.pid.Load()); pid > 0 {
+		if err := renice(pid, 0); err != nil {
+			return fmt.Errorf("launch sandbox: %w", err)
+		}
+	}
+	if _, err := r.runcOut(ctx, sb.st.StateRoot, "start", id); err != nil {
+		return fmt.Errorf("launch sandbox: %w", err)
+	}
+	sb.prestarted.Store(false)
+	return nil
+}
+
+// writeEnvFile creates dir/name (mode 0600) with content. Nothing of the
+// sandbox has run yet, but the run dir is the sandbox's: never follow a
+// link there.
+func writeEnvFile(dir, name, content string) error {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open run dir: %w", err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write agent env file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return fmt.Errorf("write agent env file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write agent env file: %w", err)
+	}
+	return nil
+}
+
+// renice sets the niceness of every thread of process pid.
+func renice(pid, nice int) error {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return fmt.Errorf("list threads of %d: %w", pid, err)
+	}
+	var errs []error
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("set priority of thread %d: %w", tid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
