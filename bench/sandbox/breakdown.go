@@ -20,7 +20,7 @@ import (
 // The agent's socket inside a sandbox's bundle (internal/runtime/container).
 const agentSocket = "run/agent.sock"
 
-// breakdownPhase splits our create time into its parts. It copies the
+// breakdownPhase splits our cold create time (skip_warm_pool) into its parts. It copies the
 // config.json our node wrote for a live sandbox and replays the node's
 // steps by hand on a fresh bundle of the same rootfs: `runc create`,
 // `runc start`, then the agent's first /health answer (polled every
@@ -31,7 +31,7 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 	if b.cfg.breakdown == 0 {
 		return nil
 	}
-	sb, _, err := b.create(ctx)
+	sb, _, err := b.createWith(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -81,11 +81,17 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 	}
 
 	for i := -b.cfg.warmup; i < b.cfg.breakdown; i++ {
-		sb, total, err := b.create(ctx)
+		if err := b.settle(ctx); err != nil {
+			return err
+		}
+		sb, total, err := b.createWith(ctx, true)
 		if err != nil {
 			return err
 		}
 		if err := b.stop(ctx, sb.GetId()); err != nil {
+			return err
+		}
+		if err := b.settle(ctx); err != nil {
 			return err
 		}
 		c, err := b.base.prepareSpec(ours, st.Bundle)

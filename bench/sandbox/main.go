@@ -1,7 +1,8 @@
 // Command sandbox benchmarks OpenDsec's container sandboxes against plain
-// runc on the same machine, in the same run: create latency (vs `runc run`),
-// exec round trip of `true` (vs `runc exec`), host-side memory of an idle
-// sandbox, and concurrent creates. It talks to a running system through the
+// runc on the same machine, in the same run: create latency through the
+// node's warm pool and cold (vs `runc run`), time to the first command (vs
+// `runc run` + `runc exec`), exec round trip of `true` (vs `runc exec`),
+// host-side memory of an idle sandbox, and concurrent creates. It talks to a running system through the
 // public API (sdk/go), prints a markdown report and writes it to
 // bench/results/<date>-core.md. It runs as root and removes everything it
 // made, even on error or interrupt. See bench/README.md.
@@ -13,7 +14,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"google.golang.org/protobuf/proto"
 	"io"
 	"os"
 	"os/exec"
@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
@@ -35,8 +37,8 @@ type config struct {
 	endpoint, tokenFile, image, rootfs string
 	runc, stateRoot, cgParent          string
 	creates, execs, idle, concurrent   int
-	warmup, breakdown                  int
-	idleWait                           time.Duration
+	warmup, breakdown, firstCommand    int
+	idleWait, settle                   time.Duration
 	out, command, revision             string
 	lim                                limits
 }
@@ -50,7 +52,9 @@ func main() {
 	flag.StringVar(&c.runc, "runc", "runc", "runc binary")
 	flag.StringVar(&c.stateRoot, "state-root", "/run/opendsec/runc", "the node's runc --root (to find a sandbox's agent pid)")
 	flag.StringVar(&c.cgParent, "cgroup-parent", "/opendsec", "the node's cgroup parent of sandboxes")
-	flag.IntVar(&c.creates, "creates", 50, "sequential creates of each kind (ours, runc run)")
+	flag.IntVar(&c.creates, "creates", 50, "sequential creates of each kind (ours through the warm pool, ours cold, runc run)")
+	flag.IntVar(&c.firstCommand, "first-command", 30, "time-to-first-command iterations of each kind (ours warm, ours cold, runc run + runc exec; 0: skip)")
+	flag.DurationVar(&c.settle, "settle", 300*time.Millisecond, "pause between one timed operation and the next, so the pool refill and the last teardown are done")
 	flag.IntVar(&c.execs, "execs", 200, "exec round trips of each kind")
 	flag.IntVar(&c.idle, "idle", 10, "idle sandboxes whose memory is measured")
 	flag.DurationVar(&c.idleWait, "idle-wait", 5*time.Second, "how long sandboxes stay idle before their memory is read")
@@ -91,6 +95,10 @@ func validate(c config) error {
 		return fmt.Errorf("flag -concurrent is %d; give at least 1", c.concurrent)
 	case c.breakdown < 0:
 		return fmt.Errorf("flag -breakdown is %d; give 0 (skip) or more", c.breakdown)
+	case c.firstCommand < 0:
+		return fmt.Errorf("flag -first-command is %d; give 0 (skip) or more", c.firstCommand)
+	case c.settle < 0:
+		return fmt.Errorf("flag -settle is %s; give 0 or more (e.g. 300ms)", c.settle)
 	case c.warmup < 0:
 		return fmt.Errorf("flag -warmup is %d; give 0 or more", c.warmup)
 	case c.lim.memoryMB < 16 || c.lim.cpu <= 0 || c.lim.pids < 1:
@@ -159,6 +167,7 @@ func run(ctx context.Context, c config) (retErr error) {
 		fn   func(context.Context, *report) error
 	}{
 		{"create latency", b.createPhase},
+		{"time to first command", b.firstCommandPhase},
 		{"create breakdown", b.breakdownPhase},
 		{"exec round trip", b.execPhase},
 		{"idle memory", b.memoryPhase},
@@ -195,22 +204,38 @@ func (b *bench) spec() *opendsec.SandboxSpec {
 	}
 }
 
-// create makes one of our sandboxes and returns it with its client-measured
-// latency (CreateSandbox returns once the agent answers).
+// create makes one of our sandboxes with a default create (the node may
+// take it from its warm pool) and returns it with its client-measured
+// latency.
 func (b *bench) create(ctx context.Context) (*opendsec.Sandbox, time.Duration, error) {
+	return b.createWith(ctx, false)
+}
+
+// createWith is create; with cold the node makes the sandbox from scratch
+// (skip_warm_pool). CreateSandbox returns once the sandbox runs and its
+// agent's socket listens.
+func (b *bench) createWith(ctx context.Context, cold bool) (*opendsec.Sandbox, time.Duration, error) {
 	start := time.Now()
-	sb, err := b.client.CreateSandbox(ctx, b.spec())
+	sb, err := b.client.CreateSandboxWith(ctx, b.spec(), opendsec.CreateOptions{SkipWarmPool: cold})
 	d := time.Since(start)
 	if err != nil {
 		return nil, 0, fmt.Errorf("create sandbox: %w", err)
 	}
+	if err := b.track(sb); err != nil {
+		return sb, 0, err
+	}
+	return sb, d, nil
+}
+
+// track records sb as ours (cleanup stops it) and checks it runs.
+func (b *bench) track(sb *opendsec.Sandbox) error {
 	b.mu.Lock()
 	b.ours[sb.GetId()] = true
 	b.mu.Unlock()
 	if st := sb.GetState(); st != opendsecv1StateRunning {
-		return sb, 0, fmt.Errorf("sandbox %s is %s after create, want running", sb.GetId(), st)
+		return fmt.Errorf("sandbox %s is %s after create, want running", sb.GetId(), st)
 	}
-	return sb, d, nil
+	return nil
 }
 
 func (b *bench) stop(ctx context.Context, id string) error {
@@ -253,33 +278,90 @@ func (b *bench) cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// createPhase: sequential creates, ours and `runc run` interleaved (ABAB).
+// The kinds of create compared in the create and first-command phases.
+type kind int
+
+const (
+	kindPool kind = iota // ours, default create: the node may take a warm-pool sandbox
+	kindCold             // ours with skip_warm_pool: made from scratch
+	kindRunc             // the baseline, `runc run --detach`
+	numKinds
+)
+
+// roundOrder returns the order of the kinds in round i: rotated every
+// round, so each kind follows each other kind equally often.
+func roundOrder(i int) [numKinds]kind {
+	var o [numKinds]kind
+	for j := range o {
+		o[j] = kind(((i+j)%int(numKinds) + int(numKinds)) % int(numKinds))
+	}
+	return o
+}
+
+// settle waits the -settle gap. It is benchmark methodology, not
+// synchronisation: each timed operation should start on a machine where the
+// node's pool refill and the previous teardown are done, as for a caller
+// whose creates are not back to back.
+func (b *bench) settle(ctx context.Context) error {
+	if b.cfg.settle <= 0 {
+		return nil
+	}
+	select {
+	case <-time.After(b.cfg.settle):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// createPhase: sequential creates of the three kinds, interleaved (the
+// order rotates each round), a settle gap before each timed create. Stops
+// and baseline deletes are outside the timed parts.
 func (b *bench) createPhase(ctx context.Context, r *report) error {
 	for i := -b.cfg.warmup; i < b.cfg.creates; i++ {
-		sb, d, err := b.create(ctx)
-		if err != nil {
-			return err
+		var d [numKinds]time.Duration
+		hit := false
+		for _, k := range roundOrder(i) {
+			if err := b.settle(ctx); err != nil {
+				return err
+			}
+			switch k {
+			case kindPool, kindCold:
+				sb, t, err := b.createWith(ctx, k == kindCold)
+				if err != nil {
+					return err
+				}
+				d[k] = t
+				if k == kindPool {
+					hit = sb.GetFromWarmPool()
+				} else if sb.GetFromWarmPool() {
+					return fmt.Errorf("sandbox %s: a create with skip_warm_pool reports from_warm_pool", sb.GetId())
+				}
+				if err := b.stop(ctx, sb.GetId()); err != nil {
+					return err
+				}
+			case kindRunc:
+				c, err := b.base.prepare()
+				if err != nil {
+					return err
+				}
+				if d[k], err = b.base.run(ctx, c); err != nil {
+					return err
+				}
+				if err := b.base.remove(ctx, c); err != nil {
+					return err
+				}
+			}
 		}
-		if err := b.stop(ctx, sb.GetId()); err != nil {
-			return err
+		if i < 0 {
+			continue
 		}
-		c, err := b.base.prepare()
-		if err != nil {
-			return err
-		}
-		rd, err := b.base.run(ctx, c)
-		if err != nil {
-			return err
-		}
-		if err := b.base.remove(ctx, c); err != nil {
-			return err
-		}
-		if i >= 0 {
-			r.createOurs = append(r.createOurs, d)
-			r.createRunc = append(r.createRunc, rd)
-		}
-		if i >= 0 && (i+1)%10 == 0 {
-			b.logf("  %d/%d creates: last ours %s ms, runc %s ms", i+1, b.cfg.creates, ms(d), ms(rd))
+		r.createPool.add(d[kindPool], hit)
+		r.createCold = append(r.createCold, d[kindCold])
+		r.createRunc = append(r.createRunc, d[kindRunc])
+		if (i+1)%10 == 0 {
+			b.logf("  %d/%d rounds: last pool %s ms (hit %t), cold %s ms, runc %s ms; pool hits %d of %d",
+				i+1, b.cfg.creates, ms(d[kindPool]), hit, ms(d[kindCold]), ms(d[kindRunc]), len(r.createPool.hits), len(r.createPool.all))
 		}
 	}
 	return nil
@@ -426,12 +508,15 @@ func (b *bench) memoryPhase(ctx context.Context, r *report) error {
 	return nil
 }
 
-// concurrentPhase: n creates at once; all must succeed and be running.
+// concurrentPhase: n default creates at once; all must succeed and be
+// running. A burst larger than the node's warm pool takes what the pool
+// holds and the rest are cold creates.
 func (b *bench) concurrentPhase(ctx context.Context, r *report) error {
 	n := b.cfg.concurrent
 	lat := make(series, n)
 	errs := make([]error, n)
 	ids := make([]string, n)
+	hits := make([]bool, n)
 	var wg sync.WaitGroup
 	gate := make(chan struct{})
 	for i := range n {
@@ -441,6 +526,7 @@ func (b *bench) concurrentPhase(ctx context.Context, r *report) error {
 			lat[i], errs[i] = d, err
 			if sb != nil {
 				ids[i] = sb.GetId()
+				hits[i] = sb.GetFromWarmPool()
 			}
 		})
 	}
@@ -463,7 +549,7 @@ func (b *bench) concurrentPhase(ctx context.Context, r *report) error {
 			r.concErrs = append(r.concErrs, fmt.Sprintf("%s is %s, want running", ids[i], sb.GetState()))
 			continue
 		}
-		r.concOurs = append(r.concOurs, lat[i])
+		r.concOurs.add(lat[i], hits[i])
 	}
 	var stopErrs []error
 	for _, id := range ids {

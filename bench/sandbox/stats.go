@@ -57,3 +57,23 @@ func medianInt64(v []int64) int64 {
 func mib(b int64) string {
 	return fmt.Sprintf("%.2f", float64(b)/(1<<20))
 }
+
+// poolSeries holds the latencies of default creates (the node may take a
+// warm-pool sandbox), all of them and split by whether it did.
+type poolSeries struct {
+	all, hits, misses series
+}
+
+func (p *poolSeries) add(d time.Duration, hit bool) {
+	p.all = append(p.all, d)
+	if hit {
+		p.hits = append(p.hits, d)
+	} else {
+		p.misses = append(p.misses, d)
+	}
+}
+
+// hitText says how many of the creates took a warm-pool sandbox.
+func (p *poolSeries) hitText() string {
+	return fmt.Sprintf("%d of %d creates took a warm-pool sandbox", len(p.hits), len(p.all))
+}
