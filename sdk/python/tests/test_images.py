@@ -48,7 +48,9 @@ class FakeImages(ipbg.ImageServiceServicer):
         if dict(context.invocation_metadata() or ()).get("authorization") != f"Bearer {GOOD_TOKEN}":
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token: unknown")
 
-    async def ImportImage(self, request: ipb.ImportImageRequest, context: Any) -> AsyncIterator[ipb.ImportImageResponse]:
+    async def ImportImage(
+        self, request: ipb.ImportImageRequest, context: Any
+    ) -> AsyncIterator[ipb.ImportImageResponse]:
         await self._check(request, context)
         if request.ref.startswith("127.0.0.1:1/"):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"registry {request.ref}: connection refused")
@@ -60,7 +62,9 @@ class FakeImages(ipbg.ImageServiceServicer):
     async def GetImage(self, request: ipb.GetImageRequest, context: Any) -> ipb.GetImageResponse:
         await self._check(request, context)
         if request.name != "root/busybox":
-            await context.abort(grpc.StatusCode.NOT_FOUND, f'image "{request.name}" not found (available: root/busybox)')
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f'image "{request.name}" not found (available: root/busybox)'
+            )
         return ipb.GetImageResponse(image=_image("root/busybox:latest", DIGEST))
 
     async def ListImages(self, request: ipb.ListImagesRequest, context: Any) -> ipb.ListImagesResponse:
@@ -128,7 +132,7 @@ async def test_import_errors(images_env: Any) -> None:
     with pytest.raises(ConfigError):
         await client.images.import_("  ")
     assert images.requests == []
-    with pytest.raises(UnavailableError, match="127.0.0.1:1"):
+    with pytest.raises(UnavailableError, match=r"127\.0\.0\.1:1"):
         await client.images.import_("127.0.0.1:1/x:v1")
     images.end_import_early = True
     with pytest.raises(UnavailableError, match="without the image"):

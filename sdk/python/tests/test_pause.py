@@ -34,7 +34,8 @@ async def test_pause_resume_and_metrics(client: DSecClient, server: FakeServer) 
 
 
 async def test_batch_pause_by_task_and_resume_by_labels(client: DSecClient, server: FakeServer) -> None:
-    job = [await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="job", labels={"k": "v"})) for _ in range(3)]
+    job_args = DSecRunArgs(image="root/busybox", task_id="job", labels={"k": "v"})
+    job = [await client.run_sandbox(job_args) for _ in range(3)]
     other = await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="other"))
     out = await client.pause_sandboxes(task_id="job")
     assert out.ok and sorted(s.id for s in out.sandboxes) == sorted(s.id for s in job)

@@ -708,7 +708,6 @@ class Sandbox:
             status=resp.status, headers=[(h.name, h.value) for h in resp.headers], body=bytes(resp.body)
         )
 
-
     async def pack_diff(self, name: str, scrub_paths: Sequence[str] | None = None) -> Image:
         """Save this sandbox's changes (its writable layer) as a new layer on top
         of its image: a new image ``name`` that new sandboxes start from. The

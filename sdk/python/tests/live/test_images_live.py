@@ -28,7 +28,10 @@ async def test_pack_diff_compose_tag_gc(client: DSecClient) -> None:
     assert packed.name == packed_name and len(packed.layers) == len(base.layers) + 1
     assert [layer.digest for layer in packed.layers[:-1]] == [layer.digest for layer in base.layers]
 
-    check = "cat /opt/site/pkg/__init__.py; test -e /bin/true && echo true-there; test -e /root/.cache/secret && echo secret; echo end"
+    check = (
+        "cat /opt/site/pkg/__init__.py; test -e /bin/true && echo true-there; "
+        "test -e /root/.cache/secret && echo secret; echo end"
+    )
 
     async def run_one(image: str) -> str:
         async with await client.run_sandbox(run_args(image=image, labels={"opendsec-sdk-test": "1"})) as s:
