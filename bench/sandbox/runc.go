@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +176,30 @@ func (b *baseline) create(ctx context.Context, c *runcContainer) (time.Duration,
 	return b.timed(ctx, "create", "--bundle", c.bundle, c.id)
 }
 
+// createListening is create for a config whose init takes the agent's
+// socket as fd 3 (--listen-fd 3), as our node runs it: the socket is bound
+// at sock and listening before the timer starts and is handed over with
+// --preserve-fds 1.
+func (b *baseline) createListening(ctx context.Context, c *runcContainer, sock string) (time.Duration, error) {
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return 0, fmt.Errorf("make agent socket dir: %w", err)
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "unix", sock)
+	if err != nil {
+		return 0, fmt.Errorf("listen on agent socket: %w", err)
+	}
+	ul := l.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the socket stays for the agent
+	defer ul.Close()
+	f, err := ul.File()
+	if err != nil {
+		return 0, fmt.Errorf("agent socket file: %w", err)
+	}
+	defer f.Close()
+	return b.timedFiles(ctx, []*os.File{f}, "create", "--preserve-fds", "1", "--bundle", c.bundle, c.id)
+}
+
 func (b *baseline) start(ctx context.Context, c *runcContainer) (time.Duration, error) {
 	return b.timed(ctx, "start", c.id)
 }
@@ -185,11 +210,17 @@ func (b *baseline) exec(ctx context.Context, c *runcContainer) (time.Duration, e
 }
 
 func (b *baseline) timed(ctx context.Context, args ...string) (time.Duration, error) {
+	return b.timedFiles(ctx, nil, args...)
+}
+
+// timedFiles is timed with extra files for runc (fd 3 on).
+func (b *baseline) timedFiles(ctx context.Context, extra []*os.File, args ...string) (time.Duration, error) {
 	if err := b.stderr.Truncate(0); err != nil {
 		return 0, fmt.Errorf("truncate runc stderr: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, b.runc, append([]string{"--root", b.root}, args...)...)
 	cmd.Stderr = b.stderr // stdin and stdout are /dev/null
+	cmd.ExtraFiles = extra
 	start := time.Now()
 	err := cmd.Run()
 	d := time.Since(start)
