@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds OpenDsec and the benchmark, starts a throwaway `opendsec up` (free
 # loopback ports, temp data dir), runs bench/sandbox against it, and stops it.
-# Runs as root. Extra arguments go to the benchmark (e.g. -creates 100).
+# Runs as root. Extra arguments go to the benchmark (e.g. -creates 100,
+# -first-command 50, -settle 0); the node runs with its default warm pool.
 # The report is printed and written to bench/results/<YYYY-MM-DD>-core.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
