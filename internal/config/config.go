@@ -103,6 +103,21 @@ type Node struct {
 	MaxPaused string `json:"max_paused"`
 	// Network is the sandboxes' network policy (docs/network.md).
 	Network NodeNetwork `json:"network"`
+	// WarmPool keeps prestarted sandboxes of recently created shapes
+	// (docs/concepts.md, "Warm pool").
+	WarmPool WarmPool `json:"warm_pool"`
+}
+
+// WarmPool configures a node's warm pool.
+type WarmPool struct {
+	// Size is how many prestarted sandboxes each shape (backend, image,
+	// cpu, memory, pids limit, user, workdir, network rules) keeps ready;
+	// 0 turns the pool off.
+	Size int `json:"size"`
+	// MaxSandboxes bounds the prestarted sandboxes of all shapes together.
+	MaxSandboxes int `json:"max_sandboxes"`
+	// IdleTTLSec: a shape nobody created for this long loses its sandboxes.
+	IdleTTLSec int64 `json:"idle_ttl_sec"`
 }
 
 // NodeNetwork configures sandbox networking: the netpolicy settings plus
@@ -138,6 +153,7 @@ func Default(dataDir string) Config {
 			Listen:          "127.0.0.1:7071",
 			AgentPath:       "/usr/local/lib/opendsec/opendsec-agent",
 			AgentIdleExitMS: 30000,
+			WarmPool:        WarmPool{Size: 2, MaxSandboxes: 8, IdleTTLSec: 600},
 			ImageDir:        filepath.Join(dataDir, "images"),
 			ImportDir:       filepath.Join(dataDir, "import"),
 			DefaultBackend:  "container",
@@ -186,6 +202,13 @@ func (c *Config) Validate() error {
 	}
 	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
 		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
+	}
+	if wp := c.Node.WarmPool; wp.Size < 0 || wp.Size > 64 {
+		return errdefs.Invalid("node.warm_pool.size", "is %d; give 0 (off) to 64 prestarted sandboxes per shape", wp.Size)
+	} else if wp.Size > 0 && (wp.MaxSandboxes < 1 || wp.MaxSandboxes > 1024) {
+		return errdefs.Invalid("node.warm_pool.max_sandboxes", "is %d; give 1 to 1024", wp.MaxSandboxes)
+	} else if wp.Size > 0 && (wp.IdleTTLSec < 1 || wp.IdleTTLSec > 7*24*3600) {
+		return errdefs.Invalid("node.warm_pool.idle_ttl_sec", "is %d; give 1 to 604800 seconds", wp.IdleTTLSec)
 	}
 	if c.Node.AgentIdleExitMS < 0 {
 		return errdefs.Invalid("node.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", c.Node.AgentIdleExitMS)

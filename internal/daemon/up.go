@@ -102,11 +102,16 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		return nil, err
 	}
 	ncfg := node.Config{
-		ID:             cfg.Node.ID,
-		StateDir:       filepath.Join(cfg.DataDir, "node"),
-		AgentPath:      cfg.Node.AgentPath,
-		InitPath:       cfg.Node.InitPath,
-		AgentIdleExit:  agentIdleExit(cfg.Node.AgentIdleExitMS),
+		ID:            cfg.Node.ID,
+		StateDir:      filepath.Join(cfg.DataDir, "node"),
+		AgentPath:     cfg.Node.AgentPath,
+		InitPath:      cfg.Node.InitPath,
+		AgentIdleExit: agentIdleExit(cfg.Node.AgentIdleExitMS),
+		Pool: node.PoolConfig{
+			Size:    cfg.Node.WarmPool.Size,
+			Max:     cfg.Node.WarmPool.MaxSandboxes,
+			IdleTTL: time.Duration(cfg.Node.WarmPool.IdleTTLSec) * time.Second,
+		},
 		Backends:       map[string]runtime.Runtime{"container": ct},
 		DefaultBackend: cfg.Node.DefaultBackend,
 		Images:         store,

@@ -488,6 +488,23 @@ func (s *Store) notFound(ctx context.Context, name string) error {
 		name, avail)
 }
 
+// ImageID returns the ID (content digest) name refers to now, without
+// mounting or holding anything: a node's warm pool compares it with the ID
+// its prestarted sandboxes were made from.
+func (s *Store) ImageID(ctx context.Context, name string) (string, error) {
+	n, err := NormalizeName(name)
+	if err != nil {
+		return "", err
+	}
+	img, err := s.readRef(n)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", s.notFound(ctx, name)
+	} else if err != nil {
+		return "", err
+	}
+	return img.ID, nil
+}
+
 // Get resolves name to the runtime image a backend mounts, mounting its
 // EROFS layers on this node if needed. Its layers are guaranteed to exist
 // only until the name is re-imported or removed and the store pruned; a

@@ -97,6 +97,8 @@ type Config struct {
 	// Network, when set, puts every sandbox on its own policed network
 	// (default deny). Nil leaves sandboxes in an empty network namespace.
 	Network Network
+	// Pool configures the warm pool (Size 0: off).
+	Pool PoolConfig
 }
 
 // DefaultAgentIdleExit is how long a sandbox's agent server stays idle
@@ -111,6 +113,10 @@ type Node struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
 	requests  map[string]*sandbox // request_id → sandbox; guarded by mu
+	// aliases maps the ID a create asked for to the ID of the warm-pool
+	// sandbox it got, so that a caller that gave up on the create can
+	// still stop it by the ID it knows; guarded by mu.
+	aliases map[string]string
 	// reservedCPU/MemoryMB are the resources of sandboxes in the table; guarded by mu.
 	reservedCPU float64
 	reservedMem int64
@@ -123,6 +129,9 @@ type Node struct {
 
 	// gate refuses table writers once shutdown begins; see Shutdown.
 	gate gate
+
+	// pool is the warm pool; nil when off.
+	pool *pool
 }
 
 // sandbox is the in-memory view of one record.
@@ -145,6 +154,10 @@ type sandbox struct {
 	// stopDone nil, and the reaper tries again. Guarded by Node.mu.
 	stopDone chan struct{}
 	stopErr  error
+
+	// alias is the ID the create asked for when the sandbox came from the
+	// warm pool with its own (Node.aliases maps it back for Stop).
+	alias string
 
 	// pauseMu serialises Pause and Resume of this sandbox.
 	pauseMu sync.Mutex
@@ -206,6 +219,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		table:     t,
 		sandboxes: map[string]*sandbox{},
 		requests:  map[string]*sandbox{},
+		aliases:   map[string]string{},
 		closed:    make(chan struct{}),
 	}
 	if err := n.recover(ctx); err != nil {
@@ -225,6 +239,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.wg.Add(1)
 	go n.reapLoop()
+	if n.pool = newPool(n, cfg.Pool); n.pool != nil {
+		n.wg.Add(1)
+		go n.pool.loop()
+	}
 	return n, nil
 }
 
@@ -259,9 +277,14 @@ func detectMemoryMB() int64 {
 
 // CreateRequest is what the node needs to create a sandbox.
 type CreateRequest struct {
+	// ID is the new sandbox's ID when it is made from scratch; one taken
+	// from the warm pool keeps its own (Stop still finds it by ID).
 	ID        string
 	RequestID string
 	Spec      specRecord
+	// SkipPool makes the sandbox from scratch even when the warm pool
+	// holds one of its shape.
+	SkipPool bool
 }
 
 // normalize applies defaults and validates s against this node. Errors name
@@ -350,6 +373,16 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	if err := n.normalize(&spec); err != nil {
 		return nil, err
 	}
+	if n.pool != nil && !req.SkipPool {
+		if k, ok := n.pool.key(ctx, spec); ok {
+			if slot := n.pool.take(k, spec); slot != nil {
+				if rec, err, done := n.createFromPool(ctx, req, spec, k, slot); done {
+					return rec, err
+				}
+				// The prestarted sandbox failed to launch: make one cold.
+			}
+		}
+	}
 	tHold := time.Now()
 	img, err := n.cfg.Images.Hold(ctx, spec.Image, req.ID)
 	holdDur := time.Since(tHold)
@@ -369,7 +402,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 		State:     stateCreating,
 		CreatedAt: now,
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
-		StateDir:  filepath.Join(n.cfg.StateDir, "sandboxes", req.ID),
+		StateDir:  sandboxDir(n.cfg.StateDir, req.ID),
 	}
 	sb := &sandbox{rec: rec, ready: make(chan struct{})}
 	sb.touch()
@@ -421,6 +454,103 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	return sb.rec, nil
 }
 
+// createFromPool admits the create with the prestarted sandbox slot of
+// shape k and lets it run with the caller's env, timeouts and labels. done
+// is false when the launch failed (slot is gone; the caller makes the
+// sandbox cold); a refusal gives slot back to the pool.
+func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specRecord, k poolKey, slot *record) (_ *record, _ error, done bool) {
+	now := time.Now().UTC()
+	rec := &record{
+		ID:        slot.ID,
+		RequestID: req.RequestID,
+		Backend:   spec.Backend,
+		Spec:      spec,
+		State:     stateCreating,
+		CreatedAt: now,
+		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
+		StateDir:  slot.StateDir,
+		Handle:    slot.Handle,
+		FromPool:  true,
+	}
+	sb := &sandbox{rec: rec, ready: make(chan struct{}), alias: req.ID}
+	sb.touch()
+	n.mu.Lock()
+	if req.RequestID != "" {
+		if prev, ok := n.requests[req.RequestID]; ok {
+			n.mu.Unlock()
+			n.pool.giveBack(k, slot)
+			rec, err := n.waitReady(ctx, prev)
+			return rec, err, true
+		}
+	}
+	refuse := func(err error) (*record, error, bool) {
+		n.mu.Unlock()
+		n.pool.giveBack(k, slot)
+		return nil, err, true
+	}
+	if _, ok := n.sandboxes[req.ID]; ok {
+		return refuse(errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", req.ID))
+	}
+	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
+		return refuse(errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes))
+	}
+	if n.reservedMem+spec.MemoryMB > n.cfg.MemoryMB {
+		free := n.cfg.MemoryMB - n.reservedMem
+		return refuse(errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less", n.cfg.ID, free, spec.MemoryMB))
+	}
+	n.sandboxes[rec.ID] = sb
+	if req.RequestID != "" {
+		n.requests[req.RequestID] = sb
+	}
+	if req.ID != "" && req.ID != rec.ID {
+		n.aliases[req.ID] = rec.ID
+	}
+	n.reservedCPU += spec.CPU
+	n.reservedMem += spec.MemoryMB
+	n.mu.Unlock()
+
+	err := n.launch(ctx, sb)
+	if err != nil {
+		n.forget(sb)
+		sb.err = err
+		close(sb.ready)
+		log.G(ctx).Warn("warm-pool sandbox failed to launch; making one from scratch", log.SandboxID(rec.ID), log.Err(err))
+		if derr := n.destroy(context.WithoutCancel(ctx), rec); derr != nil {
+			log.G(ctx).Warn("remove warm-pool sandbox that failed to launch", log.SandboxID(rec.ID), log.Err(derr))
+		}
+		return nil, nil, false
+	}
+	close(sb.ready)
+	n.mu.Lock()
+	out := sb.rec
+	n.mu.Unlock()
+	return out, nil, true
+}
+
+// launch lets sb's prestarted sandbox run and records it running.
+func (n *Node) launch(ctx context.Context, sb *sandbox) error {
+	ctx = context.WithoutCancel(ctx)
+	rec := sb.rec
+	t0 := time.Now()
+	if err := n.cfg.Backends[rec.Backend].(runtime.Prestarter).Launch(ctx, rec.ID, envList(rec.Spec.Env)); err != nil {
+		return fmt.Errorf("launch sandbox: %w", err)
+	}
+	tLaunched := time.Now()
+	rec2 := *rec
+	rec2.State = stateRunning
+	if err := n.table.put(&rec2); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	n.mu.Lock()
+	sb.rec = &rec2
+	n.mu.Unlock()
+	log.G(ctx).Info("sandbox running", log.SandboxID(rec.ID), slogImage(rec.Spec.Image), "from_warm_pool", true,
+		"launch_ms", ms(tLaunched.Sub(t0)), "total_ms", ms(time.Since(t0)))
+	n.wg.Add(1)
+	go n.checkAgent(sb, tLaunched)
+	return nil
+}
+
 func (n *Node) waitReady(ctx context.Context, sb *sandbox) (*record, error) {
 	select {
 	case <-sb.ready:
@@ -443,97 +573,20 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	rt := n.cfg.Backends[rec.Backend]
 	// The create must finish or be undone even if the caller goes away.
 	ctx = context.WithoutCancel(ctx)
-
 	t0 := time.Now()
-	// The network is set up while the bundle is prepared: only the start
-	// needs it, and its namespace path and resolver are known up front.
-	var (
-		netNS       string
-		nameservers []string
-		netDur      time.Duration
-		netDone     chan error
-		netErr      error
-	)
-	waitNet := func() error {
-		if netDone != nil {
-			netErr = <-netDone
-			netDone = nil
-		}
-		return netErr
+	var phases prepPhases
+	h, err := n.prepare(ctx, rec, img, &phases)
+	if err != nil {
+		return err
 	}
-	// Installed before the first write: whatever fails, the image hold,
-	// network, backend state, dir and record are undone.
 	defer func() {
 		if err != nil {
-			_ = waitNet() // never tear down a network still being set up
 			l.Warn("create failed, cleaning up", log.Err(err))
 			n.destroy(ctx, rec)
 		}
 	}()
-	if err := n.table.put(rec); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
-	}
-	if n.cfg.Network != nil {
-		var rules netpolicy.Rules
-		if rec.Spec.Network != nil {
-			rules = *rec.Spec.Network
-		}
-		plan := n.cfg.Network.Planned(rec.ID)
-		netNS, nameservers = plan.NetNSPath, []string{plan.DNS.String()}
-		netDone = make(chan error, 1)
-		go func() {
-			tNet := time.Now()
-			nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
-			netDur = time.Since(tNet)
-			if err == nil && (nw.NetNSPath != plan.NetNSPath || nw.DNS != plan.DNS) {
-				err = errdefs.New(errdefs.ErrInternal, "network of sandbox %s is %s (resolver %s), not the planned %s (%s)",
-					rec.ID, nw.NetNSPath, nw.DNS, plan.NetNSPath, plan.DNS)
-			}
-			netDone <- err
-		}()
-	}
-	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
-		return fmt.Errorf("make sandbox dir: %w", err)
-	}
-	if rec.Spec.User != "" {
-		img.User = rec.Spec.User
-	}
-	if rec.Spec.Workdir != "" {
-		img.Workdir = rec.Spec.Workdir
-	}
-	env := make([]string, 0, len(rec.Spec.Env))
-	for k, v := range rec.Spec.Env {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
-	h, err := rt.Create(ctx, runtime.Spec{
-		ID:    rec.ID,
-		Image: img,
-		Resources: runtime.Resources{
-			CPU:       rec.Spec.CPU,
-			MemoryMB:  rec.Spec.MemoryMB,
-			PidsLimit: rec.Spec.PidsLimit,
-		},
-		Env:           env,
-		AgentPath:     n.cfg.AgentPath,
-		InitPath:      n.cfg.InitPath,
-		AgentIdleExit: n.cfg.AgentIdleExit,
-		StateDir:      rec.StateDir,
-		Labels:        rec.Spec.Labels,
-		NetNS:         netNS,
-		Nameservers:   nameservers,
-	})
-	if err != nil {
-		return fmt.Errorf("create sandbox: %w", err)
-	}
-	// No table write for the handle: a node that dies from here until the
-	// sandbox is recorded running finds it "creating" and deletes it by ID
-	// (the backend keeps an intent for exactly that).
 	rec2 := *rec
 	rec2.Handle = h
-	if err := waitNet(); err != nil {
-		return fmt.Errorf("set up sandbox network: %w", err)
-	}
 	tCreated := time.Now()
 	if err := rt.Start(ctx, rec.ID); err != nil {
 		return fmt.Errorf("start sandbox: %w", err)
@@ -551,11 +604,119 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	sb.rec = &rec2
 	n.mu.Unlock()
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
-		"hold_ms", ms(holdDur), "net_ms", ms(netDur), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
+		"hold_ms", ms(holdDur), "net_ms", ms(phases.net), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"total_ms", ms(time.Since(t0)))
 	n.wg.Add(1)
 	go n.checkAgent(sb, tStarted)
 	return nil
+}
+
+// prepPhases are prepare's timings, for the log.
+type prepPhases struct{ net time.Duration }
+
+// sandboxDir is the directory of sandbox id under the node's state dir.
+func sandboxDir(stateDir, id string) string { return filepath.Join(stateDir, "sandboxes", id) }
+
+// prepare records rec (in its state: creating, or pooled) and makes
+// everything of the sandbox but its start: its network (set up while the
+// backend prepares the bundle) and the backend's Create. It returns the
+// backend's handle; on error everything it made is undone, the image hold
+// included.
+func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phases *prepPhases) (_ runtime.Handle, err error) {
+	rt := n.cfg.Backends[rec.Backend]
+	ctx = context.WithoutCancel(ctx)
+	var (
+		netNS       string
+		nameservers []string
+		netDone     chan error
+		netErr      error
+	)
+	waitNet := func() error {
+		if netDone != nil {
+			netErr = <-netDone
+			netDone = nil
+		}
+		return netErr
+	}
+	// Installed before the first write: whatever fails, the image hold,
+	// network, backend state, dir and record are undone.
+	defer func() {
+		if err != nil {
+			_ = waitNet() // never tear down a network still being set up
+			log.G(ctx).Warn("sandbox preparation failed, cleaning up", log.SandboxID(rec.ID), log.Err(err))
+			n.destroy(ctx, rec)
+		}
+	}()
+	if err := n.table.put(rec); err != nil {
+		return runtime.Handle{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	if n.cfg.Network != nil {
+		var rules netpolicy.Rules
+		if rec.Spec.Network != nil {
+			rules = *rec.Spec.Network
+		}
+		plan := n.cfg.Network.Planned(rec.ID)
+		netNS, nameservers = plan.NetNSPath, []string{plan.DNS.String()}
+		netDone = make(chan error, 1)
+		go func() {
+			tNet := time.Now()
+			nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
+			if phases != nil {
+				phases.net = time.Since(tNet)
+			}
+			if err == nil && (nw.NetNSPath != plan.NetNSPath || nw.DNS != plan.DNS) {
+				err = errdefs.New(errdefs.ErrInternal, "network of sandbox %s is %s (resolver %s), not the planned %s (%s)",
+					rec.ID, nw.NetNSPath, nw.DNS, plan.NetNSPath, plan.DNS)
+			}
+			netDone <- err
+		}()
+	}
+	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
+		return runtime.Handle{}, fmt.Errorf("make sandbox dir: %w", err)
+	}
+	if rec.Spec.User != "" {
+		img.User = rec.Spec.User
+	}
+	if rec.Spec.Workdir != "" {
+		img.Workdir = rec.Spec.Workdir
+	}
+	h, err := rt.Create(ctx, runtime.Spec{
+		ID:    rec.ID,
+		Image: img,
+		Resources: runtime.Resources{
+			CPU:       rec.Spec.CPU,
+			MemoryMB:  rec.Spec.MemoryMB,
+			PidsLimit: rec.Spec.PidsLimit,
+		},
+		Env:           envList(rec.Spec.Env),
+		AgentPath:     n.cfg.AgentPath,
+		InitPath:      n.cfg.InitPath,
+		AgentIdleExit: n.cfg.AgentIdleExit,
+		StateDir:      rec.StateDir,
+		Labels:        rec.Spec.Labels,
+		NetNS:         netNS,
+		Nameservers:   nameservers,
+	})
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	// No table write for the handle: a node that dies from here until the
+	// sandbox is recorded running (or pooled) finds it "creating" and
+	// deletes it by ID (the backend keeps an intent for exactly that).
+	if err := waitNet(); err != nil {
+		return runtime.Handle{}, fmt.Errorf("set up sandbox network: %w", err)
+	}
+	return h, nil
+}
+
+// envList is env as sorted "K=V" entries.
+func envList(m map[string]string) []string {
+	env := make([]string, 0, len(m))
+	for k, v := range m {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return env
 }
 
 // checkAgent waits for a new sandbox's agent to answer /health (the first
@@ -602,6 +763,9 @@ func (n *Node) forget(sb *sandbox) {
 	}
 	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {
 		delete(n.requests, sb.rec.RequestID)
+	}
+	if sb.alias != "" && n.aliases[sb.alias] == sb.rec.ID {
+		delete(n.aliases, sb.alias)
 	}
 	if t := sb.transport.Load(); t != nil {
 		t.CloseIdleConnections()
@@ -684,6 +848,15 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 	}
 	defer end()
 	sb, err := n.get(id)
+	if errdefs.IsNotFound(err) {
+		n.mu.Lock()
+		real, ok := n.aliases[id]
+		n.mu.Unlock()
+		if ok {
+			sb, err = n.get(real)
+			id = real
+		}
+	}
 	if err != nil {
 		return err
 	}

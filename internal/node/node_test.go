@@ -486,3 +486,121 @@ func TestAgentThatNeverAnswersIsStopped(t *testing.T) {
 		t.Fatalf("stopped sandbox's dir left: %v", err)
 	}
 }
+
+// ImageID makes the fake usable by the warm pool.
+func (i images) ImageID(_ context.Context, name string) (string, error) {
+	if name == "missing" {
+		return "", errdefs.New(errdefs.ErrNotFound, "image %q not found", name)
+	}
+	return "sha256:fake-" + name, nil
+}
+
+// poolReady returns how many prestarted sandboxes the pool holds.
+func poolReady(n *Node) int {
+	n.pool.mu.Lock()
+	defer n.pool.mu.Unlock()
+	c := 0
+	for _, s := range n.pool.shapes {
+		c += len(s.ready)
+	}
+	return c
+}
+
+func waitPoolReady(t *testing.T, n *Node, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for poolReady(n) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool has %d ready sandboxes after 30s, want %d", poolReady(n), want)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// TestWarmPool: the first create of a shape is cold and teaches the pool
+// the shape; the pool prestarts one; the next create of that shape takes it
+// (its own ID, the caller's env and not the previous caller's, hostname =
+// ID), a create of another shape or with SkipPool does not; the ID asked
+// for still stops it; shutdown removes the prestarted sandboxes.
+func TestWarmPool(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.Pool = PoolConfig{Size: 1, Max: 2, IdleTTL: time.Minute}
+	n, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			n.StopAll(context.Background(), "test cleanup")
+			n.Close()
+		}
+	})
+	a := f.create(t, n, specRecord{Env: map[string]string{"FIRST": "1"}})
+	if a.FromPool {
+		t.Fatal("first create of a shape came from the pool")
+	}
+	waitPoolReady(t, n, 1)
+
+	asked := sandboxid.New(f.cfg.ID)
+	b, err := n.Create(t.Context(), CreateRequest{ID: asked, Spec: specRecord{Image: "root/busybox", Env: map[string]string{"SECOND": "2"}, Labels: map[string]string{"k": "v"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.FromPool || b.ID == asked || b.State != stateRunning || b.Spec.Labels["k"] != "v" {
+		t.Fatalf("second create: from pool %v, id %s (asked %s), state %s, labels %v", b.FromPool, b.ID, asked, b.State, b.Spec.Labels)
+	}
+	r, err := runtimetest.Run(t.Context(), f.rt, b.ID, "", "/bin/sh", "-c", `echo "$SECOND,$FIRST,$(hostname)"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "2,," + b.ID + "\n"; r.Stdout != want {
+		t.Fatalf("pool sandbox sees %q, want %q", r.Stdout, want)
+	}
+	// The caller knows only the ID it asked for: Stop finds the sandbox.
+	if err := n.Stop(t.Context(), asked, "test"); err != nil {
+		t.Fatalf("stop by the asked ID: %v", err)
+	}
+	waitGone(t, n, b.ID, 10*time.Second)
+
+	waitPoolReady(t, n, 1)
+	c, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "root/busybox"}, SkipPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.FromPool {
+		t.Fatal("SkipPool create came from the pool")
+	}
+	d := f.create(t, n, specRecord{MemoryMB: 300})
+	if d.FromPool {
+		t.Fatal("create of another shape came from the pool")
+	}
+	if got := echo(t, f, d.ID); got != "ok\n" {
+		t.Fatalf("echo: %q", got)
+	}
+
+	// Shutdown removes every prestarted sandbox (the running ones stay).
+	waitPoolReady(t, n, 2)
+	var pooled []string
+	n.pool.mu.Lock()
+	for _, s := range n.pool.shapes {
+		for _, rec := range s.ready {
+			pooled = append(pooled, rec.ID)
+		}
+	}
+	n.pool.mu.Unlock()
+	n.StopAll(context.Background(), "test")
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	for _, id := range pooled {
+		if _, err := f.rt.Status(context.Background(), id); !errdefs.IsNotFound(err) {
+			t.Errorf("prestarted sandbox %s still known to the backend after shutdown: %v", id, err)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(f.cfg.StateDir, "sandboxes"))
+	if len(ents) != 0 {
+		t.Errorf("sandbox dirs left after shutdown: %d", len(ents))
+	}
+}

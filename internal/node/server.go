@@ -117,28 +117,23 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 		ExpiresAt:      timestamppb.New(rec.ExpiresAt),
 		LastActivityAt: timestamppb.New(time.Unix(0, sb.lastActivity.Load())),
 		Reason:         reason,
+		FromWarmPool:   rec.FromPool,
 	}
 }
 
 func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
-	_, err := s.n.Create(ctx, CreateRequest{
+	rec, err := s.n.Create(ctx, CreateRequest{
 		ID:        req.Msg.GetSandboxId(),
 		RequestID: req.Msg.GetRequestId(),
 		Spec:      specFromProto(req.Msg.GetSpec()),
+		SkipPool:  req.Msg.GetSkipWarmPool(),
 	})
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	// A deduplicated retry returns the first sandbox, whose ID may differ.
-	id := req.Msg.GetSandboxId()
-	if rid := req.Msg.GetRequestId(); rid != "" {
-		s.n.mu.Lock()
-		if sb, ok := s.n.requests[rid]; ok {
-			id = sb.rec.ID
-		}
-		s.n.mu.Unlock()
-	}
-	sb, err := s.n.get(id)
+	// A deduplicated retry returns the first sandbox, and a warm-pool one
+	// keeps its own ID: both may differ from the ID asked for.
+	sb, err := s.n.get(rec.ID)
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}

@@ -137,6 +137,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			"in_flight", left, "waited", time.Since(waitStart).Round(time.Millisecond), "cause", context.Cause(ctx))
 		break
 	}
+	if n.pool != nil {
+		// Prestarted sandboxes are cheap to make again: remove them
+		// rather than leave containers nobody will take (a crash leaves
+		// them to recovery, which removes them too).
+		n.pool.drain(ctx)
+	}
 	if err := n.table.close(); err != nil {
 		g.err = fmt.Errorf("close sandbox table: %w", err)
 	}

@@ -20,7 +20,7 @@ type record struct {
 	RequestID string         `json:"request_id,omitempty"`
 	Backend   string         `json:"backend"`
 	Spec      specRecord     `json:"spec"`
-	State     string         `json:"state"` // creating, running, paused, stopping
+	State     string         `json:"state"` // creating, pooled, running, paused, stopping
 	CreatedAt time.Time      `json:"created_at"`
 	ExpiresAt time.Time      `json:"expires_at"`
 	StateDir  string         `json:"state_dir"`
@@ -28,6 +28,8 @@ type record struct {
 	// PausedAt is when a paused sandbox was paused (zero otherwise): its
 	// lifetime clock stopped there.
 	PausedAt time.Time `json:"paused_at,omitzero"`
+	// FromPool: the create took a prestarted sandbox from the warm pool.
+	FromPool bool `json:"from_warm_pool,omitempty"`
 }
 
 // specRecord is the caller's spec with defaults applied.

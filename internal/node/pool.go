@@ -1,0 +1,369 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+)
+
+// PoolConfig configures the warm pool: sandboxes prestarted (made but not
+// running, see runtime.Prestarter) for the shapes — backend, image, cpu,
+// memory, pids limit, user, workdir and network rules — created on the node
+// recently. A create of such a shape takes one and only lets it run.
+type PoolConfig struct {
+	// Size is how many prestarted sandboxes each shape keeps ready; 0
+	// turns the pool off.
+	Size int
+	// Max bounds the prestarted sandboxes of all shapes together.
+	Max int
+	// IdleTTL: a shape not created for this long loses its sandboxes.
+	IdleTTL time.Duration
+}
+
+// Pool defaults (node config "warm_pool").
+const (
+	DefaultPoolSize    = 2
+	DefaultPoolMax     = 8
+	DefaultPoolIdleTTL = 10 * time.Minute
+	// poolShapes bounds the shapes tracked at once (the least recently
+	// created goes first).
+	poolShapes = 16
+	// poolRetry is how long a shape whose prestart failed waits before the
+	// next try.
+	poolRetry = 30 * time.Second
+	// poolTick is how often the pool looks for shapes to refill or expire
+	// besides the nudge after every create.
+	poolTick = time.Second
+)
+
+// statePooled is the table state of a prestarted sandbox nobody has taken:
+// recovery removes it like any interrupted create.
+const statePooled = "pooled"
+
+// imageIDer names an image's content; the pool needs it to tell a name that
+// was re-imported from the one its sandboxes were made from.
+// internal/image's Store implements it.
+type imageIDer interface {
+	ImageID(ctx context.Context, name string) (string, error)
+}
+
+// poolKey is a shape: everything a prestarted sandbox fixed when it was made.
+type poolKey struct {
+	Backend, Image, ImageID string
+	CPU                     float64
+	MemoryMB, PidsLimit     int64
+	User, Workdir, Rules    string
+}
+
+type poolShape struct {
+	spec     specRecord // a create's spec with the per-sandbox parts cleared
+	ready    []*record  // prestarted, oldest first
+	filling  int
+	lastUsed time.Time
+	retryAt  time.Time // after a failed prestart
+}
+
+// pool is the node's warm pool. Its fills and expiries run in one goroutine,
+// one sandbox at a time, so that refilling never takes more than one core's
+// share from the sandboxes that run.
+type pool struct {
+	n    *Node
+	cfg  PoolConfig
+	ids  imageIDer
+	kick chan struct{}
+
+	mu     sync.Mutex
+	shapes map[poolKey]*poolShape // guarded by mu
+}
+
+func newPool(n *Node, cfg PoolConfig) *pool {
+	ids, ok := n.cfg.Images.(imageIDer)
+	if cfg.Size <= 0 || !ok {
+		return nil
+	}
+	if cfg.Max <= 0 {
+		cfg.Max = DefaultPoolMax
+	}
+	if cfg.IdleTTL <= 0 {
+		cfg.IdleTTL = DefaultPoolIdleTTL
+	}
+	return &pool{n: n, cfg: cfg, ids: ids, kick: make(chan struct{}, 1), shapes: map[poolKey]*poolShape{}}
+}
+
+// key returns spec's shape, or false when its backend cannot prestart.
+func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
+	if _, ok := p.n.cfg.Backends[spec.Backend].(runtime.Prestarter); !ok {
+		return poolKey{}, false
+	}
+	id, err := p.ids.ImageID(ctx, spec.Image)
+	if err != nil {
+		return poolKey{}, false // the create reports the image error itself
+	}
+	k := poolKey{Backend: spec.Backend, Image: spec.Image, ImageID: id, CPU: spec.CPU,
+		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, User: spec.User, Workdir: spec.Workdir}
+	if spec.Network != nil {
+		b, err := json.Marshal(spec.Network)
+		if err != nil {
+			return poolKey{}, false
+		}
+		k.Rules = string(b)
+	}
+	return k, true
+}
+
+// take notes that a create of shape k happened and returns one of its
+// prestarted sandboxes, or nil. A new shape is tracked from here on (the
+// least recently used one goes when there are too many).
+func (p *pool) take(k poolKey, spec specRecord) *record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.shapes[k]
+	if !ok {
+		if len(p.shapes) >= poolShapes {
+			p.evictLocked()
+		}
+		s = &poolShape{spec: shapeSpec(spec)}
+		p.shapes[k] = s
+	}
+	s.lastUsed = time.Now()
+	p.nudge()
+	if len(s.ready) == 0 {
+		return nil
+	}
+	rec := s.ready[0]
+	s.ready = s.ready[1:]
+	return rec
+}
+
+// giveBack returns a taken sandbox that was not used (the create was
+// refused before it ran).
+func (p *pool) giveBack(k poolKey, rec *record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.shapes[k]; ok {
+		s.ready = append([]*record{rec}, s.ready...)
+		return
+	}
+	p.orphan(rec)
+}
+
+// evictLocked drops the least recently used shape; its sandboxes go.
+func (p *pool) evictLocked() {
+	var oldest poolKey
+	var at time.Time
+	for k, s := range p.shapes {
+		if at.IsZero() || s.lastUsed.Before(at) {
+			oldest, at = k, s.lastUsed
+		}
+	}
+	if s, ok := p.shapes[oldest]; ok {
+		for _, rec := range s.ready {
+			p.orphan(rec)
+		}
+		delete(p.shapes, oldest)
+	}
+}
+
+// orphan destroys an unused prestarted sandbox in the background.
+func (p *pool) orphan(rec *record) {
+	p.n.wg.Add(1)
+	go func() {
+		defer p.n.wg.Done()
+		if err := p.n.destroy(context.Background(), rec); err != nil {
+			slog.Warn("remove unused warm-pool sandbox", log.SandboxID(rec.ID), log.Err(err))
+		}
+	}()
+}
+
+func (p *pool) nudge() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// shapeSpec is spec without what belongs to one sandbox (env, labels, task,
+// timeouts): what a prestarted sandbox is recorded with until taken.
+func shapeSpec(s specRecord) specRecord {
+	s.Env, s.Labels, s.TaskID = nil, nil, ""
+	s.TimeoutSec, s.IdleSec, s.AutoPause = DefaultTimeoutSec, 0, false
+	return s
+}
+
+// loop refills and expires shapes until the node closes.
+func (p *pool) loop() {
+	defer p.n.wg.Done()
+	t := time.NewTicker(poolTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.n.closed:
+			return
+		case <-p.kick:
+		case <-t.C:
+		}
+		p.expire(time.Now())
+		for {
+			select {
+			case <-p.n.closed:
+				return
+			default:
+			}
+			k, spec, ok := p.next(time.Now())
+			if !ok {
+				break
+			}
+			p.fill(k, spec)
+		}
+	}
+}
+
+// expire drops the shapes nobody created within IdleTTL, and prestarted
+// sandboxes whose image name now refers to other content.
+func (p *pool) expire(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, s := range p.shapes {
+		if now.Sub(s.lastUsed) > p.cfg.IdleTTL {
+			for _, rec := range s.ready {
+				p.orphan(rec)
+			}
+			delete(p.shapes, k)
+		}
+	}
+}
+
+// next picks the shape most in need of a prestarted sandbox and counts the
+// fill that is about to start; false when none needs one.
+func (p *pool) next(now time.Time) (poolKey, specRecord, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total := 0
+	for _, s := range p.shapes {
+		total += len(s.ready) + s.filling
+	}
+	if total >= p.cfg.Max {
+		return poolKey{}, specRecord{}, false
+	}
+	keys := make([]poolKey, 0, len(p.shapes))
+	for k := range p.shapes {
+		keys = append(keys, k)
+	}
+	// The emptiest shape first, then the most recently used.
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := p.shapes[keys[i]], p.shapes[keys[j]]
+		if na, nb := len(a.ready)+a.filling, len(b.ready)+b.filling; na != nb {
+			return na < nb
+		}
+		return a.lastUsed.After(b.lastUsed)
+	})
+	for _, k := range keys {
+		s := p.shapes[k]
+		if len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) {
+			s.filling++
+			return k, s.spec, true
+		}
+	}
+	return poolKey{}, specRecord{}, false
+}
+
+// fill prestarts one sandbox of shape k.
+func (p *pool) fill(k poolKey, spec specRecord) {
+	rec, err := p.n.prestart(context.Background(), k, spec)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.shapes[k]
+	if ok {
+		s.filling--
+	}
+	switch {
+	case err != nil:
+		if ok {
+			s.retryAt = time.Now().Add(poolRetry)
+		}
+		if !p.n.shuttingDown(err) {
+			slog.Warn("prestart a warm-pool sandbox; retrying this shape later", "image", k.Image, "retry_in", poolRetry, log.Err(err))
+		}
+	case !ok:
+		p.orphan(rec) // the shape expired meanwhile
+	default:
+		s.ready = append(s.ready, rec)
+	}
+}
+
+// drain destroys every prestarted sandbox (node shutdown).
+func (p *pool) drain(ctx context.Context) {
+	p.mu.Lock()
+	var recs []*record
+	for k, s := range p.shapes {
+		recs = append(recs, s.ready...)
+		delete(p.shapes, k)
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, rec := range recs {
+		wg.Go(func() {
+			if err := p.n.destroy(ctx, rec); err != nil {
+				log.G(ctx).Warn("remove warm-pool sandbox at shutdown; the next start removes it", log.SandboxID(rec.ID), log.Err(err))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// prestart makes one sandbox of shape k up to the point where only Launch
+// is left, recorded in state pooled. On error nothing is left.
+func (n *Node) prestart(ctx context.Context, k poolKey, spec specRecord) (_ *record, err error) {
+	id := sandboxid.New(n.cfg.ID)
+	end, err := n.begin("prestart sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	img, err := n.cfg.Images.Hold(ctx, spec.Image, id)
+	if err != nil {
+		return nil, fmt.Errorf("hold image: %w", err)
+	}
+	now := time.Now().UTC()
+	rec := &record{
+		ID:        id,
+		Backend:   spec.Backend,
+		Spec:      spec,
+		State:     statePooled,
+		CreatedAt: now,
+		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
+		StateDir:  sandboxDir(n.cfg.StateDir, id),
+	}
+	h, err := n.prepare(ctx, rec, img, nil)
+	if err != nil {
+		return nil, err
+	}
+	undo := func() {
+		if derr := n.destroy(context.WithoutCancel(ctx), rec); derr != nil {
+			log.G(ctx).Warn("undo failed prestart", log.SandboxID(id), log.Err(derr))
+		}
+	}
+	rec.Handle = h
+	if cur, err := n.cfg.Images.(imageIDer).ImageID(ctx, spec.Image); err != nil || cur != k.ImageID {
+		undo()
+		return nil, errdefs.New(errdefs.ErrUnavailable, "image %s changed while a sandbox was prestarted from it", spec.Image)
+	}
+	if err := n.cfg.Backends[spec.Backend].(runtime.Prestarter).Prestart(ctx, id); err != nil {
+		undo()
+		return nil, fmt.Errorf("prestart sandbox: %w", err)
+	}
+	if err := n.table.put(rec); err != nil {
+		undo()
+		return nil, fmt.Errorf("record prestarted sandbox: %w", err)
+	}
+	return rec, nil
+}
