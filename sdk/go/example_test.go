@@ -102,3 +102,19 @@ func ExampleClient_BatchCreate() {
 		log.Fatal("set OPENDSEC_TOKEN")
 	}
 }
+
+// Make a sandbox from scratch, bypassing the node's warm pool (to measure
+// the cold path), with a caller-chosen idempotency key.
+func ExampleClient_CreateSandboxWith() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sb, err := c.CreateSandboxWith(ctx, &opendsec.SandboxSpec{Image: "root/busybox"},
+		opendsec.CreateOptions{RequestID: "bench-cold-1", SkipWarmPool: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(sb.Id, "from warm pool:", sb.GetFromWarmPool())
+}
