@@ -512,6 +512,10 @@ func (b *bench) memoryPhase(ctx context.Context, r *report) error {
 // running. A burst larger than the node's warm pool takes what the pool
 // holds and the rest are cold creates.
 func (b *bench) concurrentPhase(ctx context.Context, r *report) error {
+	// The burst starts with the pool refilled after the previous phase.
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
 	n := b.cfg.concurrent
 	lat := make(series, n)
 	errs := make([]error, n)
