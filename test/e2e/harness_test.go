@@ -81,7 +81,13 @@ type system struct {
 }
 
 // newSystem writes a config with fresh ports and imports the busybox image.
-func newSystem(t *testing.T) *system {
+// Its warm pool is off: these tests count the host's sandboxes, network
+// namespaces, mounts and image holds, and prestarted sandboxes would be
+// among them. TestWarmPool turns it on (newSystemPool).
+func newSystem(t *testing.T) *system { return newSystemPool(t, 0) }
+
+// newSystemPool is newSystem with node.warm_pool.size = poolSize.
+func newSystemPool(t *testing.T, poolSize int) *system {
 	testutil.RequiresRoot(t)
 	dd, err := os.MkdirTemp("", "odsys")
 	if err != nil {
@@ -109,6 +115,7 @@ func newSystem(t *testing.T) *system {
 			"default_backend": "container",
 			"max_sandboxes":   100,
 			"max_upload_mb":   64,
+			"warm_pool":       map[string]any{"size": poolSize, "max_sandboxes": 4, "idle_ttl_sec": 600},
 			"network": map[string]any{
 				"enabled":    true,
 				"node_netns": s.nodeNS,
