@@ -540,6 +540,21 @@ func TestWarmPool(t *testing.T) {
 	if a.FromPool {
 		t.Fatal("first create of a shape came from the pool")
 	}
+	// One create of a shape prestarts nothing; the second makes it a
+	// shape worth keeping.
+	n.pool.mu.Lock()
+	shapes := len(n.pool.shapes)
+	n.pool.mu.Unlock()
+	if shapes != 1 {
+		t.Fatalf("pool tracks %d shapes, want 1", shapes)
+	}
+	if k, _, ok := n.pool.next(time.Now()); ok {
+		t.Fatalf("pool wants to prestart %+v after one create of its shape", k)
+	}
+	a2 := f.create(t, n, specRecord{Env: map[string]string{"FIRST": "2"}})
+	if a2.FromPool {
+		t.Fatal("second create of a shape came from the pool")
+	}
 	waitPoolReady(t, n, 1)
 
 	asked := sandboxid.New(f.cfg.ID)
@@ -574,6 +589,9 @@ func TestWarmPool(t *testing.T) {
 	d := f.create(t, n, specRecord{MemoryMB: 300})
 	if d.FromPool {
 		t.Fatal("create of another shape came from the pool")
+	}
+	if d2 := f.create(t, n, specRecord{MemoryMB: 300}); d2.FromPool {
+		t.Fatal("second create of another shape came from the pool")
 	}
 	if got := echo(t, f, d.ID); got != "ok\n" {
 		t.Fatalf("echo: %q", got)

@@ -18,7 +18,8 @@ import (
 // PoolConfig configures the warm pool: sandboxes prestarted (made but not
 // running, see runtime.Prestarter) for the shapes — backend, image, cpu,
 // memory, pids limit, user, workdir and network rules — created on the node
-// recently. A create of such a shape takes one and only lets it run.
+// at least twice recently. A create of such a shape takes one and only lets
+// it run.
 type PoolConfig struct {
 	// Size is how many prestarted sandboxes each shape keeps ready; 0
 	// turns the pool off.
@@ -40,6 +41,10 @@ const (
 	// poolRetry is how long a shape whose prestart failed waits before the
 	// next try.
 	poolRetry = 30 * time.Second
+	// poolMinCreates is how many creates of a shape within IdleTTL make the
+	// pool keep sandboxes of it: a shape created once (unique network
+	// rules, a one-off size) never costs a prestart nobody takes.
+	poolMinCreates = 2
 	// poolTick is how often the pool looks for shapes to refill or expire
 	// besides the nudge after every create.
 	poolTick = time.Second
@@ -69,6 +74,7 @@ type poolShape struct {
 	ready    []*record  // prestarted, oldest first
 	filling  int
 	lastUsed time.Time
+	creates  int       // creates of this shape since it was first seen
 	retryAt  time.Time // after a failed prestart
 }
 
@@ -135,7 +141,10 @@ func (p *pool) take(k poolKey, spec specRecord) *record {
 		p.shapes[k] = s
 	}
 	s.lastUsed = time.Now()
-	p.nudge()
+	s.creates++
+	if s.creates >= poolMinCreates {
+		p.nudge()
+	}
 	if len(s.ready) == 0 {
 		return nil
 	}
@@ -268,7 +277,7 @@ func (p *pool) next(now time.Time) (poolKey, specRecord, bool) {
 	})
 	for _, k := range keys {
 		s := p.shapes[k]
-		if len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) {
+		if s.creates >= poolMinCreates && len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) {
 			s.filling++
 			return k, s.spec, true
 		}
