@@ -8,6 +8,9 @@ from opendsec import DSecRunArgs
 
 IMAGE = os.environ.get("OPENDSEC_TEST_IMAGE", "root/busybox")
 BACKEND = os.environ.get("OPENDSEC_BACKEND", "")
+# The system's nodes keep a warm pool (the default); OPENDSEC_TEST_WARM_POOL=0
+# says they do not (node.warm_pool.size 0).
+WARM_POOL = os.environ.get("OPENDSEC_TEST_WARM_POOL", "1") not in ("0", "false")
 
 
 def live_required() -> bool:

@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from live_helpers import IMAGE, run_args
+from live_helpers import BACKEND, IMAGE, WARM_POOL, run_args
 
 from opendsec import (
     AuthenticationError,
@@ -74,6 +74,33 @@ async def test_warm_pool_flags(client: DSecClient) -> None:
         assert (await cold.run_shell("echo ok")).stdout == "ok\n"
     finally:
         await cold.stop()
+
+
+@pytest.mark.skipif(not WARM_POOL, reason="OPENDSEC_TEST_WARM_POOL=0: the nodes keep no warm pool")
+@pytest.mark.skipif(BACKEND not in ("", "container"), reason="only container sandboxes are prestarted")
+async def test_repeated_shape_comes_from_the_warm_pool(client: DSecClient) -> None:
+    # The shape of most live tests: after two creates of it the node keeps
+    # prestarted sandboxes, so a create soon takes one. Its caller's env and
+    # labels apply, and it runs commands like any other.
+    tag = uuid.uuid4().hex[:10]
+
+    async def create_warm() -> Sandbox | None:
+        sb = await client.run_sandbox(run_args(labels={"opendsec-sdk-test": "1", "warm": tag}, env={"WARM": tag}))
+        if sb.from_warm_pool:
+            return sb
+        await sb.stop()
+        return None
+
+    sb = await eventually(create_warm, timeout=60, interval=0.5)
+    try:
+        assert re.fullmatch(r"[a-z0-9]+", sb.id)
+        assert sb.info.spec.labels["warm"] == tag
+        assert (await sb.run_shell("echo $WARM")).stdout == f"{tag}\n"
+        got = await client.get_sandbox(sb.id)
+        assert got.from_warm_pool is True
+        assert [s.id for s in await client.list_sandboxes(labels={"warm": tag})] == [sb.id]
+    finally:
+        await sb.stop()
 
 
 async def test_env_cwd_user(client: DSecClient) -> None:
