@@ -45,6 +45,11 @@ const (
 	// pool keep sandboxes of it: a shape created once (unique network
 	// rules, a one-off size) never costs a prestart nobody takes.
 	poolMinCreates = 2
+	// poolQuiet: a refill starts once no create took a sandbox for this
+	// long (at most poolQuietMax after the kick), so that it does not
+	// compete with the answer to the create that emptied the slot.
+	poolQuiet    = 50 * time.Millisecond
+	poolQuietMax = 250 * time.Millisecond
 	// poolTick is how often the pool looks for shapes to refill or expire
 	// besides the nudge after every create.
 	poolTick = time.Second
@@ -87,8 +92,9 @@ type pool struct {
 	ids  imageIDer
 	kick chan struct{}
 
-	mu     sync.Mutex
-	shapes map[poolKey]*poolShape // guarded by mu
+	mu       sync.Mutex
+	shapes   map[poolKey]*poolShape // guarded by mu
+	lastTake time.Time              // guarded by mu
 }
 
 func newPool(n *Node, cfg PoolConfig) *pool {
@@ -141,6 +147,7 @@ func (p *pool) take(k poolKey, spec specRecord) *record {
 		p.shapes[k] = s
 	}
 	s.lastUsed = time.Now()
+	p.lastTake = s.lastUsed
 	s.creates++
 	if s.creates >= poolMinCreates {
 		p.nudge()
@@ -218,6 +225,9 @@ func (p *pool) loop() {
 		case <-p.n.closed:
 			return
 		case <-p.kick:
+			if !p.waitQuiet() {
+				return
+			}
 		case <-t.C:
 		}
 		p.expire(time.Now())
@@ -232,6 +242,30 @@ func (p *pool) loop() {
 				break
 			}
 			p.fill(k, spec)
+		}
+	}
+}
+
+// waitQuiet waits until no sandbox was taken for poolQuiet, or
+// poolQuietMax has passed; false when the node closes meanwhile.
+func (p *pool) waitQuiet() bool {
+	deadline := time.Now().Add(poolQuietMax)
+	for {
+		p.mu.Lock()
+		wait := time.Until(p.lastTake.Add(poolQuiet))
+		p.mu.Unlock()
+		if left := time.Until(deadline); wait > left {
+			wait = left
+		}
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-p.n.closed:
+			t.Stop()
+			return false
+		case <-t.C:
 		}
 	}
 }

@@ -218,3 +218,39 @@ func TestDeleteAfterCrashBeforeRuncCreate(t *testing.T) {
 		t.Fatalf("intent record left")
 	}
 }
+
+// TestLaunchUsesExecFifo: a prestarted container has runc's exec fifo,
+// which Launch reads itself instead of running `runc start`; afterwards the
+// fifo is gone and runc itself reports the container running.
+func TestLaunchUsesExecFifo(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Prestart(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(c.cfg.StateRoot, spec.ID, execFifo)
+	if st, err := os.Lstat(fifo); err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+		t.Fatalf("prestarted container has no exec fifo at %s (%v): Launch would fall back to runc start", fifo, err)
+	}
+	if err := c.Launch(t.Context(), spec.ID, []string{"X=1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(fifo); !os.IsNotExist(err) {
+		t.Fatalf("exec fifo still there after Launch: %v", err)
+	}
+	s, err := c.runcState(t.Context(), c.cfg.StateRoot, spec.ID)
+	if err != nil || s.Status != "running" {
+		t.Fatalf("runc state after Launch: %+v, %v", s, err)
+	}
+	if err := runtimetest.WaitAgent(t.Context(), rt, spec.ID, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(t.Context(), spec.ID, runtimetest.StopOptions()); err != nil {
+		t.Fatal(err)
+	}
+}
