@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,14 +29,33 @@ func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	}
 }
 
+// lockedBuffer is a bytes.Buffer that a process's output copier writes
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // startInit runs opendsec-init (not as PID 1) with server and returns it
 // and its socket.
-func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *bytes.Buffer) {
+func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *lockedBuffer) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
 	cmd := exec.Command(testutil.InitBinary(t), append([]string{"--listen", sock, "--"}, server...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +67,7 @@ func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *bytes.Buffer
 		_, err := os.Stat(sock)
 		return err == nil
 	})
-	return cmd, sock, &stderr
+	return cmd, sock, stderr
 }
 
 // children lists the pids whose parent is pid.
@@ -237,8 +257,8 @@ func TestInheritedListener(t *testing.T) {
 	defer early.Close()
 	cmd := exec.Command(testutil.InitBinary(t), "--listen-fd", "3", "--", testutil.AgentBinary(t), "--log-level", "warn")
 	cmd.ExtraFiles = []*os.File{lf}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -23,8 +23,8 @@ func slogImage(name string) slog.Attr { return slog.String("image", name) }
 // connection is opened by the backend (unix socket, vsock...).
 func (n *Node) agentTransport(sb *sandbox) *http.Transport {
 	sb.transportOnce.Do(func() {
-		rt := n.cfg.Backends[sb.rec.Backend]
-		id := sb.rec.ID
+		rt := n.cfg.Backends[sb.backend]
+		id := sb.id
 		sb.transport.Store(&http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return rt.AgentConn(ctx, id)
@@ -50,7 +50,7 @@ var errSandboxGone = errors.New("sandbox no longer running")
 // until AgentReadyTimeout, or until the sandbox is no longer running.
 func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, n.cfg.AgentReadyTimeout,
-		fmt.Errorf("agent of sandbox %s did not answer within %s", sb.rec.ID, n.cfg.AgentReadyTimeout))
+		fmt.Errorf("agent of sandbox %s did not answer within %s", sb.id, n.cfg.AgentReadyTimeout))
 	defer cancel()
 	client := &http.Client{Transport: n.agentTransport(sb)}
 	backoff := 5 * time.Millisecond
@@ -86,7 +86,7 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 func (n *Node) stillRunning(sb *sandbox) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	cur, ok := n.sandboxes[sb.rec.ID]
+	cur, ok := n.sandboxes[sb.id]
 	return ok && cur == sb && sb.rec.State == stateRunning
 }
 

@@ -137,6 +137,8 @@ type Node struct {
 // sandbox is the in-memory view of one record.
 type sandbox struct {
 	rec *record // replaced, never mutated, under Node.mu after creation
+	// id and backend never change: read them without Node.mu.
+	id, backend string
 
 	// ready is closed when the create finishes (err says how).
 	ready chan struct{}
@@ -335,9 +337,12 @@ func (n *Node) normalize(s *specRecord) error {
 	case s.PidsLimit == 0:
 		s.PidsLimit = DefaultPidsLimit
 	}
-	for k := range s.Env {
+	for k, v := range s.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return errdefs.Invalid("env", "key %q is not a valid variable name", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.Invalid("env", "value of %q contains a NUL byte, which no environment can hold; remove it", k)
 		}
 	}
 	if s.Network != nil && n.cfg.Network == nil {
@@ -355,8 +360,10 @@ func (n *Node) normalize(s *specRecord) error {
 	return nil
 }
 
-// Create admits and creates a sandbox, returning once its agent answers. It
-// is idempotent on RequestID: a retry returns the first sandbox.
+// Create admits and creates a sandbox (or takes one from the warm pool),
+// returning once it runs and its agent's socket listens (requests wait in
+// the socket's backlog until the agent serves). It is idempotent on
+// RequestID: a retry returns the first sandbox.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	end, err := n.begin("create sandbox " + req.ID)
 	if err != nil {
@@ -379,7 +386,6 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 				if rec, err, done := n.createFromPool(ctx, req, spec, k, slot); done {
 					return rec, err
 				}
-				// The prestarted sandbox failed to launch: make one cold.
 			}
 		}
 	}
@@ -404,7 +410,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  sandboxDir(n.cfg.StateDir, req.ID),
 	}
-	sb := &sandbox{rec: rec, ready: make(chan struct{})}
+	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{})}
 	sb.touch()
 
 	// Admission and idempotency, atomically.
@@ -455,9 +461,11 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 }
 
 // createFromPool admits the create with the prestarted sandbox slot of
-// shape k and lets it run with the caller's env, timeouts and labels. done
-// is false when the launch failed (slot is gone; the caller makes the
-// sandbox cold); a refusal gives slot back to the pool.
+// shape k and lets it run with the caller's env, timeouts and labels; a
+// refusal gives slot back to the pool. A failed launch fails the create
+// (the sandbox is removed): falling back to a cold create under the asked
+// ID would race with a caller that gave up and stopped it by that ID.
+// done is always true.
 func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specRecord, k poolKey, slot *record) (_ *record, _ error, done bool) {
 	now := time.Now().UTC()
 	rec := &record{
@@ -472,7 +480,7 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 		Handle:    slot.Handle,
 		FromPool:  true,
 	}
-	sb := &sandbox{rec: rec, ready: make(chan struct{}), alias: req.ID}
+	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), alias: req.ID}
 	sb.touch()
 	n.mu.Lock()
 	if req.RequestID != "" {
@@ -514,11 +522,10 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 		n.forget(sb)
 		sb.err = err
 		close(sb.ready)
-		log.G(ctx).Warn("warm-pool sandbox failed to launch; making one from scratch", log.SandboxID(rec.ID), log.Err(err))
 		if derr := n.destroy(context.WithoutCancel(ctx), rec); derr != nil {
 			log.G(ctx).Warn("remove warm-pool sandbox that failed to launch", log.SandboxID(rec.ID), log.Err(derr))
 		}
-		return nil, nil, false
+		return nil, errdefs.New(errdefs.ErrUnavailable, "%v; retry the create (with skip_warm_pool to make one from scratch)", err), true
 	}
 	close(sb.ready)
 	n.mu.Lock()
@@ -546,7 +553,6 @@ func (n *Node) launch(ctx context.Context, sb *sandbox) error {
 	n.mu.Unlock()
 	log.G(ctx).Info("sandbox running", log.SandboxID(rec.ID), slogImage(rec.Spec.Image), "from_warm_pool", true,
 		"launch_ms", ms(tLaunched.Sub(t0)), "total_ms", ms(time.Since(t0)))
-	n.wg.Add(1)
 	go n.checkAgent(sb, tLaunched)
 	return nil
 }
@@ -555,7 +561,7 @@ func (n *Node) waitReady(ctx context.Context, sb *sandbox) (*record, error) {
 	select {
 	case <-sb.ready:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for sandbox %s: %w", sb.rec.ID, ctx.Err())
+		return nil, fmt.Errorf("wait for sandbox %s: %w", sb.id, ctx.Err())
 	}
 	if sb.err != nil {
 		return nil, sb.err
@@ -606,7 +612,6 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
 		"hold_ms", ms(holdDur), "net_ms", ms(phases.net), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"total_ms", ms(time.Since(t0)))
-	n.wg.Add(1)
 	go n.checkAgent(sb, tStarted)
 	return nil
 }
@@ -723,9 +728,9 @@ func envList(m map[string]string) []string {
 // request through its socket's backlog) and stops the sandbox, with the
 // reason, if it does not answer within AgentReadyTimeout: a sandbox whose
 // init or agent cannot start never stays "running". It gives up quietly
-// when the node closes or the sandbox goes away first.
+// when the node closes or the sandbox goes away first (its Stop goes
+// through the shutdown gate, so it needs no part in Shutdown's wait).
 func (n *Node) checkAgent(sb *sandbox, started time.Time) {
-	defer n.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -735,7 +740,7 @@ func (n *Node) checkAgent(sb *sandbox, started time.Time) {
 		case <-ctx.Done():
 		}
 	}()
-	id := sb.rec.ID
+	id := sb.id
 	l := log.G(ctx).With(log.SandboxID(id))
 	err := n.waitAgent(ctx, sb)
 	if err == nil {
@@ -1041,7 +1046,7 @@ func (n *Node) recover(ctx context.Context) error {
 			}
 			continue
 		}
-		sb := &sandbox{rec: rec, ready: make(chan struct{})}
+		sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{})}
 		close(sb.ready)
 		sb.touch()
 		n.sandboxes[rec.ID] = sb

@@ -3,9 +3,11 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +24,7 @@ type images struct {
 	layer string
 	mu    *sync.Mutex
 	holds map[string]bool // holder → held; guarded by mu
+	gen   *atomic.Int64   // bumped to "re-import" every image; may be nil
 }
 
 func (i images) Release(_ context.Context, holder string) error {
@@ -492,7 +495,11 @@ func (i images) ImageID(_ context.Context, name string) (string, error) {
 	if name == "missing" {
 		return "", errdefs.New(errdefs.ErrNotFound, "image %q not found", name)
 	}
-	return "sha256:fake-" + name, nil
+	g := int64(0)
+	if i.gen != nil {
+		g = i.gen.Load()
+	}
+	return fmt.Sprintf("sha256:fake-%s-%d", name, g), nil
 }
 
 // poolReady returns how many prestarted sandboxes the pool holds.
@@ -524,7 +531,12 @@ func waitPoolReady(t *testing.T, n *Node, want int) {
 // for still stops it; shutdown removes the prestarted sandboxes.
 func TestWarmPool(t *testing.T) {
 	f := newFixture(t)
+	gen := new(atomic.Int64)
+	im := f.cfg.Images.(images)
+	im.gen = gen
+	f.cfg.Images = im
 	f.cfg.Pool = PoolConfig{Size: 1, Max: 2, IdleTTL: time.Minute}
+	f.cfg.MemoryMB = 16384 // room for every sandbox below (the pool fills only for what could be admitted)
 	n, err := New(t.Context(), f.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -596,6 +608,38 @@ func TestWarmPool(t *testing.T) {
 	if got := echo(t, f, d.ID); got != "ok\n" {
 		t.Fatalf("echo: %q", got)
 	}
+
+	// A re-imported image: the old content's prestarted sandboxes go (no
+	// create can take them), and its shape starts anew.
+	waitPoolReady(t, n, 2)
+	var stale []string
+	n.pool.mu.Lock()
+	for _, s := range n.pool.shapes {
+		for _, rec := range s.ready {
+			stale = append(stale, rec.ID)
+		}
+	}
+	n.pool.mu.Unlock()
+	gen.Add(1)
+	n.pool.expire(time.Now())
+	if got := poolReady(n); got != 0 {
+		t.Fatalf("%d prestarted sandboxes of a re-imported image kept", got)
+	}
+	for _, id := range stale {
+		deadline := time.Now().Add(20 * time.Second)
+		for _, err := f.rt.Status(t.Context(), id); !errdefs.IsNotFound(err); _, err = f.rt.Status(t.Context(), id) {
+			if time.Now().After(deadline) {
+				t.Fatalf("stale prestarted sandbox %s still there: %v", id, err)
+			}
+			time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	f.create(t, n, specRecord{})
+	f.create(t, n, specRecord{MemoryMB: 300})
+	if e := f.create(t, n, specRecord{}); e.FromPool {
+		t.Fatal("create after re-import came from the pool at once")
+	}
+	f.create(t, n, specRecord{MemoryMB: 300})
 
 	// Shutdown removes every prestarted sandbox (the running ones stay).
 	waitPoolReady(t, n, 2)

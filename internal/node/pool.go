@@ -111,9 +111,22 @@ func newPool(n *Node, cfg PoolConfig) *pool {
 	return &pool{n: n, cfg: cfg, ids: ids, kick: make(chan struct{}, 1), shapes: map[poolKey]*poolShape{}}
 }
 
-// key returns spec's shape, or false when its backend cannot prestart.
+// poolMaxEnv is the most environment (bytes of K=V) a create from the pool
+// may pass: it goes through the sandbox's small run-dir tmpfs. A create
+// with more is made from scratch.
+const poolMaxEnv = 64 << 10
+
+// key returns spec's shape, or false when its backend cannot prestart or
+// the create cannot come from the pool.
 func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 	if _, ok := p.n.cfg.Backends[spec.Backend].(runtime.Prestarter); !ok {
+		return poolKey{}, false
+	}
+	size := 0
+	for k, v := range spec.Env {
+		size += len(k) + len(v) + 2
+	}
+	if size > poolMaxEnv {
 		return poolKey{}, false
 	}
 	id, err := p.ids.ImageID(ctx, spec.Image)
@@ -172,13 +185,17 @@ func (p *pool) giveBack(k poolKey, rec *record) {
 	p.orphan(rec)
 }
 
-// evictLocked drops the least recently used shape; its sandboxes go.
+// evictLocked drops one shape and its sandboxes: the least recently used
+// of those created only once (nothing prestarted for them), else the least
+// recently used.
 func (p *pool) evictLocked() {
 	var oldest poolKey
 	var at time.Time
+	once := false
 	for k, s := range p.shapes {
-		if at.IsZero() || s.lastUsed.Before(at) {
-			oldest, at = k, s.lastUsed
+		o := s.creates < poolMinCreates
+		if at.IsZero() || o && !once || o == once && s.lastUsed.Before(at) {
+			oldest, at, once = k, s.lastUsed, o
 		}
 	}
 	if s, ok := p.shapes[oldest]; ok {
@@ -189,13 +206,18 @@ func (p *pool) evictLocked() {
 	}
 }
 
-// orphan destroys an unused prestarted sandbox in the background.
+// orphan destroys an unused prestarted sandbox in the background. Once the
+// node shuts down it is left (recorded pooled) for the next start's
+// recovery to remove.
 func (p *pool) orphan(rec *record) {
-	p.n.wg.Add(1)
+	end, err := p.n.begin("remove warm-pool sandbox " + rec.ID)
+	if err != nil {
+		return
+	}
 	go func() {
-		defer p.n.wg.Done()
+		defer end()
 		if err := p.n.destroy(context.Background(), rec); err != nil {
-			slog.Warn("remove unused warm-pool sandbox", log.SandboxID(rec.ID), log.Err(err))
+			slog.Warn("remove unused warm-pool sandbox; the next node start retries", log.SandboxID(rec.ID), log.Err(err))
 		}
 	}()
 }
@@ -237,11 +259,11 @@ func (p *pool) loop() {
 				return
 			default:
 			}
-			k, spec, ok := p.next(time.Now())
+			k, s, ok := p.next(time.Now())
 			if !ok {
 				break
 			}
-			p.fill(k, spec)
+			p.fill(k, s)
 		}
 	}
 }
@@ -270,13 +292,26 @@ func (p *pool) waitQuiet() bool {
 	}
 }
 
-// expire drops the shapes nobody created within IdleTTL, and prestarted
-// sandboxes whose image name now refers to other content.
+// expire drops the shapes nobody created within IdleTTL and those whose
+// image name now refers to other content or to nothing (no create can take
+// their sandboxes any more, and they hold the old image's layers).
 func (p *pool) expire(now time.Time) {
+	p.mu.Lock()
+	keys := make([]poolKey, 0, len(p.shapes))
+	for k := range p.shapes {
+		keys = append(keys, k)
+	}
+	p.mu.Unlock()
+	stale := map[poolKey]bool{}
+	for _, k := range keys {
+		if id, err := p.ids.ImageID(context.Background(), k.Image); err != nil || id != k.ImageID {
+			stale[k] = true
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for k, s := range p.shapes {
-		if now.Sub(s.lastUsed) > p.cfg.IdleTTL {
+		if stale[k] || now.Sub(s.lastUsed) > p.cfg.IdleTTL {
 			for _, rec := range s.ready {
 				p.orphan(rec)
 			}
@@ -286,16 +321,21 @@ func (p *pool) expire(now time.Time) {
 }
 
 // next picks the shape most in need of a prestarted sandbox and counts the
-// fill that is about to start; false when none needs one.
-func (p *pool) next(now time.Time) (poolKey, specRecord, bool) {
+// fill that is about to start; false when none needs one, or when the node
+// has no room for another sandbox (what would take it could not be admitted).
+func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
+	n := p.n
+	n.mu.Lock()
+	count, freeMem := int64(len(n.sandboxes)), n.cfg.MemoryMB-n.reservedMem
+	n.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	total := 0
 	for _, s := range p.shapes {
 		total += len(s.ready) + s.filling
 	}
-	if total >= p.cfg.Max {
-		return poolKey{}, specRecord{}, false
+	if total >= p.cfg.Max || count+int64(total) >= n.cfg.MaxSandboxes {
+		return poolKey{}, nil, false
 	}
 	keys := make([]poolKey, 0, len(p.shapes))
 	for k := range p.shapes {
@@ -311,28 +351,25 @@ func (p *pool) next(now time.Time) (poolKey, specRecord, bool) {
 	})
 	for _, k := range keys {
 		s := p.shapes[k]
-		if s.creates >= poolMinCreates && len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) {
+		if s.creates >= poolMinCreates && len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) && s.spec.MemoryMB <= freeMem {
 			s.filling++
-			return k, s.spec, true
+			return k, s, true
 		}
 	}
-	return poolKey{}, specRecord{}, false
+	return poolKey{}, nil, false
 }
 
-// fill prestarts one sandbox of shape k.
-func (p *pool) fill(k poolKey, spec specRecord) {
-	rec, err := p.n.prestart(context.Background(), k, spec)
+// fill prestarts one sandbox of shape k (s, as next returned it).
+func (p *pool) fill(k poolKey, s *poolShape) {
+	rec, err := p.n.prestart(context.Background(), k, s.spec)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s, ok := p.shapes[k]
-	if ok {
-		s.filling--
-	}
+	s.filling--
+	// The shape may have been evicted (and even made again) meanwhile.
+	ok := p.shapes[k] == s
 	switch {
 	case err != nil:
-		if ok {
-			s.retryAt = time.Now().Add(poolRetry)
-		}
+		s.retryAt = time.Now().Add(poolRetry)
 		if !p.n.shuttingDown(err) {
 			slog.Warn("prestart a warm-pool sandbox; retrying this shape later", "image", k.Image, "retry_in", poolRetry, log.Err(err))
 		}
@@ -343,8 +380,15 @@ func (p *pool) fill(k poolKey, spec specRecord) {
 	}
 }
 
-// drain destroys every prestarted sandbox (node shutdown).
-func (p *pool) drain(ctx context.Context) {
+// drainTimeout bounds drain: removing a prestarted sandbox takes tens of
+// milliseconds, and what is left is removed at the next start.
+const drainTimeout = 10 * time.Second
+
+// drain destroys every prestarted sandbox (node shutdown), within its own
+// deadline: the shutdown's may have passed already.
+func (p *pool) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
 	p.mu.Lock()
 	var recs []*record
 	for k, s := range p.shapes {

@@ -141,7 +141,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		// Prestarted sandboxes are cheap to make again: remove them
 		// rather than leave containers nobody will take (a crash leaves
 		// them to recovery, which removes them too).
-		n.pool.drain(ctx)
+		n.pool.drain()
 	}
 	if err := n.table.close(); err != nil {
 		g.err = fmt.Errorf("close sandbox table: %w", err)

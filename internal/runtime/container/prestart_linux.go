@@ -172,11 +172,25 @@ func startViaExecFifo(ctx context.Context, dir string, pid int) error {
 		f, err := os.OpenFile(path, os.O_RDONLY, 0)
 		ch <- opened{f, err}
 	}()
-	// unblock lets the open above return when init is gone (or we give
-	// up): the reader then sees no data.
-	unblock := func() {
-		if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			f.Close()
+	// giveUp makes the open above return (init is gone, or the caller gave
+	// up): it opens the fifo for writing, which succeeds once the reader
+	// waits, and closes it. If init wrote meanwhile, it has exec'd: the
+	// container runs, and the caller removes it like any failed launch.
+	giveUp := func(err error) error {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if f, oerr := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); oerr == nil {
+				f.Close()
+			}
+			select {
+			case o := <-ch:
+				if o.f != nil {
+					o.f.Close()
+				}
+				return err
+			case <-t.C:
+			}
 		}
 	}
 	t := time.NewTicker(100 * time.Millisecond)
@@ -201,14 +215,10 @@ func startViaExecFifo(ctx context.Context, dir string, pid int) error {
 			return nil
 		case <-t.C:
 			if pid > 0 && !pidAlive(pid) {
-				unblock()
+				return giveUp(errdefs.New(errdefs.ErrFailedPrecondition, "container init (pid %d) is gone", pid))
 			}
 		case <-ctx.Done():
-			unblock()
-			if o := <-ch; o.f != nil { // returns now
-				o.f.Close()
-			}
-			return fmt.Errorf("start container: %w", ctx.Err())
+			return giveUp(fmt.Errorf("start container: %w", ctx.Err()))
 		}
 	}
 }
