@@ -41,7 +41,10 @@ const (
 	DefaultMaxHTTPBodyBytes = 64 << 20
 	DefaultBatchConcurrency = 8
 	DefaultViewTTL          = 250 * time.Millisecond
-	DefaultPlacementHold    = 3 * time.Second
+	// DefaultViewMaxStale is how old a watcher view may be and still serve
+	// a placement while a fresh one is fetched in the background.
+	DefaultViewMaxStale  = 2 * time.Second
+	DefaultPlacementHold = 3 * time.Second
 	// DefaultBatchNodeTimeout bounds one node's part of a batch pause or
 	// resume.
 	DefaultBatchNodeTimeout = 15 * time.Second
@@ -76,8 +79,13 @@ type Config struct {
 	// PlacementHold keeps a finished create counted against its node until
 	// the watcher has seen it (about two poll intervals).
 	PlacementHold time.Duration
-	// ViewTTL is how long a fetched watcher view is reused.
+	// ViewTTL is how long a fetched watcher view is reused as it is.
 	ViewTTL time.Duration
+	// ViewMaxStale: an older view (younger than this) still serves while
+	// a fresh one is fetched in the background, so that a create after a
+	// quiet spell does not wait for the watcher. At or below ViewTTL:
+	// always fetch synchronously.
+	ViewMaxStale time.Duration
 	// BatchConcurrency bounds the creates one batch runs at once.
 	BatchConcurrency int
 	// BatchNodeTimeout bounds each node's part of PauseSandboxes and
@@ -96,9 +104,11 @@ type Server struct {
 	placer *placement.Placer
 
 	viewMu sync.Mutex
-	// view and viewAt cache the watcher's answer; guarded by viewMu.
-	view   []*watcherv1.NodeStatus
-	viewAt time.Time
+	// view and viewAt cache the watcher's answer; viewFetching is set
+	// while a background fetch runs; all guarded by viewMu.
+	view         []*watcherv1.NodeStatus
+	viewAt       time.Time
+	viewFetching bool
 }
 
 var (
@@ -136,6 +146,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ViewTTL <= 0 {
 		cfg.ViewTTL = DefaultViewTTL
+	}
+	if cfg.ViewMaxStale == 0 {
+		cfg.ViewMaxStale = DefaultViewMaxStale
 	}
 	if cfg.BatchConcurrency <= 0 {
 		cfg.BatchConcurrency = DefaultBatchConcurrency
@@ -224,7 +237,15 @@ func (s *Server) nodeFor(field, id string) (*nodeConn, error) {
 func (s *Server) nodeView(ctx context.Context) ([]*watcherv1.NodeStatus, error) {
 	s.viewMu.Lock()
 	defer s.viewMu.Unlock()
-	if s.view != nil && time.Since(s.viewAt) < s.cfg.ViewTTL {
+	age := time.Since(s.viewAt)
+	if s.view != nil && age < s.cfg.ViewTTL {
+		return s.view, nil
+	}
+	if s.view != nil && age < s.cfg.ViewMaxStale {
+		if !s.viewFetching {
+			s.viewFetching = true
+			go s.refreshView()
+		}
 		return s.view, nil
 	}
 	resp, err := s.cfg.Watcher.ListNodes(ctx, connect.NewRequest(&watcherv1.ListNodesRequest{}))
@@ -237,6 +258,25 @@ func (s *Server) nodeView(ctx context.Context) ([]*watcherv1.NodeStatus, error) 
 	}
 	s.view, s.viewAt = resp.Msg.GetNodes(), time.Now()
 	return s.view, nil
+}
+
+// viewFetchTimeout bounds a background fetch of the watcher's view.
+const viewFetchTimeout = 5 * time.Second
+
+// refreshView fetches the watcher's view in the background (nodeView serves
+// the previous one meanwhile); a failure leaves the old view to age out.
+func (s *Server) refreshView() {
+	ctx, cancel := context.WithTimeout(context.Background(), viewFetchTimeout)
+	defer cancel()
+	resp, err := s.cfg.Watcher.ListNodes(ctx, connect.NewRequest(&watcherv1.ListNodesRequest{}))
+	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	s.viewFetching = false
+	if err != nil {
+		log.G(ctx).Debug("refresh watcher view", log.Err(err))
+		return
+	}
+	s.view, s.viewAt = resp.Msg.GetNodes(), time.Now()
 }
 
 // remoteErr converts an error from a node or agent call into a categorized

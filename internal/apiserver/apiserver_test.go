@@ -62,12 +62,13 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	nodeClient := &http.Client{Transport: &http.Transport{Protocols: h2c}}
 	t.Cleanup(nodeClient.CloseIdleConnections)
 	cfg := apiserver.Config{
-		HTTPClient: nodeClient,
-		Nodes:      refs,
-		Watcher:    e.w,
-		NodeToken:  nodeTok,
-		Auth:       auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
-		ViewTTL:    time.Nanosecond,
+		HTTPClient:   nodeClient,
+		Nodes:        refs,
+		Watcher:      e.w,
+		NodeToken:    nodeTok,
+		Auth:         auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
+		ViewTTL:      time.Nanosecond,
+		ViewMaxStale: time.Nanosecond, // every placement sees the watcher's latest view
 	}
 	if mod != nil {
 		mod(&cfg)
