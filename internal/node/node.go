@@ -539,15 +539,20 @@ func (n *Node) launch(ctx context.Context, sb *sandbox) error {
 	ctx = context.WithoutCancel(ctx)
 	rec := sb.rec
 	t0 := time.Now()
-	if err := n.cfg.Backends[rec.Backend].(runtime.Prestarter).Launch(ctx, rec.ID, envList(rec.Spec.Env)); err != nil {
-		return fmt.Errorf("launch sandbox: %w", err)
-	}
-	tLaunched := time.Now()
+	// Recorded running while it launches (see doCreate).
 	rec2 := *rec
 	rec2.State = stateRunning
-	if err := n.table.put(&rec2); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
+	putDone := make(chan error, 1)
+	go func() { putDone <- n.table.put(&rec2) }()
+	launchErr := n.cfg.Backends[rec.Backend].(runtime.Prestarter).Launch(ctx, rec.ID, envList(rec.Spec.Env))
+	putErr := <-putDone
+	if launchErr != nil {
+		return fmt.Errorf("launch sandbox: %w", launchErr)
 	}
+	if putErr != nil {
+		return fmt.Errorf("record sandbox: %w", putErr)
+	}
+	tLaunched := time.Now()
 	n.mu.Lock()
 	sb.rec = &rec2
 	n.mu.Unlock()
@@ -594,18 +599,26 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	rec2 := *rec
 	rec2.Handle = h
 	tCreated := time.Now()
-	if err := rt.Start(ctx, rec.ID); err != nil {
-		return fmt.Errorf("start sandbox: %w", err)
+	// Recorded running while runc runs: the record's fsync costs nothing
+	// on top of the start. A node that dies before the start finished
+	// finds it "running", asks the backend and removes it unless it runs
+	// (recovery trusts the backend's state, not the record's).
+	rec2.State = stateRunning
+	putDone := make(chan error, 1)
+	go func() { putDone <- n.table.put(&rec2) }()
+	startErr := rt.Start(ctx, rec.ID)
+	putErr := <-putDone
+	if startErr != nil {
+		return fmt.Errorf("start sandbox: %w", startErr)
+	}
+	if putErr != nil {
+		return fmt.Errorf("record sandbox: %w", putErr)
 	}
 	tStarted := time.Now()
 	// No wait for the agent here: its socket listens since before the
 	// start, so the caller's first request waits in the socket's backlog
 	// while init starts the server. checkAgent confirms the agent answers
 	// and stops the sandbox if it never does.
-	rec2.State = stateRunning
-	if err := n.table.put(&rec2); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
-	}
 	n.mu.Lock()
 	sb.rec = &rec2
 	n.mu.Unlock()
@@ -1026,7 +1039,9 @@ func (n *Node) recover(ctx context.Context) error {
 			} else {
 				l.Error("recover sandbox; keeping it and its reservation", log.Err(err))
 			}
-		} else if st, err := rt.Status(ctx, rec.ID); err == nil && st.State == runtime.StateStopped {
+		} else if st, err := rt.Status(ctx, rec.ID); err == nil && (st.State == runtime.StateStopped || st.State == runtime.StateCreated) {
+			// Created: the node died between recording the sandbox
+			// running and its start; nothing of it ever ran.
 			dead = true
 		} else if err == nil {
 			// A node killed between a freeze (or thaw) and its record

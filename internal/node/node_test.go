@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -665,4 +666,62 @@ func TestWarmPool(t *testing.T) {
 	if len(ents) != 0 {
 		t.Errorf("sandbox dirs left after shutdown: %d", len(ents))
 	}
+}
+
+// TestRecoverRunningRecordOfUnstartedSandbox: the node records a sandbox
+// running while its start (or launch) runs; one that dies in between
+// leaves a "running" record of a container that never ran. The next start
+// removes it rather than list a sandbox that runs nothing.
+func TestRecoverRunningRecordOfUnstartedSandbox(t *testing.T) {
+	f := newFixture(t)
+	id := sandboxid.New(f.cfg.ID)
+	dir := sandboxDir(f.cfg.StateDir, id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.rt.Create(t.Context(), runtime.Spec{
+		ID:        id,
+		Image:     runtime.Image{Name: "root/busybox", Layers: []string{testutil.BusyboxRootfs(t)}},
+		Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 64},
+		AgentPath: f.cfg.AgentPath,
+		StateDir:  dir,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Prestart(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.rt.Status(t.Context(), id)
+	if err != nil || st.State != runtime.StateCreated {
+		t.Fatalf("status before the node starts: %+v, %v", st, err)
+	}
+	tbl, err := openTable(f.cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	if err := tbl.put(&record{ID: id, Backend: "container", State: stateRunning, Spec: specRecord{Image: "root/busybox", CPU: 1, MemoryMB: 128},
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), StateDir: dir, Handle: h}); err != nil {
+		t.Fatal(err)
+	}
+	tbl.close()
+	n := f.open(t)
+	if _, err := n.get(id); !errdefs.IsNotFound(err) {
+		t.Fatalf("sandbox that never ran is listed after recovery: %v", err)
+	}
+	if _, err := f.rt.Status(t.Context(), id); !errdefs.IsNotFound(err) {
+		t.Fatalf("backend still has it: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("its dir is left: %v", err)
+	}
+	if st.Pid > 0 && pidAliveTest(st.Pid) {
+		t.Fatalf("its waiting init %d still lives", st.Pid)
+	}
+}
+
+func pidAliveTest(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err == nil && !strings.Contains(string(b), ") Z ")
 }
