@@ -241,6 +241,70 @@ func TestBatchCreate(t *testing.T) {
 	}
 }
 
+func TestBatchCreateWith(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.WarmPool = true
+	c := newClient(t, srv)
+	ctx := t.Context()
+	spec := &opendsec.SandboxSpec{Image: "root/busybox"}
+	batch := func(n int, opts opendsec.CreateOptions) []opendsec.BatchResult {
+		t.Helper()
+		got := make([]opendsec.BatchResult, n)
+		err := c.BatchCreateWith(ctx, spec, n, opts, func(r opendsec.BatchResult) { got[r.Index] = r })
+		if err != nil {
+			t.Fatalf("batch create with %+v: %v", opts, err)
+		}
+		for i, r := range got {
+			if r.Err != nil || r.Sandbox.GetId() == "" {
+				t.Fatalf("batch create with %+v: item %d = %+v", opts, i, r)
+			}
+		}
+		return got
+	}
+
+	for i, r := range batch(3, opendsec.CreateOptions{}) {
+		if !r.Sandbox.GetFromWarmPool() {
+			t.Errorf("default batch: item %d FromWarmPool = false, want true from a node with a warm pool", i)
+		}
+	}
+	cold := batch(3, opendsec.CreateOptions{SkipWarmPool: true, RequestID: "bench-batch-1"})
+	for i, r := range cold {
+		if r.Sandbox.GetFromWarmPool() {
+			t.Errorf("SkipWarmPool batch: item %d FromWarmPool = true, want false", i)
+		}
+	}
+	// The same RequestID is the same batch.
+	for i, r := range batch(3, opendsec.CreateOptions{SkipWarmPool: true, RequestID: "bench-batch-1"}) {
+		if r.Sandbox.GetId() != cold[i].Sandbox.GetId() {
+			t.Errorf("repeat of request ID bench-batch-1: item %d = %s, want %s again", i, r.Sandbox.GetId(), cold[i].Sandbox.GetId())
+		}
+	}
+	if err := c.BatchCreate(ctx, spec, 2, nil); err != nil {
+		t.Fatalf("batch create: %v", err)
+	}
+
+	if got, want := srv.BatchSkipWarmPool(), []bool{false, true, true, false}; !slices.Equal(got, want) {
+		t.Errorf("skip_warm_pool on the wire = %v, want %v", got, want)
+	}
+	ids := srv.BatchRequestIDs()
+	if ids[0] == "" || ids[0] == ids[3] || ids[1] != "bench-batch-1" {
+		t.Errorf("request IDs = %q: want a fresh one for an empty RequestID and the caller's otherwise", ids)
+	}
+	if n := len(srv.CreateSkipWarmPool()); n != 0 {
+		t.Errorf("server saw %d single creates, want batches only", n)
+	}
+
+	if err := c.BatchCreateWith(ctx, nil, 2, opendsec.CreateOptions{SkipWarmPool: true}, nil); !opendsec.IsInvalidArgument(err) || !strings.Contains(err.Error(), "spec") {
+		t.Errorf("nil spec: %v, want invalid argument naming spec", err)
+	}
+	if err := c.BatchCreateWith(ctx, spec, 0, opendsec.CreateOptions{SkipWarmPool: true}, nil); !opendsec.IsInvalidArgument(err) || !strings.Contains(err.Error(), "count") {
+		t.Errorf("count 0: %v, want invalid argument naming count", err)
+	}
+	if n := len(srv.Sandboxes()); n != 8 {
+		t.Errorf("fake holds %d sandboxes, want 8 (bad input must make none)", n)
+	}
+}
+
 func TestLifecycle(t *testing.T) {
 	srv := opendsectest.New(t, token)
 	c := newClient(t, srv)

@@ -118,3 +118,23 @@ func ExampleClient_CreateSandboxWith() {
 	}
 	fmt.Println(sb.Id, "from warm pool:", sb.GetFromWarmPool())
 }
+
+// Make a batch of sandboxes from scratch, bypassing the node's warm pool.
+func ExampleClient_BatchCreateWith() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = c.BatchCreateWith(ctx, &opendsec.SandboxSpec{Image: "root/busybox"}, 10,
+		opendsec.CreateOptions{SkipWarmPool: true}, func(r opendsec.BatchResult) {
+			if r.Err != nil {
+				log.Printf("sandbox %d: %v", r.Index, r.Err)
+				return
+			}
+			fmt.Println(r.Sandbox.Id, "from warm pool:", r.Sandbox.GetFromWarmPool())
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+}

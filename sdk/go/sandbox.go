@@ -33,8 +33,8 @@ func (c *Client) CreateSandboxWithRequestID(ctx context.Context, spec *SandboxSp
 	return c.CreateSandboxWith(ctx, spec, CreateOptions{RequestID: requestID})
 }
 
-// CreateOptions are the less common settings of CreateSandboxWith. The zero
-// value behaves as CreateSandbox.
+// CreateOptions are the less common settings of CreateSandboxWith and
+// BatchCreateWith. The zero value behaves as CreateSandbox and BatchCreate.
 type CreateOptions struct {
 	// RequestID is the idempotency key: a create with the RequestID of an
 	// earlier one returns the sandbox that one made. Empty means a fresh
@@ -105,13 +105,25 @@ type BatchResult struct {
 // as a whole. When the stream breaks with Unavailable, BatchCreate retries
 // with the same request ID and reports each index only once.
 func (c *Client) BatchCreate(ctx context.Context, spec *SandboxSpec, n int, fn func(BatchResult)) error {
+	return c.BatchCreateWith(ctx, spec, n, CreateOptions{}, fn)
+}
+
+// BatchCreateWith is BatchCreate with opts, which apply to the batch as a
+// whole: RequestID is the batch's idempotency key (a batch with the
+// RequestID of an earlier one returns the sandboxes that one made) and
+// SkipWarmPool makes every sandbox of the batch from scratch.
+func (c *Client) BatchCreateWith(ctx context.Context, spec *SandboxSpec, n int, opts CreateOptions, fn func(BatchResult)) error {
 	if spec == nil {
 		return invalid("spec", "is required; pass at least an image")
 	}
 	if n < 1 || n > MaxBatch {
 		return invalid("count", "must be between 1 and %d, got %d", MaxBatch, n)
 	}
-	req := &opendsecv1.BatchCreateSandboxesRequest{Spec: spec, Count: int32(n), RequestId: newRequestID()}
+	requestID := opts.RequestID
+	if requestID == "" {
+		requestID = newRequestID()
+	}
+	req := &opendsecv1.BatchCreateSandboxesRequest{Spec: spec, Count: int32(n), RequestId: requestID, SkipWarmPool: opts.SkipWarmPool}
 	seen := make(map[int32]bool, n)
 	return c.withRetry(ctx, func() error {
 		stream, err := c.sandboxes.BatchCreateSandboxes(ctx, connect.NewRequest(req))

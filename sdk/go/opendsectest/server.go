@@ -65,6 +65,8 @@ type Server struct {
 	calls         []Call                         // guarded by mu
 	createIDs     []string                       // request IDs of every CreateSandbox; guarded by mu
 	createSkips   []bool                         // skip_warm_pool of every CreateSandbox; guarded by mu
+	batchIDs      []string                       // request IDs of every BatchCreateSandboxes; guarded by mu
+	batchSkips    []bool                         // skip_warm_pool of every BatchCreateSandboxes; guarded by mu
 	failCreates   int                            // guarded by mu
 	failCode      connect.Code                   // guarded by mu
 	failAfterSave bool                           // guarded by mu
@@ -137,6 +139,22 @@ func (s *Server) CreateSkipWarmPool() []bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]bool(nil), s.createSkips...)
+}
+
+// BatchRequestIDs returns the request_id of every BatchCreateSandboxes
+// received, in order.
+func (s *Server) BatchRequestIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.batchIDs...)
+}
+
+// BatchSkipWarmPool returns the skip_warm_pool flag of every
+// BatchCreateSandboxes received, in order.
+func (s *Server) BatchSkipWarmPool() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]bool(nil), s.batchSkips...)
 }
 
 // WriteChunks returns the data chunk sizes of the last WriteFile.

@@ -59,6 +59,10 @@ func (h sandboxService) BatchCreateSandboxes(ctx context.Context, req *connect.R
 	if err := validateSpec(req.Msg.GetSpec()); err != nil {
 		return err
 	}
+	h.s.mu.Lock()
+	h.s.batchIDs = append(h.s.batchIDs, req.Msg.GetRequestId())
+	h.s.batchSkips = append(h.s.batchSkips, req.Msg.GetSkipWarmPool())
+	h.s.mu.Unlock()
 	for i := range n {
 		resp := &opendsecv1.BatchCreateSandboxesResponse{Index: int32(i)}
 		var err error

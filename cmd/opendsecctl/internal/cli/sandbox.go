@@ -98,21 +98,19 @@ func (a *app) createCommand() *cobra.Command {
 			if count < 1 || count > opendsec.MaxBatch {
 				return usagef("--count: must be between 1 and %d", opendsec.MaxBatch)
 			}
-			if skipWarmPool && count > 1 {
-				return usagef("--skip-warm-pool: works only with --count 1 for now; create the sandboxes one at a time")
-			}
 			c, err := a.connect()
 			if err != nil {
 				return err
 			}
+			opts := opendsec.CreateOptions{SkipWarmPool: skipWarmPool}
 			if count == 1 {
-				sb, err := c.CreateSandboxWith(cmd.Context(), &spec, opendsec.CreateOptions{SkipWarmPool: skipWarmPool})
+				sb, err := c.CreateSandboxWith(cmd.Context(), &spec, opts)
 				if err != nil {
 					return err
 				}
 				return a.printCreated([]*opendsec.Sandbox{sb}, quiet)
 			}
-			return a.batchCreate(cmd, c, &spec, count, quiet)
+			return a.batchCreate(cmd, c, &spec, count, opts, quiet)
 		},
 	}
 	f := cmd.Flags()
@@ -131,7 +129,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, "maximum number of processes (default 1024)")
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the IDs")
-	f.BoolVar(&skipWarmPool, "skip-warm-pool", false, "make the sandbox from scratch, never from the node's warm pool of prestarted sandboxes")
+	f.BoolVar(&skipWarmPool, "skip-warm-pool", false, "make the sandboxes from scratch, never from the node's warm pool of prestarted sandboxes")
 	network.register(cmd)
 	return cmd
 }
@@ -153,7 +151,7 @@ func (a *app) printCreated(sbs []*opendsec.Sandbox, quiet bool) error {
 
 // batchCreate makes count sandboxes with a progress bar on stderr and
 // reports each failed item; it fails when any item failed.
-func (a *app) batchCreate(cmd *cobra.Command, c *opendsec.Client, spec *opendsecv1.SandboxSpec, count int, quiet bool) error {
+func (a *app) batchCreate(cmd *cobra.Command, c *opendsec.Client, spec *opendsecv1.SandboxSpec, count int, opts opendsec.CreateOptions, quiet bool) error {
 	bar := progressbar.NewOptions(count,
 		progressbar.OptionSetWriter(a.stderr),
 		progressbar.OptionSetDescription("creating"),
@@ -168,7 +166,7 @@ func (a *app) batchCreate(cmd *cobra.Command, c *opendsec.Client, spec *opendsec
 		created = make([]*opendsec.Sandbox, count)
 		failed  []opendsec.BatchResult
 	)
-	err := c.BatchCreate(cmd.Context(), spec, count, func(r opendsec.BatchResult) {
+	err := c.BatchCreateWith(cmd.Context(), spec, count, opts, func(r opendsec.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Err != nil {

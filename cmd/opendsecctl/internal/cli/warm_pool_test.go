@@ -51,13 +51,36 @@ func TestCreateSkipWarmPool(t *testing.T) {
 	}
 }
 
-func TestCreateSkipWarmPoolWithCountIsRefused(t *testing.T) {
+func TestBatchCreateSkipWarmPool(t *testing.T) {
 	srv := opendsectest.New(t, token)
-	r := run(t, srv, "", "sandbox", "create", "--image", "root/busybox", "--count", "2", "--skip-warm-pool")
-	if r.code != 1 || !strings.Contains(r.stderr, "--skip-warm-pool:") || r.stdout != "" {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 naming --skip-warm-pool", r.code, r.stdout, r.stderr)
+	srv.WarmPool = true
+	batch := func(args ...string) []*opendsecv1.Sandbox {
+		t.Helper()
+		r := mustRun(t, srv, "", append([]string{"sandbox", "create", "--image", "root/busybox", "--count", "3", "-o", "json"}, args...)...)
+		var out opendsecv1.ListSandboxesResponse
+		if err := protojson.Unmarshal([]byte(r.stdout), &out); err != nil {
+			t.Fatalf("json output %q: %v", r.stdout, err)
+		}
+		if n := len(out.GetSandboxes()); n != 3 {
+			t.Fatalf("json output %q: %d sandboxes, want 3", r.stdout, n)
+		}
+		return out.GetSandboxes()
 	}
-	if n := len(srv.Sandboxes()); n != 0 {
-		t.Fatalf("refused create made %d sandboxes", n)
+
+	for _, sb := range batch() {
+		if !sb.GetFromWarmPool() {
+			t.Errorf("create --count 3: sandbox %s fromWarmPool false, want true", sb.GetId())
+		}
+	}
+	for _, sb := range batch("--skip-warm-pool") {
+		if sb.GetFromWarmPool() {
+			t.Errorf("create --count 3 --skip-warm-pool: sandbox %s fromWarmPool true, want false", sb.GetId())
+		}
+	}
+	if got := srv.BatchSkipWarmPool(); !slices.Equal(got, []bool{false, true}) {
+		t.Fatalf("skip_warm_pool sent with the batches = %v, want [false true]", got)
+	}
+	if got := srv.CreateSkipWarmPool(); len(got) != 0 {
+		t.Fatalf("single creates sent = %v, want none (--count 3 is one batch)", got)
 	}
 }
