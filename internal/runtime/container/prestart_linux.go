@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -45,51 +44,14 @@ func (r *Runtime) Prestart(ctx context.Context, id string) error {
 			return errdefs.Invalid("net_ns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
 		}
 	}
-	bundle := sb.st.Bundle
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	pid, err := r.runcInit(ctx, id, sb.st.Bundle, true)
 	if err != nil {
-		return fmt.Errorf("open /dev/null: %w", err)
-	}
-	defer devnull.Close()
-	logf, err := os.OpenFile(filepath.Join(bundle, logDir, agentLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("open agent log: %w", err)
-	}
-	defer logf.Close()
-	lfile, err := listenUnixAt(filepath.Join(bundle, runDir), agentSocketName)
-	if err != nil {
-		return err
-	}
-	defer lfile.Close()
-	rlog := filepath.Join(bundle, logDir, runcLog)
-	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
-		"create", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
-	cmd.ExtraFiles = []*os.File{lfile}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("prestart sandbox: runc create: %w", err)
-	}
-	// runc forks its init a few milliseconds into its run; the children
-	// inherit this.
-	_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
-	if err := cmd.Wait(); err != nil {
+		// runc removes what it made of a container that failed; make sure.
 		if _, derr := r.runcOut(context.WithoutCancel(ctx), sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {
 			log.G(ctx).Warn("remove container after failed runc create", "sandbox.id", id, "error", derr)
-			sb.phase.Store(phaseLaunched)
+			sb.phase.Store(phaseLaunched) // runc may have it: Stop and Delete clean up
 		}
-		return fmt.Errorf("prestart sandbox: runc create: %w: %s", err, runcLogError(rlog))
-	}
-	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
-	if err != nil {
-		sb.phase.Store(phaseLaunched) // runc has it: Stop and Delete clean up
-		return fmt.Errorf("read init pid: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(pb)))
-	if err != nil {
-		sb.phase.Store(phaseLaunched)
-		return fmt.Errorf("parse init pid: %w", err)
+		return fmt.Errorf("prestart sandbox: %w", err)
 	}
 	sb.pid.Store(int64(pid))
 	sb.prestarted.Store(true)

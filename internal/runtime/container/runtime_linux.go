@@ -389,6 +389,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 // stderr (the agent's log) goes to a file on a 1 MiB tmpfs, so neither the
 // agent nor anything that gets hold of its stderr can fill the disk.
 func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
+	return r.runcInit(ctx, id, bundle, false)
+}
+
+// runcInit runs `runc run --detach` (or, with prestart, `runc create` at
+// CPU niceness prestartNice: everything but the exec of init) and returns
+// init's host pid. See runcRun for its stdio and the agent socket.
+func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool) (int, error) {
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, fmt.Errorf("open /dev/null: %w", err)
@@ -410,16 +417,28 @@ func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
 	}
 	defer lfile.Close()
 	rlog := filepath.Join(bundle, logDir, runcLog)
-	cmd := exec.CommandContext(ctx, r.runc, "--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json",
-		"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)
+	sub := []string{"run", "--detach"}
+	if prestart {
+		sub = []string{"create"}
+	}
+	args := append([]string{"--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json"}, sub...)
+	cmd := exec.CommandContext(ctx, r.runc, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
 	cmd.ExtraFiles = []*os.File{lfile}
 	// A new session: signals to the node's process group (Ctrl-C) never reach
 	// the container.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("runc run: %w: %s", err, runcLogError(rlog))
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("runc %s: %w", sub[0], err)
+	}
+	if prestart {
+		// runc forks its init a few milliseconds into its run; the
+		// children inherit this.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
+	}
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("runc %s: %w: %s", sub[0], err, runcLogError(rlog))
 	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
 	if err != nil {
