@@ -539,23 +539,15 @@ func (n *Node) launch(ctx context.Context, sb *sandbox) error {
 	ctx = context.WithoutCancel(ctx)
 	rec := sb.rec
 	t0 := time.Now()
-	// Recorded running while it launches (see doCreate).
-	rec2 := *rec
-	rec2.State = stateRunning
-	putDone := make(chan error, 1)
-	go func() { putDone <- n.table.put(&rec2) }()
-	launchErr := n.cfg.Backends[rec.Backend].(runtime.Prestarter).Launch(ctx, rec.ID, envList(rec.Spec.Env))
-	putErr := <-putDone
-	if launchErr != nil {
-		return fmt.Errorf("launch sandbox: %w", launchErr)
-	}
-	if putErr != nil {
-		return fmt.Errorf("record sandbox: %w", putErr)
+	if err := n.startRecorded(sb, *rec, func() error {
+		if err := n.cfg.Backends[rec.Backend].(runtime.Prestarter).Launch(ctx, rec.ID, envList(rec.Spec.Env)); err != nil {
+			return fmt.Errorf("launch sandbox: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	tLaunched := time.Now()
-	n.mu.Lock()
-	sb.rec = &rec2
-	n.mu.Unlock()
 	log.G(ctx).Info("sandbox running", log.SandboxID(rec.ID), slogImage(rec.Spec.Image), "from_warm_pool", true,
 		"launch_ms", ms(tLaunched.Sub(t0)), "total_ms", ms(time.Since(t0)))
 	go n.checkAgent(sb, tLaunched)
@@ -599,33 +591,46 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	rec2 := *rec
 	rec2.Handle = h
 	tCreated := time.Now()
-	// Recorded running while runc runs: the record's fsync costs nothing
-	// on top of the start. A node that dies before the start finished
-	// finds it "running", asks the backend and removes it unless it runs
-	// (recovery trusts the backend's state, not the record's).
-	rec2.State = stateRunning
-	putDone := make(chan error, 1)
-	go func() { putDone <- n.table.put(&rec2) }()
-	startErr := rt.Start(ctx, rec.ID)
-	putErr := <-putDone
-	if startErr != nil {
-		return fmt.Errorf("start sandbox: %w", startErr)
-	}
-	if putErr != nil {
-		return fmt.Errorf("record sandbox: %w", putErr)
+	if err := n.startRecorded(sb, rec2, func() error {
+		if err := rt.Start(ctx, rec.ID); err != nil {
+			return fmt.Errorf("start sandbox: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	tStarted := time.Now()
 	// No wait for the agent here: its socket listens since before the
 	// start, so the caller's first request waits in the socket's backlog
 	// while init starts the server. checkAgent confirms the agent answers
 	// and stops the sandbox if it never does.
-	n.mu.Lock()
-	sb.rec = &rec2
-	n.mu.Unlock()
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
 		"hold_ms", ms(holdDur), "net_ms", ms(phases.net), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"total_ms", ms(time.Since(t0)))
 	go n.checkAgent(sb, tStarted)
+	return nil
+}
+
+// startRecorded runs start while it records rec running, and publishes the
+// record on sb once both succeeded. Recording while the backend starts
+// hides the table's fsync behind the start: a node that dies before the
+// start finished finds the record "running", asks the backend, and removes
+// the sandbox unless it runs (recovery trusts the backend's state, not the
+// record's).
+func (n *Node) startRecorded(sb *sandbox, rec record, start func() error) error {
+	rec.State = stateRunning
+	putDone := make(chan error, 1)
+	go func() { putDone <- n.table.put(&rec) }()
+	startErr := start()
+	if err := <-putDone; startErr == nil && err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	if startErr != nil {
+		return startErr
+	}
+	n.mu.Lock()
+	sb.rec = &rec
+	n.mu.Unlock()
 	return nil
 }
 
