@@ -210,6 +210,11 @@ func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string
 	if err != nil {
 		return image.Image{}, err
 	}
+	if sb, err := n.get(id); err == nil {
+		if err := waitStarted(ctx, sb); err != nil {
+			return image.Image{}, err
+		}
+	}
 	if rec.State == "creating" {
 		return image.Image{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is still being created; pack it once it runs", id)
 	}

@@ -143,6 +143,11 @@ type sandbox struct {
 	// ready is closed when the create finishes (err says how).
 	ready chan struct{}
 	err   error
+	// started is closed when the new sandbox's agent first answered, or
+	// checkAgent gave up: until then init may be starting the agent, and a
+	// freeze can catch a task that cannot freeze mid-exec. Nil for a
+	// sandbox recovered after a restart.
+	started chan struct{}
 
 	lastActivity atomic.Int64 // unix nanos
 	active       atomic.Int32 // open agent requests
@@ -410,7 +415,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  sandboxDir(n.cfg.StateDir, req.ID),
 	}
-	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{})}
+	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), started: make(chan struct{})}
 	sb.touch()
 
 	// Admission and idempotency, atomically.
@@ -480,7 +485,7 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 		Handle:    slot.Handle,
 		FromPool:  true,
 	}
-	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), alias: req.ID}
+	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), started: make(chan struct{}), alias: req.ID}
 	sb.touch()
 	n.mu.Lock()
 	if req.RequestID != "" {
@@ -634,6 +639,21 @@ func (n *Node) startRecorded(sb *sandbox, rec record, start func() error) error 
 	return nil
 }
 
+// waitStarted waits until sb's agent first answered (or the node gave up
+// on it): pausing or diffing a sandbox whose init is still starting the
+// agent could catch a task that cannot freeze.
+func waitStarted(ctx context.Context, sb *sandbox) error {
+	if sb.started == nil {
+		return nil
+	}
+	select {
+	case <-sb.started:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the agent of sandbox %s to start: %w", sb.id, ctx.Err())
+	}
+}
+
 // prepPhases are prepare's timings, for the log.
 type prepPhases struct{ net time.Duration }
 
@@ -749,6 +769,7 @@ func envList(m map[string]string) []string {
 // when the node closes or the sandbox goes away first (its Stop goes
 // through the shutdown gate, so it needs no part in Shutdown's wait).
 func (n *Node) checkAgent(sb *sandbox, started time.Time) {
+	defer close(sb.started)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {

@@ -119,6 +119,9 @@ func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	if err != nil {
 		return change{}, err
 	}
+	if err := waitStarted(ctx, sb); err != nil {
+		return change{}, err
+	}
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
 	n.mu.Lock()
