@@ -499,3 +499,33 @@ async def test_write_stream_recuts_chunks_and_sends_the_given_size(client: DSecC
     await sb.files.write_stream("/t", [b"x", b"yz"])
     assert server.write_requests[0].header.size == 0
     assert server.files["/t"] == b"xyz"
+
+
+async def test_undecodable_answer_is_retried_then_unavailable() -> None:
+    # grpc.aio returns None for an answer it cannot decode; the SDK retries
+    # idempotent calls and otherwise raises UnavailableError, never hands
+    # None on (which surfaced as AttributeError).
+    from opendsec._conn import Conn
+
+    conn = Conn("127.0.0.1:1", "tok", timeout=5, max_retries=2, retry_backoff=0)
+    try:
+        answers: list[object] = [None, "answer"]
+        calls = 0
+
+        async def method(request: object, *, metadata: object, timeout: object) -> object:
+            nonlocal calls
+            calls += 1
+            return answers.pop(0)
+
+        assert await conn.unary(method, "req", retry=True) == "answer"
+        assert calls == 2
+
+        async def always_none(request: object, *, metadata: object, timeout: object) -> object:
+            return None
+
+        with pytest.raises(E.UnavailableError, match="could not be decoded"):
+            await conn.unary(always_none, "req", retry=False)
+        with pytest.raises(E.UnavailableError, match="could not be decoded"):
+            await conn.unary(always_none, "req", retry=True)
+    finally:
+        await conn.close()

@@ -129,10 +129,21 @@ class Conn:
         With ``retry``, UNAVAILABLE is retried (same request) up to ``max_retries``
         times with exponential backoff and jitter.
         """
-        return await self.retrying(
-            lambda: method(request, metadata=self.metadata, timeout=timeout or self.timeout),
-            retry=retry,
-        )
+
+
+        async def call() -> Any:
+            resp = await method(request, metadata=self.metadata, timeout=timeout or self.timeout)
+            if resp is None:
+                # grpc.aio logs "Exception deserializing message!" and returns
+                # None for an answer it could not decode (an intermittent
+                # client-side fault seen under many concurrent calls).
+                raise UnavailableError(
+                    "the server's answer could not be decoded by the gRPC client; "
+                    "retry (the SDK does so itself for idempotent calls)"
+                )
+            return resp
+
+        return await self.retrying(call, retry=retry)
 
     async def retrying(self, fn: Callable[[], Awaitable[T]], *, retry: bool) -> T:
         """Await ``fn()``, mapping gRPC errors; retry UNAVAILABLE when ``retry``."""
@@ -140,8 +151,8 @@ class Conn:
         while True:
             try:
                 return await fn()
-            except grpc.aio.AioRpcError as e:
-                err = from_grpc_error(e)
+            except (grpc.aio.AioRpcError, UnavailableError) as e:
+                err = from_grpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else e
                 if not (retry and isinstance(err, UnavailableError) and attempt < self.max_retries):
                     raise err from None
             delay = self.retry_backoff * (2**attempt)
