@@ -132,6 +132,8 @@ type Node struct {
 
 	// pool is the warm pool; nil when off.
 	pool *pool
+
+	metrics *metrics
 }
 
 // sandbox is the in-memory view of one record.
@@ -229,6 +231,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		aliases:   map[string]string{},
 		closed:    make(chan struct{}),
 	}
+	n.metrics = newMetrics(n)
 	if err := n.recover(ctx); err != nil {
 		t.close()
 		return nil, err
@@ -369,7 +372,9 @@ func (n *Node) normalize(s *specRecord) error {
 // returning once it runs and its agent's socket listens (requests wait in
 // the socket's backlog until the agent serves). It is idempotent on
 // RequestID: a retry returns the first sandbox.
-func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
+func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err error) {
+	start, path := time.Now(), createPathCold
+	defer func() { n.metrics.createDone(path, start, err) }()
 	end, err := n.begin("create sandbox " + req.ID)
 	if err != nil {
 		return nil, err
@@ -388,6 +393,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*record, error) {
 	if n.pool != nil && !req.SkipPool {
 		if k, ok := n.pool.key(ctx, spec); ok {
 			if slot := n.pool.take(k, spec); slot != nil {
+				path = createPathWarm
 				if rec, err, done := n.createFromPool(ctx, req, spec, k, slot); done {
 					return rec, err
 				}
@@ -789,6 +795,7 @@ func (n *Node) checkAgent(sb *sandbox, started time.Time) {
 	if ctx.Err() != nil || errors.Is(err, errSandboxGone) || !n.stillRunning(sb) {
 		return // the node closes, or the sandbox stopped or paused meanwhile
 	}
+	n.metrics.agentFailures.Inc()
 	reason := "agent did not start: " + err.Error()
 	l.Error("stopping sandbox whose agent never answered", "reason", reason)
 	if err := n.Stop(ctx, id, reason); err != nil && !errdefs.IsNotFound(err) && !n.shuttingDown(err) {

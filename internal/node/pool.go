@@ -362,6 +362,7 @@ func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 // fill prestarts one sandbox of shape k (s, as next returned it).
 func (p *pool) fill(k poolKey, s *poolShape) {
 	rec, err := p.n.prestart(context.Background(), k, s.spec)
+	p.n.metrics.prestartDone(err)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s.filling--

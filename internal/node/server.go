@@ -17,13 +17,14 @@ import (
 	"github.com/kernflux/opendsec/internal/version"
 )
 
-// Handler serves NodeService (opts carry the authentication interceptor).
-// The agent proxy is served separately (AgentProxy) so the caller wraps it
+// Handler serves NodeService (opts carry the authentication interceptor)
+// and an unauthenticated GET /metrics. The agent proxy is served separately (AgentProxy) so the caller wraps it
 // in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
+	mux.Handle("GET /metrics", n.MetricsHandler())
 	return mux
 }
 
