@@ -109,6 +109,8 @@ type Server struct {
 	view         []*watcherv1.NodeStatus
 	viewAt       time.Time
 	viewFetching bool
+
+	metrics *metrics
 }
 
 var (
@@ -181,6 +183,8 @@ func New(cfg Config) (*Server, error) {
 		hc:     auth.ClientFrom(cfg.HTTPClient, nodeTokens),
 		nodes:  map[string]*nodeConn{},
 		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
+
+		metrics: newMetrics(),
 	}
 	for i, n := range cfg.Nodes {
 		if err := sandboxid.ValidNode(n.ID); err != nil {
@@ -195,11 +199,11 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Handler returns all public services behind the auth interceptor, plus an
-// unauthenticated GET /healthz.
+// Handler returns all public services behind the auth interceptor (with
+// request metrics), plus an unauthenticated GET /healthz and GET /metrics.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(s.cfg.Auth.Interceptor()),
+		connect.WithInterceptors(metricsInterceptor{s.metrics}, s.cfg.Auth.Interceptor()),
 		connect.WithCodec(protoCodec{}),
 		// Room for a full HTTPRequest body plus framing.
 		connect.WithReadMaxBytes(int(s.cfg.MaxHTTPBodyBytes) + 1<<20),
@@ -213,6 +217,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.Handle("GET /metrics", s.metricsHandler())
 	return mux
 }
 
