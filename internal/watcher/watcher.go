@@ -43,6 +43,8 @@ type Watcher struct {
 	status map[string]*watcherv1.NodeStatus
 	// failures counts consecutive failed polls by node ID; guarded by mu.
 	failures map[string]int
+
+	metrics *metrics
 }
 
 var _ watcherv1connect.WatcherServiceHandler = (*Watcher)(nil)
@@ -75,6 +77,7 @@ func NewWithTokens(cfg config.Watcher, nodes []config.NodeRef, httpClient *http.
 		w.clients[n.ID] = nodev1connect.NewNodeServiceClient(hc, n.Address)
 		w.status[n.ID] = &watcherv1.NodeStatus{NodeId: n.ID, Address: n.Address, LastError: "not polled yet"}
 	}
+	w.metrics = newMetrics(w)
 	return w
 }
 
@@ -153,6 +156,7 @@ func (w *Watcher) record(ctx context.Context, n config.NodeRef, st *watcherv1.No
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil {
+		w.metrics.pollDone(nil)
 		w.failures[n.ID] = 0
 		w.status[n.ID] = st
 		return
@@ -160,6 +164,7 @@ func (w *Watcher) record(ctx context.Context, n config.NodeRef, st *watcherv1.No
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return // shutting down; keep the last view
 	}
+	w.metrics.pollDone(err)
 	w.failures[n.ID]++
 	prev := w.status[n.ID]
 	next := proto.CloneOf(prev)
