@@ -121,6 +121,7 @@ func (g *Gateway) apiMux() http.Handler {
 		})
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", g.prom.handler()) // no key, like /health
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "%s %s: no such route", r.Method, r.URL.Path)
 	})

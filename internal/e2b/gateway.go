@@ -104,6 +104,7 @@ type Gateway struct {
 	cfg   Config
 	nodes map[string]string // node ID → base URL
 	api   http.Handler
+	prom  *promMetrics
 
 	cacheMu sync.Mutex
 	// cache remembers recent sandbox lookups of the traffic proxy; guarded
@@ -140,7 +141,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Templates == nil {
 		cfg.Templates = map[string]string{DefaultTemplate: DefaultImage}
 	}
-	g := &Gateway{cfg: cfg, nodes: map[string]string{}, cache: map[string]cachedSandbox{}}
+	g := &Gateway{cfg: cfg, nodes: map[string]string{}, cache: map[string]cachedSandbox{}, prom: newPromMetrics()}
 	for i, n := range cfg.Nodes {
 		if err := sandboxid.ValidNode(n.ID); err != nil {
 			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
@@ -152,25 +153,33 @@ func New(cfg Config) (*Gateway, error) {
 }
 
 // ServeHTTP routes sandbox traffic (E2b-Sandbox-Id header, or Host
-// <port>-<id>.<domain>) to the proxy and everything else to the REST API.
+// <port>-<id>.<domain>) to the proxy and everything else to the REST API,
+// counting each request by route and status code.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	route := g.route(sw, r)
+	g.prom.requests.WithLabelValues(route, sw.status()).Inc()
+}
+
+// route serves r and returns its route label.
+func (g *Gateway) route(w http.ResponseWriter, r *http.Request) string {
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 		ps := r.Header.Get("E2b-Sandbox-Port")
 		if ps == "" {
 			http.Error(w, "missing header E2b-Sandbox-Port", http.StatusBadRequest)
-			return
+			return routeProxy
 		}
 		port, err := strconv.Atoi(ps)
 		if err != nil || port < 1 || port > 65535 {
 			http.Error(w, "Invalid sandbox port", http.StatusBadRequest)
-			return
+			return routeProxy
 		}
 		g.proxy(w, r, id, port)
-		return
+		return routeProxy
 	}
 	if id, port, ok := g.hostRoute(r.Host); ok {
 		g.proxy(w, r, id, port)
-		return
+		return routeProxy
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		// A signed file URL made while E2B_SANDBOX_URL is set carries no
@@ -178,12 +187,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		id, err := g.signedFileSandbox(r)
 		if err != nil {
 			writeErr(w, err)
-			return
+			return routeProxy
 		}
 		g.proxy(w, r, id, EnvdPort)
-		return
+		return routeProxy
 	}
+	// The mux sets r.Pattern to the pattern that matched ("/" for no route).
 	g.api.ServeHTTP(w, r)
+	return r.Pattern
 }
 
 // hostRoute parses Host <port>-<id>.<domain>.
