@@ -191,6 +191,7 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
 		mux := http.NewServeMux()
 		mux.Handle(w.Handler(connect.WithInterceptors(v.Interceptor())))
+		mux.Handle("GET /metrics", w.MetricsHandler()) // no token, like the node's and apiserver's
 		return serve(ctx, "watcher", cfg.Watcher.Listen, mux, ready)
 	})
 	return g.Wait()
