@@ -394,9 +394,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		if k, ok := n.pool.key(ctx, spec); ok {
 			if slot := n.pool.take(k, spec); slot != nil {
 				path = createPathWarm
-				if rec, err, done := n.createFromPool(ctx, req, spec, k, slot); done {
-					return rec, err
-				}
+				return n.createFromPool(ctx, req, spec, k, slot)
 			}
 		}
 	}
@@ -476,8 +474,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 // refusal gives slot back to the pool. A failed launch fails the create
 // (the sandbox is removed): falling back to a cold create under the asked
 // ID would race with a caller that gave up and stopped it by that ID.
-// done is always true.
-func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specRecord, k poolKey, slot *record) (_ *record, _ error, done bool) {
+func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specRecord, k poolKey, slot *record) (*record, error) {
 	now := time.Now().UTC()
 	rec := &record{
 		ID:        slot.ID,
@@ -499,13 +496,13 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 			n.mu.Unlock()
 			n.pool.giveBack(k, slot)
 			rec, err := n.waitReady(ctx, prev)
-			return rec, err, true
+			return rec, err
 		}
 	}
-	refuse := func(err error) (*record, error, bool) {
+	refuse := func(err error) (*record, error) {
 		n.mu.Unlock()
 		n.pool.giveBack(k, slot)
-		return nil, err, true
+		return nil, err
 	}
 	if _, ok := n.sandboxes[req.ID]; ok {
 		return refuse(errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", req.ID))
@@ -536,13 +533,13 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 		if derr := n.destroy(context.WithoutCancel(ctx), rec); derr != nil {
 			log.G(ctx).Warn("remove warm-pool sandbox that failed to launch", log.SandboxID(rec.ID), log.Err(derr))
 		}
-		return nil, errdefs.New(errdefs.ErrUnavailable, "%v; retry the create (with skip_warm_pool to make one from scratch)", err), true
+		return nil, errdefs.New(errdefs.ErrUnavailable, "%v; retry the create (with skip_warm_pool to make one from scratch)", err)
 	}
 	close(sb.ready)
 	n.mu.Lock()
 	out := sb.rec
 	n.mu.Unlock()
-	return out, nil, true
+	return out, nil
 }
 
 // launch lets sb's prestarted sandbox run and records it running.
