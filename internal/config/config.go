@@ -73,6 +73,13 @@ type Node struct {
 	ID string `json:"id"`
 	// Listen is host:port, or unix:///path for a unix socket.
 	Listen string `json:"listen"`
+	// Backends configures the node's backends: each key is a backend name
+	// (container, and any other this build registers) with that backend's
+	// own settings. Empty means {"container": {}}. agent_path, init_path
+	// and agent_idle_exit_ms below are the container backend's and are
+	// copied into its section when it does not set them (the older place
+	// for them).
+	Backends map[string]json.RawMessage `json:"backends,omitempty"`
 	// AgentPath is the static opendsec-agent binary put in every sandbox.
 	AgentPath string `json:"agent_path"`
 	// InitPath is the static opendsec-init binary, every container
@@ -255,6 +262,45 @@ func (c *Config) Validate() error {
 
 // DefaultMaxPaused is node.max_paused when the config does not set it.
 const DefaultMaxPaused = "24h"
+
+// BackendConfigs returns each configured backend's section, with the
+// container backend's agent settings filled from node.agent_path,
+// node.init_path and node.agent_idle_exit_ms where its section does not
+// set them.
+func (n Node) BackendConfigs() (map[string]json.RawMessage, error) {
+	out := make(map[string]json.RawMessage, len(n.Backends)+1)
+	for k, v := range n.Backends {
+		out[k] = v
+	}
+	if len(out) == 0 {
+		out["container"] = json.RawMessage("{}")
+	}
+	raw, ok := out["container"]
+	if !ok {
+		return out, nil
+	}
+	sec := map[string]any{}
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &sec); err != nil {
+			return nil, errdefs.Invalid("node.backends.container", "%v; give an object, e.g. {\"agent_path\": \"/usr/local/lib/opendsec/opendsec-agent\"}", err)
+		}
+	}
+	if _, set := sec["agent_path"]; !set && n.AgentPath != "" {
+		sec["agent_path"] = n.AgentPath
+	}
+	if _, set := sec["init_path"]; !set && n.InitPath != "" {
+		sec["init_path"] = n.InitPath
+	}
+	if _, set := sec["agent_idle_exit_ms"]; !set {
+		sec["agent_idle_exit_ms"] = n.AgentIdleExitMS
+	}
+	b, err := json.Marshal(sec)
+	if err != nil {
+		return nil, fmt.Errorf("encode container backend config: %w", err)
+	}
+	out["container"] = b
+	return out, nil
+}
 
 // MaxPausedDuration parses MaxPaused: 0 means paused sandboxes are kept
 // until resumed or stopped. Empty means DefaultMaxPaused.

@@ -25,7 +25,6 @@ import (
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
-	"github.com/kernflux/opendsec/internal/runtime/container"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -93,26 +92,28 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
-	ct, err := container.New(container.Config{})
+	bcfg, err := cfg.Node.BackendConfigs()
 	if err != nil {
-		return nil, fmt.Errorf("container backend: %w", err)
+		return nil, err
+	}
+	stateDir := filepath.Join(cfg.DataDir, "node")
+	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir}, bcfg)
+	if err != nil {
+		return nil, err
 	}
 	nw, err := newNetwork(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	ncfg := node.Config{
-		ID:            cfg.Node.ID,
-		StateDir:      filepath.Join(cfg.DataDir, "node"),
-		AgentPath:     cfg.Node.AgentPath,
-		InitPath:      cfg.Node.InitPath,
-		AgentIdleExit: agentIdleExit(cfg.Node.AgentIdleExitMS),
+		ID:       cfg.Node.ID,
+		StateDir: stateDir,
 		Pool: node.PoolConfig{
 			Size:    cfg.Node.WarmPool.Size,
 			Max:     cfg.Node.WarmPool.MaxSandboxes,
 			IdleTTL: time.Duration(cfg.Node.WarmPool.IdleTTLSec) * time.Second,
 		},
-		Backends:       map[string]runtime.Runtime{"container": ct},
+		Backends:       backends,
 		DefaultBackend: cfg.Node.DefaultBackend,
 		Images:         store,
 		CPU:            cfg.Node.CPU,
@@ -342,13 +343,4 @@ func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
 		case <-t.C:
 		}
 	}
-}
-
-// agentIdleExit maps node.agent_idle_exit_ms (0: never) to
-// node.Config.AgentIdleExit (negative: never).
-func agentIdleExit(ms int64) time.Duration {
-	if ms == 0 {
-		return -1
-	}
-	return time.Duration(ms) * time.Millisecond
 }

@@ -41,7 +41,7 @@ func sandboxTree(t *testing.T, s *Store, name string) []string {
 		t.Fatal(err)
 	}
 	defer s.Release(context.WithoutCancel(ctx), "sbx")
-	mnt := overlayRoot(t, ri.Layers)
+	mnt := overlayRoot(t, heldDirs(t, ri, "sbx"))
 	tree := treeOf(t, mnt)
 	var a, b unix.Stat_t
 	if unix.Stat(filepath.Join(mnt, "hl1"), &a) == nil && unix.Stat(filepath.Join(mnt, "hl2"), &b) == nil && a.Ino != b.Ino {

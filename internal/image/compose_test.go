@@ -31,10 +31,10 @@ func sandboxRoot(t *testing.T, s *Store, name, holder string) (root, upper strin
 			t.Fatal(err)
 		}
 	}
-	lower := strings.Join(ri.Layers, ":")
-	if len(ri.Layers) == 1 {
+	lower := strings.Join(heldDirs(t, ri, holder), ":")
+	if len(heldDirs(t, ri, holder)) == 1 {
 		// overlayfs needs two lowers without an upper; with one it is fine.
-		lower = ri.Layers[0]
+		lower = heldDirs(t, ri, holder)[0]
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, wd)
 	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {

@@ -305,7 +305,7 @@ func TestTwoNodeProcessesImportConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Release(context.WithoutCancel(ctx), "sbx")
-	mnt := overlayRoot(t, ri.Layers)
+	mnt := overlayRoot(t, heldDirs(t, ri, "sbx"))
 	wantTree := []string{
 		"big1=" + sum1, "big2=" + sum2, "etc/",
 		fmt.Sprintf("etc/b=%x", sha256.Sum256([]byte("b2"))),

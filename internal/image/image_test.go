@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
 
@@ -211,10 +212,10 @@ func TestImportDirPreservesTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ri.Layers) != 1 || ri.Workdir != "/home/user" || ri.User != "user" || !slices.Equal(ri.Env, cfg.Env) || ri.Name != "test/tree:latest" {
+	if len(heldDirs(t, ri, "")) != 1 || ri.Workdir != "/home/user" || ri.User != "user" || !slices.Equal(ri.Env, cfg.Env) || ri.Rootfs.Image != "test/tree:latest" {
 		t.Fatalf("runtime image = %+v", ri)
 	}
-	root := ri.Layers[0]
+	root := heldDirs(t, ri, "")[0]
 	check := func(rel string, wantMode os.FileMode) fs.FileInfo {
 		t.Helper()
 		fi, err := os.Lstat(filepath.Join(root, rel))
@@ -380,7 +381,7 @@ func TestImportTar(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			root := ri.Layers[0]
+			root := heldDirs(t, ri, "")[0]
 			if b, _ := os.ReadFile(filepath.Join(root, "bin/busybox")); string(b) != "elf" {
 				t.Errorf("busybox content = %q", b)
 			}
@@ -476,7 +477,7 @@ func TestImportTarRefusesEscapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b, _ := os.ReadFile(filepath.Join(ri.Layers[0], "f")); string(b) != "keep" {
+			if b, _ := os.ReadFile(filepath.Join(heldDirs(t, ri, "")[0], "f")); string(b) != "keep" {
 				t.Errorf("existing image content = %q", b)
 			}
 		})
@@ -574,7 +575,7 @@ func TestReimportKeepsHeldContent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if now.Layers[0] == held.Layers[0] {
+	if heldDirs(t, now, "")[0] == heldDirs(t, held, "sbx1")[0] {
 		t.Fatal("re-import did not change the content")
 	}
 	read := func(layer string) string {
@@ -584,14 +585,14 @@ func TestReimportKeepsHeldContent(t *testing.T) {
 		}
 		return string(b)
 	}
-	if read(now.Layers[0]) != "2" || read(held.Layers[0]) != "1" || read(plain.Layers[0]) != "1" {
-		t.Fatalf("now=%s held=%s plain=%s", read(now.Layers[0]), read(held.Layers[0]), read(plain.Layers[0]))
+	if read(heldDirs(t, now, "")[0]) != "2" || read(heldDirs(t, held, "sbx1")[0]) != "1" || read(heldDirs(t, plain, "")[0]) != "1" {
+		t.Fatalf("now=%s held=%s plain=%s", read(heldDirs(t, now, "")[0]), read(heldDirs(t, held, "sbx1")[0]), read(heldDirs(t, plain, "")[0]))
 	}
 	res, err := s.Prune(ctx)
 	if err != nil || len(res.Removed) != 0 {
 		t.Fatalf("prune while held = %+v, %v", res, err)
 	}
-	if read(held.Layers[0]) != "1" {
+	if read(heldDirs(t, held, "sbx1")[0]) != "1" {
 		t.Fatal("held content pruned")
 	}
 	if err := s.Release(ctx, "sbx1"); err != nil {
@@ -601,10 +602,10 @@ func TestReimportKeepsHeldContent(t *testing.T) {
 	if err != nil || len(res.Removed) != 1 || res.Bytes != 1 {
 		t.Fatalf("prune after release = %+v, %v", res, err)
 	}
-	if _, err := os.Stat(held.Layers[0]); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(held.Rootfs.Layers[0].Path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("released content still there: %v", err)
 	}
-	if read(now.Layers[0]) != "2" {
+	if read(heldDirs(t, now, "")[0]) != "2" {
 		t.Error("current content pruned")
 	}
 	if _, err := s.Hold(ctx, "app", "bad holder"); !errdefs.IsInvalidArgument(err) {
@@ -618,7 +619,7 @@ func checkOneValidRef(t *testing.T, s *Store, name string, srcs map[string]bool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(ri.Layers[0], "who"))
+	b, err := os.ReadFile(filepath.Join(heldDirs(t, ri, "")[0], "who"))
 	if err != nil || !srcs[string(b)] {
 		t.Fatalf("ref points at %q, %v", b, err)
 	}
@@ -784,12 +785,12 @@ func TestBaseImagesFromBuildCache(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fi, err := os.Stat(filepath.Join(ri.Layers[0], "home/user"))
+			fi, err := os.Stat(filepath.Join(heldDirs(t, ri, "")[0], "home/user"))
 			if err != nil || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
 				t.Fatalf("home/user = %v, %v", fi, err)
 			}
 			cmd := exec.CommandContext(t.Context(), c.cmd[0], c.cmd[1:]...)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: ri.Layers[0]}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: heldDirs(t, ri, "")[0]}
 			cmd.Dir = "/"
 			cmd.Env = []string{"PATH=/usr/bin:/bin"}
 			out, err := cmd.CombinedOutput()
@@ -820,4 +821,15 @@ func TestImportCanceledLeavesNothing(t *testing.T) {
 	if after := snapshot(t, s); !slices.Equal(before, after) {
 		t.Errorf("store changed:\nbefore %v\nafter  %v", before, after)
 	}
+}
+
+// heldDirs mounts ri's layers for holder (as a backend would) and returns
+// them as directories, topmost first.
+func heldDirs(t testing.TB, ri runtime.Image, holder string) []string {
+	t.Helper()
+	dirs, err := ri.Rootfs.Dirs(context.Background(), holder)
+	if err != nil {
+		t.Fatalf("mount layers of %s: %v", ri.Rootfs.Image, err)
+	}
+	return dirs
 }

@@ -50,9 +50,9 @@ func TestEROFSMountsSharedAndRefcounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt := a.Layers[0]
-	if b.Layers[0] != mnt || mountCount(t, mnt) != 1 || !isMounted(mnt) {
-		t.Fatalf("holders got %s and %s, mounted %d times", mnt, b.Layers[0], mountCount(t, mnt))
+	mnt := heldDirs(t, a, "sbxa")[0]
+	if heldDirs(t, b, "sbxb")[0] != mnt || mountCount(t, mnt) != 1 || !isMounted(mnt) {
+		t.Fatalf("holders got %s and %s, mounted %d times", mnt, heldDirs(t, b, "sbxb")[0], mountCount(t, mnt))
 	}
 	if got, err := os.ReadFile(filepath.Join(mnt, "etc", "hello")); err != nil || string(got) != "hi" {
 		t.Fatalf("read through mount: %q, %v", got, err)
@@ -94,13 +94,13 @@ func TestDirFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, _ := digestHex(img.Layers[0].Digest)
-	if want := s.path("layers", h, "dir"); len(ri.Layers) != 1 || ri.Layers[0] != want {
-		t.Fatalf("layers = %v; want [%s]", ri.Layers, want)
+	if want := s.path("layers", h, "dir"); len(heldDirs(t, ri, "sbx")) != 1 || heldDirs(t, ri, "sbx")[0] != want {
+		t.Fatalf("layers = %v; want [%s]", heldDirs(t, ri, "sbx"), want)
 	}
 	if _, err := os.Stat(s.path("layers", h, "layer.erofs")); err == nil {
 		t.Fatal("fallback store wrote an erofs file")
 	}
-	if got, err := os.ReadFile(filepath.Join(ri.Layers[0], "f")); err != nil || string(got) != "x" {
+	if got, err := os.ReadFile(filepath.Join(heldDirs(t, ri, "sbx")[0], "f")); err != nil || string(got) != "x" {
 		t.Fatalf("read = %q, %v", got, err)
 	}
 	if err := s.Release(ctx, "sbx"); err != nil {

@@ -223,8 +223,8 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Release(context.WithoutCancel(ctx), "sbx")
-			if len(ri.Layers) != 3 {
-				t.Fatalf("layers = %v", ri.Layers)
+			if len(heldDirs(t, ri, "sbx")) != 3 {
+				t.Fatalf("layers = %v", heldDirs(t, ri, "sbx"))
 			}
 			// The sandbox's root as the container backend makes it.
 			work := t.TempDir()
@@ -232,7 +232,7 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 			for _, d := range []string{upper, wd, mnt} {
 				os.Mkdir(d, 0o755)
 			}
-			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(ri.Layers, ":"), upper, wd)
+			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(heldDirs(t, ri, "sbx"), ":"), upper, wd)
 			if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
 				t.Fatalf("mount overlay: %v", err)
 			}

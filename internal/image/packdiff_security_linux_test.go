@@ -69,7 +69,7 @@ func TestPackDiffScrubDoesNotFollowSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Release(t.Context(), "sbxcheck") })
-	top := ri.Layers[0]
+	top := heldDirs(t, ri, "sbxcheck")[0]
 	if dest, err := os.Readlink(filepath.Join(top, "home")); err != nil || dest != host {
 		t.Fatalf("home in the packed layer: %q, %v; want the symlink to %s", dest, err, host)
 	}
@@ -105,10 +105,10 @@ func TestPackDiffNeverTraversesSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Release(t.Context(), "chk1") })
-	if dest, err := os.Readlink(filepath.Join(ri.Layers[0], "escape")); err != nil || dest != "/" {
+	if dest, err := os.Readlink(filepath.Join(heldDirs(t, ri, "chk1")[0], "escape")); err != nil || dest != "/" {
 		t.Fatalf("escape in the packed layer: %q, %v; want the symlink to /", dest, err)
 	}
-	if ents, _ := os.ReadDir(ri.Layers[0]); len(ents) != 1 {
+	if ents, _ := os.ReadDir(heldDirs(t, ri, "chk1")[0]); len(ents) != 1 {
 		t.Fatalf("packed layer holds %d entries, want only the symlink", len(ents))
 	}
 

@@ -505,33 +505,60 @@ func (s *Store) ImageID(ctx context.Context, name string) (string, error) {
 	return img.ID, nil
 }
 
-// Get resolves name to the runtime image a backend mounts, mounting its
-// EROFS layers on this node if needed. Its layers are guaranteed to exist
-// only until the name is re-imported or removed and the store pruned; a
-// sandbox uses Hold instead.
+// Get resolves name to its layer descriptors and config. Its layers are
+// guaranteed to exist only until the name is re-imported or removed and the
+// store pruned; a sandbox uses Hold instead.
 func (s *Store) Get(ctx context.Context, name string) (runtime.Image, error) {
 	img, err := s.Inspect(ctx, name)
 	if err != nil {
 		return runtime.Image{}, err
 	}
-	return s.runtimeImage(ctx, img, "")
+	return s.runtimeImage(img)
 }
 
-// runtimeImage resolves img's layers to directories, topmost first, and
-// records holder (when set) as a user of each mount.
-func (s *Store) runtimeImage(ctx context.Context, img Image, holder string) (runtime.Image, error) {
-	dirs, err := s.layerDirs(ctx, img.Layers, holder)
-	if err != nil {
-		return runtime.Image{}, fmt.Errorf("image %s: %w", img.Name, err)
+// runtimeImage describes img's layers, topmost first, for a backend: each
+// EROFS file or directory in the store, with the store as the mounter of
+// the ones a backend wants as directories. Nothing is mounted.
+func (s *Store) runtimeImage(img Image) (runtime.Image, error) {
+	layers := make([]runtime.Layer, len(img.Layers))
+	for i, l := range img.Layers {
+		li, err := s.readLayer(l.Digest)
+		if err != nil {
+			return runtime.Image{}, fmt.Errorf("image %s: layer %s: %w", img.Name, l.Digest, errors.Join(errdefs.ErrInternal, err))
+		}
+		h, _ := digestHex(li.Digest)
+		rl := runtime.Layer{Digest: li.Digest, Format: runtime.LayerDir, Path: s.path("layers", h, "dir"), Size: li.Size}
+		if li.Format == FormatEROFS {
+			rl.Format, rl.Path, rl.Size = runtime.LayerEROFS, s.path("layers", h, "layer.erofs"), li.FileSize
+		}
+		layers[len(layers)-1-i] = rl
 	}
-	slices.Reverse(dirs)
 	return runtime.Image{
-		Name:    img.Name,
-		Layers:  dirs,
+		Rootfs: runtime.Rootfs{
+			Image:   img.Name,
+			ImageID: img.ID,
+			Layers:  layers,
+			Mounter: s,
+		},
 		Env:     slices.Clone(img.Config.Env),
 		Workdir: img.Config.Workdir,
 		User:    img.Config.User,
 	}, nil
+}
+
+// MountLayers returns a directory for each of layers (in the order given),
+// mounting EROFS layers on this node as needed (runtime.LayerMounter).
+// With holder set, the mounts are recorded for holder and stay until
+// Release(holder); an empty holder mounts without a record (tests, tools).
+func (s *Store) MountLayers(ctx context.Context, holder string, layers []runtime.Layer) ([]string, error) {
+	if holder != "" && !holderRE.MatchString(holder) {
+		return nil, errdefs.Invalid("holder", "%q is not valid; use letters, digits, '.', '_' and '-'", holder)
+	}
+	ls := make([]Layer, len(layers))
+	for i, l := range layers {
+		ls[i] = Layer{Digest: l.Digest}
+	}
+	return s.layerDirs(ctx, ls, holder)
 }
 
 // List returns every image, sorted by name.
@@ -588,8 +615,8 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 
 // Hold resolves name like Get and records that holder (e.g. a sandbox ID)
 // uses it: Prune keeps its manifest and layers until Release(holder), even
-// after the name is re-imported or removed, and this node keeps its layers
-// mounted.
+// after the name is re-imported or removed. Layers a backend mounts for
+// holder (MountLayers) stay mounted on this node until then.
 func (s *Store) Hold(ctx context.Context, name, holder string) (runtime.Image, error) {
 	if !holderRE.MatchString(holder) || len(holder) > 200 {
 		return runtime.Image{}, errdefs.Invalid("holder", "%q is not valid; use letters, digits, '.', '_' and '-'", holder)
@@ -632,7 +659,7 @@ func (s *Store) Hold(ctx context.Context, name, holder string) (runtime.Image, e
 	if err != nil {
 		return runtime.Image{}, err
 	}
-	ri, err := s.runtimeImage(ctx, img, holder)
+	ri, err := s.runtimeImage(img)
 	if err != nil {
 		_ = s.Release(context.WithoutCancel(ctx), holder)
 		return runtime.Image{}, err

@@ -222,14 +222,17 @@ func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string
 	if !ok {
 		return image.Image{}, errdefs.New(errdefs.ErrInternal, "sandbox %s: backend %q is not configured on this node", id, rec.Backend)
 	}
-	d, ok := be.(runtime.Differ)
+	d, ok := be.(runtime.RootfsDiffer)
 	if !ok {
 		return image.Image{}, errdefs.New(errdefs.ErrUnimplemented, "the %s backend cannot pack a sandbox's changes into an image", rec.Backend)
 	}
 	var img image.Image
-	err = d.Diff(ctx, id, func(ctx context.Context, upper string) error {
+	err = d.DiffRootfs(ctx, id, func(ctx context.Context, diff runtime.RootfsDiff) error {
+		if diff.Format != runtime.DiffOverlayDir {
+			return errdefs.New(errdefs.ErrUnimplemented, "the %s backend hands out its changes as %q, which pack_diff cannot read yet", rec.Backend, diff.Format)
+		}
 		var err error
-		img, err = store.PackDiff(ctx, image.PackDiffRequest{Holder: id, Upper: upper, Name: name, ScrubPaths: scrubPaths})
+		img, err = store.PackDiff(ctx, image.PackDiffRequest{Holder: id, Upper: diff.Dir, Name: name, ScrubPaths: scrubPaths})
 		return err
 	})
 	return img, err

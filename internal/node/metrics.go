@@ -25,6 +25,7 @@ type metrics struct {
 	createDuration *prometheus.HistogramVec // path
 	prestarts      *prometheus.CounterVec   // result
 	agentFailures  prometheus.Counter
+	deaths         prometheus.Counter
 }
 
 func newMetrics(n *Node) *metrics {
@@ -44,6 +45,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "opendsec_node_warm_pool_prestarts_total",
 			Help: "Warm-pool prestarts that finished, by result (ok, error).",
 		}, []string{"result"}),
+		deaths: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "opendsec_node_sandbox_deaths_total",
+			Help: "Sandboxes whose init ended without a stop (crash, kill from outside, out of memory).",
+		}),
 		agentFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "opendsec_node_agent_check_failures_total",
 			Help: "New sandboxes stopped because their agent did not answer in time.",
@@ -60,7 +65,7 @@ func newMetrics(n *Node) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.creates, m.createDuration, m.prestarts, m.agentFailures,
+		m.creates, m.createDuration, m.prestarts, m.agentFailures, m.deaths,
 		&sandboxCollector{n: n, desc: prometheus.NewDesc("opendsec_node_sandboxes",
 			"Sandboxes on the node, by state.", []string{"state"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

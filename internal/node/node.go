@@ -67,16 +67,9 @@ type Network interface {
 type Config struct {
 	ID string
 	// StateDir holds the sandbox table and per-sandbox directories.
-	StateDir  string
-	AgentPath string
-	// InitPath is opendsec-init, container sandboxes' PID 1; empty means
-	// opendsec-init next to AgentPath.
-	InitPath string
-	// AgentIdleExit is how long a sandbox's agent server stays idle before
-	// it exits (init restarts it on demand). Zero means
-	// DefaultAgentIdleExit; negative means never.
-	AgentIdleExit time.Duration
-	// Backends by name; DefaultBackend must be one of them.
+	StateDir string
+	// Backends by name (built with runtime.Open from the config's
+	// backends section); DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
 	Images         ImageResolver
@@ -101,10 +94,6 @@ type Config struct {
 	Pool PoolConfig
 }
 
-// DefaultAgentIdleExit is how long a sandbox's agent server stays idle
-// before it exits, when Config.AgentIdleExit is zero.
-const DefaultAgentIdleExit = 30 * time.Second
-
 // Node runs sandboxes on one machine.
 type Node struct {
 	cfg   Config
@@ -125,7 +114,14 @@ type Node struct {
 	reaping map[string]bool
 
 	closed chan struct{}
-	wg     sync.WaitGroup // the reaper and its stops
+	// life is the node's lifetime: background work (checks, exit
+	// watchers) derives from it, and Shutdown cancels it.
+	life     context.Context
+	stopLife context.CancelFunc
+	wg       sync.WaitGroup // the reaper and its stops
+
+	// dead holds sandboxes that died lately, for Get; guarded by mu.
+	dead map[string]tombstone
 
 	// gate refuses table writers once shutdown begins; see Shutdown.
 	gate gate
@@ -150,6 +146,9 @@ type sandbox struct {
 	// freeze can catch a task that cannot freeze mid-exec. Nil for a
 	// sandbox recovered after a restart.
 	started chan struct{}
+
+	// died: its init ended without a stop (see watchExit).
+	died atomic.Bool
 
 	lastActivity atomic.Int64 // unix nanos
 	active       atomic.Int32 // open agent requests
@@ -189,21 +188,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Images == nil {
 		return nil, errdefs.Invalid("node.image_dir", "no image store configured")
 	}
-	if _, err := os.Stat(cfg.AgentPath); err != nil {
-		return nil, errdefs.Invalid("node.agent_path", "%v; build it with `make agent` or run deploy/quickstart.sh", err)
-	}
-	if cfg.InitPath == "" {
-		cfg.InitPath = filepath.Join(filepath.Dir(cfg.AgentPath), "opendsec-init")
-	}
-	if _, err := os.Stat(cfg.InitPath); err != nil {
-		return nil, errdefs.Invalid("node.init_path", "%v; build it with `make agent` (it goes next to opendsec-agent) or run deploy/quickstart.sh", err)
-	}
-	switch {
-	case cfg.AgentIdleExit == 0:
-		cfg.AgentIdleExit = DefaultAgentIdleExit
-	case cfg.AgentIdleExit < 0:
-		cfg.AgentIdleExit = 0
-	}
 	if cfg.CPU <= 0 {
 		cfg.CPU = float64(goruntime.NumCPU())
 	}
@@ -230,7 +214,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		requests:  map[string]*sandbox{},
 		aliases:   map[string]string{},
 		closed:    make(chan struct{}),
+		dead:      map[string]tombstone{},
 	}
+	n.life, n.stopLife = context.WithCancel(context.WithoutCancel(ctx))
 	n.metrics = newMetrics(n)
 	if err := n.recover(ctx); err != nil {
 		t.close()
@@ -556,6 +542,7 @@ func (n *Node) launch(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	tLaunched := time.Now()
+	n.watchExit(sb)
 	log.G(ctx).Info("sandbox running", log.SandboxID(rec.ID), slogImage(rec.Spec.Image), "from_warm_pool", true,
 		"launch_ms", ms(tLaunched.Sub(t0)), "total_ms", ms(time.Since(t0)))
 	go n.checkAgent(sb, tLaunched)
@@ -612,6 +599,7 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	// start, so the caller's first request waits in the socket's backlog
 	// while init starts the server. checkAgent confirms the agent answers
 	// and stops the sandbox if it never does.
+	n.watchExit(sb)
 	l.Info("sandbox running", slogImage(rec.Spec.Image),
 		"hold_ms", ms(holdDur), "net_ms", ms(phases.net), "create_ms", ms(tCreated.Sub(t0)), "start_ms", ms(tStarted.Sub(tCreated)),
 		"total_ms", ms(time.Since(t0)))
@@ -672,7 +660,7 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 	rt := n.cfg.Backends[rec.Backend]
 	ctx = context.WithoutCancel(ctx)
 	var (
-		netNS       string
+		netAttach   runtime.NetworkAttachment
 		nameservers []string
 		netDone     chan error
 		netErr      error
@@ -702,7 +690,7 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 			rules = *rec.Spec.Network
 		}
 		plan := n.cfg.Network.Planned(rec.ID)
-		netNS, nameservers = plan.NetNSPath, []string{plan.DNS.String()}
+		netAttach, nameservers = attachment(plan), []string{plan.DNS.String()}
 		netDone = make(chan error, 1)
 		go func() {
 			tNet := time.Now()
@@ -720,29 +708,7 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("make sandbox dir: %w", err)
 	}
-	if rec.Spec.User != "" {
-		img.User = rec.Spec.User
-	}
-	if rec.Spec.Workdir != "" {
-		img.Workdir = rec.Spec.Workdir
-	}
-	h, err := rt.Create(ctx, runtime.Spec{
-		ID:    rec.ID,
-		Image: img,
-		Resources: runtime.Resources{
-			CPU:       rec.Spec.CPU,
-			MemoryMB:  rec.Spec.MemoryMB,
-			PidsLimit: rec.Spec.PidsLimit,
-		},
-		Env:           envList(rec.Spec.Env),
-		AgentPath:     n.cfg.AgentPath,
-		InitPath:      n.cfg.InitPath,
-		AgentIdleExit: n.cfg.AgentIdleExit,
-		StateDir:      rec.StateDir,
-		Labels:        rec.Spec.Labels,
-		NetNS:         netNS,
-		Nameservers:   nameservers,
-	})
+	h, err := rt.Create(ctx, n.backendSpec(rec, img, netAttach, nameservers))
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -753,6 +719,43 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 		return runtime.Handle{}, fmt.Errorf("set up sandbox network: %w", err)
 	}
 	return h, nil
+}
+
+// backendSpec is what the backend gets for rec: the held image's root
+// filesystem, the guest settings (the image's defaults under the
+// sandbox's), the network attachment and the limits. A warm-pool sandbox
+// is prestarted with the image's env only: its caller's comes at launch.
+func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAttachment, nameservers []string) runtime.Spec {
+	g := runtime.Guest{User: img.User, Workdir: img.Workdir, Nameservers: nameservers}
+	if rec.Spec.User != "" {
+		g.User = rec.Spec.User
+	}
+	if rec.Spec.Workdir != "" {
+		g.Workdir = rec.Spec.Workdir
+	}
+	if rec.State == statePooled {
+		g.Env = runtime.MergeEnv(img.Env, nil)
+	} else {
+		g.Env = runtime.MergeEnv(img.Env, envList(rec.Spec.Env))
+	}
+	return runtime.Spec{
+		ID:     rec.ID,
+		Rootfs: img.Rootfs,
+		Resources: runtime.Resources{
+			CPU:       rec.Spec.CPU,
+			MemoryMB:  rec.Spec.MemoryMB,
+			PidsLimit: rec.Spec.PidsLimit,
+		},
+		Guest:    g,
+		Network:  nw,
+		StateDir: rec.StateDir,
+		Labels:   rec.Spec.Labels,
+	}
+}
+
+// attachment is the backend's view of a sandbox network the node made.
+func attachment(nw netpolicy.Network) runtime.NetworkAttachment {
+	return runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: nw.NetNSPath}
 }
 
 // envList is env as sorted "K=V" entries.
@@ -773,15 +776,8 @@ func envList(m map[string]string) []string {
 // through the shutdown gate, so it needs no part in Shutdown's wait).
 func (n *Node) checkAgent(sb *sandbox, started time.Time) {
 	defer close(sb.started)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(n.life) // ends when the node shuts down
 	defer cancel()
-	go func() {
-		select {
-		case <-n.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	id := sb.id
 	l := log.G(ctx).With(log.SandboxID(id))
 	err := n.waitAgent(ctx, sb)
@@ -868,6 +864,11 @@ func (n *Node) get(id string) (*sandbox, error) {
 // Get returns a sandbox's record.
 func (n *Node) Get(ctx context.Context, id string) (*record, *sandbox, error) {
 	sb, err := n.get(id)
+	if errdefs.IsNotFound(err) {
+		if dead, ok := n.deadSandbox(id); ok {
+			sb, err = dead, nil
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1100,6 +1101,7 @@ func (n *Node) recover(ctx context.Context) error {
 		}
 		n.reservedCPU += rec.Spec.CPU
 		n.reservedMem += rec.Spec.MemoryMB
+		n.watchExit(sb)
 		l.Info("sandbox recovered")
 	}
 	return nil
@@ -1124,7 +1126,9 @@ func (n *Node) reapLoop() {
 		case <-n.closed:
 			return
 		case <-t.C:
-			n.reap(n.now(), slots)
+			now := n.now()
+			n.reap(now, slots)
+			n.forgetDead(now)
 		}
 	}
 }

@@ -48,7 +48,10 @@ func (i images) Hold(_ context.Context, name, holder string) (runtime.Image, err
 	i.mu.Lock()
 	i.holds[holder] = true
 	i.mu.Unlock()
-	return runtime.Image{Name: name, Layers: []string{i.layer}, Env: []string{"PATH=/bin:/usr/bin"}}, nil
+	return runtime.Image{
+		Rootfs: runtime.Rootfs{Image: name, Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: i.layer}}},
+		Env:    []string{"PATH=/bin:/usr/bin"},
+	}, nil
 }
 
 type fixture struct {
@@ -58,7 +61,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	testutil.RequiresRoot(t)
-	rt, err := container.New(container.Config{})
+	rt, err := container.New(container.Config{AgentPath: testutil.AgentBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +73,6 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{rt: rt, cfg: Config{
 		ID:             "t001",
 		StateDir:       dir,
-		AgentPath:      testutil.AgentBinary(t),
 		Backends:       map[string]runtime.Runtime{"container": rt},
 		DefaultBackend: "container",
 		Images:         images{layer: testutil.BusyboxRootfs(t), mu: new(sync.Mutex), holds: map[string]bool{}},
@@ -299,7 +301,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 	n1.Close() // the node goes away; sandboxes keep running
 
 	// A restarted node has a fresh backend that knows nothing in memory.
-	rt2, err := container.New(container.Config{})
+	rt2, err := container.New(container.Config{AgentPath: testutil.AgentBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +364,12 @@ func (r *blockingRuntime) Stop(_ context.Context, id string, _ runtime.StopOptio
 
 func (r *blockingRuntime) Delete(context.Context, string) error { return nil }
 
+// Wait blocks: init never ends on its own here.
+func (r *blockingRuntime) Wait(ctx context.Context, _ string) (runtime.ExitStatus, error) {
+	<-ctx.Done()
+	return runtime.ExitStatus{}, ctx.Err()
+}
+
 func (r *blockingRuntime) stopCount(id string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -401,7 +409,6 @@ func TestReaperStuckStopDelaysNoOther(t *testing.T) {
 	n, err := New(t.Context(), Config{
 		ID:             "t001",
 		StateDir:       stateDir,
-		AgentPath:      agentPath,
 		Backends:       map[string]runtime.Runtime{"fake": rt},
 		DefaultBackend: "fake",
 		Images:         images{mu: new(sync.Mutex), holds: map[string]bool{}},
@@ -477,8 +484,11 @@ func TestAgentThatNeverAnswersIsStopped(t *testing.T) {
 	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken agent' >&2\nexit 3\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f.cfg.InitPath = testutil.InitBinary(t)
-	f.cfg.AgentPath = broken
+	rt, err := container.New(container.Config{AgentPath: broken, InitPath: testutil.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rt, f.cfg.Backends = rt, map[string]runtime.Runtime{"container": rt}
 	f.cfg.AgentReadyTimeout = time.Second
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{TimeoutSec: 600})
@@ -681,9 +691,8 @@ func TestRecoverRunningRecordOfUnstartedSandbox(t *testing.T) {
 	}
 	h, err := f.rt.Create(t.Context(), runtime.Spec{
 		ID:        id,
-		Image:     runtime.Image{Name: "root/busybox", Layers: []string{testutil.BusyboxRootfs(t)}},
+		Rootfs:    runtime.Rootfs{Image: "root/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: testutil.BusyboxRootfs(t)}}},
 		Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 64},
-		AgentPath: f.cfg.AgentPath,
 		StateDir:  dir,
 	})
 	if err != nil {

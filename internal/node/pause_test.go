@@ -16,6 +16,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 func mustBackendState(t *testing.T, rt runtime.Runtime, id string, want runtime.State) {
@@ -62,7 +63,7 @@ func TestPauseSurvivesRestart(t *testing.T) {
 	}
 	n1.Close()
 
-	rt2, err := container.New(container.Config{})
+	rt2, err := container.New(container.Config{AgentPath: testutil.AgentBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,6 @@ func openRecorded(t *testing.T, rt runtime.Runtime, recs ...*record) *Node {
 	n, err := New(t.Context(), Config{
 		ID:             "t001",
 		StateDir:       stateDir,
-		AgentPath:      agentPath,
 		Backends:       map[string]runtime.Runtime{"fake": rt},
 		DefaultBackend: "fake",
 		Images:         images{mu: new(sync.Mutex), holds: map[string]bool{}},
@@ -130,7 +129,7 @@ type blockingDiffer struct {
 
 var errDiffReleased = errors.New("diff released")
 
-func (r *blockingDiffer) Diff(ctx context.Context, _ string, _ func(context.Context, string) error) error {
+func (r *blockingDiffer) DiffRootfs(ctx context.Context, _ string, _ func(context.Context, runtime.RootfsDiff) error) error {
 	r.entered <- struct{}{}
 	select {
 	case <-r.release:
@@ -140,7 +139,7 @@ func (r *blockingDiffer) Diff(ctx context.Context, _ string, _ func(context.Cont
 	}
 }
 
-var _ runtime.Differ = (*blockingDiffer)(nil)
+var _ runtime.RootfsDiffer = (*blockingDiffer)(nil)
 
 // A shutdown waits for a pack_diff in flight (the sandbox is frozen for it)
 // and refuses new ones with unavailable.

@@ -92,6 +92,9 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 	case statePaused:
 		st = opendsecv1.SandboxState_SANDBOX_STATE_PAUSED
 	}
+	if sb.died.Load() {
+		st = opendsecv1.SandboxState_SANDBOX_STATE_FAILED
+	}
 	reason, _ := sb.reason.Load().(string)
 	s := rec.Spec
 	return &opendsecv1.Sandbox{

@@ -116,6 +116,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	close(n.closed)
+	n.stopLife()
 
 	// The reaper and the goroutines waiting for a stop slot end at once;
 	// reaper stops already running are operations, waited for below.

@@ -29,6 +29,12 @@ type slowCreateRuntime struct {
 
 func (r *slowCreateRuntime) Info() runtime.Info { return runtime.Info{Name: "fake"} }
 
+// Wait blocks: init never ends on its own here.
+func (r *slowCreateRuntime) Wait(ctx context.Context, _ string) (runtime.ExitStatus, error) {
+	<-ctx.Done()
+	return runtime.ExitStatus{}, ctx.Err()
+}
+
 func (r *slowCreateRuntime) Create(ctx context.Context, s runtime.Spec) (runtime.Handle, error) {
 	r.entered <- struct{}{}
 	<-r.release
@@ -76,7 +82,6 @@ func openFakeNode(t *testing.T, dir string, rt runtime.Runtime) *Node {
 	n, err := New(t.Context(), Config{
 		ID:             "t001",
 		StateDir:       filepath.Join(dir, "state"),
-		AgentPath:      agentPath,
 		Backends:       map[string]runtime.Runtime{"fake": rt},
 		DefaultBackend: "fake",
 		Images:         images{mu: new(sync.Mutex), holds: map[string]bool{}},

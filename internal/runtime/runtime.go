@@ -1,29 +1,152 @@
 // Package runtime is the backend contract: the lifecycle of one sandbox on one
 // node, the same for containers, microVMs and VMs. Exec and files are not part
 // of it: they go through the agent inside every sandbox, reached with
-// AgentConn. Optional capabilities (pause, snapshot, fork, stats) are separate
-// interfaces found by type assertion and advertised in Info().Capabilities.
+// AgentConn. Optional capabilities (prestart, pause, stats, snapshot, fork,
+// rootfs diff) are separate interfaces found by type assertion and
+// advertised in Info().Capabilities (CapabilitiesOf fills them from the
+// interfaces, so the two cannot disagree).
 //
+// A Spec is backend-neutral: the root filesystem arrives as layer
+// descriptors from the image store (a backend that needs directories asks
+// the store to mount them; a VM backend attaches the EROFS files as disks),
+// the guest settings are what the guest sees (env, hostname, user, workdir,
+// nameservers), and the network is an attachment the node made (a netns with
+// a veth or a tap, one fixed guest address). What only one backend
+// understands is in that backend's own config (Register) or in
+// Spec.Options, which the backend validates.
+//
+// Backends register by name (Register) and the node is built from the
+// config's backends section (Open); the node never imports a backend.
 // Every backend passes the conformance suite in runtime/runtimetest.
 package runtime
 
 import (
 	"context"
 	"net"
+	"net/netip"
 	"time"
 )
 
-// Image is a root filesystem made of read-only layers.
+// LayerFormat is how the image store keeps a layer.
+type LayerFormat string
+
+const (
+	// LayerEROFS: Layer.Path is an EROFS image file.
+	LayerEROFS LayerFormat = "erofs"
+	// LayerDir: Layer.Path is a directory tree.
+	LayerDir LayerFormat = "dir"
+)
+
+// Layer is one read-only layer of a root filesystem, as the image store
+// keeps it.
+type Layer struct {
+	// Digest is the layer's content digest ("sha256:<hex>").
+	Digest string
+	Format LayerFormat
+	// Path is the EROFS file or the directory, on the store's filesystem.
+	Path string
+	// Size is the size of Path in bytes (0 if unknown).
+	Size int64
+}
+
+// LayerMounter makes layers available as read-only directories on this
+// node. The image store implements it. Mounts are counted per holder (the
+// sandbox ID) and dropped when the node releases the holder's image hold,
+// so a backend never unmounts layers itself.
+type LayerMounter interface {
+	MountLayers(ctx context.Context, holder string, layers []Layer) ([]string, error)
+}
+
+// Rootfs is a sandbox's root filesystem: read-only layers (topmost first)
+// under a private writable layer the backend makes in Spec.StateDir.
+type Rootfs struct {
+	// Image is the image's name, for logs and labels ("root/py:3.11").
+	Image string
+	// ImageID is the image's content ID.
+	ImageID string
+	Layers  []Layer
+	// Mounter mounts Layers as directories for backends that need them
+	// (Dirs). Nil when every layer is a LayerDir.
+	Mounter LayerMounter
+}
+
+// Dirs returns the layers as directories, topmost first: LayerDir layers as
+// they are, the others mounted through Mounter for holder.
+func (r Rootfs) Dirs(ctx context.Context, holder string) ([]string, error) {
+	var toMount []Layer
+	for _, l := range r.Layers {
+		if l.Format != LayerDir {
+			toMount = append(toMount, l)
+		}
+	}
+	if len(toMount) == 0 {
+		dirs := make([]string, len(r.Layers))
+		for i, l := range r.Layers {
+			dirs[i] = l.Path
+		}
+		return dirs, nil
+	}
+	if r.Mounter == nil {
+		return nil, errNoMounter
+	}
+	return r.Mounter.MountLayers(ctx, holder, r.Layers)
+}
+
+// Image is an image held for a sandbox: its root filesystem and the
+// defaults from its config, which the node folds into Guest.
 type Image struct {
-	// Name is for logs and labels, e.g. "root/py:3.11".
-	Name string
-	// Layers are read-only directories, topmost first. The sandbox's root is
-	// these layers plus a private writable upper layer.
-	Layers []string
-	// Env ("K=V"), Workdir and User are the image's defaults.
-	Env     []string
+	Rootfs  Rootfs
+	Env     []string // "K=V"
 	Workdir string
 	User    string
+}
+
+// Guest is what the sandbox's processes see.
+type Guest struct {
+	// Env is the agent's environment and, through it, every process's
+	// ("K=V", one entry per key): the image's env with the sandbox's on top
+	// (MergeEnv).
+	Env []string
+	// Hostname; empty means the sandbox ID.
+	Hostname string
+	// User and Workdir are the default user and working directory of
+	// processes (empty: root, /).
+	User    string
+	Workdir string
+	// Nameservers go to /etc/resolv.conf when set.
+	Nameservers []string
+}
+
+// NetworkMode is how the sandbox's network namespace reaches the guest.
+type NetworkMode string
+
+const (
+	// NetworkNone: a new, empty namespace (only loopback).
+	NetworkNone NetworkMode = ""
+	// NetworkVeth: the node configured Device (a veth end) inside NetNS
+	// with the guest address; a container joins NetNS and uses it as is.
+	NetworkVeth NetworkMode = "veth"
+	// NetworkTap: Device is a tap inside NetNS; a VM backend attaches it
+	// to the guest's NIC (MAC) and the guest configures GuestAddr and
+	// Gateway itself.
+	NetworkTap NetworkMode = "tap"
+)
+
+// NetworkAttachment is the network the node made for a sandbox. Every
+// sandbox's namespace has the same guest address, gateway and MAC (the node
+// maps each to its own node-side address outside the namespace), so a
+// memory snapshot or fork keeps a valid network configuration.
+type NetworkAttachment struct {
+	Mode NetworkMode
+	// NetNS is the path of the network namespace. It must exist by Start,
+	// not yet at Create: the node makes it while the backend prepares.
+	NetNS string
+	// Device is the interface inside NetNS the guest uses.
+	Device string
+	// GuestAddr (with its prefix), Gateway and MAC are the guest side.
+	GuestAddr netip.Prefix
+	Gateway   netip.Addr
+	MAC       net.HardwareAddr
 }
 
 // Resources are the sandbox's limits.
@@ -36,37 +159,19 @@ type Resources struct {
 // Spec describes a sandbox to create.
 type Spec struct {
 	ID        string
-	Image     Image
+	Rootfs    Rootfs
 	Resources Resources
-	// Env for the agent and, through it, every process ("K=V").
-	Env []string
-	// Hostname inside the sandbox; empty = ID.
-	Hostname string
-	// AgentPath is the host path of the static opendsec-agent binary. The
-	// backend makes it available read-only inside the sandbox and runs it,
-	// on demand, under InitPath.
-	AgentPath string
-	// InitPath is the host path of the static opendsec-init binary, the
-	// sandbox's PID 1: it holds the agent's listening socket and starts the
-	// agent server when a connection arrives. Empty means opendsec-init in
-	// AgentPath's directory.
-	InitPath string
-	// AgentIdleExit is how long the agent server stays without requests,
-	// processes or watchers before it exits (init starts it again on the
-	// next connection). Zero means never.
-	AgentIdleExit time.Duration
+	Guest     Guest
+	Network   NetworkAttachment
 	// StateDir is a node-local directory owned by the backend for this
-	// sandbox (upper layer, sockets, logs). The node creates it and removes
-	// it after Delete.
+	// sandbox (writable layer, sockets, logs). The node creates it and
+	// removes it after Delete.
 	StateDir string
 	Labels   map[string]string
-	// NetNS is the path of a network namespace the sandbox joins (made and
-	// policed by the node, see internal/netpolicy). It must exist by Start,
-	// not yet at Create: the node makes it while the backend prepares.
-	// Empty means a new, empty namespace (only loopback).
-	NetNS string
-	// Nameservers are written to the sandbox's /etc/resolv.conf when set.
-	Nameservers []string
+	// Options are backend-owned settings from the create request; the
+	// backend validates them (ValidateOptions) before the node admits the
+	// sandbox.
+	Options map[string]string
 }
 
 // Handle lets a backend find a sandbox again after the node restarts. The
@@ -97,6 +202,20 @@ type Status struct {
 	ExitCode int
 }
 
+// ExitStatus is how a sandbox's init ended, as Wait reports it.
+type ExitStatus struct {
+	// ExitCode is init's exit code, -1 when unknown (init was not the
+	// node's child, or it was killed).
+	ExitCode int
+	// OOMKilled: the kernel killed a task of the sandbox for memory.
+	OOMKilled bool
+	// Reason says in a few words why the sandbox ended ("init exited",
+	// "killed for memory", "stopped"), for the node to record.
+	Reason string
+	// At is when the backend saw the end.
+	At time.Time
+}
+
 // StopOptions control Stop.
 type StopOptions struct {
 	// Timeout before SIGKILL after SIGTERM; 0 means kill at once.
@@ -105,10 +224,28 @@ type StopOptions struct {
 
 // Capabilities lists the optional interfaces a backend implements.
 type Capabilities struct {
-	Pause    bool
-	Snapshot bool
-	Fork     bool
-	Stats    bool
+	Prestart   bool
+	Pause      bool
+	Stats      bool
+	Snapshot   bool
+	Fork       bool
+	RootfsDiff bool
+	// MemorySnapshot: snapshots and forks keep the sandbox's memory
+	// (processes, open ports), not only its files.
+	MemorySnapshot bool
+}
+
+// CapabilitiesOf derives the capabilities from the interfaces rt
+// implements; MemorySnapshot is the backend's own word.
+func CapabilitiesOf(rt Runtime, memorySnapshot bool) Capabilities {
+	_, pre := rt.(Prestarter)
+	_, pause := rt.(Pauser)
+	_, stats := rt.(StatsReader)
+	_, snap := rt.(Snapshotter)
+	_, fork := rt.(Forker)
+	_, diff := rt.(RootfsDiffer)
+	return Capabilities{Prestart: pre, Pause: pause, Stats: stats, Snapshot: snap, Fork: fork, RootfsDiff: diff,
+		MemorySnapshot: memorySnapshot && (snap || fork)}
 }
 
 // Info describes a backend.
@@ -123,11 +260,22 @@ type Info struct {
 // missing sandbox is errdefs.ErrNotFound, a bad Spec errdefs.ErrInvalidArgument.
 type Runtime interface {
 	Info() Info
+	// ValidateOptions checks Spec.Options without making anything; the
+	// node calls it before admitting a sandbox. A backend with no options
+	// refuses every key, naming it.
+	ValidateOptions(opts map[string]string) error
 	// Create prepares the sandbox (root filesystem, cgroups, config) without
 	// starting it. On error nothing is left behind.
 	Create(ctx context.Context, spec Spec) (Handle, error)
-	// Start runs the sandbox's init (the agent).
+	// Start runs the sandbox's init.
 	Start(ctx context.Context, id string) error
+	// Wait blocks until the sandbox's init has ended, however it ended
+	// (Stop, a crash, a kill from outside, the OOM killer), or ctx ends.
+	// It returns at once for a sandbox that already ended, also one found
+	// by Recover. It does not delete anything. Waiting on a sandbox that
+	// never started blocks until it starts and ends, or is deleted
+	// (errdefs.ErrNotFound).
+	Wait(ctx context.Context, id string) (ExitStatus, error)
 	// Stop ends every process of the sandbox. The sandbox can be deleted after.
 	Stop(ctx context.Context, id string, opts StopOptions) error
 	// Delete removes everything Create made: mounts, cgroups, files under
@@ -148,10 +296,10 @@ type Runtime interface {
 // ahead of its start, for a node's warm pool. After Create and Prestart
 // everything of the sandbox exists (namespaces, mounts, cgroups, its network
 // joined, its agent's socket listening) but nothing of it runs, and Status
-// reports StateCreated. Launch lets it run, with env ("K=V", on top of the
-// image's) as its agent's environment instead of Spec.Env; Start of a
-// prestarted sandbox is Launch with no env. Stop and Delete work on a
-// prestarted sandbox that never ran.
+// reports StateCreated. Launch lets it run, with env ("K=V") on top of
+// Spec.Guest.Env as its agent's environment; Start of a prestarted sandbox
+// is Launch with no env. Stop and Delete work on a prestarted sandbox that
+// never ran.
 type Prestarter interface {
 	Prestart(ctx context.Context, id string) error
 	Launch(ctx context.Context, id string, env []string) error

@@ -16,14 +16,13 @@ import (
 // then Delete (not timed).
 func BenchmarkCreateStartReady(b *testing.B) {
 	testutil.RequiresRoot(b)
-	rt, err := New(Config{StateRoot: filepath.Join(b.TempDir(), "runc"), CgroupParent: "/opendsec-test"})
+	rt, err := New(Config{StateRoot: filepath.Join(b.TempDir(), "runc"), CgroupParent: "/opendsec-test", AgentPath: testutil.AgentBinary(b)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	tmpl := runtime.Spec{
-		Image:     runtime.Image{Layers: []string{testutil.BusyboxRootfs(b)}},
+		Rootfs:    runtime.Rootfs{Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: testutil.BusyboxRootfs(b)}}},
 		Resources: runtime.Resources{CPU: 1, MemoryMB: 128},
-		AgentPath: testutil.AgentBinary(b),
 	}
 	ctx := context.Background()
 	var create, start, ready time.Duration

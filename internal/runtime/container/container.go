@@ -17,8 +17,29 @@
 package container
 
 import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"time"
+
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 )
+
+// Name is the backend's name in the registry and in specs.
+const Name = "container"
+
+func init() { runtime.Register(Name, open) }
+
+// open builds the backend from its config section (node.backends.container).
+func open(_ context.Context, _ runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
+	var cfg Config
+	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
+		return nil, err
+	}
+	return newBackend(cfg)
+}
 
 // Config configures the backend.
 type Config struct {
@@ -31,6 +52,31 @@ type Config struct {
 	// CgroupParent is the cgroup under which every sandbox gets
 	// <CgroupParent>/<id>; empty means /opendsec.
 	CgroupParent string `json:"cgroup_parent,omitempty"`
+	// AgentPath is the host path of the static opendsec-agent binary,
+	// bind-mounted read-only into every sandbox and run there, on demand,
+	// under InitPath. Required.
+	AgentPath string `json:"agent_path"`
+	// InitPath is the host path of the static opendsec-init binary, every
+	// sandbox's PID 1: it holds the agent's listening socket and starts
+	// the agent server when a connection arrives. Empty means
+	// opendsec-init in AgentPath's directory.
+	InitPath string `json:"init_path,omitempty"`
+	// AgentIdleExitMS is how long the agent server stays without requests,
+	// processes or watchers before it exits (init starts it again on the
+	// next connection); 0 means never, absent means
+	// DefaultAgentIdleExit.
+	AgentIdleExitMS *int64 `json:"agent_idle_exit_ms,omitempty"`
+}
+
+// DefaultAgentIdleExit is the agent's idle exit when the config names none.
+const DefaultAgentIdleExit = 30 * time.Second
+
+// agentIdleExit is the configured idle exit (0: never).
+func (c *Config) agentIdleExit() time.Duration {
+	if c.AgentIdleExitMS == nil {
+		return DefaultAgentIdleExit
+	}
+	return time.Duration(*c.AgentIdleExitMS) * time.Millisecond
 }
 
 // Defaults for Config.
@@ -50,7 +96,14 @@ func (c *Config) setDefaults() {
 	if c.CgroupParent == "" {
 		c.CgroupParent = DefaultCgroupParent
 	}
+	if c.InitPath == "" && c.AgentPath != "" {
+		c.InitPath = filepath.Join(filepath.Dir(c.AgentPath), InitBinaryName)
+	}
 }
+
+// InitBinaryName is the file name of opendsec-init, looked for next to the
+// agent binary when the config names no init_path.
+const InitBinaryName = "opendsec-init"
 
 func (c *Config) validate() error {
 	if c.StateRoot[0] != '/' {
@@ -58,6 +111,24 @@ func (c *Config) validate() error {
 	}
 	if c.CgroupParent[0] != '/' {
 		return errdefs.Invalid("container.cgroup_parent", "must start with '/', e.g. /opendsec, got %q", c.CgroupParent)
+	}
+	if c.AgentIdleExitMS != nil && *c.AgentIdleExitMS < 0 {
+		return errdefs.Invalid("container.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", *c.AgentIdleExitMS)
+	}
+	for _, b := range []struct{ field, path, fix string }{
+		{"container.agent_path", c.AgentPath, "build it with `make agent` or run deploy/quickstart.sh"},
+		{"container.init_path", c.InitPath, "build it with `make agent` (it goes next to opendsec-agent) or run deploy/quickstart.sh"},
+	} {
+		if b.path == "" || !filepath.IsAbs(b.path) {
+			return errdefs.Invalid(b.field, "%q must be the absolute path of the binary; %s", b.path, b.fix)
+		}
+		fi, err := os.Stat(b.path)
+		switch {
+		case err != nil || !fi.Mode().IsRegular():
+			return errdefs.Invalid(b.field, "%q is not a regular file; %s", b.path, b.fix)
+		case fi.Mode().Perm()&0o111 == 0:
+			return errdefs.Invalid(b.field, "%q is not executable (mode %v): chmod +x it", b.path, fi.Mode().Perm())
+		}
 	}
 	return nil
 }

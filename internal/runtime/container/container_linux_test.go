@@ -2,9 +2,11 @@ package container
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,25 +18,49 @@ import (
 // newFactory returns a Factory whose runtimes share one runc state root, so
 // a second instance sees the first one's sandboxes (a node restart).
 func newFactory(t *testing.T) runtimetest.Factory {
+	return newFactoryWith(t, nil)
+}
+
+// newFactoryWith is newFactory with mod applied to every runtime's Config
+// (e.g. another init binary or agent idle exit).
+func newFactoryWith(t *testing.T, mod func(*Config)) runtimetest.Factory {
 	testutil.RequiresRoot(t)
 	root := t.TempDir()
 	layer := testutil.BusyboxRootfs(t)
 	agent := testutil.AgentBinary(t)
 	return func(t *testing.T) (runtime.Runtime, runtime.Spec) {
-		rt, err := New(Config{StateRoot: filepath.Join(root, "runc"), CgroupParent: "/opendsec-test"})
+		cfg := Config{StateRoot: filepath.Join(root, "runc"), CgroupParent: "/opendsec-test", AgentPath: agent}
+		if mod != nil {
+			mod(&cfg)
+		}
+		rt, err := New(cfg)
 		if err != nil {
 			t.Fatalf("new container runtime: %v", err)
 		}
 		return rt, runtime.Spec{
-			Image:     runtime.Image{Name: "test/busybox", Layers: []string{layer}},
+			Rootfs:    runtime.Rootfs{Image: "test/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}},
 			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128},
-			AgentPath: agent,
 		}
 	}
 }
 
+// killInit ends a sandbox's init from outside, as `kill -9` of its host pid.
+func killInit(t testing.TB, rt runtime.Runtime, id string) {
+	t.Helper()
+	st, err := rt.Status(context.Background(), id)
+	if err != nil {
+		t.Fatalf("status of %s: %v", id, err)
+	}
+	if st.Pid <= 0 {
+		t.Fatalf("sandbox %s has no init pid (state %s)", id, st.State)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 %d: %v", st.Pid, err)
+	}
+}
+
 func TestConformance(t *testing.T) {
-	runtimetest.Suite(t, newFactory(t))
+	runtimetest.Suite(t, newFactory(t), runtimetest.Options{Exec: true, Kill: killInit})
 }
 
 // TestInitDetached checks that the sandbox's init is not our child, so it
@@ -65,14 +91,14 @@ func TestInitDetached(t *testing.T) {
 }
 
 // TestCreateFailureUndoes makes Create fail after it has mounted and written
-// things (config.json not writable) or before (agent not executable) and
-// checks nothing is left.
+// things (config.json not writable), or after its tmpfs mounts but before
+// the root (the layer mounter fails), and checks nothing is left.
 func TestCreateFailureUndoes(t *testing.T) {
 	f := newFactory(t)
 	rt, tmpl := f(t)
 	c := rt.(*Runtime)
-	notExec := filepath.Join(t.TempDir(), "agent")
-	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+	erofs := filepath.Join(t.TempDir(), "layer.erofs")
+	if err := os.WriteFile(erofs, []byte("not really erofs"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*runtime.Spec){
@@ -83,9 +109,12 @@ func TestCreateFailureUndoes(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		// A non-executable agent: refused up front (runc would only find
-		// out in Start).
-		"agent": func(s *runtime.Spec) { s.AgentPath = notExec },
+		// The image store cannot mount the layer: fails after the tmpfs
+		// mounts, before the overlay root.
+		"mounter": func(s *runtime.Spec) {
+			s.Rootfs.Layers = []runtime.Layer{{Format: runtime.LayerEROFS, Path: erofs}}
+			s.Rootfs.Mounter = failingMounter{}
+		},
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -117,15 +146,14 @@ func TestCreateFailureUndoes(t *testing.T) {
 // (opendsec-init lost its exec bit after Create). Start reports it, runc keeps no
 // record, the sandbox stays created, and Delete removes everything.
 func TestStartFailureLeavesNothing(t *testing.T) {
-	f := newFactory(t)
-	rt, tmpl := f(t)
-	c := rt.(*Runtime)
 	bad := filepath.Join(t.TempDir(), "opendsec-init")
 	if err := os.WriteFile(bad, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	f := newFactoryWith(t, func(c *Config) { c.InitPath = bad })
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
 	spec := runtimetest.Prepare(t, rt, tmpl)
-	spec.InitPath = bad
 	ctx := t.Context()
 	if _, err := rt.Create(ctx, spec); err != nil {
 		t.Fatalf("create: %v", err)
@@ -253,4 +281,11 @@ func TestLaunchUsesExecFifo(t *testing.T) {
 	if err := rt.Stop(t.Context(), spec.ID, runtimetest.StopOptions()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// failingMounter is an image store that cannot mount anything.
+type failingMounter struct{}
+
+func (failingMounter) MountLayers(context.Context, string, []runtime.Layer) ([]string, error) {
+	return nil, errors.New("injected mount failure")
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
-var _ runtime.Differ = (*Runtime)(nil)
+var _ runtime.RootfsDiffer = (*Runtime)(nil)
 
 // diffFrozenFile, in a sandbox's bundle, says the sandbox was frozen by Diff
 // and not by a pause: it is written before the freeze and removed after the
@@ -20,14 +20,15 @@ var _ runtime.Differ = (*Runtime)(nil)
 // instead of leaving it frozen for recovery to take for a user's pause.
 const diffFrozenFile = "frozen-for-diff"
 
-// Diff calls fn with the sandbox's overlayfs upper directory, holding the
+// DiffRootfs calls fn with the sandbox's overlayfs upper directory
+// (runtime.DiffOverlayDir), holding the
 // sandbox's lifecycle lock so Stop and Delete wait until fn returns. A
 // running sandbox is frozen for the whole of fn, so code in it cannot
 // change the upper (e.g. swap a directory for a symlink) while fn reads
 // it; it is thawed afterwards, also when fn fails, and by Recover when the
 // node dies before that (see diffFrozenFile). A sandbox already paused stays
 // paused.
-func (r *Runtime) Diff(ctx context.Context, id string, fn func(ctx context.Context, upper string) error) (err error) {
+func (r *Runtime) DiffRootfs(ctx context.Context, id string, fn func(ctx context.Context, d runtime.RootfsDiff) error) (err error) {
 	sb, err := r.lock(id)
 	if err != nil {
 		return err
@@ -40,15 +41,16 @@ func (r *Runtime) Diff(ctx context.Context, id string, fn func(ctx context.Conte
 	if _, err := os.Stat(upper); err != nil {
 		return fmt.Errorf("sandbox %s upper layer: %w", id, errors.Join(errdefs.ErrNotFound, err))
 	}
+	diff := runtime.RootfsDiff{Format: runtime.DiffOverlayDir, Dir: upper}
 	if r.running(sb) != nil {
-		return fn(ctx, upper) // stopped: nothing runs in it
+		return fn(ctx, diff) // stopped: nothing runs in it
 	}
 	paused, err := r.cg.frozen(sb.st.CgroupPath)
 	if err != nil {
 		return fmt.Errorf("sandbox %s freezer state: %w", id, err)
 	}
 	if paused {
-		return fn(ctx, upper)
+		return fn(ctx, diff)
 	}
 	marker := filepath.Join(sb.st.Bundle, diffFrozenFile)
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
@@ -66,7 +68,7 @@ func (r *Runtime) Diff(ctx context.Context, id string, fn func(ctx context.Conte
 		}
 		err = errors.Join(err, r.unmarkDiffFrozen(sb))
 	}()
-	return fn(ctx, upper)
+	return fn(ctx, diff)
 }
 
 // unmarkDiffFrozen removes sb's diffFrozenFile; a missing one is fine.

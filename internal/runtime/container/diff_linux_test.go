@@ -21,9 +21,9 @@ func TestDiffShowsTheUpper(t *testing.T) {
 	f := newFactory(t)
 	rt, tmpl := f(t)
 	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
-	d, ok := rt.(runtime.Differ)
+	d, ok := rt.(runtime.RootfsDiffer)
 	if !ok {
-		t.Fatal("the container backend does not implement runtime.Differ")
+		t.Fatal("the container backend does not implement runtime.RootfsDiffer")
 	}
 	root := filepath.Join(spec.StateDir, rootfsDir)
 	if err := os.WriteFile(filepath.Join(root, "new-file"), []byte("hi"), 0o644); err != nil {
@@ -33,7 +33,11 @@ func TestDiffShowsTheUpper(t *testing.T) {
 		t.Fatal(err)
 	}
 	var seen []string
-	err := d.Diff(t.Context(), spec.ID, func(ctx context.Context, upper string) error {
+	err := d.DiffRootfs(t.Context(), spec.ID, func(ctx context.Context, diff runtime.RootfsDiff) error {
+		if diff.Format != runtime.DiffOverlayDir {
+			t.Errorf("diff format %q, want %q", diff.Format, runtime.DiffOverlayDir)
+		}
+		upper := diff.Dir
 		if b, err := os.ReadFile(filepath.Join(upper, "new-file")); err != nil || string(b) != "hi" {
 			t.Errorf("new-file in upper: %q, %v", b, err)
 		}
@@ -53,7 +57,7 @@ func TestDiffShowsTheUpper(t *testing.T) {
 	if len(seen) == 0 {
 		t.Fatal("empty upper")
 	}
-	if err := d.Diff(t.Context(), "nosuchsandbox", func(context.Context, string) error { return nil }); !errdefs.IsNotFound(err) {
+	if err := d.DiffRootfs(t.Context(), "nosuchsandbox", func(context.Context, runtime.RootfsDiff) error { return nil }); !errdefs.IsNotFound(err) {
 		t.Fatalf("diff of an unknown sandbox: %v, want not found", err)
 	}
 }
@@ -83,7 +87,7 @@ func TestDiffFreezesARunningSandbox(t *testing.T) {
 		t.Fatal("a fresh sandbox is frozen")
 	}
 	var inside bool
-	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error {
+	if err := r.DiffRootfs(t.Context(), spec.ID, func(context.Context, runtime.RootfsDiff) error {
 		inside = frozen()
 		return nil
 	}); err != nil {
@@ -97,7 +101,7 @@ func TestDiffFreezesARunningSandbox(t *testing.T) {
 	}
 
 	boom := errors.New("boom")
-	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error { return boom }); !errors.Is(err, boom) {
+	if err := r.DiffRootfs(t.Context(), spec.ID, func(context.Context, runtime.RootfsDiff) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("Diff = %v, want fn's error", err)
 	}
 	if frozen() {
@@ -107,7 +111,7 @@ func TestDiffFreezesARunningSandbox(t *testing.T) {
 	if err := r.Pause(t.Context(), spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Diff(t.Context(), spec.ID, func(context.Context, string) error {
+	if err := r.DiffRootfs(t.Context(), spec.ID, func(context.Context, runtime.RootfsDiff) error {
 		inside = frozen()
 		return nil
 	}); err != nil {
@@ -136,7 +140,7 @@ func TestRecoverThawsInterruptedDiff(t *testing.T) {
 		t.Fatal(err)
 	}
 	marker := filepath.Join(sb.st.Bundle, diffFrozenFile)
-	err = r.Diff(t.Context(), spec.ID, func(ctx context.Context, _ string) error {
+	err = r.DiffRootfs(t.Context(), spec.ID, func(ctx context.Context, _ runtime.RootfsDiff) error {
 		if st, err := rt.Status(ctx, spec.ID); err != nil || st.State != runtime.StatePaused {
 			t.Fatalf("status during Diff = %+v, %v; want frozen", st, err)
 		}

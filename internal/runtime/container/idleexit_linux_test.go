@@ -107,10 +107,9 @@ func noneLeft(initPid int, comms ...string) bool {
 // alive and can be reconnected to after the idle window, orphans are reaped
 // with and without the server, and SIGTERM to init ends the sandbox.
 func TestIdleExit(t *testing.T) {
-	f := newFactory(t)
-	rt, tmpl := f(t)
 	const idle = time.Second
-	tmpl.AgentIdleExit = idle
+	f := newFactoryWith(t, func(c *Config) { ms := idle.Milliseconds(); c.AgentIdleExitMS = &ms })
+	rt, tmpl := f(t)
 	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 	ctx := t.Context()
 	st, err := rt.Status(ctx, spec.ID)

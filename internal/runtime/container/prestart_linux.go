@@ -41,7 +41,7 @@ func (r *Runtime) Prestart(ctx context.Context, id string) error {
 	}
 	if sb.netNS != "" {
 		if _, err := os.Stat(sb.netNS); err != nil {
-			return errdefs.Invalid("net_ns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
+			return errdefs.Invalid("network.netns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
 		}
 	}
 	pid, err := r.runcInit(ctx, id, sb.st.Bundle, true)
@@ -56,6 +56,7 @@ func (r *Runtime) Prestart(ctx context.Context, id string) error {
 	sb.pid.Store(int64(pid))
 	sb.prestarted.Store(true)
 	sb.phase.Store(phaseLaunched)
+	r.watch(sb, pid)
 	log.G(ctx).Debug("sandbox prestarted", "sandbox.id", id, "pid", pid)
 	return nil
 }
@@ -79,7 +80,7 @@ func (r *Runtime) Launch(ctx context.Context, id string, env []string) error {
 func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 	id := sb.id
 	var b strings.Builder
-	for _, e := range agentEnv(sb.imageEnv, env) {
+	for _, e := range agentEnv(sb.guestEnv, env) {
 		if strings.IndexByte(e, 0) >= 0 || !strings.Contains(e, "=") {
 			return errdefs.Invalid("env", "entry %q is not K=V without NUL bytes", e)
 		}

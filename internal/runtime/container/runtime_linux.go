@@ -89,10 +89,12 @@ type sandbox struct {
 	// prestarted: `runc create` made the container (Prestart) and Launch
 	// has not let it run yet.
 	prestarted atomic.Bool
-	// imageEnv is the image's environment, for Launch.
-	imageEnv []string
+	// guestEnv is Spec.Guest.Env, for Launch.
+	guestEnv []string
 	// disk caches the size of the writable layer for Stats.
 	disk diskCache
+	// exit is how init ended, for Wait.
+	exit exitWatch
 }
 
 // Phases of a sandbox. Create only prepares the bundle; runc learns about
@@ -162,6 +164,16 @@ func New(cfg Config) (*Runtime, error) {
 	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter, sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
+// newBackend is New for the registry: a nil runtime.Runtime (not one
+// holding a nil *Runtime) on error.
+func newBackend(cfg Config) (runtime.Runtime, error) {
+	rt, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return rt, nil
+}
+
 // CgroupV2 reports whether the host uses the unified cgroup hierarchy.
 func (r *Runtime) CgroupV2() bool { return r.cg.v2 }
 
@@ -177,7 +189,7 @@ func (r *Runtime) Info() runtime.Info {
 	return runtime.Info{
 		Name:         "container",
 		Version:      "runc " + r.version,
-		Capabilities: runtime.Capabilities{Pause: true, Stats: true},
+		Capabilities: runtime.CapabilitiesOf(r, false),
 	}
 }
 
@@ -195,12 +207,8 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("id", "must not be empty")
 	case len(s.ID) > 64 || strings.ContainsAny(s.ID, "/\\ \t\n.:") || !isIDChars(s.ID):
 		return errdefs.Invalid("id", "%q must be 1-64 characters of [a-zA-Z0-9_-]", s.ID)
-	case len(s.Image.Layers) == 0:
-		return errdefs.Invalid("image.layers", "must list at least one layer directory")
-	case s.AgentPath == "":
-		return errdefs.Invalid("agent_path", "must be the host path of the opendsec-agent binary")
-	case s.InitPath != "" && !filepath.IsAbs(s.InitPath):
-		return errdefs.Invalid("init_path", "must be an absolute path of the opendsec-init binary, got %q", s.InitPath)
+	case len(s.Rootfs.Layers) == 0:
+		return errdefs.Invalid("rootfs.layers", "must list at least one layer")
 	case s.StateDir == "" || !filepath.IsAbs(s.StateDir):
 		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
 	case s.Resources.MemoryMB < minMemoryMB:
@@ -209,43 +217,60 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", minCPU, s.Resources.CPU)
 	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < minPids:
 		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
-	case len(s.Hostname) > 64:
-		return errdefs.Invalid("hostname", "must be at most 64 characters")
-	case s.NetNS != "" && !filepath.IsAbs(s.NetNS):
-		return errdefs.Invalid("net_ns", "must be an absolute path of a network namespace, got %q", s.NetNS)
+	case len(s.Guest.Hostname) > 64:
+		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
 	}
-	for i, ns := range s.Nameservers {
+	switch s.Network.Mode {
+	case runtime.NetworkNone:
+		if s.Network.NetNS != "" {
+			return errdefs.Invalid("network.mode", "is empty (no network) but network.netns is %q; give mode veth", s.Network.NetNS)
+		}
+	case runtime.NetworkVeth:
+		if !filepath.IsAbs(s.Network.NetNS) {
+			return errdefs.Invalid("network.netns", "must be an absolute path of a network namespace, got %q", s.Network.NetNS)
+		}
+	default:
+		return errdefs.Invalid("network.mode", "%q is not supported by the container backend (it joins a namespace with a veth: use veth)", s.Network.Mode)
+	}
+	for i, ns := range s.Guest.Nameservers {
 		if _, err := netip.ParseAddr(ns); err != nil {
-			return errdefs.Invalid(fmt.Sprintf("nameservers[%d]", i), "%q is not an IP address", ns)
+			return errdefs.Invalid(fmt.Sprintf("guest.nameservers[%d]", i), "%q is not an IP address", ns)
 		}
 	}
-	for i, l := range s.Image.Layers {
-		if !filepath.IsAbs(l) || strings.ContainsAny(l, ":,") {
-			return errdefs.Invalid(fmt.Sprintf("image.layers[%d]", i), "must be an absolute path without ':' or ',', got %q", l)
+	for i, l := range s.Rootfs.Layers {
+		field := fmt.Sprintf("rootfs.layers[%d]", i)
+		if !filepath.IsAbs(l.Path) || strings.ContainsAny(l.Path, ":,") {
+			return errdefs.Invalid(field, "must be an absolute path without ':' or ',', got %q", l.Path)
 		}
-		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
-			return errdefs.Invalid(fmt.Sprintf("image.layers[%d]", i), "%q is not a directory", l)
+		fi, err := os.Stat(l.Path)
+		switch l.Format {
+		case runtime.LayerDir:
+			if err != nil || !fi.IsDir() {
+				return errdefs.Invalid(field, "%q is not a directory", l.Path)
+			}
+		case runtime.LayerEROFS:
+			if err != nil || !fi.Mode().IsRegular() {
+				return errdefs.Invalid(field, "%q is not an EROFS file", l.Path)
+			}
+			if s.Rootfs.Mounter == nil {
+				return errdefs.Invalid("rootfs.mounter", "is missing: EROFS layers need the image store to mount them")
+			}
+		default:
+			return errdefs.Invalid(field, "format %q is unknown (want %s or %s)", l.Format, runtime.LayerDir, runtime.LayerEROFS)
 		}
 	}
-	if fi, err := os.Stat(s.AgentPath); err != nil || !fi.Mode().IsRegular() {
-		return errdefs.Invalid("agent_path", "%q is not a regular file", s.AgentPath)
-	} else if fi.Mode().Perm()&0o111 == 0 {
-		return errdefs.Invalid("agent_path", "%q is not executable (mode %v): chmod +x it", s.AgentPath, fi.Mode().Perm())
-	}
-	if ip := initPath(s); ip != "" {
-		if fi, err := os.Stat(ip); err != nil || !fi.Mode().IsRegular() {
-			return errdefs.Invalid("init_path", "%q is not a regular file; build it with `make agent` (it goes next to opendsec-agent)", ip)
-		} else if fi.Mode().Perm()&0o111 == 0 {
-			return errdefs.Invalid("init_path", "%q is not executable (mode %v): chmod +x it", ip, fi.Mode().Perm())
-		}
-	}
-	if s.AgentIdleExit < 0 {
-		return errdefs.Invalid("agent_idle_exit", "is %s; give 0 (never) or a positive duration", s.AgentIdleExit)
-	}
-	for i, e := range append(append([]string{}, s.Image.Env...), s.Env...) {
+	for i, e := range s.Guest.Env {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
-			return errdefs.Invalid("env", "entry %d %q must be KEY=VALUE", i, e)
+			return errdefs.Invalid("guest.env", "entry %d %q must be KEY=VALUE", i, e)
 		}
+	}
+	return nil
+}
+
+// ValidateOptions refuses every option: the container backend has none.
+func (r *Runtime) ValidateOptions(opts map[string]string) error {
+	for k := range opts {
+		return errdefs.Invalid("backend_options."+k, "the container backend has no options; remove it")
 	}
 	return nil
 }
@@ -268,7 +293,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID, netNS: spec.NetNS, imageEnv: spec.Image.Env}
+	sb := &sandbox{id: spec.ID, netNS: spec.Network.NetNS, guestEnv: spec.Guest.Env, exit: newExitWatch()}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok || r.creating[spec.ID] {
 		r.mu.Unlock()
@@ -339,17 +364,23 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("mount %s tmpfs: %w", m.dir, err)
 		}
 	}
+	// The image store mounts EROFS layers for this sandbox (holder: its
+	// ID); the node's release of the sandbox's image hold unmounts them.
+	lower, err := spec.Rootfs.Dirs(ctx, spec.ID)
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
+	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(spec.Image.Layers, ":"),
+		strings.Join(lower, ":"),
 		filepath.Join(spec.StateDir, upperDir), filepath.Join(spec.StateDir, workDir))
 	if len(opts) >= os.Getpagesize() {
-		return runtime.Handle{}, errdefs.Invalid("image.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
+		return runtime.Handle{}, errdefs.Invalid("rootfs.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
 	}
 	if err := unix.Mount("overlay", filepath.Join(spec.StateDir, rootfsDir), "overlay", 0, opts); err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
 	}
 
-	oci, err := ociSpec(spec, st.CgroupPath)
+	oci, err := ociSpec(&r.cfg, spec, st.CgroupPath)
 	if err != nil {
 		return runtime.Handle{}, err
 	}
@@ -363,9 +394,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := os.WriteFile(filepath.Join(spec.StateDir, interpreterFile), interpreter.Source, 0o444); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write code interpreter: %w", err)
 	}
-	if len(spec.Nameservers) > 0 {
+	if len(spec.Guest.Nameservers) > 0 {
 		var rc strings.Builder
-		for _, ns := range spec.Nameservers {
+		for _, ns := range spec.Guest.Nameservers {
 			fmt.Fprintf(&rc, "nameserver %s\n", ns)
 		}
 		if err := os.WriteFile(filepath.Join(spec.StateDir, resolvFile), []byte(rc.String()), 0o644); err != nil {
@@ -546,7 +577,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	case phasePrepared:
 		if sb.netNS != "" {
 			if _, err := os.Stat(sb.netNS); err != nil {
-				return errdefs.Invalid("net_ns", "network namespace of sandbox %s: %v; set it up before Start", id, err)
+				return errdefs.Invalid("network.netns", "network namespace of sandbox %s: %v; set it up before Start", id, err)
 			}
 		}
 		pid, err := r.runcRun(ctx, id, sb.st.Bundle)
@@ -561,6 +592,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		}
 		sb.pid.Store(int64(pid))
 		sb.phase.Store(phaseLaunched)
+		r.watch(sb, pid)
 		log.G(ctx).Debug("sandbox started", "sandbox.id", id, "pid", pid)
 		return nil
 	}
@@ -597,9 +629,11 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 }
 
 func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	sb.exit.stopping.Store(true)
 	if sb.phase.Load() != phaseLaunched {
 		// Nothing runs before `runc run`.
 		sb.phase.Store(phaseStoppedUnstarted)
+		sb.exit.once.Do(func() { r.ended(sb, "stopped before it started") })
 		return nil
 	}
 	s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
@@ -684,6 +718,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete sandbox: %w", err)
 	}
 	sb.deleted.Store(true)
+	sb.markGone()
 	r.mu.Lock()
 	if r.sandboxes[id] == sb {
 		delete(r.sandboxes, id)
@@ -698,6 +733,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	if sb.st.Bundle == "" {
 		return nil
 	}
+	sb.exit.stopping.Store(true)
 	// Kill first: `runc delete --force` of a running container sleeps 100 ms
 	// before it looks again; ours polls /proc.
 	if s, err := r.runcState(ctx, sb.st.StateRoot, sb.id); err == nil && s.Status != "stopped" {
@@ -795,7 +831,7 @@ func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
 		delete(r.creating, id)
 		r.mu.Unlock()
 	}()
-	sb := &sandbox{id: id}
+	sb := &sandbox{id: id, exit: newExitWatch()}
 	if b, err := os.ReadFile(r.intentPath(id)); err == nil {
 		if err := json.Unmarshal(b, &sb.st); err != nil {
 			return fmt.Errorf("delete sandbox: decode intent: %w", err)
@@ -921,12 +957,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if st.StateRoot == "" || st.Bundle == "" || st.CgroupPath == "" {
 		return errdefs.Invalid("handle.state", "missing state_root, bundle or cgroup_path")
 	}
-	sb := &sandbox{id: h.ID, st: st}
+	sb := &sandbox{id: h.ID, st: st, exit: newExitWatch()}
 	s, err := r.runcState(ctx, st.StateRoot, h.ID)
 	switch {
 	case err == nil:
 		sb.phase.Store(phaseLaunched)
 		sb.pid.Store(int64(s.Pid))
+		if s.Status == "stopped" {
+			sb.pid.Store(0)
+		}
 	case errdefs.IsNotFound(err) && r.prepared(h.ID, st.Bundle):
 		// Created but never started: runc has no record yet.
 		sb.phase.Store(phasePrepared)
@@ -949,6 +988,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	defer sb.op.Unlock()
 	r.sandboxes[h.ID] = sb
 	r.mu.Unlock()
+	if sb.phase.Load() == phaseLaunched {
+		r.watch(sb, int(sb.pid.Load())) // pid 0: it ended while the node was down
+	}
 	r.thawAfterDiff(ctx, sb)
 	return nil
 }

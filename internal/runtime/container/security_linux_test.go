@@ -163,8 +163,8 @@ func TestSandboxIsolation(t *testing.T) {
 	})
 
 	t.Run("CannotWriteAgent", func(t *testing.T) {
-		initHost := filepath.Join(filepath.Dir(tmpl.AgentPath), "opendsec-init")
-		for inSandbox, host := range map[string]string{"/.opendsec/agent": tmpl.AgentPath, "/.opendsec/init": initHost} {
+		cfg := rt.(*Runtime).cfg
+		for inSandbox, host := range map[string]string{"/.opendsec/agent": cfg.AgentPath, "/.opendsec/init": cfg.InitPath} {
 			before := fileHash(t, host)
 			for _, script := range []string{
 				"echo x > " + inSandbox,
@@ -331,7 +331,8 @@ func TestSurvivesNodeKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperNode$", "-test.v")
-	cmd.Env = append(os.Environ(), "OPENDSEC_HELPER_NODE=1", "OPENDSEC_HELPER_STATE_ROOT="+rt.(*Runtime).cfg.StateRoot)
+	cmd.Env = append(os.Environ(), "OPENDSEC_HELPER_NODE=1", "OPENDSEC_HELPER_STATE_ROOT="+rt.(*Runtime).cfg.StateRoot,
+		"OPENDSEC_HELPER_AGENT="+rt.(*Runtime).cfg.AgentPath)
 	cmd.Stdin = bytes.NewReader(in)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -383,7 +384,7 @@ func TestHelperNode(t *testing.T) {
 	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := New(Config{StateRoot: os.Getenv("OPENDSEC_HELPER_STATE_ROOT"), CgroupParent: "/opendsec-test"})
+	rt, err := New(Config{StateRoot: os.Getenv("OPENDSEC_HELPER_STATE_ROOT"), CgroupParent: "/opendsec-test", AgentPath: os.Getenv("OPENDSEC_HELPER_AGENT")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,19 +67,6 @@ func defaultSeccompProfile() (*specs.LinuxSeccomp, error) {
 	return prof, nil
 }
 
-// initPath is the opendsec-init binary for s: s.InitPath, or opendsec-init
-// next to the agent.
-func initPath(s runtime.Spec) string {
-	if s.InitPath != "" {
-		return s.InitPath
-	}
-	return filepath.Join(filepath.Dir(s.AgentPath), InitBinaryName)
-}
-
-// InitBinaryName is the file name of opendsec-init, looked for next to the
-// agent binary when the spec names no InitPath.
-const InitBinaryName = "opendsec-init"
-
 // agentEnv is the agent's environment: the image's, then the sandbox's,
 // one entry per key (the sandbox's value wins; a process given two entries
 // of one key may read either), with a default PATH when neither sets one.
@@ -103,8 +90,8 @@ func agentEnv(image, sandbox []string) []string {
 // "rootfs" relative to the bundle (StateDir). It has no seccomp section:
 // opendsec-init installs the compiled profile from seccompInSandbox (see
 // seccomp_linux.go) before anything else runs.
-func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
-	hostname := s.Hostname
+func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
+	hostname := s.Guest.Hostname
 	if hostname == "" {
 		hostname = s.ID
 	}
@@ -115,16 +102,16 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	// env file (see Launch); init reads and removes it at boot.
 	args := []string{initInSandbox, "--seccomp-filter", seccompInSandbox, "--listen-fd", strconv.Itoa(agentListenFD),
 		"--env-file", filepath.Join(runDirInSandbox, agentEnvFile), "--", agentInSandbox}
-	if s.Image.User != "" {
-		args = append(args, "--default-user", s.Image.User)
+	if s.Guest.User != "" {
+		args = append(args, "--default-user", s.Guest.User)
 	}
-	if s.Image.Workdir != "" {
-		args = append(args, "--default-workdir", s.Image.Workdir)
+	if s.Guest.Workdir != "" {
+		args = append(args, "--default-workdir", s.Guest.Workdir)
 	}
-	if s.AgentIdleExit > 0 {
-		args = append(args, "--idle-exit", s.AgentIdleExit.String())
+	if d := cfg.agentIdleExit(); d > 0 {
+		args = append(args, "--idle-exit", d.String())
 	}
-	env := agentEnv(s.Image.Env, s.Env)
+	env := agentEnv(s.Guest.Env, nil)
 
 	mem := s.Resources.MemoryMB << 20
 	quota := int64(s.Resources.CPU * cpuPeriod)
@@ -170,8 +157,8 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmpSize}},
-			{Destination: agentInSandbox, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-			{Destination: initInSandbox, Type: "bind", Source: initPath(s), Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: agentInSandbox, Type: "bind", Source: cfg.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: initInSandbox, Type: "bind", Source: cfg.InitPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 			{Destination: seccompInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, seccompFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: interpreter.PathInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, interpreterFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
@@ -200,14 +187,14 @@ func ociSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			ReadonlyPaths: readonlyPaths,
 		},
 	}
-	if s.NetNS != "" {
+	if s.Network.NetNS != "" {
 		for i := range sp.Linux.Namespaces {
 			if sp.Linux.Namespaces[i].Type == specs.NetworkNamespace {
-				sp.Linux.Namespaces[i].Path = s.NetNS
+				sp.Linux.Namespaces[i].Path = s.Network.NetNS
 			}
 		}
 	}
-	if len(s.Nameservers) > 0 {
+	if len(s.Guest.Nameservers) > 0 {
 		sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(s.StateDir, resolvFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	for k, v := range s.Labels {

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/net/bpf"
@@ -22,19 +21,26 @@ import (
 
 func testSpec() runtime.Spec {
 	return runtime.Spec{
-		ID:            "sb1",
-		Image:         runtime.Image{Layers: []string{"/layers/a"}, Env: []string{"LANG=C.UTF-8"}, User: "user", Workdir: "/home/user"},
-		Env:           []string{"FOO=bar"},
-		AgentPath:     "/opt/opendsec-agent",
-		AgentIdleExit: 30 * time.Second,
-		StateDir:      "/var/lib/opendsec/sb1",
-		Resources:     runtime.Resources{CPU: 1.5, MemoryMB: 256, PidsLimit: 100},
-		Labels:        map[string]string{"task": "t1"},
+		ID:        "sb1",
+		Rootfs:    runtime.Rootfs{Image: "test/img", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: "/layers/a"}}},
+		Guest:     runtime.Guest{Env: []string{"LANG=C.UTF-8", "FOO=bar"}, User: "user", Workdir: "/home/user"},
+		StateDir:  "/var/lib/opendsec/sb1",
+		Resources: runtime.Resources{CPU: 1.5, MemoryMB: 256, PidsLimit: 100},
+		Labels:    map[string]string{"task": "t1"},
 	}
 }
 
+// testConfig is a backend config as New leaves it (defaults set), with
+// the agent at /opt/opendsec-agent and no init_path.
+func testConfig() *Config {
+	idle := int64(30000)
+	c := &Config{AgentPath: "/opt/opendsec-agent", AgentIdleExitMS: &idle}
+	c.setDefaults()
+	return c
+}
+
 func TestOCISpecHardening(t *testing.T) {
-	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
+	sp, err := ociSpec(testConfig(), testSpec(), "/opendsec/sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,14 +125,42 @@ func TestOCISpecHardening(t *testing.T) {
 		t.Errorf("args %v, want %v", p.Args, wantArgs)
 	}
 	if !slices.Contains(p.Env, "FOO=bar") || !slices.Contains(p.Env, "LANG=C.UTF-8") || !strings.HasPrefix(p.Env[0], "PATH=") {
-		t.Errorf("env %v: want PATH default, image env and spec env", p.Env)
+		t.Errorf("env %v: want PATH default and the guest env", p.Env)
+	}
+}
+
+// TestOCISpecAgentIdleExit: the config's agent_idle_exit_ms reaches init's
+// --idle-exit: absent is the 30 s default, 0 is no flag (never exit).
+func TestOCISpecAgentIdleExit(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ms   *int64
+		want string // "" means no --idle-exit
+	}{
+		{"default", nil, DefaultAgentIdleExit.String()},
+		{"never", new(int64), ""},
+		{"1500ms", func() *int64 { v := int64(1500); return &v }(), "1.5s"},
+	} {
+		cfg := testConfig()
+		cfg.AgentIdleExitMS = c.ms
+		sp, err := ociSpec(cfg, testSpec(), "/opendsec/sb1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if i := slices.Index(sp.Process.Args, "--idle-exit"); i >= 0 && i+1 < len(sp.Process.Args) {
+			got = sp.Process.Args[i+1]
+		}
+		if got != c.want {
+			t.Errorf("%s: --idle-exit %q, want %q (args %v)", c.name, got, c.want, sp.Process.Args)
+		}
 	}
 }
 
 // TestOCISpecSeccomp: runc gets no profile; init gets the compiled one,
 // read-only, as its first flag.
 func TestOCISpecSeccomp(t *testing.T) {
-	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
+	sp, err := ociSpec(testConfig(), testSpec(), "/opendsec/sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,67 +284,136 @@ func TestCompileSeccomp(t *testing.T) {
 func TestValidateSpec(t *testing.T) {
 	dir := t.TempDir()
 	layer := filepath.Join(dir, "layer")
-	agent := filepath.Join(dir, "agent")
+	file := filepath.Join(dir, "file")
 	if err := os.Mkdir(layer, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(agent, []byte("x"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "opendsec-init"), []byte("x"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	noExec := filepath.Join(dir, "noexec")
-	if err := os.WriteFile(noExec, []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	lone := filepath.Join(layer, "agent")
-	if err := os.WriteFile(lone, []byte("x"), 0o755); err != nil {
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	good := testSpec()
-	good.Image.Layers, good.AgentPath = []string{layer}, agent
+	good.Rootfs.Layers = []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}
 	if err := validateSpec(good); err != nil {
 		t.Fatalf("good spec: %v", err)
 	}
+	veth := good
+	veth.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: "/run/netns/x", Device: "eth0"}
+	veth.Guest.Nameservers = []string{"100.96.0.1", "fd00::1"}
+	if err := validateSpec(veth); err != nil {
+		t.Fatalf("good spec with a veth: %v", err)
+	}
+	dirLayer := func(p string) runtime.Layer { return runtime.Layer{Format: runtime.LayerDir, Path: p} }
 	cases := []struct {
 		field  string
 		mutate func(*runtime.Spec)
 	}{
 		{"id", func(s *runtime.Spec) { s.ID = "" }},
 		{"id", func(s *runtime.Spec) { s.ID = "../etc" }},
-		{"image.layers", func(s *runtime.Spec) { s.Image.Layers = nil }},
-		{"image.layers[0]", func(s *runtime.Spec) { s.Image.Layers = []string{dir + "/x:y"} }},
-		{"image.layers[1]", func(s *runtime.Spec) { s.Image.Layers = []string{layer, agent} }},
-		{"agent_path", func(s *runtime.Spec) { s.AgentPath = layer }},
-		{"init_path", func(s *runtime.Spec) { s.InitPath = "rel/opendsec-init" }},
-		{"init_path", func(s *runtime.Spec) { s.InitPath = layer }},
-		{"init_path", func(s *runtime.Spec) { s.InitPath = noExec }},
-		{"init_path", func(s *runtime.Spec) { s.AgentPath = lone }}, // no opendsec-init next to it
-		{"agent_idle_exit", func(s *runtime.Spec) { s.AgentIdleExit = -time.Second }},
+		{"rootfs.layers", func(s *runtime.Spec) { s.Rootfs.Layers = nil }},
+		{"rootfs.layers[0]", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{dirLayer(dir + "/x:y")} }},
+		{"rootfs.layers[0]", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{dirLayer("relative/layer")} }},
+		{"rootfs.layers[1]", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{dirLayer(layer), dirLayer(file)} }},
+		{"rootfs.layers[0]", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{{Format: runtime.LayerEROFS, Path: layer}} }},
+		{"rootfs.layers[0]", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{{Format: "squashfs", Path: layer}} }},
+		{"rootfs.mounter", func(s *runtime.Spec) { s.Rootfs.Layers = []runtime.Layer{{Format: runtime.LayerEROFS, Path: file}} }},
 		{"state_dir", func(s *runtime.Spec) { s.StateDir = "rel" }},
+		{"state_dir", func(s *runtime.Spec) { s.StateDir = "" }},
 		{"resources.memory_mb", func(s *runtime.Spec) { s.Resources.MemoryMB = 0 }},
 		{"resources.cpu", func(s *runtime.Spec) { s.Resources.CPU = 0 }},
 		{"resources.cpu", func(s *runtime.Spec) { s.Resources.CPU = 0.001 }},
 		{"resources.memory_mb", func(s *runtime.Spec) { s.Resources.MemoryMB = 4 }},
 		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = 3 }},
 		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = -1 }},
-		{"env", func(s *runtime.Spec) { s.Env = []string{"=x"} }},
-		{"hostname", func(s *runtime.Spec) { s.Hostname = strings.Repeat("h", 65) }},
+		{"guest.env", func(s *runtime.Spec) { s.Guest.Env = []string{"=x"} }},
+		{"guest.env", func(s *runtime.Spec) { s.Guest.Env = []string{"NOEQUALS"} }},
+		{"guest.hostname", func(s *runtime.Spec) { s.Guest.Hostname = strings.Repeat("h", 65) }},
+		{"guest.nameservers[1]", func(s *runtime.Spec) { s.Guest.Nameservers = []string{"1.1.1.1", "dns.example"} }},
+		{"network.mode", func(s *runtime.Spec) { s.Network = runtime.NetworkAttachment{NetNS: "/run/netns/x"} }},
+		{"network.mode", func(s *runtime.Spec) {
+			s.Network = runtime.NetworkAttachment{Mode: runtime.NetworkTap, NetNS: "/run/netns/x"}
+		}},
+		{"network.netns", func(s *runtime.Spec) {
+			s.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: "rel/ns"}
+		}},
+		{"network.netns", func(s *runtime.Spec) { s.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth} }},
 	}
 	for _, c := range cases {
 		s := good
 		c.mutate(&s)
 		err := validateSpec(s)
 		var fe *errdefs.FieldError
-		if !errors.As(err, &fe) || fe.Field != c.field {
-			t.Errorf("%s: err = %v, want a field error naming %s", c.field, err, c.field)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%s: err = %v, want an invalid argument naming %s", c.field, err, c.field)
 		}
 	}
 }
 
+// TestNewValidatesConfig: the agent and init binaries, the idle exit and
+// the paths of the config are checked by New, which names the config field
+// (before it looks for runc or root, so this runs unprivileged).
+func TestNewValidatesConfig(t *testing.T) {
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "opendsec-agent")
+	for _, p := range []string{agent, filepath.Join(dir, InitBinaryName)} {
+		if err := os.WriteFile(p, []byte("x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noExec := filepath.Join(dir, "noexec")
+	if err := os.WriteFile(noExec, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// An agent with no opendsec-init beside it.
+	loneDir := filepath.Join(dir, "lone")
+	if err := os.Mkdir(loneDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lone := filepath.Join(loneDir, "opendsec-agent")
+	if err := os.WriteFile(lone, []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "runc")
+
+	good := Config{StateRoot: root, AgentPath: agent}
+	good.setDefaults()
+	if err := good.validate(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	if good.InitPath != filepath.Join(dir, InitBinaryName) {
+		t.Fatalf("default init_path = %q, want opendsec-init next to the agent", good.InitPath)
+	}
+	neg := int64(-1)
+	cases := []struct {
+		field string
+		cfg   Config
+	}{
+		{"container.agent_path", Config{StateRoot: root}},
+		{"container.agent_path", Config{StateRoot: root, AgentPath: "rel/opendsec-agent"}},
+		{"container.agent_path", Config{StateRoot: root, AgentPath: dir}},
+		{"container.agent_path", Config{StateRoot: root, AgentPath: filepath.Join(dir, "missing")}},
+		{"container.agent_path", Config{StateRoot: root, AgentPath: noExec, InitPath: agent}},
+		{"container.init_path", Config{StateRoot: root, AgentPath: agent, InitPath: "rel/opendsec-init"}},
+		{"container.init_path", Config{StateRoot: root, AgentPath: agent, InitPath: dir}},
+		{"container.init_path", Config{StateRoot: root, AgentPath: agent, InitPath: noExec}},
+		{"container.init_path", Config{StateRoot: root, AgentPath: lone}},
+		{"container.agent_idle_exit_ms", Config{StateRoot: root, AgentPath: agent, AgentIdleExitMS: &neg}},
+		{"container.state_root", Config{StateRoot: "rel/runc", AgentPath: agent}},
+		{"container.cgroup_parent", Config{StateRoot: root, AgentPath: agent, CgroupParent: "opendsec"}},
+	}
+	for _, c := range cases {
+		rt, err := New(c.cfg)
+		var fe *errdefs.FieldError
+		if rt != nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%+v: New = %v, %v; want an invalid argument naming %s", c.cfg, rt, err, c.field)
+		}
+	}
+	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused config made the state root: %v", err)
+	}
+}
+
 func TestOCISpecNetwork(t *testing.T) {
-	sp, err := ociSpec(testSpec(), "/opendsec/sb1")
+	sp, err := ociSpec(testConfig(), testSpec(), "/opendsec/sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,20 +429,20 @@ func TestOCISpecNetwork(t *testing.T) {
 	}
 
 	s := testSpec()
-	s.NetNS = "/run/opendsec/netns/sb1"
-	s.Nameservers = []string{"100.96.0.1"}
-	sp, err = ociSpec(s, "/opendsec/sb1")
+	s.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: "/run/opendsec/netns/sb1", Device: "eth0"}
+	s.Guest.Nameservers = []string{"100.96.0.1"}
+	sp, err = ociSpec(testConfig(), s, "/opendsec/sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var joined bool
 	for _, ns := range sp.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {
-			joined = ns.Path == s.NetNS
+			joined = ns.Path == s.Network.NetNS
 		}
 	}
 	if !joined {
-		t.Errorf("network namespace does not join %s: %+v", s.NetNS, sp.Linux.Namespaces)
+		t.Errorf("network namespace does not join %s: %+v", s.Network.NetNS, sp.Linux.Namespaces)
 	}
 	i := slices.IndexFunc(sp.Mounts, func(m specs.Mount) bool { return m.Destination == "/etc/resolv.conf" })
 	if i < 0 {
@@ -349,15 +452,10 @@ func TestOCISpecNetwork(t *testing.T) {
 		t.Errorf("resolv.conf mount = %+v, want a read-only bind of the state dir's %s", m, resolvFile)
 	}
 
-	bad := testSpec()
-	bad.NetNS = "relative/ns"
-	if err := validateSpec(bad); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "net_ns") {
-		t.Errorf("relative NetNS: err = %v, want invalid net_ns", err)
-	}
 }
 
 func TestOCISpecMountsInterpreterReadOnly(t *testing.T) {
-	sp, err := ociSpec(testSpec(), "/opendsec/x")
+	sp, err := ociSpec(testConfig(), testSpec(), "/opendsec/x")
 	if err != nil {
 		t.Fatal(err)
 	}

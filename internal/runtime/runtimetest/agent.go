@@ -7,9 +7,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"connectrpc.com/connect"
@@ -118,3 +121,51 @@ func Run(ctx context.Context, rt runtime.Runtime, id, user, cmd string, args ...
 	}
 	return res, nil
 }
+
+// WriteFile writes data to path in the sandbox through the agent's
+// POST /files (as the agent's default user).
+func WriteFile(ctx context.Context, rt runtime.Runtime, id, path string, data []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentBaseURL+"/files?path="+url.QueryEscape(path), bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := AgentHTTPClient(rt, id).Do(req)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("write %s: status %d: %s", path, resp.StatusCode, b)
+	}
+	return nil
+}
+
+// ReadFile reads path in the sandbox through the agent's GET /files; a
+// missing file is an error wrapping ErrNoFile.
+func ReadFile(ctx context.Context, rt runtime.Runtime, id, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, agentBaseURL+"/files?path="+url.QueryEscape(path), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := AgentHTTPClient(rt, id).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return b, nil
+	case http.StatusNotFound:
+		return nil, fmt.Errorf("read %s: %w", path, ErrNoFile)
+	}
+	return nil, fmt.Errorf("read %s: status %d: %s", path, resp.StatusCode, b)
+}
+
+// ErrNoFile is ReadFile's error for a missing file.
+var ErrNoFile = errors.New("no such file")

@@ -1,0 +1,8 @@
+package daemon
+
+// The backends this build can run register themselves (runtime.Register);
+// the node config's backends section picks among them. Adding a backend
+// to the build is one import here.
+import (
+	_ "github.com/kernflux/opendsec/internal/runtime/container" // "container": runc
+)

@@ -1,0 +1,78 @@
+package node
+
+import (
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// deadTTL is how long the node remembers a sandbox that died (its init
+// ended without a stop), so GetSandbox reports it failed with the reason
+// instead of not found.
+const deadTTL = 10 * time.Minute
+
+// tombstone is a dead sandbox kept for Get.
+type tombstone struct {
+	sb *sandbox
+	at time.Time
+}
+
+// watchExit waits, for the node's lifetime, for sb's init to end. An end
+// the node did not cause (a crash, a kill from outside, the OOM killer) is
+// recorded at once: the sandbox is stopped and removed, and Get reports it
+// failed with the backend's reason for deadTTL. Ends that a stop or the
+// node's shutdown caused are left to those.
+func (n *Node) watchExit(sb *sandbox) {
+	rt, ok := n.cfg.Backends[sb.backend]
+	if !ok {
+		return
+	}
+	go func() {
+		st, err := rt.Wait(n.life, sb.id)
+		if err != nil {
+			return // the node closes, or the sandbox was deleted
+		}
+		n.mu.Lock()
+		cur, ok := n.sandboxes[sb.id]
+		ours := ok && cur == sb && sb.stopDone == nil && sb.rec.State != stateStopping
+		n.mu.Unlock()
+		if !ours {
+			return
+		}
+		reason := "died: " + st.Reason
+		l := log.G(n.life).With(log.SandboxID(sb.id))
+		l.Warn("sandbox died", "reason", st.Reason, "exit_code", st.ExitCode, "oom_killed", st.OOMKilled)
+		n.metrics.deaths.Inc()
+		if err := n.Stop(n.life, sb.id, reason); err != nil && !errdefs.IsNotFound(err) && !n.shuttingDown(err) {
+			l.Error("remove dead sandbox; the reaper retries", log.Err(err))
+			return
+		}
+		sb.died.Store(true)
+		n.mu.Lock()
+		n.dead[sb.id] = tombstone{sb: sb, at: time.Now()}
+		n.mu.Unlock()
+	}()
+}
+
+// deadSandbox returns the tombstone of a sandbox that died lately.
+func (n *Node) deadSandbox(id string) (*sandbox, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t, ok := n.dead[id]
+	if !ok || time.Since(t.at) > deadTTL {
+		return nil, false
+	}
+	return t.sb, true
+}
+
+// forgetDead drops tombstones older than deadTTL; called by the reaper.
+func (n *Node) forgetDead(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for id, t := range n.dead {
+		if now.Sub(t.at) > deadTTL {
+			delete(n.dead, id)
+		}
+	}
+}
