@@ -13,6 +13,7 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // PoolConfig configures the warm pool: sandboxes prestarted (made but not
@@ -233,7 +234,7 @@ func (p *pool) nudge() {
 // timeouts): what a prestarted sandbox is recorded with until taken.
 func shapeSpec(s specRecord) specRecord {
 	s.Env, s.Labels, s.TaskID = nil, nil, ""
-	s.TimeoutSec, s.IdleSec, s.AutoPause = DefaultTimeoutSec, 0, false
+	s.TimeoutSec, s.IdleSec, s.AutoPause = sandboxspec.DefaultTimeoutSec, 0, false
 	return s
 }
 
