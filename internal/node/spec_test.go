@@ -1,0 +1,59 @@
+package node
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
+	"github.com/kernflux/opendsec/internal/sandboxspec/spectest"
+)
+
+// The node refuses the shared bad inputs with exactly sandboxspec's
+// message (the apiserver's tests compare with the same one), then what
+// only it knows: its backends and its size. Nothing is made.
+func TestCreateValidationIsSandboxspec(t *testing.T) {
+	n := openRecorded(t, &blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}})
+	svc := &service{n: n}
+	create := func(p *opendsecv1.SandboxSpec) error {
+		_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"), Spec: p}))
+		return err
+	}
+	for _, b := range spectest.BadSpecs() {
+		s, want := specpb.FromProto(b.Spec)
+		if want == nil {
+			_, want = sandboxspec.Normalize(s)
+		}
+		if want == nil {
+			t.Fatalf("sandboxspec accepts %v", b.Spec)
+		}
+		var ce *connect.Error
+		if err := create(b.Spec); !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || ce.Message() != want.Error() {
+			t.Errorf("create %v: err = %v, want invalid_argument %q", b.Spec, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		spec *opendsecv1.SandboxSpec
+		msg  string
+	}{
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", Backend: "container"}, `backend: "container" is not available on node t001 (available: fake)`},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", Cpu: 4.5}, "cpu: 4.5 exceeds the 4 cores of node t001"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(4097)}, "memory_mb: 4097 MiB exceeds the capacity of node t001 (4096 MiB)"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", AutoPause: true}, "auto_pause: the fake backend cannot pause"},
+	} {
+		var ce *connect.Error
+		if err := create(tc.spec); !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || !strings.HasPrefix(ce.Message(), tc.msg) {
+			t.Errorf("create %v: err = %v, want invalid_argument starting %q", tc.spec, err, tc.msg)
+		}
+	}
+	if _, _, c := n.Usage(); c != 0 {
+		t.Fatalf("%d sandboxes after only bad input", c)
+	}
+}
