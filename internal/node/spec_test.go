@@ -44,8 +44,8 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 		msg  string
 	}{
 		{&opendsecv1.SandboxSpec{Image: "root/busybox", Backend: "container"}, `backend: "container" is not available on node t001 (available: fake)`},
-		{&opendsecv1.SandboxSpec{Image: "root/busybox", Cpu: 4.5}, "cpu: 4.5 exceeds the 4 cores of node t001"},
-		{&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(4097)}, "memory_mb: 4097 MiB exceeds the capacity of node t001 (4096 MiB)"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", Cpu: 4.5}, "cpu: 4.5 cores exceeds the 4 of node t001; ask for at most 4"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(4097)}, "memory_mb: 4097 MiB exceeds the 4096 MiB of node t001; ask for at most 4096"},
 		{&opendsecv1.SandboxSpec{Image: "root/busybox", AutoPause: true}, "auto_pause: the fake backend cannot pause"},
 	} {
 		var ce *connect.Error

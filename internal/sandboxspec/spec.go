@@ -275,11 +275,13 @@ func CheckFits(s Spec, l Limits) error {
 	if l.Backends != nil && !slices.Contains(l.Backends, s.Backend) {
 		return errdefs.Invalid("backend", "%q is not available on %s (available: %s)", s.Backend, where, strings.Join(l.Backends, ", "))
 	}
-	if l.MaxCPU > 0 && s.CPU > l.MaxCPU {
-		return errdefs.Invalid("cpu", "%g exceeds the %g cores of %s; ask for fewer", s.CPU, l.MaxCPU, where)
-	}
 	if l.MaxMemoryMB > 0 && s.MemoryMB > l.MaxMemoryMB {
-		return errdefs.Invalid("memory_mb", "%d MiB exceeds the capacity of %s (%d MiB); ask for less", s.MemoryMB, where, l.MaxMemoryMB)
+		return errdefs.Invalid("memory_mb", "%d MiB exceeds the %d MiB of %s; ask for at most %d", s.MemoryMB, l.MaxMemoryMB, where, l.MaxMemoryMB)
+	}
+	// The tolerance keeps sums of fractions (0.1+0.2) from missing an
+	// exact fit.
+	if l.MaxCPU > 0 && s.CPU > l.MaxCPU+1e-9 {
+		return errdefs.Invalid("cpu", "%g cores exceeds the %g of %s; ask for at most %g", s.CPU, l.MaxCPU, where, l.MaxCPU)
 	}
 	return nil
 }

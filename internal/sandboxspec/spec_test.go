@@ -152,10 +152,10 @@ func TestCheckFits(t *testing.T) {
 	}
 	big := s
 	big.CPU = 4.5
-	wantField(t, sandboxspec.CheckFits(big, l), "cpu", "4.5 exceeds the 4 cores of node n001; ask for fewer")
+	wantField(t, sandboxspec.CheckFits(big, l), "cpu", "4.5 cores exceeds the 4 of node n001; ask for at most 4")
 	big = s
 	big.MemoryMB = 2049
-	wantField(t, sandboxspec.CheckFits(big, l), "memory_mb", "2049 MiB exceeds the capacity of node n001 (2048 MiB); ask for less")
+	wantField(t, sandboxspec.CheckFits(big, l), "memory_mb", "2049 MiB exceeds the 2048 MiB of node n001; ask for at most 2048")
 	other := s
 	other.Backend = "microvm"
 	wantField(t, sandboxspec.CheckFits(other, l), "backend", `"microvm" is not available on node n001 (available: container)`)
