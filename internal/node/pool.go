@@ -123,6 +123,11 @@ func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 	if _, ok := p.n.cfg.Backends[spec.Backend].(runtime.Prestarter); !ok {
 		return poolKey{}, false
 	}
+	// Backend options are not part of the shape (yet): such a create is
+	// made from scratch rather than from a sandbox prestarted without them.
+	if len(spec.BackendOptions) > 0 {
+		return poolKey{}, false
+	}
 	size := 0
 	for k, v := range spec.Env {
 		size += len(k) + len(v) + 2

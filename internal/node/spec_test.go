@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
@@ -55,5 +57,28 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 	}
 	if _, _, c := n.Usage(); c != 0 {
 		t.Fatalf("%d sandboxes after only bad input", c)
+	}
+}
+
+type prestartFake struct{ blockingRuntime }
+
+func (*prestartFake) Prestart(context.Context, string) error         { return nil }
+func (*prestartFake) Launch(context.Context, string, []string) error { return nil }
+
+type fixedImageID string
+
+func (f fixedImageID) ImageID(context.Context, string) (string, error) { return string(f), nil }
+
+// A spec with backend options has no warm-pool shape (options are not in
+// the key, so a pooled sandbox made without them must not serve it).
+func TestPoolKeyRefusesBackendOptions(t *testing.T) {
+	p := &pool{n: &Node{cfg: Config{Backends: map[string]runtime.Runtime{"fake": &prestartFake{}}}}, ids: fixedImageID("sha256:1")}
+	spec := specRecord{Backend: "fake", Image: "root/busybox", CPU: 1, MemoryMB: 512}
+	if _, ok := p.key(t.Context(), spec); !ok {
+		t.Fatal("a plain spec has no pool shape; the test does not reach the check")
+	}
+	spec.BackendOptions = map[string]string{"k": "v"}
+	if _, ok := p.key(t.Context(), spec); ok {
+		t.Fatal("a spec with backend options got a warm-pool shape")
 	}
 }
