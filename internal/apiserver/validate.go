@@ -1,122 +1,47 @@
 package apiserver
 
 import (
-	"math"
-	"path"
 	"regexp"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/proto"
-
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 )
 
-// Spec defaults and limits.
-const (
-	DefaultCPU            = 1.0
-	DefaultMemoryMB       = 512
-	DefaultTimeoutSeconds = 300
-	MaxTimeoutSeconds     = 86400
-)
-
-// KnownBackends are the backend names OpenDsec has; whether a node offers
-// one is decided by placement.
-var KnownBackends = []string{"container", "microvm", "vm", "gvisor"}
+// Spec defaults and limits are sandboxspec's (internal/sandboxspec).
 
 var (
-	userRe       = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-	labelKeyRe   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$`)
 	methodRe     = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}$")
 	headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 )
 
 // normalizeSpec validates a create spec and returns a copy with defaults
-// filled. Limits that depend on the nodes (cpu, memory_mb above the largest
-// node, backend offered) are checked by placement.
-// MinMemoryMB is the smallest memory limit a sandbox can run with.
-const MinMemoryMB = 16
-
+// filled (sandboxspec, the same rules the node applies). Limits that depend
+// on the nodes (cpu, memory_mb above the largest node, backend offered) are
+// checked by placement.
 func normalizeSpec(in *v1.SandboxSpec) (*v1.SandboxSpec, error) {
-	if in == nil {
-		return nil, errdefs.Invalid("spec", "is missing; give at least an image, e.g. {\"image\": \"root/busybox\"}")
-	}
-	s := proto.CloneOf(in)
-	if strings.TrimSpace(s.Image) == "" {
-		return nil, errdefs.Invalid("image", "is empty; e.g. root/py:3.11 — list images with `opendsecctl image list`")
-	}
-	if !utf8.ValidString(s.Image) || strings.ContainsAny(s.Image, " \t\n\x00") {
-		return nil, errdefs.Invalid("image", "%q is not an image name; e.g. root/py:3.11", s.Image)
-	}
-	if s.Backend != "" && !slices.Contains(KnownBackends, s.Backend) {
-		return nil, errdefs.Invalid("backend", "%q is unknown; known: %s (empty means the node default)", s.Backend, strings.Join(KnownBackends, ", "))
-	}
-	switch {
-	case math.IsNaN(s.Cpu) || math.IsInf(s.Cpu, 0) || s.Cpu < 0:
-		return nil, errdefs.Invalid("cpu", "%v must be a number of cores ≥ 0 (0 means %g)", s.Cpu, DefaultCPU)
-	case s.Cpu == 0:
-		s.Cpu = DefaultCPU
-	}
-	switch {
-	case s.MemoryMb == nil:
-		s.MemoryMb = proto.Int64(DefaultMemoryMB)
-	case *s.MemoryMb < MinMemoryMB:
-		return nil, errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", *s.MemoryMb, MinMemoryMB, DefaultMemoryMB)
-	}
-	switch {
-	case s.TimeoutSeconds < 0 || s.TimeoutSeconds > MaxTimeoutSeconds:
-		return nil, errdefs.Invalid("timeout_seconds", "%d must be between 0 and %d (0 means %d)", s.TimeoutSeconds, MaxTimeoutSeconds, DefaultTimeoutSeconds)
-	case s.TimeoutSeconds == 0:
-		s.TimeoutSeconds = DefaultTimeoutSeconds
-	}
-	if s.IdleTimeoutSeconds < 0 || s.IdleTimeoutSeconds > MaxTimeoutSeconds {
-		return nil, errdefs.Invalid("idle_timeout_seconds", "%d must be between 0 (off) and %d", s.IdleTimeoutSeconds, MaxTimeoutSeconds)
-	}
-	if s.PidsLimit < 0 {
-		return nil, errdefs.Invalid("pids_limit", "%d must be ≥ 0 (0 means the default 1024)", s.PidsLimit)
-	}
-	if err := validateEnv("env", s.Env); err != nil {
+	s, err := specpb.FromProto(in)
+	if err != nil {
 		return nil, err
 	}
-	if err := validateUser("user", s.User); err != nil {
+	if s, err = sandboxspec.Normalize(s); err != nil {
 		return nil, err
 	}
-	for k, v := range s.Labels {
-		if !labelKeyRe.MatchString(k) {
-			return nil, errdefs.Invalid("labels", "key %q must be 1-63 characters of [A-Za-z0-9._/-] starting with a letter or digit", k)
-		}
-		if len(v) > 256 || !utf8.ValidString(v) {
-			return nil, errdefs.Invalid("labels", "value of %q must be valid UTF-8 of at most 256 bytes", k)
-		}
+	if err := sandboxspec.CheckKnownBackend(s.Backend); err != nil {
+		return nil, err
 	}
-	if len(s.TaskId) > 128 || !utf8.ValidString(s.TaskId) || strings.ContainsRune(s.TaskId, 0) {
-		return nil, errdefs.Invalid("task_id", "must be valid UTF-8 of at most 128 bytes")
-	}
-	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || !validPath(s.Workdir)) {
-		return nil, errdefs.Invalid("workdir", "%q must be an absolute path, e.g. /home/user", s.Workdir)
-	}
-	return s, nil
+	return specpb.ToProto(s), nil
 }
 
 func validateEnv(field string, env map[string]string) error {
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || !utf8.ValidString(k) {
-			return errdefs.Invalid(field, "key %q must be non-empty without '=' or NUL, e.g. {\"PATH\": \"/usr/bin\"}", k)
-		}
-		if strings.ContainsRune(v, 0) {
-			return errdefs.Invalid(field, "value of %q contains a NUL byte", k)
-		}
-	}
-	return nil
+	return sandboxspec.CheckEnv(field, env)
 }
 
 func validateUser(field, u string) error {
-	if u != "" && !userRe.MatchString(u) {
-		return errdefs.Invalid(field, "%q is not a user name: use lowercase letters, digits, '_' or '-' (at most 32), e.g. \"root\" or \"user\"", u)
-	}
-	return nil
+	return sandboxspec.CheckUser(field, u)
 }
 
 func validPath(p string) bool {
@@ -141,8 +66,8 @@ func checkPath(field, p string) error {
 }
 
 func checkTimeout(field string, secs int64) error {
-	if secs < 0 || secs > MaxTimeoutSeconds {
-		return errdefs.Invalid(field, "%d must be between 0 and %d seconds", secs, MaxTimeoutSeconds)
+	if secs < 0 || secs > sandboxspec.MaxTimeoutSec {
+		return errdefs.Invalid(field, "%d must be between 0 and %d seconds", secs, sandboxspec.MaxTimeoutSec)
 	}
 	return nil
 }

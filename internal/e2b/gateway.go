@@ -20,6 +20,7 @@ import (
 	"github.com/kernflux/opendsec/internal/config"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Constants the SDKs rely on.
@@ -44,8 +45,9 @@ const (
 	// CodeInterpreterPort is where the code-interpreter SDKs send run_code
 	// and /contexts; the sandbox's agent starts the runner on demand.
 	CodeInterpreterPort = 49999
-	// MaxTimeoutSeconds is the longest sandbox lifetime a create accepts.
-	MaxTimeoutSeconds = 86400
+	// MaxTimeoutSeconds is the longest sandbox lifetime a create accepts
+	// (the platform's own limit).
+	MaxTimeoutSeconds = sandboxspec.MaxTimeoutSec
 	// MaxMetadata is the most metadata entries a sandbox may carry.
 	MaxMetadata = 64
 )

@@ -7,10 +7,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // maxLabelKey is the longest OpenDsec label key.
-const maxLabelKey = 63
+const maxLabelKey = sandboxspec.MaxLabelKeyLen
 
 // metaLabel encodes an E2B metadata key as an OpenDsec label key: letters,
 // digits, '-' and '/' are kept, every other byte becomes ".xx" (hex), so
@@ -67,8 +68,8 @@ func metadataLabels(md map[string]string, into map[string]string) error {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return errdefs.Invalid("metadata", "key %q: keys and values must be valid UTF-8", k)
 		}
-		if len(v) > 256 {
-			return errdefs.Invalid("metadata", "value of %q is %d bytes; at most 256 are allowed", k, len(v))
+		if len(v) > sandboxspec.MaxLabelValueLen {
+			return errdefs.Invalid("metadata", "value of %q is %d bytes; at most %d are allowed", k, len(v), sandboxspec.MaxLabelValueLen)
 		}
 		l, err := metaLabel(k)
 		if err != nil {

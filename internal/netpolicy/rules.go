@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Protocols a rule can name. The empty protocol means TCP and UDP when the
@@ -20,26 +21,11 @@ const (
 )
 
 // Rule allows one kind of egress. Exactly one of CIDR and Domain is set.
-type Rule struct {
-	// CIDR is an IPv4 prefix ("10.1.0.0/16") or address ("10.1.2.3").
-	CIDR string `json:"cidr,omitempty"`
-	// Domain is an exact name ("pypi.org") or a suffix pattern
-	// ("*.pythonhosted.org", which matches every name below the suffix but
-	// not the suffix itself).
-	Domain string `json:"domain,omitempty"`
-	// Protocol is "tcp", "udp", "icmp" or empty (see ProtoAny).
-	Protocol string `json:"protocol,omitempty"`
-	// Ports is "443" or "8000-8100"; empty means every port. Not allowed
-	// with icmp.
-	Ports string `json:"ports,omitempty"`
-}
+// It is the spec's type (sandboxspec is the one shape of a sandbox spec).
+type Rule = sandboxspec.NetworkRule
 
-// Rules is what a caller asks for: named rule sets from the node
-// configuration plus rules given directly. The zero value denies everything.
-type Rules struct {
-	RuleSets []string `json:"rule_sets,omitempty"`
-	Allow    []Rule   `json:"allow,omitempty"`
-}
+// Rules is a sandbox's policy: named rule sets plus direct rules.
+type Rules = sandboxspec.NetworkRules
 
 // rule is a validated Rule.
 type rule struct {

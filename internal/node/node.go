@@ -26,15 +26,11 @@ import (
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
-// Defaults applied to a spec's zero fields.
+// Spec defaults and limits are sandboxspec's (DefaultCPU, sandboxspec.MaxTimeoutSec, ...).
 const (
-	DefaultCPU        = 1.0
-	DefaultMemoryMB   = 512
-	DefaultTimeoutSec = 300
-	DefaultPidsLimit  = 1024
-	MaxTimeoutSec     = 86400
 	// CPUOvercommit: CPU is a quota (cfs), not a reservation, and most
 	// sandboxes of a rollout idle most of the time, so a node offers this
 	// many times its cores in quotas. Memory is never overcommitted.
@@ -283,74 +279,39 @@ type CreateRequest struct {
 	SkipPool bool
 }
 
-// normalize applies defaults and validates s against this node. Errors name
-// the field and change nothing.
+// normalize applies defaults and validates s (sandboxspec.Normalize, the
+// same rules as the apiserver's), then checks what depends on this node:
+// the backend, its capacity, pausing, network policy. Errors name the field
+// and change nothing.
 func (n *Node) normalize(s *specRecord) error {
-	if s.Backend == "" {
-		s.Backend = n.cfg.DefaultBackend
+	ns, err := sandboxspec.Normalize(*s)
+	if err != nil {
+		return err
 	}
-	if _, ok := n.cfg.Backends[s.Backend]; !ok {
-		return errdefs.Invalid("backend", "%q is not available on node %s (available: %s)", s.Backend, n.cfg.ID, strings.Join(backendNames(n.cfg.Backends), ", "))
+	if ns.Backend == "" {
+		ns.Backend = n.cfg.DefaultBackend
 	}
-	if s.Image == "" {
-		return errdefs.Invalid("image", "is empty; name an image, e.g. root/py:3.11")
+	if err := sandboxspec.CheckFits(ns, sandboxspec.Limits{
+		Where: "node " + n.cfg.ID, MaxCPU: n.cfg.CPU, MaxMemoryMB: n.cfg.MemoryMB, Backends: backendNames(n.cfg.Backends),
+	}); err != nil {
+		return err
 	}
-	if _, ok := n.cfg.Backends[s.Backend].(runtime.Pauser); s.AutoPause && !ok {
-		return errdefs.Invalid("auto_pause", "the %s backend cannot pause sandboxes; leave auto_pause off (the sandbox is stopped at its timeout) or pick a backend that can pause", s.Backend)
+	if _, ok := n.cfg.Backends[ns.Backend].(runtime.Pauser); ns.AutoPause && !ok {
+		return errdefs.Invalid("auto_pause", "the %s backend cannot pause sandboxes; leave auto_pause off (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend)
 	}
-	switch {
-	case s.CPU < 0:
-		return errdefs.Invalid("cpu", "is %g; give a positive number of cores, or 0 for the default %g", s.CPU, DefaultCPU)
-	case s.CPU == 0:
-		s.CPU = DefaultCPU
-	case s.CPU > n.cfg.CPU:
-		return errdefs.Invalid("cpu", "%g exceeds this node's %g cores; ask for fewer", s.CPU, n.cfg.CPU)
-	}
-	switch {
-	case s.MemoryMB < 0:
-		return errdefs.Invalid("memory_mb", "is %d; give a positive size in MiB, or 0 for the default %d", s.MemoryMB, DefaultMemoryMB)
-	case s.MemoryMB == 0:
-		s.MemoryMB = DefaultMemoryMB
-	case s.MemoryMB < 16:
-		return errdefs.Invalid("memory_mb", "%d MiB is too small to run the agent; give at least 16", s.MemoryMB)
-	case s.MemoryMB > n.cfg.MemoryMB:
-		return errdefs.Invalid("memory_mb", "%d MiB exceeds this node's capacity of %d MiB; ask for less", s.MemoryMB, n.cfg.MemoryMB)
-	}
-	switch {
-	case s.TimeoutSec < 0 || s.TimeoutSec > MaxTimeoutSec:
-		return errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 for the default %d", s.TimeoutSec, MaxTimeoutSec, DefaultTimeoutSec)
-	case s.TimeoutSec == 0:
-		s.TimeoutSec = DefaultTimeoutSec
-	}
-	if s.IdleSec < 0 || s.IdleSec > MaxTimeoutSec {
-		return errdefs.Invalid("idle_timeout_seconds", "is %d; give 1..%d seconds, or 0 to turn it off", s.IdleSec, MaxTimeoutSec)
-	}
-	switch {
-	case s.PidsLimit < 0:
-		return errdefs.Invalid("pids_limit", "is %d; give a positive number, or 0 for the default %d", s.PidsLimit, DefaultPidsLimit)
-	case s.PidsLimit == 0:
-		s.PidsLimit = DefaultPidsLimit
-	}
-	for k, v := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return errdefs.Invalid("env", "key %q is not a valid variable name", k)
-		}
-		if strings.ContainsRune(v, 0) {
-			return errdefs.Invalid("env", "value of %q contains a NUL byte, which no environment can hold; remove it", k)
-		}
-	}
-	if s.Network != nil && n.cfg.Network == nil {
+	if ns.Network != nil && n.cfg.Network == nil {
 		return errdefs.Invalid("network", "node %s has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset", n.cfg.ID)
 	}
 	if n.cfg.Network != nil {
 		var rules netpolicy.Rules
-		if s.Network != nil {
-			rules = *s.Network
+		if ns.Network != nil {
+			rules = *ns.Network
 		}
 		if err := n.cfg.Network.Validate(rules); err != nil {
 			return prefixField("network.", err)
 		}
 	}
+	*s = ns
 	return nil
 }
 
@@ -972,8 +933,8 @@ func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*recor
 
 // setTimeout is SetTimeout inside an admitted operation.
 func (n *Node) setTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
-	if seconds <= 0 || seconds > MaxTimeoutSec {
-		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, MaxTimeoutSec)
+	if seconds <= 0 || seconds > sandboxspec.MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, sandboxspec.MaxTimeoutSec)
 	}
 	sb, err := n.get(id)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime/container"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
 
@@ -121,7 +122,7 @@ func TestCreateStopLeavesNothing(t *testing.T) {
 	if got := echo(t, f, rec.ID); got != "ok\n" {
 		t.Fatalf("echo: %q", got)
 	}
-	if rec.Spec.MemoryMB != DefaultMemoryMB || rec.Spec.TimeoutSec != DefaultTimeoutSec || rec.Spec.PidsLimit != DefaultPidsLimit {
+	if rec.Spec.MemoryMB != sandboxspec.DefaultMemoryMB || rec.Spec.TimeoutSec != sandboxspec.DefaultTimeoutSec || rec.Spec.PidsLimit != sandboxspec.DefaultPidsLimit {
 		t.Fatalf("defaults not applied: %+v", rec.Spec)
 	}
 	if err := n.Stop(t.Context(), rec.ID, "test"); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Pause semantics (E2B's): a paused sandbox keeps its memory and files and
@@ -175,8 +176,8 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 		return nil, err
 	}
 	defer end()
-	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
-		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
+	if timeoutSec < 0 || timeoutSec > sandboxspec.MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, sandboxspec.MaxTimeoutSec)
 	}
 	c, err := n.resume(ctx, id, timeoutSec)
 	if err != nil || c.sb == nil {
@@ -250,7 +251,7 @@ func resumedExpiry(rec *record, now time.Time, timeoutSec int64) time.Time {
 	if rec.PausedAt.IsZero() || !rec.PausedAt.Before(rec.ExpiresAt) {
 		full := rec.Spec.TimeoutSec
 		if full <= 0 {
-			full = DefaultTimeoutSec
+			full = sandboxspec.DefaultTimeoutSec
 		}
 		return now.Add(time.Duration(full) * time.Second)
 	}
@@ -327,8 +328,8 @@ func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int6
 		return nil, err
 	}
 	defer end()
-	if timeoutSec < 0 || timeoutSec > MaxTimeoutSec {
-		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, MaxTimeoutSec)
+	if timeoutSec < 0 || timeoutSec > sandboxspec.MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, sandboxspec.MaxTimeoutSec)
 	}
 	var mu sync.Mutex
 	var changed []change

@@ -16,6 +16,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
 
@@ -413,7 +414,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.MemoryBytes <= 0 || m.MemoryLimitBytes != 64<<20 || m.Pids < 1 || m.CPUCount != DefaultCPU || m.CPUNanos == 0 {
+	if m.MemoryBytes <= 0 || m.MemoryLimitBytes != 64<<20 || m.Pids < 1 || m.CPUCount != sandboxspec.DefaultCPU || m.CPUNanos == 0 {
 		t.Fatalf("metrics %+v", m)
 	}
 	if m.CPUUsedPct <= 0 || m.CPUUsedPct > 100 {

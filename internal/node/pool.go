@@ -13,6 +13,7 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // PoolConfig configures the warm pool: sandboxes prestarted (made but not
@@ -120,6 +121,11 @@ const poolMaxEnv = 64 << 10
 // the create cannot come from the pool.
 func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 	if _, ok := p.n.cfg.Backends[spec.Backend].(runtime.Prestarter); !ok {
+		return poolKey{}, false
+	}
+	// Backend options are not part of the shape (yet): such a create is
+	// made from scratch rather than from a sandbox prestarted without them.
+	if len(spec.BackendOptions) > 0 {
 		return poolKey{}, false
 	}
 	size := 0
@@ -233,7 +239,7 @@ func (p *pool) nudge() {
 // timeouts): what a prestarted sandbox is recorded with until taken.
 func shapeSpec(s specRecord) specRecord {
 	s.Env, s.Labels, s.TaskID = nil, nil, ""
-	s.TimeoutSec, s.IdleSec, s.AutoPause = DefaultTimeoutSec, 0, false
+	s.TimeoutSec, s.IdleSec, s.AutoPause = sandboxspec.DefaultTimeoutSec, 0, false
 	return s
 }
 

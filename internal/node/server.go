@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
@@ -14,6 +13,7 @@ import (
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
+	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 	"github.com/kernflux/opendsec/internal/version"
 )
 
@@ -34,51 +34,6 @@ type service struct {
 
 var _ nodev1connect.NodeServiceHandler = (*service)(nil)
 
-func specFromProto(s *opendsecv1.SandboxSpec) specRecord {
-	if s == nil {
-		return specRecord{}
-	}
-	return specRecord{
-		Backend:    s.GetBackend(),
-		Image:      s.GetImage(),
-		CPU:        s.GetCpu(),
-		MemoryMB:   s.GetMemoryMb(),
-		TimeoutSec: s.GetTimeoutSeconds(),
-		IdleSec:    s.GetIdleTimeoutSeconds(),
-		Env:        s.GetEnv(),
-		User:       s.GetUser(),
-		Labels:     s.GetLabels(),
-		TaskID:     s.GetTaskId(),
-		PidsLimit:  s.GetPidsLimit(),
-		Workdir:    s.GetWorkdir(),
-		Network:    rulesFromProto(s.GetNetwork()),
-		AutoPause:  s.GetAutoPause(),
-	}
-}
-
-// rulesFromProto converts a policy; nil stays nil (the node's default).
-func rulesFromProto(p *opendsecv1.NetworkPolicy) *netpolicy.Rules {
-	if p == nil {
-		return nil
-	}
-	r := &netpolicy.Rules{RuleSets: p.GetRuleSets()}
-	for _, a := range p.GetAllow() {
-		r.Allow = append(r.Allow, netpolicy.Rule{CIDR: a.GetCidr(), Domain: a.GetDomain(), Protocol: a.GetProtocol(), Ports: a.GetPorts()})
-	}
-	return r
-}
-
-func rulesToProto(r *netpolicy.Rules) *opendsecv1.NetworkPolicy {
-	if r == nil {
-		return nil
-	}
-	p := &opendsecv1.NetworkPolicy{RuleSets: r.RuleSets}
-	for _, a := range r.Allow {
-		p.Allow = append(p.Allow, &opendsecv1.NetworkRule{Cidr: a.CIDR, Domain: a.Domain, Protocol: a.Protocol, Ports: a.Ports})
-	}
-	return p
-}
-
 func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 	n.mu.Lock()
 	rec := sb.rec
@@ -96,26 +51,10 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 		st = opendsecv1.SandboxState_SANDBOX_STATE_FAILED
 	}
 	reason, _ := sb.reason.Load().(string)
-	s := rec.Spec
 	return &opendsecv1.Sandbox{
-		Id:     rec.ID,
-		NodeId: n.cfg.ID,
-		Spec: &opendsecv1.SandboxSpec{
-			Backend:            s.Backend,
-			Image:              s.Image,
-			Cpu:                s.CPU,
-			MemoryMb:           proto.Int64(s.MemoryMB),
-			TimeoutSeconds:     s.TimeoutSec,
-			IdleTimeoutSeconds: s.IdleSec,
-			Env:                s.Env,
-			User:               s.User,
-			Labels:             s.Labels,
-			TaskId:             s.TaskID,
-			PidsLimit:          s.PidsLimit,
-			Workdir:            s.Workdir,
-			Network:            rulesToProto(s.Network),
-			AutoPause:          s.AutoPause,
-		},
+		Id:             rec.ID,
+		NodeId:         n.cfg.ID,
+		Spec:           specpb.ToProto(rec.Spec),
 		State:          st,
 		CreatedAt:      timestamppb.New(rec.CreatedAt),
 		ExpiresAt:      timestamppb.New(rec.ExpiresAt),
@@ -126,10 +65,14 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 }
 
 func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
+	spec, err := specpb.FromProto(req.Msg.GetSpec())
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	rec, err := s.n.Create(ctx, CreateRequest{
 		ID:        req.Msg.GetSandboxId(),
 		RequestID: req.Msg.GetRequestId(),
-		Spec:      specFromProto(req.Msg.GetSpec()),
+		Spec:      spec,
 		SkipPool:  req.Msg.GetSkipWarmPool(),
 	})
 	if err != nil {
@@ -179,7 +122,7 @@ func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.Se
 }
 
 func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.SetNetworkRequest]) (*connect.Response[nodev1.SetNetworkResponse], error) {
-	rules := rulesFromProto(req.Msg.GetNetwork())
+	rules := specpb.RulesFromProto(req.Msg.GetNetwork())
 	if rules == nil {
 		rules = &netpolicy.Rules{}
 	}

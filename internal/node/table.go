@@ -10,8 +10,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // record is one sandbox in the node's table, as stored on disk.
@@ -32,25 +32,10 @@ type record struct {
 	FromPool bool `json:"from_warm_pool,omitempty"`
 }
 
-// specRecord is the caller's spec with defaults applied.
-type specRecord struct {
-	Backend    string            `json:"backend"`
-	Image      string            `json:"image"`
-	CPU        float64           `json:"cpu"`
-	MemoryMB   int64             `json:"memory_mb"`
-	TimeoutSec int64             `json:"timeout_seconds"`
-	IdleSec    int64             `json:"idle_timeout_seconds"`
-	Env        map[string]string `json:"env,omitempty"`
-	User       string            `json:"user,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
-	TaskID     string            `json:"task_id,omitempty"`
-	PidsLimit  int64             `json:"pids_limit"`
-	Workdir    string            `json:"workdir,omitempty"`
-	// Network is the caller's network policy; nil means the node's default.
-	Network *netpolicy.Rules `json:"network,omitempty"`
-	// AutoPause pauses instead of stopping when a timeout ends.
-	AutoPause bool `json:"auto_pause,omitempty"`
-}
+// specRecord is the caller's spec with defaults applied. Its JSON is the
+// table's format (sandboxspec keeps the field names records were written
+// with).
+type specRecord = sandboxspec.Spec
 
 const (
 	stateCreating = "creating"

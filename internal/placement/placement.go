@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Resources are amounts of CPU (cores), memory (MiB) and sandbox slots.
@@ -221,10 +222,20 @@ func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 		return nil, errdefs.Invalid("backend", "%q is not offered by any node; known: %s", req.Backend, known)
 	case withBackend == 0:
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no node is known yet; check that nodes are running and the watcher can reach them")
-	case !unlimitedMem && req.MemoryMB > maxMem:
-		return nil, errdefs.Invalid("memory_mb", "%d MiB exceeds the largest node's %d MiB; ask for at most %d", req.MemoryMB, maxMem, maxMem)
-	case !unlimitedCPU && req.CPU > maxCPU+1e-9:
-		return nil, errdefs.Invalid("cpu", "%g cores exceeds the largest node's %g; ask for at most %g", req.CPU, maxCPU, maxCPU)
+	}
+	// What no node with the backend could ever run: the largest one's size
+	// (0 in Limits: some node has no limit).
+	largest := sandboxspec.Limits{Where: "the largest node"}
+	if !unlimitedMem {
+		largest.MaxMemoryMB = maxMem
+	}
+	if !unlimitedCPU {
+		largest.MaxCPU = maxCPU
+	}
+	if err := sandboxspec.CheckFits(sandboxspec.Spec{CPU: req.CPU, MemoryMB: req.MemoryMB}, largest); err != nil {
+		return nil, err
+	}
+	switch {
 	case healthy == 0:
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no healthy node offers backend %q (%d known, all unhealthy); check `opendsecctl node list`", backendName(req.Backend), withBackend)
 	case len(fits) == 0:

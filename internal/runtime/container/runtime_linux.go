@@ -24,6 +24,7 @@ import (
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 var (
@@ -193,12 +194,12 @@ func (r *Runtime) Info() runtime.Info {
 	}
 }
 
-// Lower bounds under which the agent itself cannot run. The CPU bound is the
-// kernel's smallest quota (1 ms per 100 ms period).
+// Lower bounds under which the agent itself cannot run (sandboxspec's, so a
+// spec the apiserver and node accepted never fails here).
 const (
-	minMemoryMB = 16
-	minCPU      = 0.01
-	minPids     = 16
+	minMemoryMB = sandboxspec.MinMemoryMB
+	minCPU      = sandboxspec.MinCPU
+	minPids     = sandboxspec.MinPidsLimit
 )
 
 func validateSpec(s runtime.Spec) error {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Paths inside the sandbox.
@@ -49,7 +50,7 @@ var readonlyPaths = []string{
 }
 
 const (
-	defaultPidsLimit = 1024
+	defaultPidsLimit = sandboxspec.DefaultPidsLimit
 	cpuPeriod        = 100000 // µs
 	nofileLimit      = 65536
 	defaultPath      = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
 
@@ -116,9 +117,9 @@ func (a *app) createCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&spec.Image, "image", "", "image name, e.g. root/busybox or root/py:3.11 (required)")
 	f.StringVar(&spec.Backend, "backend", "", "container, microvm or vm (default: the node's)")
-	f.Float64Var(&spec.Cpu, "cpu", 0, "CPU cores, fractions allowed (default 1)")
-	f.Int64Var(&memoryMB, "memory-mb", 0, "memory limit in MiB, at least 16 (default 512)")
-	f.StringVar(&timeout, "timeout", "", "lifetime, e.g. 5m or 3600 (seconds) (default 5m)")
+	f.Float64Var(&spec.Cpu, "cpu", 0, fmt.Sprintf("CPU cores, fractions allowed (default %g)", sandboxspec.DefaultCPU))
+	f.Int64Var(&memoryMB, "memory-mb", 0, fmt.Sprintf("memory limit in MiB, at least %d (default %d)", sandboxspec.MinMemoryMB, sandboxspec.DefaultMemoryMB))
+	f.StringVar(&timeout, "timeout", "", fmt.Sprintf("lifetime, e.g. 5m or 3600 (seconds) (default %dm, at most %dh)", sandboxspec.DefaultTimeoutSec/60, sandboxspec.MaxTimeoutSec/3600))
 	f.StringVar(&idle, "idle-timeout", "", "stop after this long without activity (default off)")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
@@ -126,7 +127,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&spec.TaskId, "task-id", "", "task the sandbox belongs to")
 	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends")
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory for processes")
-	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, "maximum number of processes (default 1024)")
+	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, fmt.Sprintf("maximum number of processes, at least %d (default %d)", sandboxspec.MinPidsLimit, sandboxspec.DefaultPidsLimit))
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the IDs")
 	f.BoolVar(&skipWarmPool, "skip-warm-pool", false, "make the sandboxes from scratch, never from the node's warm pool of prestarted sandboxes")

@@ -53,7 +53,7 @@ class DSecRunArgs:
             ``""`` = the image's default user.
         labels: free-form labels, for :meth:`DSecClient.list_sandboxes`.
         task_id: the task the sandbox belongs to.
-        pids_limit: maximum number of processes; ``0`` = the default (1024).
+        pids_limit: maximum number of processes (at least 16); ``0`` = the default (1024).
         workdir: working directory for processes; ``""`` = the image's, else ``/``.
         network: what the sandbox may reach, in any form of :data:`NetworkSpec`,
             e.g. ``{"pypi": True}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;

@@ -1,0 +1,84 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
+	"github.com/kernflux/opendsec/internal/sandboxspec/spectest"
+)
+
+// The node refuses the shared bad inputs with exactly sandboxspec's
+// message (the apiserver's tests compare with the same one), then what
+// only it knows: its backends and its size. Nothing is made.
+func TestCreateValidationIsSandboxspec(t *testing.T) {
+	n := openRecorded(t, &blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}})
+	svc := &service{n: n}
+	create := func(p *opendsecv1.SandboxSpec) error {
+		_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"), Spec: p}))
+		return err
+	}
+	for _, b := range spectest.BadSpecs() {
+		s, want := specpb.FromProto(b.Spec)
+		if want == nil {
+			_, want = sandboxspec.Normalize(s)
+		}
+		if want == nil {
+			t.Fatalf("sandboxspec accepts %v", b.Spec)
+		}
+		var ce *connect.Error
+		if err := create(b.Spec); !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || ce.Message() != want.Error() {
+			t.Errorf("create %v: err = %v, want invalid_argument %q", b.Spec, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		spec *opendsecv1.SandboxSpec
+		msg  string
+	}{
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", Backend: "container"}, `backend: "container" is not available on node t001 (available: fake)`},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", Cpu: 4.5}, "cpu: 4.5 cores exceeds the 4 of node t001; ask for at most 4"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(4097)}, "memory_mb: 4097 MiB exceeds the 4096 MiB of node t001; ask for at most 4096"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", AutoPause: true}, "auto_pause: the fake backend cannot pause"},
+	} {
+		var ce *connect.Error
+		if err := create(tc.spec); !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || !strings.HasPrefix(ce.Message(), tc.msg) {
+			t.Errorf("create %v: err = %v, want invalid_argument starting %q", tc.spec, err, tc.msg)
+		}
+	}
+	if _, _, c := n.Usage(); c != 0 {
+		t.Fatalf("%d sandboxes after only bad input", c)
+	}
+}
+
+type prestartFake struct{ blockingRuntime }
+
+func (*prestartFake) Prestart(context.Context, string) error         { return nil }
+func (*prestartFake) Launch(context.Context, string, []string) error { return nil }
+
+type fixedImageID string
+
+func (f fixedImageID) ImageID(context.Context, string) (string, error) { return string(f), nil }
+
+// A spec with backend options has no warm-pool shape (options are not in
+// the key, so a pooled sandbox made without them must not serve it).
+func TestPoolKeyRefusesBackendOptions(t *testing.T) {
+	p := &pool{n: &Node{cfg: Config{Backends: map[string]runtime.Runtime{"fake": &prestartFake{}}}}, ids: fixedImageID("sha256:1")}
+	spec := specRecord{Backend: "fake", Image: "root/busybox", CPU: 1, MemoryMB: 512}
+	if _, ok := p.key(t.Context(), spec); !ok {
+		t.Fatal("a plain spec has no pool shape; the test does not reach the check")
+	}
+	spec.BackendOptions = map[string]string{"k": "v"}
+	if _, ok := p.key(t.Context(), spec); ok {
+		t.Fatal("a spec with backend options got a warm-pool shape")
+	}
+}

@@ -1,0 +1,287 @@
+// Package sandboxspec is the one internal shape of a sandbox spec, with its
+// defaults, limits and validation written once. The apiserver normalizes a
+// caller's spec with it before placement; the node normalizes again (a node
+// may be called directly) and adds only what depends on the node: which
+// backends it has, its capacity (CheckFits), whether the backend can pause,
+// and network rule sets. Mapping to and from the public protobuf message is
+// in the specpb sub-package, so this package (imported by backends too)
+// depends on nothing but errdefs.
+package sandboxspec
+
+import (
+	"math"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// Defaults applied to a spec's zero fields, and the limits every spec must
+// keep whatever node runs it. docs/api.md lists the same numbers.
+const (
+	DefaultCPU = 1.0
+	// MinCPU is the kernel's smallest CPU quota (1 ms per 100 ms period).
+	MinCPU = 0.01
+
+	DefaultMemoryMB = 512
+	// MinMemoryMB is the smallest memory limit a sandbox (its init and
+	// agent) can run with.
+	MinMemoryMB = 16
+
+	DefaultTimeoutSec = 300
+	// MaxTimeoutSec bounds timeout_seconds and idle_timeout_seconds (24 h).
+	MaxTimeoutSec = 86400
+
+	DefaultPidsLimit = 1024
+	// MinPidsLimit: the agent's own threads count against the limit.
+	MinPidsLimit = 16
+
+	// MaxEnvEntryBytes is the kernel's limit on one "KEY=VALUE" string
+	// passed to exec (MAX_ARG_STRLEN, 32 pages, with its NUL).
+	MaxEnvEntryBytes = 128 << 10
+	// MaxEnvBytes bounds all of env together ("KEY=VALUE" strings).
+	MaxEnvBytes = 1 << 20
+
+	MaxLabelKeyLen   = 63
+	MaxLabelValueLen = 256
+	MaxTaskIDLen     = 128
+	MaxUserLen       = 32
+	MaxPathLen       = 4096
+
+	MaxBackendOptions        = 32
+	MaxBackendOptionValueLen = 4096
+)
+
+// KnownBackends are the backend names OpenDsec has; which ones a node
+// offers is the node's (and placement's) business, see CheckFits.
+var KnownBackends = []string{"container", "microvm", "vm", "gvisor"}
+
+var (
+	backendRe   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+	userRe      = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+	labelKeyRe  = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$`)
+	optionKeyRe = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
+)
+
+// Spec is a sandbox spec. The JSON names are the node's sandbox table
+// format: records written by any version must keep decoding, so fields are
+// only ever added (with omitempty), never renamed. Owner and project are
+// not part of a spec: they come from the caller's identity.
+type Spec struct {
+	// Backend: "container", ...; empty means the node's default.
+	Backend string `json:"backend"`
+	// Image is an image name, e.g. "root/py:3.11".
+	Image string `json:"image"`
+	// CPU in cores (fractions allowed); 0 means DefaultCPU.
+	CPU float64 `json:"cpu"`
+	// MemoryMB is the memory limit in MiB; 0 means DefaultMemoryMB.
+	MemoryMB int64 `json:"memory_mb"`
+	// TimeoutSec is the lifetime from creation; 0 means DefaultTimeoutSec.
+	TimeoutSec int64 `json:"timeout_seconds"`
+	// IdleSec stops the sandbox after this long without traffic; 0 is off.
+	IdleSec int64             `json:"idle_timeout_seconds"`
+	Env     map[string]string `json:"env,omitempty"`
+	// User is the default user for processes; empty is the image's.
+	User   string            `json:"user,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// TaskID is the task the sandbox belongs to (listing, task pause).
+	TaskID string `json:"task_id,omitempty"`
+	// PidsLimit is the pids cgroup's limit; 0 means DefaultPidsLimit.
+	PidsLimit int64 `json:"pids_limit"`
+	// Workdir is the processes' working directory; empty is the image's.
+	Workdir string `json:"workdir,omitempty"`
+	// Network is the caller's network policy; nil means the node's default.
+	Network *NetworkRules `json:"network,omitempty"`
+	// AutoPause pauses instead of stopping when a timeout ends.
+	AutoPause bool `json:"auto_pause,omitempty"`
+	// BackendOptions are backend-specific settings. Normalize checks only
+	// their shape; the backend that runs the sandbox validates their meaning
+	// (and refuses keys it does not know).
+	BackendOptions map[string]string `json:"backend_options,omitempty"`
+}
+
+// NetworkRules is what a sandbox may reach: named rule sets from the node's
+// configuration plus rules given directly (internal/netpolicy enforces it;
+// netpolicy.Rules is this type).
+type NetworkRules struct {
+	RuleSets []string      `json:"rule_sets,omitempty"`
+	Allow    []NetworkRule `json:"allow,omitempty"`
+}
+
+// NetworkRule allows one kind of egress. Exactly one of CIDR and Domain is
+// set; netpolicy validates the values against the node's policy.
+type NetworkRule struct {
+	// CIDR is an IPv4 prefix ("10.1.0.0/16") or address ("10.1.2.3").
+	CIDR string `json:"cidr,omitempty"`
+	// Domain is an exact name ("pypi.org") or a suffix pattern
+	// ("*.pythonhosted.org", which matches every name below the suffix but
+	// not the suffix itself).
+	Domain string `json:"domain,omitempty"`
+	// Protocol is "tcp", "udp", "icmp" or empty (tcp and udp with ports,
+	// every IPv4 protocol without).
+	Protocol string `json:"protocol,omitempty"`
+	// Ports is "443" or "8000-8100"; empty means every port. Not allowed
+	// with icmp.
+	Ports string `json:"ports,omitempty"`
+}
+
+// Normalize validates s against the rules that hold on every node and
+// returns it with defaults filled. An empty Backend stays empty (the node
+// picks its default). Errors are errdefs.Invalid naming the field and the
+// fix. It never modifies s's maps or slices.
+func Normalize(s Spec) (Spec, error) {
+	if strings.TrimSpace(s.Image) == "" {
+		return Spec{}, errdefs.Invalid("image", "is empty; e.g. root/py:3.11 — list images with `opendsecctl image list`")
+	}
+	if !utf8.ValidString(s.Image) || strings.ContainsAny(s.Image, " \t\n\x00") || len(s.Image) > MaxPathLen {
+		return Spec{}, errdefs.Invalid("image", "%q is not an image name; e.g. root/py:3.11", s.Image)
+	}
+	if s.Backend != "" && !backendRe.MatchString(s.Backend) {
+		return Spec{}, errdefs.Invalid("backend", "%q is not a backend name; known: %s (empty means the node default)", s.Backend, strings.Join(KnownBackends, ", "))
+	}
+	switch {
+	case math.IsNaN(s.CPU) || math.IsInf(s.CPU, 0) || s.CPU < 0:
+		return Spec{}, errdefs.Invalid("cpu", "%v must be a number of cores ≥ 0 (0 means %g)", s.CPU, DefaultCPU)
+	case s.CPU == 0:
+		s.CPU = DefaultCPU
+	case s.CPU < MinCPU:
+		return Spec{}, errdefs.Invalid("cpu", "%v is below the smallest quota; give at least %g cores, or 0 for the default %g", s.CPU, MinCPU, DefaultCPU)
+	}
+	switch {
+	case s.MemoryMB == 0:
+		s.MemoryMB = DefaultMemoryMB
+	case s.MemoryMB < MinMemoryMB:
+		return Spec{}, MemoryTooSmall(s.MemoryMB)
+	}
+	switch {
+	case s.TimeoutSec < 0 || s.TimeoutSec > MaxTimeoutSec:
+		return Spec{}, errdefs.Invalid("timeout_seconds", "%d must be between 0 and %d (0 means %d)", s.TimeoutSec, MaxTimeoutSec, DefaultTimeoutSec)
+	case s.TimeoutSec == 0:
+		s.TimeoutSec = DefaultTimeoutSec
+	}
+	if s.IdleSec < 0 || s.IdleSec > MaxTimeoutSec {
+		return Spec{}, errdefs.Invalid("idle_timeout_seconds", "%d must be between 0 (off) and %d", s.IdleSec, MaxTimeoutSec)
+	}
+	switch {
+	case s.PidsLimit < 0:
+		return Spec{}, errdefs.Invalid("pids_limit", "%d must be ≥ 0 (0 means the default %d)", s.PidsLimit, DefaultPidsLimit)
+	case s.PidsLimit == 0:
+		s.PidsLimit = DefaultPidsLimit
+	case s.PidsLimit < MinPidsLimit:
+		return Spec{}, errdefs.Invalid("pids_limit", "%d is too few (the agent's own threads count); give at least %d, or 0 for the default %d", s.PidsLimit, MinPidsLimit, DefaultPidsLimit)
+	}
+	if err := CheckEnv("env", s.Env); err != nil {
+		return Spec{}, err
+	}
+	if err := CheckUser("user", s.User); err != nil {
+		return Spec{}, err
+	}
+	for k, v := range s.Labels {
+		if !labelKeyRe.MatchString(k) {
+			return Spec{}, errdefs.Invalid("labels", "key %q must be 1-%d characters of [A-Za-z0-9._/-] starting with a letter or digit", k, MaxLabelKeyLen)
+		}
+		if len(v) > MaxLabelValueLen || !utf8.ValidString(v) {
+			return Spec{}, errdefs.Invalid("labels", "value of %q must be valid UTF-8 of at most %d bytes", k, MaxLabelValueLen)
+		}
+	}
+	if len(s.TaskID) > MaxTaskIDLen || !utf8.ValidString(s.TaskID) || strings.ContainsRune(s.TaskID, 0) {
+		return Spec{}, errdefs.Invalid("task_id", "must be valid UTF-8 of at most %d bytes", MaxTaskIDLen)
+	}
+	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || !utf8.ValidString(s.Workdir) || strings.ContainsRune(s.Workdir, 0) || len(s.Workdir) > MaxPathLen) {
+		return Spec{}, errdefs.Invalid("workdir", "%q must be an absolute path, e.g. /home/user", s.Workdir)
+	}
+	if len(s.BackendOptions) > MaxBackendOptions {
+		return Spec{}, errdefs.Invalid("backend_options", "has %d entries; at most %d are allowed", len(s.BackendOptions), MaxBackendOptions)
+	}
+	for k, v := range s.BackendOptions {
+		if !optionKeyRe.MatchString(k) {
+			return Spec{}, errdefs.Invalid("backend_options", "key %q must be 1-63 characters of [a-z0-9_.-] starting with a letter", k)
+		}
+		if len(v) > MaxBackendOptionValueLen || !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return Spec{}, errdefs.Invalid("backend_options", "value of %q must be valid UTF-8 without NUL of at most %d bytes", k, MaxBackendOptionValueLen)
+		}
+	}
+	return s, nil
+}
+
+// MemoryTooSmall is the error for a memory_mb below MinMemoryMB (the proto
+// mapping uses it for an explicit 0).
+func MemoryTooSmall(mb int64) error {
+	return errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", mb, MinMemoryMB, DefaultMemoryMB)
+}
+
+// CheckKnownBackend refuses a backend name OpenDsec does not have (empty is
+// fine: the node's default). The apiserver checks it for a friendlier
+// message than "no node offers it"; nodes check only their own backends.
+func CheckKnownBackend(name string) error {
+	if name != "" && !slices.Contains(KnownBackends, name) {
+		return errdefs.Invalid("backend", "%q is unknown; known: %s (empty means the node default)", name, strings.Join(KnownBackends, ", "))
+	}
+	return nil
+}
+
+// CheckEnv validates environment variables (spec env, exec env).
+func CheckEnv(field string, env map[string]string) error {
+	total := 0
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || !utf8.ValidString(k) {
+			return errdefs.Invalid(field, "key %q must be non-empty without '=' or NUL, e.g. {\"PATH\": \"/usr/bin\"}", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.Invalid(field, "value of %q contains a NUL byte", k)
+		}
+		n := len(k) + 1 + len(v)
+		if n+1 > MaxEnvEntryBytes {
+			return errdefs.Invalid(field, "%q=... is %d bytes; one variable may be at most %d (the kernel's limit for exec)", k, n, MaxEnvEntryBytes-1)
+		}
+		total += n
+	}
+	if total > MaxEnvBytes {
+		return errdefs.Invalid(field, "is %d bytes in all; at most %d are allowed — pass large data as a file instead", total, MaxEnvBytes)
+	}
+	return nil
+}
+
+// CheckUser validates a user name (spec user, exec user).
+func CheckUser(field, u string) error {
+	if u != "" && !userRe.MatchString(u) {
+		return errdefs.Invalid(field, "%q is not a user name: use lowercase letters, digits, '_' or '-' (at most %d), e.g. \"root\" or \"user\"", u, MaxUserLen)
+	}
+	return nil
+}
+
+// Limits are what one node (or, for placement, the largest node) offers.
+type Limits struct {
+	// Where names the node in messages, e.g. "node n001".
+	Where string
+	// MaxCPU and MaxMemoryMB are the node's totals; 0 means unchecked.
+	MaxCPU      float64
+	MaxMemoryMB int64
+	// Backends the node offers; nil means unchecked.
+	Backends []string
+}
+
+// CheckFits refuses a normalized spec the node can never run, whatever
+// else runs there: a backend it lacks, more CPU or memory than it has.
+// The backend must be filled in (the node's default) when Backends is set.
+func CheckFits(s Spec, l Limits) error {
+	where := l.Where
+	if where == "" {
+		where = "this node"
+	}
+	if l.Backends != nil && !slices.Contains(l.Backends, s.Backend) {
+		return errdefs.Invalid("backend", "%q is not available on %s (available: %s)", s.Backend, where, strings.Join(l.Backends, ", "))
+	}
+	if l.MaxMemoryMB > 0 && s.MemoryMB > l.MaxMemoryMB {
+		return errdefs.Invalid("memory_mb", "%d MiB exceeds the %d MiB of %s; ask for at most %d", s.MemoryMB, l.MaxMemoryMB, where, l.MaxMemoryMB)
+	}
+	// The tolerance keeps sums of fractions (0.1+0.2) from missing an
+	// exact fit.
+	if l.MaxCPU > 0 && s.CPU > l.MaxCPU+1e-9 {
+		return errdefs.Invalid("cpu", "%g cores exceeds the %g of %s; ask for at most %g", s.CPU, l.MaxCPU, where, l.MaxCPU)
+	}
+	return nil
+}
