@@ -296,6 +296,9 @@ func (n *Node) normalize(s *specRecord) error {
 	}); err != nil {
 		return err
 	}
+	if err := n.cfg.Backends[ns.Backend].ValidateOptions(ns.BackendOptions); err != nil {
+		return err
+	}
 	if _, ok := n.cfg.Backends[ns.Backend].(runtime.Pauser); ns.AutoPause && !ok {
 		return errdefs.Invalid("auto_pause", "the %s backend cannot pause sandboxes; leave auto_pause off (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend)
 	}
@@ -711,6 +714,7 @@ func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAtt
 		Network:  nw,
 		StateDir: rec.StateDir,
 		Labels:   rec.Spec.Labels,
+		Options:  rec.Spec.BackendOptions,
 	}
 }
 
