@@ -15,8 +15,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
-	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -123,9 +124,12 @@ func newHarness(t *testing.T) *harness {
 	}
 	api := newFakeAPI()
 	// The node address is never dialled by these tests.
+	nodes, err := nodeclient.NewStaticDirectory(nodeclient.NodeInfo{ID: "n001", Addr: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	gw, err := New(Config{API: api, Keys: keys, Secret: []byte("0123456789abcdef0123"),
-		Nodes:      []config.NodeRef{{ID: "n001", Address: "http://127.0.0.1:1"}},
-		NodeClient: http.DefaultClient, NodeTunnel: http.DefaultClient})
+		Nodes: nodes, NodeTokens: auth.StaticToken("unused")})
 	if err != nil {
 		t.Fatal(err)
 	}

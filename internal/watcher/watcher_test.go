@@ -19,6 +19,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -60,9 +61,24 @@ func startNode(t *testing.T, key []byte, f *fakeNode) string {
 	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(f, connect.WithInterceptors(auth.NewVerifier(key, auth.ScopeNode).Interceptor())))
-	srv := httptest.NewServer(mux)
+	// Like a real node: HTTP/1.1 and cleartext HTTP/2, which the watcher
+	// speaks by default.
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+func directory(t *testing.T, nodes ...nodeclient.NodeInfo) *nodeclient.StaticDirectory {
+	t.Helper()
+	d, err := nodeclient.NewStaticDirectory(nodes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
@@ -75,11 +91,11 @@ func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var refs []config.NodeRef
+	var nodes []nodeclient.NodeInfo
 	for _, n := range f {
-		refs = append(refs, config.NodeRef{ID: n.id, Address: startNode(t, key, n)})
+		nodes = append(nodes, nodeclient.NodeInfo{ID: n.id, Addr: startNode(t, key, n)})
 	}
-	return watcher.New(config.Watcher{PollIntervalMS: 50}, refs, nil, tok), key
+	return watcher.New(config.Watcher{PollIntervalMS: 50}, directory(t, nodes...), nil, tok), key
 }
 
 func byID(nodes []*watcherv1.NodeStatus, id string) *watcherv1.NodeStatus {
@@ -147,7 +163,7 @@ func TestWrongNodeID(t *testing.T) {
 	a := &fakeNode{id: "n009", healthy: true}
 	w, _ := setup(t, a)
 	// Configure it under another ID: the watcher must not trust it.
-	w2 := watcher.New(config.Watcher{PollIntervalMS: 50}, []config.NodeRef{{ID: "n001", Address: w.Nodes()[0].GetAddress()}}, nil, "")
+	w2 := watcher.New(config.Watcher{PollIntervalMS: 50}, directory(t, nodeclient.NodeInfo{ID: "n001", Addr: w.Nodes()[0].GetAddress()}), nil, "")
 	w2.Poll(t.Context())
 	if n := w2.Nodes()[0]; n.GetHealthy() {
 		t.Fatalf("node with mismatched id marked healthy: %v", n)
