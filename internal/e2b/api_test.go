@@ -113,6 +113,13 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	// The node address is never dialled by these tests.
+	return newHarnessAt(t, "http://127.0.0.1:1", auth.StaticToken("unused"))
+}
+
+// newHarnessAt is newHarness with node n001 at addr, called with tokens.
+func newHarnessAt(t *testing.T, addr string, tokens auth.TokenSource) *harness {
+	t.Helper()
 	keys := NewKeyStore(filepath.Join(t.TempDir(), "keys.json"))
 	a, err := keys.Create("team-a")
 	if err != nil {
@@ -123,13 +130,12 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	api := newFakeAPI()
-	// The node address is never dialled by these tests.
-	nodes, err := nodeclient.NewStaticDirectory(nodeclient.NodeInfo{ID: "n001", Addr: "http://127.0.0.1:1"})
+	nodes, err := nodeclient.NewStaticDirectory(nodeclient.NodeInfo{ID: "n001", Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gw, err := New(Config{API: api, Keys: keys, Secret: []byte("0123456789abcdef0123"),
-		Nodes: nodes, NodeTokens: auth.StaticToken("unused")})
+		Nodes: nodes, NodeTokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}

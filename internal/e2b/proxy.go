@@ -166,9 +166,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 var errSandboxGone = errdefs.New(errdefs.ErrNotFound, "sandbox gone")
 
 // rewrite points an outgoing request at target (the request's path on the
-// sandbox's agent, through its node; the query stays) and drops what must not reach it:
-// the caller's routing headers and any OpenDsec token (the node client's
-// transport adds the gateway's own).
+// sandbox's agent, through its node; the query stays) and drops what must
+// not reach it: the caller's routing headers and any OpenDsec token (the
+// node client's transport adds the gateway's own).
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	u := pr.Out.URL
 	u.Scheme, u.Host, u.Path, u.RawPath = target.Scheme, target.Host, target.Path, target.RawPath

@@ -212,3 +212,84 @@ func TestRunServesListNodes(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// movingDirectory is a node directory whose nodes the test changes, as
+// registration will.
+type movingDirectory struct {
+	mu    sync.Mutex
+	nodes []nodeclient.NodeInfo
+	fail  error
+}
+
+func (d *movingDirectory) set(fail error, nodes ...nodeclient.NodeInfo) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nodes, d.fail = nodes, fail
+}
+
+func (d *movingDirectory) Lookup(ctx context.Context, id string) (nodeclient.NodeInfo, error) {
+	nodes, err := d.List(ctx)
+	for _, n := range nodes {
+		if n.ID == id {
+			return n, nil
+		}
+	}
+	if err == nil {
+		err = errors.New("node " + id + " is not registered")
+	}
+	return nodeclient.NodeInfo{}, err
+}
+
+func (d *movingDirectory) List(context.Context) ([]nodeclient.NodeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]nodeclient.NodeInfo(nil), d.nodes...), d.fail
+}
+
+// TestPollFollowsTheDirectory: every poll reads the directory, so a node
+// that joins is polled, one that leaves drops out of the view, one that
+// moves is polled at its new address, and a directory that cannot answer
+// leaves the view as it was.
+func TestPollFollowsTheDirectory(t *testing.T) {
+	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := auth.Issue(key, "watcher", auth.ScopeNode, time.Hour)
+	a := nodeclient.NodeInfo{ID: "n001", Addr: startNode(t, key, &fakeNode{id: "n001", healthy: true})}
+	b := nodeclient.NodeInfo{ID: "n002", Addr: startNode(t, key, &fakeNode{id: "n002", healthy: true})}
+	d := &movingDirectory{}
+	d.set(nil, a)
+	w := watcher.New(config.Watcher{PollIntervalMS: 50}, d, nil, tok)
+	ids := func() (out []string) {
+		for _, n := range w.Nodes() {
+			h := "down"
+			if n.GetHealthy() {
+				h = "up"
+			}
+			out = append(out, n.GetNodeId()+"@"+n.GetAddress()+" "+h)
+		}
+		return out
+	}
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n001@"+a.Addr+" up" {
+		t.Fatalf("view %v, want n001 up", got)
+	}
+	d.set(nil, a, b)
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 2 || got[1] != "n002@"+b.Addr+" up" {
+		t.Fatalf("after n002 joined: %v", got)
+	}
+	// n002 moves to where n001 listens: it answers as n001 there, so it
+	// is down at its new address; n001 leaves.
+	d.set(nil, nodeclient.NodeInfo{ID: "n002", Addr: a.Addr})
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n002@"+a.Addr+" down" {
+		t.Fatalf("after n001 left and n002 moved: %v", got)
+	}
+	d.set(errors.New("registry down"))
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n002@"+a.Addr+" down" {
+		t.Fatalf("directory down: %v, want the last view", got)
+	}
+}
