@@ -87,7 +87,7 @@ func (p *Pool) client(info NodeInfo) (*Client, error) {
 	if c, ok := p.clients[info.ID]; ok && c.info == info {
 		return c, nil
 	}
-	checked, base, err := checkInfo("node "+info.ID, info)
+	checked, base, err := checkInfo(fmt.Sprintf("nodes[%q]", info.ID), info)
 	if err != nil {
 		return nil, err
 	}
