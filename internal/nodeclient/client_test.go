@@ -97,15 +97,18 @@ func TestAgentURL(t *testing.T) {
 
 // TestDialPortRelaysBothWays opens a real tunnel (HTTP/1.1 Upgrade through
 // the node to a loopback port) over a client that speaks only h2c
-// otherwise, sends a MiB, half-closes, and reads the port's answer after
-// its own EOF.
+// otherwise, ends the dial's context, sends a MiB, half-closes, and reads
+// the port's answer after its own EOF.
 func TestDialPortRelaysBothWays(t *testing.T) {
 	n := newFakeNode(t, "n001")
 	n.echoPort(t)
 	n.set(func(n *fakeNode) { n.states[sbx] = v1.SandboxState_SANDBOX_STATE_RUNNING })
 	c := newClient(t, n)
 
-	conn, err := c.DialPort(t.Context(), sbx, 8000)
+	// The context bounds opening the tunnel only: the stream outlives it.
+	dctx, cancel := context.WithCancel(t.Context())
+	conn, err := c.DialPort(dctx, sbx, 8000)
+	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
