@@ -10,23 +10,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/auth"
-	"github.com/kernflux/opendsec/internal/config"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/placement"
-	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
 // WatcherClient is the part of the watcher's API the apiserver uses;
@@ -56,12 +52,14 @@ const (
 
 // Config configures a Server.
 type Config struct {
-	// Nodes to route to, by ID.
-	Nodes []config.NodeRef
+	// Nodes says where the nodes to route to listen, by ID
+	// (nodeclient.StaticDirectory of the config's nodes[]). Required.
+	Nodes nodeclient.Directory
 	// Watcher serves the view of the nodes used for placement and listing.
 	Watcher WatcherClient
-	// HTTPClient reaches nodes; nil means a client without timeouts (exec
-	// streams are long). The node token is added to every request.
+	// HTTPClient reaches nodes; nil means nodeclient.DefaultHTTPClient
+	// (h2c, no timeouts: exec streams are long). The node token is added to
+	// every request.
 	HTTPClient *http.Client
 	// NodeToken is a "node"-scope token for calls to nodes.
 	NodeToken string
@@ -98,9 +96,7 @@ type Config struct {
 // Server implements the public services. Create it with New.
 type Server struct {
 	cfg    Config
-	hc     *http.Client
-	tunnel *http.Client // HTTP/1.1 only, for port tunnels
-	nodes  map[string]*nodeConn
+	nodes  *nodeclient.Pool
 	placer *placement.Placer
 
 	viewMu sync.Mutex
@@ -120,14 +116,11 @@ var (
 	_ opendsecv1connect.PortServiceHandler    = (*Server)(nil)
 )
 
-type nodeConn struct {
-	id      string
-	address string // base URL without trailing slash
-	client  nodev1connect.NodeServiceClient
-}
-
 // New checks cfg, fills defaults and returns a Server.
 func New(cfg Config) (*Server, error) {
+	if cfg.Nodes == nil {
+		return nil, errdefs.Invalid("nodes", "is nil; give a node directory (nodeclient.NewStaticDirectory of the config's nodes)")
+	}
 	if cfg.Watcher == nil {
 		return nil, errdefs.Invalid("watcher", "is nil; give a watcher client")
 	}
@@ -158,43 +151,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BatchNodeTimeout <= 0 {
 		cfg.BatchNodeTimeout = DefaultBatchNodeTimeout
 	}
-	if cfg.HTTPClient == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		// Many concurrent exec streams go to the same few nodes.
-		t.MaxIdleConnsPerHost = 256
-		cfg.HTTPClient = &http.Client{Transport: t}
-	}
-	// Tunnels need HTTP/1.1 (HTTP/2 has no Upgrade), whatever the client
-	// speaks otherwise.
-	tunnel := http.DefaultTransport.(*http.Transport).Clone()
-	if t, ok := cfg.HTTPClient.Transport.(*http.Transport); ok {
-		tunnel = t.Clone()
-	}
-	tunnel.Protocols = new(http.Protocols)
-	tunnel.Protocols.SetHTTP1(true)
-	tunnel.ForceAttemptHTTP2 = false
 	nodeTokens := cfg.NodeTokens
 	if nodeTokens == nil {
 		nodeTokens = auth.StaticToken(cfg.NodeToken)
 	}
 	s := &Server{
 		cfg:    cfg,
-		tunnel: auth.ClientFrom(&http.Client{Transport: tunnel}, nodeTokens),
-		hc:     auth.ClientFrom(cfg.HTTPClient, nodeTokens),
-		nodes:  map[string]*nodeConn{},
+		nodes:  nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.HTTPClient, Tokens: nodeTokens}),
 		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
 
 		metrics: newMetrics(),
-	}
-	for i, n := range cfg.Nodes {
-		if err := sandboxid.ValidNode(n.ID); err != nil {
-			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
-		}
-		addr := strings.TrimRight(n.Address, "/")
-		if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
-			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].address", i), "%q must be a URL like http://host:port", n.Address)
-		}
-		s.nodes[n.ID] = &nodeConn{id: n.ID, address: addr, client: nodev1connect.NewNodeServiceClient(s.hc, addr)}
 	}
 	return s, nil
 }
@@ -221,21 +187,10 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// nodeFor routes a sandbox ID to its node. field names the request field
-// carrying the ID.
-func (s *Server) nodeFor(field, id string) (*nodeConn, error) {
-	if id == "" {
-		return nil, errdefs.Invalid(field, "is empty; give a sandbox ID (list them with `opendsecctl sandbox list`)")
-	}
-	nodeID, err := sandboxid.Node(field, id)
-	if err != nil {
-		return nil, err
-	}
-	n, ok := s.nodes[nodeID]
-	if !ok {
-		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
-	}
-	return n, nil
+// nodeFor routes a sandbox ID to its node's client through the node
+// directory. field names the request field carrying the ID.
+func (s *Server) nodeFor(ctx context.Context, field, id string) (*nodeclient.Client, error) {
+	return s.nodes.ForSandbox(ctx, field, id)
 }
 
 // nodeView returns the watcher's view, reusing it for ViewTTL.
@@ -285,20 +240,7 @@ func (s *Server) refreshView() {
 }
 
 // remoteErr converts an error from a node or agent call into a categorized
-// error carrying the remote message, logging transport failures.
+// error carrying the remote message (nodeclient.MapError).
 func remoteErr(ctx context.Context, what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return context.Cause(ctx)
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		if ce.Code() == connect.CodeUnavailable || ce.Code() == connect.CodeUnknown {
-			log.G(ctx).Debug("remote call failed", slog.String("call", what), log.Err(err))
-		}
-		return errdefs.FromConnect(err)
-	}
-	return errdefs.New(errdefs.ErrUnavailable, "%s: %s", what, err)
+	return nodeclient.MapError(ctx, what, err)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -47,13 +49,14 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	}
 	nodeTok, _ := auth.Issue(key, "apiserver", auth.ScopeNode, time.Hour)
 	e := &env{t: t, key: key}
-	var refs []config.NodeRef
+	var infos []nodeclient.NodeInfo
 	for _, id := range ids {
 		n := newFakeNode(t, key, id)
 		e.nodes = append(e.nodes, n)
-		refs = append(refs, config.NodeRef{ID: id, Address: n.url})
+		infos = append(infos, nodeclient.NodeInfo{ID: id, Addr: n.url})
 	}
-	e.w = watcher.New(config.Watcher{PollIntervalMS: 100}, refs, nil, nodeTok)
+	dir := withNodes(t, nil, infos...)
+	e.w = watcher.New(config.Watcher{PollIntervalMS: 100}, dir, nil, nodeTok)
 	e.w.Poll(t.Context())
 	// Nodes are reached with cleartext HTTP/2 only (the harder case: port
 	// tunnels must still use HTTP/1.1).
@@ -63,7 +66,7 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	t.Cleanup(nodeClient.CloseIdleConnections)
 	cfg := apiserver.Config{
 		HTTPClient:   nodeClient,
-		Nodes:        refs,
+		Nodes:        dir,
 		Watcher:      e.w,
 		NodeToken:    nodeTok,
 		Auth:         auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
@@ -100,6 +103,32 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	e.files = opendsecv1connect.NewFileServiceClient(c, e.url, connect.WithGRPC())
 	e.port = opendsecv1connect.NewPortServiceClient(c, e.url, connect.WithGRPC())
 	return e
+}
+
+// withNodes returns a directory of dir's nodes (none if nil) with nodes
+// added, each replacing a node of the same ID.
+func withNodes(t *testing.T, dir nodeclient.Directory, nodes ...nodeclient.NodeInfo) nodeclient.Directory {
+	t.Helper()
+	var all []nodeclient.NodeInfo
+	if dir != nil {
+		var err error
+		if all, err = dir.List(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range nodes {
+		i := slices.IndexFunc(all, func(m nodeclient.NodeInfo) bool { return m.ID == n.ID })
+		if i < 0 {
+			all = append(all, n)
+		} else {
+			all[i] = n
+		}
+	}
+	d, err := nodeclient.NewStaticDirectory(all...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func (e *env) refresh() { e.w.Poll(e.t.Context()) }

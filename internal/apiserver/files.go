@@ -18,6 +18,7 @@ import (
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 func fileInfo(e *filesystem.EntryInfo) *v1.FileInfo {
@@ -43,12 +44,14 @@ func (a *agent) filesURL(p, user string) string {
 	if user != "" {
 		q.Set("username", user)
 	}
-	return a.base + "/files?" + q.Encode()
+	u := a.node.AgentURL(a.id, "/files")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // ReadFile streams a file from GET /files in 1 MiB chunks.
 func (s *Server) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest], stream *connect.ServerStream[v1.ReadFileResponse]) error {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
@@ -59,13 +62,13 @@ func (s *Server) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileR
 	if err != nil {
 		return errdefs.ToConnect(fmt.Errorf("read file request: %w", err))
 	}
-	resp, err := s.hc.Do(hreq)
+	resp, err := a.node.HTTPClient().Do(hreq)
 	if err != nil {
 		return errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read file: %s", err)))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return errdefs.ToConnect(httpErr(resp, "read file"))
+		return errdefs.ToConnect(nodeclient.MapResponse(resp, "read file"))
 	}
 	buf := make([]byte, readChunk)
 	for {
@@ -100,7 +103,7 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[v1.
 	if h == nil {
 		return nil, errdefs.ToConnect(errdefs.Invalid("header", "the first message must be the header {sandbox_id, path}; data comes after it"))
 	}
-	a, err := s.agentFor(h.GetSandboxId())
+	a, err := s.agentFor(ctx, h.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -152,7 +155,7 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 			return
 		}
 		hreq.Header.Set("Content-Type", "application/octet-stream")
-		resp, err := s.hc.Do(hreq)
+		resp, err := a.node.HTTPClient().Do(hreq)
 		// The agent may answer before reading everything (an error):
 		// unblock the writer.
 		pr.CloseWithError(errors.New("upload ended"))
@@ -163,7 +166,7 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		if r.resp != nil {
 			defer r.resp.Body.Close()
 			if r.resp.StatusCode != http.StatusOK {
-				r.err = httpErr(r.resp, "write file")
+				r.err = nodeclient.MapResponse(r.resp, "write file")
 			}
 		} else if r.err != nil {
 			r.err = ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "write file: %s", r.err))
@@ -230,7 +233,7 @@ func (s *Server) removeQuietly(ctx context.Context, a *agent, p, user string) {
 
 // ListDir lists a directory to depth levels (0 means 1).
 func (s *Server) ListDir(ctx context.Context, req *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -256,7 +259,7 @@ func (s *Server) ListDir(ctx context.Context, req *connect.Request[v1.ListDirReq
 
 // Stat describes one path.
 func (s *Server) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -282,7 +285,7 @@ func (a *agent) stat(ctx context.Context, p, user string) (*filesystem.EntryInfo
 
 // Remove deletes a path recursively; a missing path is not an error.
 func (s *Server) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -300,7 +303,7 @@ func (s *Server) Remove(ctx context.Context, req *connect.Request[v1.RemoveReque
 // MakeDir creates a directory and its parents; created is false when it
 // already existed.
 func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -325,7 +328,7 @@ func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirReq
 
 // Move renames source to destination, creating destination's parents.
 func (s *Server) Move(ctx context.Context, req *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}

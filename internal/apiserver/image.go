@@ -13,14 +13,10 @@ import (
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 var _ opendsecv1connect.ImageServiceHandler = (*Server)(nil)
-
-// imageClient reaches a node's NodeImageService.
-func (s *Server) imageClient(n *nodeConn) nodev1connect.NodeImageServiceClient {
-	return nodev1connect.NewNodeImageServiceClient(s.hc, n.address)
-}
 
 // anyImageNode picks a healthy node for an image call: every node shares
 // the image store, so any one of them serves it.
@@ -29,16 +25,19 @@ func (s *Server) anyImageNode(ctx context.Context) (nodev1connect.NodeImageServi
 	if err != nil {
 		return nil, err
 	}
-	var ready []*nodeConn
+	var ready []*nodeclient.Client
 	for _, st := range view {
-		if n, ok := s.nodes[st.GetNodeId()]; ok && st.GetHealthy() {
+		if !st.GetHealthy() {
+			continue
+		}
+		if n, err := s.nodes.Get(ctx, st.GetNodeId()); err == nil {
 			ready = append(ready, n)
 		}
 	}
 	if len(ready) == 0 {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no healthy node to serve the image store; check `opendsecctl node list`")
 	}
-	return s.imageClient(ready[rand.IntN(len(ready))]), nil
+	return ready[rand.IntN(len(ready))].Images(), nil
 }
 
 // ImportImage forwards the import to a node and relays its progress.
@@ -146,11 +145,11 @@ func (s *Server) VerifyImages(ctx context.Context, req *connect.Request[v1.Verif
 // on that node's disk. It needs an admin token when the name names an
 // image already.
 func (s *Server) PackDiff(ctx context.Context, req *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
-	n, err := s.nodeFor("sandbox_id", req.Msg.GetSandboxId())
+	n, err := s.nodeFor(ctx, "sandbox_id", req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(namingSandbox(err))
 	}
-	c := s.imageClient(n)
+	c := n.Images()
 	if err := requireAdminToReplace(ctx, c, "name", req.Msg.GetName()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // fakeImages is a node's image service that knows a few image names and
@@ -109,8 +110,7 @@ func setupImages(t *testing.T) (e *env, f *fakeImages, user, admin opendsecv1con
 		srv.Config.Protocols.SetUnencryptedHTTP2(true)
 		srv.Start()
 		t.Cleanup(srv.Close)
-		cfg.Nodes = slices.Clone(cfg.Nodes)
-		cfg.Nodes[0].Address = srv.URL
+		cfg.Nodes = withNodes(t, cfg.Nodes, nodeclient.NodeInfo{ID: "n001", Addr: srv.URL})
 	}, "n001")
 	adminTok, err := auth.Issue(e.key, "root", auth.ScopeAdmin, time.Hour)
 	if err != nil {

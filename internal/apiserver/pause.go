@@ -11,15 +11,16 @@ import (
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // PauseSandbox asks the owning node to freeze the sandbox.
 func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.PauseSandbox(ctx, connect.NewRequest(&nodev1.PauseSandboxRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().PauseSandbox(ctx, connect.NewRequest(&nodev1.PauseSandboxRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "pause sandbox", err))
 	}
@@ -28,14 +29,14 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.Pause
 
 // ResumeSandbox asks the owning node to thaw the sandbox.
 func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.ResumeSandbox(ctx, connect.NewRequest(&nodev1.ResumeSandboxRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	resp, err := n.Node().ResumeSandbox(ctx, connect.NewRequest(&nodev1.ResumeSandboxRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "resume sandbox", err))
 	}
@@ -52,11 +53,11 @@ func checkResumeTimeout(sec int64) error {
 
 // GetSandboxMetrics asks the owning node for the sandbox's resource use.
 func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.GetSandboxMetrics(ctx, connect.NewRequest(&nodev1.GetSandboxMetricsRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().GetSandboxMetrics(ctx, connect.NewRequest(&nodev1.GetSandboxMetricsRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox metrics", err))
 	}
@@ -66,8 +67,8 @@ func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.
 // PauseSandboxes pauses every matching sandbox on every node at once.
 func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
 	sel := req.Msg.GetSelector()
-	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
-		resp, err := n.client.PauseSandboxes(ctx, connect.NewRequest(&v1.PauseSandboxesRequest{Selector: sel}))
+	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(&v1.PauseSandboxesRequest{Selector: sel}))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -86,8 +87,8 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 	}
 	sel := req.Msg.GetSelector()
 	timeout := req.Msg.GetTimeoutSeconds()
-	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
-		resp, err := n.client.ResumeSandboxes(ctx, connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: sel, TimeoutSeconds: timeout}))
+	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+		resp, err := n.Node().ResumeSandboxes(ctx, connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: sel, TimeoutSeconds: timeout}))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -99,7 +100,7 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }
 
-type batchCall func(ctx context.Context, n *nodeConn, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error)
+type batchCall func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error)
 
 // fanOut runs call on every configured node, all at once, healthy or not
 // in the watcher's view. With ids, only their owning nodes are asked, each
@@ -112,10 +113,14 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 		return nil, nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
 	}
 	var failed []*v1.BatchFailure
-	targets := map[*nodeConn]*v1.SandboxSelector{}
+	type target struct {
+		n   *nodeclient.Client
+		sel *v1.SandboxSelector
+	}
+	targets := map[string]*target{} // by node ID
 	if ids := sel.GetIds(); len(ids) > 0 {
 		for i, id := range ids {
-			n, err := s.nodeFor(fmt.Sprintf("selector.ids[%d]", i), id)
+			n, err := s.nodeFor(ctx, fmt.Sprintf("selector.ids[%d]", i), id)
 			if errdefs.IsInvalidArgument(err) {
 				return nil, nil, err
 			}
@@ -123,20 +128,24 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 				failed = append(failed, &v1.BatchFailure{SandboxId: id, ErrorCode: errdefs.Code(err).String(), ErrorMessage: err.Error()})
 				continue
 			}
-			t, ok := targets[n]
+			t, ok := targets[n.ID()]
 			if !ok {
-				t = &v1.SandboxSelector{Labels: sel.GetLabels(), TaskId: sel.GetTaskId()}
-				targets[n] = t
+				t = &target{n: n, sel: &v1.SandboxSelector{Labels: sel.GetLabels(), TaskId: sel.GetTaskId()}}
+				targets[n.ID()] = t
 			}
-			t.Ids = append(t.Ids, id)
+			t.sel.Ids = append(t.sel.Ids, id)
 		}
 	} else {
 		// Every configured node, whatever the watcher thinks of it: a node
 		// that is briefly unhealthy (preempted, overloaded) may still hold
 		// matching sandboxes, and one that cannot be reached must show up
 		// as a failure, not be skipped.
-		for _, n := range s.nodes {
-			targets[n] = sel
+		nodes, err := s.nodes.List(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, n := range nodes {
+			targets[n.ID()] = &target{n: n, sel: sel}
 		}
 	}
 	var (
@@ -145,7 +154,8 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 		wg  sync.WaitGroup
 	)
 	d := s.cfg.BatchNodeTimeout
-	for n, nsel := range targets {
+	for _, t := range targets {
+		n, nsel := t.n, t.sel
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeoutCause(ctx, d, errdefs.New(errdefs.ErrDeadlineExceeded,
 				"no answer within %s; its sandboxes may or may not have changed, so check them or retry the batch", d))
@@ -155,8 +165,8 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 			defer mu.Unlock()
 			if err != nil {
 				err = remoteErr(nctx, what, err)
-				log.G(ctx).Warn(what+" on node", log.NodeID(n.id), log.Err(err))
-				failed = append(failed, &v1.BatchFailure{ErrorCode: errdefs.Code(err).String(), ErrorMessage: fmt.Sprintf("node %s: %v", n.id, err)})
+				log.G(ctx).Warn(what+" on node", log.NodeID(n.ID()), log.Err(err))
+				failed = append(failed, &v1.BatchFailure{ErrorCode: errdefs.Code(err).String(), ErrorMessage: fmt.Sprintf("node %s: %v", n.ID(), err)})
 				return
 			}
 			out = append(out, ok...)

@@ -15,7 +15,7 @@ import (
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/apiserver"
-	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // The fake node's pause: it flips the state of matching sandboxes.
@@ -157,7 +157,7 @@ func TestPauseSandboxesReachesUnhealthyAndReportsUnreachable(t *testing.T) {
 	ln.Close() // nothing listens there now
 	e := setup(t, func(c *apiserver.Config) {
 		c.Watcher = unhealthyView{WatcherClient: c.Watcher, down: map[string]bool{"n002": true}}
-		c.Nodes = append(c.Nodes, config.NodeRef{ID: "n003", Address: deadAddr})
+		c.Nodes = withNodes(t, c.Nodes, nodeclient.NodeInfo{ID: "n003", Addr: deadAddr})
 	}, "n001", "n002")
 	var onN002 []string
 	for _, n := range e.nodes {
@@ -237,7 +237,7 @@ func TestBatchPauseSilentNodeTimesOut(t *testing.T) {
 	const perNode = 300 * time.Millisecond
 	e := setup(t, func(c *apiserver.Config) {
 		c.BatchNodeTimeout = perNode
-		c.Nodes = append(c.Nodes, config.NodeRef{ID: "n009", Address: silentNode(t)})
+		c.Nodes = withNodes(t, c.Nodes, nodeclient.NodeInfo{ID: "n009", Addr: silentNode(t)})
 	}, "n001")
 	id := "n001" + fmt.Sprintf("job%012d", 0)
 	e.nodes[0].set(func(n *fakeNode) {

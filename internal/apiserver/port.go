@@ -78,7 +78,7 @@ func validateHTTPRequest(m *v1.HTTPRequestRequest) error {
 // MaxHTTPBodyBytes.
 func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRequestRequest]) (*connect.Response[v1.HTTPRequestResponse], error) {
 	m := req.Msg
-	a, err := s.agentFor(m.GetSandboxId())
+	a, err := s.agentFor(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -93,7 +93,7 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 		errdefs.New(errdefs.ErrDeadlineExceeded, "port %d did not answer within %s; raise timeout_ms", m.GetPort(), timeout))
 	defer cancel()
 
-	conn, err := s.dialPort(ctx, a, m.GetPort())
+	conn, err := a.node.DialPort(ctx, a.id, int(m.GetPort()))
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -150,28 +150,4 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 		}
 	}
 	return connect.NewResponse(out), nil
-}
-
-// dialPort opens a raw TCP stream to port inside the sandbox.
-func (s *Server) dialPort(ctx context.Context, a *agent, port uint32) (io.ReadWriteCloser, error) {
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/_opendsec/port/%d", a.base, port), nil)
-	if err != nil {
-		return nil, fmt.Errorf("tunnel request: %w", err)
-	}
-	hreq.Header.Set("Connection", "Upgrade")
-	hreq.Header.Set("Upgrade", "tcp")
-	resp, err := s.tunnel.Do(hreq)
-	if err != nil {
-		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s", port, err))
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		defer resp.Body.Close()
-		return nil, httpErr(resp, fmt.Sprintf("open tunnel to port %d", port))
-	}
-	conn, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok {
-		resp.Body.Close()
-		return nil, errdefs.New(errdefs.ErrInternal, "open tunnel to port %d: the upgraded connection is not writable", port)
-	}
-	return conn, nil
 }

@@ -93,7 +93,7 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 	if st == nil {
 		return errdefs.ToConnect(errdefs.Invalid("start", "the first message must be start; data and close_write come after it"))
 	}
-	a, err := s.agentFor(st.GetSandboxId())
+	a, err := s.agentFor(ctx, st.GetSandboxId())
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
@@ -106,7 +106,7 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 	}
 	dctx, cancelDial := context.WithTimeoutCause(ctx, timeout,
 		errdefs.New(errdefs.ErrDeadlineExceeded, "connect to port %d did not finish within %s; raise timeout_ms", st.GetPort(), timeout))
-	conn, err := s.dialPort(dctx, a, st.GetPort())
+	conn, err := a.node.DialPort(dctx, a.id, int(st.GetPort()))
 	cancelDial()
 	if err != nil {
 		return errdefs.ToConnect(err)

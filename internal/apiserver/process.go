@@ -74,7 +74,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	if st == nil {
 		return errdefs.ToConnect(errdefs.Invalid("start", "the first message must be start; stdin, close_stdin, resize and signal come after it"))
 	}
-	a, err := s.agentFor(st.GetSandboxId())
+	a, err := s.agentFor(ctx, st.GetSandboxId())
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
@@ -227,7 +227,7 @@ func (s *Server) relayInput(ctx context.Context, cancel context.CancelCauseFunc,
 
 // ListProcesses lists the processes the agent started.
 func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -250,7 +250,7 @@ func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[v1.List
 
 // SignalProcess sends SIGTERM or SIGKILL to a process.
 func (s *Server) SignalProcess(ctx context.Context, req *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -266,7 +266,7 @@ func (s *Server) SignalProcess(ctx context.Context, req *connect.Request[v1.Sign
 
 // SendInput writes to a process's stdin or PTY.
 func (s *Server) SendInput(ctx context.Context, req *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -285,7 +285,7 @@ func (s *Server) SendInput(ctx context.Context, req *connect.Request[v1.SendInpu
 
 // ResizePty resizes a process's PTY.
 func (s *Server) ResizePty(ctx context.Context, req *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error) {
-	a, err := s.agentFor(req.Msg.GetSandboxId())
+	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}

@@ -18,6 +18,7 @@ import (
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/placement"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
@@ -46,11 +47,13 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.Crea
 	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: sb}), nil
 }
 
-func placementNodes(view []*watcherv1.NodeStatus, routable map[string]*nodeConn) []placement.Node {
+// placementNodes turns the watcher's view into placement's nodes, leaving
+// out those the node directory cannot route to.
+func placementNodes(view []*watcherv1.NodeStatus, routable func(nodeID string) bool) []placement.Node {
 	out := make([]placement.Node, 0, len(view))
 	for _, st := range view {
 		info := st.GetInfo()
-		if _, ok := routable[st.GetNodeId()]; !ok || info == nil {
+		if info == nil || !routable(st.GetNodeId()) {
 			continue
 		}
 		out = append(out, placement.Node{
@@ -75,7 +78,11 @@ func (s *Server) candidates(ctx context.Context, spec *v1.SandboxSpec) ([]string
 	if err != nil {
 		return nil, err
 	}
-	return s.placer.Candidates(placementNodes(view, s.nodes), placementRequest(spec))
+	routable := func(nodeID string) bool {
+		_, err := s.nodes.Get(ctx, nodeID)
+		return err == nil
+	}
+	return s.placer.Candidates(placementNodes(view, routable), placementRequest(spec))
 }
 
 // create places and creates one sandbox from a normalized spec.
@@ -89,10 +96,13 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 	var refused []string
 	var lastErr error
 	for _, nodeID := range cands {
-		n := s.nodes[nodeID]
+		n, err := s.nodes.Get(ctx, nodeID)
+		if err != nil {
+			return nil, fmt.Errorf("create sandbox: %w", err)
+		}
 		id := sandboxid.New(nodeID)
 		r := s.placer.Reserve(nodeID, placementRequest(spec))
-		resp, err := n.client.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID, SkipWarmPool: skipPool}))
+		resp, err := n.Node().CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID, SkipWarmPool: skipPool}))
 		if err == nil {
 			r.Done()
 			return resp.Msg.GetSandbox(), nil
@@ -120,11 +130,11 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 	return nil, errdefs.New(errdefs.ErrResourceExhausted, "every candidate node refused (%s): %s", strings.Join(refused, ", "), lastErr)
 }
 
-func (s *Server) stopAbandoned(ctx context.Context, n *nodeConn, id string) {
+func (s *Server) stopAbandoned(ctx context.Context, n *nodeclient.Client, id string) {
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		_, err := n.client.StopSandbox(sctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: id}))
+		_, err := n.Node().StopSandbox(sctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: id}))
 		if err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 			log.G(ctx).Warn("stop abandoned sandbox", log.SandboxID(id), log.Err(err))
 		}
@@ -188,7 +198,9 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 				undelivered := sendErr != nil
 				sendMu.Unlock()
 				if undelivered && sb != nil {
-					s.stopAbandoned(ctx, s.nodes[sb.GetNodeId()], sb.GetId())
+					if n, err := s.nodes.Get(context.WithoutCancel(ctx), sb.GetNodeId()); err == nil {
+						s.stopAbandoned(ctx, n, sb.GetId())
+					}
 				}
 			}
 		})
@@ -205,11 +217,11 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 
 // GetSandbox asks the owning node.
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox", err))
 	}
@@ -218,11 +230,11 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSand
 
 // StopSandbox asks the owning node to stop and delete the sandbox.
 func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	if _, err := n.client.StopSandbox(ctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: req.Msg.GetId()})); err != nil {
+	if _, err := n.Node().StopSandbox(ctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: req.Msg.GetId()})); err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "stop sandbox", err))
 	}
 	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
@@ -230,14 +242,14 @@ func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSa
 
 // SetTimeout moves the sandbox's end of life to timeout_seconds from now.
 func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	if err := checkTimeout("timeout_seconds", req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.SetTimeout(ctx, connect.NewRequest(&nodev1.SetTimeoutRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	resp, err := n.Node().SetTimeout(ctx, connect.NewRequest(&nodev1.SetTimeoutRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "set timeout", err))
 	}
@@ -247,14 +259,14 @@ func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTime
 // SetNetwork replaces a running sandbox's network policy. The node checks
 // the rules (it knows its rule sets); bad rules change nothing.
 func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
-	n, err := s.nodeFor("id", req.Msg.GetId())
+	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	if err := checkNetworkPolicy(ctx, req.Msg.GetNetwork()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
-	resp, err := n.client.SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
+	resp, err := n.Node().SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
 	if err != nil {
 		return nil, errdefs.ToConnect(remoteErr(ctx, "set network", err))
 	}
@@ -275,15 +287,18 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.List
 		wg  sync.WaitGroup
 	)
 	for _, st := range view {
-		n, ok := s.nodes[st.GetNodeId()]
-		if !ok || !st.GetHealthy() {
+		if !st.GetHealthy() {
+			continue
+		}
+		n, err := s.nodes.Get(ctx, st.GetNodeId())
+		if err != nil {
 			continue
 		}
 		defBackend := st.GetInfo().GetDefaultBackend()
 		wg.Go(func() {
-			resp, err := n.client.ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
+			resp, err := n.Node().ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
 			if err != nil {
-				log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.id), log.Err(err))
+				log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.ID()), log.Err(err))
 				return
 			}
 			mu.Lock()

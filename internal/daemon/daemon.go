@@ -16,6 +16,7 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // Paths inside the data dir.
@@ -48,6 +49,16 @@ func h2cClient() *http.Client {
 	t.Protocols.SetUnencryptedHTTP2(true)
 	t.MaxIdleConnsPerHost = 64
 	return &http.Client{Transport: t}
+}
+
+// nodeDirectory is the config's nodes[] as the node directory of the
+// apiserver, the watcher and the E2B gateway.
+func nodeDirectory(cfg config.Config) (*nodeclient.StaticDirectory, error) {
+	infos := make([]nodeclient.NodeInfo, len(cfg.Nodes))
+	for i, n := range cfg.Nodes {
+		infos[i] = nodeclient.NodeInfo{ID: n.ID, Addr: n.Address}
+	}
+	return nodeclient.NewStaticDirectory(infos...)
 }
 
 // loadKey loads (or, on the first start, creates) the token-signing key.

@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"strings"
 
@@ -45,21 +44,21 @@ func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- str
 	hc := h2cClient()
 	api := opendsecv1connect.NewSandboxServiceClient(hc, strings.TrimRight(apiAddr, "/"),
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
-	// Port tunnels need HTTP/1.1 (HTTP/2 has no Upgrade).
-	tunnel := http.DefaultTransport.(*http.Transport).Clone()
-	tunnel.Protocols = new(http.Protocols)
-	tunnel.Protocols.SetHTTP1(true)
+	nodes, err := nodeDirectory(cfg)
+	if err != nil {
+		return err
+	}
 	secret := hmac.New(sha256.New, key)
 	secret.Write([]byte("opendsec e2b envd access tokens"))
 	gw, err := e2b.New(e2b.Config{
-		API:        api,
-		Keys:       e2bKeys(cfg),
-		Nodes:      cfg.Nodes,
-		NodeClient: auth.ClientFrom(hc, nodeTok),
-		NodeTunnel: auth.ClientFrom(&http.Client{Transport: tunnel}, nodeTok),
-		Secret:     secret.Sum(nil),
-		Domain:     cfg.E2B.Domain,
-		Templates:  cfg.E2B.Templates,
+		API:            api,
+		Keys:           e2bKeys(cfg),
+		Nodes:          nodes,
+		NodeHTTPClient: hc,
+		NodeTokens:     nodeTok,
+		Secret:         secret.Sum(nil),
+		Domain:         cfg.E2B.Domain,
+		Templates:      cfg.E2B.Templates,
 	})
 	if err != nil {
 		return fmt.Errorf("e2b gateway: %w", err)

@@ -186,7 +186,11 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 	if err != nil {
 		return err
 	}
-	w := watcher.NewWithTokens(cfg.Watcher, cfg.Nodes, h2cClient(), tok)
+	nodes, err := nodeDirectory(cfg)
+	if err != nil {
+		return err
+	}
+	w := watcher.NewWithTokens(cfg.Watcher, nodes, h2cClient(), tok)
 	g.Go(func() error { return w.Run(ctx) })
 	g.Go(func() error {
 		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
@@ -204,11 +208,15 @@ func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan
 	if err != nil {
 		return err
 	}
+	nodes, err := nodeDirectory(cfg)
+	if err != nil {
+		return err
+	}
 	hc := h2cClient()
 	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
 		connect.WithInterceptors(auth.ClientInterceptorFrom(tok)))
 	srv, err := apiserver.New(apiserver.Config{
-		Nodes:      cfg.Nodes,
+		Nodes:      nodes,
 		Watcher:    wc,
 		HTTPClient: hc,
 		NodeTokens: tok,

@@ -15,8 +15,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
-	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -112,6 +113,13 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	// The node address is never dialled by these tests.
+	return newHarnessAt(t, "http://127.0.0.1:1", auth.StaticToken("unused"))
+}
+
+// newHarnessAt is newHarness with node n001 at addr, called with tokens.
+func newHarnessAt(t *testing.T, addr string, tokens auth.TokenSource) *harness {
+	t.Helper()
 	keys := NewKeyStore(filepath.Join(t.TempDir(), "keys.json"))
 	a, err := keys.Create("team-a")
 	if err != nil {
@@ -122,10 +130,12 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	api := newFakeAPI()
-	// The node address is never dialled by these tests.
+	nodes, err := nodeclient.NewStaticDirectory(nodeclient.NodeInfo{ID: "n001", Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
 	gw, err := New(Config{API: api, Keys: keys, Secret: []byte("0123456789abcdef0123"),
-		Nodes:      []config.NodeRef{{ID: "n001", Address: "http://127.0.0.1:1"}},
-		NodeClient: http.DefaultClient, NodeTunnel: http.DefaultClient})
+		Nodes: nodes, NodeTokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,9 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
-	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
@@ -81,14 +81,15 @@ type Config struct {
 	API SandboxAPI
 	// Keys authenticates E2B API keys.
 	Keys *KeyStore
-	// Nodes are where sandbox traffic goes, by the node in the sandbox ID.
-	Nodes []config.NodeRef
-	// NodeClient reaches nodes (h2c or HTTP/1.1) for envd traffic; it must
-	// add a node-scope token (auth.Client). Port tunnels use NodeTunnel.
-	NodeClient *http.Client
-	// NodeTunnel reaches nodes over HTTP/1.1 for Upgrade: tcp port tunnels,
-	// adding a node-scope token.
-	NodeTunnel *http.Client
+	// Nodes says where sandbox traffic goes, by the node in the sandbox ID
+	// (nodeclient.StaticDirectory of the config's nodes[]).
+	Nodes nodeclient.Directory
+	// NodeHTTPClient reaches nodes for envd traffic; nil means
+	// nodeclient.DefaultHTTPClient (h2c). Port tunnels use a copy of its
+	// transport limited to HTTP/1.1.
+	NodeHTTPClient *http.Client
+	// NodeTokens supplies the node-scope token of calls to nodes.
+	NodeTokens auth.TokenSource
 	// Secret derives each sandbox's envd access token (HMAC of its ID).
 	Secret []byte
 	// Domain is returned to SDKs and routes Host <port>-<id>.<Domain>.
@@ -104,7 +105,7 @@ type Config struct {
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.
 type Gateway struct {
 	cfg   Config
-	nodes map[string]string // node ID → base URL
+	nodes *nodeclient.Pool
 	api   http.Handler
 	prom  *promMetrics
 
@@ -131,8 +132,11 @@ func New(cfg Config) (*Gateway, error) {
 	if len(cfg.Secret) < 16 {
 		return nil, errdefs.Invalid("secret", "must be at least 16 bytes")
 	}
-	if cfg.NodeClient == nil || cfg.NodeTunnel == nil {
-		return nil, errdefs.Invalid("node_client", "is nil; give HTTP clients carrying a node token")
+	if cfg.Nodes == nil {
+		return nil, errdefs.Invalid("nodes", "is nil; give a node directory (nodeclient.NewStaticDirectory of the config's nodes)")
+	}
+	if cfg.NodeTokens == nil {
+		return nil, errdefs.Invalid("node_tokens", "is nil; give a source of node-scope tokens")
 	}
 	if cfg.Domain == "" {
 		cfg.Domain = DefaultDomain
@@ -143,12 +147,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Templates == nil {
 		cfg.Templates = map[string]string{DefaultTemplate: DefaultImage}
 	}
-	g := &Gateway{cfg: cfg, nodes: map[string]string{}, cache: map[string]cachedSandbox{}, prom: newPromMetrics()}
-	for i, n := range cfg.Nodes {
-		if err := sandboxid.ValidNode(n.ID); err != nil {
-			return nil, errdefs.Invalid(fmt.Sprintf("nodes[%d].id", i), "%q must be exactly 4 characters of [a-z0-9]", n.ID)
-		}
-		g.nodes[n.ID] = strings.TrimRight(n.Address, "/")
+	g := &Gateway{
+		cfg:   cfg,
+		nodes: nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
+		cache: map[string]cachedSandbox{},
+		prom:  newPromMetrics(),
 	}
 	g.api = g.apiMux()
 	return g, nil

@@ -3,14 +3,13 @@ package e2b
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/kernflux/opendsec/internal/envdsig"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strings"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
-	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // cacheTTL is how long the proxy trusts a sandbox lookup. /health always
@@ -96,14 +95,17 @@ func (g *Gateway) forget(id string) {
 
 // proxy sends a request to port inside sandbox id.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port int) {
-	nodeID, err := sandboxid.Node("sandbox_id", id)
-	if err != nil {
+	node, err := g.nodes.ForSandbox(r.Context(), "sandbox_id", id)
+	switch {
+	case errdefs.IsInvalidArgument(err):
 		http.Error(w, "Invalid sandbox ID", http.StatusBadRequest)
 		return
-	}
-	base, ok := g.nodes[nodeID]
-	if !ok {
+	case errdefs.IsNotFound(err):
 		writeSandboxNotFound(w, id)
+		return
+	case err != nil:
+		log.G(r.Context()).Warn("route sandbox traffic", log.SandboxID(id), log.Err(err))
+		writeError(w, http.StatusBadGateway, "cannot find the node of sandbox %s: %s", id, err.Error())
 		return
 	}
 	if port == EnvdPort && (internalRoutes[r.URL.Path] || strings.HasPrefix(r.URL.Path, "/_opendsec/")) {
@@ -128,7 +130,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 			})
 			return
 		}
-		g.proxyPort(w, r, base, id, port)
+		g.proxyPort(w, r, node, id, port)
 		return
 	}
 	if sec.secure && !health {
@@ -139,11 +141,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			g.rewrite(pr, base, id)
-			pr.Out.URL.Path = "/agent/" + id + pr.In.URL.Path
-			pr.Out.URL.RawPath = ""
+			g.rewrite(pr, node.AgentURL(id, pr.In.URL.Path))
 		},
-		Transport:     g.cfg.NodeClient.Transport,
+		Transport:     node.HTTPClient().Transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			// The node answers for a sandbox that stopped after the lookup.
@@ -165,18 +165,14 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 
 var errSandboxGone = errdefs.New(errdefs.ErrNotFound, "sandbox gone")
 
-// rewrite points an outgoing request at the node and drops what must not
-// reach it: the caller's routing headers and any OpenDsec token (the node
-// client's transport adds the gateway's own).
-func (g *Gateway) rewrite(pr *httputil.ProxyRequest, base, id string) {
+// rewrite points an outgoing request at target (the request's path on the
+// sandbox's agent, through its node; the query stays) and drops what must
+// not reach it: the caller's routing headers and any OpenDsec token (the
+// node client's transport adds the gateway's own).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	u := pr.Out.URL
-	host := strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")
-	u.Scheme = "http"
-	if strings.HasPrefix(base, "https://") {
-		u.Scheme = "https"
-	}
-	u.Host = host
-	pr.Out.Host = host
+	u.Scheme, u.Host, u.Path, u.RawPath = target.Scheme, target.Host, target.Path, target.RawPath
+	pr.Out.Host = target.Host
 	pr.Out.Header.Del(auth.TokenHeader)
 	pr.Out.Header.Del("E2b-Sandbox-Id")
 	pr.Out.Header.Del("E2b-Sandbox-Port")
@@ -214,10 +210,10 @@ func Signature(path, op, username, token, expiration string) string {
 
 // proxyPort forwards a request to a TCP port inside the sandbox through the
 // agent's tunnel (one tunnel per request; upgrades such as WebSocket work).
-func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id string, port int) {
+func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodeclient.Client, id string, port int) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return g.dialPort(ctx, base, id, port)
+			return node.DialPort(ctx, id, port)
 		},
 		DisableKeepAlives:  true,
 		DisableCompression: true,
@@ -237,11 +233,11 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id str
 		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			var ue *unavailableError
-			if port == CodeInterpreterPort && errors.As(err, &ue) {
+			var re *nodeclient.ResponseError
+			if port == CodeInterpreterPort && errors.As(err, &re) && re.StatusCode == http.StatusServiceUnavailable {
 				// The agent says why the interpreter cannot run (no python3
 				// in the image...): 503, not the SDK's "sandbox timeout" 502.
-				writeError(w, http.StatusServiceUnavailable, "%s", ue.msg)
+				writeError(w, http.StatusServiceUnavailable, "%s", re.Message)
 				return
 			}
 			writeJSON(w, http.StatusBadGateway, portClosedBody{
@@ -251,55 +247,6 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, base, id str
 	}
 	rp.ServeHTTP(w, r)
 }
-
-// dialPort opens a raw TCP stream to port inside the sandbox through
-// GET <node>/agent/<id>/_opendsec/port/<port> with Upgrade: tcp.
-func (g *Gateway) dialPort(ctx context.Context, base, id string, port int) (net.Conn, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/agent/%s/_opendsec/port/%d", base, id, port), nil)
-	if err != nil {
-		return nil, fmt.Errorf("tunnel request: %w", err)
-	}
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "tcp")
-	resp, err := g.cfg.NodeTunnel.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("open tunnel to port %d: %w", port, err)
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		var body struct {
-			Message string `json:"message"`
-		}
-		if resp.StatusCode == http.StatusServiceUnavailable && json.Unmarshal(b, &body) == nil && body.Message != "" {
-			return nil, &unavailableError{msg: body.Message}
-		}
-		return nil, errdefs.New(errdefs.ErrUnavailable, "open tunnel to port %d: %s: %s", port, resp.Status, strings.TrimSpace(string(b)))
-	}
-	rwc, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok {
-		resp.Body.Close()
-		return nil, errdefs.New(errdefs.ErrInternal, "open tunnel to port %d: the upgraded connection is not writable", port)
-	}
-	return &tunnelConn{ReadWriteCloser: rwc}, nil
-}
-
-// tunnelConn makes an upgraded HTTP body usable as a net.Conn. Deadlines
-// are not supported; the request context bounds the exchange.
-type tunnelConn struct {
-	io.ReadWriteCloser
-}
-
-type tunnelAddr struct{}
-
-func (tunnelAddr) Network() string { return "tunnel" }
-func (tunnelAddr) String() string  { return "sandbox-port-tunnel" }
-
-func (c *tunnelConn) LocalAddr() net.Addr              { return tunnelAddr{} }
-func (c *tunnelConn) RemoteAddr() net.Addr             { return tunnelAddr{} }
-func (c *tunnelConn) SetDeadline(time.Time) error      { return nil }
-func (c *tunnelConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *tunnelConn) SetWriteDeadline(time.Time) error { return nil }
 
 // signedFileSandbox finds the running secure sandbox whose access token
 // signed the /files URL of r. It costs one list and a hash per sandbox.
@@ -324,10 +271,3 @@ func (g *Gateway) signedFileSandbox(r *http.Request) (string, error) {
 	}
 	return "", errdefs.New(errdefs.ErrUnauthenticated, "invalid signature: no running sandbox signed this URL")
 }
-
-// unavailableError is the agent's 503 for a tunnel: the service behind the
-// port cannot start (the code interpreter without python3, ...).
-type unavailableError struct{ msg string }
-
-func (e *unavailableError) Error() string        { return e.msg }
-func (e *unavailableError) Is(target error) bool { return target == errdefs.ErrUnavailable }

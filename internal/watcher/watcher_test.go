@@ -19,6 +19,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -60,9 +61,24 @@ func startNode(t *testing.T, key []byte, f *fakeNode) string {
 	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(f, connect.WithInterceptors(auth.NewVerifier(key, auth.ScopeNode).Interceptor())))
-	srv := httptest.NewServer(mux)
+	// Like a real node: HTTP/1.1 and cleartext HTTP/2, which the watcher
+	// speaks by default.
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+func directory(t *testing.T, nodes ...nodeclient.NodeInfo) *nodeclient.StaticDirectory {
+	t.Helper()
+	d, err := nodeclient.NewStaticDirectory(nodes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
@@ -75,11 +91,11 @@ func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var refs []config.NodeRef
+	var nodes []nodeclient.NodeInfo
 	for _, n := range f {
-		refs = append(refs, config.NodeRef{ID: n.id, Address: startNode(t, key, n)})
+		nodes = append(nodes, nodeclient.NodeInfo{ID: n.id, Addr: startNode(t, key, n)})
 	}
-	return watcher.New(config.Watcher{PollIntervalMS: 50}, refs, nil, tok), key
+	return watcher.New(config.Watcher{PollIntervalMS: 50}, directory(t, nodes...), nil, tok), key
 }
 
 func byID(nodes []*watcherv1.NodeStatus, id string) *watcherv1.NodeStatus {
@@ -147,7 +163,7 @@ func TestWrongNodeID(t *testing.T) {
 	a := &fakeNode{id: "n009", healthy: true}
 	w, _ := setup(t, a)
 	// Configure it under another ID: the watcher must not trust it.
-	w2 := watcher.New(config.Watcher{PollIntervalMS: 50}, []config.NodeRef{{ID: "n001", Address: w.Nodes()[0].GetAddress()}}, nil, "")
+	w2 := watcher.New(config.Watcher{PollIntervalMS: 50}, directory(t, nodeclient.NodeInfo{ID: "n001", Addr: w.Nodes()[0].GetAddress()}), nil, "")
 	w2.Poll(t.Context())
 	if n := w2.Nodes()[0]; n.GetHealthy() {
 		t.Fatalf("node with mismatched id marked healthy: %v", n)
@@ -194,5 +210,86 @@ func TestRunServesListNodes(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// movingDirectory is a node directory whose nodes the test changes, as
+// registration will.
+type movingDirectory struct {
+	mu    sync.Mutex
+	nodes []nodeclient.NodeInfo
+	fail  error
+}
+
+func (d *movingDirectory) set(fail error, nodes ...nodeclient.NodeInfo) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nodes, d.fail = nodes, fail
+}
+
+func (d *movingDirectory) Lookup(ctx context.Context, id string) (nodeclient.NodeInfo, error) {
+	nodes, err := d.List(ctx)
+	for _, n := range nodes {
+		if n.ID == id {
+			return n, nil
+		}
+	}
+	if err == nil {
+		err = errors.New("node " + id + " is not registered")
+	}
+	return nodeclient.NodeInfo{}, err
+}
+
+func (d *movingDirectory) List(context.Context) ([]nodeclient.NodeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]nodeclient.NodeInfo(nil), d.nodes...), d.fail
+}
+
+// TestPollFollowsTheDirectory: every poll reads the directory, so a node
+// that joins is polled, one that leaves drops out of the view, one that
+// moves is polled at its new address, and a directory that cannot answer
+// leaves the view as it was.
+func TestPollFollowsTheDirectory(t *testing.T) {
+	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := auth.Issue(key, "watcher", auth.ScopeNode, time.Hour)
+	a := nodeclient.NodeInfo{ID: "n001", Addr: startNode(t, key, &fakeNode{id: "n001", healthy: true})}
+	b := nodeclient.NodeInfo{ID: "n002", Addr: startNode(t, key, &fakeNode{id: "n002", healthy: true})}
+	d := &movingDirectory{}
+	d.set(nil, a)
+	w := watcher.New(config.Watcher{PollIntervalMS: 50}, d, nil, tok)
+	ids := func() (out []string) {
+		for _, n := range w.Nodes() {
+			h := "down"
+			if n.GetHealthy() {
+				h = "up"
+			}
+			out = append(out, n.GetNodeId()+"@"+n.GetAddress()+" "+h)
+		}
+		return out
+	}
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n001@"+a.Addr+" up" {
+		t.Fatalf("view %v, want n001 up", got)
+	}
+	d.set(nil, a, b)
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 2 || got[1] != "n002@"+b.Addr+" up" {
+		t.Fatalf("after n002 joined: %v", got)
+	}
+	// n002 moves to where n001 listens: it answers as n001 there, so it
+	// is down at its new address; n001 leaves.
+	d.set(nil, nodeclient.NodeInfo{ID: "n002", Addr: a.Addr})
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n002@"+a.Addr+" down" {
+		t.Fatalf("after n001 left and n002 moved: %v", got)
+	}
+	d.set(errors.New("registry down"))
+	w.Poll(t.Context())
+	if got := ids(); len(got) != 1 || got[0] != "n002@"+a.Addr+" down" {
+		t.Fatalf("directory down: %v, want the last view", got)
 	}
 }

@@ -1,0 +1,157 @@
+package e2b
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/auth"
+)
+
+// trafficNode stands in for node n001's agent proxy over HTTP/1.1 and h2c
+// on loopback: it checks the gateway's node token, answers envd's /health,
+// and serves the agent's port tunnel (a real HTTP/1.1 Upgrade) to a
+// loopback HTTP server standing in for port 8000 inside the sandbox. Port
+// 49999 answers the agent's 503 for a service that cannot start.
+type trafficNode struct {
+	url string
+
+	mu   sync.Mutex
+	seen []string // "<proto> <path> <caller's token if it leaked>" of each request
+}
+
+func newTrafficNode(t *testing.T) (*trafficNode, auth.TokenSource) {
+	t.Helper()
+	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := auth.Issue(key, "e2b-gateway", auth.ScopeNode, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "port 8000 got %s %s host=%s", r.Method, r.URL.RequestURI(), r.Host)
+	}))
+	t.Cleanup(app.Close)
+
+	n := &trafficNode{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.mu.Lock()
+		leak := ""
+		if strings.Contains(r.Header.Get("Authorization")+r.Header.Get(auth.TokenHeader), "the-callers-own") {
+			leak = "caller's token"
+		}
+		n.seen = append(n.seen, fmt.Sprintf("%s %s %s", r.Proto, r.URL.Path, leak))
+		n.mu.Unlock()
+		_, sub, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/agent/"), "/")
+		switch sub {
+		case "health":
+			w.WriteHeader(http.StatusNoContent)
+		case "_opendsec/port/49999":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"code": 503, "message": "python3 is not in the image"})
+		case "_opendsec/port/8000":
+			up, err := net.Dial("tcp", app.Listener.Addr().String())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			defer up.Close()
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+			brw.Flush()
+			go io.Copy(up, brw)
+			io.Copy(conn, up)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			json.NewEncoder(w).Encode(map[string]any{"code": 502, "message": "port is not open"})
+		}
+	})
+	srv := httptest.NewUnstartedServer(auth.NewVerifier(key, auth.ScopeNode).Middleware(h))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	n.url = srv.URL
+	return n, auth.StaticToken(tok)
+}
+
+func (n *trafficNode) requests() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.seen...)
+}
+
+// TestProxyReachesTheSandboxThroughItsNode: envd traffic goes to the
+// node's agent path over h2c with the gateway's node token (the caller's
+// own bearer token stripped), user ports through a real tunnel over
+// HTTP/1.1, and refusals map to E2B's answers.
+func TestProxyReachesTheSandboxThroughItsNode(t *testing.T) {
+	node, tokens := newTrafficNode(t)
+	h := newHarnessAt(t, node.url, tokens)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	id := m["sandboxID"].(string)
+
+	send := func(host, sandbox, port, path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Host = host
+		if sandbox != "" {
+			req.Header.Set("E2b-Sandbox-Id", sandbox)
+			req.Header.Set("E2b-Sandbox-Port", port)
+		}
+		req.Header.Set("Authorization", "Bearer the-callers-own")
+		w := httptest.NewRecorder()
+		h.gw.ServeHTTP(w, req)
+		return w
+	}
+
+	if w := send("api.opendsec.local", id, "49983", "/health"); w.Code != http.StatusNoContent {
+		t.Fatalf("envd /health: %d %s", w.Code, w.Body)
+	}
+	if got, want := node.requests(), "HTTP/2.0 /agent/"+id+"/health "; len(got) != 1 || got[0] != want {
+		t.Fatalf("node saw %q, want [%q]", got, want)
+	}
+
+	w := send("8000-"+id+".opendsec.local", "", "", "/hello?x=1")
+	if w.Code != http.StatusOK || w.Body.String() != "port 8000 got GET /hello?x=1 host=8000-"+id+".opendsec.local" {
+		t.Fatalf("port 8000 by host: %d %q", w.Code, w.Body)
+	}
+	if got := node.requests(); len(got) != 2 || got[1] != "HTTP/1.1 /agent/"+id+"/_opendsec/port/8000 " {
+		t.Fatalf("node saw %q, want the tunnel over HTTP/1.1 second", got)
+	}
+
+	w = send("49999-"+id+".opendsec.local", "", "", "/contexts")
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "python3 is not in the image") {
+		t.Fatalf("interpreter that cannot start: %d %s; want the agent's 503 and reason", w.Code, w.Body)
+	}
+	w = send("9-"+id+".opendsec.local", "", "", "/")
+	if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "port is not open") {
+		t.Fatalf("closed port: %d %s", w.Code, w.Body)
+	}
+
+	// A sandbox of a node the directory does not know never reaches a node.
+	before := len(node.requests())
+	w = send("api.opendsec.local", "n009"+id[4:], "49983", "/health")
+	if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("unknown node: %d %s", w.Code, w.Body)
+	}
+	if len(node.requests()) != before {
+		t.Fatal("a sandbox of an unknown node was sent to node n001")
+	}
+}
