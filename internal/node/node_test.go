@@ -365,6 +365,14 @@ func (r *blockingRuntime) Stop(_ context.Context, id string, _ runtime.StopOptio
 
 func (r *blockingRuntime) Delete(context.Context, string) error { return nil }
 
+// ValidateOptions accepts no options.
+func (r *blockingRuntime) ValidateOptions(opts map[string]string) error {
+	for k := range opts {
+		return errdefs.Invalid("backend_options."+k, "no options here")
+	}
+	return nil
+}
+
 // Wait blocks: init never ends on its own here.
 func (r *blockingRuntime) Wait(ctx context.Context, _ string) (runtime.ExitStatus, error) {
 	<-ctx.Done()

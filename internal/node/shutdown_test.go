@@ -29,6 +29,9 @@ type slowCreateRuntime struct {
 
 func (r *slowCreateRuntime) Info() runtime.Info { return runtime.Info{Name: "fake"} }
 
+// ValidateOptions accepts no options.
+func (r *slowCreateRuntime) ValidateOptions(map[string]string) error { return nil }
+
 // Wait blocks: init never ends on its own here.
 func (r *slowCreateRuntime) Wait(ctx context.Context, _ string) (runtime.ExitStatus, error) {
 	<-ctx.Done()
