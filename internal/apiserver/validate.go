@@ -30,9 +30,8 @@ func normalizeSpec(in *v1.SandboxSpec) (*v1.SandboxSpec, error) {
 	if s, err = sandboxspec.Normalize(s); err != nil {
 		return nil, err
 	}
-	if err := sandboxspec.CheckKnownBackend(s.Backend); err != nil {
-		return nil, err
-	}
+	// Which backends exist is the nodes' word: placement refuses one no
+	// node offers, naming those that are (backends register per build).
 	return specpb.ToProto(s), nil
 }
 

@@ -55,10 +55,6 @@ const (
 	MaxBackendOptionValueLen = 4096
 )
 
-// KnownBackends are the backend names OpenDsec has; which ones a node
-// offers is the node's (and placement's) business, see CheckFits.
-var KnownBackends = []string{"container", "microvm", "vm", "gvisor"}
-
 var (
 	backendRe   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 	userRe      = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -140,7 +136,7 @@ func Normalize(s Spec) (Spec, error) {
 		return Spec{}, errdefs.Invalid("image", "%q is not an image name; e.g. root/py:3.11", s.Image)
 	}
 	if s.Backend != "" && !backendRe.MatchString(s.Backend) {
-		return Spec{}, errdefs.Invalid("backend", "%q is not a backend name; known: %s (empty means the node default)", s.Backend, strings.Join(KnownBackends, ", "))
+		return Spec{}, errdefs.Invalid("backend", "%q is not a backend name: lowercase letters, digits, '-' and '_', e.g. container (empty means the node default)", s.Backend)
 	}
 	switch {
 	case math.IsNaN(s.CPU) || math.IsInf(s.CPU, 0) || s.CPU < 0:
@@ -213,15 +209,6 @@ func MemoryTooSmall(mb int64) error {
 	return errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", mb, MinMemoryMB, DefaultMemoryMB)
 }
 
-// CheckKnownBackend refuses a backend name OpenDsec does not have (empty is
-// fine: the node's default). The apiserver checks it for a friendlier
-// message than "no node offers it"; nodes check only their own backends.
-func CheckKnownBackend(name string) error {
-	if name != "" && !slices.Contains(KnownBackends, name) {
-		return errdefs.Invalid("backend", "%q is unknown; known: %s (empty means the node default)", name, strings.Join(KnownBackends, ", "))
-	}
-	return nil
-}
 
 // CheckEnv validates environment variables (spec env, exec env).
 func CheckEnv(field string, env map[string]string) error {
