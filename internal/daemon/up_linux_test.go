@@ -123,6 +123,12 @@ type upSystem struct {
 // the network policy (and its DNS proxy) in a namespace of its own.
 func startUp(t *testing.T, withNetwork bool) *upSystem {
 	t.Helper()
+	return startUpWith(t, withNetwork, nil)
+}
+
+// startUpWith is startUp with a last word on the config.
+func startUpWith(t *testing.T, withNetwork bool, mutate func(*config.Config)) *upSystem {
+	t.Helper()
 	dd := t.TempDir()
 	agent := filepath.Join(dd, "agent")
 	for _, p := range []string{agent, filepath.Join(dd, "opendsec-init")} {
@@ -145,6 +151,9 @@ func startUp(t *testing.T, withNetwork bool) *upSystem {
 		cfg.Node.Network.NodeNetNS = s.nodeNS
 		cfg.Node.Network.NetNSDir = filepath.Join(dd, "netns")
 		cfg.Node.Network.Pool = "100.100.0.0/24"
+	}
+	if mutate != nil {
+		mutate(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
