@@ -15,6 +15,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/runtime/runtimefake"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
@@ -58,6 +59,34 @@ func (i images) Hold(_ context.Context, name, holder string) (runtime.Image, err
 type fixture struct {
 	cfg Config
 	rt  *container.Runtime
+	// fake is the backend when the fixture runs on the fake (no root);
+	// rt is nil then.
+	fake *runtimefake.Runtime
+}
+
+// backend is the fixture's backend, fake or container.
+func (f *fixture) backend() runtime.Runtime {
+	if f.fake != nil {
+		return f.fake
+	}
+	return f.rt
+}
+
+// newFakeFixture is a node over the fake backend: no root, no runc. Tests
+// of the node's own logic (admission, idempotency, timeouts, the reaper)
+// use it; those of what a real sandbox does use newFixture.
+func newFakeFixture(t *testing.T) *fixture {
+	rt := runtimefake.New(runtimefake.Config{StateRoot: "node-test-" + sandboxid.New("fake")})
+	return &fixture{fake: rt, cfg: Config{
+		ID:             "t001",
+		StateDir:       t.TempDir(),
+		Backends:       map[string]runtime.Runtime{runtimefake.Name: rt},
+		DefaultBackend: runtimefake.Name,
+		Images:         images{layer: t.TempDir(), mu: new(sync.Mutex), holds: map[string]bool{}},
+		CPU:            4,
+		MemoryMB:       4096,
+		ReapInterval:   50 * time.Millisecond,
+	}}
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -108,6 +137,13 @@ func (f *fixture) create(t *testing.T, n *Node, s specRecord) *record {
 
 func echo(t *testing.T, f *fixture, id string) string {
 	t.Helper()
+	if f.fake != nil {
+		// No processes in a fake sandbox: its agent answering is the echo.
+		if code, err := runtimetest.Health(t.Context(), f.fake, id); err != nil || code != 204 {
+			t.Fatalf("health of %s: %d %v", id, code, err)
+		}
+		return "ok\n"
+	}
 	r, err := runtimetest.Run(t.Context(), f.rt, id, "", "/bin/sh", "-c", "echo ok")
 	if err != nil {
 		t.Fatalf("exec in %s: %v", id, err)
@@ -147,7 +183,7 @@ func TestCreateStopLeavesNothing(t *testing.T) {
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	cases := []struct {
 		field string
@@ -185,7 +221,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 }
 
 func TestIdempotentCreate(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	var wg sync.WaitGroup
 	ids := make([]string, 4)
@@ -216,7 +252,7 @@ func TestIdempotentCreate(t *testing.T) {
 }
 
 func TestAdmissionRefusesOverCapacity(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	f.cfg.MemoryMB = 600
 	n := f.open(t)
 	f.create(t, n, specRecord{MemoryMB: 400})
@@ -242,7 +278,7 @@ func waitGone(t *testing.T, n *Node, id string, within time.Duration) {
 }
 
 func TestLifetimeTimeout(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{TimeoutSec: 1})
 	keep := f.create(t, n, specRecord{TimeoutSec: 60})
@@ -256,7 +292,7 @@ func TestLifetimeTimeout(t *testing.T) {
 }
 
 func TestSetTimeoutExtends(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{TimeoutSec: 1})
 	if _, err := n.SetTimeout(t.Context(), rec.ID, 60); err != nil {
@@ -272,7 +308,7 @@ func TestSetTimeoutExtends(t *testing.T) {
 }
 
 func TestIdleTimeout(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{IdleSec: 1})
 	busy := f.create(t, n, specRecord{IdleSec: 1})
