@@ -187,7 +187,7 @@ func (r *report) markdown() string {
 		name string
 		s    series
 	}{
-		{"`Setup`: netns, veth pair, /31, routes, nftables chains + map entries, state file", r.setup},
+		{"`Setup`: netns, veth pair, guest address + /31, neighbours, routes, NAT in the netns, nftables chains + map entries, state file", r.setup},
 		{fmt.Sprintf("`SetRules`: replace the rules atomically and cut flows no longer allowed; %d conntrack entries on the node", r.ctBefore), r.change},
 		{fmt.Sprintf("`SetRules` again after the TCP phase: %d conntrack entries on the node", r.ctAfter), r.changeFull},
 		{"`Teardown`: chains, map entries, veth, netns, address, state", r.down},

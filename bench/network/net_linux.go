@@ -455,7 +455,7 @@ func run(ctx context.Context, c config) (_ *report, err error) {
 	paths := []path{
 		{res: &pathResult{name: "direct veth", what: "client netns ↔ veth ↔ server netns; no node, no nftables"}, ns: direct, addr: directSrv},
 		{res: &pathResult{name: "routed, unpoliced", what: "client netns ↔ veth ↔ node netns (routing, forwarding; the opendsec table's base chains miss) ↔ veth ↔ server"}, ns: routed, addr: inetAddr},
-		{res: &pathResult{name: "sandbox, policed", what: "netpolicy sandbox: veth ↔ node (sandbox chains: anti-spoof, allow rule, protected destinations; masquerade) ↔ veth ↔ server"}, ns: sb.NetNSPath, addr: inetAddr},
+		{res: &pathResult{name: "sandbox, policed", what: "netpolicy sandbox: guest address, SNAT to its host address in its netns ↔ veth ↔ node (sandbox chains: anti-spoof, allow rule, protected destinations; masquerade) ↔ veth ↔ server"}, ns: sb.NetNSPath, addr: inetAddr},
 	}
 	for _, p := range paths {
 		r.paths = append(r.paths, p.res)

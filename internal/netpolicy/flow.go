@@ -70,11 +70,11 @@ func (p flowPolicy) allows(dst netip.Addr, proto uint8, port uint16, now time.Ti
 }
 
 // nodeOwned reports whether dst is one of the node's own addresses in the
-// pool: the DNS proxy's, or the node end (even address) of a sandbox's /31.
-// Only rule sets open those; nftables drops them (fib local) before a
-// caller's rules.
+// pool (the DNS proxy's, or the node end, even address, of a sandbox's /31)
+// or in the guest's /30 (its gateway stands for the node). Only rule sets
+// open those; nftables drops them before a caller's rules.
 func (p flowPolicy) nodeOwned(dst netip.Addr) bool {
-	return dst == p.dns || p.pool.Contains(dst) && dst.Is4() && dst.As4()[3]%2 == 0
+	return dst == p.dns || guestPrefix.Masked().Contains(dst) || p.pool.Contains(dst) && dst.Is4() && dst.As4()[3]%2 == 0
 }
 
 // linkLocal holds cloud metadata services (169.254.169.254).

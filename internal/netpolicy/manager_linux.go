@@ -23,31 +23,16 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 )
 
-const (
-	hostIfPrefix = "od"
-	sandboxIf    = "eth0"
-)
-
-// Network is what the backend needs to put a sandbox on its network.
-type Network struct {
-	ID string
-	// NetNSPath is the namespace to join (OCI linux.namespaces type
-	// "network", path NetNSPath).
-	NetNSPath string
-	// HostIf is the node-side veth.
-	HostIf string
-	// Addr is the sandbox's address (on eth0, /31), Gateway the node side.
-	Addr    netip.Addr
-	Gateway netip.Addr
-	// DNS is the resolver to write into the sandbox's /etc/resolv.conf.
-	DNS netip.Addr
-}
+const hostIfPrefix = "od"
 
 // persisted is a sandbox's state file.
 type persisted struct {
 	ID    string `json:"id"`
 	Index int    `json:"index"`
 	Rules Rules  `json:"rules"`
+	// Mode is how the guest attaches; empty in state written before modes
+	// existed, which means veth.
+	Mode Mode `json:"mode,omitempty"`
 	// DomainSets is how many domain sets the installed rules use.
 	DomainSets int `json:"domain_sets"`
 }
@@ -159,7 +144,8 @@ func (m *Manager) Close() error {
 	return err
 }
 
-// DNSAddr is the resolver address sandboxes use.
+// DNSAddr is the DNS proxy's address on the node. Guests ask their gateway
+// (Network.DNS), which their namespace forwards here.
 func (m *Manager) DNSAddr() netip.Addr { return m.alloc.dnsAddr() }
 
 // ensureDNSLink puts the DNS proxy's address on the node's loopback (not
@@ -187,11 +173,21 @@ func HostIfName(id string) string {
 	return hostIfPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(h[:]))[:13]
 }
 
-// Planned returns the namespace path and resolver that Setup gives id, so a
-// caller can prepare the container's config while Setup runs. Nothing else
-// of the result is known before Setup.
-func (m *Manager) Planned(id string) Network {
-	return Network{ID: id, NetNSPath: m.nsPath(id), DNS: m.alloc.dnsAddr()}
+// Planned returns what Setup will give id in veth mode, except HostAddr and
+// HostGateway, so a caller can prepare the container's config while Setup
+// runs.
+func (m *Manager) Planned(id string) Network { return m.PlannedWith(id, SetupOptions{}) }
+
+// PlannedWith is Planned for the given options (an invalid mode plans veth;
+// SetupWith refuses it).
+func (m *Manager) PlannedWith(id string, opts SetupOptions) Network {
+	mode, err := opts.mode()
+	if err != nil {
+		mode = ModeVeth
+	}
+	n := guestNetwork(id, m.nsPath(id), mode)
+	n.HostIf = HostIfName(id)
+	return n
 }
 
 func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, id) }
@@ -211,9 +207,10 @@ func validID(id string) error {
 	return nil
 }
 
-func (m *Manager) netOf(id string, index int) Network {
-	gw, sb := m.alloc.pair(index)
-	return Network{ID: id, NetNSPath: m.nsPath(id), HostIf: HostIfName(id), Addr: sb, Gateway: gw, DNS: m.alloc.dnsAddr()}
+func (m *Manager) netOf(id string, index int, mode Mode) Network {
+	n := m.PlannedWith(id, SetupOptions{Mode: mode})
+	n.HostGateway, n.HostAddr = m.alloc.pair(index)
+	return n
 }
 
 func (m *Manager) writeState(st persisted) error {
@@ -256,8 +253,8 @@ func (m *Manager) load() error {
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
-			sb.net = m.netOf(id, st.Index)
-			m.byAddr[sb.net.Addr] = sb
+			sb.net = m.netOf(id, st.Index, st.Mode)
+			m.byAddr[sb.net.HostAddr] = sb
 		}
 	}
 	return nil
@@ -271,11 +268,23 @@ func (m *Manager) defaults(r Rules) Rules {
 	return r
 }
 
-// Setup creates the sandbox's network namespace at NetNSPath, its veth,
-// address and route, and installs rules (the node's default rule sets when
-// rules is the zero value). On error nothing is left behind.
+// Setup is SetupWith in veth mode.
 func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, error) {
+	return m.SetupWith(ctx, id, rules, SetupOptions{})
+}
+
+// SetupWith creates the sandbox's network namespace at NetNSPath with the
+// guest configuration every sandbox has, its veth to the node with the
+// sandbox's own host address, the NAT between the two, and installs rules
+// (the node's default rule sets when rules is the zero value). In tap mode
+// the guest configuration is for a VM behind tap0. On error nothing is
+// left behind.
+func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts SetupOptions) (Network, error) {
 	if err := validID(id); err != nil {
+		return Network{}, err
+	}
+	mode, err := opts.mode()
+	if err != nil {
 		return Network{}, err
 	}
 	rules = m.defaults(rules)
@@ -301,9 +310,9 @@ func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, e
 		m.mu.Unlock()
 		return Network{}, err
 	}
-	sb.st = persisted{ID: id, Index: idx, Rules: rules, DomainSets: len(domainRules(resolved))}
+	sb.st = persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: len(domainRules(resolved))}
 	sb.rules = resolved
-	sb.net = m.netOf(id, idx)
+	sb.net = m.netOf(id, idx, mode)
 	if err := m.setup(ctx, sb); err != nil {
 		cctx := context.WithoutCancel(ctx)
 		if terr := m.teardown(cctx, sb); terr != nil {
@@ -315,7 +324,7 @@ func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, e
 		return Network{}, fmt.Errorf("set up network of sandbox %s: %w", id, err)
 	}
 	m.mu.Lock()
-	m.byAddr[sb.net.Addr] = sb
+	m.byAddr[sb.net.HostAddr] = sb
 	m.mu.Unlock()
 	return sb.net, nil
 }
@@ -328,7 +337,9 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	n := sb.net
+	tap := n.Mode == ModeTap
 	err := createNetNS(n.NetNSPath, func() error {
+		// Set before any interface exists, so every one inherits it.
 		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
 			return err
 		}
@@ -341,6 +352,18 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		}
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("set lo up: %w", err)
+		}
+		if !tap {
+			return nil
+		}
+		// The namespace routes between the VM and the node.
+		if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+		// A tap is made by an ioctl in the calling thread's namespace.
+		t := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: tapIf}, Mode: netlink.TUNTAP_MODE_TAP, Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR}
+		if err := netlink.LinkAdd(t); err != nil {
+			return fmt.Errorf("add tap: %w", err)
 		}
 		return nil
 	})
@@ -355,10 +378,17 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("open netns: %w", err)
 	}
 	defer ns.Close()
+	// Both ends have fixed MACs and permanent neighbour entries for each
+	// other: nothing on the veth ever waits for ARP.
+	ethMAC := guestMAC
+	if tap {
+		ethMAC = transportMAC
+	}
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID},
-		PeerName:      sandboxIf,
-		PeerNamespace: netlink.NsFd(int(ns)),
+		LinkAttrs:        netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID, HardwareAddr: hw(gatewayMAC)},
+		PeerName:         sandboxIf,
+		PeerHardwareAddr: hw(ethMAC),
+		PeerNamespace:    netlink.NsFd(int(ns)),
 	}
 	if err := m.nl.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add veth: %w", err)
@@ -370,8 +400,11 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
 		return fmt.Errorf("label veth: %w", err)
 	}
-	if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.Gateway, 31))}); err != nil {
+	if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
 		return fmt.Errorf("address veth: %w", err)
+	}
+	if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
+		return fmt.Errorf("add neighbour of veth: %w", err)
 	}
 	if err := m.nl.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set veth up: %w", err)
@@ -385,14 +418,16 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if err != nil {
 		return fmt.Errorf("find sandbox veth: %w", err)
 	}
-	if err := in.AddrAdd(peer, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.Addr, 31))}); err != nil {
-		return fmt.Errorf("address sandbox veth: %w", err)
+	if tap {
+		err = m.setupTapSide(in, peer, n)
+	} else {
+		err = m.setupVethSide(in, peer)
 	}
-	if err := in.LinkSetUp(peer); err != nil {
-		return fmt.Errorf("set sandbox veth up: %w", err)
+	if err != nil {
+		return err
 	}
-	if err := in.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: n.Gateway.AsSlice()}); err != nil {
-		return fmt.Errorf("add default route: %w", err)
+	if err := m.setupNAT(ns, n); err != nil {
+		return err
 	}
 	if err := m.apply(sb, 0, true); err != nil {
 		return err
@@ -404,6 +439,62 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	return waitOperUp(ctx, m.nl, n.HostIf)
+}
+
+func permanentNeigh(l netlink.Link, ip netip.Addr, mac [6]byte) *netlink.Neigh {
+	return &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw(mac)}
+}
+
+// setupVethSide gives eth0 the guest configuration: the guest lives in the
+// namespace.
+func (m *Manager) setupVethSide(in *netlink.Handle, eth netlink.Link) error {
+	if err := in.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(guestPrefix)}); err != nil {
+		return fmt.Errorf("address sandbox veth: %w", err)
+	}
+	if err := in.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("set sandbox veth up: %w", err)
+	}
+	// The gateway is the node's end of the veth, which holds no guest
+	// address: only its MAC answers for it.
+	if err := in.NeighSet(permanentNeigh(eth, guestGateway, gatewayMAC)); err != nil {
+		return fmt.Errorf("add gateway neighbour: %w", err)
+	}
+	if err := in.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: guestGateway.AsSlice()}); err != nil {
+		return fmt.Errorf("add default route: %w", err)
+	}
+	return nil
+}
+
+// setupTapSide makes the namespace the VM's router: tap0 is the guest's
+// gateway, eth0 (no address of its own) leads to the node.
+func (m *Manager) setupTapSide(in *netlink.Handle, eth netlink.Link, n Network) error {
+	if err := in.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("set sandbox veth up: %w", err)
+	}
+	if err := in.NeighSet(permanentNeigh(eth, n.HostGateway, gatewayMAC)); err != nil {
+		return fmt.Errorf("add node neighbour: %w", err)
+	}
+	if err := in.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: n.HostGateway.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+		return fmt.Errorf("add default route: %w", err)
+	}
+	t, err := in.LinkByName(tapIf)
+	if err != nil {
+		return fmt.Errorf("find tap: %w", err)
+	}
+	if err := in.LinkSetHardwareAddr(t, hw(gatewayMAC)); err != nil {
+		return fmt.Errorf("set tap mac: %w", err)
+	}
+	if err := in.AddrAdd(t, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(guestGateway, guestPrefix.Bits()))}); err != nil {
+		return fmt.Errorf("address tap: %w", err)
+	}
+	if err := in.NeighSet(permanentNeigh(t, guestPrefix.Addr(), guestMAC)); err != nil {
+		return fmt.Errorf("add guest neighbour: %w", err)
+	}
+	// Without a VM attached the tap has no carrier; it is up all the same.
+	if err := in.LinkSetUp(t); err != nil {
+		return fmt.Errorf("set tap up: %w", err)
+	}
+	return nil
 }
 
 func waitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
@@ -438,7 +529,7 @@ func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	return m.nft.applySandbox(sandboxSpec{
-		id: sb.st.ID, hostIf: sb.net.HostIf, addr: sb.net.Addr, rules: sb.rules,
+		id: sb.st.ID, hostIf: sb.net.HostIf, addr: sb.net.HostAddr, rules: sb.rules,
 		oldDomainSets: oldSets, flushSets: flush, seed: live,
 	}, now)
 }
@@ -476,7 +567,7 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
 	// deleting their conntrack entries, so "established" no longer lets
 	// them through; allowed ones keep their entries (and NAT mappings).
 	pol := m.policyOf(sb)
-	m.flushConntrack(ctx, sb.net.Addr, func(dst netip.Addr, proto uint8, port uint16) bool {
+	m.flushConntrack(ctx, sb.net.HostAddr, func(dst netip.Addr, proto uint8, port uint16) bool {
 		return !pol.allows(dst, proto, port, time.Now())
 	})
 	return nil
@@ -567,8 +658,8 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	}
 	m.mu.Lock()
 	delete(m.sandboxes, id)
-	if m.byAddr[sb.net.Addr] == sb {
-		delete(m.byAddr, sb.net.Addr)
+	if m.byAddr[sb.net.HostAddr] == sb {
+		delete(m.byAddr, sb.net.HostAddr)
 	}
 	m.mu.Unlock()
 	return nil
@@ -588,8 +679,8 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 		}
 	}
 	errs = append(errs, removeNetNS(m.nsPath(id)))
-	if sb.net.Addr.IsValid() {
-		m.flushConntrack(ctx, sb.net.Addr, func(netip.Addr, uint8, uint16) bool { return true })
+	if sb.net.HostAddr.IsValid() {
+		m.flushConntrack(ctx, sb.net.HostAddr, func(netip.Addr, uint8, uint16) bool { return true })
 	}
 	if sb.st.Index > 0 {
 		errs = append(errs, m.alloc.release(sb.st.Index, id))

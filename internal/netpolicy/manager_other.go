@@ -4,20 +4,9 @@ package netpolicy
 
 import (
 	"context"
-	"net/netip"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
-
-// Network is what the backend needs to put a sandbox on its network.
-type Network struct {
-	ID        string
-	NetNSPath string
-	HostIf    string
-	Addr      netip.Addr
-	Gateway   netip.Addr
-	DNS       netip.Addr
-}
 
 // RecoverReport says what Recover did.
 type RecoverReport struct {
@@ -36,11 +25,19 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) { re
 // Close does nothing.
 func (m *Manager) Close() error { return nil }
 
-// Setup fails off Linux.
 // Planned returns an empty Network: sandbox networks are Linux-only.
 func (m *Manager) Planned(id string) Network { return Network{ID: id} }
 
+// PlannedWith returns an empty Network: sandbox networks are Linux-only.
+func (m *Manager) PlannedWith(id string, opts SetupOptions) Network { return Network{ID: id} }
+
+// Setup fails off Linux.
 func (m *Manager) Setup(ctx context.Context, id string, rules Rules) (Network, error) {
+	return Network{}, errNotLinux
+}
+
+// SetupWith fails off Linux.
+func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts SetupOptions) (Network, error) {
 	return Network{}, errNotLinux
 }
 

@@ -24,8 +24,8 @@ func TestDefaultDeny(t *testing.T) {
 	must(t, err)
 	b, err := w.m.Setup(ctx, id(t, "b"), Rules{})
 	must(t, err)
-	if a.Addr == b.Addr || a.Gateway.Next() != a.Addr {
-		t.Fatalf("addresses: a %v via %v, b %v", a.Addr, a.Gateway, b.Addr)
+	if a.HostAddr == b.HostAddr || a.HostGateway.Next() != a.HostAddr || a.GuestAddr != b.GuestAddr {
+		t.Fatalf("addresses: a %v (host %v via %v), b %v (host %v)", a.GuestAddr, a.HostAddr, a.HostGateway, b.GuestAddr, b.HostAddr)
 	}
 	// The world works from the node itself.
 	var nodeNet = Network{NetNSPath: w.nodeNS}
@@ -64,12 +64,14 @@ func TestDefaultDeny(t *testing.T) {
 		return err
 	}))
 	// Another sandbox and the node are unreachable.
-	w.tcpEcho(b.NetNSPath, b.Addr.String()+":8080")
+	w.tcpEcho(b.NetNSPath, "0.0.0.0:8080")
 	w.tcpEcho(w.nodeNS, "0.0.0.0:9999")
-	denied(t, "sandbox → sandbox", tcpFrom(a, b.Addr.String()+":8080"))
-	denied(t, "sandbox → its gateway", tcpFrom(a, a.Gateway.String()+":9999"))
+	denied(t, "sandbox → sandbox", tcpFrom(a, b.HostAddr.String()+":8080"))
+	denied(t, "sandbox → its gateway", tcpFrom(a, a.GuestGateway.String()+":9999"))
+	denied(t, "sandbox → node end of its veth", tcpFrom(a, a.HostGateway.String()+":9999"))
 	denied(t, "sandbox → node uplink address", tcpFrom(a, nodeUplink+":9999"))
 	denied(t, "sandbox → dns address other port", tcpFrom(a, a.DNS.String()+":9999"))
+	denied(t, "sandbox → node dns address other port", tcpFrom(a, w.m.DNSAddr().String()+":9999"))
 	denied(t, "sandbox → metadata", tcpFrom(a, "169.254.169.254:80"))
 	// Control: the same probe passes once a rule allows it, so the denials
 	// above are the policy and not broken plumbing.
@@ -79,7 +81,7 @@ func TestDefaultDeny(t *testing.T) {
 	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: "0.0.0.0/0"}}}))
 	allowed(t, "tcp out with 0.0.0.0/0", func() error { return tcpFrom(a, apiIP+":80") })
 	allowed(t, "icmp out with 0.0.0.0/0", func() error { return pingFrom(a, apiIP) })
-	denied(t, "sandbox → sandbox with 0.0.0.0/0", tcpFrom(a, b.Addr.String()+":8080"))
+	denied(t, "sandbox → sandbox with 0.0.0.0/0", tcpFrom(a, b.HostAddr.String()+":8080"))
 	denied(t, "sandbox → node with 0.0.0.0/0", tcpFrom(a, nodeUplink+":9999"))
 }
 
@@ -136,7 +138,7 @@ func TestDomainRule(t *testing.T) {
 		t.Errorf("example.test under *.example.test: %s, want NXDOMAIN", dns.RcodeToString[rcode])
 	}
 	// A query from an address that is no sandbox is refused.
-	rcode, _, err = resolveFrom(Network{NetNSPath: w.nodeNS}, dnsSrv, "api.example.test")
+	rcode, _, err = resolveFrom(Network{NetNSPath: w.nodeNS}, w.m.DNSAddr().String()+":53", "api.example.test")
 	must(t, err)
 	if rcode != dns.RcodeRefused {
 		t.Errorf("query from the node: %s, want REFUSED", dns.RcodeToString[rcode])
@@ -319,8 +321,8 @@ func TestTeardownAndRecover(t *testing.T) {
 	// A new sandbox after restart gets a fresh address.
 	d, err := w.m.Setup(ctx, id(t, "d"), Rules{})
 	must(t, err)
-	if d.Addr == nets[0].Addr {
-		t.Errorf("restarted node reused address %v", d.Addr)
+	if d.HostAddr == nets[0].HostAddr {
+		t.Errorf("restarted node reused address %v", d.HostAddr)
 	}
 	must(t, w.m.Teardown(ctx, d.ID))
 	// Leftovers with no state at all (a crash between steps) are found too.

@@ -277,12 +277,15 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 			}
 		}
 	}
-	// Protected destinations: the node's own addresses (the sandbox's
-	// gateway and DNS address too: DNS to the proxy is accepted above),
+	// Protected destinations: the node's own addresses (the node end of
+	// the veth and the DNS address too: DNS to the proxy is accepted above),
 	// every sandbox, link-local and metadata. A caller's rule inside
 	// link-local or the pool opens those ranges, never the node itself.
 	add(o, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}, drop)
+	// The guest's own /30 (its gateway stands for the node: only DNS to it
+	// is forwarded, in the sandbox's namespace) never leaves the node.
+	add(o, append(matchPrefix(16, guestPrefix.Masked(), expr.CmpOpEq), drop)...)
 	for _, r := range callerExplicit {
 		for _, ex := range ruleExprs(r, matchPrefix(16, r.prefix, expr.CmpOpEq)) {
 			add(o, append(ex, accept)...)

@@ -58,18 +58,30 @@ func TestProtectedDestinations(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix(metadataIP + "/32"))})
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix(metadataIP + "/32"))}); err != nil {
+			return err
+		}
+		// A host with the guest's gateway address beyond the node: only
+		// DNS to the gateway may leave a sandbox, and it goes to the proxy.
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(a.GuestGateway, 32))})
 	}))
 	must(t, inNetNS(w.nodeNS, func() error {
-		_, dst, _ := net.ParseCIDR(metadataIP + "/32")
-		return netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("198.18.0.2")})
+		for _, d := range []string{metadataIP + "/32", a.GuestGateway.String() + "/32"} {
+			_, dst, _ := net.ParseCIDR(d)
+			if err := netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("198.18.0.2")}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}))
 	w.tcpEcho(w.inetNS, metadataIP+":80")
-	w.tcpEcho(b.NetNSPath, b.Addr.String()+":8080")
+	w.tcpEcho(w.inetNS, a.GuestGateway.String()+":9999")
+	w.tcpEcho(b.NetNSPath, "0.0.0.0:8080")
 	w.tcpEcho(w.nodeNS, "0.0.0.0:9999")
 	// Controls: the servers answer, so denials below are the policy.
 	nodeNet := Network{NetNSPath: w.nodeNS}
 	allowed(t, "node → metadata", func() error { return tcpFrom(nodeNet, metadataIP+":80") })
+	allowed(t, "node → the guest gateway's address beyond it", func() error { return tcpFrom(nodeNet, a.GuestGateway.String()+":9999") })
 	// (Sandbox b's own ingress chain drops every new connection too, so
 	// the checks of b below hold with or without a's egress rules.)
 
@@ -77,9 +89,10 @@ func TestProtectedDestinations(t *testing.T) {
 		t.Helper()
 		denied(t, what+": metadata", tcpFrom(a, metadataIP+":80"))
 		denied(t, what+": node uplink", tcpFrom(a, nodeUplink+":9999"))
-		denied(t, what+": node via the gateway", tcpFrom(a, a.Gateway.String()+":9999"))
+		denied(t, what+": node via the gateway", tcpFrom(a, a.HostGateway.String()+":9999"))
+		denied(t, what+": the guest's gateway", tcpFrom(a, a.GuestGateway.String()+":9999"))
 		denied(t, what+": dns address, other port", tcpFrom(a, a.DNS.String()+":9999"))
-		denied(t, what+": sandbox b", tcpFrom(a, b.Addr.String()+":8080"))
+		denied(t, what+": sandbox b", tcpFrom(a, b.HostAddr.String()+":8080"))
 	}
 	for _, c := range []struct {
 		name  string
@@ -109,12 +122,12 @@ func TestProtectedDestinations(t *testing.T) {
 	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: metadataIP, Protocol: "tcp", Ports: "80"}, {CIDR: "0.0.0.0/0", Protocol: "tcp", Ports: "9999"}}}))
 	allowed(t, "explicit metadata rule", func() error { return tcpFrom(a, metadataIP+":80") })
 	denied(t, "explicit metadata rule: node uplink", tcpFrom(a, nodeUplink+":9999"))
-	denied(t, "explicit metadata rule: node via the gateway", tcpFrom(a, a.Gateway.String()+":9999"))
+	denied(t, "explicit metadata rule: node via the gateway", tcpFrom(a, a.HostGateway.String()+":9999"))
 	// A caller's rule inside the pool never opens the node itself: the
 	// gateway (and the DNS address) are the node's own addresses, dropped
 	// before a caller's rules. DNS to the proxy still answers.
-	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: a.Gateway.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: w.m.pool.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: a.DNS.String(), Protocol: "tcp", Ports: "9999"}, {Domain: "api.example.test", Protocol: "tcp", Ports: "443"}}}))
-	denied(t, "caller gateway rule", tcpFrom(a, a.Gateway.String()+":9999"))
+	must(t, w.m.SetRules(ctx, a.ID, Rules{Allow: []Rule{{CIDR: a.HostGateway.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: w.m.pool.String(), Protocol: "tcp", Ports: "9999"}, {CIDR: a.DNS.String(), Protocol: "tcp", Ports: "9999"}, {Domain: "api.example.test", Protocol: "tcp", Ports: "443"}}}))
+	denied(t, "caller gateway rule", tcpFrom(a, a.HostGateway.String()+":9999"))
 	denied(t, "caller gateway rule: dns address, other port", tcpFrom(a, a.DNS.String()+":9999"))
 	denied(t, "caller gateway rule: metadata", tcpFrom(a, metadataIP+":80"))
 	if rcode, ips, err := resolveFrom(a, a.DNS.String()+":53", "api.example.test"); err != nil || rcode != 0 || len(ips) == 0 {
@@ -137,7 +150,8 @@ func TestProtectedDestinations(t *testing.T) {
 	must(t, err)
 	must(t, w.m.SetRules(ctx, a.ID, Rules{RuleSets: []string{"metadata"}}))
 	allowed(t, "metadata rule set", func() error { return tcpFrom(a, metadataIP+":80") })
-	denied(t, "metadata rule set: node via the gateway", tcpFrom(a, a.Gateway.String()+":9999"))
+	allowed(t, "metadata rule set: the guest gateway's address beyond the node", func() error { return tcpFrom(a, a.GuestGateway.String()+":9999") })
+	denied(t, "metadata rule set: node via the gateway", tcpFrom(a, a.HostGateway.String()+":9999"))
 	must(t, w.m.SetRules(ctx, a.ID, Rules{RuleSets: []string{"gateways"}}))
-	allowed(t, "gateways rule set", func() error { return tcpFrom(a, a.Gateway.String()+":9999") })
+	allowed(t, "gateways rule set", func() error { return tcpFrom(a, a.HostGateway.String()+":9999") })
 }

@@ -155,7 +155,8 @@ func TestFlowPolicy(t *testing.T) {
 		rules: []rule{must(Rule{CIDR: "10.0.0.0/8", Protocol: "tcp", Ports: "80-90"}), must(Rule{Domain: "*.example.test", Ports: "443"}),
 			must(Rule{CIDR: "0.0.0.0/0", Protocol: "udp"}), must(Rule{CIDR: "169.254.169.254", Protocol: "tcp", Ports: "80"}),
 			must(Rule{CIDR: "100.96.0.0/24", Protocol: "tcp", Ports: "8080"}), fromSet(must(Rule{CIDR: "100.96.1.0/24", Protocol: "tcp"})),
-			fromSet(must(Rule{CIDR: "169.254.10.0/24", Protocol: "tcp"}))},
+			fromSet(must(Rule{CIDR: "169.254.10.0/24", Protocol: "tcp"})), must(Rule{CIDR: "169.254.0.20/30", Protocol: "tcp"}),
+			fromSet(must(Rule{CIDR: "169.254.0.21", Protocol: "udp", Ports: "7"}))},
 		learned:  []learned{{name: "a.example.test", addr: netip.MustParseAddr("192.0.2.1"), expires: now.Add(time.Minute)}},
 		dns:      netip.MustParseAddr("100.96.0.1"),
 		pool:     pool,
@@ -179,11 +180,13 @@ func TestFlowPolicy(t *testing.T) {
 		{"169.254.169.254", 6, 80, true},   // metadata, by a rule inside link-local
 		{"169.254.169.254", 6, 81, false},
 		{"8.8.8.8", 17, 53, true},
-		{"100.96.0.7", 6, 8080, true},   // a sandbox, by a caller's rule inside the pool
-		{"100.96.0.4", 6, 8080, false},  // the node at a gateway: a caller's rule never opens it
-		{"100.96.0.1", 6, 8080, false},  // nor the DNS address on another port
-		{"100.96.1.2", 6, 8080, true},   // a rule set opens the node at a gateway
-		{"169.254.10.1", 6, 8080, true}, // and link-local, like a caller's rule
+		{"100.96.0.7", 6, 8080, true},    // a sandbox, by a caller's rule inside the pool
+		{"100.96.0.4", 6, 8080, false},   // the node at a gateway: a caller's rule never opens it
+		{"100.96.0.1", 6, 8080, false},   // nor the DNS address on another port
+		{"100.96.1.2", 6, 8080, true},    // a rule set opens the node at a gateway
+		{"169.254.10.1", 6, 8080, true},  // and link-local, like a caller's rule
+		{"169.254.0.22", 6, 8080, false}, // the guest's gateway: a caller's rule never opens it
+		{"169.254.0.21", 17, 7, true},    // a rule set may
 	}
 	for _, c := range cases {
 		if got := p.allows(netip.MustParseAddr(c.dst), c.proto, c.port, now); got != c.want {

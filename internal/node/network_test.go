@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -77,5 +79,22 @@ func TestCreateWithFailingNetworkLeavesNothing(t *testing.T) {
 	}
 	if _, _, err := n.Get(t.Context(), id); !errdefs.IsNotFound(err) {
 		t.Fatalf("node still lists the sandbox: %v", err)
+	}
+}
+
+// The backend gets the guest side of the network the node plans: the
+// device, address, gateway and MAC every sandbox has, and the mode.
+func TestAttachmentCarriesGuestConfig(t *testing.T) {
+	mac := net.HardwareAddr{0x02, 0x0d, 0x5e, 0, 0, 0x21}
+	nw := netpolicy.Network{ID: "x", NetNSPath: "/run/ns/x", Mode: netpolicy.ModeVeth, GuestIf: "eth0",
+		GuestAddr: netip.MustParsePrefix("169.254.0.21/30"), GuestGateway: netip.MustParseAddr("169.254.0.22"), GuestMAC: mac}
+	a := attachment(nw)
+	if a.Mode != runtime.NetworkVeth || a.NetNS != nw.NetNSPath || a.Device != "eth0" || a.GuestAddr != nw.GuestAddr ||
+		a.Gateway != nw.GuestGateway || a.MAC.String() != mac.String() {
+		t.Errorf("attachment(%+v) = %+v", nw, a)
+	}
+	nw.Mode, nw.GuestIf = netpolicy.ModeTap, "tap0"
+	if a := attachment(nw); a.Mode != runtime.NetworkTap || a.Device != "tap0" {
+		t.Errorf("tap attachment = %+v", a)
 	}
 }

@@ -718,9 +718,16 @@ func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAtt
 	}
 }
 
-// attachment is the backend's view of a sandbox network the node made.
+// attachment is the backend's view of a sandbox network the node made:
+// the guest side, which is the same in every sandbox and known before
+// Setup (Planned).
 func attachment(nw netpolicy.Network) runtime.NetworkAttachment {
-	return runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: nw.NetNSPath}
+	mode := runtime.NetworkVeth
+	if nw.Mode == netpolicy.ModeTap {
+		mode = runtime.NetworkTap
+	}
+	return runtime.NetworkAttachment{Mode: mode, NetNS: nw.NetNSPath, Device: nw.GuestIf,
+		GuestAddr: nw.GuestAddr, Gateway: nw.GuestGateway, MAC: nw.GuestMAC}
 }
 
 // envList is env as sorted "K=V" entries.

@@ -62,6 +62,28 @@ func (s *system) sandboxIP(t *testing.T, id string) string {
 	return m[1]
 }
 
+// hostIP returns the sandbox's host address: the odd end of the /31 on its
+// node-side veth, which the sandbox's namespace translates to its guest
+// address.
+func (s *system) hostIP(t *testing.T, id string) string {
+	t.Helper()
+	var ip string
+	inNS(t, s.nodeNS, func() error {
+		l, err := netlink.LinkByName(netpolicy.HostIfName(id))
+		if err != nil {
+			return err
+		}
+		as, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil || len(as) != 1 {
+			return fmt.Errorf("addresses of %s: %v %v", l.Attrs().Name, as, err)
+		}
+		gw := as[0].IPNet.IP.To4()
+		ip = net.IPv4(gw[0], gw[1], gw[2], gw[3]+1).String()
+		return nil
+	})
+	return ip
+}
+
 // dialFrom connects to addr from the namespace at path, optionally with a
 // socket mark, and returns the first line the server sends after a GET.
 func dialFrom(t *testing.T, path, addr string, mark int) (string, error) {
@@ -159,12 +181,16 @@ func TestInbound(t *testing.T) {
 	st.CloseResponse()
 
 	ip := s.sandboxIP(t, srv.GetId())
-	target := ip + ":8000"
+	if ip != "169.254.0.21" {
+		t.Errorf("guest address on eth0: %s, want 169.254.0.21 (the same in every sandbox)", ip)
+	}
 	// The server listens on the sandbox's address: it answers there from
 	// inside the sandbox itself.
 	if r := s.shell(t, srv.GetId(), `printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 `+ip+" 8000"); !strings.HasSuffix(r.stdout, "hello-inbound\n") {
-		t.Fatalf("from inside the sandbox to %s: %q %q", target, r.stdout, r.stderr)
+		t.Fatalf("from inside the sandbox to %s:8000: %q %q", ip, r.stdout, r.stderr)
 	}
+	// From outside, the sandbox is its host address.
+	target := s.hostIP(t, srv.GetId()) + ":8000"
 
 	// Not from the node's namespace...
 	if body, err := dialFrom(t, s.nodeNS, target, 0); err == nil {
