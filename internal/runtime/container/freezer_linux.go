@@ -7,6 +7,7 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -181,7 +182,9 @@ func (m cgroupMounts) freeze(ctx context.Context, path string) (st freezeStats, 
 			st.thaws++
 			m.thaw(path)
 			if err := sleepCtx(ctx, freezeThawPause); err != nil {
-				return st, m.freezeFailed(ctx, path, st, start)
+				// Canceled (a deadline never ends a thaw, see below):
+				// nothing is frozen to tell the stuck tasks by.
+				return st, fmt.Errorf("not every process of the sandbox froze before the request ended, so it was thawed again: %w", err)
 			}
 			if err := writeFreezer(file, val); err != nil {
 				return st, err
@@ -199,7 +202,14 @@ func (m cgroupMounts) freeze(ctx context.Context, path string) (st freezeStats, 
 			}
 			st.polls++
 			if !m.v2 && time.Now().After(roundEnd) {
-				break
+				dl, _ := ctx.Deadline()
+				if time.Until(dl) > freezeThawPause+freezeRoundMin {
+					break
+				}
+				// Too little time left to start over: the last round runs
+				// to the deadline, so a failed freeze ends FREEZING and
+				// the tasks that did not freeze can be told apart.
+				roundEnd = dl
 			}
 			if err := sleepCtx(ctx, delay); err != nil {
 				return st, m.freezeFailed(ctx, path, st, start)
@@ -227,14 +237,16 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// freezeFailed builds the error of a freeze whose ctx ended: it names the
-// tasks that had not frozen (read before the caller thaws the cgroup) and
-// logs them with the cgroup's host path. Past freezeTimeout it is
-// unavailable (retrying later usually works); past the caller's deadline
-// it wraps the caller's context error.
+// freezeFailed builds the error of a freeze whose ctx ended and thaws the
+// cgroup: it names the tasks that had not frozen (see unfrozenTasks and
+// stillBlocked) and logs them with the cgroup's host path. Past
+// freezeTimeout it is unavailable (retrying later usually works); past the
+// caller's deadline it wraps the caller's context error.
 func (m cgroupMounts) freezeFailed(ctx context.Context, path string, st freezeStats, start time.Time) error {
-	list := describeStuck(m.unfrozenTasks(path))
-	log.G(ctx).Warn("cgroup did not freeze; thawing it again", "cgroup", path, "took", time.Since(start), "thaws", st.thaws, "polls", st.polls, "not_frozen", list)
+	tasks := m.unfrozenTasks(path)
+	m.thaw(path)
+	list := describeStuck(stillBlocked("/proc", tasks))
+	log.G(ctx).Warn("cgroup did not freeze; thawed it again", "cgroup", path, "took", time.Since(start), "thaws", st.thaws, "polls", st.polls, "not_frozen", list)
 	if errors.Is(context.Cause(ctx), errFreezeBudget) {
 		return errdefs.New(errdefs.ErrUnavailable,
 			"not every process of the sandbox froze within %s, so it was thawed again; retry the pause (a process blocked in the kernel, on disk I/O or a FUSE or network filesystem, freezes only when that call returns): %s",
@@ -297,11 +309,44 @@ func (m cgroupMounts) unfrozenTasks(path string) []stuckTask {
 }
 
 // unfrozenTasks reads the thread ids in every listFile under dir and returns
-// those that procRoot (a /proc) does not show frozen: a frozen thread sleeps
-// in __refrigerator (v1; state D) or do_freezer_trap (v2; state S); zombies
-// and dead threads count as frozen. A thread whose wchan cannot be read is
-// listed (nothing says it is frozen).
+// those that procRoot (a /proc) does not show frozen, running ones (R) first
+// and those asleep in the kernel (D) last. A thread frozen on its way back to
+// user space sleeps in __refrigerator (v1; state D) or do_freezer_trap (v2;
+// state S); zombies and dead threads count as frozen. But since Linux 6.1 a
+// thread in a freezable kernel sleep (nanosleep, a futex, a FUSE request)
+// is frozen where it sleeps and shows as D in that function, exactly like a
+// thread blocked there for good: the D threads returned may be frozen (see
+// stillBlocked).
 func unfrozenTasks(procRoot, dir, listFile string) []stuckTask {
+	out := listUnfrozen(procRoot, dir, listFile)
+	rank := func(t stuckTask) int {
+		switch t.state {
+		case "R":
+			return 0
+		case "D":
+			return 2
+		}
+		return 1
+	}
+	slices.SortStableFunc(out, func(a, b stuckTask) int { return rank(a) - rank(b) })
+	return out
+}
+
+// stillBlocked drops from tasks (read while the cgroup was freezing) the D
+// threads that procRoot no longer shows in D once it was thawed: a thread
+// frozen where it slept goes back to that sleep's state at the thaw (S for
+// an interruptible one), while a thread blocked uninterruptibly is still D.
+func stillBlocked(procRoot string, tasks []stuckTask) []stuckTask {
+	return slices.DeleteFunc(tasks, func(t stuckTask) bool {
+		if t.state != "D" {
+			return false
+		}
+		now, ok := readTask(procRoot, t.pid)
+		return !ok || now.state != "D"
+	})
+}
+
+func listUnfrozen(procRoot, dir, listFile string) []stuckTask {
 	var out []stuckTask
 	seen := map[int]bool{}
 	_ = filepath.WalkDir(dir, func(p string, d iofs.DirEntry, err error) error {

@@ -81,7 +81,8 @@ func TestCgroupStatsLimits(t *testing.T) {
 // unfrozenTasks against a fake /proc: threads asleep in the freezer (v1's
 // __refrigerator, v2's do_freezer_trap) and zombies are frozen; the rest is
 // named with its host pid, its pid in the sandbox, command, state and
-// wchan, from every cgroup under the sandbox's.
+// wchan, from every cgroup under the sandbox's, running ones first; a D
+// thread that is no longer D after the thaw was frozen in place.
 func TestUnfrozenTasksFakeProc(t *testing.T) {
 	proc, cg := t.TempDir(), t.TempDir()
 	task := func(pid int, comm, state, wchan string, nspid int) {
@@ -105,8 +106,8 @@ func TestUnfrozenTasksFakeProc(t *testing.T) {
 
 	got := unfrozenTasks(proc, cg, "tasks")
 	want := []stuckTask{
+		{pid: 104, nspid: 10, comm: "a (b) c", state: "R"}, // running first
 		{pid: 101, nspid: 7, comm: "cat", state: "D", wchan: "fuse_get_req"},
-		{pid: 104, nspid: 10, comm: "a (b) c", state: "R"},
 		{pid: 105, nspid: 11, comm: "dd", state: "D", wchan: "folio_wait_bit_common"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -117,6 +118,13 @@ func TestUnfrozenTasksFakeProc(t *testing.T) {
 		if !strings.Contains(msg, s) {
 			t.Errorf("description %q lacks %q", msg, s)
 		}
+	}
+	// At the thaw, 105 turns out to have been frozen in place (it goes back
+	// to S); 101 stays blocked (D); 104 is listed whatever it does now.
+	task(105, "dd", "S", "folio_wait_bit_common", 11)
+	task(104, "a (b) c", "S", "do_epoll_wait", 10)
+	if got, want := stillBlocked(proc, got), want[:2]; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("still blocked after the thaw:\n got %v\nwant %v", got, want)
 	}
 	many := make([]stuckTask, maxStuckListed+3)
 	if msg := describeStuck(many); !strings.Contains(msg, "and 3 more") {
