@@ -51,10 +51,9 @@ var errFreezeBudget = errors.New("freeze budget used up")
 
 // freezeStats describes one freeze, for logs and tests.
 type freezeStats struct {
-	polls  int           // state reads that did not say frozen
-	thaws  int           // rounds given up: thawed and frozen again
-	took   time.Duration // from the first write to the end
-	frozen bool          // the cgroup ended frozen
+	polls int           // state reads that did not say frozen
+	thaws int           // rounds given up: thawed and frozen again
+	took  time.Duration // from the first write to the end
 }
 
 // onFreeze, if set, sees every freeze's stats (tests).
@@ -166,7 +165,6 @@ func (m cgroupMounts) freeze(ctx context.Context, path string) (st freezeStats, 
 	start := time.Now()
 	defer func() {
 		st.took = time.Since(start)
-		st.frozen = err == nil
 		if err != nil {
 			// Never leave the cgroup FREEZING or half-frozen.
 			m.thaw(path)
@@ -252,7 +250,11 @@ func (m cgroupMounts) freezeFailed(ctx context.Context, path string, st freezeSt
 			"not every process of the sandbox froze within %s, so it was thawed again; retry the pause (a process blocked in the kernel, on disk I/O or a FUSE or network filesystem, freezes only when that call returns): %s",
 			freezeTimeout, list)
 	}
-	return fmt.Errorf("not every process of the sandbox froze before the request's deadline, so it was thawed again; retry the pause with more time (%s): %w", list, ctx.Err())
+	when := "before the request's deadline"
+	if errors.Is(ctx.Err(), context.Canceled) {
+		when = "before the request was canceled"
+	}
+	return fmt.Errorf("not every process of the sandbox froze %s, so it was thawed again; retry the pause with more time (%s): %w", when, list, ctx.Err())
 }
 
 func (m cgroupMounts) thaw(path string) {
