@@ -51,9 +51,10 @@ var errFreezeBudget = errors.New("freeze budget used up")
 
 // freezeStats describes one freeze, for logs and tests.
 type freezeStats struct {
-	polls int           // state reads that did not say frozen
-	thaws int           // rounds given up: thawed and frozen again
-	took  time.Duration // from the first write to the end
+	polls  int           // state reads that did not say frozen
+	thaws  int           // rounds given up: thawed and frozen again
+	took   time.Duration // from the first write to the end
+	heldBy string        // the tasks that had not frozen when the first round was given up
 }
 
 // onFreeze, if set, sees every freeze's stats (tests).
@@ -125,7 +126,7 @@ func (m cgroupMounts) setFrozen(ctx context.Context, path string, freeze bool) e
 		onFreeze(st)
 	}
 	if err == nil && st.thaws > 0 {
-		log.G(ctx).Info("cgroup froze after retries", "cgroup", path, "thaws", st.thaws, "polls", st.polls, "took", st.took)
+		log.G(ctx).Info("cgroup froze after retries", "cgroup", path, "thaws", st.thaws, "polls", st.polls, "took", st.took, "first_held_by", st.heldBy)
 	}
 	return err
 }
@@ -178,6 +179,11 @@ func (m cgroupMounts) freeze(ctx context.Context, path string) (st freezeStats, 
 			// v1 only: thaw, let the tasks run on a moment (a fork or an
 			// exec finishes), and start over.
 			st.thaws++
+			if st.thaws == 1 {
+				tasks := m.unfrozenTasks(path)
+				m.thaw(path)
+				st.heldBy = describeStuck(stillBlocked("/proc", tasks))
+			}
 			m.thaw(path)
 			if err := sleepCtx(ctx, freezeThawPause); err != nil {
 				// Canceled (a deadline never ends a thaw, see below):
