@@ -23,6 +23,13 @@ import (
 // maxBatchOps bounds the pauses or resumes one batch runs at once on a node.
 const maxBatchOps = 64
 
+// freezeDeadline bounds the backend's freeze of one pause. The freeze does
+// not end with its caller (a request that gives up, a short client
+// deadline): a freeze cut short is thawed again by the backend, and one that
+// completes is recorded, so a caller that retries finds the sandbox paused
+// (the container backend's own retries end after 10 s, well within this).
+const freezeDeadline = 30 * time.Second
+
 // pauser returns the backend of rec if it can pause.
 func (n *Node) pauser(rec *record) (runtime.Pauser, error) {
 	p, ok := n.cfg.Backends[rec.Backend].(runtime.Pauser)
@@ -139,7 +146,10 @@ func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	if err != nil {
 		return change{}, err
 	}
-	if err := p.Pause(ctx, id); err != nil {
+	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
+		fmt.Errorf("the freeze took longer than %s", freezeDeadline))
+	defer cancel()
+	if err := p.Pause(fctx, id); err != nil {
 		return change{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	now := n.now()

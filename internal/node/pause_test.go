@@ -1,10 +1,12 @@
 package node
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
@@ -422,5 +425,71 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, err := n.Metrics(t.Context(), "t001nosuchsandbox"); !errdefs.IsNotFound(err) {
 		t.Fatalf("metrics of a missing sandbox: %v", err)
+	}
+}
+
+// ctxPauser is a fake backend whose Pause waits for release and keeps what
+// its context looked like on entry and at the release.
+type ctxPauser struct {
+	blockingRuntime
+	entered  chan struct{}
+	release  chan struct{}
+	left     time.Duration // until the context's deadline, on entry; 0: none
+	endedErr error         // the context's error at the release
+}
+
+func (r *ctxPauser) Pause(ctx context.Context, _ string) error {
+	if dl, ok := ctx.Deadline(); ok {
+		r.left = time.Until(dl)
+	}
+	r.entered <- struct{}{}
+	<-r.release
+	r.endedErr = ctx.Err()
+	return r.endedErr
+}
+
+func (r *ctxPauser) Resume(context.Context, string) error { return nil }
+
+// The backend's freeze gets a deadline of its own, long enough for its
+// retries, and does not end when the caller gives up: the pause completes
+// and is recorded.
+func TestPauseGivesBackendItsOwnDeadline(t *testing.T) {
+	now := time.Now().UTC()
+	rec := &record{ID: sandboxid.New("t001"), Backend: "fake", State: stateRunning,
+		Spec:      specRecord{Backend: "fake", TimeoutSec: 3600},
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), StateDir: filepath.Join(t.TempDir(), "sb")}
+	rt := &ctxPauser{blockingRuntime: blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}},
+		entered: make(chan struct{}, 1), release: make(chan struct{})}
+	n := openRecorded(t, rt, rec)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+	type result struct {
+		rec *record
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := n.Pause(ctx, rec.ID)
+		done <- result{r, err}
+	}()
+	select {
+	case <-rt.entered:
+	case <-time.After(10 * time.Second):
+		close(rt.release)
+		t.Fatal("the pause never reached the backend")
+	}
+	cancel() // the caller gives up while the freeze runs
+	close(rt.release)
+	res := <-done
+	if rt.left < 10*time.Second || rt.left > freezeDeadline {
+		t.Errorf("backend's freeze deadline %s away, want within %s and at least 10 s (the container backend's retry budget)", rt.left, freezeDeadline)
+	}
+	if rt.endedErr != nil {
+		t.Errorf("the backend's context ended with its caller's: %v", rt.endedErr)
+	}
+	if res.err != nil || res.rec == nil || res.rec.State != statePaused {
+		t.Fatalf("pause whose caller gave up during the freeze: %+v, %v; want it paused and recorded", res.rec, res.err)
+	}
+	if got := stateOf(t, n, rec.ID); got != statePaused {
+		t.Fatalf("state after the pause = %s, want paused", got)
 	}
 }
