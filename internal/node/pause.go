@@ -155,13 +155,12 @@ func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	now := n.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if sb.rec.State != stateRunning {
-		// Stopped meanwhile (the stop thaws and kills): nothing to record.
-		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
-	}
+	// Stopped meanwhile (the stop thaws and kills): nothing to record.
 	prev := sb.rec
-	r2 := *prev
-	r2.State = statePaused
+	r2, err := transition(prev, statePaused)
+	if err != nil {
+		return change{}, err
+	}
 	r2.PausedAt = now
 	sb.rec = &r2
 	return change{sb: sb, prev: prev, next: &r2}, nil
@@ -235,12 +234,14 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (change,
 	now := n.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if sb.rec.State != statePaused {
-		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
-	}
 	prev := sb.rec
-	r2 := *prev
-	r2.State = stateRunning
+	if prev.State != statePaused { // resumed or stopped meanwhile
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, prev.State)
+	}
+	r2, err := transition(prev, stateRunning)
+	if err != nil {
+		return change{}, err
+	}
 	r2.ExpiresAt = resumedExpiry(&r2, now, timeoutSec)
 	if timeoutSec > 0 {
 		r2.Spec.TimeoutSec = timeoutSec

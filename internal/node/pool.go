@@ -56,10 +56,6 @@ const (
 	poolTick = time.Second
 )
 
-// statePooled is the table state of a prestarted sandbox nobody has taken:
-// recovery removes it like any interrupted create.
-const statePooled = "pooled"
-
 // imageIDer names an image's content; the pool needs it to tell a name that
 // was re-imported from the one its sandboxes were made from.
 // internal/image's Store implements it.

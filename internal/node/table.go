@@ -37,13 +37,6 @@ type record struct {
 // with).
 type specRecord = sandboxspec.Spec
 
-const (
-	stateCreating = "creating"
-	stateRunning  = "running"
-	statePaused   = "paused"
-	stateStopping = "stopping"
-)
-
 var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketRequests  = []byte("requests")

@@ -1,0 +1,81 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// admit reserves room for sb (its spec's CPU and memory, one of the node's
+// sandboxes) and registers it by its ID, the ID its create asked for
+// (askedID, an alias when they differ) and its request ID, all at once. When
+// a create with the same request ID was admitted before, admit returns it
+// as prev and reserves nothing. forget releases what admit reserved.
+func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
+	rec := sb.rec
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if rec.RequestID != "" {
+		if p, ok := n.requests[rec.RequestID]; ok {
+			return p, nil
+		}
+	}
+	for _, id := range []string{askedID, rec.ID} {
+		if _, ok := n.sandboxes[id]; ok {
+			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", id)
+		}
+	}
+	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
+	}
+	if n.reservedMem+rec.Spec.MemoryMB > n.cfg.MemoryMB {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less",
+			n.cfg.ID, n.cfg.MemoryMB-n.reservedMem, rec.Spec.MemoryMB)
+	}
+	n.sandboxes[rec.ID] = sb
+	if rec.RequestID != "" {
+		n.requests[rec.RequestID] = sb
+	}
+	if askedID != "" && askedID != rec.ID {
+		n.aliases[askedID] = rec.ID
+	}
+	n.reservedCPU += rec.Spec.CPU
+	n.reservedMem += rec.Spec.MemoryMB
+	return nil, nil
+}
+
+// repeatedCreate stops a create pipeline that repeats an admitted create
+// (same request ID): the caller gets that one's outcome.
+type repeatedCreate struct{ prev *sandbox }
+
+func (r *repeatedCreate) Error() string {
+	return fmt.Sprintf("create repeats the create of sandbox %s", r.prev.id)
+}
+
+// step is one step of a create pipeline, with what undoes it.
+type step struct {
+	name string
+	do   func(ctx context.Context) error
+	// undo reverses a do that succeeded; nil when there is nothing to undo.
+	undo func(ctx context.Context)
+}
+
+// runSteps runs steps in order. When one fails, the steps done so far are
+// undone, last first (even when ctx has ended), and its error is returned.
+func runSteps(ctx context.Context, steps []step) error {
+	for i, s := range steps {
+		if err := s.do(ctx); err != nil {
+			log.G(ctx).Debug("create step failed; undoing the steps before it", "step", s.name, log.Err(err))
+			uctx := context.WithoutCancel(ctx)
+			for j := i - 1; j >= 0; j-- {
+				if steps[j].undo != nil {
+					steps[j].undo(uctx)
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/netpolicy"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
+)
+
+// forget drops sb from memory and releases its reservation.
+func (n *Node) forget(sb *sandbox) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cur, ok := n.sandboxes[sb.rec.ID]; ok && cur == sb {
+		delete(n.sandboxes, sb.rec.ID)
+		n.reservedCPU -= sb.rec.Spec.CPU
+		n.reservedMem -= sb.rec.Spec.MemoryMB
+	}
+	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {
+		delete(n.requests, sb.rec.RequestID)
+	}
+	if sb.alias != "" && n.aliases[sb.alias] == sb.rec.ID {
+		delete(n.aliases, sb.alias)
+	}
+	if t := sb.transport.Load(); t != nil {
+		t.CloseIdleConnections()
+	}
+}
+
+// destroy stops and deletes the sandbox's backend state and its directory,
+// then removes its record. Errors are logged: the record is kept when the
+// backend could not delete, so the next start retries.
+func (n *Node) destroy(ctx context.Context, rec *record) error {
+	l := log.G(ctx).With(log.SandboxID(rec.ID))
+	rt, ok := n.cfg.Backends[rec.Backend]
+	if ok {
+		if err := rt.Stop(ctx, rec.ID, runtime.StopOptions{}); err != nil && !errdefs.IsNotFound(err) {
+			l.Warn("stop sandbox", log.Err(err))
+		}
+		if err := rt.Delete(ctx, rec.ID); err != nil {
+			l.Error("delete sandbox; will retry at next node start", log.Err(err))
+			return fmt.Errorf("delete sandbox: %w", err)
+		}
+	}
+	if n.cfg.Network != nil {
+		if err := n.cfg.Network.Teardown(ctx, rec.ID); err != nil {
+			l.Error("tear down sandbox network; will retry at next node start", log.Err(err))
+			return fmt.Errorf("tear down sandbox network: %w", err)
+		}
+	}
+	if err := os.RemoveAll(rec.StateDir); err != nil {
+		l.Error("remove sandbox dir", log.Err(err))
+		return fmt.Errorf("remove sandbox dir: %w", err)
+	}
+	if err := n.cfg.Images.Release(ctx, rec.ID); err != nil {
+		l.Warn("release image hold", log.Err(err))
+	}
+	if err := n.table.delete(rec); err != nil {
+		return fmt.Errorf("delete sandbox record: %w", err)
+	}
+	return nil
+}
+
+// Stop stops and deletes a sandbox. reason is logged.
+func (n *Node) Stop(ctx context.Context, id, reason string) error {
+	end, err := n.begin("stop sandbox " + id)
+	if err != nil {
+		return err
+	}
+	defer end()
+	sb, err := n.get(id)
+	if errdefs.IsNotFound(err) {
+		n.mu.Lock()
+		real, ok := n.aliases[id]
+		n.mu.Unlock()
+		if ok {
+			sb, err = n.get(real)
+			id = real
+		}
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-sb.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if sb.err != nil {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id)
+	}
+	n.mu.Lock()
+	if done := sb.stopDone; done != nil {
+		// Another stop is under way: report its outcome, not an early nil.
+		n.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n.mu.Lock()
+		err := sb.stopErr
+		n.mu.Unlock()
+		return err
+	}
+	rec, err := transition(sb.rec, stateStopping) // allowed from every state
+	if err != nil {
+		n.mu.Unlock()
+		return err
+	}
+	done := make(chan struct{})
+	sb.stopDone = done
+	sb.rec = &rec
+	n.mu.Unlock()
+	sb.reason.Store(reason)
+	ctx = context.WithoutCancel(ctx)
+	derr := n.table.put(&rec)
+	if derr == nil {
+		derr = n.destroy(ctx, &rec)
+	}
+	n.mu.Lock()
+	sb.stopErr = derr
+	if derr != nil {
+		// Keep the sandbox (and its reservation) so nothing runs unseen;
+		// the reaper retries.
+		sb.stopDone = nil
+	}
+	n.mu.Unlock()
+	close(done)
+	if derr != nil {
+		return fmt.Errorf("stop sandbox %s (will retry): %w", id, derr)
+	}
+	n.forget(sb)
+	log.G(ctx).Info("sandbox stopped", log.SandboxID(id), "reason", reason)
+	return nil
+}
+
+// SetTimeout makes the sandbox's lifetime end seconds from now.
+func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
+	end, err := n.begin("set timeout of sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	return n.setTimeout(ctx, id, seconds)
+}
+
+// setTimeout is SetTimeout inside an admitted operation.
+func (n *Node) setTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
+	if seconds <= 0 || seconds > sandboxspec.MaxTimeoutSec {
+		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, sandboxspec.MaxTimeoutSec)
+	}
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	if sb.rec.State != stateRunning {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+	}
+	rec := *sb.rec
+	rec.ExpiresAt = time.Now().UTC().Add(time.Duration(seconds) * time.Second)
+	rec.Spec.TimeoutSec = seconds
+	sb.rec = &rec
+	n.mu.Unlock()
+	if err := n.table.put(&rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	return &rec, nil
+}
+
+// SetNetwork replaces a running sandbox's network rules. Invalid rules
+// change nothing.
+func (n *Node) SetNetwork(ctx context.Context, id string, rules netpolicy.Rules) (*record, error) {
+	end, err := n.begin("set network of sandbox " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	if n.cfg.Network == nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "node %s has network policy turned off (node.network.enabled); its sandboxes have no network", n.cfg.ID)
+	}
+	sb, err := n.get(id)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	if sb.rec.State != stateRunning {
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+	}
+	n.mu.Unlock()
+	if err := n.cfg.Network.Validate(rules); err != nil {
+		return nil, prefixField("network.", err)
+	}
+	if err := n.cfg.Network.SetRules(ctx, id, rules); err != nil {
+		return nil, fmt.Errorf("set network rules: %w", err)
+	}
+	n.mu.Lock()
+	rec := *sb.rec
+	rec.Spec.Network = &rules
+	sb.rec = &rec
+	n.mu.Unlock()
+	if err := n.table.put(&rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	return &rec, nil
+}

@@ -1,0 +1,124 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// autoPauseTimeout bounds the reaper's pause of an auto_pause sandbox; past
+// it the sandbox is stopped instead.
+const autoPauseTimeout = time.Minute
+
+// maxReapStops bounds the stops the reaper runs at once, so one stuck
+// backend call delays no other expiry (unless that many are stuck).
+const maxReapStops = 8
+
+// reapLoop stops sandboxes whose lifetime or idle timeout has passed.
+func (n *Node) reapLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.ReapInterval)
+	defer t.Stop()
+	slots := make(chan struct{}, maxReapStops)
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-t.C:
+			now := n.now()
+			n.reap(now, slots)
+			n.forgetDead(now)
+		}
+	}
+}
+
+// reap starts a stop for every sandbox that expired (or stayed paused longer
+// than MaxPaused) and has none running from the reaper, at most cap(slots)
+// at once. Shutdown waits for them, up to its deadline.
+func (n *Node) reap(now time.Time, slots chan struct{}) {
+	type victim struct {
+		id, reason string
+		pause      bool // auto_pause: pause instead of stopping
+	}
+	var vs []victim
+	n.mu.Lock()
+	if n.reaping == nil {
+		n.reaping = map[string]bool{}
+	}
+	for id, sb := range n.sandboxes {
+		if n.reaping[id] {
+			continue
+		}
+		rec := sb.rec
+		if rec.State == stateStopping && sb.stopDone == nil {
+			vs = append(vs, victim{id, "retry of a failed stop", false})
+			continue
+		}
+		if rec.State == statePaused && n.cfg.MaxPaused > 0 && now.Sub(rec.PausedAt) > n.cfg.MaxPaused {
+			vs = append(vs, victim{id, "paused too long", false})
+			continue
+		}
+		if rec.State != stateRunning {
+			continue
+		}
+		if now.After(rec.ExpiresAt) {
+			vs = append(vs, victim{id, "timeout", rec.Spec.AutoPause})
+			continue
+		}
+		if rec.Spec.IdleSec > 0 && sb.active.Load() == 0 &&
+			now.Sub(time.Unix(0, sb.lastActivity.Load())) > time.Duration(rec.Spec.IdleSec)*time.Second {
+			vs = append(vs, victim{id, "idle", rec.Spec.AutoPause})
+		}
+	}
+	for _, v := range vs {
+		n.reaping[v.id] = true
+	}
+	n.mu.Unlock()
+	for _, v := range vs {
+		n.wg.Add(1)
+		go n.reapOne(v.id, v.reason, v.pause, slots)
+	}
+}
+
+// reapOne stops one expired sandbox once a slot is free, unless the node
+// closes first.
+func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
+	defer n.wg.Done()
+	defer func() {
+		n.mu.Lock()
+		delete(n.reaping, id)
+		n.mu.Unlock()
+	}()
+	select {
+	case slots <- struct{}{}:
+	case <-n.closed:
+		return
+	}
+	defer func() { <-slots }()
+	select {
+	case <-n.closed:
+		return
+	default:
+	}
+	ctx := context.Background()
+	if pause {
+		pctx, cancel := context.WithTimeoutCause(ctx, autoPauseTimeout,
+			fmt.Errorf("auto-pause took longer than %s", autoPauseTimeout))
+		_, err := n.Pause(pctx, id)
+		cancel()
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) || n.shuttingDown(err) {
+			return
+		}
+		// A sandbox that cannot be paused (a freezer stuck, a backend
+		// that lost the ability) must not outlive its timeout: stop it.
+		log.G(ctx).Warn("auto-pause of expired sandbox failed; stopping it instead", log.SandboxID(id), "reason", reason, log.Err(err))
+		reason += " (auto-pause failed)"
+	}
+	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
+		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
+	}
+}

@@ -1,0 +1,84 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// recover re-attaches to every sandbox in the table. Sandboxes caught in the
+// middle of a create or stop are cleaned up; dead ones are removed.
+func (n *Node) recover(ctx context.Context) error {
+	recs, err := n.table.all()
+	if err != nil {
+		return fmt.Errorf("read sandbox table: %w", err)
+	}
+	for _, rec := range recs {
+		l := log.G(ctx).With(log.SandboxID(rec.ID))
+		rt, ok := n.cfg.Backends[rec.Backend]
+		if !ok {
+			l.Error("sandbox uses a backend this node no longer has; leaving its record", "backend", rec.Backend)
+			continue
+		}
+		if rec.State != stateRunning && rec.State != statePaused {
+			l.Info("cleaning up sandbox interrupted while " + rec.State)
+			if rec.Handle.ID != "" {
+				if err := rt.Recover(ctx, rec.Handle); err != nil && !errdefs.IsNotFound(err) {
+					l.Warn("recover interrupted sandbox", log.Err(err))
+				}
+			}
+			if err := n.destroy(ctx, rec); err != nil {
+				l.Error("clean up interrupted sandbox", log.Err(err))
+			}
+			continue
+		}
+		// Only a backend's definite answer — gone, or stopped — removes a
+		// sandbox. Any other error (a runc hiccup, an unknown handle
+		// version after an upgrade) keeps it: killing live sandboxes on a
+		// transient error at start would be far worse than a stale entry.
+		dead := false
+		if err := rt.Recover(ctx, rec.Handle); err != nil {
+			if errdefs.IsNotFound(err) {
+				dead = true
+			} else {
+				l.Error("recover sandbox; keeping it and its reservation", log.Err(err))
+			}
+		} else if st, err := rt.Status(ctx, rec.ID); err == nil && (st.State == runtime.StateStopped || st.State == runtime.StateCreated) {
+			// Created: the node died between recording the sandbox
+			// running and its start; nothing of it ever ran.
+			dead = true
+		} else if err == nil {
+			// A node killed between a freeze (or thaw) and its record
+			// finds the backend's state newer than the record's.
+			rec = reconcilePaused(ctx, n.table, rec, st.State)
+		} else if err != nil {
+			if errdefs.IsNotFound(err) {
+				dead = true
+			} else {
+				l.Error("sandbox status after recovery; keeping it", log.Err(err))
+			}
+		}
+		if dead {
+			l.Warn("sandbox died while the node was down; removing it")
+			if err := n.destroy(ctx, rec); err != nil {
+				l.Error("remove dead sandbox", log.Err(err))
+			}
+			continue
+		}
+		sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{})}
+		close(sb.ready)
+		sb.touch()
+		n.sandboxes[rec.ID] = sb
+		if rec.RequestID != "" {
+			n.requests[rec.RequestID] = sb
+		}
+		n.reservedCPU += rec.Spec.CPU
+		n.reservedMem += rec.Spec.MemoryMB
+		n.watchExit(sb)
+		l.Info("sandbox recovered")
+	}
+	return nil
+}
