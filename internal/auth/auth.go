@@ -17,7 +17,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -252,4 +254,14 @@ func WithBearer(ctx context.Context, tok string) context.Context {
 func BearerFrom(ctx context.Context) string {
 	s, _ := ctx.Value(bearerKey{}).(string)
 	return s
+}
+
+// DeriveKey returns a 32-byte secret for purpose derived from the private
+// key (HMAC-SHA256 of its seed): stable for as long as the key pair is,
+// and known only where the private key is (the E2B gateway's envd access
+// tokens).
+func (i *Issuer) DeriveKey(purpose string) []byte {
+	m := hmac.New(sha256.New, i.priv.Seed())
+	m.Write([]byte(purpose))
+	return m.Sum(nil)
 }

@@ -277,6 +277,8 @@ type CreateRequest struct {
 	// SkipPool makes the sandbox from scratch even when the warm pool
 	// holds one of its shape.
 	SkipPool bool
+	// Owner and Project are recorded as the sandbox's owner (owner.go).
+	Owner, Project string
 }
 
 // normalize applies defaults and validates s (sandboxspec.Normalize, the
@@ -368,6 +370,8 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		CreatedAt: now,
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  sandboxDir(n.cfg.StateDir, req.ID),
+		Owner:     req.Owner,
+		Project:   req.Project,
 	}
 	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), started: make(chan struct{})}
 	sb.touch()
@@ -437,6 +441,8 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 		StateDir:  slot.StateDir,
 		Handle:    slot.Handle,
 		FromPool:  true,
+		Owner:     req.Owner,
+		Project:   req.Project,
 	}
 	sb := &sandbox{rec: rec, id: rec.ID, backend: rec.Backend, ready: make(chan struct{}), started: make(chan struct{}), alias: req.ID}
 	sb.touch()
