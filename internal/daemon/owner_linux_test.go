@@ -124,6 +124,10 @@ func TestUserSeesOnlyOwnSandboxes(t *testing.T) {
 			t.Errorf("bob %s alice's sandbox: err = %v, want not_found", what, err)
 		}
 	}
+	out, err := s.bob.PauseSandboxes(ctx, opendsec.Selector{IDs: []string{id}})
+	if err != nil || len(out.Sandboxes) != 0 {
+		t.Errorf("bob pauses by selector: %v (%v), want nothing paused", out, err)
+	}
 	_, err = s.bob.GetSandbox(ctx, id)
 	notFound("gets", err)
 	_, err = s.bob.RunShell(ctx, id, "echo hi")
@@ -139,10 +143,6 @@ func TestUserSeesOnlyOwnSandboxes(t *testing.T) {
 	list, err := s.bob.ListSandboxes(ctx, opendsec.ListFilter{})
 	if err != nil || len(list) != 0 {
 		t.Errorf("bob lists %v (%v), want nothing", ids(list), err)
-	}
-	out, err := s.bob.PauseSandboxes(ctx, opendsec.Selector{IDs: []string{id}})
-	if err != nil || len(out.Sandboxes) != 0 {
-		t.Errorf("bob pauses by selector: %v (%v), want nothing paused", out, err)
 	}
 
 	// alice's sandbox is untouched and hers to use.
