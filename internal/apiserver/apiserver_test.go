@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"net"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -26,7 +25,7 @@ import (
 
 type env struct {
 	t     *testing.T
-	key   []byte
+	key   *auth.Issuer
 	nodes []*fakeNode
 	w     *watcher.Watcher
 	url   string
@@ -43,11 +42,11 @@ type env struct {
 // apiserver served over h2c on loopback.
 func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	t.Helper()
-	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "token.key"))
+	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeTok, _ := auth.Issue(key, "apiserver", auth.ScopeNode, time.Hour)
+	nodeTok, _ := key.Issue("apiserver", auth.ScopeNode, time.Hour)
 	e := &env{t: t, key: key}
 	var infos []nodeclient.NodeInfo
 	for _, id := range ids {
@@ -69,7 +68,7 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 		Nodes:        dir,
 		Watcher:      e.w,
 		NodeToken:    nodeTok,
-		Auth:         auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
+		Auth:         auth.NewVerifier(key.PublicKey(), auth.ScopeAdmin, auth.ScopeUser),
 		ViewTTL:      time.Nanosecond,
 		ViewMaxStale: time.Nanosecond, // every placement sees the watcher's latest view
 	}
@@ -96,7 +95,7 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 	p.SetUnencryptedHTTP2(true)
 	e.hc = &http.Client{Transport: &http.Transport{Protocols: &p}}
 	t.Cleanup(e.hc.CloseIdleConnections) // runs before the wait for Serve
-	e.tok, _ = auth.Issue(key, "alice", auth.ScopeUser, time.Hour)
+	e.tok, _ = key.Issue("alice", auth.ScopeUser, time.Hour)
 	c := auth.Client(e.hc, e.tok)
 	e.sbx = opendsecv1connect.NewSandboxServiceClient(c, e.url, connect.WithGRPC())
 	e.proc = opendsecv1connect.NewProcessServiceClient(c, e.url, connect.WithGRPC())
@@ -379,14 +378,14 @@ func TestAuth(t *testing.T) {
 	_, err = bad.ListSandboxes(t.Context(), connect.NewRequest(&v1.ListSandboxesRequest{}))
 	wantCode(t, err, connect.CodeUnauthenticated, "invalid token")
 
-	expired, _ := auth.Issue(e.key, "alice", auth.ScopeUser, time.Second)
-	v := auth.NewVerifier(e.key)
+	expired, _ := e.key.Issue("alice", auth.ScopeUser, time.Second)
+	v := auth.NewVerifier(e.key.PublicKey())
 	v.Now = func() time.Time { return time.Now().Add(time.Hour) }
 	if _, err := v.Authenticate(http.Header{"Authorization": {"Bearer " + expired}}); err == nil || !strings.Contains(err.Error(), "token expired") {
 		t.Fatalf("expired: %v", err)
 	}
 	// A node token is not for the public API.
-	nodeTok, _ := auth.Issue(e.key, "svc", auth.ScopeNode, time.Hour)
+	nodeTok, _ := e.key.Issue("svc", auth.ScopeNode, time.Hour)
 	nc := opendsecv1connect.NewSandboxServiceClient(auth.Client(e.hc, nodeTok), e.url, connect.WithGRPC())
 	_, err = nc.ListSandboxes(t.Context(), connect.NewRequest(&v1.ListSandboxesRequest{}))
 	wantCode(t, err, connect.CodePermissionDenied, "scope")

@@ -53,11 +53,11 @@ type fakeNode struct {
 	agent     *fakeAgent
 }
 
-func newFakeNode(t *testing.T, key []byte, id string) *fakeNode {
+func newFakeNode(t *testing.T, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
 	n := &fakeNode{id: id, sbs: map[string]*v1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
 		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent()}
-	v := auth.NewVerifier(key, auth.ScopeNode)
+	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor())))
 	mux.Handle("/agent/", v.Middleware(http.HandlerFunc(n.serveAgent)))
@@ -567,4 +567,13 @@ func (fakeFS) GetWatcherEvents(context.Context, *connect.Request[filesystem.GetW
 
 func (fakeFS) RemoveWatcher(context.Context, *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, nil)
+}
+
+func mustIssuer(t *testing.T) *auth.Issuer {
+	t.Helper()
+	iss, err := auth.GenerateIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iss
 }

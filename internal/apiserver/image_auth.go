@@ -115,16 +115,13 @@ func requirePublicRegistry(ctx context.Context, registry string) error {
 	return nil
 }
 
-// nodeImportRequest is the node's request for an import m: it carries
-// image.CallerAdminHeader when the caller's verified token is an admin's,
-// so the node lets the import reach internal registries. Without it the
-// node connects only to public addresses, whatever the registry's name
-// resolves to at the node (the check above resolved it here, which DNS
-// rebinding can answer differently).
-func nodeImportRequest(ctx context.Context, m *v1.ImportImageRequest) *connect.Request[v1.ImportImageRequest] {
-	req := connect.NewRequest(m)
-	if isAdmin(ctx) {
-		req.Header().Set(image.CallerAdminHeader, "true")
-	}
-	return req
+// nodeImportRequest is the node's request for an import m. The node
+// learns who asked from the caller's own signed token, which every call
+// made in the caller's context forwards (auth.OnBehalfHeader), and lets
+// only an admin's import reach internal registries; for anyone else it
+// connects only to public addresses, whatever the registry's name resolves
+// to at the node (the check above resolved it here, which DNS rebinding can
+// answer differently).
+func nodeImportRequest(_ context.Context, m *v1.ImportImageRequest) *connect.Request[v1.ImportImageRequest] {
+	return connect.NewRequest(m)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
@@ -30,8 +29,8 @@ type fakeImages struct {
 	mu     sync.Mutex
 	calls  []string
 	images []string
-	// adminHeaders holds image.CallerAdminHeader of each ImportImage.
-	adminHeaders []string
+	// onBehalf holds auth.OnBehalfHeader of each ImportImage.
+	onBehalf []string
 }
 
 func (f *fakeImages) called(m string) {
@@ -57,7 +56,7 @@ func (f *fakeImages) GetImage(_ context.Context, req *connect.Request[v1.GetImag
 func (f *fakeImages) ImportImage(_ context.Context, req *connect.Request[v1.ImportImageRequest], _ *connect.ServerStream[v1.ImportImageResponse]) error {
 	f.called("ImportImage")
 	f.mu.Lock()
-	f.adminHeaders = append(f.adminHeaders, req.Header().Get(image.CallerAdminHeader))
+	f.onBehalf = append(f.onBehalf, req.Header().Get(auth.OnBehalfHeader))
 	f.mu.Unlock()
 	return nil
 }
@@ -100,7 +99,7 @@ func setupImages(t *testing.T) (e *env, f *fakeImages, user, admin opendsecv1con
 	e = setup(t, func(cfg *apiserver.Config) {
 		// The watcher polls the plain fake node; calls go to this one,
 		// which serves sandboxes and images.
-		n := newFakeNode(t, []byte("unused-key-unused-key-unused-key"), "n001")
+		n := newFakeNode(t, mustIssuer(t), "n001")
 		mux := http.NewServeMux()
 		mux.Handle(nodev1connect.NewNodeServiceHandler(n))
 		mux.Handle(nodev1connect.NewNodeImageServiceHandler(f))
@@ -112,7 +111,7 @@ func setupImages(t *testing.T) (e *env, f *fakeImages, user, admin opendsecv1con
 		t.Cleanup(srv.Close)
 		cfg.Nodes = withNodes(t, cfg.Nodes, nodeclient.NodeInfo{ID: "n001", Addr: srv.URL})
 	}, "n001")
-	adminTok, err := auth.Issue(e.key, "root", auth.ScopeAdmin, time.Hour)
+	adminTok, err := e.key.Issue("root", auth.ScopeAdmin, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,19 +240,19 @@ func TestImageServiceNeedsAdmin(t *testing.T) {
 
 var _ nodev1connect.NodeImageServiceHandler = (*fakeImages)(nil)
 
-// TestImportPassesCallerAdminToNode checks the node learns from the
-// apiserver whether an import's caller is an admin (the node then decides
-// whether internal registries may be reached, never from its own DNS
-// answer): a user's import carries no admin header, an admin's does, and a
-// user's own header does not get through.
-func TestImportPassesCallerAdminToNode(t *testing.T) {
-	_, f, user, admin := setupImages(t)
+// TestImportPassesCallerToNode checks the node learns from the apiserver
+// who an import's caller is (the node then decides whether internal
+// registries may be reached, never from its own DNS answer): every import
+// carries the caller's own signed token, a user's and an admin's, and a
+// header a user set itself does not get through.
+func TestImportPassesCallerToNode(t *testing.T) {
+	e, f, user, admin := setupImages(t)
 	if err := importErr(t, user, &v1.ImportImageRequest{Ref: "203.0.113.7:5000/team/app:v1"}); err != nil {
 		t.Fatalf("user import: %v", err)
 	}
 	st, err := user.ImportImage(t.Context(), func() *connect.Request[v1.ImportImageRequest] {
 		r := connect.NewRequest(&v1.ImportImageRequest{Ref: "203.0.113.7:5000/team/app:v2"})
-		r.Header().Set(image.CallerAdminHeader, "true")
+		r.Header().Set(auth.OnBehalfHeader, "odt_forged.sig")
 		return r
 	}())
 	if err != nil {
@@ -269,9 +268,17 @@ func TestImportPassesCallerAdminToNode(t *testing.T) {
 		t.Fatalf("admin import: %v", err)
 	}
 	f.mu.Lock()
-	got := slices.Clone(f.adminHeaders)
+	got := slices.Clone(f.onBehalf)
 	f.mu.Unlock()
-	if want := []string{"", "", "true"}; !slices.Equal(got, want) {
-		t.Fatalf("caller-admin headers at the node: %q, want %q", got, want)
+	var scopes []string
+	for _, tok := range got {
+		c, err := auth.Verify(e.key.PublicKey(), tok, time.Now())
+		if err != nil {
+			t.Fatalf("forwarded caller token %q: %v", tok, err)
+		}
+		scopes = append(scopes, c.Subject+"/"+c.Scope)
+	}
+	if want := []string{"alice/user", "alice/user", "root/admin"}; !slices.Equal(scopes, want) {
+		t.Fatalf("callers the node was told of: %q, want %q", scopes, want)
 	}
 }

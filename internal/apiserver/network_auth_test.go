@@ -55,7 +55,7 @@ func TestNetworkProtectedRangesNeedAdmin(t *testing.T) {
 	// Finished creates count against the node only until the next view.
 	e := setup(t, func(c *apiserver.Config) { c.PlacementHold = time.Nanosecond }, "n001")
 	ctx := t.Context()
-	adminTok, err := auth.Issue(e.key, "root", auth.ScopeAdmin, time.Hour)
+	adminTok, err := e.key.Issue("root", auth.ScopeAdmin, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

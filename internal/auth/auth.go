@@ -1,28 +1,29 @@
 // Package auth issues and verifies OpenDsec's signed bearer tokens and
 // carries the verified claims in request contexts.
 //
-// A token is "odt_" + base64url(JSON claims) + "." + base64url(HMAC-SHA256),
-// the MAC taken over everything before the dot. Verification needs only the
-// key, never a round trip. Servers read "Authorization: Bearer <token>"; when
-// the Authorization header is taken by something else (the envd agent reads
-// the process user from "Authorization: Basic"), internal hops carry the
-// token in TokenHeader instead.
+// A token is "odt_" + base64url(JSON claims) + "." + base64url(ed25519
+// signature), the signature taken over everything before the dot. Only an
+// Issuer, which holds the ed25519 private key, can mint; everything else
+// (apiservers, nodes, the watcher) holds the public key and verifies
+// (Verify, Verifier), never a round trip. Servers read "Authorization:
+// Bearer <token>"; when the Authorization header is taken by something else
+// (the envd agent reads the process user from "Authorization: Basic"),
+// internal hops carry the token in TokenHeader instead. A component calling
+// another on a caller's behalf forwards the caller's own token in
+// OnBehalfHeader (see Verifier.AcceptOnBehalf).
 package auth
 
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -32,13 +33,16 @@ import (
 // Prefix starts every token.
 const Prefix = "odt_"
 
-// KeySize is the length of a signing key in bytes.
-const KeySize = 32
-
 // TokenHeader carries the token on internal hops whose Authorization header
 // belongs to the agent (user selection with Basic auth). Servers accept it
 // when Authorization holds no bearer token; proxies strip it.
 const TokenHeader = "X-Opendsec-Token"
+
+// OnBehalfHeader carries, on a component-to-component call, the signed
+// token of the caller the component acts for (the apiserver calling a node
+// for a user). The receiver verifies it with the same public key and acts
+// with its claims; proxies strip it.
+const OnBehalfHeader = "X-Opendsec-On-Behalf-Of"
 
 // Scopes.
 const (
@@ -51,11 +55,14 @@ const (
 
 // Claims are what a token says about its bearer.
 type Claims struct {
-	Subject   string `json:"sub"`
+	// Subject is the principal.
+	Subject string `json:"sub"`
+	Scope   string `json:"scope"`
+	// Project is the principal's project; empty until projects exist.
+	Project   string `json:"proj,omitempty"`
 	ExpiresAt int64  `json:"exp"`
 	IssuedAt  int64  `json:"iat"`
 	ID        string `json:"jti"`
-	Scope     string `json:"scope"`
 }
 
 // Expiry returns the expiry as a time.
@@ -64,60 +71,91 @@ func (c Claims) Expiry() time.Time { return time.Unix(c.ExpiresAt, 0).UTC() }
 var (
 	errMissing = errdefs.New(errdefs.ErrUnauthenticated, "missing token: set OPENDSEC_TOKEN or pass --token")
 	errInvalid = errdefs.New(errdefs.ErrUnauthenticated, "invalid token")
+	errHMAC    = errdefs.New(errdefs.ErrUnauthenticated,
+		"invalid token: it is signed with the old shared HMAC key, which OpenDsec no longer accepts; mint a new one with `opendsec token create`")
 )
 
 func validScope(s string) bool {
 	return s == ScopeAdmin || s == ScopeUser || s == ScopeNode
 }
 
-// Issue signs a token for subject with scope, valid for ttl from now.
-func Issue(key []byte, subject, scope string, ttl time.Duration) (string, error) {
-	if len(key) != KeySize {
-		return "", errdefs.Invalid("key", "is %d bytes; a signing key is %d bytes", len(key), KeySize)
+// Minter mints tokens. *Issuer implements it; components that must act for
+// principals (the E2B gateway) are given one only where the private key is.
+type Minter interface {
+	Issue(subject, scope string, ttl time.Duration) (string, error)
+}
+
+// Issuer mints tokens with the ed25519 private key. It is the only type in
+// OpenDsec that can: a Verifier holds the public key alone.
+type Issuer struct {
+	priv ed25519.PrivateKey
+	pub  ed25519.PublicKey
+}
+
+var _ Minter = (*Issuer)(nil)
+
+// NewIssuer returns an Issuer signing with priv.
+func NewIssuer(priv ed25519.PrivateKey) (*Issuer, error) {
+	if len(priv) != ed25519.PrivateKeySize {
+		return nil, errdefs.Invalid("private_key", "is %d bytes; an ed25519 private key is %d", len(priv), ed25519.PrivateKeySize)
 	}
-	if subject == "" {
-		return "", errdefs.Invalid("subject", "is empty; name the principal, e.g. \"admin\"")
+	return &Issuer{priv: priv, pub: priv.Public().(ed25519.PublicKey)}, nil
+}
+
+// GenerateIssuer returns an Issuer with a new random key pair (tests, and
+// the first start of `opendsec up`).
+func GenerateIssuer() (*Issuer, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate ed25519 key: %w", err)
 	}
-	if !validScope(scope) {
-		return "", errdefs.Invalid("scope", "%q is unknown; use admin, user or node", scope)
+	return NewIssuer(priv)
+}
+
+// PublicKey returns the key that verifies this Issuer's tokens.
+func (i *Issuer) PublicKey() ed25519.PublicKey { return i.pub }
+
+// Issue signs a token for subject with scope and no project, valid for ttl
+// from now.
+func (i *Issuer) Issue(subject, scope string, ttl time.Duration) (string, error) {
+	tok, _, err := i.IssueClaims(Claims{Subject: subject, Scope: scope}, ttl)
+	return tok, err
+}
+
+// IssueClaims signs a token carrying c's subject, scope and project, valid
+// for ttl from now, and returns it with its full claims.
+func (i *Issuer) IssueClaims(c Claims, ttl time.Duration) (string, Claims, error) {
+	if c.Subject == "" {
+		return "", Claims{}, errdefs.Invalid("subject", "is empty; name the principal, e.g. \"admin\"")
+	}
+	if !validScope(c.Scope) {
+		return "", Claims{}, errdefs.Invalid("scope", "%q is unknown; use admin, user or node", c.Scope)
 	}
 	if ttl <= 0 {
-		return "", errdefs.Invalid("ttl", "must be positive, e.g. 24h")
+		return "", Claims{}, errdefs.Invalid("ttl", "must be positive, e.g. 24h")
 	}
 	jti := make([]byte, 12)
 	if _, err := rand.Read(jti); err != nil {
-		return "", fmt.Errorf("token id: %w", err)
+		return "", Claims{}, fmt.Errorf("token id: %w", err)
 	}
 	now := time.Now()
-	c := Claims{
-		Subject:   subject,
-		IssuedAt:  now.Unix(),
-		ExpiresAt: now.Add(ttl).Unix(),
-		ID:        hex.EncodeToString(jti),
-		Scope:     scope,
-	}
+	c.IssuedAt, c.ExpiresAt, c.ID = now.Unix(), now.Add(ttl).Unix(), hex.EncodeToString(jti)
 	payload, err := json.Marshal(c)
 	if err != nil {
-		return "", fmt.Errorf("encode claims: %w", err)
+		return "", Claims{}, fmt.Errorf("encode claims: %w", err)
 	}
 	signed := Prefix + base64.RawURLEncoding.EncodeToString(payload)
-	return signed + "." + base64.RawURLEncoding.EncodeToString(mac(key, signed)), nil
+	return signed + "." + base64.RawURLEncoding.EncodeToString(ed25519.Sign(i.priv, []byte(signed))), c, nil
 }
 
-func mac(key []byte, s string) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte(s))
-	return m.Sum(nil)
-}
-
-// Verify checks token's signature and expiry at now and returns its claims.
-// Every failure is in the unauthenticated category with a message saying
-// what to do.
-func Verify(key []byte, token string, now time.Time) (Claims, error) {
+// Verify checks token's signature against pub and its expiry at now and
+// returns its claims. Every failure is in the unauthenticated category with
+// a message saying what to do.
+func Verify(pub ed25519.PublicKey, token string, now time.Time) (Claims, error) {
 	if token == "" {
 		return Claims{}, errMissing
 	}
-	if len(key) != KeySize || !strings.HasPrefix(token, Prefix) {
+	if len(pub) != ed25519.PublicKeySize || !strings.HasPrefix(token, Prefix) {
 		return Claims{}, errInvalid
 	}
 	dot := strings.LastIndexByte(token, '.')
@@ -126,7 +164,14 @@ func Verify(key []byte, token string, now time.Time) (Claims, error) {
 	}
 	signed, sigPart := token[:dot], token[dot+1:]
 	sig, err := base64.RawURLEncoding.DecodeString(sigPart)
-	if err != nil || !hmac.Equal(sig, mac(key, signed)) {
+	if err != nil {
+		return Claims{}, errInvalid
+	}
+	if len(sig) == 32 {
+		// HMAC-SHA256: a token from before ed25519.
+		return Claims{}, errHMAC
+	}
+	if len(sig) != ed25519.SignatureSize || !ed25519.Verify(pub, []byte(signed), sig) {
 		return Claims{}, errInvalid
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(signed[len(Prefix):])
@@ -145,60 +190,78 @@ func Verify(key []byte, token string, now time.Time) (Claims, error) {
 	return c, nil
 }
 
-// LoadOrCreateKey reads the signing key at path, creating it (KeySize random
-// bytes, mode 0600, parent directories 0700) when missing.
-func LoadOrCreateKey(path string) ([]byte, error) {
-	key, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		if len(key) != KeySize {
-			return nil, errdefs.Invalid("key_file", "%s is %d bytes, want %d; remove it to make a new key (tokens issued with it stop working)", path, len(key), KeySize)
-		}
-		return key, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("read signing key: %w", err)
+// peekClaims decodes a token's claims without verifying it (for the expiry
+// of a token this process just minted or was given).
+func peekClaims(token string) (Claims, error) {
+	signed, _, ok := strings.Cut(strings.TrimPrefix(token, Prefix), ".")
+	if !ok {
+		return Claims{}, errInvalid
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("create key directory: %w", err)
-	}
-	key = make([]byte, KeySize)
-	if _, err := rand.Read(key); err != nil {
-		return nil, fmt.Errorf("generate signing key: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		// Another process created it first: use theirs.
-		return LoadOrCreateKey(path)
-	}
+	payload, err := base64.RawURLEncoding.DecodeString(signed)
 	if err != nil {
-		return nil, fmt.Errorf("create signing key: %w", err)
+		return Claims{}, errInvalid
 	}
-	if _, err := f.Write(key); err != nil {
-		f.Close()
-		os.Remove(path)
-		return nil, fmt.Errorf("write signing key: %w", err)
+	var c Claims
+	if err := json.Unmarshal(payload, &c); err != nil {
+		return Claims{}, errInvalid
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(path)
-		return nil, fmt.Errorf("sync signing key: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("close signing key: %w", err)
-	}
-	return key, nil
+	return c, nil
 }
 
 type claimsKey struct{}
 
-// WithClaims returns ctx carrying c.
-func WithClaims(ctx context.Context, c Claims) context.Context {
-	return context.WithValue(ctx, claimsKey{}, c)
+type callerValue struct {
+	c     Claims
+	token string
 }
 
-// FromContext returns the verified claims of the caller, if any.
+// WithClaims returns ctx carrying c as the caller's verified claims.
+func WithClaims(ctx context.Context, c Claims) context.Context {
+	return context.WithValue(ctx, claimsKey{}, callerValue{c: c})
+}
+
+// withCaller returns ctx carrying the caller's claims and the signed token
+// they came from, which outgoing calls forward in OnBehalfHeader.
+func withCaller(ctx context.Context, c Claims, token string) context.Context {
+	return context.WithValue(ctx, claimsKey{}, callerValue{c: c, token: token})
+}
+
+// FromContext returns the verified claims of the caller, if any: the
+// bearer's, or on a call made on someone's behalf, theirs.
 func FromContext(ctx context.Context) (Claims, bool) {
-	c, ok := ctx.Value(claimsKey{}).(Claims)
-	return c, ok
+	v, ok := ctx.Value(claimsKey{}).(callerValue)
+	return v.c, ok
+}
+
+// CallerToken returns the signed token the caller in ctx was verified
+// from ("" if none). Client interceptors and transports forward it in
+// OnBehalfHeader.
+func CallerToken(ctx context.Context) string {
+	v, _ := ctx.Value(claimsKey{}).(callerValue)
+	return v.token
+}
+
+type bearerKey struct{}
+
+// WithBearer returns ctx whose outgoing calls (ClientInterceptorFrom,
+// RoundTripperFrom) carry tok instead of the client's own token: the E2B
+// gateway calls the API with the token of the API key's principal.
+func WithBearer(ctx context.Context, tok string) context.Context {
+	return context.WithValue(ctx, bearerKey{}, tok)
+}
+
+// BearerFrom returns the token set by WithBearer.
+func BearerFrom(ctx context.Context) string {
+	s, _ := ctx.Value(bearerKey{}).(string)
+	return s
+}
+
+// DeriveKey returns a 32-byte secret for purpose derived from the private
+// key (HMAC-SHA256 of its seed): stable for as long as the key pair is,
+// and known only where the private key is (the E2B gateway's envd access
+// tokens).
+func (i *Issuer) DeriveKey(purpose string) []byte {
+	m := hmac.New(sha256.New, i.priv.Seed())
+	m.Write([]byte(purpose))
+	return m.Sum(nil)
 }

@@ -2,12 +2,17 @@ package auth_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -20,44 +25,69 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
-func newKey(t *testing.T) []byte {
+func newIssuer(t *testing.T) *auth.Issuer {
 	t.Helper()
-	k, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "keys", "token.key"))
+	iss, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k
+	return iss
 }
 
 func TestIssueVerify(t *testing.T) {
-	key := newKey(t)
-	tok, err := auth.Issue(key, "alice", auth.ScopeUser, time.Hour)
+	iss := newIssuer(t)
+	tok, err := iss.Issue("alice", auth.ScopeUser, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(tok, "odt_") || strings.Count(tok, ".") != 1 {
 		t.Fatalf("token %q does not have the odt_<payload>.<sig> shape", tok)
 	}
-	c, err := auth.Verify(key, tok, time.Now())
+	c, err := auth.Verify(iss.PublicKey(), tok, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Subject != "alice" || c.Scope != auth.ScopeUser || c.ID == "" || c.ExpiresAt-c.IssuedAt != 3600 {
+	if c.Subject != "alice" || c.Scope != auth.ScopeUser || c.Project != "" || c.ID == "" || c.ExpiresAt-c.IssuedAt != 3600 {
 		t.Fatalf("claims = %+v", c)
+	}
+	payload, _ := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(strings.Split(tok, ".")[0], "odt_"))
+	for _, k := range []string{`"sub"`, `"scope"`, `"exp"`, `"iat"`, `"jti"`} {
+		if !strings.Contains(string(payload), k) {
+			t.Errorf("claims %s lack %s", payload, k)
+		}
+	}
+	tok, _, err = iss.IssueClaims(auth.Claims{Subject: "bob", Scope: auth.ScopeUser, Project: "p1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := auth.Verify(iss.PublicKey(), tok, time.Now()); err != nil || c.Project != "p1" {
+		t.Fatalf("project claim: %+v, %v", c, err)
 	}
 }
 
+// hmacToken is a token in the format before ed25519: the same claims with
+// an HMAC-SHA256 over them.
+func hmacToken(key []byte, sub, scope string) string {
+	now := time.Now()
+	payload := fmt.Sprintf(`{"sub":%q,"exp":%d,"iat":%d,"jti":"x","scope":%q}`, sub, now.Add(time.Hour).Unix(), now.Unix(), scope)
+	signed := "odt_" + base64.RawURLEncoding.EncodeToString([]byte(payload))
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(signed))
+	return signed + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
 func TestVerifyRejects(t *testing.T) {
-	key := newKey(t)
-	other := newKey(t)
-	tok, err := auth.Issue(key, "alice", auth.ScopeAdmin, time.Minute)
+	iss := newIssuer(t)
+	other := newIssuer(t)
+	key := iss.PublicKey()
+	tok, err := iss.Issue("alice", auth.ScopeAdmin, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	payload, sig, _ := strings.Cut(tok, ".")
 	forged := strings.Replace(payload, payload[4:10], base64.RawURLEncoding.EncodeToString([]byte("xxxx")), 1) + "." + sig
 	for name, tc := range map[string]struct {
-		key  []byte
+		key  ed25519.PublicKey
 		tok  string
 		now  time.Time
 		want string
@@ -66,7 +96,8 @@ func TestVerifyRejects(t *testing.T) {
 		"garbage":   {key, "hello", time.Now(), "invalid token"},
 		"forged":    {key, forged, time.Now(), "invalid token"},
 		"no sig":    {key, payload, time.Now(), "invalid token"},
-		"other key": {other, tok, time.Now(), "invalid token"},
+		"other key": {other.PublicKey(), tok, time.Now(), "invalid token"},
+		"hmac":      {key, hmacToken(make([]byte, 32), "alice", auth.ScopeAdmin), time.Now(), "invalid token: it is signed with the old shared HMAC key"},
 		"expired":   {key, tok, time.Now().Add(2 * time.Minute), "token expired at "},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -82,12 +113,12 @@ func TestVerifyRejects(t *testing.T) {
 }
 
 func TestIssueValidates(t *testing.T) {
-	key := newKey(t)
+	iss := newIssuer(t)
 	for field, call := range map[string]func() error{
-		"scope":   func() error { _, err := auth.Issue(key, "a", "root", time.Hour); return err },
-		"subject": func() error { _, err := auth.Issue(key, "", "user", time.Hour); return err },
-		"ttl":     func() error { _, err := auth.Issue(key, "a", "user", 0); return err },
-		"key":     func() error { _, err := auth.Issue([]byte("short"), "a", "user", time.Hour); return err },
+		"scope":       func() error { _, err := iss.Issue("a", "root", time.Hour); return err },
+		"subject":     func() error { _, err := iss.Issue("", "user", time.Hour); return err },
+		"ttl":         func() error { _, err := iss.Issue("a", "user", 0); return err },
+		"private_key": func() error { _, err := auth.NewIssuer([]byte("short")); return err },
 	} {
 		var fe *errdefs.FieldError
 		if err := call(); !errors.As(err, &fe) || fe.Field != field {
@@ -96,31 +127,127 @@ func TestIssueValidates(t *testing.T) {
 	}
 }
 
-func TestLoadOrCreateKey(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "d", "token.key")
-	k1, err := auth.LoadOrCreateKey(path)
+// Only the Issuer mints: a Verifier (all that apiservers and nodes hold)
+// has no method that signs. Checked by reflection so adding one fails here.
+func TestVerifierCannotMint(t *testing.T) {
+	vt := reflect.TypeOf(&auth.Verifier{})
+	for i := range vt.NumMethod() {
+		if m := vt.Method(i).Name; strings.Contains(m, "Issue") || strings.Contains(m, "Sign") || strings.Contains(m, "Mint") {
+			t.Errorf("Verifier has method %s", m)
+		}
+	}
+	var v any = auth.NewVerifier(newIssuer(t).PublicKey())
+	if _, ok := v.(auth.Minter); ok {
+		t.Fatal("a Verifier is a Minter")
+	}
+}
+
+func TestLoadOrCreateIssuer(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	priv, pub := filepath.Join(dir, "auth.ed25519"), filepath.Join(dir, "auth.ed25519.pub")
+	i1, created, err := auth.LoadOrCreateIssuer(priv, pub)
+	if err != nil || !created {
+		t.Fatalf("first load: created %v, %v", created, err)
+	}
+	st, err := os.Stat(priv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("private key file mode %v, want 0600", st.Mode().Perm())
 	}
-	if st.Mode().Perm() != 0o600 || st.Size() != auth.KeySize {
-		t.Fatalf("key file mode %v size %d, want 0600 and %d", st.Mode().Perm(), st.Size(), auth.KeySize)
+	i2, created, err := auth.LoadOrCreateIssuer(priv, pub)
+	if err != nil || created {
+		t.Fatalf("second load: created %v, %v", created, err)
 	}
-	k2, err := auth.LoadOrCreateKey(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(k1) != string(k2) {
+	if !i1.PublicKey().Equal(i2.PublicKey()) {
 		t.Fatal("second load returned a different key")
 	}
-	if err := os.WriteFile(path, []byte("short"), 0o600); err != nil {
+	pk, err := auth.LoadPublicKey(pub)
+	if err != nil || !pk.Equal(i1.PublicKey()) {
+		t.Fatalf("public key file: %v", err)
+	}
+	if _, err := auth.LoadIssuer(pub); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("public key read as private: err = %v, want invalid argument", err)
+	}
+	if _, err := auth.LoadIssuer(filepath.Join(dir, "missing")); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "only the issuer") {
+		t.Fatalf("missing private key: err = %v", err)
+	}
+}
+
+// A node's verifier (AcceptOnBehalf) serves a service's call as the caller
+// whose signed token it forwards, and refuses a forwarded token it cannot
+// verify with its public key, or a forward by a user token.
+func TestOnBehalf(t *testing.T) {
+	iss, other := newIssuer(t), newIssuer(t)
+	v := auth.NewVerifier(iss.PublicKey(), auth.ScopeNode, auth.ScopeAdmin).AcceptOnBehalf()
+	svc, _ := iss.Issue("apiserver", auth.ScopeNode, time.Hour)
+	alice, _ := iss.Issue("alice", auth.ScopeUser, time.Hour)
+	forged, _ := other.Issue("alice", auth.ScopeAdmin, time.Hour)
+	node, _ := iss.Issue("n", auth.ScopeNode, time.Hour)
+	h := func(bearer, obo string) http.Header {
+		h := http.Header{}
+		h.Set("Authorization", "Bearer "+bearer)
+		if obo != "" {
+			h.Set(auth.OnBehalfHeader, obo)
+		}
+		return h
+	}
+	if c, err := v.Authenticate(h(svc, "")); err != nil || c.Subject != "apiserver" {
+		t.Fatalf("service alone: %+v, %v", c, err)
+	}
+	if c, err := v.Authenticate(h(svc, alice)); err != nil || c.Subject != "alice" || c.Scope != auth.ScopeUser {
+		t.Fatalf("on behalf of alice: %+v, %v", c, err)
+	}
+	for name, hd := range map[string]http.Header{
+		"forged claim":  h(svc, forged),
+		"hmac claim":    h(svc, hmacToken(make([]byte, 32), "alice", auth.ScopeAdmin)),
+		"forged bearer": h(forged, ""),
+		"hmac bearer":   h(hmacToken(make([]byte, 32), "x", auth.ScopeNode), ""),
+		"node as claim": h(svc, node),
+		"garbage claim": h(svc, "odt_x.y"),
+	} {
+		if _, err := v.Authenticate(hd); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A verifier without AcceptOnBehalf ignores the header.
+	plain := auth.NewVerifier(iss.PublicKey())
+	if c, err := plain.Authenticate(h(svc, alice)); err != nil || c.Subject != "apiserver" {
+		t.Fatalf("plain verifier: %+v, %v", c, err)
+	}
+}
+
+// Outgoing calls made in a verified caller's context forward its token in
+// OnBehalfHeader; WithBearer replaces the client's own token.
+func TestForwardsCaller(t *testing.T) {
+	iss := newIssuer(t)
+	svc, _ := iss.Issue("apiserver", auth.ScopeNode, time.Hour)
+	alice, _ := iss.Issue("alice", auth.ScopeUser, time.Hour)
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	t.Cleanup(srv.Close)
+	front := auth.NewVerifier(iss.PublicKey()).Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, srv.URL, nil)
+		resp, err := auth.Client(srv.Client(), svc).Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+	}))
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("Authorization", "Bearer "+alice)
+	front.ServeHTTP(httptest.NewRecorder(), req)
+	if got.Get("Authorization") != "Bearer "+svc || got.Get(auth.OnBehalfHeader) != alice {
+		t.Fatalf("forwarded Authorization %q, on-behalf %q", got.Get("Authorization"), got.Get(auth.OnBehalfHeader))
+	}
+	req2, _ := http.NewRequestWithContext(auth.WithBearer(t.Context(), alice), http.MethodGet, srv.URL, nil)
+	resp, err := auth.Client(srv.Client(), svc).Do(req2)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := auth.LoadOrCreateKey(path); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("truncated key: err = %v, want invalid argument", err)
+	resp.Body.Close()
+	if got.Get("Authorization") != "Bearer "+alice || got.Get(auth.OnBehalfHeader) != "" {
+		t.Fatalf("WithBearer: Authorization %q, on-behalf %q", got.Get("Authorization"), got.Get(auth.OnBehalfHeader))
 	}
 }
 
@@ -137,8 +264,8 @@ func (watcherSvc) ListNodes(ctx context.Context, _ *connect.Request[watcherv1.Li
 }
 
 func TestInterceptor(t *testing.T) {
-	key := newKey(t)
-	v := auth.NewVerifier(key, auth.ScopeNode)
+	iss := newIssuer(t)
+	v := auth.NewVerifier(iss.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	mux.Handle(watcherv1connect.NewWatcherServiceHandler(watcherSvc{}, connect.WithInterceptors(v.Interceptor())))
 	srv := httptest.NewServer(mux)
@@ -154,11 +281,11 @@ func TestInterceptor(t *testing.T) {
 	if _, err := call(srv.Client()); connect.CodeOf(err) != connect.CodeUnauthenticated || !strings.Contains(err.Error(), "missing token") {
 		t.Fatalf("no token: err = %v", err)
 	}
-	userTok, _ := auth.Issue(key, "bob", auth.ScopeUser, time.Hour)
+	userTok, _ := iss.Issue("bob", auth.ScopeUser, time.Hour)
 	if _, err := call(auth.Client(srv.Client(), userTok)); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("user scope: err = %v, want permission denied", err)
 	}
-	nodeTok, _ := auth.Issue(key, "apiserver", auth.ScopeNode, time.Hour)
+	nodeTok, _ := iss.Issue("apiserver", auth.ScopeNode, time.Hour)
 	for name, c := range map[string]struct {
 		client *http.Client
 		opts   []connect.ClientOption
@@ -177,8 +304,8 @@ func TestInterceptor(t *testing.T) {
 }
 
 func TestMiddlewareAndTokenHeader(t *testing.T) {
-	key := newKey(t)
-	v := auth.NewVerifier(key)
+	iss := newIssuer(t)
+	v := auth.NewVerifier(iss.PublicKey())
 	var sawAuth, sawToken string
 	srv := httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sawAuth, sawToken = r.Header.Get("Authorization"), r.Header.Get(auth.TokenHeader)
@@ -196,7 +323,7 @@ func TestMiddlewareAndTokenHeader(t *testing.T) {
 		t.Fatalf("no token: status %d, want 401", resp.StatusCode)
 	}
 
-	tok, _ := auth.Issue(key, "svc", auth.ScopeNode, time.Hour)
+	tok, _ := iss.Issue("svc", auth.ScopeNode, time.Hour)
 	// The agent's user selection occupies Authorization: the token must
 	// travel in TokenHeader and be stripped before the handler.
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)

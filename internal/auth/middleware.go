@@ -2,7 +2,9 @@ package auth
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,19 +16,31 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
-// Verifier authenticates requests with one signing key and the scopes a
-// service accepts.
+// Verifier authenticates requests with the issuer's public key and the
+// scopes a service accepts. It cannot mint: only an Issuer can.
 type Verifier struct {
-	key    []byte
-	scopes []string
+	pub      ed25519.PublicKey
+	scopes   []string
+	onBehalf bool
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 }
 
-// NewVerifier returns a Verifier accepting tokens signed with key whose
-// scope is one of scopes (any valid scope when none are given).
-func NewVerifier(key []byte, scopes ...string) *Verifier {
-	return &Verifier{key: key, scopes: scopes, Now: time.Now}
+// NewVerifier returns a Verifier accepting tokens signed by the private key
+// of pub whose scope is one of scopes (any valid scope when none are
+// given).
+func NewVerifier(pub ed25519.PublicKey, scopes ...string) *Verifier {
+	return &Verifier{pub: pub, scopes: scopes, Now: time.Now}
+}
+
+// AcceptOnBehalf makes v (a node's) honour OnBehalfHeader: a request whose
+// bearer is a service (node or admin scope) and that carries the signed
+// token of a user or admin in OnBehalfHeader is served as that caller
+// (FromContext returns its claims). The forwarded token is verified like
+// any other. Without the header the bearer is the caller. It returns v.
+func (v *Verifier) AcceptOnBehalf() *Verifier {
+	v.onBehalf = true
+	return v
 }
 
 // TokenFromHeader returns the bearer token in h: from "Authorization: Bearer"
@@ -43,15 +57,38 @@ func TokenFromHeader(h http.Header) string {
 
 // Authenticate verifies the token in h and checks its scope.
 func (v *Verifier) Authenticate(h http.Header) (Claims, error) {
-	c, err := Verify(v.key, TokenFromHeader(h), v.Now())
+	c, _, err := v.authenticate(h)
+	return c, err
+}
+
+// authenticate returns the caller's claims and the token they came from:
+// the bearer's, or with AcceptOnBehalf and OnBehalfHeader set, those of
+// the caller the bearer acts for.
+func (v *Verifier) authenticate(h http.Header) (Claims, string, error) {
+	tok := TokenFromHeader(h)
+	c, err := Verify(v.pub, tok, v.Now())
 	if err != nil {
-		return Claims{}, err
+		return Claims{}, "", err
 	}
 	if len(v.scopes) > 0 && !slices.Contains(v.scopes, c.Scope) {
-		return Claims{}, errdefs.New(errdefs.ErrPermissionDenied,
+		return Claims{}, "", errdefs.New(errdefs.ErrPermissionDenied,
 			"a %q-scope token cannot call this service; use a token with scope %s", c.Scope, strings.Join(v.scopes, " or "))
 	}
-	return c, nil
+	obo := strings.TrimSpace(h.Get(OnBehalfHeader))
+	if !v.onBehalf || obo == "" {
+		return c, tok, nil
+	}
+	if c.Scope != ScopeNode && c.Scope != ScopeAdmin {
+		return Claims{}, "", errdefs.New(errdefs.ErrPermissionDenied, "a %q-scope token cannot act on behalf of another caller", c.Scope)
+	}
+	oc, err := Verify(v.pub, obo, v.Now())
+	if err != nil {
+		return Claims{}, "", fmt.Errorf("on-behalf-of token: %w", err)
+	}
+	if oc.Scope != ScopeUser && oc.Scope != ScopeAdmin {
+		return Claims{}, "", errdefs.New(errdefs.ErrPermissionDenied, "on-behalf-of token has scope %q; only user and admin callers are acted for", oc.Scope)
+	}
+	return oc, obo, nil
 }
 
 // Interceptor returns a connect interceptor that rejects unauthenticated
@@ -66,11 +103,11 @@ func (i *serverInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		c, err := i.v.Authenticate(req.Header())
+		c, tok, err := i.v.authenticate(req.Header())
 		if err != nil {
 			return nil, errdefs.ToConnect(err)
 		}
-		return next(WithClaims(ctx, c), req)
+		return next(withCaller(ctx, c, tok), req)
 	}
 }
 
@@ -80,27 +117,28 @@ func (i *serverInterceptor) WrapStreamingClient(next connect.StreamingClientFunc
 
 func (i *serverInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		c, err := i.v.Authenticate(conn.RequestHeader())
+		c, tok, err := i.v.authenticate(conn.RequestHeader())
 		if err != nil {
 			return errdefs.ToConnect(err)
 		}
-		return next(WithClaims(ctx, c), conn)
+		return next(withCaller(ctx, c, tok), conn)
 	}
 }
 
 // Middleware wraps a plain HTTP handler: unauthenticated requests get the
 // category's HTTP status and a JSON body {"code": status, "message": ...}
 // (the envd error shape); authenticated ones reach next with Claims in the
-// request context and TokenHeader removed.
+// request context and TokenHeader and OnBehalfHeader removed.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := v.Authenticate(r.Header)
+		c, tok, err := v.authenticate(r.Header)
 		if err != nil {
 			WriteError(w, err)
 			return
 		}
-		r = r.WithContext(WithClaims(r.Context(), c))
+		r = r.WithContext(withCaller(r.Context(), c, tok))
 		r.Header.Del(TokenHeader)
+		r.Header.Del(OnBehalfHeader)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -115,6 +153,20 @@ func WriteError(w http.ResponseWriter, err error) {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}{status, err.Error()})
+}
+
+// setOutgoing puts the token for a call made in ctx in h: the WithBearer
+// token if set, else src's; and the caller's token (CallerToken) in
+// OnBehalfHeader when ctx carries one, so the callee acts for that caller.
+func setOutgoing(ctx context.Context, h http.Header, src TokenSource) {
+	tok := BearerFrom(ctx)
+	if tok == "" {
+		tok = src.Token()
+	}
+	setToken(h, tok)
+	if obo := CallerToken(ctx); obo != "" && obo != tok {
+		h.Set(OnBehalfHeader, obo)
+	}
 }
 
 // setToken puts tok in h: as "Authorization: Bearer" when that header is
@@ -150,7 +202,7 @@ type tokenTransport struct {
 
 func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	setToken(r.Header, t.src.Token())
+	setOutgoing(r.Context(), r.Header, t.src)
 	return t.base.RoundTrip(r)
 }
 
@@ -187,7 +239,7 @@ type clientInterceptor struct{ src TokenSource }
 func (i *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
-			setToken(req.Header(), i.src.Token())
+			setOutgoing(ctx, req.Header(), i.src)
 		}
 		return next(ctx, req)
 	}
@@ -195,7 +247,7 @@ func (i *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 
 func (i *clientInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		return &tokenConn{StreamingClientConn: next(ctx, spec), tok: i.src.Token()}
+		return &tokenConn{StreamingClientConn: next(ctx, spec), ctx: ctx, src: i.src}
 	}
 }
 
@@ -207,11 +259,12 @@ func (i *clientInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFu
 // the caller has set its own (e.g. Authorization: Basic for the agent).
 type tokenConn struct {
 	connect.StreamingClientConn
-	tok  string
+	ctx  context.Context
+	src  TokenSource
 	once sync.Once
 }
 
-func (c *tokenConn) set() { c.once.Do(func() { setToken(c.RequestHeader(), c.tok) }) }
+func (c *tokenConn) set() { c.once.Do(func() { setOutgoing(c.ctx, c.RequestHeader(), c.src) }) }
 
 func (c *tokenConn) Send(m any) error {
 	c.set()

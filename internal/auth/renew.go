@@ -2,9 +2,13 @@ package auth
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
 
@@ -29,7 +33,7 @@ func (s StaticToken) Token() string { return string(s) }
 // and Token renews it on the spot if that moment has passed anyway (Run not
 // started yet, or the machine was suspended).
 type ServiceToken struct {
-	key            []byte
+	minter         Minter
 	subject, scope string
 	ttl            time.Duration
 
@@ -41,13 +45,13 @@ type ServiceToken struct {
 
 var _ TokenSource = (*ServiceToken)(nil)
 
-// NewServiceToken issues the first token for subject with scope, each
-// valid for ttl (ServiceTokenTTL if 0).
-func NewServiceToken(key []byte, subject, scope string, ttl time.Duration) (*ServiceToken, error) {
+// NewServiceToken issues with m the first token for subject with scope,
+// each valid for ttl (ServiceTokenTTL if 0).
+func NewServiceToken(m Minter, subject, scope string, ttl time.Duration) (*ServiceToken, error) {
 	if ttl == 0 {
 		ttl = ServiceTokenTTL
 	}
-	s := &ServiceToken{key: key, subject: subject, scope: scope, ttl: ttl}
+	s := &ServiceToken{minter: m, subject: subject, scope: scope, ttl: ttl}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.renewLocked(time.Now()); err != nil {
@@ -60,11 +64,11 @@ func NewServiceToken(key []byte, subject, scope string, ttl time.Duration) (*Ser
 // token's real expiry (claims carry whole seconds, so that is up to a
 // second before now+ttl).
 func (s *ServiceToken) renewLocked(now time.Time) error {
-	tok, err := Issue(s.key, s.subject, s.scope, s.ttl)
+	tok, err := s.minter.Issue(s.subject, s.scope, s.ttl)
 	if err != nil {
 		return err
 	}
-	c, err := Verify(s.key, tok, now)
+	c, err := peekClaims(tok)
 	if err != nil {
 		return err
 	}
@@ -124,4 +128,66 @@ func (s *ServiceToken) Run(ctx context.Context) {
 			log.G(ctx).Debug("service token renewed", "subject", s.subject, "expires", exp)
 		}
 	}
+}
+
+// FileToken is a TokenSource reading a token an operator minted (`opendsec
+// token create --scope node`) from a file: the separate opendsec-apiserver
+// and opendsec-watcher, which hold only the public key, call other
+// components with it. The file is read again when it changes (checked at
+// most every FileTokenRecheck), so a token is rotated by rewriting the file.
+type FileToken struct {
+	path string
+
+	mu      sync.Mutex
+	tok     string    // guarded by mu
+	modTime time.Time // guarded by mu
+	checked time.Time // guarded by mu
+}
+
+// FileTokenRecheck is how often FileToken looks for a changed file.
+const FileTokenRecheck = 10 * time.Second
+
+var _ TokenSource = (*FileToken)(nil)
+
+// NewFileToken reads the token in path; it fails when the file is missing
+// or holds no token, so a misconfigured component fails at start.
+func NewFileToken(path string) (*FileToken, error) {
+	f := &FileToken{path: path}
+	if err := f.load(time.Now()); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *FileToken) load(now time.Time) error {
+	st, err := os.Stat(f.path)
+	if err != nil {
+		return errdefs.New(errdefs.ErrFailedPrecondition,
+			"service token file %s: %v; mint one on the issuer with `opendsec token create --scope node --subject <component> --ttl 720h > %s`", f.path, err, f.path)
+	}
+	f.checked = now
+	if st.ModTime().Equal(f.modTime) && f.tok != "" {
+		return nil
+	}
+	b, err := os.ReadFile(f.path)
+	if err != nil {
+		return fmt.Errorf("read service token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if !strings.HasPrefix(tok, Prefix) {
+		return errdefs.Invalid("auth.service_token_file", "%s holds no OpenDsec token (odt_...)", f.path)
+	}
+	f.tok, f.modTime = tok, st.ModTime()
+	return nil
+}
+
+// Token returns the file's token, reading the file again when it changed.
+func (f *FileToken) Token() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now := time.Now(); now.Sub(f.checked) >= FileTokenRecheck {
+		// On a failed read keep the token we have.
+		_ = f.load(now)
+	}
+	return f.tok
 }

@@ -3,6 +3,8 @@ package auth_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +20,8 @@ import (
 // first token expired: Run renewed it in the background before that, and
 // every call takes the current one. The expired token itself is refused.
 func TestServiceTokenRenewal(t *testing.T) {
-	key := newKey(t)
-	v := auth.NewVerifier(key, auth.ScopeNode)
+	iss := newIssuer(t)
+	v := auth.NewVerifier(iss.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	mux.Handle(watcherv1connect.NewWatcherServiceHandler(watcherSvc{}, connect.WithInterceptors(v.Interceptor())))
 	srv := httptest.NewServer(mux)
@@ -30,7 +32,7 @@ func TestServiceTokenRenewal(t *testing.T) {
 	}
 
 	const ttl = 2 * time.Second
-	st, err := auth.NewServiceToken(key, "apiserver", auth.ScopeNode, ttl)
+	st, err := auth.NewServiceToken(iss, "apiserver", auth.ScopeNode, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,14 +62,14 @@ func TestServiceTokenRenewal(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
 	}
-	if _, err := auth.Verify(key, first, time.Now()); err != nil {
+	if _, err := auth.Verify(iss.PublicKey(), first, time.Now()); err != nil {
 		t.Fatalf("renewed only after the first token expired: %v", err)
 	}
 
 	// Wait until the first token has expired.
 	deadline = time.Now().Add(5 * time.Second)
 	for {
-		if _, err := auth.Verify(key, first, time.Now()); err != nil {
+		if _, err := auth.Verify(iss.PublicKey(), first, time.Now()); err != nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -92,8 +94,8 @@ func TestServiceTokenRenewal(t *testing.T) {
 // Token renews on the spot when Run is not running and the renewal point
 // has passed, so a holder never sends a token it knows is about to expire.
 func TestServiceTokenRenewsWithoutRun(t *testing.T) {
-	key := newKey(t)
-	st, err := auth.NewServiceToken(key, "watcher", auth.ScopeNode, 2*time.Second)
+	iss := newIssuer(t)
+	st, err := auth.NewServiceToken(iss, "watcher", auth.ScopeNode, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +107,26 @@ func TestServiceTokenRenewsWithoutRun(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
-	if _, err := auth.Verify(key, st.Token(), time.Now()); err != nil {
+	if _, err := auth.Verify(iss.PublicKey(), st.Token(), time.Now()); err != nil {
 		t.Fatalf("renewed token: %v", err)
+	}
+}
+
+// A FileToken serves the file's token and picks up a rewritten file; a
+// missing file fails at start with how to mint one.
+func TestFileToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "service.token")
+	if _, err := auth.NewFileToken(path); err == nil || !strings.Contains(err.Error(), "opendsec token create --scope node") {
+		t.Fatalf("missing file: err = %v", err)
+	}
+	if err := os.WriteFile(path, []byte("odt_a.b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ft, err := auth.NewFileToken(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ft.Token(); got != "odt_a.b" {
+		t.Fatalf("token %q", got)
 	}
 }

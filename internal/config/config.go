@@ -31,6 +31,47 @@ type Config struct {
 	// Nodes the watcher polls and apiservers route to, by node ID.
 	Nodes []NodeRef `json:"nodes"`
 	E2B   E2B       `json:"e2b"`
+	// Auth names the token-signing key files (docs/security.md).
+	Auth Auth `json:"auth"`
+}
+
+// Auth configures token signing and verification. Tokens are signed with
+// an ed25519 private key that only the issuer holds (`opendsec up`,
+// `opendsec token create`, opendsec-e2b); every other component verifies
+// with the public key. Empty paths mean the defaults in the data dir (see
+// the methods).
+type Auth struct {
+	// PrivateKeyFile is the issuer's ed25519 private key (PEM, PKCS #8).
+	PrivateKeyFile string `json:"private_key_file,omitempty"`
+	// PublicKeyFile is the key every component verifies tokens with (PEM).
+	PublicKeyFile string `json:"public_key_file,omitempty"`
+	// ServiceTokenFile holds the node-scope token the separate
+	// opendsec-apiserver and opendsec-watcher call other components with;
+	// the operator mints it on the issuer (`opendsec token create --scope
+	// node`). `opendsec up` mints its own and does not read it.
+	ServiceTokenFile string `json:"service_token_file,omitempty"`
+}
+
+// PrivateKeyPath is Auth.PrivateKeyFile, by default <data_dir>/auth.ed25519.
+func (c Config) PrivateKeyPath() string {
+	return orDefault(c.Auth.PrivateKeyFile, filepath.Join(c.DataDir, "auth.ed25519"))
+}
+
+// PublicKeyPath is Auth.PublicKeyFile, by default <data_dir>/auth.ed25519.pub.
+func (c Config) PublicKeyPath() string {
+	return orDefault(c.Auth.PublicKeyFile, filepath.Join(c.DataDir, "auth.ed25519.pub"))
+}
+
+// ServiceTokenPath is Auth.ServiceTokenFile, by default <data_dir>/service.token.
+func (c Config) ServiceTokenPath() string {
+	return orDefault(c.Auth.ServiceTokenFile, filepath.Join(c.DataDir, "service.token"))
+}
+
+func orDefault(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
 }
 
 // E2B configures the E2B-compatible gateway (opendsec-e2b).

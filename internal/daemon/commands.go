@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -100,18 +99,24 @@ func componentCommand(g *globalFlags, name string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			key, err := loadKey(cfg)
+			// Components hold the public key only; the watcher and
+			// apiserver call others with a service token the operator
+			// minted on the issuer (auth.service_token_file).
+			pub, err := loadPublicKey(cfg)
 			if err != nil {
 				return err
 			}
-			switch name {
-			case "node":
-				return RunNode(cmd.Context(), cfg, key, nil)
-			case "watcher":
-				return RunWatcher(cmd.Context(), cfg, key, nil)
-			default:
-				return RunAPIServer(cmd.Context(), cfg, key, nil)
+			if name == "node" {
+				return RunNode(cmd.Context(), cfg, pub, nil)
 			}
+			tok, err := auth.NewFileToken(cfg.ServiceTokenPath())
+			if err != nil {
+				return err
+			}
+			if name == "watcher" {
+				return RunWatcher(cmd.Context(), cfg, pub, tok, nil)
+			}
+			return RunAPIServer(cmd.Context(), cfg, pub, tok, nil)
 		},
 	}
 }
@@ -122,24 +127,25 @@ func tokenCommand(g *globalFlags) *cobra.Command {
 	var scope, subject string
 	create := &cobra.Command{
 		Use:   "create",
-		Short: "print a new signed token (needs the data dir's signing key)",
-		Args:  cobra.NoArgs,
+		Short: "print a new signed token (needs the issuer's private key)",
+		Long: `create mints a token with the issuer's ed25519 private key
+(auth.private_key_file, by default <data-dir>/auth.ed25519, made by the first
+` + "`opendsec up`" + `). Only the machine holding that key can mint; everywhere
+else the public key only verifies.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load()
-			if err != nil {
-				return err
-			}
-			if _, err := os.Stat(filepath.Join(cfg.DataDir, KeyFile)); err != nil {
-				return fmt.Errorf("no signing key in %s: run `opendsec up --data-dir %s` once first", cfg.DataDir, cfg.DataDir)
-			}
-			key, err := loadKey(cfg)
 			if err != nil {
 				return err
 			}
 			if ttl <= 0 {
 				return fmt.Errorf("--ttl: must be positive, e.g. 24h")
 			}
-			tok, err := auth.Issue(key, subject, scope, ttl)
+			iss, err := auth.LoadIssuer(cfg.PrivateKeyPath())
+			if err != nil {
+				return fmt.Errorf("%w (run `opendsec up --data-dir %s` once to make the key pair, or run this where the issuer's key is)", err, cfg.DataDir)
+			}
+			tok, err := iss.Issue(subject, scope, ttl)
 			if err != nil {
 				return err
 			}

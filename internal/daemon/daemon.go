@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"github.com/kernflux/opendsec/internal/httpserver"
 	"net/http"
@@ -21,7 +22,9 @@ import (
 
 // Paths inside the data dir.
 const (
-	KeyFile            = "auth.key"
+	// LegacyKeyFile is the shared HMAC key of OpenDsec before ed25519
+	// tokens; it is no longer read (config.Auth names the key files).
+	LegacyKeyFile      = "auth.key"
 	BootstrapTokenFile = "bootstrap.token"
 )
 
@@ -61,25 +64,47 @@ func nodeDirectory(cfg config.Config) (*nodeclient.StaticDirectory, error) {
 	return nodeclient.NewStaticDirectory(infos...)
 }
 
-// loadKey loads (or, on the first start, creates) the token-signing key.
-func loadKey(cfg config.Config) ([]byte, error) {
+// loadIssuer loads (or, on the first start, creates) the ed25519 key pair
+// of the issuer: only `opendsec up` calls it. A data dir from before
+// ed25519 keeps its HMAC key file, which nothing reads any more: tokens
+// signed with it are refused, and the log says so.
+func loadIssuer(ctx context.Context, cfg config.Config) (*auth.Issuer, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("make data dir: %w", err)
 	}
-	return auth.LoadOrCreateKey(filepath.Join(cfg.DataDir, KeyFile))
+	iss, created, err := auth.LoadOrCreateIssuer(cfg.PrivateKeyPath(), cfg.PublicKeyPath())
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		l := log.G(ctx).With("private_key", cfg.PrivateKeyPath(), "public_key", cfg.PublicKeyPath())
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, LegacyKeyFile)); err == nil {
+			l.Warn("generated an ed25519 token-signing key pair; tokens signed with the old HMAC key (" + LegacyKeyFile +
+				") are refused from now on: mint new ones with `opendsec token create` (the bootstrap token is renewed)")
+		} else {
+			l.Info("generated an ed25519 token-signing key pair")
+		}
+	}
+	return iss, nil
+}
+
+// loadPublicKey reads the public key every component but the issuer
+// verifies tokens with.
+func loadPublicKey(cfg config.Config) (ed25519.PublicKey, error) {
+	return auth.LoadPublicKey(cfg.PublicKeyPath())
 }
 
 // EnsureBootstrapToken writes an admin token to the data dir if none is
 // there and returns it. It is the credential `opendsec up` hands out.
-func EnsureBootstrapToken(cfg config.Config, key []byte) (string, error) {
+func EnsureBootstrapToken(cfg config.Config, iss *auth.Issuer) (string, error) {
 	path := filepath.Join(cfg.DataDir, BootstrapTokenFile)
 	if b, err := os.ReadFile(path); err == nil {
 		tok := strings.TrimSpace(string(b))
-		if _, err := auth.Verify(key, tok, time.Now()); err == nil {
+		if _, err := auth.Verify(iss.PublicKey(), tok, time.Now()); err == nil {
 			return tok, nil
 		}
 	}
-	tok, err := auth.Issue(key, "bootstrap", "admin", 365*24*time.Hour)
+	tok, err := iss.Issue("bootstrap", auth.ScopeAdmin, 365*24*time.Hour)
 	if err != nil {
 		return "", fmt.Errorf("issue bootstrap token: %w", err)
 	}

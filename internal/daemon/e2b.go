@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -24,16 +22,19 @@ func e2bKeys(cfg config.Config) *e2b.KeyStore {
 	return e2b.NewKeyStore(filepath.Join(cfg.DataDir, E2BKeyFile))
 }
 
-// RunE2B serves the E2B-compatible gateway until ctx ends. It calls the
-// apiserver with an admin-scope service token and reaches sandboxes through
-// the nodes with a node-scope token, both signed with key, short-lived and
-// renewed in the background.
-func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	apiTok, err := startServiceToken(ctx, key, "e2b-gateway", auth.ScopeAdmin)
+// RunE2B serves the E2B-compatible gateway until ctx ends. It is an issuer
+// (it holds the private key): for each API key's principal it mints a
+// user-scope token and calls the apiserver with it, so the principal sees
+// and acts on only its own sandboxes. Its own admin-scope service token is
+// for the traffic proxy's sandbox lookups (envd traffic carries no API
+// key); a node-scope one reaches sandboxes through the nodes. All are
+// short-lived and renewed.
+func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan<- string) error {
+	apiTok, err := startServiceToken(ctx, iss, "e2b-gateway", auth.ScopeAdmin)
 	if err != nil {
 		return err
 	}
-	nodeTok, err := startServiceToken(ctx, key, "e2b-gateway", auth.ScopeNode)
+	nodeTok, err := startServiceToken(ctx, iss, "e2b-gateway", auth.ScopeNode)
 	if err != nil {
 		return err
 	}
@@ -48,15 +49,14 @@ func RunE2B(ctx context.Context, cfg config.Config, key []byte, ready chan<- str
 	if err != nil {
 		return err
 	}
-	secret := hmac.New(sha256.New, key)
-	secret.Write([]byte("opendsec e2b envd access tokens"))
 	gw, err := e2b.New(e2b.Config{
 		API:            api,
 		Keys:           e2bKeys(cfg),
 		Nodes:          nodes,
 		NodeHTTPClient: hc,
 		NodeTokens:     nodeTok,
-		Secret:         secret.Sum(nil),
+		Tokens:         iss,
+		Secret:         iss.DeriveKey("opendsec e2b envd access tokens"),
 		Domain:         cfg.E2B.Domain,
 		Templates:      cfg.E2B.Templates,
 	})
@@ -77,11 +77,13 @@ func e2bCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			key, err := loadKey(cfg)
+			// The gateway mints tokens for its keys' principals: it runs
+			// where the issuer's private key is.
+			iss, err := auth.LoadIssuer(cfg.PrivateKeyPath())
 			if err != nil {
 				return err
 			}
-			return RunE2B(cmd.Context(), cfg, key, nil)
+			return RunE2B(cmd.Context(), cfg, iss, nil)
 		},
 	}
 	keys := &cobra.Command{Use: "key", Short: "manage E2B API keys"}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/http"
@@ -45,8 +46,8 @@ var serviceTokenTTL = auth.ServiceTokenTTL
 
 // startServiceToken issues a short-lived service token for subject and
 // renews it in the background until ctx ends.
-func startServiceToken(ctx context.Context, key []byte, subject, scope string) (*auth.ServiceToken, error) {
-	st, err := auth.NewServiceToken(key, subject, scope, serviceTokenTTL)
+func startServiceToken(ctx context.Context, iss *auth.Issuer, subject, scope string) (*auth.ServiceToken, error) {
+	st, err := auth.NewServiceToken(iss, subject, scope, serviceTokenTTL)
 	if err != nil {
 		return nil, fmt.Errorf("issue %s service token: %w", subject, err)
 	}
@@ -153,18 +154,22 @@ func newNetwork(ctx context.Context, cfg config.Config) (*netpolicy.Manager, err
 	return m, nil
 }
 
-func nodeHandlerOpts(key []byte) (*auth.Verifier, []connect.HandlerOption) {
-	v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
+// nodeHandlerOpts authenticates the node's callers with the public key:
+// components (node scope) and admins, each possibly acting on behalf of a
+// user or admin whose signed token they forward (auth.OnBehalfHeader).
+func nodeHandlerOpts(pub ed25519.PublicKey) (*auth.Verifier, []connect.HandlerOption) {
+	v := auth.NewVerifier(pub, auth.ScopeNode, auth.ScopeAdmin).AcceptOnBehalf()
 	return v, []connect.HandlerOption{connect.WithInterceptors(v.Interceptor())}
 }
 
-// RunNode serves a node until ctx ends. Sandboxes keep running after.
-func RunNode(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+// RunNode serves a node until ctx ends. Sandboxes keep running after. The
+// node holds only the public key: it verifies, it cannot mint.
+func RunNode(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, ready chan<- string) error {
 	n, err := newNode(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	v, opts := nodeHandlerOpts(key)
+	v, opts := nodeHandlerOpts(pub)
 	err = serve(ctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), ready)
 	if serr := n.shutdown(ctx); serr != nil {
 		err = errors.Join(err, fmt.Errorf("shut down node: %w", serr))
@@ -179,13 +184,10 @@ func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxW
 	return &muxWithProxy{rpc: rpc, proxy: v.Middleware(n.AgentProxy())}
 }
 
-// RunWatcher serves the watcher until ctx ends.
-func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
+// RunWatcher serves the watcher until ctx ends. It verifies its callers
+// with pub and polls nodes with tok (a node-scope token).
+func RunWatcher(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, tok auth.TokenSource, ready chan<- string) error {
 	g, ctx := errgroup.WithContext(ctx)
-	tok, err := startServiceToken(ctx, key, "opendsec-watcher", auth.ScopeNode)
-	if err != nil {
-		return err
-	}
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
@@ -193,7 +195,7 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 	w := watcher.NewWithTokens(cfg.Watcher, nodes, h2cClient(), tok)
 	g.Go(func() error { return w.Run(ctx) })
 	g.Go(func() error {
-		v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
+		v := auth.NewVerifier(pub, auth.ScopeNode, auth.ScopeAdmin)
 		mux := http.NewServeMux()
 		mux.Handle(w.Handler(connect.WithInterceptors(v.Interceptor())))
 		mux.Handle("GET /metrics", w.MetricsHandler()) // no token, like the node's and apiserver's
@@ -202,12 +204,10 @@ func RunWatcher(ctx context.Context, cfg config.Config, key []byte, ready chan<-
 	return g.Wait()
 }
 
-// RunAPIServer serves the public API until ctx ends.
-func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan<- string) error {
-	tok, err := startServiceToken(ctx, key, "opendsec-apiserver", auth.ScopeNode)
-	if err != nil {
-		return err
-	}
+// RunAPIServer serves the public API until ctx ends. It verifies callers
+// with pub and calls the watcher and nodes with tok (a node-scope token),
+// forwarding each caller's own token to the node (auth.OnBehalfHeader).
+func RunAPIServer(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, tok auth.TokenSource, ready chan<- string) error {
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
@@ -221,7 +221,7 @@ func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan
 		HTTPClient: hc,
 		NodeTokens: tok,
 		// Callers only: node-scope tokens are for component-to-node calls.
-		Auth:            auth.NewVerifier(key, auth.ScopeAdmin, auth.ScopeUser),
+		Auth:            auth.NewVerifier(pub, auth.ScopeAdmin, auth.ScopeUser),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
 		PlacementSample: cfg.APIServer.PlacementSample,
 		PlacementHold:   2 * time.Duration(cfg.Watcher.PollIntervalMS) * time.Millisecond,
@@ -232,15 +232,19 @@ func RunAPIServer(ctx context.Context, cfg config.Config, key []byte, ready chan
 	return serve(ctx, "apiserver", cfg.APIServer.Listen, srv.Handler(), ready)
 }
 
-// Up runs node, watcher and apiserver in one process until ctx ends.
+// Up runs node, watcher and apiserver in one process until ctx ends. It is
+// the issuer: it holds the private key and mints the components' service
+// tokens (renewed at half their lifetime); the components get only the
+// public key and their tokens.
 func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
-	key, err := loadKey(cfg)
+	iss, err := loadIssuer(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if _, err := EnsureBootstrapToken(cfg, key); err != nil {
+	if _, err := EnsureBootstrapToken(cfg, iss); err != nil {
 		return err
 	}
+	pub := iss.PublicKey()
 	if o.PidFile != "" {
 		if err := os.WriteFile(o.PidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
 			return fmt.Errorf("write pid file: %w", err)
@@ -263,14 +267,22 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	nodeReady, watcherReady, apiReady := make(chan string, 1), make(chan string, 1), make(chan string, 1)
+	watcherTok, err := startServiceToken(gctx, iss, "opendsec-watcher", auth.ScopeNode)
+	if err != nil {
+		return err
+	}
+	apiTok, err := startServiceToken(gctx, iss, "opendsec-apiserver", auth.ScopeNode)
+	if err != nil {
+		return err
+	}
 	g.Go(func() error {
-		v, opts := nodeHandlerOpts(key)
+		v, opts := nodeHandlerOpts(pub)
 		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), nodeReady)
 	})
-	g.Go(func() error { return RunWatcher(gctx, cfg, key, watcherReady) })
-	g.Go(func() error { return RunAPIServer(gctx, cfg, key, apiReady) })
+	g.Go(func() error { return RunWatcher(gctx, cfg, pub, watcherTok, watcherReady) })
+	g.Go(func() error { return RunAPIServer(gctx, cfg, pub, apiTok, apiReady) })
 	e2bReady := make(chan string, 1)
-	g.Go(func() error { return RunE2B(gctx, cfg, key, e2bReady) })
+	g.Go(func() error { return RunE2B(gctx, cfg, iss, e2bReady) })
 	g.Go(func() error {
 		var api string
 		for _, ch := range []chan string{nodeReady, watcherReady, e2bReady, apiReady} {
@@ -281,7 +293,7 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 				return nil
 			}
 		}
-		if err := waitNodeSeen(gctx, cfg, key); err != nil {
+		if err := waitNodeSeen(gctx, cfg, iss); err != nil {
 			return err
 		}
 		log.G(ctx).Info("opendsec is up", "endpoint", api, "token_file", filepath.Join(cfg.DataDir, BootstrapTokenFile))
@@ -323,9 +335,9 @@ func (m *muxWithProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // waitNodeSeen waits until the watcher reports this machine's node healthy,
 // so the first create after "up" has somewhere to go.
-func waitNodeSeen(ctx context.Context, cfg config.Config, key []byte) error {
+func waitNodeSeen(ctx context.Context, cfg config.Config, iss *auth.Issuer) error {
 	// One call site, done within a minute: a token without renewal.
-	tok, err := auth.Issue(key, "opendsec-up", auth.ScopeNode, 5*time.Minute)
+	tok, err := iss.Issue("opendsec-up", auth.ScopeNode, 5*time.Minute)
 	if err != nil {
 		return fmt.Errorf("issue service token: %w", err)
 	}

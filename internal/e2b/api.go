@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
@@ -129,7 +130,9 @@ func (g *Gateway) apiMux() http.Handler {
 }
 
 // authenticated checks X-API-Key and puts the key's principal in the
-// request context.
+// request context, with a user-scope token for that principal that the
+// gateway's calls to the API carry (auth.WithBearer): the API and the node
+// see the principal, not the gateway.
 func (g *Gateway) authenticated(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := g.cfg.Keys.Lookup(strings.TrimSpace(r.Header.Get("X-API-Key")))
@@ -142,7 +145,14 @@ func (g *Gateway) authenticated(next http.HandlerFunc) http.Handler {
 			writeError(w, http.StatusInternalServerError, "cannot check the API key: %s", err.Error())
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		tok, err := g.principalToken(p)
+		if err != nil {
+			log.G(r.Context()).Error("mint principal token", "principal", p, log.Err(err))
+			writeError(w, http.StatusInternalServerError, "cannot act for principal %s: %s", p, err.Error())
+			return
+		}
+		ctx := auth.WithBearer(context.WithValue(r.Context(), principalKey{}, p), tok)
+		next(w, r.WithContext(ctx))
 	})
 }
 

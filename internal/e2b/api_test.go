@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,7 +28,13 @@ type fakeAPI struct {
 	mu    sync.Mutex
 	sbs   map[string]*v1.Sandbox
 	clock time.Time
+	// bearers are the tokens (auth.BearerFrom) of the create, get, list
+	// and stop calls.
+	bearers []string
 }
+
+// seen records the token the call in ctx carries; f.mu is held.
+func (f *fakeAPI) seen(ctx context.Context) { f.bearers = append(f.bearers, auth.BearerFrom(ctx)) }
 
 var _ SandboxAPI = (*fakeAPI)(nil)
 
@@ -35,9 +42,10 @@ func newFakeAPI() *fakeAPI {
 	return &fakeAPI{sbs: map[string]*v1.Sandbox{}, clock: time.Unix(1_800_000_000, 0)}
 }
 
-func (f *fakeAPI) CreateSandbox(_ context.Context, r *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
+func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.seen(ctx)
 	if r.Msg.GetSpec().GetImage() != "root/py:3.11" {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))
 	}
@@ -50,9 +58,10 @@ func (f *fakeAPI) CreateSandbox(_ context.Context, r *connect.Request[v1.CreateS
 	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: sb}), nil
 }
 
-func (f *fakeAPI) GetSandbox(_ context.Context, r *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
+func (f *fakeAPI) GetSandbox(ctx context.Context, r *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.seen(ctx)
 	sb, ok := f.sbs[r.Msg.GetId()]
 	if !ok {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "sandbox not found"))
@@ -60,9 +69,10 @@ func (f *fakeAPI) GetSandbox(_ context.Context, r *connect.Request[v1.GetSandbox
 	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: sb}), nil
 }
 
-func (f *fakeAPI) ListSandboxes(_ context.Context, r *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
+func (f *fakeAPI) ListSandboxes(ctx context.Context, r *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.seen(ctx)
 	var out []*v1.Sandbox
 next:
 	for _, sb := range f.sbs {
@@ -76,9 +86,10 @@ next:
 	return connect.NewResponse(&v1.ListSandboxesResponse{Sandboxes: out}), nil
 }
 
-func (f *fakeAPI) StopSandbox(_ context.Context, r *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error) {
+func (f *fakeAPI) StopSandbox(ctx context.Context, r *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.seen(ctx)
 	delete(f.sbs, r.Msg.GetId())
 	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
 }
@@ -109,6 +120,7 @@ type harness struct {
 	keyA    string
 	keyB    string
 	keyPath string
+	iss     *auth.Issuer
 }
 
 func newHarness(t *testing.T) *harness {
@@ -130,16 +142,20 @@ func newHarnessAt(t *testing.T, addr string, tokens auth.TokenSource) *harness {
 		t.Fatal(err)
 	}
 	api := newFakeAPI()
+	iss, err := auth.GenerateIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
 	nodes, err := nodeclient.NewStaticDirectory(nodeclient.NodeInfo{ID: "n001", Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := New(Config{API: api, Keys: keys, Secret: []byte("0123456789abcdef0123"),
+	gw, err := New(Config{API: api, Keys: keys, Tokens: iss, Secret: []byte("0123456789abcdef0123"),
 		Nodes: nodes, NodeTokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, api: api, gw: gw, keyA: a, keyB: b}
+	return &harness{t: t, api: api, gw: gw, keyA: a, keyB: b, iss: iss}
 }
 
 func (h *harness) do(key, method, path, body string) (*httptest.ResponseRecorder, map[string]any) {
@@ -359,5 +375,36 @@ func TestCodeInterpreterTemplateIsTheDefault(t *testing.T) {
 	}
 	if img := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetImage(); img != DefaultImage || m["templateID"] != CodeInterpreterTemplate {
 		t.Fatalf("%s created image %q (template %v), want %q", CodeInterpreterTemplate, img, m["templateID"], DefaultImage)
+	}
+}
+
+// The gateway calls the API as each API key's principal: every REST call
+// carries a user-scope token for that principal, signed by the issuer, and
+// never the gateway's own (admin) token; key B's calls are B's.
+func TestCallsActAsPrincipal(t *testing.T) {
+	h := newHarness(t)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	id, _ := m["sandboxID"].(string)
+	h.do(h.keyA, "GET", "/sandboxes/"+id, "")
+	h.do(h.keyA, "GET", "/v2/sandboxes", "")
+	h.do(h.keyB, "GET", "/sandboxes/"+id, "")
+	h.do(h.keyB, "DELETE", "/sandboxes/"+id, "")
+	h.do(h.keyA, "DELETE", "/sandboxes/"+id, "")
+	h.api.mu.Lock()
+	bearers := slices.Clone(h.api.bearers)
+	h.api.mu.Unlock()
+	var got []string
+	for _, tok := range bearers {
+		c, err := auth.Verify(h.iss.PublicKey(), tok, time.Now())
+		if err != nil {
+			t.Fatalf("API call with token %q: %v", tok, err)
+		}
+		got = append(got, c.Subject+"/"+c.Scope)
+	}
+	// B's kill looks the sandbox up (and finds it is not B's) before any
+	// stop; A's kill looks it up, then stops it.
+	want := []string{"team-a/user", "team-a/user", "team-a/user", "team-b/user", "team-b/user", "team-a/user", "team-a/user"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("API calls made as %q, want %q", got, want)
 	}
 }

@@ -77,8 +77,14 @@ type SandboxAPI interface {
 
 // Config configures a Gateway.
 type Config struct {
-	// API is OpenDsec's sandbox service, called with a service token.
+	// API is OpenDsec's sandbox service. REST calls carry the token of the
+	// API key's principal (auth.WithBearer in their context); the traffic
+	// proxy's lookups carry the client's own (the gateway's service token).
 	API SandboxAPI
+	// Tokens mints the user-scope tokens the gateway calls the API with on
+	// behalf of each API key's principal: the issuer (it holds the private
+	// key).
+	Tokens auth.Minter
 	// Keys authenticates E2B API keys.
 	Keys *KeyStore
 	// Nodes says where sandbox traffic goes, by the node in the sandbox ID
@@ -109,6 +115,10 @@ type Gateway struct {
 	api   http.Handler
 	prom  *promMetrics
 
+	tokMu sync.Mutex
+	// toks are the principals' renewing tokens; guarded by tokMu.
+	toks map[string]*auth.ServiceToken
+
 	cacheMu sync.Mutex
 	// cache remembers recent sandbox lookups of the traffic proxy; guarded
 	// by cacheMu.
@@ -125,6 +135,9 @@ type cachedSandbox struct {
 func New(cfg Config) (*Gateway, error) {
 	if cfg.API == nil {
 		return nil, errdefs.Invalid("api", "is nil; give an OpenDsec sandbox service client")
+	}
+	if cfg.Tokens == nil {
+		return nil, errdefs.Invalid("tokens", "is nil; give the issuer that mints the principals' tokens")
 	}
 	if cfg.Keys == nil {
 		return nil, errdefs.Invalid("keys", "is nil; give a key store")
@@ -150,6 +163,7 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{
 		cfg:   cfg,
 		nodes: nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
+		toks:  map[string]*auth.ServiceToken{},
 		cache: map[string]cachedSandbox{},
 		prom:  newPromMetrics(),
 	}
@@ -220,6 +234,30 @@ func (g *Gateway) hostRoute(host string) (id string, port int, ok bool) {
 		return "", 0, false
 	}
 	return id, port, true
+}
+
+// principalTokenTTL is the lifetime of the tokens the gateway acts for a
+// principal with; each is renewed at half of it when next used.
+const principalTokenTTL = time.Hour
+
+// principalToken returns the current user-scope token of principal p,
+// minting (and later renewing) it with the issuer.
+func (g *Gateway) principalToken(p string) (string, error) {
+	g.tokMu.Lock()
+	defer g.tokMu.Unlock()
+	st, ok := g.toks[p]
+	if !ok {
+		var err error
+		st, err = auth.NewServiceToken(g.cfg.Tokens, p, auth.ScopeUser, principalTokenTTL)
+		if err != nil {
+			return "", err
+		}
+		if len(g.toks) > 10000 {
+			clear(g.toks)
+		}
+		g.toks[p] = st
+	}
+	return st.Token(), nil
 }
 
 // accessToken is the envd access token of sandbox id.

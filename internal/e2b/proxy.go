@@ -167,13 +167,15 @@ var errSandboxGone = errdefs.New(errdefs.ErrNotFound, "sandbox gone")
 
 // rewrite points an outgoing request at target (the request's path on the
 // sandbox's agent, through its node; the query stays) and drops what must
-// not reach it: the caller's routing headers and any OpenDsec token (the
-// node client's transport adds the gateway's own).
+// not reach it: the caller's routing headers, any OpenDsec token (the node
+// client's transport adds the gateway's own) and any on-behalf-of claim
+// (traffic goes to the node as the gateway's).
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	u := pr.Out.URL
 	u.Scheme, u.Host, u.Path, u.RawPath = target.Scheme, target.Host, target.Path, target.RawPath
 	pr.Out.Host = target.Host
 	pr.Out.Header.Del(auth.TokenHeader)
+	pr.Out.Header.Del(auth.OnBehalfHeader)
 	pr.Out.Header.Del("E2b-Sandbox-Id")
 	pr.Out.Header.Del("E2b-Sandbox-Port")
 	if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
@@ -225,6 +227,7 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodecl
 			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", port)
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(auth.TokenHeader)
+			pr.Out.Header.Del(auth.OnBehalfHeader)
 			pr.Out.Header.Del("E2b-Sandbox-Id")
 			pr.Out.Header.Del("E2b-Sandbox-Port")
 			pr.Out.Header.Del("E2b-Traffic-Access-Token")

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -30,11 +29,11 @@ type trafficNode struct {
 
 func newTrafficNode(t *testing.T) (*trafficNode, auth.TokenSource) {
 	t.Helper()
-	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := auth.Issue(key, "e2b-gateway", auth.ScopeNode, time.Hour)
+	tok, err := key.Issue("e2b-gateway", auth.ScopeNode, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +81,7 @@ func newTrafficNode(t *testing.T) (*trafficNode, auth.TokenSource) {
 			json.NewEncoder(w).Encode(map[string]any{"code": 502, "message": "port is not open"})
 		}
 	})
-	srv := httptest.NewUnstartedServer(auth.NewVerifier(key, auth.ScopeNode).Middleware(h))
+	srv := httptest.NewUnstartedServer(auth.NewVerifier(key.PublicKey(), auth.ScopeNode).Middleware(h))
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)

@@ -26,13 +26,6 @@ func IsInternalAddr(a netip.Addr) bool {
 		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a)
 }
 
-// CallerAdminHeader is the header of a node request with which the
-// apiserver passes on that the caller it verified holds an admin token.
-// The node trusts it only on a node-scope hop (the apiserver's own token;
-// callers cannot reach the node with one), and lets only such imports, or
-// those made with an admin token directly, reach internal registries.
-const CallerAdminHeader = "Opendsec-Caller-Admin"
-
 // WithInternalRegistry lets a registry import connect to internal
 // addresses (loopback, private, link-local, CGNAT): the registry itself,
 // where it redirects and its token server. Only for imports an admin asked

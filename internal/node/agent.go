@@ -102,7 +102,7 @@ func (n *Node) AgentProxy() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
-		sb, err := n.get(id)
+		sb, err := n.getFor(r.Context(), id)
 		if err == nil {
 			n.mu.Lock()
 			st := sb.rec.State
@@ -138,6 +138,7 @@ func (n *Node) AgentProxy() http.Handler {
 					pr.Out.Header.Del("Authorization")
 				}
 				pr.Out.Header.Del(auth.TokenHeader)
+				pr.Out.Header.Del(auth.OnBehalfHeader)
 
 			},
 			Transport:     n.agentTransport(sb),

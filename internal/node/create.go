@@ -26,6 +26,8 @@ type CreateRequest struct {
 	// SkipPool makes the sandbox from scratch even when the warm pool
 	// holds one of its shape.
 	SkipPool bool
+	// Owner and Project are recorded as the sandbox's owner (owner.go).
+	Owner, Project string
 }
 
 // Create admits and creates a sandbox (or takes one from the warm pool),
@@ -153,6 +155,8 @@ func (n *Node) newRecord(req CreateRequest, spec specRecord, id, stateDir string
 		CreatedAt: now,
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  stateDir,
+		Owner:     req.Owner,
+		Project:   req.Project,
 	}
 }
 

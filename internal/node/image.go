@@ -56,7 +56,7 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 	if m.GetInsecure() {
 		opts = append(opts, image.WithInsecure())
 	}
-	if callerIsAdmin(ctx, req.Header()) {
+	if callerIsAdmin(ctx) {
 		opts = append(opts, image.WithInternalRegistry())
 	}
 	var last time.Time
@@ -177,6 +177,11 @@ func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opends
 	if s.store == nil {
 		return nil, errdefs.ToConnect(errNoStore)
 	}
+	if id := req.Msg.GetSandboxId(); id != "" {
+		if err := s.n.checkOwner(ctx, id); err != nil {
+			return nil, errdefs.ToConnect(err)
+		}
+	}
 	img, err := s.n.PackDiff(ctx, s.store, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetScrubPaths())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
@@ -267,21 +272,12 @@ func configFromProto(c *opendsecv1.ImageConfig) image.Config {
 }
 
 // callerIsAdmin reports whether the import was asked for by an admin: the
-// node was called with an admin token, or by a component (node-scope
-// token: the apiserver) that set image.CallerAdminHeader after verifying
-// its caller's admin token. Callers cannot reach the node with a node-scope
-// token, so the header is only believed on that hop; without verified
-// claims (a node served without authentication) nobody is an admin. The
-// node's own DNS answer for the registry never decides this.
-func callerIsAdmin(ctx context.Context, h http.Header) bool {
+// node was called with an admin token, or by a component on behalf of a
+// caller whose forwarded, signed token (auth.OnBehalfHeader, verified with
+// the public key) is an admin's. A component on its own behalf is not an
+// admin; without verified claims (a node served without authentication)
+// nobody is. The node's own DNS answer for the registry never decides this.
+func callerIsAdmin(ctx context.Context) bool {
 	c, ok := auth.FromContext(ctx)
-	switch {
-	case !ok:
-		return false
-	case c.Scope == auth.ScopeAdmin:
-		return true
-	case c.Scope == auth.ScopeNode:
-		return h.Get(image.CallerAdminHeader) == "true"
-	}
-	return false
+	return ok && c.Scope == auth.ScopeAdmin
 }

@@ -27,8 +27,9 @@ import (
 // node's authentication and imports from a registry whose name resolves,
 // at the node, to loopback (what DNS rebinding makes of a name the
 // apiserver saw public). The apiserver's hop (node-scope token) without
-// the caller-admin header is refused and nothing reaches the registry;
-// with the header, or with an admin token, the import goes through. A
+// an admin caller's forwarded token (auth.OnBehalfHeader) is refused and
+// nothing reaches the registry; on behalf of an admin, or with an admin
+// token, the import goes through. A
 // user-scope token cannot call the node at all.
 func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
@@ -59,14 +60,17 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := []byte("test-key-test-key-test-key-test-")
-	v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
+	iss, err := auth.GenerateIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := auth.NewVerifier(iss.PublicKey(), auth.ScopeNode, auth.ScopeAdmin).AcceptOnBehalf()
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeImageServiceHandler(&imageService{store: store}, connect.WithInterceptors(v.Interceptor())))
 	ns := httptest.NewServer(mux)
 	t.Cleanup(ns.Close)
 	token := func(scope string) string {
-		tok, err := auth.Issue(key, "t", scope, time.Hour)
+		tok, err := iss.Issue("t", scope, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,7 +81,8 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 		c := nodev1connect.NewNodeImageServiceClient(auth.Client(ns.Client(), token(scope)), ns.URL)
 		req := connect.NewRequest(&opendsecv1.ImportImageRequest{Ref: ref, Name: "mine/app:" + scope})
 		if admin {
-			req.Header().Set(image.CallerAdminHeader, "true")
+			// The apiserver forwards its admin caller's own signed token.
+			req.Header().Set(auth.OnBehalfHeader, token(auth.ScopeAdmin))
 		}
 		st, err := c.ImportImage(t.Context(), req)
 		if err != nil {
@@ -91,7 +96,7 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 
 	hits.Store(0)
 	if err := imp(auth.ScopeNode, false); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "admin token") {
-		t.Fatalf("apiserver hop without the admin header: %v, want permission_denied saying an admin token is needed", err)
+		t.Fatalf("apiserver hop on its own behalf: %v, want permission_denied saying an admin token is needed", err)
 	}
 	if err := imp(auth.ScopeUser, true); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("user token straight to the node: %v, want permission_denied", err)
@@ -103,7 +108,7 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 		t.Fatalf("refused imports left images %v (%v)", imgs, err)
 	}
 	if err := imp(auth.ScopeNode, true); err != nil {
-		t.Fatalf("apiserver hop with the admin header: %v", err)
+		t.Fatalf("apiserver hop on behalf of an admin: %v", err)
 	}
 	if err := imp(auth.ScopeAdmin, false); err != nil {
 		t.Fatalf("admin token straight to the node: %v", err)

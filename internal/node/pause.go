@@ -274,6 +274,9 @@ type Selector struct {
 	Labels map[string]string
 	TaskID string
 	IDs    []string
+	// owner, when set, matches only the sandboxes the caller owns
+	// (ownedBy).
+	owner func(*record) bool
 }
 
 func (s Selector) empty() bool {
@@ -281,6 +284,9 @@ func (s Selector) empty() bool {
 }
 
 func (s Selector) match(rec *record) bool {
+	if s.owner != nil && !s.owner(rec) {
+		return false
+	}
 	if s.TaskID != "" && rec.Spec.TaskID != s.TaskID {
 		return false
 	}

@@ -33,8 +33,12 @@ func (s *service) ResumeSandbox(ctx context.Context, req *connect.Request[nodev1
 	return connect.NewResponse(&nodev1.ResumeSandboxResponse{Sandbox: sb}), nil
 }
 
-// lifecycle runs op on the sandbox and returns its new view.
+// lifecycle runs op on the sandbox, if the caller owns it, and returns its
+// new view.
 func (s *service) lifecycle(ctx context.Context, id string, op func(string) error) (*opendsecv1.Sandbox, error) {
+	if err := s.n.checkOwner(ctx, id); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	if err := op(id); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -46,6 +50,9 @@ func (s *service) lifecycle(ctx context.Context, id string, op func(string) erro
 }
 
 func (s *service) GetSandboxMetrics(ctx context.Context, req *connect.Request[nodev1.GetSandboxMetricsRequest]) (*connect.Response[nodev1.GetSandboxMetricsResponse], error) {
+	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	m, err := s.n.Metrics(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
@@ -94,7 +101,7 @@ func (s *service) batchResults(rs []BatchResult) ([]*opendsecv1.Sandbox, []*open
 }
 
 func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxesRequest]) (*connect.Response[opendsecv1.PauseSandboxesResponse], error) {
-	rs, err := s.n.PauseMatching(ctx, selectorFromProto(req.Msg.GetSelector()))
+	rs, err := s.n.PauseMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())))
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -103,7 +110,7 @@ func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opend
 }
 
 func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[opendsecv1.ResumeSandboxesRequest]) (*connect.Response[opendsecv1.ResumeSandboxesResponse], error) {
-	rs, err := s.n.ResumeMatching(ctx, selectorFromProto(req.Msg.GetSelector()), req.Msg.GetTimeoutSeconds())
+	rs, err := s.n.ResumeMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())), req.Msg.GetTimeoutSeconds())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}

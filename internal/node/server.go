@@ -61,6 +61,8 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 		LastActivityAt: timestamppb.New(time.Unix(0, sb.lastActivity.Load())),
 		Reason:         reason,
 		FromWarmPool:   rec.FromPool,
+		Owner:          rec.Owner,
+		Project:        rec.Project,
 	}
 }
 
@@ -69,14 +71,22 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
+	owner, project := ownerOf(ctx)
 	rec, err := s.n.Create(ctx, CreateRequest{
 		ID:        req.Msg.GetSandboxId(),
 		RequestID: req.Msg.GetRequestId(),
 		Spec:      spec,
 		SkipPool:  req.Msg.GetSkipWarmPool(),
+		Owner:     owner,
+		Project:   project,
 	})
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
+	}
+	if !callerOf(ctx).owns(rec) {
+		// A retry's request_id names another caller's sandbox.
+		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrAlreadyExists,
+			"request_id %q was used by another caller; choose a new one", req.Msg.GetRequestId()))
 	}
 	// A deduplicated retry returns the first sandbox, and a warm-pool one
 	// keeps its own ID: both may differ from the ID asked for.
@@ -88,7 +98,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 }
 
 func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
-	sb, err := s.n.get(req.Msg.GetSandboxId())
+	sb, err := s.n.getFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -97,13 +107,19 @@ func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.Ge
 
 func (s *service) ListSandboxes(ctx context.Context, req *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
 	var out []*opendsecv1.Sandbox
+	c := callerOf(ctx)
 	for _, sb := range s.n.List(ctx) {
-		out = append(out, s.n.toProto(sb))
+		if pb := s.n.toProto(sb); c.owns(&record{Owner: pb.GetOwner(), Project: pb.GetProject()}) {
+			out = append(out, pb)
+		}
 	}
 	return connect.NewResponse(&nodev1.ListSandboxesResponse{Sandboxes: out}), nil
 }
 
 func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.StopSandboxRequest]) (*connect.Response[nodev1.StopSandboxResponse], error) {
+	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -111,6 +127,9 @@ func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.S
 }
 
 func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.SetTimeoutRequest]) (*connect.Response[nodev1.SetTimeoutResponse], error) {
+	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	if _, err := s.n.SetTimeout(ctx, req.Msg.GetSandboxId(), req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
@@ -122,6 +141,9 @@ func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.Se
 }
 
 func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.SetNetworkRequest]) (*connect.Response[nodev1.SetNetworkResponse], error) {
+	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	rules := specpb.RulesFromProto(req.Msg.GetNetwork())
 	if rules == nil {
 		rules = &netpolicy.Rules{}

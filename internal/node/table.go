@@ -30,6 +30,11 @@ type record struct {
 	PausedAt time.Time `json:"paused_at,omitzero"`
 	// FromPool: the create took a prestarted sandbox from the warm pool.
 	FromPool bool `json:"from_warm_pool,omitempty"`
+	// Owner is the principal that created the sandbox, Project its project
+	// (empty until projects exist); see owner.go. Records from before
+	// owners have neither: only admins see them.
+	Owner   string `json:"owner,omitempty"`
+	Project string `json:"project,omitempty"`
 }
 
 // specRecord is the caller's spec with defaults applied. Its JSON is the

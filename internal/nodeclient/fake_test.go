@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +31,7 @@ type fakeNode struct {
 	nodev1connect.UnimplementedNodeServiceHandler
 	id  string
 	url string
-	key []byte
+	key *auth.Issuer
 
 	mu     sync.Mutex
 	states map[string]v1.SandboxState // sandboxes by ID
@@ -46,12 +45,12 @@ type fakeNode struct {
 
 func newFakeNode(t *testing.T, id string) *fakeNode {
 	t.Helper()
-	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &fakeNode{id: id, key: key, states: map[string]v1.SandboxState{}, ports: map[int]string{}, down: map[int]string{}, protos: map[string][]string{}}
-	v := auth.NewVerifier(key, auth.ScopeNode)
+	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	path, h := nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor()))
 	mux.Handle(path, n.recording("rpc", h))
@@ -69,7 +68,7 @@ func newFakeNode(t *testing.T, id string) *fakeNode {
 // token is a valid node-scope token for this node.
 func (n *fakeNode) token(t *testing.T) auth.TokenSource {
 	t.Helper()
-	tok, err := auth.Issue(n.key, "test", auth.ScopeNode, time.Hour)
+	tok, err := n.key.Issue("test", auth.ScopeNode, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -57,10 +56,10 @@ func (f *fakeNode) set(fn func(f *fakeNode)) {
 	fn(f)
 }
 
-func startNode(t *testing.T, key []byte, f *fakeNode) string {
+func startNode(t *testing.T, key *auth.Issuer, f *fakeNode) string {
 	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(nodev1connect.NewNodeServiceHandler(f, connect.WithInterceptors(auth.NewVerifier(key, auth.ScopeNode).Interceptor())))
+	mux.Handle(nodev1connect.NewNodeServiceHandler(f, connect.WithInterceptors(auth.NewVerifier(key.PublicKey(), auth.ScopeNode).Interceptor())))
 	// Like a real node: HTTP/1.1 and cleartext HTTP/2, which the watcher
 	// speaks by default.
 	srv := httptest.NewUnstartedServer(mux)
@@ -81,13 +80,13 @@ func directory(t *testing.T, nodes ...nodeclient.NodeInfo) *nodeclient.StaticDir
 	return d
 }
 
-func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, []byte) {
+func setup(t *testing.T, f ...*fakeNode) (*watcher.Watcher, *auth.Issuer) {
 	t.Helper()
-	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := auth.Issue(key, "watcher", auth.ScopeNode, time.Hour)
+	tok, err := key.Issue("watcher", auth.ScopeNode, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,10 +177,10 @@ func TestRunServesListNodes(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 
 	mux := http.NewServeMux()
-	mux.Handle(w.Handler(connect.WithInterceptors(auth.NewVerifier(key).Interceptor())))
+	mux.Handle(w.Handler(connect.WithInterceptors(auth.NewVerifier(key.PublicKey()).Interceptor())))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	tok, _ := auth.Issue(key, "apiserver", auth.ScopeNode, time.Hour)
+	tok, _ := key.Issue("apiserver", auth.ScopeNode, time.Hour)
 	client := watcherv1connect.NewWatcherServiceClient(auth.Client(srv.Client(), tok), srv.URL)
 
 	// Sandboxes appear on the node; the running watcher must pick them up.
@@ -251,11 +250,11 @@ func (d *movingDirectory) List(context.Context) ([]nodeclient.NodeInfo, error) {
 // moves is polled at its new address, and a directory that cannot answer
 // leaves the view as it was.
 func TestPollFollowsTheDirectory(t *testing.T) {
-	key, err := auth.LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := auth.Issue(key, "watcher", auth.ScopeNode, time.Hour)
+	tok, _ := key.Issue("watcher", auth.ScopeNode, time.Hour)
 	a := nodeclient.NodeInfo{ID: "n001", Addr: startNode(t, key, &fakeNode{id: "n001", healthy: true})}
 	b := nodeclient.NodeInfo{ID: "n002", Addr: startNode(t, key, &fakeNode{id: "n002", healthy: true})}
 	d := &movingDirectory{}

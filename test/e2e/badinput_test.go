@@ -126,11 +126,11 @@ func TestBadInput(t *testing.T) {
 	bad := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts("odt_garbage.xyz")...)
 	_, err = bad.ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	wantErr(t, "unknown token", err, connect.CodeUnauthenticated, "token")
-	key, err := os.ReadFile(filepath.Join(s.dataDir, "auth.key"))
+	key, err := auth.LoadIssuer(filepath.Join(s.dataDir, "auth.ed25519"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	expired, err := auth.Issue(key, "old", auth.ScopeUser, time.Nanosecond)
+	expired, err := key.Issue("old", auth.ScopeUser, time.Nanosecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +236,11 @@ func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); retur
 func TestNodeTokenRefusedByPublicAPI(t *testing.T) {
 	s := newSystem(t)
 	s.start()
-	key, err := os.ReadFile(filepath.Join(s.dataDir, "auth.key"))
+	key, err := auth.LoadIssuer(filepath.Join(s.dataDir, "auth.ed25519"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeTok, err := auth.Issue(key, "x", auth.ScopeNode, time.Hour)
+	nodeTok, err := key.Issue("x", auth.ScopeNode, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

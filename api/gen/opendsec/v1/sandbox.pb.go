@@ -445,7 +445,14 @@ type Sandbox struct {
 	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The create took a prestarted sandbox from its node's warm pool (see
 	// docs/concepts.md, "Warm pool") instead of making one from scratch.
-	FromWarmPool  bool `protobuf:"varint,9,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"`
+	FromWarmPool bool `protobuf:"varint,9,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"`
+	// The principal that created the sandbox (the subject of its token) and
+	// its project (empty until projects exist). Set by the node from the
+	// creator's verified token, never from the request. A user-scope token
+	// sees only sandboxes it owns; admins see all. Empty for sandboxes made
+	// before owners were recorded (visible to admins only).
+	Owner         string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
+	Project       string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,6 +548,20 @@ func (x *Sandbox) GetFromWarmPool() bool {
 		return x.FromWarmPool
 	}
 	return false
+}
+
+func (x *Sandbox) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Sandbox) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
 }
 
 type CreateSandboxRequest struct {
@@ -4484,7 +4505,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x01(\tR\x05ports\"\x8b\x03\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xbb\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -4496,7 +4517,10 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12D\n" +
 	"\x10last_activity_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0elastActivityAt\x12\x16\n" +
 	"\x06reason\x18\b \x01(\tR\x06reason\x12$\n" +
-	"\x0efrom_warm_pool\x18\t \x01(\bR\ffromWarmPool\"\x89\x01\n" +
+	"\x0efrom_warm_pool\x18\t \x01(\bR\ffromWarmPool\x12\x14\n" +
+	"\x05owner\x18\n" +
+	" \x01(\tR\x05owner\x12\x18\n" +
+	"\aproject\x18\v \x01(\tR\aproject\"\x89\x01\n" +
 	"\x14CreateSandboxRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +

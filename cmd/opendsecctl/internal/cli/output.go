@@ -91,6 +91,7 @@ func printSandboxDetail(w io.Writer, sb *opendsec.Sandbox) error {
 	rows := [][2]string{
 		{"ID", sb.GetId()},
 		{"Node", orDash(sb.GetNodeId())},
+		{"Owner", orDash(sb.GetOwner())},
 		{"State", stateName(sb.GetState())},
 		{"Reason", orDash(sb.GetReason())},
 		{"Image", orDash(sp.GetImage())},

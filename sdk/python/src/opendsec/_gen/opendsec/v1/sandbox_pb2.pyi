@@ -105,7 +105,7 @@ class NetworkRule(_message.Message):
     def __init__(self, cidr: _Optional[str] = ..., domain: _Optional[str] = ..., protocol: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool")
+    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool", "owner", "project")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,8 @@ class Sandbox(_message.Message):
     LAST_ACTIVITY_AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FROM_WARM_POOL_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     spec: SandboxSpec
@@ -124,7 +126,9 @@ class Sandbox(_message.Message):
     last_activity_at: _timestamp_pb2.Timestamp
     reason: str
     from_warm_pool: bool
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ...) -> None: ...
+    owner: str
+    project: str
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ..., owner: _Optional[str] = ..., project: _Optional[str] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("spec", "request_id", "skip_warm_pool")
