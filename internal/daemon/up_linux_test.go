@@ -126,8 +126,8 @@ func startUp(t *testing.T, withNetwork bool) *upSystem {
 	return startUpWith(t, withNetwork, nil)
 }
 
-// startUpWith is startUp with a last word on the config.
-func startUpWith(t *testing.T, withNetwork bool, mutate func(*config.Config)) *upSystem {
+// startUpWith is startUp with mod applied to the config before the start.
+func startUpWith(t *testing.T, withNetwork bool, mod func(*config.Config)) *upSystem {
 	t.Helper()
 	dd := t.TempDir()
 	agent := filepath.Join(dd, "agent")
@@ -152,8 +152,8 @@ func startUpWith(t *testing.T, withNetwork bool, mutate func(*config.Config)) *u
 		cfg.Node.Network.NetNSDir = filepath.Join(dd, "netns")
 		cfg.Node.Network.Pool = "100.100.0.0/24"
 	}
-	if mutate != nil {
-		mutate(cfg)
+	if mod != nil {
+		mod(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -265,7 +265,7 @@ func TestUpServiceTokensRenewed(t *testing.T) {
 	defer func(d time.Duration) { serviceTokenTTL = d }(serviceTokenTTL)
 	serviceTokenTTL = 2 * time.Second
 	s := startUp(t, false)
-	key, err := loadKey(s.cfg)
+	key, err := loadIssuer(t.Context(), s.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,13 +280,13 @@ func TestUpServiceTokensRenewed(t *testing.T) {
 
 	// Every component minted its first token before this probe: once the
 	// probe has expired, so have they.
-	probe, err := auth.Issue(key, "probe", auth.ScopeNode, serviceTokenTTL)
+	probe, err := key.Issue("probe", auth.ScopeNode, serviceTokenTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := auth.Verify(key, probe, time.Now()); err != nil {
+		if _, err := auth.Verify(key.PublicKey(), probe, time.Now()); err != nil {
 			break
 		}
 		if time.Now().After(deadline) {
