@@ -37,6 +37,7 @@ type config struct {
 	endpoint, tokenFile, image, rootfs string
 	runc, stateRoot, cgParent          string
 	creates, execs, idle, concurrent   int
+	pauses                             int
 	warmup, breakdown, firstCommand    int
 	idleWait, settle                   time.Duration
 	out, command, revision             string
@@ -56,6 +57,7 @@ func main() {
 	flag.IntVar(&c.firstCommand, "first-command", 30, "time-to-first-command iterations of each kind (ours warm, ours cold, runc run + runc exec; 0: skip)")
 	flag.DurationVar(&c.settle, "settle", 300*time.Millisecond, "pause between one timed operation and the next, so the pool refill and the last teardown are done")
 	flag.IntVar(&c.execs, "execs", 200, "exec round trips of each kind")
+	flag.IntVar(&c.pauses, "pauses", 100, "pause+resume rounds of each kind (ours through the API, a raw freezer write of a runc container; 0: skip)")
 	flag.IntVar(&c.idle, "idle", 10, "idle sandboxes whose memory is measured")
 	flag.DurationVar(&c.idleWait, "idle-wait", 5*time.Second, "how long sandboxes stay idle before their memory is read")
 	flag.IntVar(&c.concurrent, "concurrent", 20, "concurrent creates")
@@ -170,6 +172,7 @@ func run(ctx context.Context, c config) (retErr error) {
 		{"time to first command", b.firstCommandPhase},
 		{"create breakdown", b.breakdownPhase},
 		{"exec round trip", b.execPhase},
+		{"pause and resume", b.pausePhase},
 		{"idle memory", b.memoryPhase},
 		{"concurrent creates", b.concurrentPhase},
 	}

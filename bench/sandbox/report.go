@@ -32,11 +32,13 @@ type report struct {
 	fcFirst, fcExec               [numKinds]series
 	execOurs, execRunc, shellOurs series
 	execErrs                      []string
-	mem                           []memSample
-	concOurs                      poolSeries
-	concWall                      time.Duration
-	concN                         int
-	concErrs                      []string
+	// pause and resume through the API; the freezer written directly
+	pauseOurs, resumeOurs, freezeRaw, thawRaw series
+	mem                                       []memSample
+	concOurs                                  poolSeries
+	concWall                                  time.Duration
+	concN                                     int
+	concErrs                                  []string
 
 	// create breakdown: ours, and our config.json replayed by hand
 	bdOurs, bdCreate, bdStart, bdAgent, bdSum series
@@ -161,6 +163,12 @@ func (r *report) markdown() string {
 	}
 	p("| exec `true` p50 / `runc exec` p50 | %s ms | %s ms | %.2fx | <= %.1fx | %s |",
 		ms(r.execOurs.percentile(50)), ms(r.execRunc.percentile(50)), er, targetExecRatio, verdict(er <= targetExecRatio))
+	if len(r.pauseOurs) > 0 {
+		p("| pause p50 / freezer write p50 | %s ms | %s ms | %.2fx | no target | |",
+			ms(r.pauseOurs.percentile(50)), ms(r.freezeRaw.percentile(50)), ratio(r.pauseOurs.percentile(50), r.freezeRaw.percentile(50)))
+		p("| resume p50 / freezer write p50 | %s ms | %s ms | %.2fx | no target | |",
+			ms(r.resumeOurs.percentile(50)), ms(r.thawRaw.percentile(50)), ratio(r.resumeOurs.percentile(50), r.thawRaw.percentile(50)))
+	}
 	p("| our execs that failed | %d of %d | | | | %s |", len(r.execErrs), 2*r.cfg.execs, verdict(len(r.execErrs) == 0))
 	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
 	idleServers, firstExec, firstExecIdle := r.idleServerStats()
@@ -262,6 +270,12 @@ func (r *report) markdown() string {
 	p("in a running `runc run` container of the same rootfs, until it returns. One sandbox and one container for the whole phase.")
 	p("")
 	r.seriesTable(p, []string{"ours Exec true", "runc exec true", "ours RunShell true"}, []series{r.execOurs, r.execRunc, r.shellOurs})
+	if len(r.pauseOurs) > 0 {
+		p("")
+		p("Pause and resume, %d interleaved rounds: ours through the public API (apiserver → node → freezer, recorded in the node's table) and a freezer write of a plain runc container (write, then read until the kernel reports the state).", len(r.pauseOurs))
+		p("")
+		r.seriesTable(p, []string{"ours PauseSandbox", "freezer FROZEN", "ours ResumeSandbox", "freezer THAWED"}, []series{r.pauseOurs, r.freezeRaw, r.resumeOurs, r.thawRaw})
+	}
 	if len(r.execErrs) > 0 {
 		p("**%d of our execs failed** (left out of the latencies above):", len(r.execErrs))
 		p("")

@@ -114,3 +114,57 @@ func kernelRelease() string {
 	}
 	return unix.ByteSliceToString(u.Release[:]) + " " + unix.ByteSliceToString(u.Machine[:])
 }
+
+// freeze writes the freezer of the cgroup at path (relative to the
+// hierarchies) and waits until the kernel reports it frozen or thawed: the
+// least a pause can cost, the baseline of our PauseSandbox.
+func (ci cgroupInfo) freeze(path string, frozen bool) error {
+	if ci.v2 || ci.mounts["unified"] != "" && ci.freezerMount() == "" {
+		dir := filepath.Join(ci.mounts["unified"], path)
+		v := "0"
+		if frozen {
+			v = "1"
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte(v), 0); err != nil {
+			return err
+		}
+		for {
+			b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+			if err != nil {
+				return err
+			}
+			if strings.Contains(string(b), "frozen "+v) {
+				return nil
+			}
+		}
+	}
+	file := filepath.Join(ci.freezerMount(), path, "freezer.state")
+	want := "THAWED"
+	if frozen {
+		want = "FROZEN"
+	}
+	if err := os.WriteFile(file, []byte(want), 0); err != nil {
+		return err
+	}
+	for {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) == want {
+			return nil
+		}
+	}
+}
+
+// freezerMount is where the v1 freezer controller is mounted ("" if not).
+func (ci cgroupInfo) freezerMount() string {
+	for opts, mnt := range ci.mounts {
+		for _, o := range strings.Split(opts, ",") {
+			if o == "freezer" {
+				return mnt
+			}
+		}
+	}
+	return ""
+}

@@ -22,3 +22,5 @@ func detectCgroups() (cgroupInfo, error) { return cgroupInfo{}, errLinuxOnly }
 func (ci cgroupInfo) removeAll(path string) error { return errLinuxOnly }
 
 func kernelRelease() string { return "unknown" }
+
+func (ci cgroupInfo) freeze(path string, frozen bool) error { return errLinuxOnly }
