@@ -148,7 +148,7 @@ func mustStayPaused(t *testing.T, n *Node, id, why string) {
 }
 
 func TestPausedNotReapedAndClockStops(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	clk := &testClock{}
 	f.cfg.Clock = clk.now
 	n := f.open(t)
@@ -176,7 +176,7 @@ func TestPausedNotReapedAndClockStops(t *testing.T) {
 // An auto-pause on timeout happens after the expiry; resume(0), the SDK's
 // and CLI's default, gives a fresh full lifetime, not the second left.
 func TestResumeAfterAutoPauseOnTimeout(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	clk := &testClock{}
 	f.cfg.Clock = clk.now
 	n := f.open(t)
@@ -228,7 +228,7 @@ func TestResumedExpiry(t *testing.T) {
 }
 
 func TestMaxPausedStopsPaused(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	clk := &testClock{}
 	f.cfg.Clock = clk.now
 	f.cfg.MaxPaused = time.Hour
@@ -242,7 +242,7 @@ func TestMaxPausedStopsPaused(t *testing.T) {
 	mustStayPaused(t, n, rec.ID, "paused 59 min of at most 1 h")
 	clk.advance(2 * time.Minute)
 	waitGone(t, n, rec.ID, 10*time.Second)
-	if _, err := f.rt.Status(t.Context(), rec.ID); !errdefs.IsNotFound(err) {
+	if _, err := f.backend().Status(t.Context(), rec.ID); !errdefs.IsNotFound(err) {
 		t.Fatalf("backend still knows the sandbox paused too long: %v", err)
 	}
 }
@@ -314,7 +314,7 @@ func TestPauseResumeUndoneWhenNotRecorded(t *testing.T) {
 }
 
 func TestAutoPause(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	rec := f.create(t, n, specRecord{TimeoutSec: 1, AutoPause: true})
 	deadline := time.Now().Add(10 * time.Second)
@@ -324,7 +324,7 @@ func TestAutoPause(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
-	mustBackendState(t, f.rt, rec.ID, runtime.StatePaused)
+	mustBackendState(t, f.backend(), rec.ID, runtime.StatePaused)
 	// Resume with a new lifetime: it runs again.
 	if _, err := n.Resume(t.Context(), rec.ID, 60); err != nil {
 		t.Fatal(err)
@@ -366,7 +366,7 @@ func TestStopPausedLeavesNothing(t *testing.T) {
 }
 
 func TestBatchPauseByTask(t *testing.T) {
-	f := newFixture(t)
+	f := newFakeFixture(t)
 	n := f.open(t)
 	var job []string
 	for range 3 {
@@ -392,7 +392,7 @@ func TestBatchPauseByTask(t *testing.T) {
 		if got := stateOf(t, n, id); got != statePaused {
 			t.Fatalf("%s is %s, want paused", id, got)
 		}
-		mustBackendState(t, f.rt, id, runtime.StatePaused)
+		mustBackendState(t, f.backend(), id, runtime.StatePaused)
 	}
 	if got := stateOf(t, n, other); got != stateRunning {
 		t.Fatalf("sandbox of another task is %s, want running", got)
