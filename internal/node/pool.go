@@ -218,7 +218,7 @@ func (p *pool) orphan(rec *record) {
 	}
 	go func() {
 		defer end()
-		if err := p.n.destroy(context.Background(), rec); err != nil {
+		if err := p.n.destroy(context.WithoutCancel(p.n.life), rec); err != nil {
 			slog.Warn("remove unused warm-pool sandbox; the next node start retries", log.SandboxID(rec.ID), log.Err(err))
 		}
 	}()
@@ -306,7 +306,7 @@ func (p *pool) expire(now time.Time) {
 	p.mu.Unlock()
 	stale := map[poolKey]bool{}
 	for _, k := range keys {
-		if id, err := p.ids.ImageID(context.Background(), k.Image); err != nil || id != k.ImageID {
+		if id, err := p.ids.ImageID(p.n.life, k.Image); err != nil || id != k.ImageID {
 			stale[k] = true
 		}
 	}
@@ -363,7 +363,7 @@ func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 
 // fill prestarts one sandbox of shape k (s, as next returned it).
 func (p *pool) fill(k poolKey, s *poolShape) {
-	rec, err := p.n.prestart(context.Background(), k, s.spec)
+	rec, err := p.n.prestart(p.n.life, k, s.spec)
 	p.n.metrics.prestartDone(err)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -390,7 +390,7 @@ const drainTimeout = 10 * time.Second
 // drain destroys every prestarted sandbox (node shutdown), within its own
 // deadline: the shutdown's may have passed already.
 func (p *pool) drain() {
-	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.n.life), drainTimeout)
 	defer cancel()
 	p.mu.Lock()
 	var recs []*record

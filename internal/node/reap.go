@@ -104,7 +104,7 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 		return
 	default:
 	}
-	ctx := context.Background()
+	ctx := n.life // ends at shutdown; Stop finishes what it began regardless
 	if pause {
 		pctx, cancel := context.WithTimeoutCause(ctx, autoPauseTimeout,
 			fmt.Errorf("auto-pause took longer than %s", autoPauseTimeout))

@@ -2,13 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -291,5 +294,60 @@ func TestConcurrentCreatesAndExecs(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestKilledInitReportedAtOnce: `kill -9` of a sandbox's init from the host
+// is seen at once (the backend's Wait): within a second GetSandbox answers
+// FAILED with the reason, everything of the sandbox is gone, and later it
+// is not found by exec — not "running" until its timeout.
+func TestKilledInitReportedAtOnce(t *testing.T) {
+	s := newSystem(t)
+	s.start()
+	r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+		Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", TimeoutSeconds: 3600},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Sandbox.Id
+	s.shell(t, id, "true")
+	out, err := exec.Command("runc", "--root", "/run/opendsec/runc", "state", id).Output()
+	if err != nil {
+		t.Fatalf("runc state %s: %v", id, err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runc state %s: %s, %v", id, out, err)
+	}
+	killed := time.Now()
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var got *opendsecv1.Sandbox
+	for time.Since(killed) < 10*time.Second {
+		g, err := s.sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
+		if err != nil {
+			t.Fatalf("get after the kill: %v", err)
+		}
+		if g.Msg.Sandbox.State == opendsecv1.SandboxState_SANDBOX_STATE_FAILED {
+			got = g.Msg.Sandbox
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // polling the API for the node's view
+	}
+	if got == nil {
+		t.Fatal("sandbox not reported failed within 10 s of kill -9 of its init")
+	}
+	if d := time.Since(killed); d > time.Second {
+		t.Errorf("reported failed %s after the kill; want within a second", d)
+	}
+	if !strings.Contains(got.Reason, "died") {
+		t.Errorf("reason %q does not say it died", got.Reason)
+	}
+	if left := s.leftovers(id); len(left) > 0 {
+		t.Errorf("dead sandbox left behind:\n%s", strings.Join(left, "\n"))
 	}
 }
