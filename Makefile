@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERSION)
 CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent generate test test-go test-live test-e2b clean
+.PHONY: help build agent generate test test-go test-live test-e2b build-other-os clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -34,6 +34,10 @@ test-live: build ## Python SDK, example and CLI against a live system
 
 test-e2b: build ## the real E2B SDKs (PyPI and npm) against a live system and the E2B gateway
 	bash scripts/test-e2b.sh
+
+build-other-os: ## the Linux-only code has stubs that compile: build and vet for darwin
+	GOOS=darwin $(GO) build ./...
+	GOOS=darwin $(GO) vet ./...
 
 generate: ## regenerate protobuf code (Go and Python)
 	bash scripts/gen-proto.sh
