@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +162,3 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 func pid(n uint32) *process.ProcessSelector {
 	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: n}}
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -103,12 +103,11 @@ func (f *fakeAPI) SetNetwork(_ context.Context, r *connect.Request[v1.SetNetwork
 }
 
 type harness struct {
-	t       *testing.T
-	api     *fakeAPI
-	gw      *Gateway
-	keyA    string
-	keyB    string
-	keyPath string
+	t    *testing.T
+	api  *fakeAPI
+	gw   *Gateway
+	keyA string
+	keyB string
 }
 
 func newHarness(t *testing.T) *harness {
