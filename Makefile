@@ -27,6 +27,9 @@ test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a
 	bash scripts/test-live.sh
 	bash scripts/test-e2b.sh
 
+test-unit: ## the tests that need no root; run it as a normal user (as root it runs the root tests too)
+	env -u OPENDSEC_ROOT_TESTS $(GO) test -timeout 15m ./...
+
 test-go: ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 

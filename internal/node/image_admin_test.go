@@ -21,6 +21,7 @@ import (
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 // TestImportInternalRegistryNeedsAdmin serves NodeImageService behind the
@@ -31,6 +32,7 @@ import (
 // with the header, or with an admin token, the import goes through. A
 // user-scope token cannot call the node at all.
 func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
+	testutil.RequiresRoot(t) // the import keeps the layer's owners and modes
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
 		t.Setenv(k, "")
 	}
