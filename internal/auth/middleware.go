@@ -108,13 +108,13 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 // WriteError writes err as {"code": status, "message": text} with the
 // status of its category.
 func WriteError(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
+	status, msg := errdefs.ToHTTP(context.Background(), err)
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
-	}{status, err.Error()})
+	}{status, msg})
 }
 
 // setToken puts tok in h: as "Authorization: Bearer" when that header is

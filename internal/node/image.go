@@ -22,6 +22,7 @@ import (
 // other resolver). opts carry the authentication interceptor.
 func (n *Node) ImageHandler(opts ...connect.HandlerOption) (string, http.Handler) {
 	store, _ := n.cfg.Images.(*image.Store)
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
 	return nodev1connect.NewNodeImageServiceHandler(&imageService{n: n, store: store}, opts...)
 }
 

@@ -22,6 +22,7 @@ import (
 // in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
 	mux.Handle("GET /metrics", n.MetricsHandler())
