@@ -214,3 +214,14 @@ func FromConnect(err error) error {
 	}
 	return &categorized{cat: ErrInternal, msg: ce.Message(), causes: []error{ce}, public: true}
 }
+
+// CodeCategory returns the category of a Connect code (ErrInternal for a
+// code no category has).
+func CodeCategory(c connect.Code) error {
+	for _, r := range table {
+		if r.code == c {
+			return r.cat
+		}
+	}
+	return ErrInternal
+}
