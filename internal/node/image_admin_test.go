@@ -20,6 +20,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
@@ -64,7 +65,7 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 	key := []byte("test-key-test-key-test-key-test-")
 	v := auth.NewVerifier(key, auth.ScopeNode, auth.ScopeAdmin)
 	mux := http.NewServeMux()
-	mux.Handle(nodev1connect.NewNodeImageServiceHandler(&imageService{store: store}, connect.WithInterceptors(v.Interceptor())))
+	mux.Handle(nodev1connect.NewNodeImageServiceHandler(&imageService{store: store}, connect.WithInterceptors(v.Interceptor(), errdefs.Interceptor())))
 	ns := httptest.NewServer(mux)
 	t.Cleanup(ns.Close)
 	token := func(scope string) string {

@@ -68,7 +68,7 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
 	spec, err := specpb.FromProto(req.Msg.GetSpec())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	rec, err := s.n.Create(ctx, CreateRequest{
 		ID:        req.Msg.GetSandboxId(),
@@ -77,13 +77,13 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 		SkipPool:  req.Msg.GetSkipWarmPool(),
 	})
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	// A deduplicated retry returns the first sandbox, and a warm-pool one
 	// keeps its own ID: both may differ from the ID asked for.
 	sb, err := s.n.get(rec.ID)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -91,7 +91,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
 	sb, err := s.n.get(req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -106,18 +106,18 @@ func (s *service) ListSandboxes(ctx context.Context, req *connect.Request[nodev1
 
 func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.StopSandboxRequest]) (*connect.Response[nodev1.StopSandboxResponse], error) {
 	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.StopSandboxResponse{}), nil
 }
 
 func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.SetTimeoutRequest]) (*connect.Response[nodev1.SetTimeoutResponse], error) {
 	if _, err := s.n.SetTimeout(ctx, req.Msg.GetSandboxId(), req.Msg.GetTimeoutSeconds()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.n.get(req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.SetTimeoutResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -128,11 +128,11 @@ func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.Se
 		rules = &netpolicy.Rules{}
 	}
 	if _, err := s.n.SetNetwork(ctx, req.Msg.GetSandboxId(), *rules); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.n.get(req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.SetNetworkResponse{Sandbox: s.n.toProto(sb)}), nil
 }
