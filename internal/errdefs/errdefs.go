@@ -1,7 +1,9 @@
 // Package errdefs defines the error categories every OpenDsec component uses.
 // Errors are wrapped with %w as they travel up and are mapped to Connect/gRPC
-// and HTTP codes only at the server edge (ToConnect, HTTPStatus), and back to
-// categories in clients (FromConnect).
+// and HTTP codes only at the server edge, once (Interceptor on every Connect
+// handler, ToHTTP for HTTP answers), and back to categories in clients
+// (FromConnect). A caller is told only the public message (PublicMessage);
+// the internal detail goes to the server's log.
 package errdefs
 
 import (
