@@ -4,9 +4,10 @@ GO ?= go
 BIN := bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERSION)
+GOLANGCI_LINT ?= $(shell $(GO) env GOPATH)/bin/golangci-lint
 CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent generate test test-go test-live test-e2b clean
+.PHONY: help build agent generate test test-go test-live test-e2b test-unit lint build-other-os clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -26,6 +27,9 @@ test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a
 	bash scripts/test-live.sh
 	bash scripts/test-e2b.sh
 
+test-unit: ## the tests that need no root; run it as a normal user (as root it runs the root tests too)
+	env -u OPENDSEC_ROOT_TESTS $(GO) test -timeout 15m ./...
+
 test-go: ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 
@@ -34,6 +38,13 @@ test-live: build ## Python SDK, example and CLI against a live system
 
 test-e2b: build ## the real E2B SDKs (PyPI and npm) against a live system and the E2B gateway
 	bash scripts/test-e2b.sh
+
+lint: build-other-os ## golangci-lint (.golangci.yml; pinned in scripts/install-deps.sh --dev) and the darwin build
+	$(GOLANGCI_LINT) run ./...
+
+build-other-os: ## the Linux-only code has stubs that compile: build and vet for darwin
+	GOOS=darwin $(GO) build ./...
+	GOOS=darwin $(GO) vet ./...
 
 generate: ## regenerate protobuf code (Go and Python)
 	bash scripts/gen-proto.sh

@@ -23,6 +23,7 @@ command -v go >/dev/null 2>&1 || { echo "Go 1.26 is required (https://go.dev/doc
 if [ $dev = 1 ]; then
   gobin="$(go env GOPATH)/bin"
   [ -x "$gobin/protoc-gen-go" ] || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.10
+  "$gobin/golangci-lint" version 2>/dev/null | grep -q "version 2.15.0 " || go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
   [ -x "$gobin/protoc-gen-connect-go" ] || go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.19.1
   python3 -c 'import grpc_tools' 2>/dev/null || python3 -m pip install -q grpcio-tools==1.76.0
 fi

@@ -27,21 +27,21 @@ import (
 )
 
 type config struct {
-	endpoint, tokenFile        string
-	dataDir                    string // the system's data dir (du of what sandboxes add)
-	busybox                    string // rootfs dir: the base layer of both images
-	work                       string
-	runc                       string
-	bigMiB, smallMiB, fileKiB  int
-	count, smallCount          int
-	baselineBig, baselineSmall int
-	oursAtBaseline             bool
-	parallel, rounds           int
-	marginGiB                  int
-	memoryMB                   int64
-	cpu                        float64
-	pids                       int64
-	out, command, revision     string
+	endpoint, tokenFile       string
+	dataDir                   string // the system's data dir (du of what sandboxes add)
+	busybox                   string // rootfs dir: the base layer of both images
+	work                      string
+	runc                      string
+	bigMiB, smallMiB, fileKiB int
+	count, smallCount         int
+	baselineBig               int
+	oursAtBaseline            bool
+	parallel, rounds          int
+	marginGiB                 int
+	memoryMB                  int64
+	cpu                       float64
+	pids                      int64
+	out, command, revision    string
 }
 
 func main() {

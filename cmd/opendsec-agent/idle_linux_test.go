@@ -23,6 +23,7 @@ import (
 // binary and checks that its anonymous memory, grown by the burst, goes back
 // down once it is idle (the Go runtime alone keeps it for minutes).
 func TestIdleTrimReturnsMemory(t *testing.T) {
+	testutil.RequiresRoot(t) // its process runs as root (the default user)
 	bin := testutil.AgentBinary(t)
 	sock := filepath.Join(t.TempDir(), "a.sock")
 	cmd := exec.Command(bin, "--listen", sock, "--log-level", "warn", "--idle-trim-after", "300ms")

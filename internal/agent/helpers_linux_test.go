@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
 	"github.com/kernflux/opendsec/api/gen/process"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 // env is an agent served on a temp unix socket with SDK-like clients.
@@ -35,6 +35,9 @@ func newEnvB(b *testing.B) *env { return newEnvTB(b, Config{}) }
 
 func newEnvTB(t testing.TB, cfg Config) *env {
 	t.Helper()
+	// The agent acts as root in its sandbox: it starts processes as the
+	// request's user (root by default) and chowns files to them.
+	testutil.RequiresRoot(t)
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
 		t.Fatal(err)
@@ -163,5 +166,3 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 func pid(n uint32) *process.ProcessSelector {
 	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: n}}
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -597,7 +597,7 @@ func unread(fs []*os.File) int {
 		if err != nil {
 			continue
 		}
-		rc.Control(func(fd uintptr) {
+		_ = rc.Control(func(fd uintptr) { // a closed pipe counts as empty
 			if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
 				n += v
 			}
@@ -663,7 +663,7 @@ wait:
 	p.master = nil
 	p.end = end
 	release := p.subs == 0
-	p.handle.Release()
+	_ = p.handle.Release() // the process has been waited for; nothing to undo on failure
 	p.mu.Unlock()
 	close(p.done)
 	p.out.close()

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/api/gen/process"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 func TestStartEnvCwdAndExitCodes(t *testing.T) {
@@ -620,6 +621,7 @@ func TestFastExitKeepsOutput(t *testing.T) {
 // TestOutputKeptUntilStartStreamReads makes the race deterministic: the
 // process has fully ended before its Start stream begins to read.
 func TestOutputKeptUntilStartStreamReads(t *testing.T) {
+	testutil.RequiresRoot(t) // starts its process as the default user, root
 	cfg := Config{}
 	cfg.setDefaults()
 	s := newProcesses(&cfg)

@@ -102,7 +102,7 @@ func (d *tunnelDir) copy() error {
 
 func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
+		_ = cw.CloseWrite() // the peer may have closed already
 		return
 	}
 	c.Close()

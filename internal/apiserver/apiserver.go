@@ -169,7 +169,7 @@ func New(cfg Config) (*Server, error) {
 // request metrics), plus an unauthenticated GET /healthz and GET /metrics.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(metricsInterceptor{s.metrics}, s.cfg.Auth.Interceptor()),
+		connect.WithInterceptors(metricsInterceptor{s.metrics}, s.cfg.Auth.Interceptor(), errdefs.Interceptor()),
 		connect.WithCodec(protoCodec{}),
 		// Room for a full HTTPRequest body plus framing.
 		connect.WithReadMaxBytes(int(s.cfg.MaxHTTPBodyBytes) + 1<<20),

@@ -53,22 +53,22 @@ func (a *agent) filesURL(p, user string) string {
 func (s *Server) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest], stream *connect.ServerStream[v1.ReadFileResponse]) error {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if err := firstErr(checkPath("path", req.Msg.GetPath()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, a.filesURL(req.Msg.GetPath(), req.Msg.GetUser()), nil)
 	if err != nil {
-		return errdefs.ToConnect(fmt.Errorf("read file request: %w", err))
+		return fmt.Errorf("read file request: %w", err)
 	}
 	resp, err := a.node.HTTPClient().Do(hreq)
 	if err != nil {
-		return errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read file: %s", err)))
+		return ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read file: %s", err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return errdefs.ToConnect(nodeclient.MapResponse(resp, "read file"))
+		return nodeclient.MapResponse(resp, "read file")
 	}
 	buf := make([]byte, readChunk)
 	for {
@@ -83,7 +83,7 @@ func (s *Server) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileR
 		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			return nil
 		default:
-			return errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read file: %s", err)))
+			return ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read file: %s", err))
 		}
 	}
 }
@@ -97,15 +97,15 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[v1.
 		if err := stream.Err(); err != nil {
 			return nil, err
 		}
-		return nil, errdefs.ToConnect(errdefs.Invalid("header", "is missing; send {sandbox_id, path} first, then data"))
+		return nil, errdefs.Invalid("header", "is missing; send {sandbox_id, path} first, then data")
 	}
 	h := stream.Msg().GetHeader()
 	if h == nil {
-		return nil, errdefs.ToConnect(errdefs.Invalid("header", "the first message must be the header {sandbox_id, path}; data comes after it"))
+		return nil, errdefs.Invalid("header", "the first message must be the header {sandbox_id, path}; data comes after it")
 	}
 	a, err := s.agentFor(ctx, h.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	limit := s.cfg.MaxUploadBytes
 	switch {
@@ -117,11 +117,11 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[v1.
 		err = firstErr(checkPath("path", h.GetPath()), validateUser("user", h.GetUser()))
 	}
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	entry, err := s.upload(ctx, a, h, stream)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&v1.WriteFileResponse{File: fileInfo(entry)}), nil
 }
@@ -235,20 +235,20 @@ func (s *Server) removeQuietly(ctx context.Context, a *agent, p, user string) {
 func (s *Server) ListDir(ctx context.Context, req *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPath("path", req.Msg.GetPath()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	depth := max(req.Msg.GetDepth(), 1)
 	if depth > 64 {
-		return nil, errdefs.ToConnect(errdefs.Invalid("depth", "%d is too deep; at most 64", depth))
+		return nil, errdefs.Invalid("depth", "%d is too deep; at most 64", depth)
 	}
 	r := connect.NewRequest(&filesystem.ListDirRequest{Path: req.Msg.GetPath(), Depth: depth})
 	setUser(r.Header(), req.Msg.GetUser())
 	resp, err := a.fs.ListDir(ctx, r)
 	if err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "list dir", err))
+		return nil, a.agentErr(ctx, "list dir", err)
 	}
 	out := &v1.ListDirResponse{}
 	for _, e := range resp.Msg.GetEntries() {
@@ -261,14 +261,14 @@ func (s *Server) ListDir(ctx context.Context, req *connect.Request[v1.ListDirReq
 func (s *Server) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPath("path", req.Msg.GetPath()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	e, err := a.stat(ctx, req.Msg.GetPath(), req.Msg.GetUser())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&v1.StatResponse{File: fileInfo(e)}), nil
 }
@@ -287,15 +287,15 @@ func (a *agent) stat(ctx context.Context, p, user string) (*filesystem.EntryInfo
 func (s *Server) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPath("path", req.Msg.GetPath()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	r := connect.NewRequest(&filesystem.RemoveRequest{Path: req.Msg.GetPath()})
 	setUser(r.Header(), req.Msg.GetUser())
 	if _, err := a.fs.Remove(ctx, r); err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "remove", err))
+		return nil, a.agentErr(ctx, "remove", err)
 	}
 	return connect.NewResponse(&v1.RemoveResponse{}), nil
 }
@@ -305,10 +305,10 @@ func (s *Server) Remove(ctx context.Context, req *connect.Request[v1.RemoveReque
 func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPath("path", req.Msg.GetPath()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	r := connect.NewRequest(&filesystem.MakeDirRequest{Path: req.Msg.GetPath()})
 	setUser(r.Header(), req.Msg.GetUser())
@@ -316,12 +316,12 @@ func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirReq
 	if connect.CodeOf(err) == connect.CodeAlreadyExists {
 		e, err := a.stat(ctx, req.Msg.GetPath(), req.Msg.GetUser())
 		if err != nil {
-			return nil, errdefs.ToConnect(err)
+			return nil, err
 		}
 		return connect.NewResponse(&v1.MakeDirResponse{File: fileInfo(e), Created: false}), nil
 	}
 	if err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "make dir", err))
+		return nil, a.agentErr(ctx, "make dir", err)
 	}
 	return connect.NewResponse(&v1.MakeDirResponse{File: fileInfo(resp.Msg.GetEntry()), Created: true}), nil
 }
@@ -330,16 +330,16 @@ func (s *Server) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirReq
 func (s *Server) Move(ctx context.Context, req *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPath("source", req.Msg.GetSource()), checkPath("destination", req.Msg.GetDestination()), validateUser("user", req.Msg.GetUser())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	r := connect.NewRequest(&filesystem.MoveRequest{Source: req.Msg.GetSource(), Destination: req.Msg.GetDestination()})
 	setUser(r.Header(), req.Msg.GetUser())
 	resp, err := a.fs.Move(ctx, r)
 	if err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "move", err))
+		return nil, a.agentErr(ctx, "move", err)
 	}
 	return connect.NewResponse(&v1.MoveResponse{File: fileInfo(resp.Msg.GetEntry())}), nil
 }

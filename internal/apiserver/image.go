@@ -43,18 +43,18 @@ func (s *Server) anyImageNode(ctx context.Context) (nodev1connect.NodeImageServi
 // ImportImage forwards the import to a node and relays its progress.
 func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImportImageResponse]) error {
 	if req.Msg.GetRef() == "" {
-		return errdefs.ToConnect(errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1"))
+		return errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1")
 	}
 	c, err := s.anyImageNode(ctx)
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if err := checkImport(ctx, c, req.Msg); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	up, err := c.ImportImage(ctx, nodeImportRequest(ctx, req.Msg))
 	if err != nil {
-		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
+		return remoteErr(ctx, "import image", err)
 	}
 	defer up.Close()
 	for up.Receive() {
@@ -63,7 +63,7 @@ func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 		}
 	}
 	if err := up.Err(); err != nil {
-		return errdefs.ToConnect(remoteErr(ctx, "import image", err))
+		return remoteErr(ctx, "import image", err)
 	}
 	return nil
 }
@@ -73,16 +73,16 @@ func (s *Server) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 func unary[Req, Resp any](ctx context.Context, s *Server, what string, req *Req, check func(nodev1connect.NodeImageServiceClient) error, call func(nodev1connect.NodeImageServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
 	c, err := s.anyImageNode(ctx)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if check != nil {
 		if err := check(c); err != nil {
-			return nil, errdefs.ToConnect(err)
+			return nil, err
 		}
 	}
 	resp, err := call(c, ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, what, err))
+		return nil, remoteErr(ctx, what, err)
 	}
 	return connect.NewResponse(resp.Msg), nil
 }
@@ -93,7 +93,7 @@ func (s *Server) ListImages(ctx context.Context, req *connect.Request[v1.ListIma
 
 func (s *Server) GetImage(ctx context.Context, req *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error) {
 	if req.Msg.GetName() == "" {
-		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
+		return nil, errdefs.Invalid("name", "is empty; give an image name like root/busybox")
 	}
 	return unary(ctx, s, "get image", req.Msg, nil, nodev1connect.NodeImageServiceClient.GetImage)
 }
@@ -109,10 +109,10 @@ func (s *Server) TagImage(ctx context.Context, req *connect.Request[v1.TagImageR
 // RemoveImage needs an admin token.
 func (s *Server) RemoveImage(ctx context.Context, req *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
 	if err := requireAdmin(ctx, "removing an image"); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if req.Msg.GetName() == "" {
-		return nil, errdefs.ToConnect(errdefs.Invalid("name", "is empty; give an image name like root/busybox"))
+		return nil, errdefs.Invalid("name", "is empty; give an image name like root/busybox")
 	}
 	return unary(ctx, s, "remove image", req.Msg, nil, nodev1connect.NodeImageServiceClient.RemoveImage)
 }
@@ -128,7 +128,7 @@ func (s *Server) ComposeImage(ctx context.Context, req *connect.Request[v1.Compo
 // GarbageCollect needs an admin token.
 func (s *Server) GarbageCollect(ctx context.Context, req *connect.Request[v1.GarbageCollectRequest]) (*connect.Response[v1.GarbageCollectResponse], error) {
 	if err := requireAdmin(ctx, "collecting image garbage"); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return unary(ctx, s, "collect image garbage", req.Msg, nil, nodev1connect.NodeImageServiceClient.GarbageCollect)
 }
@@ -136,7 +136,7 @@ func (s *Server) GarbageCollect(ctx context.Context, req *connect.Request[v1.Gar
 // VerifyImages needs an admin token: it re-reads the whole store.
 func (s *Server) VerifyImages(ctx context.Context, req *connect.Request[v1.VerifyImagesRequest]) (*connect.Response[v1.VerifyImagesResponse], error) {
 	if err := requireAdmin(ctx, "verifying the image store"); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return unary(ctx, s, "verify images", req.Msg, nil, nodev1connect.NodeImageServiceClient.VerifyImages)
 }
@@ -147,15 +147,15 @@ func (s *Server) VerifyImages(ctx context.Context, req *connect.Request[v1.Verif
 func (s *Server) PackDiff(ctx context.Context, req *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
 	n, err := s.nodeFor(ctx, "sandbox_id", req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(namingSandbox(err))
+		return nil, namingSandbox(err)
 	}
 	c := n.Images()
 	if err := requireAdminToReplace(ctx, c, "name", req.Msg.GetName()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := c.PackDiff(ctx, connect.NewRequest(req.Msg))
 	if err != nil {
-		return nil, errdefs.ToConnect(namingSandbox(remoteErr(ctx, "pack sandbox", err)))
+		return nil, namingSandbox(remoteErr(ctx, "pack sandbox", err))
 	}
 	return connect.NewResponse(resp.Msg), nil
 }

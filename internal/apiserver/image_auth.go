@@ -104,7 +104,7 @@ func requirePublicRegistry(ctx context.Context, registry string) error {
 			if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
 				return errdefs.Invalid("ref", "registry host %q does not resolve; check the reference", host)
 			}
-			return errdefs.New(errdefs.ErrUnavailable, "ref: resolve registry host %q: %v", host, err)
+			return errdefs.New(errdefs.ErrUnavailable, "ref: resolve registry host %q: %w", host, err)
 		}
 	}
 	for _, a := range addrs {

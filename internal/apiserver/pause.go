@@ -18,11 +18,11 @@ import (
 func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().PauseSandbox(ctx, connect.NewRequest(&nodev1.PauseSandboxRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "pause sandbox", err))
+		return nil, remoteErr(ctx, "pause sandbox", err)
 	}
 	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
@@ -31,14 +31,14 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.Pause
 func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().ResumeSandbox(ctx, connect.NewRequest(&nodev1.ResumeSandboxRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "resume sandbox", err))
+		return nil, remoteErr(ctx, "resume sandbox", err)
 	}
 	return connect.NewResponse(&v1.ResumeSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
@@ -55,11 +55,11 @@ func checkResumeTimeout(sec int64) error {
 func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().GetSandboxMetrics(ctx, connect.NewRequest(&nodev1.GetSandboxMetricsRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox metrics", err))
+		return nil, remoteErr(ctx, "get sandbox metrics", err)
 	}
 	return connect.NewResponse(&v1.GetSandboxMetricsResponse{Metrics: resp.Msg.GetMetrics()}), nil
 }
@@ -75,7 +75,7 @@ func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.Pau
 		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
 	})
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }
@@ -83,7 +83,7 @@ func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.Pau
 // ResumeSandboxes resumes every matching sandbox on every node at once.
 func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
 	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sel := req.Msg.GetSelector()
 	timeout := req.Msg.GetTimeoutSeconds()
@@ -95,7 +95,7 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
 	})
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }

@@ -80,10 +80,10 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 	m := req.Msg
 	a, err := s.agentFor(ctx, m.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := validateHTTPRequest(m); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	timeout := DefaultHTTPTimeout
 	if m.GetTimeoutMs() > 0 {
@@ -95,7 +95,7 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 
 	conn, err := a.node.DialPort(ctx, a.id, int(m.GetPort()))
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -111,7 +111,7 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 	}
 	hreq, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s", m.GetPort(), p), bytes.NewReader(m.GetBody()))
 	if err != nil {
-		return nil, errdefs.ToConnect(errdefs.Invalid("path", "%q: %s", p, err))
+		return nil, errdefs.Invalid("path", "%q: %s", p, err)
 	}
 	for _, h := range m.GetHeaders() {
 		if strings.EqualFold(h.GetName(), "Host") {
@@ -122,26 +122,26 @@ func (s *Server) HTTPRequest(ctx context.Context, req *connect.Request[v1.HTTPRe
 	}
 	hreq.Close = true // one request per tunnel
 	if err := hreq.Write(conn); err != nil {
-		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "send request to port %d: %s", m.GetPort(), err)))
+		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "send request to port %d: %s", m.GetPort(), err))
 	}
 	lim := &headerLimiter{r: conn, n: MaxHTTPHeaderBytes, limited: true}
 	resp, err := http.ReadResponse(bufio.NewReader(lim), hreq)
 	lim.limited = false // the body has its own cap
 	if lim.exceeded {
-		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrResourceExhausted,
-			"the response headers from port %d exceed %d bytes; make the server in the sandbox send smaller headers", m.GetPort(), MaxHTTPHeaderBytes))
+		return nil, errdefs.New(errdefs.ErrResourceExhausted,
+			"the response headers from port %d exceed %d bytes; make the server in the sandbox send smaller headers", m.GetPort(), MaxHTTPHeaderBytes)
 	}
 	if err != nil {
-		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response from port %d: %s", m.GetPort(), err)))
+		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response from port %d: %s", m.GetPort(), err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxHTTPBodyBytes+1))
 	if err != nil {
-		return nil, errdefs.ToConnect(ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response body from port %d: %s", m.GetPort(), err)))
+		return nil, ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "read response body from port %d: %s", m.GetPort(), err))
 	}
 	if int64(len(body)) > s.cfg.MaxHTTPBodyBytes {
-		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrResourceExhausted,
-			"the response body from port %d exceeds %d bytes; fetch it in parts or write it to a file and use ReadFile", m.GetPort(), s.cfg.MaxHTTPBodyBytes))
+		return nil, errdefs.New(errdefs.ErrResourceExhausted,
+			"the response body from port %d exceeds %d bytes; fetch it in parts or write it to a file and use ReadFile", m.GetPort(), s.cfg.MaxHTTPBodyBytes)
 	}
 	out := &v1.HTTPRequestResponse{Status: int32(resp.StatusCode), Body: body}
 	for name, vals := range resp.Header {

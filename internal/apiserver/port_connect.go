@@ -84,21 +84,21 @@ func closeRequestBody(ctx context.Context) {
 func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.ConnectPortRequest, v1.ConnectPortResponse]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
-		return errdefs.ToConnect(errdefs.Invalid("start", "the stream ended before the start message"))
+		return errdefs.Invalid("start", "the stream ended before the start message")
 	}
 	if err != nil {
 		return err
 	}
 	st := first.GetStart()
 	if st == nil {
-		return errdefs.ToConnect(errdefs.Invalid("start", "the first message must be start; data and close_write come after it"))
+		return errdefs.Invalid("start", "the first message must be start; data and close_write come after it")
 	}
 	a, err := s.agentFor(ctx, st.GetSandboxId())
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if err := validateConnectPort(st); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	timeout := DefaultConnectTimeout
 	if st.GetTimeoutMs() > 0 {
@@ -109,7 +109,7 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 	conn, err := a.node.DialPort(dctx, a.id, int(st.GetPort()))
 	cancelDial()
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	bodyCtx := ctx
 
@@ -155,9 +155,9 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 		}
 		if rerr != nil {
 			if ctx.Err() != nil {
-				return errdefs.ToConnect(context.Cause(ctx))
+				return context.Cause(ctx)
 			}
-			return errdefs.ToConnect(errdefs.New(errdefs.ErrUnavailable, "read from port %d: %s", st.GetPort(), rerr))
+			return errdefs.New(errdefs.ErrUnavailable, "read from port %d: %s", st.GetPort(), rerr)
 		}
 	}
 	// The port half-closed; the caller may still be writing.
@@ -174,16 +174,16 @@ func (s *Server) ConnectPort(ctx context.Context, stream *connect.BidiStream[v1.
 		select {
 		case <-writeDone:
 			if ctx.Err() != nil {
-				return errdefs.ToConnect(context.Cause(ctx))
+				return context.Cause(ctx)
 			}
 			return nil
 		case <-ctx.Done():
-			return errdefs.ToConnect(context.Cause(ctx))
+			return context.Cause(ctx)
 		case <-heard:
 			silence.Reset(idle)
 		case <-silence.C:
-			return errdefs.ToConnect(errdefs.New(errdefs.ErrDeadlineExceeded,
-				"port %d closed its side and the caller sent nothing for %s after; the sandbox's tunnel closes such a connection: send data or close_write sooner", st.GetPort(), idle))
+			return errdefs.New(errdefs.ErrDeadlineExceeded,
+				"port %d closed its side and the caller sent nothing for %s after; the sandbox's tunnel closes such a connection: send data or close_write sooner", st.GetPort(), idle)
 		}
 	}
 }

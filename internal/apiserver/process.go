@@ -65,21 +65,21 @@ func pidSelector(pid uint32) *process.ProcessSelector {
 func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecRequest, v1.ExecResponse]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
-		return errdefs.ToConnect(errdefs.Invalid("start", "the stream ended before the start message"))
+		return errdefs.Invalid("start", "the stream ended before the start message")
 	}
 	if err != nil {
 		return err
 	}
 	st := first.GetStart()
 	if st == nil {
-		return errdefs.ToConnect(errdefs.Invalid("start", "the first message must be start; stdin, close_stdin, resize and signal come after it"))
+		return errdefs.Invalid("start", "the first message must be start; stdin, close_stdin, resize and signal come after it")
 	}
 	a, err := s.agentFor(ctx, st.GetSandboxId())
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if err := validateStart(st); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 
 	cfg := &process.ProcessConfig{Cmd: st.GetCommand()[0], Args: st.GetCommand()[1:], Envs: st.GetEnv()}
@@ -115,7 +115,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	started := time.Now()
 	out, err := a.proc.Start(pctx, creq)
 	if err != nil {
-		return errdefs.ToConnect(a.agentErr(ctx, "start process", err))
+		return a.agentErr(ctx, "start process", err)
 	}
 	defer out.Close()
 
@@ -150,7 +150,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	err = out.Err()
 	if cause := context.Cause(pctx); cause != nil && ctx.Err() == nil {
 		// relayInput rejected a message.
-		return errdefs.ToConnect(cause)
+		return cause
 	}
 	if timeout > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded {
 		return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: &v1.ExecExit{
@@ -160,7 +160,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	if err == nil {
 		err = errdefs.New(errdefs.ErrUnavailable, "the agent ended the process stream without an exit event; the sandbox may have stopped")
 	}
-	return errdefs.ToConnect(a.agentErr(ctx, "process stream", err))
+	return a.agentErr(ctx, "process stream", err)
 }
 
 func exitOf(end *process.ProcessEvent_EndEvent, timeout, ran time.Duration) *v1.ExecExit {
@@ -229,11 +229,11 @@ func (s *Server) relayInput(ctx context.Context, cancel context.CancelCauseFunc,
 func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := a.proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
 	if err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "list processes", err))
+		return nil, a.agentErr(ctx, "list processes", err)
 	}
 	out := &v1.ListProcessesResponse{}
 	for _, p := range resp.Msg.GetProcesses() {
@@ -252,14 +252,14 @@ func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[v1.List
 func (s *Server) SignalProcess(ctx context.Context, req *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPid(req.Msg.GetPid()), checkSignal(req.Msg.GetSignal())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	_, err = a.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSelector(req.Msg.GetPid()), Signal: process.Signal(req.Msg.GetSignal())}))
 	if err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "signal process", err))
+		return nil, a.agentErr(ctx, "signal process", err)
 	}
 	return connect.NewResponse(&v1.SignalProcessResponse{}), nil
 }
@@ -268,17 +268,17 @@ func (s *Server) SignalProcess(ctx context.Context, req *connect.Request[v1.Sign
 func (s *Server) SendInput(ctx context.Context, req *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := checkPid(req.Msg.GetPid()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	in := &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: req.Msg.GetData()}}
 	if req.Msg.GetPty() {
 		in.Input = &process.ProcessInput_Pty{Pty: req.Msg.GetData()}
 	}
 	if _, err := a.proc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pidSelector(req.Msg.GetPid()), Input: in})); err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "send input", err))
+		return nil, a.agentErr(ctx, "send input", err)
 	}
 	return connect.NewResponse(&v1.SendInputResponse{}), nil
 }
@@ -287,15 +287,15 @@ func (s *Server) SendInput(ctx context.Context, req *connect.Request[v1.SendInpu
 func (s *Server) ResizePty(ctx context.Context, req *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error) {
 	a, err := s.agentFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := firstErr(checkPid(req.Msg.GetPid()), checkPtySize("size", req.Msg.GetSize())); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	size := req.Msg.GetSize()
 	if _, err := a.proc.Update(ctx, connect.NewRequest(&process.UpdateRequest{Process: pidSelector(req.Msg.GetPid()),
 		Pty: &process.PTY{Size: &process.PTY_Size{Cols: size.GetCols(), Rows: size.GetRows()}}})); err != nil {
-		return nil, errdefs.ToConnect(a.agentErr(ctx, "resize pty", err))
+		return nil, a.agentErr(ctx, "resize pty", err)
 	}
 	return connect.NewResponse(&v1.ResizePtyResponse{}), nil
 }

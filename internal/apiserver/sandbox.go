@@ -35,14 +35,14 @@ import (
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	spec, err := normalizeSpec(req.Msg.GetSpec())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := checkNetworkPolicy(ctx, spec.GetNetwork()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.create(ctx, spec, req.Msg.GetRequestId(), req.Msg.GetSkipWarmPool())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: sb}), nil
 }
@@ -148,18 +148,18 @@ func (s *Server) stopAbandoned(ctx context.Context, n *nodeclient.Client, id str
 func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[v1.BatchCreateSandboxesRequest], stream *connect.ServerStream[v1.BatchCreateSandboxesResponse]) error {
 	count := req.Msg.GetCount()
 	if count < 1 || count > MaxBatch {
-		return errdefs.ToConnect(errdefs.Invalid("count", "%d must be between 1 and %d", count, MaxBatch))
+		return errdefs.Invalid("count", "%d must be between 1 and %d", count, MaxBatch)
 	}
 	spec, err := normalizeSpec(req.Msg.GetSpec())
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if err := checkNetworkPolicy(ctx, spec.GetNetwork()); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	// Requests no node could ever satisfy fail as a whole, up front.
 	if _, err := s.candidates(ctx, spec); err != nil && errors.Is(err, errdefs.ErrInvalidArgument) {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -210,7 +210,7 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 		return sendErr
 	}
 	if err := ctx.Err(); err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	return nil
 }
@@ -219,11 +219,11 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: req.Msg.GetId()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "get sandbox", err))
+		return nil, remoteErr(ctx, "get sandbox", err)
 	}
 	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
@@ -232,10 +232,10 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSand
 func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if _, err := n.Node().StopSandbox(ctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: req.Msg.GetId()})); err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "stop sandbox", err))
+		return nil, remoteErr(ctx, "stop sandbox", err)
 	}
 	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
 }
@@ -244,14 +244,14 @@ func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSa
 func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := checkTimeout("timeout_seconds", req.Msg.GetTimeoutSeconds()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().SetTimeout(ctx, connect.NewRequest(&nodev1.SetTimeoutRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "set timeout", err))
+		return nil, remoteErr(ctx, "set timeout", err)
 	}
 	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
@@ -261,14 +261,14 @@ func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTime
 func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetworkRequest]) (*connect.Response[v1.SetNetworkResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := checkNetworkPolicy(ctx, req.Msg.GetNetwork()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	resp, err := n.Node().SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
 	if err != nil {
-		return nil, errdefs.ToConnect(remoteErr(ctx, "set network", err))
+		return nil, remoteErr(ctx, "set network", err)
 	}
 	return connect.NewResponse(&v1.SetNetworkResponse{Sandbox: resp.Msg.GetSandbox()}), nil
 }
@@ -278,7 +278,7 @@ func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetw
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
 	view, err := s.nodeView(ctx)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	f := req.Msg
 	var (

@@ -146,13 +146,13 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 // WriteError writes err as {"code": status, "message": text} with the
 // status of its category.
 func WriteError(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
+	status, msg := errdefs.ToHTTP(context.Background(), err)
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
-	}{status, err.Error()})
+	}{status, msg})
 }
 
 // setOutgoing puts the token for a call made in ctx in h: the WithBearer

@@ -114,13 +114,12 @@ func (f *fakeAPI) SetNetwork(_ context.Context, r *connect.Request[v1.SetNetwork
 }
 
 type harness struct {
-	t       *testing.T
-	api     *fakeAPI
-	gw      *Gateway
-	keyA    string
-	keyB    string
-	keyPath string
-	iss     *auth.Issuer
+	t    *testing.T
+	api  *fakeAPI
+	gw   *Gateway
+	keyA string
+	keyB string
+	iss  *auth.Issuer
 }
 
 func newHarness(t *testing.T) *harness {

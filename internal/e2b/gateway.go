@@ -285,7 +285,7 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 
 // writeErr maps an error category to E2B's status codes.
 func writeErr(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
+	status, msg := errdefs.ToHTTP(context.Background(), err)
 	switch status {
 	case http.StatusGatewayTimeout, http.StatusServiceUnavailable, http.StatusBadRequest,
 		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusConflict,
@@ -295,5 +295,5 @@ func writeErr(w http.ResponseWriter, err error) {
 			status = http.StatusInternalServerError
 		}
 	}
-	writeError(w, status, "%s", err.Error())
+	writeError(w, status, "%s", msg)
 }

@@ -81,7 +81,7 @@ func (s *KeyStore) reload() error {
 	}
 	var f keyFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return errdefs.New(errdefs.ErrInternal, "key file %s is not valid JSON: %v; fix or remove it", s.path, err)
+		return errdefs.New(errdefs.ErrInternal, "key file %s is not valid JSON: %w; fix or remove it", s.path, err)
 	}
 	keys := make(map[string]keyEntry, len(f.Keys))
 	for _, k := range f.Keys {

@@ -1,7 +1,9 @@
 // Package errdefs defines the error categories every OpenDsec component uses.
 // Errors are wrapped with %w as they travel up and are mapped to Connect/gRPC
-// and HTTP codes only at the server edge (ToConnect, HTTPStatus), and back to
-// categories in clients (FromConnect).
+// and HTTP codes only at the server edge, once (Interceptor on every Connect
+// handler, ToHTTP for HTTP answers), and back to categories in clients
+// (FromConnect). A caller is told only the public message (PublicMessage);
+// the internal detail goes to the server's log.
 package errdefs
 
 import (
@@ -44,19 +46,58 @@ func Invalid(field, format string, args ...any) error {
 }
 
 // categorized is an error with a category and a message that is not prefixed
-// by the category's name.
+// by the category's name. causes are the errors its message wrapped with %w:
+// errors.Is and errors.As see them, but its own category comes first (Code
+// and HTTPStatus take the outermost category). public marks a message that
+// came from a remote component's answer (FromConnect): it is already fit to
+// show.
 type categorized struct {
-	cat error
-	msg string
+	cat    error
+	msg    string
+	causes []error
+	public bool
 }
 
 func (e *categorized) Error() string { return e.msg }
-func (e *categorized) Unwrap() error { return e.cat }
+func (e *categorized) Unwrap() []error {
+	return append([]error{e.cat}, e.causes...)
+}
 
 // New returns an error of category cat with a formatted message, e.g.
-// errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id).
+// errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id). As with
+// fmt.Errorf, %w keeps an error as the cause (errors.Is/As see it); %v only
+// copies its text.
 func New(cat error, format string, args ...any) error {
-	return &categorized{cat: cat, msg: fmt.Sprintf(format, args...)}
+	err := fmt.Errorf(format, args...)
+	e := &categorized{cat: cat, msg: err.Error()}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		e.causes = []error{u.Unwrap()}
+	case interface{ Unwrap() []error }:
+		e.causes = u.Unwrap()
+	}
+	return e
+}
+
+// publicError gives err a message for callers that leaves out the internal
+// detail (host paths, backend output) that err's own text has.
+type publicError struct {
+	msg string
+	err error
+}
+
+func (e *publicError) Error() string { return e.err.Error() }
+func (e *publicError) Unwrap() error { return e.err }
+
+// WithPublic returns err with a public message: callers are answered with
+// msg, while err's full text (Error) is what the server logs. err keeps its
+// category and stays visible to errors.Is/As, e.g.
+// errdefs.WithPublic(fmt.Errorf("mount %s: %w", dir, err), "the sandbox's root could not be mounted").
+func WithPublic(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return &publicError{msg: fmt.Sprintf(format, args...), err: err}
 }
 
 // IsNotFound reports whether err is in the not-found category.

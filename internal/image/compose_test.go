@@ -36,14 +36,8 @@ func sandboxRoot(t *testing.T, s *Store, name, holder string) (root, upper strin
 		// overlayfs needs two lowers without an upper; with one it is fine.
 		lower = heldDirs(t, ri, holder)[0]
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, wd)
-	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
-		t.Fatalf("mount overlay: %v", err)
-	}
-	t.Cleanup(func() {
-		unix.Unmount(mnt, unix.MNT_DETACH)
-		s.Release(context.Background(), holder)
-	})
+	t.Cleanup(func() { s.Release(context.Background(), holder) })
+	mountOverlay(t, lower, upper, wd, mnt) // unmounted before the release
 	return mnt, upper
 }
 

@@ -41,4 +41,10 @@ func (s *Store) layerDirs(context.Context, []Layer, string) ([]string, error) {
 
 func extractTar(context.Context, io.Reader, string, *progress, bool) error { return errLinuxOnly }
 
-func applyLayer(context.Context, string, string, bool) error { return errLinuxOnly }
+func applyLayer(context.Context, string, string, bool, []string) error { return errLinuxOnly }
+func isMounted(string) bool                                            { return false }
+func unmount(string) error                                             { return errLinuxOnly }
+
+// opaqueXattr marks an OverlayFS opaque directory (tests build such upper
+// directories by hand).
+const opaqueXattr = "trusted.overlay.opaque"

@@ -78,7 +78,7 @@ func probeEROFSOnce(scratch string) error {
 	if err := mountEROFS(img, mnt); err != nil {
 		return err
 	}
-	defer unmount(mnt)
+	defer func() { _ = unmount(mnt) }() // a probe mount; its dir is removed next
 	if b, err := os.ReadFile(filepath.Join(mnt, "ok")); err != nil || string(b) != "ok" {
 		return fmt.Errorf("probe erofs: read back %q: %v", b, err)
 	}

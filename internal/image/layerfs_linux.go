@@ -142,7 +142,7 @@ func applyLayer(ctx context.Context, src, dst string, bottom bool, skip []string
 			if bottom {
 				return nil
 			}
-			if err := unix.Mknod(target, unix.S_IFCHR|0o000, 0); err != nil {
+			if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
 				return fmt.Errorf("record deletion of %s as a whiteout (needs root): %w", rel, err)
 			}
 			return nil

@@ -299,32 +299,32 @@ func registryError(ctx context.Context, r name.Reference, err error) error {
 		return err
 	}
 	if errors.Is(err, errInternalAddr) {
-		return errdefs.New(errdefs.ErrPermissionDenied, "registry %s: %v", r.Context().RegistryStr(), errInternalAddr)
+		return errdefs.New(errdefs.ErrPermissionDenied, "registry %s: %w", r.Context().RegistryStr(), errInternalAddr)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch te.StatusCode {
 		case http.StatusNotFound:
-			return errdefs.New(errdefs.ErrNotFound, "image %s not found in registry %s (unknown repository, tag or digest): %v", r, r.Context().RegistryStr(), err)
+			return errdefs.New(errdefs.ErrNotFound, "image %s not found in registry %s (unknown repository, tag or digest): %w", r, r.Context().RegistryStr(), err)
 		case http.StatusUnauthorized:
-			return errdefs.New(errdefs.ErrUnauthenticated, "registry %s refused the credentials for %s (log in with docker login or set credentials in ~/.docker/config.json): %v", r.Context().RegistryStr(), r, err)
+			return errdefs.New(errdefs.ErrUnauthenticated, "registry %s refused the credentials for %s (log in with docker login or set credentials in ~/.docker/config.json): %w", r.Context().RegistryStr(), r, err)
 		case http.StatusForbidden:
-			return errdefs.New(errdefs.ErrPermissionDenied, "registry %s denied access to %s: %v", r.Context().RegistryStr(), r, err)
+			return errdefs.New(errdefs.ErrPermissionDenied, "registry %s denied access to %s: %w", r.Context().RegistryStr(), r, err)
 		}
 		for _, d := range te.Errors {
 			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode || d.Code == transport.BlobUnknownErrorCode {
-				return errdefs.New(errdefs.ErrNotFound, "image %s not found in registry %s: %v", r, r.Context().RegistryStr(), err)
+				return errdefs.New(errdefs.ErrNotFound, "image %s not found in registry %s: %w", r, r.Context().RegistryStr(), err)
 			}
 		}
-		return errdefs.New(errdefs.ErrUnavailable, "registry %s: %v", r.Context().RegistryStr(), err)
+		return errdefs.New(errdefs.ErrUnavailable, "registry %s: %w", r.Context().RegistryStr(), err)
 	}
 	var ne net.Error
 	var oe *net.OpError
 	if errors.As(err, &oe) || errors.As(err, &ne) {
-		return errdefs.New(errdefs.ErrUnavailable, "registry %s is unreachable: %v; check the address and that it is up", r.Context().RegistryStr(), err)
+		return errdefs.New(errdefs.ErrUnavailable, "registry %s is unreachable: %w; check the address and that it is up", r.Context().RegistryStr(), err)
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "unexpected EOF") {
-		return errdefs.New(errdefs.ErrUnavailable, "registry %s: download of %s cut short (truncated layer): %v", r.Context().RegistryStr(), r, err)
+		return errdefs.New(errdefs.ErrUnavailable, "registry %s: download of %s cut short (truncated layer): %w", r.Context().RegistryStr(), r, err)
 	}
 	if strings.Contains(err.Error(), "digest") {
 		return errdefs.Invalid("ref", "%s: %v (the registry served content that does not match its digest)", r, err)

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"log"
@@ -222,7 +221,7 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Release(context.WithoutCancel(ctx), "sbx")
+			t.Cleanup(func() { s.Release(context.WithoutCancel(ctx), "sbx") }) // after the unmount below
 			if len(heldDirs(t, ri, "sbx")) != 3 {
 				t.Fatalf("layers = %v", heldDirs(t, ri, "sbx"))
 			}
@@ -232,11 +231,7 @@ func TestImportRegistryWhiteoutsStackInOverlay(t *testing.T) {
 			for _, d := range []string{upper, wd, mnt} {
 				os.Mkdir(d, 0o755)
 			}
-			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(heldDirs(t, ri, "sbx"), ":"), upper, wd)
-			if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
-				t.Fatalf("mount overlay: %v", err)
-			}
-			defer unix.Unmount(mnt, unix.MNT_DETACH)
+			mountOverlay(t, strings.Join(heldDirs(t, ri, "sbx"), ":"), upper, wd, mnt)
 			want := []string{"etc/", "etc/b=b2", "hl1=same", "hl2=same", "opq/", "opq/new=new", "top=t"}
 			if got := treeOf(t, mnt); !slices.Equal(got, want) {
 				t.Fatalf("sandbox root:\n got %q\nwant %q", got, want)

@@ -47,7 +47,7 @@ func guardRegistry(internalAllowed bool) bool {
 		return false
 	}
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
-		if os.Getenv(k) != "" {
+		if os.Getenv(k) != "" { //nolint:forbidigo // net/http's proxy variables (remote.DefaultTransport reads them too), not an OpenDsec setting
 			return false
 		}
 	}

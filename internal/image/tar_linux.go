@@ -166,7 +166,7 @@ func extractTar(ctx context.Context, r io.Reader, root string, p *progress, oci 
 			dirs = append(dirs, dirMeta{target, m})
 			p.add(1, 0)
 			continue
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // archives from old tools still mark files with TypeRegA
 			out, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 			if err != nil {
 				return fmt.Errorf("create %s: %w", rel, err)
@@ -272,7 +272,7 @@ func whiteout(root, rel string) error {
 	if err := removeTree(target); err != nil {
 		return fmt.Errorf("replace %s: %w", rel, err)
 	}
-	if err := unix.Mknod(target, unix.S_IFCHR|0o000, 0); err != nil {
+	if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
 		return fmt.Errorf("record deletion of %s as a whiteout (needs root): %w", path.Join(dir, name), err)
 	}
 	return nil

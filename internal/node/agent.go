@@ -74,7 +74,7 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return errdefs.New(errdefs.ErrUnavailable, "%v: %v", context.Cause(ctx), last)
+			return errdefs.New(errdefs.ErrUnavailable, "%w: %w", context.Cause(ctx), last)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -145,7 +145,7 @@ func (n *Node) AgentProxy() http.Handler {
 			FlushInterval: -1,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 				log.G(r.Context()).Warn("agent request failed", log.SandboxID(id), log.Err(err))
-				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %v", id, err))
+				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %w", id, err))
 			},
 		}
 		proxy.ServeHTTP(w, r)
@@ -156,8 +156,8 @@ func (n *Node) AgentProxy() http.Handler {
 // code name>}; status keeps categories that share an HTTP status apart
 // (failed_precondition and invalid_argument are both 400).
 func writeJSONError(w http.ResponseWriter, err error) {
-	code := errdefs.HTTPStatus(err)
+	code, msg := errdefs.ToHTTP(context.Background(), err)
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", code, err.Error(), errdefs.Code(err).String())
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", code, msg, errdefs.Code(err).String())
 }

@@ -136,7 +136,7 @@ func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specR
 				if derr := n.destroy(context.WithoutCancel(ctx), rec); derr != nil {
 					log.G(ctx).Warn("remove warm-pool sandbox that failed to launch", log.SandboxID(rec.ID), log.Err(derr))
 				}
-				return errdefs.New(errdefs.ErrUnavailable, "%v; retry the create (with skip_warm_pool to make one from scratch)", err)
+				return errdefs.New(errdefs.ErrUnavailable, "%w; retry the create (with skip_warm_pool to make one from scratch)", err)
 			},
 		},
 	})

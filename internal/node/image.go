@@ -22,6 +22,7 @@ import (
 // other resolver). opts carry the authentication interceptor.
 func (n *Node) ImageHandler(opts ...connect.HandlerOption) (string, http.Handler) {
 	store, _ := n.cfg.Images.(*image.Store)
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
 	return nodev1connect.NewNodeImageServiceHandler(&imageService{n: n, store: store}, opts...)
 }
 
@@ -40,11 +41,11 @@ const importProgressEvery = 200 * time.Millisecond
 
 func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[opendsecv1.ImportImageRequest], stream *connect.ServerStream[opendsecv1.ImportImageResponse]) error {
 	if s.store == nil {
-		return errdefs.ToConnect(errNoStore)
+		return errNoStore
 	}
 	m := req.Msg
 	if m.GetRef() == "" {
-		return errdefs.ToConnect(errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1"))
+		return errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1")
 	}
 	opts := []image.ImportOption{}
 	if m.GetName() != "" {
@@ -72,7 +73,7 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 	}))
 	img, err := s.store.Import(ctx, m.GetRef(), opts...)
 	if err != nil {
-		return errdefs.ToConnect(err)
+		return err
 	}
 	if sendErr != nil {
 		return sendErr
@@ -82,11 +83,11 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 
 func (s *imageService) ListImages(ctx context.Context, _ *connect.Request[opendsecv1.ListImagesRequest]) (*connect.Response[opendsecv1.ListImagesResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	imgs, err := s.store.List(ctx)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	out := &opendsecv1.ListImagesResponse{}
 	for _, im := range imgs {
@@ -97,39 +98,39 @@ func (s *imageService) ListImages(ctx context.Context, _ *connect.Request[opends
 
 func (s *imageService) GetImage(ctx context.Context, req *connect.Request[opendsecv1.GetImageRequest]) (*connect.Response[opendsecv1.GetImageResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	img, err := s.store.Inspect(ctx, req.Msg.GetName())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.GetImageResponse{Image: ImageToProto(img)}), nil
 }
 
 func (s *imageService) TagImage(ctx context.Context, req *connect.Request[opendsecv1.TagImageRequest]) (*connect.Response[opendsecv1.TagImageResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	img, err := s.store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.TagImageResponse{Image: ImageToProto(img)}), nil
 }
 
 func (s *imageService) RemoveImage(ctx context.Context, req *connect.Request[opendsecv1.RemoveImageRequest]) (*connect.Response[opendsecv1.RemoveImageResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	if err := s.store.Remove(ctx, req.Msg.GetName()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.RemoveImageResponse{}), nil
 }
 
 func (s *imageService) ComposeImage(ctx context.Context, req *connect.Request[opendsecv1.ComposeImageRequest]) (*connect.Response[opendsecv1.ComposeImageResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	m := req.Msg
 	cr := image.ComposeRequest{Base: m.GetBase(), Name: m.GetName(), MergeLayers: m.GetMergeLayers()}
@@ -142,29 +143,29 @@ func (s *imageService) ComposeImage(ctx context.Context, req *connect.Request[op
 	}
 	img, err := s.store.Compose(ctx, cr)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.ComposeImageResponse{Image: ImageToProto(img)}), nil
 }
 
 func (s *imageService) GarbageCollect(ctx context.Context, _ *connect.Request[opendsecv1.GarbageCollectRequest]) (*connect.Response[opendsecv1.GarbageCollectResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	res, err := s.store.GC(ctx)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.GarbageCollectResponse{RemovedLayers: res.Removed, RemovedBytes: res.Bytes}), nil
 }
 
 func (s *imageService) VerifyImages(ctx context.Context, _ *connect.Request[opendsecv1.VerifyImagesRequest]) (*connect.Response[opendsecv1.VerifyImagesResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	res, err := s.store.Verify(ctx)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	out := &opendsecv1.VerifyImagesResponse{Checked: int32(res.Checked)}
 	for _, c := range res.Corrupt {
@@ -175,7 +176,7 @@ func (s *imageService) VerifyImages(ctx context.Context, _ *connect.Request[open
 
 func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opendsecv1.PackDiffRequest]) (*connect.Response[opendsecv1.PackDiffResponse], error) {
 	if s.store == nil {
-		return nil, errdefs.ToConnect(errNoStore)
+		return nil, errNoStore
 	}
 	if id := req.Msg.GetSandboxId(); id != "" {
 		if err := s.n.checkOwner(ctx, id); err != nil {
@@ -184,7 +185,7 @@ func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opends
 	}
 	img, err := s.n.PackDiff(ctx, s.store, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetScrubPaths())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&opendsecv1.PackDiffResponse{Image: ImageToProto(img)}), nil
 }

@@ -20,7 +20,9 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 // TestImportInternalRegistryNeedsAdmin serves NodeImageService behind the
@@ -32,6 +34,7 @@ import (
 // token, the import goes through. A
 // user-scope token cannot call the node at all.
 func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
+	testutil.RequiresRoot(t) // the import keeps the layer's owners and modes
 	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
 		t.Setenv(k, "")
 	}
@@ -66,7 +69,7 @@ func TestImportInternalRegistryNeedsAdmin(t *testing.T) {
 	}
 	v := auth.NewVerifier(iss.PublicKey(), auth.ScopeNode, auth.ScopeAdmin).AcceptOnBehalf()
 	mux := http.NewServeMux()
-	mux.Handle(nodev1connect.NewNodeImageServiceHandler(&imageService{store: store}, connect.WithInterceptors(v.Interceptor())))
+	mux.Handle(nodev1connect.NewNodeImageServiceHandler(&imageService{store: store}, connect.WithInterceptors(v.Interceptor(), errdefs.Interceptor())))
 	ns := httptest.NewServer(mux)
 	t.Cleanup(ns.Close)
 	token := func(scope string) string {

@@ -40,11 +40,11 @@ func (s *service) lifecycle(ctx context.Context, id string, op func(string) erro
 		return nil, errdefs.ToConnect(err)
 	}
 	if err := op(id); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.n.get(id)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return s.n.toProto(sb), nil
 }
@@ -55,7 +55,7 @@ func (s *service) GetSandboxMetrics(ctx context.Context, req *connect.Request[no
 	}
 	m, err := s.n.Metrics(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.GetSandboxMetricsResponse{Metrics: metricsToProto(m)}), nil
 }
@@ -103,7 +103,7 @@ func (s *service) batchResults(rs []BatchResult) ([]*opendsecv1.Sandbox, []*open
 func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxesRequest]) (*connect.Response[opendsecv1.PauseSandboxesResponse], error) {
 	rs, err := s.n.PauseMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())))
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	ok, failed := s.batchResults(rs)
 	return connect.NewResponse(&opendsecv1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
@@ -112,7 +112,7 @@ func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opend
 func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[opendsecv1.ResumeSandboxesRequest]) (*connect.Response[opendsecv1.ResumeSandboxesResponse], error) {
 	rs, err := s.n.ResumeMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())), req.Msg.GetTimeoutSeconds())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	ok, failed := s.batchResults(rs)
 	return connect.NewResponse(&opendsecv1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil

@@ -22,6 +22,7 @@ import (
 // in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
 	mux.Handle("GET /metrics", n.MetricsHandler())
@@ -69,7 +70,7 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
 	spec, err := specpb.FromProto(req.Msg.GetSpec())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	owner, project := ownerOf(ctx)
 	rec, err := s.n.Create(ctx, CreateRequest{
@@ -81,7 +82,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 		Project:   project,
 	})
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if !callerOf(ctx).owns(rec) {
 		// A retry's request_id names another caller's sandbox.
@@ -92,7 +93,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 	// keeps its own ID: both may differ from the ID asked for.
 	sb, err := s.n.get(rec.ID)
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -100,7 +101,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
 	sb, err := s.n.getFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -121,7 +122,7 @@ func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.S
 		return nil, errdefs.ToConnect(err)
 	}
 	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.StopSandboxResponse{}), nil
 }
@@ -131,11 +132,11 @@ func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.Se
 		return nil, errdefs.ToConnect(err)
 	}
 	if _, err := s.n.SetTimeout(ctx, req.Msg.GetSandboxId(), req.Msg.GetTimeoutSeconds()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.n.get(req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.SetTimeoutResponse{Sandbox: s.n.toProto(sb)}), nil
 }
@@ -149,11 +150,11 @@ func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.Se
 		rules = &netpolicy.Rules{}
 	}
 	if _, err := s.n.SetNetwork(ctx, req.Msg.GetSandboxId(), *rules); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	sb, err := s.n.get(req.Msg.GetSandboxId())
 	if err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&nodev1.SetNetworkResponse{Sandbox: s.n.toProto(sb)}), nil
 }

@@ -11,6 +11,7 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
@@ -26,7 +27,7 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 	svc := &service{n: n}
 	create := func(p *opendsecv1.SandboxSpec) error {
 		_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"), Spec: p}))
-		return err
+		return errdefs.ToConnect(err) // what the server's interceptor answers
 	}
 	for _, b := range spectest.BadSpecs() {
 		s, want := specpb.FromProto(b.Spec)

@@ -61,7 +61,7 @@ func openTable(dir string) (*table, error) {
 	path := filepath.Join(dir, "sandboxes.db")
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
-		return nil, errdefs.New(errdefs.ErrUnavailable, "open sandbox table %s: %v (is another opendsec-node running with this data dir?)", path, err)
+		return nil, errdefs.New(errdefs.ErrUnavailable, "open sandbox table %s: %w (is another opendsec-node running with this data dir?)", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketSandboxes, bucketRequests} {

@@ -117,7 +117,7 @@ func statusCategory(status int) error {
 
 // codeCategory is the category of a connect code.
 func codeCategory(code connect.Code) error {
-	return errors.Unwrap(errdefs.FromConnect(connect.NewError(code, errors.New(""))))
+	return errdefs.CodeCategory(code)
 }
 
 // AgentError is MapError for calls to sandbox sandboxID's agent through

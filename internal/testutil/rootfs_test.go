@@ -8,6 +8,7 @@ import (
 )
 
 func TestBusyboxRootfs(t *testing.T) {
+	RequiresRoot(t) // the rootfs has files owned by uid 1000
 	dir := BusyboxRootfs(t)
 	if again := BusyboxRootfs(t); again != dir {
 		t.Fatalf("second call returned %s, want the cached %s", again, dir)
@@ -30,6 +31,7 @@ func TestBusyboxRootfs(t *testing.T) {
 }
 
 func TestBusyboxRootfsRebuildsWithoutStamp(t *testing.T) {
+	RequiresRoot(t) // the rootfs has files owned by uid 1000
 	// A private cache: the shared one may be a lower layer of running tests.
 	cache := t.TempDir()
 	dir := busyboxRootfsIn(t, cache)

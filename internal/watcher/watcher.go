@@ -241,5 +241,6 @@ func (w *Watcher) ListNodes(ctx context.Context, _ *connect.Request[watcherv1.Li
 // Handler returns the WatcherService route and handler; pass the auth
 // interceptor in opts.
 func (w *Watcher) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
 	return watcherv1connect.NewWatcherServiceHandler(w, opts...)
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package e2e runs OpenDsec's binaries for real, as root: `opendsec up` with
 // the container backend, the real agent and runc, driven through the public
 // API exactly as SDKs drive it.

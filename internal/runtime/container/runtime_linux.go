@@ -141,7 +141,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	out, err := exec.Command(runc, "--version").Output()
 	if err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %v", runc, err)
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %w", runc, err)
 	}
 	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
 	cg, err := detectCgroups()

@@ -98,7 +98,7 @@ func (a *app) exec(ctx context.Context, c *opendsec.Client, id string, opts open
 			_, _ = p.Wait()
 			return fmt.Errorf("put terminal in raw mode: %w", err)
 		}
-		defer term.Restore(termFD, old)
+		defer func() { _ = term.Restore(termFD, old) }() // nothing better to do at exit
 		stopResize := watchResize(termFD, func(cols, rows uint32) { _ = p.Resize(cols, rows) })
 		defer stopResize()
 	}
