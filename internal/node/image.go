@@ -180,7 +180,7 @@ func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opends
 	}
 	if id := req.Msg.GetSandboxId(); id != "" {
 		if err := s.n.checkOwner(ctx, id); err != nil {
-			return nil, errdefs.ToConnect(err)
+			return nil, err
 		}
 	}
 	img, err := s.n.PackDiff(ctx, s.store, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetScrubPaths())

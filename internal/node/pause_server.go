@@ -37,7 +37,7 @@ func (s *service) ResumeSandbox(ctx context.Context, req *connect.Request[nodev1
 // new view.
 func (s *service) lifecycle(ctx context.Context, id string, op func(string) error) (*opendsecv1.Sandbox, error) {
 	if err := s.n.checkOwner(ctx, id); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := op(id); err != nil {
 		return nil, err
@@ -51,7 +51,7 @@ func (s *service) lifecycle(ctx context.Context, id string, op func(string) erro
 
 func (s *service) GetSandboxMetrics(ctx context.Context, req *connect.Request[nodev1.GetSandboxMetricsRequest]) (*connect.Response[nodev1.GetSandboxMetricsResponse], error) {
 	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	m, err := s.n.Metrics(ctx, req.Msg.GetSandboxId())
 	if err != nil {

@@ -86,8 +86,8 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 	}
 	if !callerOf(ctx).owns(rec) {
 		// A retry's request_id names another caller's sandbox.
-		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrAlreadyExists,
-			"request_id %q was used by another caller; choose a new one", req.Msg.GetRequestId()))
+		return nil, errdefs.New(errdefs.ErrAlreadyExists,
+			"request_id %q was used by another caller; choose a new one", req.Msg.GetRequestId())
 	}
 	// A deduplicated retry returns the first sandbox, and a warm-pool one
 	// keeps its own ID: both may differ from the ID asked for.
@@ -119,7 +119,7 @@ func (s *service) ListSandboxes(ctx context.Context, req *connect.Request[nodev1
 
 func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.StopSandboxRequest]) (*connect.Response[nodev1.StopSandboxResponse], error) {
 	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
 		return nil, err
@@ -129,7 +129,7 @@ func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.S
 
 func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.SetTimeoutRequest]) (*connect.Response[nodev1.SetTimeoutResponse], error) {
 	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	if _, err := s.n.SetTimeout(ctx, req.Msg.GetSandboxId(), req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.Se
 
 func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.SetNetworkRequest]) (*connect.Response[nodev1.SetNetworkResponse], error) {
 	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
-		return nil, errdefs.ToConnect(err)
+		return nil, err
 	}
 	rules := specpb.RulesFromProto(req.Msg.GetNetwork())
 	if rules == nil {

@@ -209,7 +209,6 @@ func MemoryTooSmall(mb int64) error {
 	return errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", mb, MinMemoryMB, DefaultMemoryMB)
 }
 
-
 // CheckEnv validates environment variables (spec env, exec env).
 func CheckEnv(field string, env map[string]string) error {
 	total := 0

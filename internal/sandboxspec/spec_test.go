@@ -163,4 +163,3 @@ func TestCheckFits(t *testing.T) {
 		t.Fatalf("zero limits check nothing: %v", err)
 	}
 }
-
