@@ -10,6 +10,7 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -52,7 +53,7 @@ func TestServiceHoldsUsersToTheirSandboxes(t *testing.T) {
 		{as("root", auth.ScopeAdmin), "admin", true, true, 2},
 		{as("opendsec-watcher", auth.ScopeNode), "component", true, true, 2},
 	} {
-		if err := get(c.ctx, alice.ID); (err == nil) != c.alice || (err != nil && connect.CodeOf(err) != connect.CodeNotFound) {
+		if err := get(c.ctx, alice.ID); (err == nil) != c.alice || (err != nil && !errdefs.IsNotFound(err)) {
 			t.Errorf("%s gets alice's: %v, want visible %v (else not_found)", c.name, err, c.alice)
 		}
 		if err := get(c.ctx, legacy.ID); (err == nil) != c.legacy {
@@ -62,7 +63,7 @@ func TestServiceHoldsUsersToTheirSandboxes(t *testing.T) {
 			t.Errorf("%s lists %d, want %d", c.name, got, c.n)
 		}
 	}
-	if _, err := s.StopSandbox(as("bob", auth.ScopeUser), connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: alice.ID})); connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := s.StopSandbox(as("bob", auth.ScopeUser), connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: alice.ID})); !errdefs.IsNotFound(err) {
 		t.Fatalf("bob stops alice's: %v, want not_found", err)
 	}
 	if err := get(as("alice", auth.ScopeUser), alice.ID); err != nil {
