@@ -400,6 +400,23 @@ func (a *fakeAgent) Start(ctx context.Context, req *connect.Request[process.Star
 					return err
 				}
 			case s := <-p.sig:
+				// Input and resizes the caller sent before the signal
+				// come first (each RPC returned once its item was
+				// queued; select would pick among ready ones at random).
+				for len(p.input) > 0 || len(p.resize) > 0 {
+					select {
+					case b := <-p.input:
+						if p.cmd != "sleep" {
+							if err := out(b); err != nil {
+								return err
+							}
+						}
+					case sz := <-p.resize:
+						if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Pty{Pty: []byte(fmt.Sprintf("%dx%d", sz.GetCols(), sz.GetRows()))}}}}); err != nil {
+							return err
+						}
+					}
+				}
 				return end(-1, false, "signal: "+s.String())
 			case <-lifetime:
 				return end(-1, false, "signal: killed")
