@@ -3,7 +3,6 @@ package apiserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 
@@ -163,7 +162,7 @@ func (s *Server) PackDiff(ctx context.Context, req *connect.Request[v1.PackDiffR
 // namingSandbox makes a not-found error name the request field.
 func namingSandbox(err error) error {
 	if errors.Is(err, errdefs.ErrNotFound) && !strings.Contains(err.Error(), "sandbox_id") {
-		return fmt.Errorf("sandbox_id: %w", err)
+		return errdefs.WithPublic(err, "sandbox_id: %s", errdefs.PublicMessage(err))
 	}
 	return err
 }

@@ -44,14 +44,16 @@ func (n *Node) watchExit(sb *sandbox) {
 		l := log.G(n.life).With(log.SandboxID(sb.id))
 		l.Warn("sandbox died", "reason", st.Reason, "exit_code", st.ExitCode, "oom_killed", st.OOMKilled)
 		n.metrics.deaths.Inc()
+		// The tombstone goes first: Get finds the sandbox (stopping) in
+		// the table's view, then here, never nowhere.
+		n.mu.Lock()
+		n.dead[sb.id] = tombstone{sb: sb, at: time.Now()}
+		n.mu.Unlock()
 		if err := n.Stop(n.life, sb.id, reason); err != nil && !errdefs.IsNotFound(err) && !n.shuttingDown(err) {
 			l.Error("remove dead sandbox; the reaper retries", log.Err(err))
 			return
 		}
 		sb.died.Store(true)
-		n.mu.Lock()
-		n.dead[sb.id] = tombstone{sb: sb, at: time.Now()}
-		n.mu.Unlock()
 	}()
 }
 
