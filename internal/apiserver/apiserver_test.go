@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/apiserver"
@@ -230,7 +231,7 @@ func TestCreateTriesNextNodeOnRefusal(t *testing.T) {
 	e := setup(t, func(c *apiserver.Config) { c.PlacementSample = 2 }, "n001", "n002")
 	// n002 is more loaded, so n001 is tried first and refuses.
 	e.nodes[1].set(func(n *fakeNode) {
-		n.sbs["n002xxxxxxxxxxxxxxxx"] = &v1.Sandbox{Id: "n002xxxxxxxxxxxxxxxx", NodeId: "n002", Spec: &v1.SandboxSpec{MemoryMb: proto.Int64(4096)}}
+		n.sbs["n002xxxxxxxxxxxxxxxx"] = &nodev1.Sandbox{Id: "n002xxxxxxxxxxxxxxxx", NodeId: "n002", Spec: &nodev1.SandboxSpec{MemoryMb: proto.Int64(4096)}}
 	})
 	e.nodes[0].set(func(n *fakeNode) { n.refuse = true })
 	e.refresh()

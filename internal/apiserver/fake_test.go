@@ -26,7 +26,6 @@ import (
 	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/process"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/auth"
@@ -43,10 +42,10 @@ type fakeNode struct {
 	url string
 
 	mu        sync.Mutex
-	sbs       map[string]*v1.Sandbox
+	sbs       map[string]*nodev1.Sandbox
 	byRequest map[string]string
 	creates   int // CreateSandbox calls
-	specs     []*v1.SandboxSpec
+	specs     []*nodev1.SandboxSpec
 	refuse    bool     // answer resource_exhausted
 	maxSbs    int64    // admission cap
 	images    []string // known images
@@ -55,7 +54,7 @@ type fakeNode struct {
 
 func newFakeNode(t *testing.T, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
-	n := &fakeNode{id: id, sbs: map[string]*v1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
+	n := &fakeNode{id: id, sbs: map[string]*nodev1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
 		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent()}
 	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
@@ -101,7 +100,7 @@ func (n *fakeNode) CreateSandbox(_ context.Context, req *connect.Request[nodev1.
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("image: %q not found; list images with `opendsecctl image list`", m.GetSpec().GetImage()))
 	}
 	n.specs = append(n.specs, m.GetSpec())
-	sb := &v1.Sandbox{Id: m.GetSandboxId(), NodeId: n.id, Spec: m.GetSpec(), State: v1.SandboxState_SANDBOX_STATE_RUNNING, CreatedAt: timestamppb.Now()}
+	sb := &nodev1.Sandbox{Id: m.GetSandboxId(), NodeId: n.id, Spec: m.GetSpec(), State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, CreatedAt: timestamppb.Now(), Backend: "container"}
 	n.sbs[sb.Id] = sb
 	if m.GetRequestId() != "" {
 		n.byRequest[m.GetRequestId()] = sb.Id
@@ -109,7 +108,7 @@ func (n *fakeNode) CreateSandbox(_ context.Context, req *connect.Request[nodev1.
 	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: sb}), nil
 }
 
-func (n *fakeNode) get(id string) (*v1.Sandbox, error) {
+func (n *fakeNode) get(id string) (*nodev1.Sandbox, error) {
 	sb, ok := n.sbs[id]
 	if !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s not found", id))

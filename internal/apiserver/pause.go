@@ -7,7 +7,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
@@ -20,11 +19,11 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.Pause
 	if err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().PauseSandbox(ctx, connect.NewRequest(&nodev1.PauseSandboxRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().PauseSandbox(ctx, connect.NewRequest(nodePauseRequest(req.Msg)))
 	if err != nil {
 		return nil, remoteErr(ctx, "pause sandbox", err)
 	}
-	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
 }
 
 // ResumeSandbox asks the owning node to thaw the sandbox.
@@ -36,11 +35,11 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[v1.Resu
 	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().ResumeSandbox(ctx, connect.NewRequest(&nodev1.ResumeSandboxRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	resp, err := n.Node().ResumeSandbox(ctx, connect.NewRequest(nodeResumeRequest(req.Msg)))
 	if err != nil {
 		return nil, remoteErr(ctx, "resume sandbox", err)
 	}
-	return connect.NewResponse(&v1.ResumeSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+	return connect.NewResponse(&v1.ResumeSandboxResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
 }
 
 // checkResumeTimeout allows 0 (keep the lifetime left at the pause).
@@ -57,22 +56,22 @@ func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.
 	if err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().GetSandboxMetrics(ctx, connect.NewRequest(&nodev1.GetSandboxMetricsRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().GetSandboxMetrics(ctx, connect.NewRequest(nodeMetricsRequest(req.Msg)))
 	if err != nil {
 		return nil, remoteErr(ctx, "get sandbox metrics", err)
 	}
-	return connect.NewResponse(&v1.GetSandboxMetricsResponse{Metrics: resp.Msg.GetMetrics()}), nil
+	return connect.NewResponse(&v1.GetSandboxMetricsResponse{Metrics: publicMetrics(resp.Msg.GetMetrics())}), nil
 }
 
 // PauseSandboxes pauses every matching sandbox on every node at once.
 func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
 	sel := req.Msg.GetSelector()
 	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
-		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(&v1.PauseSandboxesRequest{Selector: sel}))
+		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(nodePauseBatchRequest(sel)))
 		if err != nil {
 			return nil, nil, err
 		}
-		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
+		return publicSandboxes(resp.Msg.GetSandboxes()), publicFailures(resp.Msg.GetFailures()), nil
 	})
 	if err != nil {
 		return nil, err
@@ -88,11 +87,11 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 	sel := req.Msg.GetSelector()
 	timeout := req.Msg.GetTimeoutSeconds()
 	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
-		resp, err := n.Node().ResumeSandboxes(ctx, connect.NewRequest(&v1.ResumeSandboxesRequest{Selector: sel, TimeoutSeconds: timeout}))
+		resp, err := n.Node().ResumeSandboxes(ctx, connect.NewRequest(nodeResumeBatchRequest(sel, timeout)))
 		if err != nil {
 			return nil, nil, err
 		}
-		return resp.Msg.GetSandboxes(), resp.Msg.GetFailures(), nil
+		return publicSandboxes(resp.Msg.GetSandboxes()), publicFailures(resp.Msg.GetFailures()), nil
 	})
 	if err != nil {
 		return nil, err

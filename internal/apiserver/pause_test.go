@@ -19,12 +19,12 @@ import (
 )
 
 // The fake node's pause: it flips the state of matching sandboxes.
-func (n *fakeNode) PauseSandboxes(_ context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
-	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), v1.SandboxState_SANDBOX_STATE_PAUSED)}), nil
+func (n *fakeNode) PauseSandboxes(_ context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
+	return connect.NewResponse(&nodev1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), nodev1.SandboxState_SANDBOX_STATE_PAUSED)}), nil
 }
 
-func (n *fakeNode) ResumeSandboxes(_ context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
-	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), v1.SandboxState_SANDBOX_STATE_RUNNING)}), nil
+func (n *fakeNode) ResumeSandboxes(_ context.Context, req *connect.Request[nodev1.ResumeSandboxesRequest]) (*connect.Response[nodev1.ResumeSandboxesResponse], error) {
+	return connect.NewResponse(&nodev1.ResumeSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), nodev1.SandboxState_SANDBOX_STATE_RUNNING)}), nil
 }
 
 func (n *fakeNode) PauseSandbox(_ context.Context, req *connect.Request[nodev1.PauseSandboxRequest]) (*connect.Response[nodev1.PauseSandboxResponse], error) {
@@ -34,14 +34,14 @@ func (n *fakeNode) PauseSandbox(_ context.Context, req *connect.Request[nodev1.P
 	if err != nil {
 		return nil, err
 	}
-	sb.State = v1.SandboxState_SANDBOX_STATE_PAUSED
+	sb.State = nodev1.SandboxState_SANDBOX_STATE_PAUSED
 	return connect.NewResponse(&nodev1.PauseSandboxResponse{Sandbox: sb}), nil
 }
 
-func (n *fakeNode) setMatching(sel *v1.SandboxSelector, st v1.SandboxState) []*v1.Sandbox {
+func (n *fakeNode) setMatching(sel *nodev1.SandboxSelector, st nodev1.SandboxState) []*nodev1.Sandbox {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []*v1.Sandbox
+	var out []*nodev1.Sandbox
 	for id, sb := range n.sbs {
 		if sel.GetTaskId() != "" && sb.GetSpec().GetTaskId() != sel.GetTaskId() {
 			continue
@@ -164,7 +164,7 @@ func TestPauseSandboxesReachesUnhealthyAndReportsUnreachable(t *testing.T) {
 		n.set(func(n *fakeNode) {
 			for i := range 2 {
 				id := n.id + fmt.Sprintf("job%012d", i)
-				n.sbs[id] = &v1.Sandbox{Id: id, NodeId: n.id, State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "job"}}
+				n.sbs[id] = &nodev1.Sandbox{Id: id, NodeId: n.id, State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{TaskId: "job"}}
 				if n.id == "n002" {
 					onN002 = append(onN002, id)
 				}
@@ -241,7 +241,7 @@ func TestBatchPauseSilentNodeTimesOut(t *testing.T) {
 	}, "n001")
 	id := "n001" + fmt.Sprintf("job%012d", 0)
 	e.nodes[0].set(func(n *fakeNode) {
-		n.sbs[id] = &v1.Sandbox{Id: id, NodeId: n.id, State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "job"}}
+		n.sbs[id] = &nodev1.Sandbox{Id: id, NodeId: n.id, State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{TaskId: "job"}}
 	})
 	for _, op := range []string{"pause", "resume"} {
 		// The caller allows far longer than the per-node timeout: without

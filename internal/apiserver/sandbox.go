@@ -13,7 +13,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -102,10 +101,10 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 		}
 		id := sandboxid.New(nodeID)
 		r := s.placer.Reserve(nodeID, placementRequest(spec))
-		resp, err := n.Node().CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: id, Spec: spec, RequestId: requestID, SkipWarmPool: skipPool}))
+		resp, err := n.Node().CreateSandbox(ctx, connect.NewRequest(nodeCreateRequest(id, spec, requestID, skipPool)))
 		if err == nil {
 			r.Done()
-			return resp.Msg.GetSandbox(), nil
+			return publicSandbox(resp.Msg.GetSandbox()), nil
 		}
 		r.Release()
 		if ctx.Err() != nil {
@@ -134,7 +133,7 @@ func (s *Server) stopAbandoned(ctx context.Context, n *nodeclient.Client, id str
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		_, err := n.Node().StopSandbox(sctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: id}))
+		_, err := n.Node().StopSandbox(sctx, connect.NewRequest(nodeStopRequest(id)))
 		if err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 			log.G(ctx).Warn("stop abandoned sandbox", log.SandboxID(id), log.Err(err))
 		}
@@ -221,11 +220,11 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSand
 	if err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: req.Msg.GetId()}))
+	resp, err := n.Node().GetSandbox(ctx, connect.NewRequest(nodeGetRequest(req.Msg.GetId())))
 	if err != nil {
 		return nil, remoteErr(ctx, "get sandbox", err)
 	}
-	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
 }
 
 // StopSandbox asks the owning node to stop and delete the sandbox.
@@ -234,7 +233,7 @@ func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := n.Node().StopSandbox(ctx, connect.NewRequest(&nodev1.StopSandboxRequest{SandboxId: req.Msg.GetId()})); err != nil {
+	if _, err := n.Node().StopSandbox(ctx, connect.NewRequest(nodeStopRequest(req.Msg.GetId()))); err != nil {
 		return nil, remoteErr(ctx, "stop sandbox", err)
 	}
 	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
@@ -249,11 +248,11 @@ func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTime
 	if err := checkTimeout("timeout_seconds", req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().SetTimeout(ctx, connect.NewRequest(&nodev1.SetTimeoutRequest{SandboxId: req.Msg.GetId(), TimeoutSeconds: req.Msg.GetTimeoutSeconds()}))
+	resp, err := n.Node().SetTimeout(ctx, connect.NewRequest(nodeSetTimeoutRequest(req.Msg)))
 	if err != nil {
 		return nil, remoteErr(ctx, "set timeout", err)
 	}
-	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+	return connect.NewResponse(&v1.SetTimeoutResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
 }
 
 // SetNetwork replaces a running sandbox's network policy. The node checks
@@ -266,11 +265,11 @@ func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetw
 	if err := checkNetworkPolicy(ctx, req.Msg.GetNetwork()); err != nil {
 		return nil, err
 	}
-	resp, err := n.Node().SetNetwork(ctx, connect.NewRequest(&nodev1.SetNetworkRequest{SandboxId: req.Msg.GetId(), Network: req.Msg.GetNetwork()}))
+	resp, err := n.Node().SetNetwork(ctx, connect.NewRequest(nodeSetNetworkRequest(req.Msg)))
 	if err != nil {
 		return nil, remoteErr(ctx, "set network", err)
 	}
-	return connect.NewResponse(&v1.SetNetworkResponse{Sandbox: resp.Msg.GetSandbox()}), nil
+	return connect.NewResponse(&v1.SetNetworkResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
 }
 
 // ListSandboxes asks every healthy node and filters. A node that fails to
@@ -296,14 +295,14 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.List
 		}
 		defBackend := st.GetInfo().GetDefaultBackend()
 		wg.Go(func() {
-			resp, err := n.Node().ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
+			resp, err := n.Node().ListSandboxes(ctx, connect.NewRequest(nodeListRequest()))
 			if err != nil {
 				log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.ID()), log.Err(err))
 				return
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for _, sb := range resp.Msg.GetSandboxes() {
+			for _, sb := range publicSandboxes(resp.Msg.GetSandboxes()) {
 				if matches(sb, f, defBackend) {
 					out = append(out, sb)
 				}

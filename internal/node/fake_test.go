@@ -9,7 +9,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimefake"
@@ -113,13 +113,13 @@ func TestDeathSeenAtOnce(t *testing.T) {
 	if err := f.rt.Kill(rec.ID, "killed by signal 9"); err != nil {
 		t.Fatal(err)
 	}
-	var got *opendsecv1.Sandbox
+	var got *nodev1.Sandbox
 	for time.Since(killed) < 5*time.Second {
 		_, sb, err := f.Get(t.Context(), rec.ID)
 		if err != nil {
 			t.Fatalf("get after death: %v", err)
 		}
-		if p := f.toProto(sb); p.State == opendsecv1.SandboxState_SANDBOX_STATE_FAILED {
+		if p := f.toProto(sb); p.State == nodev1.SandboxState_SANDBOX_STATE_FAILED {
 			got = p
 			break
 		}

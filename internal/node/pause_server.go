@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
-	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
@@ -35,7 +34,7 @@ func (s *service) ResumeSandbox(ctx context.Context, req *connect.Request[nodev1
 
 // lifecycle runs op on the sandbox, if the caller owns it, and returns its
 // new view.
-func (s *service) lifecycle(ctx context.Context, id string, op func(string) error) (*opendsecv1.Sandbox, error) {
+func (s *service) lifecycle(ctx context.Context, id string, op func(string) error) (*nodev1.Sandbox, error) {
 	if err := s.n.checkOwner(ctx, id); err != nil {
 		return nil, err
 	}
@@ -60,12 +59,12 @@ func (s *service) GetSandboxMetrics(ctx context.Context, req *connect.Request[no
 	return connect.NewResponse(&nodev1.GetSandboxMetricsResponse{Metrics: metricsToProto(m)}), nil
 }
 
-func metricsToProto(m Metrics) *opendsecv1.SandboxMetrics {
-	st := opendsecv1.SandboxState_SANDBOX_STATE_RUNNING
+func metricsToProto(m Metrics) *nodev1.SandboxMetrics {
+	st := nodev1.SandboxState_SANDBOX_STATE_RUNNING
 	if m.State == statePaused {
-		st = opendsecv1.SandboxState_SANDBOX_STATE_PAUSED
+		st = nodev1.SandboxState_SANDBOX_STATE_PAUSED
 	}
-	return &opendsecv1.SandboxMetrics{
+	return &nodev1.SandboxMetrics{
 		Timestamp:      timestamppb.New(m.Time),
 		CpuCount:       m.CPUCount,
 		CpuUsedPct:     m.CPUUsedPct,
@@ -81,16 +80,16 @@ func metricsToProto(m Metrics) *opendsecv1.SandboxMetrics {
 	}
 }
 
-func selectorFromProto(s *opendsecv1.SandboxSelector) Selector {
+func selectorFromProto(s *nodev1.SandboxSelector) Selector {
 	return Selector{Labels: s.GetLabels(), TaskID: s.GetTaskId(), IDs: s.GetIds()}
 }
 
-func (s *service) batchResults(rs []BatchResult) ([]*opendsecv1.Sandbox, []*opendsecv1.BatchFailure) {
-	var ok []*opendsecv1.Sandbox
-	var failed []*opendsecv1.BatchFailure
+func (s *service) batchResults(rs []BatchResult) ([]*nodev1.Sandbox, []*nodev1.BatchFailure) {
+	var ok []*nodev1.Sandbox
+	var failed []*nodev1.BatchFailure
 	for _, r := range rs {
 		if r.Err != nil {
-			failed = append(failed, &opendsecv1.BatchFailure{SandboxId: r.ID, ErrorCode: errdefs.Code(r.Err).String(), ErrorMessage: r.Err.Error()})
+			failed = append(failed, &nodev1.BatchFailure{SandboxId: r.ID, ErrorCode: errdefs.Code(r.Err).String(), ErrorMessage: r.Err.Error()})
 			continue
 		}
 		if sb, err := s.n.get(r.ID); err == nil {
@@ -100,20 +99,20 @@ func (s *service) batchResults(rs []BatchResult) ([]*opendsecv1.Sandbox, []*open
 	return ok, failed
 }
 
-func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxesRequest]) (*connect.Response[opendsecv1.PauseSandboxesResponse], error) {
+func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
 	rs, err := s.n.PauseMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())))
 	if err != nil {
 		return nil, err
 	}
 	ok, failed := s.batchResults(rs)
-	return connect.NewResponse(&opendsecv1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+	return connect.NewResponse(&nodev1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }
 
-func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[opendsecv1.ResumeSandboxesRequest]) (*connect.Response[opendsecv1.ResumeSandboxesResponse], error) {
+func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[nodev1.ResumeSandboxesRequest]) (*connect.Response[nodev1.ResumeSandboxesResponse], error) {
 	rs, err := s.n.ResumeMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())), req.Msg.GetTimeoutSeconds())
 	if err != nil {
 		return nil, err
 	}
 	ok, failed := s.batchResults(rs)
-	return connect.NewResponse(&opendsecv1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+	return connect.NewResponse(&nodev1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
 }

@@ -10,7 +10,6 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
-	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
@@ -35,27 +34,29 @@ type service struct {
 
 var _ nodev1connect.NodeServiceHandler = (*service)(nil)
 
-func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
+// toProto is the sandbox's view in the node's own message (node.v1); the
+// apiserver maps it to the public one.
+func (n *Node) toProto(sb *sandbox) *nodev1.Sandbox {
 	n.mu.Lock()
 	rec := sb.rec
 	n.mu.Unlock()
-	st := opendsecv1.SandboxState_SANDBOX_STATE_RUNNING
+	st := nodev1.SandboxState_SANDBOX_STATE_RUNNING
 	switch rec.State {
 	case stateCreating:
-		st = opendsecv1.SandboxState_SANDBOX_STATE_CREATING
+		st = nodev1.SandboxState_SANDBOX_STATE_CREATING
 	case stateStopping:
-		st = opendsecv1.SandboxState_SANDBOX_STATE_STOPPING
+		st = nodev1.SandboxState_SANDBOX_STATE_STOPPING
 	case statePaused:
-		st = opendsecv1.SandboxState_SANDBOX_STATE_PAUSED
+		st = nodev1.SandboxState_SANDBOX_STATE_PAUSED
 	}
 	if sb.died.Load() {
-		st = opendsecv1.SandboxState_SANDBOX_STATE_FAILED
+		st = nodev1.SandboxState_SANDBOX_STATE_FAILED
 	}
 	reason, _ := sb.reason.Load().(string)
-	return &opendsecv1.Sandbox{
+	return &nodev1.Sandbox{
 		Id:             rec.ID,
 		NodeId:         n.cfg.ID,
-		Spec:           specpb.ToProto(rec.Spec),
+		Spec:           specpb.ToNode(rec.Spec),
 		State:          st,
 		CreatedAt:      timestamppb.New(rec.CreatedAt),
 		ExpiresAt:      timestamppb.New(rec.ExpiresAt),
@@ -64,11 +65,12 @@ func (n *Node) toProto(sb *sandbox) *opendsecv1.Sandbox {
 		FromWarmPool:   rec.FromPool,
 		Owner:          rec.Owner,
 		Project:        rec.Project,
+		Backend:        rec.Backend,
 	}
 }
 
 func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
-	spec, err := specpb.FromProto(req.Msg.GetSpec())
+	spec, err := specpb.FromNode(req.Msg.GetSpec())
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +109,7 @@ func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.Ge
 }
 
 func (s *service) ListSandboxes(ctx context.Context, req *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
-	var out []*opendsecv1.Sandbox
+	var out []*nodev1.Sandbox
 	c := callerOf(ctx)
 	for _, sb := range s.n.List(ctx) {
 		if pb := s.n.toProto(sb); c.owns(&record{Owner: pb.GetOwner(), Project: pb.GetProject()}) {
@@ -145,7 +147,7 @@ func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.Se
 	if err := s.n.checkOwner(ctx, req.Msg.GetSandboxId()); err != nil {
 		return nil, err
 	}
-	rules := specpb.RulesFromProto(req.Msg.GetNetwork())
+	rules := specpb.RulesFromNode(req.Msg.GetNetwork())
 	if rules == nil {
 		rules = &netpolicy.Rules{}
 	}

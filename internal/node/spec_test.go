@@ -26,7 +26,7 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 	n := openRecorded(t, &blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}})
 	svc := &service{n: n}
 	create := func(p *opendsecv1.SandboxSpec) error {
-		_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"), Spec: p}))
+		_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"), Spec: nodeSpec(t, p)}))
 		return errdefs.ToConnect(err) // what the server's interceptor answers
 	}
 	for _, b := range spectest.BadSpecs() {
@@ -58,6 +58,39 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 	}
 	if _, _, c := n.Usage(); c != 0 {
 		t.Fatalf("%d sandboxes after only bad input", c)
+	}
+}
+
+// nodeSpec is the public spec p as the node's message. Both messages
+// number the shared fields alike, so the wire form carries over (the
+// apiserver maps field by field, internal/apiserver/nodemsg.go).
+func nodeSpec(t *testing.T, p *opendsecv1.SandboxSpec) *nodev1.SandboxSpec {
+	t.Helper()
+	if p == nil {
+		return nil
+	}
+	b, err := proto.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &nodev1.SandboxSpec{}
+	if err := proto.Unmarshal(b, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Backend options in the node's spec reach the backend's check (the
+// public spec has no field for them).
+func TestCreateCarriesBackendOptions(t *testing.T) {
+	n := openRecorded(t, &blockingRuntime{stopping: map[string]int{}, stops: map[string]int{}})
+	svc := &service{n: n}
+	_, err := svc.CreateSandbox(t.Context(), connect.NewRequest(&nodev1.CreateSandboxRequest{SandboxId: sandboxid.New("t001"),
+		Spec: &nodev1.SandboxSpec{Image: "root/busybox", BackendOptions: map[string]string{"tier": "gold"}}}))
+	err = errdefs.ToConnect(err) // what the server's interceptor answers
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || !strings.HasPrefix(ce.Message(), "backend_options.tier: ") {
+		t.Fatalf("create with backend_options {tier: gold}: err = %v, want the backend's invalid_argument naming backend_options.tier", err)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"connectrpc.com/connect"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/process"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -102,7 +101,7 @@ func TestAgentURL(t *testing.T) {
 func TestDialPortRelaysBothWays(t *testing.T) {
 	n := newFakeNode(t, "n001")
 	n.echoPort(t)
-	n.set(func(n *fakeNode) { n.states[sbx] = v1.SandboxState_SANDBOX_STATE_RUNNING })
+	n.set(func(n *fakeNode) { n.states[sbx] = nodev1.SandboxState_SANDBOX_STATE_RUNNING })
 	c := newClient(t, n)
 
 	// The context bounds opening the tunnel only: the stream outlives it.
@@ -146,8 +145,8 @@ func TestDialPortRefusals(t *testing.T) {
 	n.echoPort(t)
 	paused := "n001pppppppppppppppp"
 	n.set(func(n *fakeNode) {
-		n.states[sbx] = v1.SandboxState_SANDBOX_STATE_RUNNING
-		n.states[paused] = v1.SandboxState_SANDBOX_STATE_PAUSED
+		n.states[sbx] = nodev1.SandboxState_SANDBOX_STATE_RUNNING
+		n.states[paused] = nodev1.SandboxState_SANDBOX_STATE_PAUSED
 		n.down[49999] = "python3 is not in the image; use an image with python3"
 	})
 	c := newClient(t, n)
@@ -210,7 +209,7 @@ func TestDialPortUnreachableNode(t *testing.T) {
 func TestAgentError(t *testing.T) {
 	n := newFakeNode(t, "n001")
 	paused := "n001pppppppppppppppp"
-	n.set(func(n *fakeNode) { n.states[paused] = v1.SandboxState_SANDBOX_STATE_PAUSED })
+	n.set(func(n *fakeNode) { n.states[paused] = nodev1.SandboxState_SANDBOX_STATE_PAUSED })
 	c := newClient(t, n)
 	call := func(id string) error {
 		proc := processconnect.NewProcessClient(c.HTTPClient(), c.AgentURL(id, "").String())

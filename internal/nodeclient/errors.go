@@ -12,7 +12,6 @@ import (
 	"connectrpc.com/connect"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
@@ -133,7 +132,7 @@ func (c *Client) AgentError(ctx context.Context, sandboxID, what string, err err
 	if code := connect.CodeOf(err); (code == connect.CodeInternal || code == connect.CodeUnknown || code == connect.CodeInvalidArgument) &&
 		strings.Contains(err.Error(), "HTTP status 400") && ctx.Err() == nil {
 		resp, gerr := c.node.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: sandboxID}))
-		if gerr == nil && resp.Msg.GetSandbox().GetState() == v1.SandboxState_SANDBOX_STATE_PAUSED {
+		if gerr == nil && resp.Msg.GetSandbox().GetState() == nodev1.SandboxState_SANDBOX_STATE_PAUSED {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", sandboxID)
 		}
 	}

@@ -16,7 +16,6 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -34,8 +33,8 @@ type fakeNode struct {
 	key *auth.Issuer
 
 	mu     sync.Mutex
-	states map[string]v1.SandboxState // sandboxes by ID
-	ports  map[int]string             // in-sandbox port -> loopback address
+	states map[string]nodev1.SandboxState // sandboxes by ID
+	ports  map[int]string                 // in-sandbox port -> loopback address
 	// down answers 503 with this message for a port (the service behind
 	// it cannot start).
 	down map[int]string
@@ -49,7 +48,7 @@ func newFakeNode(t *testing.T, id string) *fakeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &fakeNode{id: id, key: key, states: map[string]v1.SandboxState{}, ports: map[int]string{}, down: map[int]string{}, protos: map[string][]string{}}
+	n := &fakeNode{id: id, key: key, states: map[string]nodev1.SandboxState{}, ports: map[int]string{}, down: map[int]string{}, protos: map[string][]string{}}
 	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	path, h := nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor()))
@@ -107,7 +106,7 @@ func (n *fakeNode) GetSandbox(_ context.Context, req *connect.Request[nodev1.Get
 	if !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s not found", req.Msg.GetSandboxId()))
 	}
-	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: &v1.Sandbox{Id: req.Msg.GetSandboxId(), State: st}}), nil
+	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: &nodev1.Sandbox{Id: req.Msg.GetSandboxId(), State: st}}), nil
 }
 
 // writeNodeError answers like the node's agent proxy: {"code", "message",
@@ -135,7 +134,7 @@ func (n *fakeNode) serveAgent(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		writeNodeError(w, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id))
 		return
-	case st == v1.SandboxState_SANDBOX_STATE_PAUSED:
+	case st == nodev1.SandboxState_SANDBOX_STATE_PAUSED:
 		writeNodeError(w, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id))
 		return
 	}

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
 	"github.com/kernflux/opendsec/internal/auth"
@@ -177,7 +176,7 @@ func (w *Watcher) pollNode(ctx context.Context, n *nodeclient.Client) (*watcherv
 	}
 	for _, sb := range list.Msg.GetSandboxes() {
 		switch sb.GetState() {
-		case v1.SandboxState_SANDBOX_STATE_STOPPED, v1.SandboxState_SANDBOX_STATE_FAILED:
+		case nodev1.SandboxState_SANDBOX_STATE_STOPPED, nodev1.SandboxState_SANDBOX_STATE_FAILED:
 			continue
 		}
 		backend := sb.GetSpec().GetBackend()

@@ -13,7 +13,6 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1/watcherv1connect"
 	"github.com/kernflux/opendsec/internal/auth"
@@ -29,7 +28,7 @@ type fakeNode struct {
 	id      string
 	fail    bool
 	healthy bool
-	sbs     []*v1.Sandbox
+	sbs     []*nodev1.Sandbox
 }
 
 func (f *fakeNode) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
@@ -107,10 +106,10 @@ func byID(nodes []*watcherv1.NodeStatus, id string) *watcherv1.NodeStatus {
 }
 
 func TestPollBuildsView(t *testing.T) {
-	a := &fakeNode{id: "n001", healthy: true, sbs: []*v1.Sandbox{
-		{Id: "n001a", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{TaskId: "t1"}},
-		{Id: "n001b", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{Backend: "container", TaskId: "t1"}},
-		{Id: "n001c", State: v1.SandboxState_SANDBOX_STATE_STOPPED, Spec: &v1.SandboxSpec{TaskId: "t1"}},
+	a := &fakeNode{id: "n001", healthy: true, sbs: []*nodev1.Sandbox{
+		{Id: "n001a", State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{TaskId: "t1"}},
+		{Id: "n001b", State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{Backend: "container", TaskId: "t1"}},
+		{Id: "n001c", State: nodev1.SandboxState_SANDBOX_STATE_STOPPED, Spec: &nodev1.SandboxSpec{TaskId: "t1"}},
 	}}
 	b := &fakeNode{id: "n002", fail: true}
 	w, _ := setup(t, a, b)
@@ -185,7 +184,7 @@ func TestRunServesListNodes(t *testing.T) {
 
 	// Sandboxes appear on the node; the running watcher must pick them up.
 	a.set(func(f *fakeNode) {
-		f.sbs = []*v1.Sandbox{{Id: "x", State: v1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &v1.SandboxSpec{}}}
+		f.sbs = []*nodev1.Sandbox{{Id: "x", State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{}}}
 	})
 	deadline := time.Now().Add(5 * time.Second)
 	for {

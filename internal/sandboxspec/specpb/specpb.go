@@ -1,6 +1,8 @@
-// Package specpb maps sandboxspec.Spec to and from the public protobuf
-// message (opendsec.v1.SandboxSpec), in one place for the apiserver and the
-// node. It is apart from sandboxspec so that backends, which import
+// Package specpb maps sandboxspec.Spec to and from its protobuf messages,
+// in one place for the apiserver and the node: the public
+// opendsec.v1.SandboxSpec (FromProto, ToProto) and the node's own
+// opendsec.node.v1.SandboxSpec (FromNode, ToNode), which also carries
+// backend options. It is apart from sandboxspec so that backends, which import
 // sandboxspec for its limits, do not depend on the generated API code.
 package specpb
 
