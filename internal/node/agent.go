@@ -102,8 +102,11 @@ func (n *Node) AgentProxy() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
-		sb, err := n.getFor(r.Context(), id)
-		if err == nil {
+		sb, dead, err := n.getOrDeadFor(r.Context(), id)
+		if dead {
+			reason, _ := sb.reason.Load().(string)
+			err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
+		} else if err == nil {
 			n.mu.Lock()
 			st := sb.rec.State
 			n.mu.Unlock()

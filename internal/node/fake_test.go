@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -139,6 +141,12 @@ func TestDeathSeenAtOnce(t *testing.T) {
 	}
 	if _, err := f.rt.Status(t.Context(), rec.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("dead sandbox not deleted from the backend: %v", err)
+	}
+	// A call into it says it died, and why.
+	w := httptest.NewRecorder()
+	f.AgentProxy().ServeHTTP(w, httptest.NewRequest(http.MethodGet, AgentPrefix+rec.ID+"/health", nil))
+	if w.Code != errdefs.HTTPStatus(errdefs.ErrFailedPrecondition) || !strings.Contains(w.Body.String(), "died: killed by signal 9") {
+		t.Errorf("agent call into the dead sandbox: %d %s; want failed precondition saying it died and why", w.Code, w.Body.String())
 	}
 }
 

@@ -70,6 +70,19 @@ func (n *Node) getFor(ctx context.Context, id string) (*sandbox, error) {
 	return sb, nil
 }
 
+// getOrDeadFor is getFor that also finds a sandbox that died lately (its
+// tombstone, see exit.go), for Get and for telling callers why it is gone.
+func (n *Node) getOrDeadFor(ctx context.Context, id string) (sb *sandbox, dead bool, err error) {
+	sb, err = n.getFor(ctx, id)
+	if !errdefs.IsNotFound(err) {
+		return sb, false, err
+	}
+	if d, ok := n.deadSandbox(id); ok && callerOf(ctx).owns(d.rec) {
+		return d, true, nil
+	}
+	return nil, false, err
+}
+
 // checkOwner fails with not_found unless the caller in ctx owns sandbox id.
 func (n *Node) checkOwner(ctx context.Context, id string) error {
 	_, err := n.getFor(ctx, id)

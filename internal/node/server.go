@@ -101,7 +101,7 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 }
 
 func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
-	sb, err := s.n.getFor(ctx, req.Msg.GetSandboxId())
+	sb, _, err := s.n.getOrDeadFor(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
