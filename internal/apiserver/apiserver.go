@@ -39,8 +39,7 @@ const (
 	DefaultViewTTL          = 250 * time.Millisecond
 	// DefaultViewMaxStale is how old a watcher view may be and still serve
 	// a placement while a fresh one is fetched in the background.
-	DefaultViewMaxStale  = 2 * time.Second
-	DefaultPlacementHold = 3 * time.Second
+	DefaultViewMaxStale = 2 * time.Second
 	// DefaultBatchNodeTimeout bounds one node's part of a batch pause or
 	// resume.
 	DefaultBatchNodeTimeout = 15 * time.Second
@@ -74,9 +73,6 @@ type Config struct {
 	MaxHTTPBodyBytes int64
 	// PlacementSample is k in power-of-k placement (2 if 0).
 	PlacementSample int
-	// PlacementHold keeps a finished create counted against its node until
-	// the watcher has seen it (about two poll intervals).
-	PlacementHold time.Duration
 	// ViewTTL is how long a fetched watcher view is reused as it is.
 	ViewTTL time.Duration
 	// ViewMaxStale: an older view (younger than this) still serves while
@@ -136,9 +132,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.PlacementSample <= 0 {
 		cfg.PlacementSample = 2
 	}
-	if cfg.PlacementHold <= 0 {
-		cfg.PlacementHold = DefaultPlacementHold
-	}
 	if cfg.ViewTTL <= 0 {
 		cfg.ViewTTL = DefaultViewTTL
 	}
@@ -158,7 +151,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:    cfg,
 		nodes:  nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.HTTPClient, Tokens: nodeTokens}),
-		placer: placement.New(cfg.PlacementSample, cfg.PlacementHold),
+		placer: placement.New(cfg.PlacementSample),
 
 		metrics: newMetrics(),
 	}

@@ -10,7 +10,6 @@ import (
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
-	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
 )
 
@@ -52,8 +51,7 @@ func wantAdminNeeded(t *testing.T, what string, err error, field string) {
 // nothing reaches the node; broad rules and rule sets stay open to users;
 // an admin token opens the protected ranges.
 func TestNetworkProtectedRangesNeedAdmin(t *testing.T) {
-	// Finished creates count against the node only until the next view.
-	e := setup(t, func(c *apiserver.Config) { c.PlacementHold = time.Nanosecond }, "n001")
+	e := setup(t, nil, "n001")
 	ctx := t.Context()
 	adminTok, err := e.key.Issue("root", auth.ScopeAdmin, time.Hour)
 	if err != nil {

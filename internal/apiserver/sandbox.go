@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -61,10 +62,15 @@ func placementNodes(view []*watcherv1.NodeStatus, routable func(nodeID string) b
 			Backends:       info.GetBackends(),
 			DefaultBackend: info.GetDefaultBackend(),
 			Total:          placement.Resources{CPU: info.GetTotal().GetCpu(), MemoryMB: info.GetTotal().GetMemoryMb(), Sandboxes: info.GetTotal().GetSandboxes()},
-			Used:           placement.Resources{CPU: info.GetUsed().GetCpu(), MemoryMB: info.GetUsed().GetMemoryMb(), Sandboxes: info.GetUsed().GetSandboxes()},
+			Used:           placementResources(info.GetUsed()),
+			UsedSeq:        info.GetUsedSeq(),
 		})
 	}
 	return out
+}
+
+func placementResources(c *nodev1.Capacity) placement.Resources {
+	return placement.Resources{CPU: c.GetCpu(), MemoryMB: c.GetMemoryMb(), Sandboxes: c.GetSandboxes()}
 }
 
 func placementRequest(spec *v1.SandboxSpec) placement.Request {
@@ -103,7 +109,7 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 		r := s.placer.Reserve(nodeID, placementRequest(spec))
 		resp, err := n.Node().CreateSandbox(ctx, connect.NewRequest(nodeCreateRequest(id, spec, requestID, skipPool)))
 		if err == nil {
-			r.Done()
+			r.Done(placementResources(resp.Msg.GetUsed()), resp.Msg.GetUsedSeq())
 			return publicSandbox(resp.Msg.GetSandbox()), nil
 		}
 		r.Release()
@@ -133,7 +139,10 @@ func (s *Server) stopAbandoned(ctx context.Context, n *nodeclient.Client, id str
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		_, err := n.Node().StopSandbox(sctx, connect.NewRequest(nodeStopRequest(id)))
+		resp, err := n.Node().StopSandbox(sctx, connect.NewRequest(nodeStopRequest(id)))
+		if err == nil {
+			s.placer.Observe(n.ID(), placementResources(resp.Msg.GetUsed()), resp.Msg.GetUsedSeq())
+		}
 		if err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 			log.G(ctx).Warn("stop abandoned sandbox", log.SandboxID(id), log.Err(err))
 		}
@@ -233,9 +242,12 @@ func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[v1.StopSa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := n.Node().StopSandbox(ctx, connect.NewRequest(nodeStopRequest(req.Msg.GetId()))); err != nil {
+	resp, err := n.Node().StopSandbox(ctx, connect.NewRequest(nodeStopRequest(req.Msg.GetId())))
+	if err != nil {
 		return nil, remoteErr(ctx, "stop sandbox", err)
 	}
+	// Placement counts the stop now, not once the watcher has seen it.
+	s.placer.Observe(n.ID(), placementResources(resp.Msg.GetUsed()), resp.Msg.GetUsedSeq())
 	return connect.NewResponse(&v1.StopSandboxResponse{}), nil
 }
 

@@ -224,7 +224,6 @@ func RunAPIServer(ctx context.Context, cfg config.Config, pub ed25519.PublicKey,
 		Auth:            auth.NewVerifier(pub, auth.ScopeAdmin, auth.ScopeUser),
 		MaxUploadBytes:  cfg.Node.MaxUploadMB << 20,
 		PlacementSample: cfg.APIServer.PlacementSample,
-		PlacementHold:   2 * time.Duration(cfg.Watcher.PollIntervalMS) * time.Millisecond,
 	})
 	if err != nil {
 		return err

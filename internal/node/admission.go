@@ -8,8 +8,8 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 )
 
-// admit reserves room for sb (its spec's CPU and memory, one of the node's
-// sandboxes) and registers it by its ID, the ID its create asked for
+// admit reserves room for sb (its spec's CPU within the node's quota of
+// CPUOvercommit times its cores, its memory, one of the node's sandboxes) and registers it by its ID, the ID its create asked for
 // (askedID, an alias when they differ) and its request ID, all at once. When
 // a create with the same request ID was admitted before, admit returns it
 // as prev and reserves nothing. forget releases what admit reserved.
@@ -30,6 +30,11 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
 		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
 	}
+	// The same capacity Info offers placement: 1e-9 absorbs float sums.
+	if quota := n.cpuQuota(); n.reservedCPU+rec.Spec.CPU > quota+1e-9 {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %d), %g requested; stop sandboxes or ask for less",
+			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, CPUOvercommit, rec.Spec.CPU)
+	}
 	if n.reservedMem+rec.Spec.MemoryMB > n.cfg.MemoryMB {
 		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less",
 			n.cfg.ID, n.cfg.MemoryMB-n.reservedMem, rec.Spec.MemoryMB)
@@ -43,6 +48,7 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 	}
 	n.reservedCPU += rec.Spec.CPU
 	n.reservedMem += rec.Spec.MemoryMB
+	n.usedSeq++
 	return nil, nil
 }
 

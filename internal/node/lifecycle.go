@@ -21,6 +21,7 @@ func (n *Node) forget(sb *sandbox) {
 		delete(n.sandboxes, sb.rec.ID)
 		n.reservedCPU -= sb.rec.Spec.CPU
 		n.reservedMem -= sb.rec.Spec.MemoryMB
+		n.usedSeq++
 	}
 	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {
 		delete(n.requests, sb.rec.RequestID)

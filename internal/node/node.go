@@ -104,6 +104,11 @@ type Node struct {
 	// reservedCPU/MemoryMB are the resources of sandboxes in the table; guarded by mu.
 	reservedCPU float64
 	reservedMem int64
+	// usedSeq grows with every change to the reservations (admit, forget):
+	// placement orders readings of Usage by it. It starts at the node's
+	// start time in nanoseconds so that it grows across restarts too;
+	// guarded by mu.
+	usedSeq uint64
 
 	// reaping holds the IDs of sandboxes the reaper is stopping; guarded by mu.
 	reaping map[string]bool
@@ -210,6 +215,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		aliases:   map[string]string{},
 		closed:    make(chan struct{}),
 		dead:      map[string]tombstone{},
+		usedSeq:   uint64(time.Now().UnixNano()),
 	}
 	n.life, n.stopLife = context.WithCancel(context.WithoutCancel(ctx))
 	n.metrics = newMetrics(n)
@@ -346,10 +352,26 @@ func (n *Node) List(ctx context.Context) []*sandbox {
 
 // Usage reports reserved resources and the sandbox count.
 func (n *Node) Usage() (cpu float64, memMB int64, count int) {
+	u := n.usage()
+	return u.cpu, u.memMB, u.count
+}
+
+// usageReading is one reading of the reservations and its usedSeq.
+type usageReading struct {
+	cpu   float64
+	memMB int64
+	count int
+	seq   uint64
+}
+
+func (n *Node) usage() usageReading {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.reservedCPU, n.reservedMem, len(n.sandboxes)
+	return usageReading{n.reservedCPU, n.reservedMem, len(n.sandboxes), n.usedSeq}
 }
+
+// cpuQuota is the CPU the node offers its sandboxes in quotas.
+func (n *Node) cpuQuota() float64 { return n.cfg.CPU * CPUOvercommit }
 
 // StopAll stops every sandbox on the node (used at shutdown with
 // --stop-sandboxes); failures are logged.

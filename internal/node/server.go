@@ -97,7 +97,8 @@ func (s *service) CreateSandbox(ctx context.Context, req *connect.Request[nodev1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: s.n.toProto(sb)}), nil
+	u := s.n.usage()
+	return connect.NewResponse(&nodev1.CreateSandboxResponse{Sandbox: s.n.toProto(sb), Used: u.capacity(), UsedSeq: u.seq}), nil
 }
 
 func (s *service) GetSandbox(ctx context.Context, req *connect.Request[nodev1.GetSandboxRequest]) (*connect.Response[nodev1.GetSandboxResponse], error) {
@@ -126,7 +127,8 @@ func (s *service) StopSandbox(ctx context.Context, req *connect.Request[nodev1.S
 	if err := s.n.Stop(ctx, req.Msg.GetSandboxId(), "stopped by caller"); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nodev1.StopSandboxResponse{}), nil
+	u := s.n.usage()
+	return connect.NewResponse(&nodev1.StopSandboxResponse{Used: u.capacity(), UsedSeq: u.seq}), nil
 }
 
 func (s *service) SetTimeout(ctx context.Context, req *connect.Request[nodev1.SetTimeoutRequest]) (*connect.Response[nodev1.SetTimeoutResponse], error) {
@@ -161,14 +163,19 @@ func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.Se
 	return connect.NewResponse(&nodev1.SetNetworkResponse{Sandbox: s.n.toProto(sb)}), nil
 }
 
+func (u usageReading) capacity() *nodev1.Capacity {
+	return &nodev1.Capacity{Cpu: u.cpu, MemoryMb: u.memMB, Sandboxes: int64(u.count)}
+}
+
 func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
-	cpu, mem, count := s.n.Usage()
+	u := s.n.usage()
 	resp := &nodev1.InfoResponse{
 		NodeId:         s.n.cfg.ID,
 		Backends:       backendNames(s.n.cfg.Backends),
 		DefaultBackend: s.n.cfg.DefaultBackend,
-		Total:          &nodev1.Capacity{Cpu: s.n.cfg.CPU * CPUOvercommit, MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
-		Used:           &nodev1.Capacity{Cpu: cpu, MemoryMb: mem, Sandboxes: int64(count)},
+		Total:          &nodev1.Capacity{Cpu: s.n.cpuQuota(), MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
+		Used:           u.capacity(),
+		UsedSeq:        u.seq,
 		Healthy:        true,
 		Now:            timestamppb.Now(),
 		Version:        version.Version,

@@ -1,7 +1,14 @@
 // Package placement chooses nodes for new sandboxes: filter the healthy
 // nodes that offer the backend and have room, sample k of them at random and
-// order the sample by load, counting this apiserver's own in-flight
-// placements that the watcher has not reported yet (the overlay).
+// order the sample by load.
+//
+// A node's use is its latest reading: the watcher's view, or a newer one
+// this apiserver got back from the node itself with a create or a stop
+// (readings are ordered by the node's used_seq), so a sandbox counts from
+// its create to its stop, never longer. Creates still in flight count on
+// top of that for the order and the first choice of nodes; they never make
+// placement refuse (the reading may already hold them), the node's own
+// admission does.
 //
 // It is pure logic over a snapshot of the watcher's view; the caller tries
 // the returned candidates in order, moving on when a node refuses.
@@ -39,8 +46,10 @@ type Node struct {
 	DefaultBackend string
 	// Total is what the node offers; a zero field means unlimited.
 	Total Resources
-	// Used is what its sandboxes have reserved.
-	Used Resources
+	// Used is what its sandboxes have reserved, read at UsedSeq (the
+	// node's used_seq; 0: unknown, any reading of the node's own is newer).
+	Used    Resources
+	UsedSeq uint64
 }
 
 // Request is what one sandbox needs. Backend "" means each node's default.
@@ -52,46 +61,58 @@ type Request struct {
 
 func (r Request) resources() Resources { return Resources{r.CPU, r.MemoryMB, 1} }
 
-// Placer orders candidates and keeps the in-flight overlay. It is safe for
-// concurrent use.
+// readingTTL bounds how long a node's own reading is preferred to the
+// view: it is normally superseded by the next view within a poll or two;
+// this only guards against a node whose clock stepped back across a
+// restart (its used_seq would then lag an old reading).
+const readingTTL = time.Minute
+
+// reading is a node's use as of its used_seq.
+type reading struct {
+	used Resources
+	seq  uint64
+	at   time.Time
+}
+
+// Placer orders candidates, keeps the creates in flight and the newest
+// readings nodes returned. It is safe for concurrent use.
 type Placer struct {
-	k    int
-	hold time.Duration
-	now  func() time.Time
+	k   int
+	now func() time.Time
 
 	mu sync.Mutex
-	// inflight are reservations by node ID; guarded by mu.
+	// inflight are creates under way by node ID; guarded by mu.
 	inflight map[string][]*Reservation
+	// readings are the newest readings of the nodes' use that came with
+	// a create or stop, by node ID; guarded by mu.
+	readings map[string]reading
 	// rng is guarded by mu.
 	rng *rand.Rand
 }
 
-// New returns a Placer sampling k nodes (at least 1). Successful
-// reservations stay counted for hold after Done (set it to about two
-// watcher poll intervals, so the watcher's view includes the sandbox by
-// then).
-func New(k int, hold time.Duration) *Placer {
+// New returns a Placer sampling k nodes (at least 1).
+func New(k int) *Placer {
 	if k < 1 {
 		k = 1
 	}
 	return &Placer{
 		k:        k,
-		hold:     hold,
 		now:      time.Now,
 		inflight: map[string][]*Reservation{},
+		readings: map[string]reading{},
 		rng:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
 
-// Reservation is one in-flight placement counted against a node.
+// Reservation is one create in flight, counted against its node until
+// Done or Release.
 type Reservation struct {
-	p      *Placer
-	node   string
-	res    Resources
-	expiry time.Time // zero while in flight; guarded by p.mu
+	p    *Placer
+	node string
+	res  Resources
 }
 
-// Reserve counts req against node until Release, or until hold after Done.
+// Reserve counts req against node while its create is in flight.
 func (p *Placer) Reserve(node string, req Request) *Reservation {
 	r := &Reservation{p: p, node: node, res: req.resources()}
 	p.mu.Lock()
@@ -100,7 +121,8 @@ func (p *Placer) Reserve(node string, req Request) *Reservation {
 	return r
 }
 
-// Release drops the reservation at once (the create failed).
+// Release ends the reservation: the create failed, or it finished and
+// Observe took the node's reading that includes it.
 func (r *Reservation) Release() {
 	r.p.mu.Lock()
 	defer r.p.mu.Unlock()
@@ -110,38 +132,55 @@ func (r *Reservation) Release() {
 	}
 }
 
-// Done marks the create as finished: the reservation keeps counting until
-// the watcher has had time to see the sandbox.
-func (r *Reservation) Done() {
-	r.p.mu.Lock()
-	r.expiry = r.p.now().Add(r.p.hold)
-	r.p.mu.Unlock()
+// Done ends a create that succeeded: used (at seq) is the node's reading
+// that the create returned, which counts the new sandbox.
+func (r *Reservation) Done(used Resources, seq uint64) {
+	r.p.Observe(r.node, used, seq)
+	r.Release()
 }
 
-// overlay returns the in-flight resources per node, pruning expired
-// reservations. Called with mu held.
-func (p *Placer) overlay() map[string]Resources {
-	now := p.now()
-	out := make(map[string]Resources, len(p.inflight))
-	for node, rs := range p.inflight {
-		rs = slices.DeleteFunc(rs, func(r *Reservation) bool { return !r.expiry.IsZero() && !now.Before(r.expiry) })
-		if len(rs) == 0 {
-			delete(p.inflight, node)
-			continue
-		}
-		p.inflight[node] = rs
-		var sum Resources
-		for _, r := range rs {
-			sum = sum.add(r.res)
-		}
-		out[node] = sum
+// Observe records a reading of node's use (what a create or stop
+// returned); it counts until a newer one, or a view at least as new,
+// replaces it. A reading without seq (0) is ignored.
+func (p *Placer) Observe(node string, used Resources, seq uint64) {
+	if seq == 0 {
+		return
 	}
-	return out
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur, ok := p.readings[node]; !ok || seq > cur.seq {
+		p.readings[node] = reading{used: used, seq: seq, at: p.now()}
+	}
+}
+
+// used returns n's newest reading, dropping the node's own one when the
+// view caught up with it (or it is too old to trust). Called with mu held.
+func (p *Placer) used(n Node) Resources {
+	r, ok := p.readings[n.ID]
+	if !ok {
+		return n.Used
+	}
+	if r.seq <= n.UsedSeq || p.now().Sub(r.at) > readingTTL {
+		delete(p.readings, n.ID)
+		return n.Used
+	}
+	return r.used
+}
+
+// inflightFor sums node's creates in flight. Called with mu held.
+func (p *Placer) inflightFor(node string) Resources {
+	var sum Resources
+	for _, r := range p.inflight[node] {
+		sum = sum.add(r.res)
+	}
+	return sum
 }
 
 // Candidates returns the node IDs to try for req, best first: a random
 // sample of k fitting nodes ordered by load, then the other fitting nodes
-// ordered by load. Errors:
+// ordered by load, then the nodes that fit only when the creates in
+// flight are left out (the node's reading may already count them).
+// Errors:
 //   - invalid argument naming the field when no node could ever fit req
 //     (backend offered nowhere; cpu or memory_mb above the largest node);
 //   - unavailable when no node is healthy;
@@ -149,14 +188,13 @@ func (p *Placer) overlay() map[string]Resources {
 func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	over := p.overlay()
 
 	type cand struct {
 		id   string
 		load float64
 	}
 	var (
-		fits                           []cand
+		fits, fitsBare                 []cand
 		withBackend, healthy           int
 		maxCPU                         float64
 		maxMem                         int64
@@ -166,6 +204,7 @@ func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 		unlimitedCPU, unlimitedMem     bool
 		backends                       []string
 	)
+	need := req.resources()
 	for _, n := range nodes {
 		backends = append(backends, n.Backends...)
 		if !offers(n, req.Backend) {
@@ -184,31 +223,31 @@ func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 			continue
 		}
 		healthy++
-		used := n.Used.add(over[n.ID])
-		need := req.resources()
-		ok := true
+		used := p.used(n)
+		withInflight := used.add(p.inflightFor(n.ID))
+		if room(n.Total, withInflight, need) == (short{}) {
+			fits = append(fits, cand{n.ID, load(n.Total, withInflight)})
+			continue
+		}
+		sh := room(n.Total, used, need)
+		if sh == (short{}) {
+			fitsBare = append(fitsBare, cand{n.ID, load(n.Total, withInflight)})
+			continue
+		}
 		if n.Total.CPU > 0 {
-			free := n.Total.CPU - used.CPU
-			bestFreeCPU = max(bestFreeCPU, free)
-			if free+1e-9 < need.CPU {
-				shortCPU++
-				ok = false
-			}
+			bestFreeCPU = max(bestFreeCPU, n.Total.CPU-used.CPU)
 		}
 		if n.Total.MemoryMB > 0 {
-			free := n.Total.MemoryMB - used.MemoryMB
-			bestFreeMem = max(bestFreeMem, free)
-			if free < need.MemoryMB {
-				shortMem++
-				ok = false
-			}
+			bestFreeMem = max(bestFreeMem, n.Total.MemoryMB-used.MemoryMB)
 		}
-		if n.Total.Sandboxes > 0 && n.Total.Sandboxes-used.Sandboxes < 1 {
+		if sh.cpu {
+			shortCPU++
+		}
+		if sh.mem {
+			shortMem++
+		}
+		if sh.slots {
 			shortSlots++
-			ok = false
-		}
-		if ok {
-			fits = append(fits, cand{n.ID, load(n.Total, used)})
 		}
 	}
 
@@ -238,7 +277,7 @@ func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 	switch {
 	case healthy == 0:
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no healthy node offers backend %q (%d known, all unhealthy); check `opendsecctl node list`", backendName(req.Backend), withBackend)
-	case len(fits) == 0:
+	case len(fits) == 0 && len(fitsBare) == 0:
 		var short []string
 		if shortMem > 0 {
 			short = append(short, fmt.Sprintf("memory (need %d MiB, most free on a node %d MiB)", req.MemoryMB, bestFreeMem))
@@ -259,11 +298,30 @@ func (p *Placer) Candidates(nodes []Node, req Request) ([]string, error) {
 	}
 	byLoad(fits[:k])
 	byLoad(fits[k:])
-	out := make([]string, len(fits))
-	for i, c := range fits {
-		out[i] = c.id
+	byLoad(fitsBare)
+	out := make([]string, 0, len(fits)+len(fitsBare))
+	for _, c := range append(fits, fitsBare...) {
+		out = append(out, c.id)
 	}
 	return out, nil
+}
+
+// short says which resources a node lacks for a request.
+type short struct{ cpu, mem, slots bool }
+
+// room reports what total, with used taken, lacks for need (zero: it fits).
+func room(total, used, need Resources) short {
+	var s short
+	if total.CPU > 0 && total.CPU-used.CPU+1e-9 < need.CPU {
+		s.cpu = true
+	}
+	if total.MemoryMB > 0 && total.MemoryMB-used.MemoryMB < need.MemoryMB {
+		s.mem = true
+	}
+	if total.Sandboxes > 0 && total.Sandboxes-used.Sandboxes < 1 {
+		s.slots = true
+	}
+	return s
 }
 
 func backendName(b string) string {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -28,7 +27,7 @@ func fieldOf(err error) string {
 }
 
 func TestLeastLoadedWhenSamplingAll(t *testing.T) {
-	p := New(3, time.Second)
+	p := New(3)
 	nodes := []Node{node("n001", 6000), node("n002", 1000), node("n003", 3000)}
 	for range 20 {
 		got, err := p.Candidates(nodes, req(512))
@@ -42,7 +41,7 @@ func TestLeastLoadedWhenSamplingAll(t *testing.T) {
 }
 
 func TestSampleKIsRandomButLeastLoadedWithin(t *testing.T) {
-	p := New(2, time.Second)
+	p := New(2)
 	nodes := []Node{node("n001", 0), node("n002", 2000), node("n003", 4000), node("n004", 6000)}
 	firsts := map[string]int{}
 	for range 400 {
@@ -66,7 +65,7 @@ func TestSampleKIsRandomButLeastLoadedWithin(t *testing.T) {
 }
 
 func TestFilters(t *testing.T) {
-	p := New(2, time.Second)
+	p := New(2)
 	sick := node("n002", 0)
 	sick.Healthy = false
 	vm := node("n003", 0)
@@ -82,7 +81,7 @@ func TestFilters(t *testing.T) {
 }
 
 func TestNoFit(t *testing.T) {
-	p := New(2, time.Second)
+	p := New(2)
 	nodes := []Node{node("n001", 8000), node("n002", 7900)}
 	_, err := p.Candidates(nodes, req(512))
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "memory") {
@@ -113,9 +112,7 @@ func TestNoFit(t *testing.T) {
 }
 
 func TestOverlay(t *testing.T) {
-	p := New(2, 2*time.Second)
-	now := time.Unix(1000, 0)
-	p.now = func() time.Time { return now }
+	p := New(2)
 	nodes := []Node{node("n001", 0), node("n002", 1024)}
 
 	// Two in-flight 2 GiB creates on n001 make it more loaded than n002.
@@ -132,21 +129,60 @@ func TestOverlay(t *testing.T) {
 	if got[0] != "n001" {
 		t.Fatalf("after release got %v, want n001 first", got)
 	}
-	// A finished create counts until the hold elapses.
-	r3 := p.Reserve("n001", req(4096))
-	r3.Done()
-	got, _ = p.Candidates(nodes, req(512))
-	if got[0] != "n002" {
-		t.Fatalf("during hold got %v, want n002 first", got)
+	// In-flight creates that fill n001 move it behind n002, but never out.
+	r3 := p.Reserve("n001", req(8000))
+	if got, err := p.Candidates(nodes, req(512)); strings.Join(got, ",") != "n002,n001" {
+		t.Fatalf("in-flight-full n001: got %v, %v; want n002 then n001", got, err)
 	}
-	now = now.Add(2 * time.Second)
-	got, _ = p.Candidates(nodes, req(512))
-	if got[0] != "n001" {
-		t.Fatalf("after hold got %v, want n001 first", got)
+	r3.Release()
+}
+
+// TestSecurityPlacementReadings: a node's own reading (what a create or
+// stop returned) counts from then on, in place of an older view, until a
+// view at least as new replaces it; a stopped sandbox stops counting at
+// once. The old overlay kept a finished create counted for a fixed hold,
+// stopped or not, and refused creates against an empty cluster.
+func TestSecurityPlacementReadings(t *testing.T) {
+	p := New(2)
+	view := node("n001", 0)
+	view.UsedSeq = 100
+	one := Request{Backend: "container", CPU: 8, MemoryMB: 1}
+
+	// A create returns the node's reading with its sandbox: n001 is full.
+	r := p.Reserve("n001", one)
+	r.Done(Resources{CPU: 8, MemoryMB: 1, Sandboxes: 1}, 101)
+	if _, err := p.Candidates([]Node{view}, one); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("after a create that filled the node: %v; want resource exhausted", err)
 	}
-	// The overlay also makes a node full.
-	p.Reserve("n001", req(8000))
-	if got, _ := p.Candidates(nodes, req(512)); strings.Join(got, ",") != "n002" {
-		t.Fatalf("overlay-full n001 still offered: %v", got)
+	// Its stop returns the next reading: room again, the old view unchanged.
+	p.Observe("n001", Resources{}, 102)
+	if got, err := p.Candidates([]Node{view}, one); err != nil || strings.Join(got, ",") != "n001" {
+		t.Fatalf("after the stop: %v, %v; want n001", got, err)
+	}
+	// A reading older than the one held is ignored.
+	p.Observe("n001", Resources{CPU: 8, MemoryMB: 1, Sandboxes: 1}, 101)
+	if _, err := p.Candidates([]Node{view}, one); err != nil {
+		t.Fatalf("an older reading replaced a newer one: %v", err)
+	}
+	// A view as new as the reading replaces it.
+	p.Observe("n001", Resources{CPU: 8, MemoryMB: 1, Sandboxes: 1}, 103)
+	caught := view
+	caught.UsedSeq = 103
+	if _, err := p.Candidates([]Node{caught}, one); err != nil {
+		t.Fatalf("a view at the reading's seq (empty) did not replace it: %v", err)
+	}
+	// Churn: a thousand creates and stops leave nothing counted.
+	for i := range 1000 {
+		r := p.Reserve("n001", one)
+		r.Done(Resources{CPU: 8, MemoryMB: 1, Sandboxes: 1}, uint64(1000+2*i))
+		p.Observe("n001", Resources{}, uint64(1001+2*i))
+	}
+	if got, err := p.Candidates([]Node{view}, one); err != nil || strings.Join(got, ",") != "n001" {
+		t.Fatalf("after churn: %v, %v; want n001", got, err)
+	}
+	// In flight alone never refuses: the node decides.
+	p.Reserve("n001", one)
+	if got, err := p.Candidates([]Node{view}, one); err != nil || strings.Join(got, ",") != "n001" {
+		t.Fatalf("with a create in flight: %v, %v; want n001", got, err)
 	}
 }

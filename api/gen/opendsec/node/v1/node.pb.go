@@ -1066,8 +1066,13 @@ func (x *CreateSandboxRequest) GetSkipWarmPool() bool {
 }
 
 type CreateSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// What the node's sandboxes have reserved right after this create, and
+	// its used_seq (see InfoResponse): placement counts the sandbox from
+	// here on, without waiting for the watcher.
+	Used          *Capacity `protobuf:"bytes,2,opt,name=used,proto3" json:"used,omitempty"`
+	UsedSeq       uint64    `protobuf:"varint,3,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1107,6 +1112,20 @@ func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
 		return x.Sandbox
 	}
 	return nil
+}
+
+func (x *CreateSandboxResponse) GetUsed() *Capacity {
+	if x != nil {
+		return x.Used
+	}
+	return nil
+}
+
+func (x *CreateSandboxResponse) GetUsedSeq() uint64 {
+	if x != nil {
+		return x.UsedSeq
+	}
+	return 0
 }
 
 type GetSandboxRequest struct {
@@ -1322,7 +1341,11 @@ func (x *StopSandboxRequest) GetSandboxId() string {
 }
 
 type StopSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the node's sandboxes have reserved right after this stop, and its
+	// used_seq (see InfoResponse).
+	Used          *Capacity `protobuf:"bytes,1,opt,name=used,proto3" json:"used,omitempty"`
+	UsedSeq       uint64    `protobuf:"varint,2,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1355,6 +1378,20 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *StopSandboxResponse) GetUsed() *Capacity {
+	if x != nil {
+		return x.Used
+	}
+	return nil
+}
+
+func (x *StopSandboxResponse) GetUsedSeq() uint64 {
+	if x != nil {
+		return x.UsedSeq
+	}
+	return 0
 }
 
 type SetTimeoutRequest struct {
@@ -1657,7 +1694,12 @@ type InfoResponse struct {
 	Now     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=now,proto3" json:"now,omitempty"`
 	Version string                 `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
 	// Images the node can start, by name.
-	Images        []string `protobuf:"bytes,9,rep,name=images,proto3" json:"images,omitempty"`
+	Images []string `protobuf:"bytes,9,rep,name=images,proto3" json:"images,omitempty"`
+	// Grows with every change to used (a create admitted, a sandbox
+	// released); of two readings of used, the one with the larger used_seq
+	// is the later. It starts at the node's start time in nanoseconds, so it
+	// keeps growing across node restarts.
+	UsedSeq       uint64 `protobuf:"varint,10,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1753,6 +1795,13 @@ func (x *InfoResponse) GetImages() []string {
 		return x.Images
 	}
 	return nil
+}
+
+func (x *InfoResponse) GetUsedSeq() uint64 {
+	if x != nil {
+		return x.UsedSeq
+	}
+	return 0
 }
 
 type PauseSandboxRequest struct {
@@ -2134,9 +2183,11 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.opendsec.node.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12$\n" +
-	"\x0eskip_warm_pool\x18\x04 \x01(\bR\fskipWarmPool\"L\n" +
+	"\x0eskip_warm_pool\x18\x04 \x01(\bR\fskipWarmPool\"\x97\x01\n" +
 	"\x15CreateSandboxResponse\x123\n" +
-	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\"2\n" +
+	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\x12.\n" +
+	"\x04used\x18\x02 \x01(\v2\x1a.opendsec.node.v1.CapacityR\x04used\x12\x19\n" +
+	"\bused_seq\x18\x03 \x01(\x04R\ausedSeq\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"I\n" +
@@ -2147,8 +2198,10 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x19.opendsec.node.v1.SandboxR\tsandboxes\"3\n" +
 	"\x12StopSandboxRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x15\n" +
-	"\x13StopSandboxResponse\"[\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"`\n" +
+	"\x13StopSandboxResponse\x12.\n" +
+	"\x04used\x18\x01 \x01(\v2\x1a.opendsec.node.v1.CapacityR\x04used\x12\x19\n" +
+	"\bused_seq\x18\x02 \x01(\x04R\ausedSeq\"[\n" +
 	"\x11SetTimeoutRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
@@ -2165,7 +2218,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xc8\x02\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xe3\x02\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -2175,7 +2228,9 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\ahealthy\x18\x06 \x01(\bR\ahealthy\x12,\n" +
 	"\x03now\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\x12\x16\n" +
-	"\x06images\x18\t \x03(\tR\x06images\"4\n" +
+	"\x06images\x18\t \x03(\tR\x06images\x12\x19\n" +
+	"\bused_seq\x18\n" +
+	" \x01(\x04R\ausedSeq\"4\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"K\n" +
@@ -2293,46 +2348,48 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	7,  // 18: opendsec.node.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
 	1,  // 19: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.node.v1.SandboxSpec
 	4,  // 20: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 21: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 22: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
-	4,  // 23: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	2,  // 24: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
-	4,  // 25: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	25, // 26: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
-	25, // 27: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	37, // 28: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	4,  // 29: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 30: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 31: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	12, // 32: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	14, // 33: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	16, // 34: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	18, // 35: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	20, // 36: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	22, // 37: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	24, // 38: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	27, // 39: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	29, // 40: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	31, // 41: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 42: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	10, // 43: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	13, // 44: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	15, // 45: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	17, // 46: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	19, // 47: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	21, // 48: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	23, // 49: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	26, // 50: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	28, // 51: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	30, // 52: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	32, // 53: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	9,  // 54: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	11, // 55: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	44, // [44:56] is the sub-list for method output_type
-	32, // [32:44] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	25, // 21: opendsec.node.v1.CreateSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	4,  // 22: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 23: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
+	25, // 24: opendsec.node.v1.StopSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	4,  // 25: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	2,  // 26: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
+	4,  // 27: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	25, // 28: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
+	25, // 29: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
+	37, // 30: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	4,  // 31: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 32: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 33: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	12, // 34: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	14, // 35: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	16, // 36: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	18, // 37: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	20, // 38: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	22, // 39: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	24, // 40: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	27, // 41: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	29, // 42: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	31, // 43: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 44: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	10, // 45: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	13, // 46: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	15, // 47: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	17, // 48: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	19, // 49: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	21, // 50: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	23, // 51: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	26, // 52: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	28, // 53: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	30, // 54: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	32, // 55: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	9,  // 56: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	11, // 57: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	46, // [46:58] is the sub-list for method output_type
+	34, // [34:46] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
