@@ -24,6 +24,19 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 note() { printf '    %s\n' "$*"; }
 die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
 
+CONFIG=/etc/opendsec/opendsec.json
+# The configuration the quickstart writes when there is none: the defaults,
+# except that an allowed name never opens a private address (see
+# docs/network.md, "Domains").
+quickstart_config() {
+  cat <<'JSON'
+{
+  "version": 1,
+  "node": {"network": {"refuse_private_dns_answers": true}}
+}
+JSON
+}
+
 systemd_pid1() { [ "$(ps -p 1 -o comm= 2>/dev/null)" = systemd ]; }
 
 stop_running() {
@@ -57,6 +70,10 @@ print(" ".join(s["id"] for s in d))' 2>/dev/null); do opendsecctl sandbox stop "
     systemctl daemon-reload 2>/dev/null || true
   fi
   for b in $BINS; do rm -f "/usr/local/bin/$b"; done
+  # Only the configuration the quickstart wrote, never an edited one.
+  if [ -f "$CONFIG" ] && [ "$(cat "$CONFIG")" = "$(quickstart_config)" ]; then
+    rm -f "$CONFIG"; rmdir /etc/opendsec 2>/dev/null || true
+  fi
   # --one-file-system: never descend into a mount (a layer still mounted by
   # another OpenDsec on this machine, e.g. a test system); say what is left.
   rm -rf --one-file-system "$LIB_DIR" "$DATA_DIR" "$LOG_DIR" "$RUN_DIR" /var/cache/opendsec "$OPS_DIR/demo.env" 2>/dev/null || true
@@ -116,6 +133,14 @@ note "installed $(echo $BINS) to /usr/local/bin, the agent and opendsec-init to 
 if [ $SKIP_IMAGES = 0 ]; then
   say "building the offline base images (cached after the first run)"
   bash "$REPO/deploy/images/build.sh" --data-dir "$DATA_DIR" --opendsec /usr/local/bin/opendsec
+fi
+
+if [ ! -e "$CONFIG" ]; then
+  install -d /etc/opendsec
+  quickstart_config > "$CONFIG"
+  note "wrote $CONFIG: domain rules never resolve to private addresses (node.network.refuse_private_dns_answers)"
+elif ! grep -q '"refuse_private_dns_answers"' "$CONFIG"; then
+  note "$CONFIG (yours, left alone) does not set node.network.refuse_private_dns_answers: an allowed name may open a private address (docs/network.md)"
 fi
 
 say "starting OpenDsec"

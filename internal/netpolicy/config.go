@@ -12,6 +12,15 @@ const (
 	DefaultPool     = "100.96.0.0/12"
 	DefaultNetNSDir = "/run/opendsec/netns"
 	DefaultMinTTL   = 10
+	// DefaultMaxTTL caps how long one DNS answer keeps an address open.
+	DefaultMaxTTL = 3600
+	// DefaultMaxDNSEntries is how many (name, address) pairs the DNS proxy
+	// remembers per sandbox; past it the ones closest to expiry go.
+	DefaultMaxDNSEntries = 4096
+	// DefaultDNSQueriesPerSecond and DefaultDNSQueryBurst are each
+	// sandbox's token bucket for queries to the DNS proxy.
+	DefaultDNSQueriesPerSecond = 200
+	DefaultDNSQueryBurst       = 500
 )
 
 // Config configures the network policy of one node. It is meant to live in
@@ -36,6 +45,25 @@ type Config struct {
 	// MinTTLSeconds is the shortest time an address learned through DNS
 	// stays allowed, so a client can connect after a TTL-0 answer.
 	MinTTLSeconds int `json:"min_dns_ttl_seconds"`
+	// MaxTTLSeconds is the longest time one answer keeps an address
+	// allowed, whatever TTL upstream gave. Default 3600.
+	MaxTTLSeconds int `json:"max_dns_ttl_seconds"`
+	// MaxDNSEntries bounds the (name, address) pairs remembered per
+	// sandbox (and so the elements of its domain sets); past it the pairs
+	// closest to expiry are dropped, from nftables too. Default 4096.
+	MaxDNSEntries int `json:"max_dns_entries"`
+	// DNSQueriesPerSecond and DNSQueryBurst are each sandbox's token bucket
+	// for DNS queries; a query over it is answered REFUSED. Defaults 200
+	// and 500.
+	DNSQueriesPerSecond float64 `json:"dns_queries_per_second"`
+	DNSQueryBurst       int     `json:"dns_query_burst"`
+	// RefusePrivateDNSAnswers drops A records in private, shared, loopback,
+	// link-local, multicast and reserved ranges (and the pool) from the
+	// answers for domain rules, so an allowed name cannot open an internal
+	// address (DNS rebinding). A CIDR rule of the sandbox that covers such
+	// an address still lets it through. Off by default; the quickstart
+	// turns it on.
+	RefusePrivateDNSAnswers bool `json:"refuse_private_dns_answers"`
 	// NodeNetNS is the network namespace (a path) that plays the node: where
 	// veths' host ends, nftables and the DNS proxy live. Empty means the
 	// namespace of the calling process (production). Tests use their own.
@@ -55,6 +83,18 @@ func (c Config) withDefaults(dataDir string) Config {
 	}
 	if c.MinTTLSeconds == 0 {
 		c.MinTTLSeconds = DefaultMinTTL
+	}
+	if c.MaxTTLSeconds == 0 {
+		c.MaxTTLSeconds = max(DefaultMaxTTL, c.MinTTLSeconds)
+	}
+	if c.MaxDNSEntries == 0 {
+		c.MaxDNSEntries = DefaultMaxDNSEntries
+	}
+	if c.DNSQueriesPerSecond == 0 {
+		c.DNSQueriesPerSecond = DefaultDNSQueriesPerSecond
+	}
+	if c.DNSQueryBurst == 0 {
+		c.DNSQueryBurst = max(DefaultDNSQueryBurst, int(c.DNSQueriesPerSecond))
 	}
 	return c
 }
@@ -87,6 +127,18 @@ func (c Config) Validate() error {
 	}
 	if c.MinTTLSeconds < 1 {
 		return errdefs.Invalid("network.min_dns_ttl_seconds", "must be positive")
+	}
+	if c.MaxTTLSeconds < c.MinTTLSeconds {
+		return errdefs.Invalid("network.max_dns_ttl_seconds", "%d must be at least min_dns_ttl_seconds (%d)", c.MaxTTLSeconds, c.MinTTLSeconds)
+	}
+	if c.MaxDNSEntries < 1 {
+		return errdefs.Invalid("network.max_dns_entries", "%d must be positive (default %d)", c.MaxDNSEntries, DefaultMaxDNSEntries)
+	}
+	if !(c.DNSQueriesPerSecond > 0) {
+		return errdefs.Invalid("network.dns_queries_per_second", "%v must be positive (default %d)", c.DNSQueriesPerSecond, DefaultDNSQueriesPerSecond)
+	}
+	if c.DNSQueryBurst < 1 {
+		return errdefs.Invalid("network.dns_query_burst", "%d must be positive (default %d)", c.DNSQueryBurst, DefaultDNSQueryBurst)
 	}
 	if err := ValidateRuleSets(c.RuleSets); err != nil {
 		return err

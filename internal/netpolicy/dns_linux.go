@@ -79,6 +79,21 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		reply(w, req, dns.RcodeRefused)
 		return
 	}
+	now := time.Now()
+	sb.mu.Lock()
+	if !sb.queries.allow(now, p.m.cfg.DNSQueriesPerSecond, p.m.cfg.DNSQueryBurst) {
+		sb.refused++
+		if now.Sub(sb.loggedAt) >= time.Minute {
+			log.G(p.ctx).Warn("dns queries over the rate limit refused", "sandbox.id", sb.st.ID,
+				"refused", sb.refused, "queries_per_second", p.m.cfg.DNSQueriesPerSecond, "burst", p.m.cfg.DNSQueryBurst)
+			sb.refused, sb.loggedAt = 0, now
+		}
+		sb.mu.Unlock()
+		p.m.dnsRateLimited.Add(1)
+		reply(w, req, dns.RcodeRefused)
+		return
+	}
+	sb.mu.Unlock()
 	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 {
 		reply(w, req, dns.RcodeFormatError)
 		return
@@ -86,20 +101,16 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	q := req.Question[0]
 	name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
 	sb.mu.Lock()
-	var sets []int
-	k := 0
+	matched := false
 	for _, r := range sb.rules {
-		if !r.isDomain() {
-			continue
+		if r.isDomain() && r.matches(name) {
+			matched = true
+			break
 		}
-		if r.matches(name) {
-			sets = append(sets, k)
-		}
-		k++
 	}
 	sb.mu.Unlock()
 	// A name no rule allows is never sent upstream: DNS carries nothing out.
-	if len(sets) == 0 || q.Qclass != dns.ClassINET {
+	if !matched || q.Qclass != dns.ClassINET {
 		reply(w, req, dns.RcodeNameError)
 		return
 	}
@@ -116,27 +127,67 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		reply(w, req, dns.RcodeServerFailure)
 		return
 	}
-	var addrs []netip.Addr
-	ttl := uint32(0)
-	for _, rr := range resp.Answer {
-		if a, ok := rr.(*dns.A); ok {
-			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
-				addrs = append(addrs, ip)
-				if ttl == 0 || a.Hdr.Ttl < ttl {
-					ttl = a.Hdr.Ttl
-				}
-			}
-		}
+	dropped, kept, err := p.m.admit(sb, name, resp)
+	if err != nil {
+		log.G(ctx).Warn("admit resolved addresses", "sandbox.id", sb.net.ID, "name", name, "error", err)
+		reply(w, req, dns.RcodeServerFailure)
+		return
 	}
-	if len(addrs) > 0 {
-		if err := p.m.admit(sb, name, addrs, time.Duration(ttl)*time.Second); err != nil {
-			log.G(ctx).Warn("admit resolved addresses", "sandbox.id", sb.net.ID, "name", name, "error", err)
-			reply(w, req, dns.RcodeServerFailure)
+	if dropped > 0 {
+		p.m.dnsPrivate.Add(1)
+		if kept == 0 {
+			// Every address was private: say so rather than answer nothing.
+			r := new(dns.Msg)
+			r.SetRcode(req, dns.RcodeRefused)
+			r.RecursionAvailable = true
+			withEDE(r, req, dns.ExtendedErrorCodeBlocked, "private addresses are refused for domain rules (node.network.refuse_private_dns_answers)")
+			w.WriteMsg(r)
 			return
 		}
+		withEDE(resp, req, dns.ExtendedErrorCodeFiltered, "private addresses removed for domain rules (node.network.refuse_private_dns_answers)")
 	}
 	resp.Id = req.Id
 	w.WriteMsg(resp)
+}
+
+// withEDE adds an extended DNS error (RFC 8914) to r when the query spoke
+// EDNS.
+func withEDE(r, req *dns.Msg, code uint16, text string) {
+	if req.IsEdns0() == nil {
+		return
+	}
+	opt := r.IsEdns0()
+	if opt == nil {
+		r.SetEdns0(dns.DefaultMsgSize, false)
+		opt = r.IsEdns0()
+	}
+	opt.Option = append(opt.Option, &dns.EDNS0_EDE{InfoCode: code, ExtraText: text})
+}
+
+// privateRanges are what RefusePrivateDNSAnswers keeps out of answers for
+// domain rules (the node's pool lies in 100.64.0.0/10; it is checked too).
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
+	netip.MustParsePrefix("10.0.0.0/8"),     // RFC 1918
+	netip.MustParsePrefix("100.64.0.0/10"),  // RFC 6598 shared space (CGNAT, sandbox pools)
+	netip.MustParsePrefix("127.0.0.0/8"),    // loopback
+	netip.MustParsePrefix("169.254.0.0/16"), // link-local, cloud metadata
+	netip.MustParsePrefix("172.16.0.0/12"),  // RFC 1918
+	netip.MustParsePrefix("192.168.0.0/16"), // RFC 1918
+	netip.MustParsePrefix("224.0.0.0/4"),    // multicast
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
+}
+
+func (m *Manager) isPrivate(a netip.Addr) bool {
+	if m.pool.Contains(a) {
+		return true
+	}
+	for _, p := range privateRanges {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // forward asks the upstream servers in turn, from the node namespace.
@@ -185,33 +236,73 @@ func (p *dnsProxy) exchange(ctx context.Context, req *dns.Msg, upstream string, 
 	return resp, nil
 }
 
-// admit records addrs for name and adds them to every domain set of sb
-// whose rule matches name, for at least the configured minimum TTL.
-func (m *Manager) admit(sb *sandbox, name string, addrs []netip.Addr, ttl time.Duration) error {
-	if min := time.Duration(m.cfg.MinTTLSeconds) * time.Second; ttl < min {
-		ttl = min
-	}
+// admit adds the A records of resp (an answer for name) to every domain
+// set of sb whose rule matches name, for their TTL clamped to the
+// configured bounds, and returns once the kernel has them. With
+// RefusePrivateDNSAnswers it first removes private addresses from resp
+// (unless a CIDR rule of sb covers them: those stay in the answer and are
+// left to that rule) and reports how many it removed and how many A
+// records are left.
+func (m *Manager) admit(sb *sandbox, name string, resp *dns.Msg) (dropped, kept int, err error) {
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	var sets []int
-	k := 0
-	for _, r := range sb.rules {
-		if !r.isDomain() {
+	var addrs []netip.Addr
+	ttl := uint32(0)
+	answer := resp.Answer[:0]
+	for _, rr := range resp.Answer {
+		a, ok := rr.(*dns.A)
+		if !ok {
+			answer = append(answer, rr)
 			continue
 		}
-		if r.matches(name) {
-			sets = append(sets, k)
+		ip, ok := netip.AddrFromSlice(a.A.To4())
+		if !ok {
+			continue
 		}
-		k++
+		if m.cfg.RefusePrivateDNSAnswers && m.isPrivate(ip) {
+			if !coveredByCIDR(sb.rules, ip) {
+				dropped++
+				continue
+			}
+			answer = append(answer, rr)
+			kept++
+			continue
+		}
+		answer = append(answer, rr)
+		kept++
+		addrs = append(addrs, ip)
+		if ttl == 0 || a.Hdr.Ttl < ttl {
+			ttl = a.Hdr.Ttl
+		}
 	}
-	if len(sets) == 0 {
-		return nil // rules changed while the query was upstream
+	resp.Answer = answer
+	matched := false
+	for _, r := range sb.rules {
+		if r.isDomain() && r.matches(name) {
+			matched = true
+			break
+		}
 	}
-	exp := time.Now().Add(ttl)
-	for _, a := range addrs {
-		sb.learned = append(sb.learned, learned{name: name, addr: a, expires: exp})
+	if len(addrs) == 0 || !matched {
+		// Nothing to admit, or the rules changed while the query was
+		// upstream.
+		sb.mu.Unlock()
+		return dropped, kept, nil
 	}
-	m.nftMu.Lock()
-	defer m.nftMu.Unlock()
-	return m.nft.admit(sb.st.ID, sets, addrs, ttl)
+	ops := m.learn(sb, name, addrs, time.Duration(ttl)*time.Second, time.Now())
+	done := m.enqueue(sb, ops)
+	sb.mu.Unlock()
+	if err := m.wait(done); err != nil {
+		return dropped, kept, fmt.Errorf("admit resolved addresses: %w", err)
+	}
+	return dropped, kept, nil
+}
+
+// coveredByCIDR reports whether a CIDR rule of rules contains a.
+func coveredByCIDR(rules []rule, a netip.Addr) bool {
+	for _, r := range rules {
+		if !r.isDomain() && r.prefix.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -40,10 +41,19 @@ type persisted struct {
 type sandbox struct {
 	// mu serialises rule changes and DNS admissions of this sandbox.
 	mu      sync.Mutex
-	st      persisted // guarded by mu
-	rules   []rule    // guarded by mu
-	learned []learned // guarded by mu
-	net     Network
+	st      persisted  // guarded by mu
+	rules   []rule     // guarded by mu
+	learned learnedSet // guarded by mu
+	// queries is the sandbox's DNS rate limit; refused counts queries it
+	// refused since the last log line about them (at loggedAt).
+	queries  bucket    // guarded by mu
+	refused  int       // guarded by mu
+	loggedAt time.Time // guarded by mu
+	// gen changes (under mu) whenever the sandbox's domain sets are
+	// rebuilt or removed, so queued element changes for the old ones are
+	// dropped.
+	gen atomic.Uint64
+	net Network
 }
 
 // Manager owns the network of every sandbox on a node.
@@ -61,6 +71,18 @@ type Manager struct {
 	byAddr    map[netip.Addr]*sandbox // guarded by mu
 
 	dns *dnsProxy
+
+	// nftQ feeds flushLoop the DNS answers' element changes; stop ends
+	// flushLoop and sweepLoop (bg).
+	nftQ chan nftReq
+	stop chan struct{}
+	bg   sync.WaitGroup
+
+	learnedTotal   atomic.Int64
+	dnsEvicted     atomic.Uint64
+	dnsRateLimited atomic.Uint64
+	dnsPrivate     atomic.Uint64
+	nftFlushes     atomic.Uint64
 }
 
 // New prepares the node (nft table, DNS address, forwarding), loads the
@@ -71,7 +93,8 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, pool: netip.MustParsePrefix(cfg.Pool), sandboxes: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}}
+	m := &Manager{cfg: cfg, pool: netip.MustParsePrefix(cfg.Pool), sandboxes: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{},
+		nftQ: make(chan nftReq, 1024), stop: make(chan struct{})}
 	var err error
 	if m.alloc, err = newAllocator(filepath.Join(cfg.StateDir, "addrs"), m.pool); err != nil {
 		return nil, err
@@ -122,6 +145,9 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 	if err := m.load(); err != nil {
 		return fail(err)
 	}
+	m.bg.Add(2)
+	go m.flushLoop()
+	go m.sweepLoop()
 	m.dns, err = startDNS(ctx, m)
 	if err != nil {
 		return fail(err)
@@ -134,6 +160,14 @@ func (m *Manager) Close() error {
 	var err error
 	if m.dns != nil {
 		err = m.dns.close()
+	}
+	if m.stop != nil {
+		select {
+		case <-m.stop:
+		default:
+			close(m.stop)
+		}
+		m.bg.Wait()
 	}
 	if m.nft != nil {
 		err = errors.Join(err, m.nft.c.CloseLasting())
@@ -519,13 +553,8 @@ func waitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
 // apply installs sb's rules; sb.mu is held.
 func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
 	now := time.Now()
-	live := sb.learned[:0]
-	for _, l := range sb.learned {
-		if l.expires.After(now) {
-			live = append(live, l)
-		}
-	}
-	sb.learned = live
+	m.learnedTotal.Add(-int64(sb.learned.prune(now)))
+	live := sb.learned.list(now)
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	return m.nft.applySandbox(sandboxSpec{
@@ -556,6 +585,7 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
 	}
 	old, oldRules := sb.st, sb.rules
 	sb.st, sb.rules = st, resolved
+	sb.gen.Add(1)
 	if err := m.apply(sb, old.DomainSets, true); err != nil {
 		sb.st, sb.rules = old, oldRules
 		if werr := m.writeState(old); werr != nil {
@@ -574,7 +604,7 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
 }
 
 func (m *Manager) policyOf(sb *sandbox) flowPolicy {
-	return flowPolicy{rules: sb.rules, learned: append([]learned(nil), sb.learned...), dns: m.alloc.dnsAddr(), pool: m.pool, explicit: m.nft.protectedExplicit}
+	return flowPolicy{rules: sb.rules, learned: sb.learned.list(time.Now()), dns: m.alloc.dnsAddr(), pool: m.pool, explicit: m.nft.protectedExplicit}
 }
 
 // ctFilter matches flows from src whose destination cut reports true.
@@ -669,6 +699,9 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	id := sb.st.ID
 	var errs []error
+	sb.gen.Add(1)
+	m.learnedTotal.Add(-int64(sb.learned.len()))
+	sb.learned = learnedSet{}
 	m.nftMu.Lock()
 	err := m.nft.removeSandbox(id, HostIfName(id), max(sb.st.DomainSets, 16))
 	m.nftMu.Unlock()

@@ -363,33 +363,6 @@ func (n *nftState) removeSandbox(id, hostIf string, domainSets int) error {
 	return nil
 }
 
-// admit adds addrs to the given domain sets of a sandbox for ttl.
-func (n *nftState) admit(id string, setIdx []int, addrs []netip.Addr, ttl time.Duration) error {
-	var elems []nftables.SetElement
-	for _, a := range addrs {
-		b := a.As4()
-		elems = append(elems, nftables.SetElement{Key: b[:], Timeout: ttl})
-	}
-	for _, k := range setIdx {
-		ds := n.dset(domainSet(id, k))
-		// Delete then add refreshes the timeout of an element that exists;
-		// adding it first makes the delete valid when it does not.
-		if err := n.c.SetAddElements(ds, elems); err != nil {
-			return fmt.Errorf("add nft set elements: %w", err)
-		}
-		if err := n.c.SetDeleteElements(ds, elems); err != nil {
-			return fmt.Errorf("delete nft set elements: %w", err)
-		}
-		if err := n.c.SetAddElements(ds, elems); err != nil {
-			return fmt.Errorf("add nft set elements: %w", err)
-		}
-	}
-	if err := n.c.Flush(); err != nil {
-		return fmt.Errorf("admit resolved addresses: %w", err)
-	}
-	return nil
-}
-
 // leftovers lists the sandbox IDs that own chains or domain sets in the
 // table, with the number of domain sets each has.
 func (n *nftState) leftovers() (map[string]int, error) {

@@ -73,6 +73,11 @@ func newMetrics(n *Node) *metrics {
 			Help: "Prestarted warm-pool sandboxes ready to be taken (0 when the pool is off).",
 		}, func() float64 { return float64(n.pool.readyCount()) }),
 	)
+	// The network policy (internal/netpolicy's Manager) reports its DNS
+	// proxy's counters: refused queries, remembered addresses.
+	if c, ok := n.cfg.Network.(prometheus.Collector); ok {
+		m.reg.MustRegister(c)
+	}
 	return m
 }
 

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
@@ -106,4 +108,35 @@ func gaugeFunc(t *testing.T, reg prometheus.Gatherer, name string) prometheus.Co
 	}
 	v := mf.GetMetric()[0].GetGauge().GetValue()
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: "copy"}, func() float64 { return v })
+}
+
+// collectingNet is a Network that also reports metrics, as netpolicy's
+// Manager does.
+type collectingNet struct{ desc *prometheus.Desc }
+
+func (c collectingNet) Validate(netpolicy.Rules) error { return nil }
+func (c collectingNet) Setup(context.Context, string, netpolicy.Rules) (netpolicy.Network, error) {
+	return netpolicy.Network{}, nil
+}
+func (c collectingNet) Planned(id string) netpolicy.Network                     { return netpolicy.Network{ID: id} }
+func (c collectingNet) SetRules(context.Context, string, netpolicy.Rules) error { return nil }
+func (c collectingNet) Teardown(context.Context, string) error                  { return nil }
+func (c collectingNet) Recover(context.Context, func(string) bool) (netpolicy.RecoverReport, error) {
+	return netpolicy.RecoverReport{}, nil
+}
+func (c collectingNet) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectingNet) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, 7, "rate_limited")
+}
+
+// TestMetricsIncludeNetwork: the network policy's metrics (the DNS proxy's
+// refusals) are on the node's registry.
+func TestMetricsIncludeNetwork(t *testing.T) {
+	f := newFakeFixture(t)
+	f.cfg.Network = collectingNet{desc: prometheus.NewDesc("opendsec_node_dns_refused_total", "test", []string{"reason"}, nil)}
+	n := f.open(t)
+	mf := gathered(t, n.Registry(), "opendsec_node_dns_refused_total")
+	if len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetCounter().GetValue() != 7 {
+		t.Errorf("opendsec_node_dns_refused_total = %v, want 7", mf.GetMetric())
+	}
 }

@@ -27,12 +27,13 @@ start_system() {
     images+=("$1"); shift
   done
   API=$(free_port); NODE=$(free_port); WATCH=$(free_port); E2B=$(free_port)
-  local network='"network": {"netns_dir": "'"$dd"'/netns"}'
+  # Like the quickstart: an allowed name never opens a private address.
+  local network='"network": {"netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true}'
   if [ "${OPENDSEC_HOST_NETWORK:-}" != 1 ]; then
     SYSTEM_NETNS=odsys$$
     ip netns add "$SYSTEM_NETNS"
     ip -n "$SYSTEM_NETNS" link set lo up
-    network='"network": {"enabled": true, "node_netns": "/run/netns/'"$SYSTEM_NETNS"'", "netns_dir": "'"$dd"'/netns"}'
+    network='"network": {"enabled": true, "node_netns": "/run/netns/'"$SYSTEM_NETNS"'", "netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true}'
   fi
   cat > "$dd/opendsec.json" <<JSON
 {
