@@ -498,6 +498,9 @@ func TestSecurityExecOutputRunShellKeepsTheDefaultLimit(t *testing.T) {
 		t.Fatalf("truncated=%v stdout %d/%d stderr %d/%d exit %d", res.OutputTruncated,
 			len(res.Stdout), res.StdoutBytes, len(res.Stderr), res.StderrBytes, res.ExitCode)
 	}
+	if got := srv.ExecStarts()[0].GetOutputLimitBytes(); got != 16<<20 {
+		t.Fatalf("output_limit_bytes sent = %d, want 16 MiB (the server enforces it too)", got)
+	}
 
 	res, err = c.RunShell(t.Context(), sb.Id, "yes", opendsec.WithOutputLimit(1<<20+3))
 	if err != nil {

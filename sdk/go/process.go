@@ -38,6 +38,11 @@ type ExecOptions struct {
 	PTY *PtySize
 	// Tag names the process so it can be found later.
 	Tag string
+	// OutputLimit, when > 0, has the server send at most this many bytes
+	// of each of stdout and stderr (PTY output counts as stdout) and drop
+	// the rest; the process still runs to its end and ExitStatus reports
+	// OutputTruncated and the full byte counts. 0 sends everything.
+	OutputLimit int64
 
 	// Stdout and Stderr receive the process's output as it arrives. Exec
 	// keeps none of it: bound what your writers keep (RunShell keeps at
@@ -56,9 +61,12 @@ type ExitStatus struct {
 	Status string
 	// TimedOut reports whether ExecOptions.Timeout killed the process.
 	TimedOut bool
-	// OutputTruncated reports whether output was dropped because it was
-	// read too slowly.
+	// OutputTruncated reports whether the server dropped output past
+	// ExecOptions.OutputLimit.
 	OutputTruncated bool
+	// StdoutBytes and StderrBytes count what the process wrote to each
+	// stream, sent or dropped (0 from servers that do not count).
+	StdoutBytes, StderrBytes int64
 }
 
 // Process is a running process in a sandbox, started with Exec. Its output
@@ -85,14 +93,15 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions) (*Proces
 		return nil, invalid("command", "must not be empty; give the program and its arguments")
 	}
 	start := &opendsecv1.ExecStart{
-		SandboxId:      id,
-		Command:        opts.Command,
-		Env:            opts.Env,
-		Cwd:            opts.Cwd,
-		User:           opts.User,
-		Stdin:          opts.Stdin,
-		TimeoutSeconds: int64((opts.Timeout + time.Second - 1) / time.Second),
-		Tag:            opts.Tag,
+		SandboxId:        id,
+		Command:          opts.Command,
+		Env:              opts.Env,
+		Cwd:              opts.Cwd,
+		User:             opts.User,
+		Stdin:            opts.Stdin,
+		TimeoutSeconds:   int64((opts.Timeout + time.Second - 1) / time.Second),
+		Tag:              opts.Tag,
+		OutputLimitBytes: max(opts.OutputLimit, 0),
 	}
 	if opts.PTY != nil {
 		start.Pty = &opendsecv1.PtySize{Cols: opts.PTY.Cols, Rows: opts.PTY.Rows}
@@ -163,6 +172,8 @@ func (p *Process) handle(resp *opendsecv1.ExecResponse) bool {
 			Status:          ev.Exit.GetStatus(),
 			TimedOut:        ev.Exit.GetTimedOut(),
 			OutputTruncated: ev.Exit.GetOutputTruncated(),
+			StdoutBytes:     ev.Exit.GetStdoutTotalBytes(),
+			StderrBytes:     ev.Exit.GetStderrTotalBytes(),
 		}
 		return true
 	}
@@ -305,7 +316,10 @@ func (c *Client) RunShell(ctx context.Context, id, cmd string, opts ...RunOption
 		o(&rc)
 	}
 	stdout, stderr := &limitedBuffer{limit: rc.limit}, &limitedBuffer{limit: rc.limit}
-	p, err := c.Exec(ctx, id, ExecOptions{Command: []string{"/bin/sh", "-c", cmd}, Stdout: stdout, Stderr: stderr, Timeout: rc.timeout})
+	// The server enforces the limit too, so what is dropped never crosses
+	// the network; the buffers bound memory with servers that do not.
+	p, err := c.Exec(ctx, id, ExecOptions{Command: []string{"/bin/sh", "-c", cmd}, Stdout: stdout, Stderr: stderr,
+		Timeout: rc.timeout, OutputLimit: rc.limit})
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +331,7 @@ func (c *Client) RunShell(ctx context.Context, id, cmd string, opts ...RunOption
 		Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: st.ExitCode, Status: st.Status,
 		TimedOut:        st.TimedOut,
 		OutputTruncated: st.OutputTruncated || stdout.truncated() || stderr.truncated(),
-		StdoutBytes:     stdout.total, StderrBytes: stderr.total,
+		StdoutBytes:     max(stdout.total, st.StdoutBytes), StderrBytes: max(stderr.total, st.StderrBytes),
 	}, nil
 }
 

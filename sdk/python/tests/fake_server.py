@@ -261,6 +261,17 @@ class FakeServer(
                 if i < err_mib:
                     yield pb.ExecResponse(stderr=chunk)
             yield pb.ExecResponse(exit=pb.ExecExit(exit_code=0, status="exit status 0"))
+        elif cmd == "server-capped":
+            yield pb.ExecResponse(stdout=b"head")
+            yield pb.ExecResponse(
+                exit=pb.ExecExit(
+                    exit_code=0,
+                    status="exit status 0",
+                    output_truncated=True,
+                    stdout_total_bytes=5000,
+                    stderr_total_bytes=7,
+                )
+            )
         elif cmd == "hang":
             await asyncio.Event().wait()
         elif cmd == "vanish":

@@ -341,7 +341,9 @@ def _reset_peak_rss() -> None:
         f.write("5")
 
 
-async def test_security_exec_output_run_shell_keeps_at_most_the_default_limit(client: DSecClient) -> None:
+async def test_security_exec_output_run_shell_keeps_at_most_the_default_limit(
+    client: DSecClient, server: FakeServer
+) -> None:
     sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
     mib = 1024 * 1024
     assert opendsec.OUTPUT_LIMIT == 16 * mib
@@ -350,6 +352,8 @@ async def test_security_exec_output_run_shell_keeps_at_most_the_default_limit(cl
     assert (len(r.stdout_bytes), r.stdout_total) == (16 * mib, 20 * mib)
     assert (len(r.stderr_bytes), r.stderr_total) == (2 * mib, 2 * mib)
     assert r.stdout_bytes[:4] == b"y\ny\n"  # the head is kept
+    # The server is asked to enforce it too (this fake, like an old server, does not).
+    assert server.exec_requests[0].start.output_limit_bytes == 16 * mib
 
 
 async def test_security_exec_output_limit_is_settable(client: DSecClient) -> None:
@@ -363,6 +367,14 @@ async def test_security_exec_output_limit_is_settable(client: DSecClient) -> Non
     assert not full.output_truncated and len(full.stdout_bytes) == 3 * mib == full.stdout_total
     under = await sb.run_shell("flood 1 0")
     assert not under.output_truncated and len(under.stdout_bytes) == mib
+
+
+async def test_security_exec_output_counts_come_from_the_server(client: DSecClient, server: FakeServer) -> None:
+    # A server that enforces output_limit_bytes sends the head and the totals.
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    r = await sb.run_shell("server-capped")
+    assert r.output_truncated and r.stdout_bytes == b"head"
+    assert (r.stdout_total, r.stderr_total) == (5000, 7)
     with pytest.raises(ValueError, match="output_limit"):
         sb.exec("flood 1 0", output_limit=-1)
 

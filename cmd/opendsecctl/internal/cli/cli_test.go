@@ -222,8 +222,11 @@ func TestSecurityExecOutputLimit(t *testing.T) {
 	id := createOne(t, srv)
 	r := run(t, srv, "", "sandbox", "exec", id, "--output-limit", "1MiB", "--", "yes")
 	if r.code != 3 || len(r.stdout) != 1<<20 || !strings.HasPrefix(r.stderr, "small\n") ||
-		!strings.Contains(r.stderr, "stdout truncated: wrote 1048576 of 8388608 bytes (--output-limit)") {
+		!strings.Contains(r.stderr, "output truncated at --output-limit 1048576: stdout 8388608 bytes, stderr 6 bytes produced") {
 		t.Fatalf("exec --output-limit 1MiB: exit %d, %d bytes of stdout, stderr %q", r.code, len(r.stdout), r.stderr)
+	}
+	if got := srv.ExecStarts()[0].GetOutputLimitBytes(); got != 1<<20 {
+		t.Fatalf("output_limit_bytes sent = %d, want 1 MiB (the server enforces it)", got)
 	}
 	// Without the flag everything streams through.
 	if r := run(t, srv, "", "sandbox", "exec", id, "--", "yes"); r.code != 3 || len(r.stdout) != 8<<20 || strings.Contains(r.stderr, "truncated") {

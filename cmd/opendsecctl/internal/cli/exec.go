@@ -53,28 +53,17 @@ func (a *app) execCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			stdout, stderr := a.stdout, a.stderr
-			var capped []*cappedWriter
-			if limit > 0 {
-				o, e := &cappedWriter{w: stdout, limit: limit}, &cappedWriter{w: stderr, limit: limit}
-				stdout, stderr, capped = o, e, []*cappedWriter{o, e}
-			}
-			err = a.exec(cmd.Context(), c, args[0], opendsec.ExecOptions{
-				Command: args[1:],
-				Env:     envMap,
-				Cwd:     cwd,
-				User:    user,
-				Stdin:   stdin,
-				Timeout: secondsDuration(secs),
-				Stdout:  stdout,
-				Stderr:  stderr,
+			return a.exec(cmd.Context(), c, args[0], opendsec.ExecOptions{
+				Command:     args[1:],
+				Env:         envMap,
+				Cwd:         cwd,
+				User:        user,
+				Stdin:       stdin,
+				Timeout:     secondsDuration(secs),
+				Stdout:      a.stdout,
+				Stderr:      a.stderr,
+				OutputLimit: limit,
 			}, tty)
-			for i, name := range []string{"stdout", "stderr"} {
-				if i < len(capped) && capped[i].total > limit {
-					fmt.Fprintf(a.stderr, "opendsecctl: %s truncated: wrote %d of %d bytes (--output-limit)\n", name, limit, capped[i].total)
-				}
-			}
-			return err
 		},
 	}
 	f := cmd.Flags()
@@ -141,6 +130,13 @@ func (a *app) exec(ctx context.Context, c *opendsec.Client, id string, opts open
 			}
 		}
 	}
+	// The server enforces OutputLimit; the capped writers hold to it with
+	// servers that do not.
+	var capOut, capErr *cappedWriter
+	if opts.OutputLimit > 0 {
+		capOut, capErr = &cappedWriter{w: opts.Stdout, limit: opts.OutputLimit}, &cappedWriter{w: opts.Stderr, limit: opts.OutputLimit}
+		opts.Stdout, opts.Stderr = capOut, capErr
+	}
 	p, err := c.Exec(ctx, id, opts)
 	if err != nil {
 		return err
@@ -185,8 +181,11 @@ func (a *app) exec(ctx context.Context, c *opendsec.Client, id string, opts open
 	if st.TimedOut {
 		fmt.Fprintf(a.stderr, "opendsecctl: process killed after --timeout\n")
 	}
-	if st.OutputTruncated {
-		fmt.Fprintf(a.stderr, "opendsecctl: the server dropped some output (read too slowly or past its output limit)\n")
+	if capOut != nil && (st.OutputTruncated || capOut.total > opts.OutputLimit || capErr.total > opts.OutputLimit) {
+		fmt.Fprintf(a.stderr, "opendsecctl: output truncated at --output-limit %d: stdout %d bytes, stderr %d bytes produced\n",
+			opts.OutputLimit, max(capOut.total, st.StdoutBytes), max(capErr.total, st.StderrBytes))
+	} else if st.OutputTruncated {
+		fmt.Fprintf(a.stderr, "opendsecctl: the server dropped some output\n")
 	}
 	if code := exitCode(st); code != 0 {
 		return &exitError{code: code}

@@ -276,8 +276,8 @@ class ExecProcess:
             pid=self._pid,
             stdout_bytes=out,
             stderr_bytes=err,
-            stdout_total=self._stdout_total,
-            stderr_total=self._stderr_total,
+            stdout_total=max(self._stdout_total, self._exit.stdout_total_bytes),
+            stderr_total=max(self._stderr_total, self._exit.stderr_total_bytes),
         )
 
     async def _finish(self) -> None:
@@ -694,6 +694,9 @@ class Sandbox:
         proc = self.exec(
             cmd, env=env, cwd=cwd, user=user, stdin=stdin is not None, timeout=timeout, output_limit=output_limit
         )
+        # The server enforces the limit too, so the dropped output never
+        # crosses the network (exec cannot: the caller may stream all of it).
+        proc._start_msg.output_limit_bytes = output_limit or 0
         await proc.start()
         try:
             if stdin is not None:
