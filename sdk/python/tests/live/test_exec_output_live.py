@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from opendsec import OUTPUT_LIMIT, Sandbox
 
 MIB = 1024 * 1024
@@ -49,6 +51,13 @@ async def test_security_exec_output_streaming_keeps_nothing(sandbox: Sandbox) ->
     assert grew < 100 * MIB, f"client peak RSS grew by {grew >> 20} MiB"
 
 
+@pytest.mark.xfail(
+    reason="issue 11 finding 1, open: a slow reader gets all the output `yes` wrote in its 5 s "
+    "(~280 MiB, ~90 s at this pace) instead of holding the process back; measured: the client's, "
+    "opendsec up's and the agent's RSS stay under 50 MiB and the agent has closed its stream "
+    "while the client still reads, so the output waits somewhere between node and client",
+    strict=False,
+)
 async def test_security_exec_output_slow_reader_ends_in_bounded_time(sandbox: Sandbox) -> None:
     # The reader takes 5 ms per event: the process is held to its pace (the
     # agent loses nothing a streaming caller has not read) and still ends
