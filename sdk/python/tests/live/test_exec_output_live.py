@@ -52,10 +52,10 @@ async def test_security_exec_output_streaming_keeps_nothing(sandbox: Sandbox) ->
 
 
 @pytest.mark.xfail(
-    reason="issue 11 finding 1, open: a slow reader gets all the output `yes` wrote in its 5 s "
-    "(~280 MiB, ~90 s at this pace) instead of holding the process back; measured: the client's, "
-    "opendsec up's and the agent's RSS stay under 50 MiB and the agent has closed its stream "
-    "while the client still reads, so the output waits somewhere between node and client",
+    reason="issue 11 finding 1, open: reading 5 ms per event, the call lasts 75-100 s and delivers "
+    "200-300 MiB although `yes` is dead 5 s in; during the read no process (client, opendsec up, "
+    "agent) grows past 50 MiB RSS and no TCP or unix socket has queued data, so where it waits "
+    "is not found yet",
     strict=False,
 )
 async def test_security_exec_output_slow_reader_ends_in_bounded_time(sandbox: Sandbox) -> None:
