@@ -125,6 +125,32 @@ func TestExec(t *testing.T) {
 	}
 }
 
+func TestSecurityExecOutputLimit(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	// The server sends at most output_limit_bytes of each stream and counts
+	// the rest; the process still runs to its end.
+	r, err := e.run(&v1.ExecStart{SandboxId: id, Command: []string{"flood"}, OutputLimitBytes: 2500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := r.exit
+	if len(r.stdout) != 2500 || len(r.stderr) != 2500 || !x.GetOutputTruncated() ||
+		x.GetStdoutTotalBytes() != 10000 || x.GetStderrTotalBytes() != 3000 || x.GetExitCode() != 0 {
+		t.Fatalf("limit 2500: stdout %d stderr %d, exit %v", len(r.stdout), len(r.stderr), x)
+	}
+	// Without a limit all of it comes, with the counts.
+	r, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"flood"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := r.exit; len(r.stdout) != 10000 || len(r.stderr) != 3000 || x.GetOutputTruncated() || x.GetStdoutTotalBytes() != 10000 {
+		t.Fatalf("no limit: stdout %d stderr %d, exit %v", len(r.stdout), len(r.stderr), x)
+	}
+	_, err = e.run(&v1.ExecStart{SandboxId: id, Command: []string{"flood"}, OutputLimitBytes: -1})
+	wantField(t, err, "output_limit_bytes")
+}
+
 func TestExecValidation(t *testing.T) {
 	e := setup(t, nil, "n001")
 	id := e.create(busybox()).GetId()

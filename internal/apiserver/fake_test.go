@@ -1,6 +1,7 @@
 package apiserver_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -367,6 +368,19 @@ func (a *fakeAgent) Start(ctx context.Context, req *connect.Request[process.Star
 	case "whoami":
 		if err := out([]byte(userOf(req.Header()) + "\n")); err != nil {
 			return err
+		}
+		return end(0, true, "exit status 0")
+	case "flood":
+		// flood: 10 stdout chunks of 1000 bytes, then 3 of stderr.
+		for range 10 {
+			if err := out(bytes.Repeat([]byte("o"), 1000)); err != nil {
+				return err
+			}
+		}
+		for range 3 {
+			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stderr{Stderr: bytes.Repeat([]byte("e"), 1000)}}}}); err != nil {
+				return err
+			}
 		}
 		return end(0, true, "exit status 0")
 	case "fail":

@@ -42,6 +42,9 @@ func validateStart(st *v1.ExecStart) error {
 	if st.GetCwd() != "" && !validPath(st.GetCwd()) {
 		return errdefs.Invalid("cwd", "must be UTF-8 without NUL bytes")
 	}
+	if st.GetOutputLimitBytes() < 0 {
+		return errdefs.Invalid("output_limit_bytes", "%d must be ≥ 0 (0 means no limit)", st.GetOutputLimitBytes())
+	}
 	if st.Pty != nil {
 		if err := checkPtySize("pty", st.GetPty()); err != nil {
 			return err
@@ -120,6 +123,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	defer out.Close()
 
 	var inputOnce sync.Once
+	outCap := outputCap{limit: st.GetOutputLimitBytes()}
 	for out.Receive() {
 		switch e := out.Msg().GetEvent().GetEvent().(type) {
 		case *process.ProcessEvent_Start:
@@ -132,19 +136,28 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 			var r *v1.ExecResponse
 			switch d := e.Data.GetOutput().(type) {
 			case *process.ProcessEvent_DataEvent_Stdout:
-				r = &v1.ExecResponse{Event: &v1.ExecResponse_Stdout{Stdout: d.Stdout}}
+				if b := outCap.take(false, d.Stdout); len(b) > 0 {
+					r = &v1.ExecResponse{Event: &v1.ExecResponse_Stdout{Stdout: b}}
+				}
 			case *process.ProcessEvent_DataEvent_Stderr:
-				r = &v1.ExecResponse{Event: &v1.ExecResponse_Stderr{Stderr: d.Stderr}}
+				if b := outCap.take(true, d.Stderr); len(b) > 0 {
+					r = &v1.ExecResponse{Event: &v1.ExecResponse_Stderr{Stderr: b}}
+				}
 			case *process.ProcessEvent_DataEvent_Pty:
-				r = &v1.ExecResponse{Event: &v1.ExecResponse_Pty{Pty: d.Pty}}
-			default:
-				continue
+				if b := outCap.take(false, d.Pty); len(b) > 0 {
+					r = &v1.ExecResponse{Event: &v1.ExecResponse_Pty{Pty: b}}
+				}
+			}
+			if r == nil {
+				continue // past the output limit: read and dropped
 			}
 			if err := stream.Send(r); err != nil {
 				return err
 			}
 		case *process.ProcessEvent_End:
-			return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: exitOf(e.End, timeout, time.Since(started))}})
+			x := exitOf(e.End, timeout, time.Since(started))
+			outCap.report(x)
+			return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: x}})
 		}
 	}
 	err = out.Err()
@@ -153,14 +166,49 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 		return cause
 	}
 	if timeout > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded {
-		return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: &v1.ExecExit{
-			ExitCode: -1, Status: fmt.Sprintf("killed after timeout_seconds=%d", st.GetTimeoutSeconds()), TimedOut: true,
-		}}})
+		x := &v1.ExecExit{ExitCode: -1, Status: fmt.Sprintf("killed after timeout_seconds=%d", st.GetTimeoutSeconds()), TimedOut: true}
+		outCap.report(x)
+		return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: x}})
 	}
 	if err == nil {
 		err = errdefs.New(errdefs.ErrUnavailable, "the agent ended the process stream without an exit event; the sandbox may have stopped")
 	}
 	return a.agentErr(ctx, "process stream", err)
+}
+
+// outputCap enforces ExecStart.output_limit_bytes: it passes at most limit
+// bytes of each stream (stdout and PTY output together, stderr) and counts
+// every byte, so the exit can report what was produced.
+type outputCap struct {
+	limit            int64 // 0: no limit
+	stdout, stderr   int64 // bytes produced
+	sentOut, sentErr int64
+	truncated        bool
+}
+
+// take counts b and returns the part of it to send.
+func (c *outputCap) take(isStderr bool, b []byte) []byte {
+	total, sent := &c.stdout, &c.sentOut
+	if isStderr {
+		total, sent = &c.stderr, &c.sentErr
+	}
+	*total += int64(len(b))
+	if c.limit == 0 {
+		*sent += int64(len(b))
+		return b
+	}
+	room := c.limit - *sent
+	if room < int64(len(b)) {
+		c.truncated = true
+		b = b[:max(room, 0)]
+	}
+	*sent += int64(len(b))
+	return b
+}
+
+func (c *outputCap) report(x *v1.ExecExit) {
+	x.StdoutTotalBytes, x.StderrTotalBytes = c.stdout, c.stderr
+	x.OutputTruncated = x.OutputTruncated || c.truncated
 }
 
 func exitOf(end *process.ProcessEvent_EndEvent, timeout, ran time.Duration) *v1.ExecExit {

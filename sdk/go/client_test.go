@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -461,6 +462,78 @@ func TestRunShell(t *testing.T) {
 	if res.Stdout != "42\n" || res.Stderr != "oops\n" || res.ExitCode != 7 {
 		t.Fatalf("result = %+v", res)
 	}
+}
+
+// flood is a fake process writing outMiB MiB to stdout and errMiB MiB to
+// stderr in 1 MiB chunks.
+func flood(outMiB, errMiB int) opendsectest.ExecFunc {
+	return func(ctx context.Context, start *opendsecv1.ExecStart, eio opendsectest.ExecIO) (int32, string) {
+		chunk := bytes.Repeat([]byte("y\n"), 512<<10)
+		for i := range max(outMiB, errMiB) {
+			if i < outMiB {
+				eio.Stdout(chunk)
+			}
+			if i < errMiB {
+				eio.Stderr(chunk)
+			}
+		}
+		return 0, "exit status 0"
+	}
+}
+
+func TestSecurityExecOutputRunShellKeepsTheDefaultLimit(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.Exec = flood(20, 2)
+	c := newClient(t, srv)
+	sb := create(t, c)
+	res, err := c.RunShell(t.Context(), sb.Id, "yes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opendsec.DefaultOutputLimit != 16<<20 {
+		t.Fatalf("DefaultOutputLimit = %d, want 16 MiB", opendsec.DefaultOutputLimit)
+	}
+	if !res.OutputTruncated || len(res.Stdout) != 16<<20 || res.StdoutBytes != 20<<20 ||
+		len(res.Stderr) != 2<<20 || res.StderrBytes != 2<<20 || res.ExitCode != 0 {
+		t.Fatalf("truncated=%v stdout %d/%d stderr %d/%d exit %d", res.OutputTruncated,
+			len(res.Stdout), res.StdoutBytes, len(res.Stderr), res.StderrBytes, res.ExitCode)
+	}
+	if got := srv.ExecStarts()[0].GetOutputLimitBytes(); got != 16<<20 {
+		t.Fatalf("output_limit_bytes sent = %d, want 16 MiB (the server enforces it too)", got)
+	}
+
+	res, err = c.RunShell(t.Context(), sb.Id, "yes", opendsec.WithOutputLimit(1<<20+3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OutputTruncated || len(res.Stdout) != 1<<20+3 || len(res.Stderr) != 1<<20+3 {
+		t.Fatalf("limit 1 MiB+3: truncated=%v stdout %d stderr %d", res.OutputTruncated, len(res.Stdout), len(res.Stderr))
+	}
+	res, err = c.RunShell(t.Context(), sb.Id, "yes", opendsec.WithOutputLimit(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OutputTruncated || len(res.Stdout) != 20<<20 {
+		t.Fatalf("no limit: truncated=%v stdout %d", res.OutputTruncated, len(res.Stdout))
+	}
+}
+
+func TestSecurityExecOutputRunShellMemoryIsBounded(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.Exec = flood(256, 0)
+	c := newClient(t, srv)
+	sb := create(t, c)
+	res, err := c.RunShell(t.Context(), sb.Id, "yes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if res.StdoutBytes != 256<<20 || ms.HeapAlloc > 64<<20 {
+		t.Fatalf("after 256 MiB of output: counted %d bytes, heap holds %d MiB (want < 64)", res.StdoutBytes, ms.HeapAlloc>>20)
+	}
+	runtime.KeepAlive(res)
 }
 
 func TestExecContextCancel(t *testing.T) {

@@ -38,8 +38,15 @@ type ExecOptions struct {
 	PTY *PtySize
 	// Tag names the process so it can be found later.
 	Tag string
+	// OutputLimit, when > 0, has the server send at most this many bytes
+	// of each of stdout and stderr (PTY output counts as stdout) and drop
+	// the rest; the process still runs to its end and ExitStatus reports
+	// OutputTruncated and the full byte counts. 0 sends everything.
+	OutputLimit int64
 
-	// Stdout and Stderr receive the process's output as it arrives.
+	// Stdout and Stderr receive the process's output as it arrives. Exec
+	// keeps none of it: bound what your writers keep (RunShell keeps at
+	// most DefaultOutputLimit bytes of each).
 	Stdout, Stderr io.Writer
 	// OnStdout and OnStderr are called with each output chunk, after the
 	// writers. The slice is not reused.
@@ -54,9 +61,12 @@ type ExitStatus struct {
 	Status string
 	// TimedOut reports whether ExecOptions.Timeout killed the process.
 	TimedOut bool
-	// OutputTruncated reports whether output was dropped because it was
-	// read too slowly.
+	// OutputTruncated reports whether the server dropped output past
+	// ExecOptions.OutputLimit.
 	OutputTruncated bool
+	// StdoutBytes and StderrBytes count what the process wrote to each
+	// stream, sent or dropped (0 from servers that do not count).
+	StdoutBytes, StderrBytes int64
 }
 
 // Process is a running process in a sandbox, started with Exec. Its output
@@ -83,14 +93,15 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions) (*Proces
 		return nil, invalid("command", "must not be empty; give the program and its arguments")
 	}
 	start := &opendsecv1.ExecStart{
-		SandboxId:      id,
-		Command:        opts.Command,
-		Env:            opts.Env,
-		Cwd:            opts.Cwd,
-		User:           opts.User,
-		Stdin:          opts.Stdin,
-		TimeoutSeconds: int64((opts.Timeout + time.Second - 1) / time.Second),
-		Tag:            opts.Tag,
+		SandboxId:        id,
+		Command:          opts.Command,
+		Env:              opts.Env,
+		Cwd:              opts.Cwd,
+		User:             opts.User,
+		Stdin:            opts.Stdin,
+		TimeoutSeconds:   int64((opts.Timeout + time.Second - 1) / time.Second),
+		Tag:              opts.Tag,
+		OutputLimitBytes: max(opts.OutputLimit, 0),
 	}
 	if opts.PTY != nil {
 		start.Pty = &opendsecv1.PtySize{Cols: opts.PTY.Cols, Rows: opts.PTY.Rows}
@@ -161,6 +172,8 @@ func (p *Process) handle(resp *opendsecv1.ExecResponse) bool {
 			Status:          ev.Exit.GetStatus(),
 			TimedOut:        ev.Exit.GetTimedOut(),
 			OutputTruncated: ev.Exit.GetOutputTruncated(),
+			StdoutBytes:     ev.Exit.GetStdoutTotalBytes(),
+			StderrBytes:     ev.Exit.GetStderrTotalBytes(),
 		}
 		return true
 	}
@@ -250,23 +263,63 @@ func (p *Process) Wait() (*ExitStatus, error) {
 	return p.exit, nil
 }
 
+// DefaultOutputLimit is how many bytes of each output stream (stdout,
+// stderr) RunShell keeps unless WithOutputLimit says otherwise. Output past
+// it is counted, not kept, and the Result has OutputTruncated set.
+const DefaultOutputLimit = 16 << 20
+
 // Result is the outcome of RunShell.
 type Result struct {
+	// Stdout and Stderr are the first output-limit bytes of each stream.
 	Stdout   string
 	Stderr   string
 	ExitCode int
 	// Status is e.g. "exit status 1" or "signal: killed".
 	Status string
+	// TimedOut reports whether the process's timeout killed it.
+	TimedOut bool
+	// OutputTruncated reports that output is missing: a stream produced
+	// more than the output limit (see StdoutBytes, StderrBytes), or the
+	// server dropped output read too slowly.
+	OutputTruncated bool
+	// StdoutBytes and StderrBytes count every byte the process wrote to
+	// each stream, kept or not.
+	StdoutBytes, StderrBytes int64
 }
 
+// RunOption changes how RunShell runs its command.
+type RunOption func(*runConfig)
+
+type runConfig struct {
+	limit   int64
+	timeout time.Duration
+}
+
+// WithOutputLimit keeps at most n bytes of each output stream in the
+// Result (default DefaultOutputLimit); n < 0 keeps everything. The command
+// still runs to its end: output past the limit is read and dropped.
+func WithOutputLimit(n int64) RunOption { return func(c *runConfig) { c.limit = n } }
+
+// WithTimeout kills the command after d (see ExecOptions.Timeout).
+func WithTimeout(d time.Duration) RunOption { return func(c *runConfig) { c.timeout = d } }
+
 // RunShell runs cmd with /bin/sh -c in sandbox id, waits for it and returns
-// its output. A non-zero exit code is in the Result, not an error.
-func (c *Client) RunShell(ctx context.Context, id, cmd string) (*Result, error) {
+// its output, at most DefaultOutputLimit bytes of each stream unless
+// WithOutputLimit says otherwise. A non-zero exit code is in the Result,
+// not an error.
+func (c *Client) RunShell(ctx context.Context, id, cmd string, opts ...RunOption) (*Result, error) {
 	if cmd == "" {
 		return nil, invalid("command", "must not be empty")
 	}
-	var stdout, stderr bytes.Buffer
-	p, err := c.Exec(ctx, id, ExecOptions{Command: []string{"/bin/sh", "-c", cmd}, Stdout: &stdout, Stderr: &stderr})
+	rc := runConfig{limit: DefaultOutputLimit}
+	for _, o := range opts {
+		o(&rc)
+	}
+	stdout, stderr := &limitedBuffer{limit: rc.limit}, &limitedBuffer{limit: rc.limit}
+	// The server enforces the limit too, so what is dropped never crosses
+	// the network; the buffers bound memory with servers that do not.
+	p, err := c.Exec(ctx, id, ExecOptions{Command: []string{"/bin/sh", "-c", cmd}, Stdout: stdout, Stderr: stderr,
+		Timeout: rc.timeout, OutputLimit: rc.limit})
 	if err != nil {
 		return nil, err
 	}
@@ -274,5 +327,30 @@ func (c *Client) RunShell(ctx context.Context, id, cmd string) (*Result, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: st.ExitCode, Status: st.Status}, nil
+	return &Result{
+		Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: st.ExitCode, Status: st.Status,
+		TimedOut:        st.TimedOut,
+		OutputTruncated: st.OutputTruncated || stdout.truncated() || stderr.truncated(),
+		StdoutBytes:     max(stdout.total, st.StdoutBytes), StderrBytes: max(stderr.total, st.StderrBytes),
+	}, nil
 }
+
+// limitedBuffer keeps the first limit bytes written to it (all if limit < 0)
+// and counts the rest. Writes never fail, so the stream keeps draining.
+type limitedBuffer struct {
+	buf   bytes.Buffer
+	limit int64
+	total int64
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.total += int64(len(p))
+	if room := b.limit - int64(b.buf.Len()); b.limit < 0 || room >= int64(len(p)) {
+		b.buf.Write(p)
+	} else if room > 0 {
+		b.buf.Write(p[:room])
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) truncated() bool { return b.limit >= 0 && b.total > b.limit }

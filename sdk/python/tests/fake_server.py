@@ -251,6 +251,27 @@ class FakeServer(
                 elif kind == "signal":
                     yield pb.ExecResponse(exit=pb.ExecExit(exit_code=-1, status=f"signal: {req.signal}"))
                     break
+        elif cmd.startswith("flood "):
+            # "flood OUT_MIB ERR_MIB": that much output in 1 MiB chunks.
+            out_mib, err_mib = (int(x) for x in cmd.split()[1:3])
+            chunk = b"y\n" * (512 * 1024)
+            for i in range(max(out_mib, err_mib)):
+                if i < out_mib:
+                    yield pb.ExecResponse(stdout=chunk)
+                if i < err_mib:
+                    yield pb.ExecResponse(stderr=chunk)
+            yield pb.ExecResponse(exit=pb.ExecExit(exit_code=0, status="exit status 0"))
+        elif cmd == "server-capped":
+            yield pb.ExecResponse(stdout=b"head")
+            yield pb.ExecResponse(
+                exit=pb.ExecExit(
+                    exit_code=0,
+                    status="exit status 0",
+                    output_truncated=True,
+                    stdout_total_bytes=5000,
+                    stderr_total_bytes=7,
+                )
+            )
         elif cmd == "hang":
             await asyncio.Event().wait()
         elif cmd == "vanish":

@@ -326,6 +326,81 @@ async def test_run_shell_result_fields(client: DSecClient) -> None:
     assert u.stdout_bytes == b"\xff\xfebad utf8" and u.stdout.endswith("bad utf8")
 
 
+def _peak_rss() -> int:
+    """The process's peak resident memory in bytes (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+async def test_security_exec_output_run_shell_keeps_at_most_the_default_limit(
+    client: DSecClient, server: FakeServer
+) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    mib = 1024 * 1024
+    assert opendsec.OUTPUT_LIMIT == 16 * mib
+    r = await sb.run_shell("flood 20 2")
+    assert r.output_truncated and r.exit_code == 0
+    assert (len(r.stdout_bytes), r.stdout_total) == (16 * mib, 20 * mib)
+    assert (len(r.stderr_bytes), r.stderr_total) == (2 * mib, 2 * mib)
+    assert r.stdout_bytes[:4] == b"y\ny\n"  # the head is kept
+    # The server is asked to enforce it too (this fake, like an old server, does not).
+    assert server.exec_requests[0].start.output_limit_bytes == 16 * mib
+
+
+async def test_security_exec_output_limit_is_settable(client: DSecClient) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    mib = 1024 * 1024
+    r = await sb.run_shell("flood 3 3", output_limit=mib + 5)
+    assert r.output_truncated
+    assert (len(r.stdout_bytes), len(r.stderr_bytes)) == (mib + 5, mib + 5)
+    assert (r.stdout_total, r.stderr_total) == (3 * mib, 3 * mib)
+    full = await sb.run_shell("flood 3 0", output_limit=None)
+    assert not full.output_truncated and len(full.stdout_bytes) == 3 * mib == full.stdout_total
+    under = await sb.run_shell("flood 1 0")
+    assert not under.output_truncated and len(under.stdout_bytes) == mib
+
+
+async def test_security_exec_output_counts_come_from_the_server(client: DSecClient, server: FakeServer) -> None:
+    # A server that enforces output_limit_bytes sends the head and the totals.
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    r = await sb.run_shell("server-capped")
+    assert r.output_truncated and r.stdout_bytes == b"head"
+    assert (r.stdout_total, r.stderr_total) == (5000, 7)
+    with pytest.raises(ValueError, match="output_limit"):
+        sb.exec("flood 1 0", output_limit=-1)
+
+
+async def test_security_exec_output_memory_stays_bounded(client: DSecClient) -> None:
+    # 256 MiB of output: the client keeps 16 MiB of it, and holds nothing
+    # while the caller iterates.
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    _reset_peak_rss()
+    base = _peak_rss()
+    r = await sb.run_shell("flood 256 0")
+    assert r.output_truncated and r.stdout_total == 256 * 1024 * 1024
+    assert _peak_rss() - base < 100 * 1024 * 1024, f"peak RSS grew by {(_peak_rss() - base) >> 20} MiB"
+    del r
+    _reset_peak_rss()
+    base = _peak_rss()
+    n = 0
+    async with sb.exec("flood 256 0") as proc:
+        async for ev in proc:
+            n += len(ev.data)
+        streamed = await proc.wait()
+    assert n == streamed.stdout_total == 256 * 1024 * 1024
+    assert streamed.stdout_bytes == b"" and not streamed.output_truncated
+    assert _peak_rss() - base < 100 * 1024 * 1024, f"peak RSS grew by {(_peak_rss() - base) >> 20} MiB"
+
+
 async def test_run_shell_stdin(client: DSecClient, server: FakeServer) -> None:
     sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
     r = await sb.run_shell("cat", stdin="hello\n")
@@ -342,7 +417,9 @@ async def test_exec_streams_events_in_order(client: DSecClient) -> None:
     events = [(e.stream, e.text) async for e in proc]
     assert events == [("stdout", "one\n"), ("stderr", "two\n"), ("stdout", "three\n")]
     r = await proc.wait()
-    assert r.exit_code == 3 and r.stdout == "one\nthree\n"
+    # The events were the output: iterating keeps none of it, only counts.
+    assert r.exit_code == 3 and r.stdout == "" and (r.stdout_total, r.stderr_total) == (10, 4)
+    assert not r.output_truncated
 
 
 async def test_exec_interactive_stdin(client: DSecClient) -> None:
@@ -356,7 +433,7 @@ async def test_exec_interactive_stdin(client: DSecClient) -> None:
         assert (await it.__anext__()).text == "pong\n"
         await proc.close_stdin()
         r = await proc.wait()
-    assert r.stdout == "ping\npong\n" and r.exit_code == 0
+    assert r.stdout == "" and r.stdout_total == 10 and r.exit_code == 0
     with pytest.raises(FailedPreconditionError, match="exited"):
         await proc.send_stdin("late")
 
@@ -372,7 +449,7 @@ async def test_exec_signal_and_resize(client: DSecClient, server: FakeServer) ->
     await proc.signal(15)
     r = await proc.wait()
     assert (r.exit_code, r.status) == (-1, "signal: 15")
-    assert r.stdout == "size 120x40\n"  # PTY output lands in stdout
+    assert r.stdout_total == len("size 120x40\n")  # PTY output counts as stdout
 
 
 async def test_exec_context_manager_kills_a_running_process(client: DSecClient, server: FakeServer) -> None:

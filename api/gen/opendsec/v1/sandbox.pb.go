@@ -2036,9 +2036,15 @@ type ExecStart struct {
 	// Run on a pseudo-terminal of this size.
 	Pty *PtySize `protobuf:"bytes,8,opt,name=pty,proto3" json:"pty,omitempty"`
 	// Optional tag to find the process later.
-	Tag           string `protobuf:"bytes,9,opt,name=tag,proto3" json:"tag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tag string `protobuf:"bytes,9,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Per-stream output cap in bytes: the server sends at most this many
+	// bytes of stdout (a PTY's output counts as stdout) and of stderr, and
+	// reads and drops the rest, so the process still runs to its end; the
+	// exit then has output_truncated and the full byte counts. 0 = no limit
+	// (the SDKs' run_shell / RunShell send 16 MiB).
+	OutputLimitBytes int64 `protobuf:"varint,10,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -2132,6 +2138,13 @@ func (x *ExecStart) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *ExecStart) GetOutputLimitBytes() int64 {
+	if x != nil {
+		return x.OutputLimitBytes
+	}
+	return 0
 }
 
 type PtySize struct {
@@ -2499,10 +2512,14 @@ type ExecExit struct {
 	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
 	// True when the process lifetime (timeout_seconds) killed it.
 	TimedOut bool `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
-	// True when output was dropped because the client read too slowly.
+	// True when output was dropped: a stream passed start.output_limit_bytes.
 	OutputTruncated bool `protobuf:"varint,4,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Bytes the process wrote to stdout (with a PTY: to the terminal) and to
+	// stderr, sent or dropped.
+	StdoutTotalBytes int64 `protobuf:"varint,5,opt,name=stdout_total_bytes,json=stdoutTotalBytes,proto3" json:"stdout_total_bytes,omitempty"`
+	StderrTotalBytes int64 `protobuf:"varint,6,opt,name=stderr_total_bytes,json=stderrTotalBytes,proto3" json:"stderr_total_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ExecExit) Reset() {
@@ -2561,6 +2578,20 @@ func (x *ExecExit) GetOutputTruncated() bool {
 		return x.OutputTruncated
 	}
 	return false
+}
+
+func (x *ExecExit) GetStdoutTotalBytes() int64 {
+	if x != nil {
+		return x.StdoutTotalBytes
+	}
+	return 0
+}
+
+func (x *ExecExit) GetStderrTotalBytes() int64 {
+	if x != nil {
+		return x.StderrTotalBytes
+	}
+	return 0
 }
 
 type ProcessInfo struct {
@@ -4619,7 +4650,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\x84\x01\n" +
 	"\x17ResumeSandboxesResponse\x122\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x14.opendsec.v1.SandboxR\tsandboxes\x125\n" +
-	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"\xce\x02\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"\xfc\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -4630,7 +4661,9 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x05stdin\x18\x06 \x01(\bR\x05stdin\x12'\n" +
 	"\x0ftimeout_seconds\x18\a \x01(\x03R\x0etimeoutSeconds\x12&\n" +
 	"\x03pty\x18\b \x01(\v2\x14.opendsec.v1.PtySizeR\x03pty\x12\x10\n" +
-	"\x03tag\x18\t \x01(\tR\x03tag\x1a6\n" +
+	"\x03tag\x18\t \x01(\tR\x03tag\x12,\n" +
+	"\x12output_limit_bytes\x18\n" +
+	" \x01(\x03R\x10outputLimitBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
@@ -4653,12 +4686,14 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04exit\x18\x05 \x01(\v2\x15.opendsec.v1.ExecExitH\x00R\x04exitB\a\n" +
 	"\x05event\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x87\x01\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\"\xe3\x01\n" +
 	"\bExecExit\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1b\n" +
 	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12)\n" +
-	"\x10output_truncated\x18\x04 \x01(\bR\x0foutputTruncated\"]\n" +
+	"\x10output_truncated\x18\x04 \x01(\bR\x0foutputTruncated\x12,\n" +
+	"\x12stdout_total_bytes\x18\x05 \x01(\x03R\x10stdoutTotalBytes\x12,\n" +
+	"\x12stderr_total_bytes\x18\x06 \x01(\x03R\x10stderrTotalBytes\"]\n" +
 	"\vProcessInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x10\n" +

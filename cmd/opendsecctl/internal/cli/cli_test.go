@@ -209,6 +209,34 @@ func TestExec(t *testing.T) {
 	}
 }
 
+func TestSecurityExecOutputLimit(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.Exec = func(ctx context.Context, start *opendsecv1.ExecStart, eio opendsectest.ExecIO) (int32, string) {
+		chunk := bytes.Repeat([]byte("y\n"), 512<<10)
+		for range 8 {
+			eio.Stdout(chunk)
+		}
+		eio.Stderr([]byte("small\n"))
+		return 3, "exit status 3"
+	}
+	id := createOne(t, srv)
+	r := run(t, srv, "", "sandbox", "exec", id, "--output-limit", "1MiB", "--", "yes")
+	if r.code != 3 || len(r.stdout) != 1<<20 || !strings.HasPrefix(r.stderr, "small\n") ||
+		!strings.Contains(r.stderr, "output truncated at --output-limit 1048576: stdout 8388608 bytes, stderr 6 bytes produced") {
+		t.Fatalf("exec --output-limit 1MiB: exit %d, %d bytes of stdout, stderr %q", r.code, len(r.stdout), r.stderr)
+	}
+	if got := srv.ExecStarts()[0].GetOutputLimitBytes(); got != 1<<20 {
+		t.Fatalf("output_limit_bytes sent = %d, want 1 MiB (the server enforces it)", got)
+	}
+	// Without the flag everything streams through.
+	if r := run(t, srv, "", "sandbox", "exec", id, "--", "yes"); r.code != 3 || len(r.stdout) != 8<<20 || strings.Contains(r.stderr, "truncated") {
+		t.Fatalf("exec without a limit: exit %d, %d bytes of stdout, stderr %q", r.code, len(r.stdout), r.stderr)
+	}
+	if r := run(t, srv, "", "sandbox", "exec", id, "--output-limit", "lots", "--", "yes"); r.code != 1 || !strings.Contains(r.stderr, "is not a byte count") {
+		t.Fatalf("bad --output-limit: %+v", r)
+	}
+}
+
 func TestExecSignalExitCode(t *testing.T) {
 	srv := opendsectest.New(t, token)
 	srv.Exec = func(ctx context.Context, start *opendsecv1.ExecStart, eio opendsectest.ExecIO) (int32, string) {

@@ -21,6 +21,7 @@ func (a *app) execCommand() *cobra.Command {
 	var (
 		env                []string
 		cwd, user, timeout string
+		outputLimit        string
 		tty, stdin         bool
 	)
 	cmd := &cobra.Command{
@@ -44,19 +45,24 @@ func (a *app) execCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			limit, err := parseBytes("output-limit", outputLimit)
+			if err != nil {
+				return err
+			}
 			c, err := a.connect()
 			if err != nil {
 				return err
 			}
 			return a.exec(cmd.Context(), c, args[0], opendsec.ExecOptions{
-				Command: args[1:],
-				Env:     envMap,
-				Cwd:     cwd,
-				User:    user,
-				Stdin:   stdin,
-				Timeout: secondsDuration(secs),
-				Stdout:  a.stdout,
-				Stderr:  a.stderr,
+				Command:     args[1:],
+				Env:         envMap,
+				Cwd:         cwd,
+				User:        user,
+				Stdin:       stdin,
+				Timeout:     secondsDuration(secs),
+				Stdout:      a.stdout,
+				Stderr:      a.stderr,
+				OutputLimit: limit,
 			}, tty)
 		},
 	}
@@ -67,7 +73,44 @@ func (a *app) execCommand() *cobra.Command {
 	f.BoolVarP(&tty, "tty", "t", false, "run on a terminal; puts the local terminal in raw mode and forwards its size")
 	f.BoolVarP(&stdin, "stdin", "i", false, "forward standard input")
 	f.StringVar(&timeout, "timeout", "", "kill the process after this long, e.g. 30s (default: no limit)")
+	f.StringVar(&outputLimit, "output-limit", "", "write at most this many bytes of each of stdout and stderr, e.g. 16MiB; the rest is read and dropped (default: no limit; nothing is buffered)")
 	return cmd
+}
+
+// cappedWriter writes the first limit bytes to w and counts the rest. It
+// never fails, so the process's stream keeps draining.
+type cappedWriter struct {
+	w     io.Writer
+	limit int64
+	total int64
+}
+
+func (c *cappedWriter) Write(p []byte) (int, error) {
+	room := c.limit - c.total
+	c.total += int64(len(p))
+	if room > 0 {
+		_, _ = c.w.Write(p[:min(room, int64(len(p)))]) // a failing local writer must not stall the stream
+	}
+	return len(p), nil
+}
+
+// parseBytes reads a byte count: a plain number or one with a KiB, MiB or
+// GiB suffix. Empty is 0.
+func parseBytes(flag, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	num, mult := s, int64(1)
+	for suffix, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if n, ok := strings.CutSuffix(s, suffix); ok {
+			num, mult = n, m
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, usagef("--%s: %q is not a byte count; use e.g. 1048576, 512KiB, 16MiB or 1GiB", flag, s)
+	}
+	return n * mult, nil
 }
 
 // exec runs one process and returns an *exitError with its exit code.
@@ -86,6 +129,13 @@ func (a *app) exec(ctx context.Context, c *opendsec.Client, id string, opts open
 				opts.PTY = &opendsec.PtySize{Cols: uint32(w), Rows: uint32(h)}
 			}
 		}
+	}
+	// The server enforces OutputLimit; the capped writers hold to it with
+	// servers that do not.
+	var capOut, capErr *cappedWriter
+	if opts.OutputLimit > 0 {
+		capOut, capErr = &cappedWriter{w: opts.Stdout, limit: opts.OutputLimit}, &cappedWriter{w: opts.Stderr, limit: opts.OutputLimit}
+		opts.Stdout, opts.Stderr = capOut, capErr
 	}
 	p, err := c.Exec(ctx, id, opts)
 	if err != nil {
@@ -131,8 +181,11 @@ func (a *app) exec(ctx context.Context, c *opendsec.Client, id string, opts open
 	if st.TimedOut {
 		fmt.Fprintf(a.stderr, "opendsecctl: process killed after --timeout\n")
 	}
-	if st.OutputTruncated {
-		fmt.Fprintf(a.stderr, "opendsecctl: some output was dropped because it was read too slowly\n")
+	if capOut != nil && (st.OutputTruncated || capOut.total > opts.OutputLimit || capErr.total > opts.OutputLimit) {
+		fmt.Fprintf(a.stderr, "opendsecctl: output truncated at --output-limit %d: stdout %d bytes, stderr %d bytes produced\n",
+			opts.OutputLimit, max(capOut.total, st.StdoutBytes), max(capErr.total, st.StderrBytes))
+	} else if st.OutputTruncated {
+		fmt.Fprintf(a.stderr, "opendsecctl: the server dropped some output\n")
 	}
 	if code := exitCode(st); code != 0 {
 		return &exitError{code: code}

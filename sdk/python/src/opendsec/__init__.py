@@ -37,7 +37,7 @@ from opendsec.errors import (
 )
 from opendsec.images import GCResult, Image, ImageConfig, ImageLayer, Images, ImportProgress, VerifyResult
 from opendsec.ports import PortStream
-from opendsec.sandbox import CHUNK_SIZE, ExecProcess, Files, Sandbox
+from opendsec.sandbox import CHUNK_SIZE, OUTPUT_LIMIT, ExecProcess, Files, Sandbox
 from opendsec.types import (
     DSecRunArgs,
     ExecEvent,
@@ -60,6 +60,7 @@ __version__ = "0.1.0"
 # that "from opendsec import *" does not shadow the builtin; use DSecTimeoutError.
 __all__ = [
     "CHUNK_SIZE",
+    "OUTPUT_LIMIT",
     "AlreadyExistsError",
     "AuthenticationError",
     "BatchFailure",

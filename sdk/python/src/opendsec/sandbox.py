@@ -39,10 +39,16 @@ from opendsec.types import (
     _headers,
 )
 
-__all__ = ["CHUNK_SIZE", "SHELL", "ExecProcess", "Files", "Sandbox"]
+__all__ = ["CHUNK_SIZE", "OUTPUT_LIMIT", "SHELL", "ExecProcess", "Files", "Sandbox"]
 
 #: Size of the data chunks :meth:`Files.write` streams.
 CHUNK_SIZE = 1024 * 1024
+
+#: How many bytes of each output stream (stdout, stderr) :meth:`Sandbox.run_shell`
+#: and :meth:`ExecProcess.wait` keep by default. Past it the output is counted,
+#: not kept, and the result has ``output_truncated=True``. Change it per call
+#: with ``output_limit=`` (``None`` keeps everything).
+OUTPUT_LIMIT = 16 * 1024 * 1024
 
 #: The shell :meth:`Sandbox.run_shell` and string commands run under.
 SHELL = ("/bin/sh", "-c")
@@ -76,11 +82,25 @@ class ExecProcess:
             print(event.stream, event.text)
         result = await proc.wait()        # ExecResult
 
-    All output is also collected, so :meth:`wait` returns the full stdout and
-    stderr even after iterating.
+    Unless the caller iterates, the output is collected for :meth:`wait`, up to
+    ``output_limit`` bytes per stream (default :data:`OUTPUT_LIMIT`, 16 MiB);
+    past that it is counted but not kept and the result has
+    ``output_truncated=True``. The process keeps running to its end: the SDK
+    keeps reading (and dropping) its output. Once the caller iterates, nothing
+    is kept: the events are the output, and :meth:`wait` then returns empty
+    ``stdout``/``stderr`` with the byte counts in ``stdout_total`` /
+    ``stderr_total``.
     """
 
-    def __init__(self, conn: Conn, start: pb.ExecStart, give_up_after: float | None) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        start: pb.ExecStart,
+        give_up_after: float | None,
+        output_limit: int | None = OUTPUT_LIMIT,
+    ) -> None:
+        if output_limit is not None and output_limit < 0:
+            raise ValueError("output_limit must be >= 0 bytes, or None to keep all output")
         self._conn = conn
         self._start_msg = start
         self._give_up_after = give_up_after
@@ -92,6 +112,13 @@ class ExecProcess:
         self._pending: list[ExecEvent] = []
         self._stdout = bytearray()
         self._stderr = bytearray()
+        self._limit = output_limit
+        # Bytes produced per stream, kept or not.
+        self._stdout_total = 0
+        self._stderr_total = 0
+        self._truncated = False
+        # Set once the caller iterates: from then on nothing is kept.
+        self._streaming = False
         self._read_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
@@ -184,9 +211,25 @@ class ExecProcess:
             return None
         if kind in ("stdout", "stderr", "pty"):
             data: bytes = getattr(msg, kind)
-            (self._stderr if kind == "stderr" else self._stdout).extend(data)
+            self._keep(kind == "stderr", data)
             return ExecEvent(stream=kind, data=data)
         return None  # an event this SDK does not know yet
+
+    def _keep(self, is_stderr: bool, data: bytes) -> None:
+        """Count data and keep what fits under the limit (nothing while streaming)."""
+        if is_stderr:
+            self._stderr_total += len(data)
+            buf = self._stderr
+        else:
+            self._stdout_total += len(data)
+            buf = self._stdout
+        if self._streaming:
+            return
+        room = len(data) if self._limit is None else self._limit - len(buf)
+        if room < len(data):
+            self._truncated = True
+        if room > 0:
+            buf.extend(data[:room] if room < len(data) else data)
 
     async def _next_event(self) -> ExecEvent | None:
         """The next output event, or None once the process exited."""
@@ -201,6 +244,11 @@ class ExecProcess:
 
     async def __aiter__(self) -> AsyncIterator[ExecEvent]:
         await self.start()
+        # The caller gets the output as events: keep none of it, so a long
+        # or endless output costs no memory here.
+        self._streaming = True
+        self._stdout = bytearray()
+        self._stderr = bytearray()
         while True:
             ev = await self._next_event()
             if ev is None:
@@ -208,7 +256,10 @@ class ExecProcess:
             yield ev
 
     async def wait(self) -> ExecResult:
-        """Wait for the process to exit and return its result with all output."""
+        """Wait for the process to exit and return its result with the kept output.
+
+        Output past ``output_limit`` per stream, or any output once the caller
+        iterated, is counted in ``stdout_total``/``stderr_total`` but not kept."""
         await self.start()
         while await self._next_event() is not None:
             pass
@@ -221,10 +272,12 @@ class ExecProcess:
             exit_code=self._exit.exit_code,
             status=self._exit.status,
             timed_out=self._exit.timed_out,
-            output_truncated=self._exit.output_truncated,
+            output_truncated=self._exit.output_truncated or self._truncated,
             pid=self._pid,
             stdout_bytes=out,
             stderr_bytes=err,
+            stdout_total=max(self._stdout_total, self._exit.stdout_total_bytes),
+            stderr_total=max(self._stderr_total, self._exit.stderr_total_bytes),
         )
 
     async def _finish(self) -> None:
@@ -579,6 +632,7 @@ class Sandbox:
         timeout: float | None = None,
         pty: tuple[int, int] | None = None,
         tag: str = "",
+        output_limit: int | None = OUTPUT_LIMIT,
     ) -> ExecProcess:
         """Start a process and stream its output.
 
@@ -593,6 +647,10 @@ class Sandbox:
                 beyond the sandbox's.
             pty: run on a pseudo-terminal of ``(cols, rows)``.
             tag: a tag to find the process later in :meth:`processes`.
+            output_limit: bytes of each stream :meth:`ExecProcess.wait` keeps
+                (default :data:`OUTPUT_LIMIT`, 16 MiB; ``None`` = all). Past it
+                output is counted, not kept, and ``output_truncated`` is True;
+                the process still runs to its end. Iterating keeps nothing.
 
         Returns:
             An :class:`ExecProcess`; ``await`` it or use ``async with`` to start it.
@@ -611,7 +669,7 @@ class Sandbox:
         if pty is not None:
             start.pty.CopyFrom(pb.PtySize(cols=pty[0], rows=pty[1]))
         give_up = timeout + _DEADLINE_GRACE_SECONDS if timeout and timeout > 0 else None
-        return ExecProcess(self._conn, start, give_up)
+        return ExecProcess(self._conn, start, give_up, output_limit)
 
     async def run_shell(
         self,
@@ -621,14 +679,24 @@ class Sandbox:
         cwd: str | None = None,
         user: str | None = None,
         stdin: bytes | str | None = None,
+        output_limit: int | None = OUTPUT_LIMIT,
     ) -> ExecResult:
         """Run ``cmd`` with ``/bin/sh -c`` and return its output and exit code.
 
         A non-zero exit code is not an error: check ``result.exit_code``. When
         ``timeout`` passes the process is killed and ``result.timed_out`` is True.
         ``stdin`` (bytes or str) is written to the process and then closed.
+        At most ``output_limit`` bytes of each stream are kept (default
+        :data:`OUTPUT_LIMIT`, 16 MiB; ``None`` keeps all); past it the result
+        has ``output_truncated=True`` and ``stdout_total``/``stderr_total``
+        count all the bytes produced. The command still runs to its end.
         """
-        proc = self.exec(cmd, env=env, cwd=cwd, user=user, stdin=stdin is not None, timeout=timeout)
+        proc = self.exec(
+            cmd, env=env, cwd=cwd, user=user, stdin=stdin is not None, timeout=timeout, output_limit=output_limit
+        )
+        # The server enforces the limit too, so the dropped output never
+        # crosses the network (exec cannot: the caller may stream all of it).
+        proc._start_msg.output_limit_bytes = output_limit or 0
         await proc.start()
         try:
             if stdin is not None:

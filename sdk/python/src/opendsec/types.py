@@ -393,9 +393,14 @@ class ExecResult:
         exit_code: exit code; ``-1`` when a signal killed the process.
         status: the agent's description, e.g. ``"exit status 1"``, ``"signal: killed"``.
         timed_out: the process lifetime (``timeout``) killed it.
-        output_truncated: output was dropped because it was read too slowly.
+        output_truncated: output is missing: more than ``output_limit`` bytes
+            of a stream were produced (the kept output is its first
+            ``output_limit`` bytes), or the server dropped output read too slowly.
         pid: process ID inside the sandbox (0 if unknown).
-        stdout_bytes / stderr_bytes: the raw output.
+        stdout_bytes / stderr_bytes: the raw kept output.
+        stdout_total / stderr_total: bytes the process wrote to each stream,
+            kept or not (more than ``len(stdout_bytes)`` when truncated, or
+            when the caller iterated the output instead).
     """
 
     stdout: str
@@ -407,6 +412,8 @@ class ExecResult:
     pid: int = 0
     stdout_bytes: bytes = b""
     stderr_bytes: bytes = b""
+    stdout_total: int = 0
+    stderr_total: int = 0
 
     @property
     def ok(self) -> bool:

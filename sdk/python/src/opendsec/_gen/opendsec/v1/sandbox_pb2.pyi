@@ -367,7 +367,7 @@ class ResumeSandboxesResponse(_message.Message):
     def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
 
 class ExecStart(_message.Message):
-    __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag")
+    __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag", "output_limit_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +384,7 @@ class ExecStart(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PTY_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -393,7 +394,8 @@ class ExecStart(_message.Message):
     timeout_seconds: int
     pty: PtySize
     tag: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., stdin: bool = ..., timeout_seconds: _Optional[int] = ..., pty: _Optional[_Union[PtySize, _Mapping]] = ..., tag: _Optional[str] = ...) -> None: ...
+    output_limit_bytes: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., stdin: bool = ..., timeout_seconds: _Optional[int] = ..., pty: _Optional[_Union[PtySize, _Mapping]] = ..., tag: _Optional[str] = ..., output_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class PtySize(_message.Message):
     __slots__ = ("cols", "rows")
@@ -438,16 +440,20 @@ class ExecStarted(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class ExecExit(_message.Message):
-    __slots__ = ("exit_code", "status", "timed_out", "output_truncated")
+    __slots__ = ("exit_code", "status", "timed_out", "output_truncated", "stdout_total_bytes", "stderr_total_bytes")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     status: str
     timed_out: bool
     output_truncated: bool
-    def __init__(self, exit_code: _Optional[int] = ..., status: _Optional[str] = ..., timed_out: bool = ..., output_truncated: bool = ...) -> None: ...
+    stdout_total_bytes: int
+    stderr_total_bytes: int
+    def __init__(self, exit_code: _Optional[int] = ..., status: _Optional[str] = ..., timed_out: bool = ..., output_truncated: bool = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ...) -> None: ...
 
 class ProcessInfo(_message.Message):
     __slots__ = ("pid", "command", "tag", "cwd")
