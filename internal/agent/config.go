@@ -47,6 +47,10 @@ type Config struct {
 	// InterpreterPort is the port the code interpreter listens on (on
 	// 127.0.0.1); zero means interpreter.Port.
 	InterpreterPort int
+	// ReservedPaths are the agent's own paths: the file API refuses to write,
+	// move, remove or make anything at or inside them (InterpreterPath
+	// included). Nil means DefaultReservedPaths.
+	ReservedPaths []string
 	// Init makes the agent act as PID 1: reap every child (orphans included)
 	// and bring up the loopback interface.
 	Init bool
@@ -76,6 +80,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.EtcDir == "" {
 		c.EtcDir = DefaultEtcDir
+	}
+	if c.ReservedPaths == nil {
+		c.ReservedPaths = DefaultReservedPaths
 	}
 }
 

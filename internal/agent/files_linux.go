@@ -223,6 +223,9 @@ func (a *Agent) serveUpload(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		if err := a.fs.reserved.check("write", target, false); err != nil {
+			return err
+		}
 		for _, u := range done {
 			if u.target == target {
 				return errdefs.Invalid("path", "'%s' is the target of more than one part; upload each file once", target)

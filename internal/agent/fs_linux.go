@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -25,16 +26,22 @@ const xattrPrefix = "user.e2b."
 // filesystem is the filesystem.Filesystem service. It acts as root and
 // gives what it creates to the requesting user, as envd does.
 type filesystem struct {
-	cfg     *Config
-	users   users
-	watch   watchers
-	uploads recentUploads
+	cfg      *Config
+	reserved reservedPaths
+	users    users
+	watch    watchers
+	uploads  recentUploads
 }
 
 var _ filesystemconnect.FilesystemHandler = (*filesystem)(nil)
 
 func newFilesystem(cfg *Config) *filesystem {
-	return &filesystem{cfg: cfg, users: users{dir: cfg.EtcDir}, watch: watchers{byID: map[string]*pollWatcher{}}}
+	return &filesystem{
+		cfg:      cfg,
+		reserved: newReservedPaths(append(slices.Clone(cfg.ReservedPaths), cfg.InterpreterPath)...),
+		users:    users{dir: cfg.EtcDir},
+		watch:    watchers{byID: map[string]*pollWatcher{}},
+	}
 }
 
 // resolve returns the request's user and the absolute path for p.
@@ -212,6 +219,9 @@ func (f *filesystem) MakeDir(ctx context.Context, req *connect.Request[fspb.Make
 	if err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
+	if err := f.reserved.check("make directory", p, false); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
 	if st, err := os.Stat(p); err == nil {
 		if st.IsDir() {
 			return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrAlreadyExists, "directory '%s' already exists", p))
@@ -235,6 +245,12 @@ func (f *filesystem) Move(ctx context.Context, req *connect.Request[fspb.MoveReq
 	}
 	dst, err := resolvePath("destination", req.Msg.GetDestination(), usr.Home)
 	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := f.reserved.check("move", src, true); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := f.reserved.check("move to", dst, true); err != nil {
 		return nil, errdefs.ToConnect(err)
 	}
 	if _, err := os.Lstat(src); err != nil {
@@ -385,6 +401,9 @@ func (f *filesystem) Remove(ctx context.Context, req *connect.Request[fspb.Remov
 	}
 	if p == "/" {
 		return nil, errdefs.ToConnect(errdefs.Invalid("path", "refusing to remove '/'; name what to remove"))
+	}
+	if err := f.reserved.check("remove", p, true); err != nil {
+		return nil, errdefs.ToConnect(err)
 	}
 	if err := os.RemoveAll(p); err != nil {
 		return nil, errdefs.ToConnect(fsErr("remove", p, err))
