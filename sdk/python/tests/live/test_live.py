@@ -135,13 +135,19 @@ async def test_streaming_exec(sandbox: Sandbox) -> None:
             assert (ev.stream, ev.text) == ("stdout", line)
         await proc.close_stdin()
         r = await asyncio.wait_for(proc.wait(), 15)
-    assert (r.exit_code, r.stdout) == (0, "a\nb\nc\n")
+    # What the caller iterated is not kept again, only counted.
+    assert (r.exit_code, r.stdout, r.stdout_total) == (0, "", 6)
 
     proc = await sandbox.exec("for i in 1 2 3 4 5; do echo $i; echo e$i >&2; done")
     out = [e.text async for e in proc if e.stream == "stdout"]
     r = await proc.wait()
-    assert "".join(out) == "1\n2\n3\n4\n5\n" == r.stdout
-    assert r.stderr == "e1\ne2\ne3\ne4\ne5\n"
+    assert "".join(out) == "1\n2\n3\n4\n5\n"
+    assert (r.stdout, r.stdout_total, r.stderr, r.stderr_total) == ("", 10, "", 15)
+
+    # Without iterating, wait() keeps the output (up to the limit).
+    proc = await sandbox.exec("for i in 1 2 3; do echo $i; echo e$i >&2; done")
+    r = await proc.wait()
+    assert (r.stdout, r.stderr) == ("1\n2\n3\n", "e1\ne2\ne3\n")
 
 
 async def test_signal(sandbox: Sandbox) -> None:
