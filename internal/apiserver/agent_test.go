@@ -278,6 +278,12 @@ func TestFiles(t *testing.T) {
 	}
 	_, _, err = e.read(id, "/nope")
 	wantCode(t, err, connect.CodeNotFound, "path '/nope' does not exist")
+	// A refused write names the caller's path, not the upload's temporary one.
+	_, err = e.write(id, "/run/opendsec/agent.sock", 1, []byte("x"))
+	wantCode(t, err, connect.CodePermissionDenied, "write '/run/opendsec/agent.sock': permission denied")
+	if err != nil && strings.Contains(err.Error(), ".opendsec-upload-") {
+		t.Errorf("refused write names the temporary file: %v", err)
+	}
 	_, _, err = e.read(id, "")
 	wantField(t, err, "path")
 

@@ -262,6 +262,10 @@ func (a *fakeAgent) postFile(w http.ResponseWriter, r *http.Request) {
 		writeJSONErr(w, http.StatusBadRequest, "want application/octet-stream")
 		return
 	}
+	if strings.HasPrefix(p, "/run/opendsec/") { // like the real agent's reserved paths
+		writeJSONErr(w, http.StatusForbidden, fmt.Sprintf("write '%s': permission denied: the path belongs to the sandbox's agent", p))
+		return
+	}
 	a.mu.Lock()
 	a.files[p] = nil
 	a.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -167,6 +168,11 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 			defer r.resp.Body.Close()
 			if r.resp.StatusCode != http.StatusOK {
 				r.err = nodeclient.MapResponse(r.resp, "write file")
+				// The agent names the temporary file it was asked to
+				// write; the caller knows only their own path.
+				if msg := errdefs.PublicMessage(r.err); strings.Contains(msg, tmp) {
+					r.err = errdefs.WithPublic(r.err, "%s", strings.ReplaceAll(msg, tmp, h.GetPath()))
+				}
 			}
 		} else if r.err != nil {
 			r.err = ctxErr(ctx, errdefs.New(errdefs.ErrUnavailable, "write file: %s", r.err))
