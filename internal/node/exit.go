@@ -46,14 +46,17 @@ func (n *Node) watchExit(sb *sandbox) {
 		n.metrics.deaths.Inc()
 		// The tombstone goes first: Get finds the sandbox (stopping) in
 		// the table's view, then here, never nowhere.
+		// Reported failed at once, with the reason; the cleanup (the stop)
+		// follows. The tombstone goes first: Get finds the sandbox in the
+		// table's view, then there, never nowhere.
+		sb.reason.Store(reason)
+		sb.died.Store(true)
 		n.mu.Lock()
 		n.dead[sb.id] = tombstone{sb: sb, at: time.Now()}
 		n.mu.Unlock()
 		if err := n.Stop(n.life, sb.id, reason); err != nil && !errdefs.IsNotFound(err) && !n.shuttingDown(err) {
 			l.Error("remove dead sandbox; the reaper retries", log.Err(err))
-			return
 		}
-		sb.died.Store(true)
 	}()
 }
 

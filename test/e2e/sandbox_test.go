@@ -349,7 +349,15 @@ func TestKilledInitReportedAtOnce(t *testing.T) {
 	if !strings.Contains(got.Reason, "died") {
 		t.Errorf("reason %q does not say it died", got.Reason)
 	}
-	if left := s.leftovers(id); len(left) > 0 {
-		t.Errorf("dead sandbox left behind:\n%s", strings.Join(left, "\n"))
+	// The cleanup follows the report.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		left := s.leftovers(id)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead sandbox left behind 10 s after the kill:\n%s", strings.Join(left, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond) // polling the node's cleanup
 	}
 }
