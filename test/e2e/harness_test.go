@@ -9,12 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,14 +58,35 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+var (
+	portsMu sync.Mutex
+	ports   = map[int]bool{} // handed out in this process
+)
+
+// freePort returns a loopback port nothing listens on, below the kernel's
+// ephemeral range (so no outgoing connection takes it between the pick and
+// the system's listen), never the same one twice in this process. Asking
+// the kernel for port 0 could hand out one port twice in a row, and a
+// system then failed to start ("address already in use").
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		p := 20000 + rand.IntN(12000) // 20000-31999; ephemeral ports start at 32768
+		if ports[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		ports[p] = true
+		return p
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port in 20000-31999 after 1000 tries")
+	return 0
 }
 
 // system is one `opendsec up` with its data dir.
