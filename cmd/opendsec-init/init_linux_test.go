@@ -190,8 +190,12 @@ func TestSIGTERMForwarded(t *testing.T) {
 func TestStraySignalsDoNotKillInit(t *testing.T) {
 	dir := t.TempDir()
 	marker, sigign := filepath.Join(dir, "term"), filepath.Join(dir, "sigign")
-	cmd, _, stderr := startInit(t, "/bin/sh", "-c", "grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+
-		"; trap 'echo got > "+marker+"; exit 0' TERM; while :; do sleep 0.05; done")
+	// The trap goes first: the test signals once the sigign file exists,
+	// and a TERM before the trap would end the shell (status 143). A
+	// trapped signal is caught, not ignored, so SigIgn still shows what
+	// init passed on.
+	cmd, _, stderr := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+
+		"; while :; do sleep 0.05; done")
 	poll(t, 5*time.Second, "server start", func() bool { _, err := os.Stat(sigign); return err == nil })
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGQUIT, syscall.SIGALRM, syscall.SIGSEGV} {
 		if err := cmd.Process.Signal(sig); err != nil {
