@@ -9,6 +9,8 @@
 #     IMAGE: busybox or py (imported as root/busybox, root/py:3.11).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).
+#     SYSTEM_NETWORK_EXTRA and SYSTEM_NODE_EXTRA are JSON members added to
+#     node.network and node (e.g. '"dns_upstream": ["127.0.0.1:5399"]').
 #     Sandbox networking (nftables table, DNS proxy address, forwarding) is
 #     set up inside a network namespace made for the system, never in the
 #     host's; OPENDSEC_HOST_NETWORK=1 uses the host's, as production does.
@@ -28,12 +30,13 @@ start_system() {
   done
   API=$(free_port); NODE=$(free_port); WATCH=$(free_port); E2B=$(free_port)
   # Like the quickstart: an allowed name never opens a private address.
-  local network='"network": {"netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true}'
+  local nx=${SYSTEM_NETWORK_EXTRA:+, $SYSTEM_NETWORK_EXTRA}
+  local network='"network": {"netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true'"$nx"'}'
   if [ "${OPENDSEC_HOST_NETWORK:-}" != 1 ]; then
     SYSTEM_NETNS=odsys$$
     ip netns add "$SYSTEM_NETNS"
     ip -n "$SYSTEM_NETNS" link set lo up
-    network='"network": {"enabled": true, "node_netns": "/run/netns/'"$SYSTEM_NETNS"'", "netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true}'
+    network='"network": {"enabled": true, "node_netns": "/run/netns/'"$SYSTEM_NETNS"'", "netns_dir": "'"$dd"'/netns", "refuse_private_dns_answers": true'"$nx"'}'
   fi
   cat > "$dd/opendsec.json" <<JSON
 {
@@ -44,7 +47,7 @@ start_system() {
   "watcher": {"listen": "127.0.0.1:$WATCH", "poll_interval_ms": 200},
   "node": {"id": "n001", "listen": "127.0.0.1:$NODE", "agent_path": "$bin/opendsec-agent",
            "image_dir": "$dd/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64,
-           $network},
+           ${SYSTEM_NODE_EXTRA:+$SYSTEM_NODE_EXTRA,} $network},
   "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
   "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
 }
