@@ -33,7 +33,7 @@ type config struct {
 	phases              string
 	queries             int
 	bombs               int
-	bombSeconds         time.Duration
+	bombTime            time.Duration
 	out, command        string
 	revision            string
 }
@@ -50,7 +50,7 @@ func main() {
 	flag.StringVar(&c.phases, "phases", "dns,forkbomb,disk", "phases to run, comma-separated")
 	flag.IntVar(&c.queries, "queries", 120000, "DNS queries in the dns phase")
 	flag.IntVar(&c.bombs, "bombs", 4, "sandboxes running a fork bomb at once")
-	flag.DurationVar(&c.bombSeconds, "bomb-time", 10*time.Second, "how long the fork bombs run while the host is sampled")
+	flag.DurationVar(&c.bombTime, "bomb-time", 10*time.Second, "how long the fork bombs run while the host is sampled")
 	flag.StringVar(&c.out, "out", "", "also write the report to this file")
 	flag.StringVar(&c.command, "command", "bench/security", "the command line, for the report")
 	flag.StringVar(&c.revision, "revision", "dev", "the revision, for the report")

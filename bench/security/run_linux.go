@@ -242,7 +242,7 @@ func (b *bench) forkbomb(ctx context.Context) (section, error) {
 	probed := make(chan probe, 1)
 	go func() {
 		// Let the bombs reach their limits first.
-		t := time.NewTimer(b.c.bombSeconds / 3)
+		t := time.NewTimer(b.c.bombTime / 3)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -263,7 +263,7 @@ func (b *bench) forkbomb(ctx context.Context) (section, error) {
 		}
 		probed <- probe{el: time.Since(t0), out: strings.TrimSpace(res.Stdout)}
 	}()
-	end := time.Now().Add(b.c.bombSeconds)
+	end := time.Now().Add(b.c.bombTime)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for time.Now().Before(end) && ctx.Err() == nil {
@@ -290,7 +290,7 @@ func (b *bench) forkbomb(ctx context.Context) (section, error) {
 	}
 	s.lines = append(s.lines,
 		fmt.Sprintf("ceiling: %s pids.max = %s; each sandbox's pids.max = %s; kernel pid_max = %d", parent, ceil, lim, pidMax),
-		fmt.Sprintf("host tasks (threads, /proc/loadavg): %d before, at most %d during %s of bombs (sampled every 100 ms)", base, maxTasks, b.c.bombSeconds),
+		fmt.Sprintf("host tasks (threads, /proc/loadavg): %d before, at most %d during %s of bombs (sampled every 100 ms)", base, maxTasks, b.c.bombTime),
 		fmt.Sprintf("sandboxes' parent cgroup pids.current: at most %d", maxParent),
 		fmt.Sprintf("stopping the %d bombed sandboxes (and the probe): %s", b.c.bombs, stopTime.Round(time.Millisecond)),
 	)
@@ -471,5 +471,3 @@ func inNS(path string, fn func() error) error {
 	}
 	return ferr
 }
-
-
