@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -93,35 +91,11 @@ func inNS(t *testing.T, path string, fn func() error) {
 	}
 }
 
-var (
-	portsMu sync.Mutex
-	ports   = map[int]bool{} // handed out in this process
-)
-
-// freeAddr returns a loopback address nothing listens on, below the
-// kernel's ephemeral range and never the same twice in this process (port
-// 0 could hand out one port twice in a row: two servers of one system
-// then collided).
+// freeAddr returns a loopback address nothing listens on (see
+// testutil.FreePort).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 1000 {
-		p := 20000 + rand.IntN(12000) // 20000-31999; ephemeral ports start at 32768
-		if ports[p] {
-			continue
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", p)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		l.Close()
-		ports[p] = true
-		return addr
-	}
-	t.Fatal("no free loopback port in 20000-31999 after 1000 tries")
-	return ""
+	return fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 }
 
 // dnsAnswers reports whether the DNS proxy at addr answers over proto.

@@ -3,7 +3,11 @@
 package testutil
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -27,4 +31,35 @@ func RequiresKVM(t testing.TB) {
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		t.Skip("needs /dev/kvm (not present on this machine): " + err.Error())
 	}
+}
+
+var (
+	portsMu sync.Mutex
+	ports   = map[int]bool{} // handed out in this process
+)
+
+// FreePort returns a loopback port nothing listens on, below the kernel's
+// ephemeral range (so no outgoing connection takes it between the pick and
+// the caller's listen), never the same one twice in this process. Asking
+// the kernel for port 0 could hand out one port twice in a row, and a
+// system then failed to start ("address already in use").
+func FreePort(t testing.TB) int {
+	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		p := 20000 + rand.IntN(12000) // 20000-31999; ephemeral ports start at 32768
+		if ports[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		ports[p] = true
+		return p
+	}
+	t.Fatal("no free loopback port in 20000-31999 after 1000 tries")
+	return 0
 }

@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	opendsec "github.com/kernflux/opendsec/sdk/go"
-	"google.golang.org/protobuf/proto"
 	"io"
 	"net/http"
 	"os"
@@ -17,6 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	opendsec "github.com/kernflux/opendsec/sdk/go"
+	"google.golang.org/protobuf/proto"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -30,11 +31,11 @@ import (
 // node's sandbox dir holds exactly that many.
 func (s *system) sandboxCount(t *testing.T) int {
 	t.Helper()
-	l, err := s.sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ents, _ := os.ReadDir(filepath.Join(s.dataDir, "node", "sandboxes"))
+	ents, _ := os.ReadDir(filepath.Join(s.DataDir(), "node", "sandboxes"))
 	if len(ents) != len(l.Msg.Sandboxes) {
 		t.Fatalf("node holds %d sandbox dirs but lists %d sandboxes", len(ents), len(l.Msg.Sandboxes))
 	}
@@ -56,12 +57,12 @@ func wantErr(t *testing.T, what string, err error, code connect.Code, mention st
 // checks the error names the field and nothing is left half-made.
 func TestBadInput(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, nil)
 	before := s.sandboxCount(t)
 
 	create := func(spec *opendsecv1.SandboxSpec) error {
-		_, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
+		_, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
 		return err
 	}
 	wantErr(t, "unknown image", create(&opendsecv1.SandboxSpec{Image: "root/nope:1"}), connect.CodeInvalidArgument, "image")
@@ -79,9 +80,9 @@ func TestBadInput(t *testing.T) {
 	_, err = s.exec(t.Context(), "not-an-id", "true")
 	wantErr(t, "malformed sandbox id", err, connect.CodeInvalidArgument, "sandbox_id")
 
-	_, err = s.files().Stat(t.Context(), connect.NewRequest(&opendsecv1.StatRequest{SandboxId: sb.Id, Path: "/no/such/file"}))
+	_, err = s.Files().Stat(t.Context(), connect.NewRequest(&opendsecv1.StatRequest{SandboxId: sb.Id, Path: "/no/such/file"}))
 	wantErr(t, "missing path", err, connect.CodeNotFound, "/no/such/file")
-	rd := s.files()
+	rd := s.Files()
 	st, err := rd.ReadFile(t.Context(), connect.NewRequest(&opendsecv1.ReadFileRequest{SandboxId: sb.Id, Path: "/no/such/file"}))
 	if err == nil {
 		for st.Receive() {
@@ -91,7 +92,7 @@ func TestBadInput(t *testing.T) {
 	wantErr(t, "read missing path", err, connect.CodeNotFound, "/no/such/file")
 
 	// A 2 GiB upload is refused from its header, before any data moves.
-	up := s.files().WriteFile(t.Context())
+	up := s.Files().WriteFile(t.Context())
 	up.Send(&opendsecv1.WriteFileRequest{Msg: &opendsecv1.WriteFileRequest_Header{Header: &opendsecv1.WriteFileHeader{SandboxId: sb.Id, Path: "/tmp/big", Size: 2 << 30}}})
 	_, err = up.CloseAndReceive()
 	wantErr(t, "2 GiB upload", err, connect.CodeInvalidArgument, "size")
@@ -106,9 +107,9 @@ func TestBadInput(t *testing.T) {
 	body = protowire.AppendString(body, sb.Id)
 	body = protowire.AppendTag(body, 2, protowire.BytesType)
 	body = protowire.AppendBytes(body, []byte("/tmp/\xff\xfe"))
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, s.endpoint+"/"+opendsecv1connect.FileServiceName+"/Stat", bytes.NewReader(body))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, s.Endpoint()+"/"+opendsecv1connect.FileServiceName+"/Stat", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/proto")
-	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Authorization", "Bearer "+s.Token())
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -122,13 +123,13 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// Tokens: none, garbage, expired.
-	noTok := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, connect.WithGRPC())
+	noTok := opendsecv1connect.NewSandboxServiceClient(s.HTTPClient(), s.Endpoint(), connect.WithGRPC())
 	_, err = noTok.ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	wantErr(t, "no token", err, connect.CodeUnauthenticated, "token")
-	bad := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts("odt_garbage.xyz")...)
+	bad := opendsecv1connect.NewSandboxServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts("odt_garbage.xyz")...)
 	_, err = bad.ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	wantErr(t, "unknown token", err, connect.CodeUnauthenticated, "token")
-	key, err := auth.LoadIssuer(filepath.Join(s.dataDir, "auth.ed25519"))
+	key, err := auth.LoadIssuer(filepath.Join(s.DataDir(), "auth.ed25519"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond) // token expiry has one-second resolution
-	old := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts(expired)...)
+	old := opendsecv1connect.NewSandboxServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts(expired)...)
 	_, err = old.CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox"}}))
 	wantErr(t, "expired token", err, connect.CodeUnauthenticated, "expired")
 
@@ -153,12 +154,12 @@ func TestYesDoesNotGrowTheNode(t *testing.T) {
 		t.Skip("takes 60 s")
 	}
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, nil)
-	rssBefore := rss(t, s.cmd.Process.Pid)
-	duBefore := diskUsage(t, s.dataDir)
+	rssBefore := rss(t, s.Pid())
+	duBefore := diskUsage(t, s.DataDir())
 	// Through the Go SDK, as a user would.
-	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	c, err := opendsec.New(s.Endpoint(), opendsec.WithToken(s.Token()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,8 +179,8 @@ func TestYesDoesNotGrowTheNode(t *testing.T) {
 		t.Fatalf("yes ended with %+v, want killed by its 60 s timeout", exit)
 	}
 	n := out.n
-	rssAfter := rss(t, s.cmd.Process.Pid)
-	duAfter := diskUsage(t, s.dataDir)
+	rssAfter := rss(t, s.Pid())
+	duAfter := diskUsage(t, s.DataDir())
 	t.Logf("yes streamed %d MiB; node RSS %d -> %d KiB; data dir %d -> %d KiB", n>>20, rssBefore, rssAfter, duBefore, duAfter)
 	if n < 64<<20 {
 		t.Errorf("only %d bytes of output reached the client", n)
@@ -237,8 +238,8 @@ func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); retur
 // tokens: a node-scope token (for component-to-node calls) is refused.
 func TestNodeTokenRefusedByPublicAPI(t *testing.T) {
 	s := newSystem(t)
-	s.start()
-	key, err := auth.LoadIssuer(filepath.Join(s.dataDir, "auth.ed25519"))
+	s.Start()
+	key, err := auth.LoadIssuer(filepath.Join(s.DataDir(), "auth.ed25519"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +247,7 @@ func TestNodeTokenRefusedByPublicAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := opendsecv1connect.NewSandboxServiceClient(s.httpClient(), s.endpoint, s.opts(nodeTok)...)
+	c := opendsecv1connect.NewSandboxServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts(nodeTok)...)
 	_, err = c.ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	wantErr(t, "node-scope token", err, connect.CodePermissionDenied, "scope")
 }

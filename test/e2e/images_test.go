@@ -27,10 +27,11 @@ import (
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
+	"github.com/kernflux/opendsec/test/harness"
 )
 
 func (s *system) images() opendsecv1connect.ImageServiceClient {
-	return opendsecv1connect.NewImageServiceClient(s.httpClient(), s.endpoint, s.opts(s.token)...)
+	return opendsecv1connect.NewImageServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts(s.Token())...)
 }
 
 // importFiles imports a one-layer image of files (path -> content) with the
@@ -46,8 +47,8 @@ func (s *system) importFiles(t *testing.T, name string, files map[string]string)
 			t.Fatal(err)
 		}
 	}
-	s.run("image", "import-rootfs", "--name", name, "--rootfs", dir)
-	if s.endpoint == "" {
+	s.Run("image", "import-rootfs", "--name", name, "--rootfs", dir)
+	if s.Endpoint() == "" {
 		return nil
 	}
 	r, err := s.images().GetImage(t.Context(), connect.NewRequest(&opendsecv1.GetImageRequest{Name: name}))
@@ -61,7 +62,7 @@ func (s *system) importFiles(t *testing.T, name string, files map[string]string)
 func (s *system) storeBytes(t *testing.T, sub string) int64 {
 	t.Helper()
 	var n int64
-	filepath.WalkDir(filepath.Join(s.dataDir, "images", sub), func(p string, d fs.DirEntry, err error) error {
+	filepath.WalkDir(filepath.Join(s.DataDir(), "images", sub), func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() && !strings.Contains(p, "/images/tmp/") {
 			if fi, err := d.Info(); err == nil {
 				n += fi.Size()
@@ -76,7 +77,7 @@ func (s *system) storeBytes(t *testing.T, sub string) int64 {
 // changed nothing.
 func (s *system) storeListing(t *testing.T) []string {
 	t.Helper()
-	root := filepath.Join(s.dataDir, "images")
+	root := filepath.Join(s.DataDir(), "images")
 	var out []string
 	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		rel, _ := filepath.Rel(root, p)
@@ -97,7 +98,7 @@ func TestImagesComposePackDiffGC(t *testing.T) {
 	s := newSystem(t)
 	s.importFiles(t, "layers/ws", map[string]string{"work/ws.txt": "workspace"})
 	s.importFiles(t, "layers/tk", map[string]string{"opt/tk/tool": "toolkit", "etc/tk.conf": "conf"})
-	s.start()
+	s.Start()
 	ctx := t.Context()
 	ic := s.images()
 
@@ -154,7 +155,7 @@ func TestImagesComposePackDiffGC(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rr, err := s.sandboxes().CreateSandbox(ctx, connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "team/env:packed"}}))
+			rr, err := s.Sandboxes().CreateSandbox(ctx, connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "team/env:packed"}}))
 			if err != nil {
 				outs[i] = "create: " + err.Error()
 				return
@@ -178,7 +179,7 @@ func TestImagesComposePackDiffGC(t *testing.T) {
 		t.Fatalf("the original image changed: a new sandbox sees %q", r.stdout)
 	}
 	for _, id := range append(ids, orig.Id) {
-		if _, err := s.sandboxes().StopSandbox(ctx, connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+		if _, err := s.Sandboxes().StopSandbox(ctx, connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -276,22 +277,11 @@ func TestImagesComposePackDiffGC(t *testing.T) {
 	fmt.Fprintln(os.Stderr, "images e2e: ok")
 }
 
-var ctlOnce sync.Once
-
 // ctl runs the opendsecctl binary (built once) against the system.
 func (s *system) ctl(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	ctlOnce.Do(func() {
-		root, _ := filepath.Abs("../..")
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "opendsecctl"), "./cmd/opendsecctl")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build opendsecctl: %v\n%s", err, out)
-		}
-	})
-	cmd := exec.CommandContext(t.Context(), filepath.Join(binDir, "opendsecctl"), args...)
-	cmd.Env = append(os.Environ(), "OPENDSEC_ENDPOINT="+s.endpoint, "OPENDSEC_TOKEN="+s.token)
+	cmd := exec.CommandContext(t.Context(), harness.Binary(t, "opendsecctl"), args...)
+	cmd.Env = append(os.Environ(), "OPENDSEC_ENDPOINT="+s.Endpoint(), "OPENDSEC_TOKEN="+s.Token())
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -307,7 +297,7 @@ func (s *system) ctl(t *testing.T, args ...string) (stdout, stderr string, code 
 // and packs a sandbox with the Go SDK.
 func TestImagesRegistryCLIAndGoSDK(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	ctx := t.Context()
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
@@ -354,7 +344,7 @@ func TestImagesRegistryCLIAndGoSDK(t *testing.T) {
 		}
 	}
 
-	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	c, err := opendsec.New(s.Endpoint(), opendsec.WithToken(s.Token()))
 	if err != nil {
 		t.Fatal(err)
 	}

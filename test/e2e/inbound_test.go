@@ -23,15 +23,16 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
+	"github.com/kernflux/opendsec/test/harness"
 )
 
 func (s *system) ports() opendsecv1connect.PortServiceClient {
-	return opendsecv1connect.NewPortServiceClient(s.httpClient(), s.endpoint, s.opts(s.token)...)
+	return opendsecv1connect.NewPortServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts(s.Token())...)
 }
 
 func (s *system) client(t *testing.T) *opendsec.Client {
 	t.Helper()
-	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	c, err := opendsec.New(s.Endpoint(), opendsec.WithToken(s.Token()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func (s *system) sandboxIP(t *testing.T, id string) string {
 func (s *system) hostIP(t *testing.T, id string) string {
 	t.Helper()
 	var ip string
-	inNS(t, s.nodeNS, func() error {
+	harness.InNS(t, s.NodeNS(), func() error {
 		l, err := netlink.LinkByName(netpolicy.HostIfName(id))
 		if err != nil {
 			return err
@@ -92,7 +93,7 @@ func dialFrom(t *testing.T, path, addr string, mark int) (string, error) {
 	t.Helper()
 	var body string
 	var derr error
-	inNS(t, path, func() error {
+	harness.InNS(t, path, func() error {
 		d := net.Dialer{Timeout: time.Second}
 		if mark != 0 {
 			d.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -124,10 +125,10 @@ func dialFrom(t *testing.T, path, addr string, mark int) (string, error) {
 // may connect anywhere, not from the test's internet.
 func TestInbound(t *testing.T) {
 	s := newSystem(t)
-	inet := makeInternet(t, s.nodeNS)
-	l := listenIn(t, inet, inetIP+":8080")
-	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello "+inetIP+":8080") }))
-	s.start()
+	inet := harness.MakeInternet(t, s.NodeNS())
+	l := harness.ListenIn(t, inet, harness.InetIP+":8080")
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello "+harness.InetIP+":8080") }))
+	s.Start()
 
 	srv := s.create(t, nil)
 	open := s.create(t, &opendsecv1.SandboxSpec{Network: &opendsecv1.NetworkPolicy{
@@ -195,20 +196,20 @@ func TestInbound(t *testing.T) {
 	target := s.hostIP(t, srv.GetId()) + ":8000"
 
 	// Not from the node's namespace...
-	if body, err := dialFrom(t, s.nodeNS, target, 0); err == nil {
+	if body, err := dialFrom(t, s.NodeNS(), target, 0); err == nil {
 		t.Errorf("node namespace reached %s (%q); the policy should block it", target, body)
 	}
 	// ...although the path is there: the node's port-proxy mark may pass.
-	if body, err := dialFrom(t, s.nodeNS, target, netpolicy.ProxyMark); err != nil || !strings.HasSuffix(body, "hello-inbound\n") {
+	if body, err := dialFrom(t, s.NodeNS(), target, netpolicy.ProxyMark); err != nil || !strings.HasSuffix(body, "hello-inbound\n") {
 		t.Errorf("control: node namespace with the proxy mark: %q, %v", body, err)
 	}
 	// Not from another sandbox, though it may connect anywhere else.
-	s.reaches(t, open.GetId(), inetIP+":8080")
+	s.reaches(t, open.GetId(), harness.InetIP+":8080")
 	s.blocked(t, open.GetId(), target)
 	// Not from the internet, even with a route to the sandbox pool.
-	inNS(t, inet, func() error {
+	harness.InNS(t, inet, func() error {
 		_, pool, _ := net.ParseCIDR(netpolicy.DefaultPool)
-		return netlink.RouteAdd(&netlink.Route{Dst: pool, Gw: net.ParseIP(uplinkIP)})
+		return netlink.RouteAdd(&netlink.Route{Dst: pool, Gw: net.ParseIP(harness.UplinkIP)})
 	})
 	if body, err := dialFrom(t, inet, target, 0); err == nil {
 		t.Errorf("internet reached %s (%q); the policy should block it", target, body)
@@ -225,25 +226,25 @@ func TestInbound(t *testing.T) {
 // drop IPv6 even from a sandbox that did turn it on.
 func TestIPv6OffInSandbox(t *testing.T) {
 	s := newSystem(t)
-	inet := makeInternet(t, s.nodeNS)
+	inet := harness.MakeInternet(t, s.NodeNS())
 	const inet6 = "fd00:7::2"
-	inNS(t, s.nodeNS, func() error {
+	harness.InNS(t, s.NodeNS(), func() error {
 		l, err := netlink.LinkByName("uplink")
 		if err != nil {
 			return err
 		}
 		return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:7::1"), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
 	})
-	inNS(t, inet, func() error {
+	harness.InNS(t, inet, func() error {
 		l, err := netlink.LinkByName("peer")
 		if err != nil {
 			return err
 		}
 		return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inet6), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
 	})
-	l := listenIn(t, inet, "["+inet6+"]:8080")
+	l := harness.ListenIn(t, inet, "["+inet6+"]:8080")
 	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello v6") }))
-	s.start()
+	s.Start()
 	// Even with every IPv4 destination allowed.
 	sb := s.create(t, &opendsecv1.SandboxSpec{Network: &opendsecv1.NetworkPolicy{Allow: []*opendsecv1.NetworkRule{{Cidr: "0.0.0.0/0"}}}})
 	id := sb.GetId()
@@ -276,7 +277,7 @@ func TestIPv6OffInSandbox(t *testing.T) {
 		t.Errorf("sandbox reached [%s]:8080 over IPv6 (%q)", inet6, r.stdout)
 	}
 	// Control: the IPv6 server answers from the node's namespace.
-	if body, err := dialFrom(t, s.nodeNS, "["+inet6+"]:8080", 0); err != nil || !strings.HasSuffix(body, "hello v6") {
+	if body, err := dialFrom(t, s.NodeNS(), "["+inet6+"]:8080", 0); err != nil || !strings.HasSuffix(body, "hello v6") {
 		t.Errorf("control: node → [%s]:8080 = %q, %v", inet6, body, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/test/harness"
 )
 
 // fetch asks the sandbox to GET http://addr/ (2 s connect timeout) and
@@ -60,7 +61,7 @@ type netCounts struct{ chains, sets, veths, netns int }
 
 func (s *system) netCounts(t *testing.T) netCounts {
 	t.Helper()
-	ns, err := netns.GetFromPath(s.nodeNS)
+	ns, err := netns.GetFromPath(s.NodeNS())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func (s *system) netCounts(t *testing.T) netCounts {
 			c.veths++
 		}
 	}
-	ents, _ := os.ReadDir(s.dataDir + "/netns")
+	ents, _ := os.ReadDir(s.DataDir() + "/netns")
 	c.netns = len(ents)
 	return c
 }
@@ -119,17 +120,17 @@ func (s *system) netCounts(t *testing.T) netCounts {
 // rules still hold and nothing is duplicated.
 func TestNetworkPolicy(t *testing.T) {
 	s := newSystem(t)
-	inet := makeInternet(t, s.nodeNS)
-	a, b := inetIP+":8080", inetIP+":8081"
+	inet := harness.MakeInternet(t, s.NodeNS())
+	a, b := harness.InetIP+":8080", harness.InetIP+":8081"
 	for _, addr := range []string{a, b} {
-		l := listenIn(t, inet, addr)
+		l := harness.ListenIn(t, inet, addr)
 		go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello "+addr) }))
 	}
-	s.start()
+	s.Start()
 
 	deny := s.create(t, nil)
 	allowA := s.create(t, &opendsecv1.SandboxSpec{Network: &opendsecv1.NetworkPolicy{
-		Allow: []*opendsecv1.NetworkRule{{Cidr: inetIP + "/32", Protocol: "tcp", Ports: "8080"}},
+		Allow: []*opendsecv1.NetworkRule{{Cidr: harness.InetIP + "/32", Protocol: "tcp", Ports: "8080"}},
 	}})
 	if got := allowA.GetSpec().GetNetwork().GetAllow(); len(got) != 1 || got[0].GetPorts() != "8080" {
 		t.Errorf("created sandbox reports network %v, want the rule it was created with", allowA.GetSpec().GetNetwork())
@@ -143,12 +144,12 @@ func TestNetworkPolicy(t *testing.T) {
 
 	// Change both while they run.
 	t0 := time.Now()
-	if _, err := s.sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
-		Allow: []*opendsecv1.NetworkRule{{Cidr: inetIP, Protocol: "tcp", Ports: "8081"}},
+	if _, err := s.Sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
+		Allow: []*opendsecv1.NetworkRule{{Cidr: harness.InetIP, Protocol: "tcp", Ports: "8081"}},
 	}})); err != nil {
 		t.Fatalf("set network: %v", err)
 	}
-	if _, err := s.sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: allowA.GetId()})); err != nil {
+	if _, err := s.Sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: allowA.GetId()})); err != nil {
 		t.Fatalf("set network: %v", err)
 	}
 	t.Logf("two SetNetwork calls took %v", time.Since(t0))
@@ -157,18 +158,18 @@ func TestNetworkPolicy(t *testing.T) {
 	s.blocked(t, allowA.GetId(), a)
 
 	// Bad input names the field and changes nothing.
-	_, err := s.sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
+	_, err := s.Sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
 		Allow: []*opendsecv1.NetworkRule{{Cidr: "300.1.2.3/8"}},
 	}}))
 	wantErr(t, "bad cidr", err, connect.CodeInvalidArgument, "network.allow[0].cidr")
-	_, err = s.sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
-		Allow: []*opendsecv1.NetworkRule{{Cidr: inetIP, Ports: "0"}},
+	_, err = s.Sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{
+		Allow: []*opendsecv1.NetworkRule{{Cidr: harness.InetIP, Ports: "0"}},
 	}}))
 	wantErr(t, "port 0", err, connect.CodeInvalidArgument, "ports")
-	_, err = s.sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{RuleSets: []string{"nope"}}}))
+	_, err = s.Sandboxes().SetNetwork(t.Context(), connect.NewRequest(&opendsecv1.SetNetworkRequest{Id: deny.GetId(), Network: &opendsecv1.NetworkPolicy{RuleSets: []string{"nope"}}}))
 	wantErr(t, "unknown rule set", err, connect.CodeInvalidArgument, "nope")
 	before := s.sandboxCount(t)
-	_, err = s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", Network: &opendsecv1.NetworkPolicy{
+	_, err = s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", Network: &opendsecv1.NetworkPolicy{
 		Allow: []*opendsecv1.NetworkRule{{Domain: "evil .example.test"}},
 	}}}))
 	wantErr(t, "bad domain", err, connect.CodeInvalidArgument, "network.allow[0].domain")
@@ -181,8 +182,8 @@ func TestNetworkPolicy(t *testing.T) {
 	if got := s.netCounts(t); got != want {
 		t.Errorf("before restart: %+v, want %+v", got, want)
 	}
-	s.kill9()
-	s.start()
+	s.Kill9()
+	s.Start()
 	if got := s.netCounts(t); got != want {
 		t.Errorf("after kill -9 and restart: %+v, want %+v", got, want)
 	}
@@ -191,7 +192,7 @@ func TestNetworkPolicy(t *testing.T) {
 	s.blocked(t, allowA.GetId(), a)
 
 	for _, sb := range []*opendsecv1.Sandbox{deny, allowA} {
-		if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.GetId()})); err != nil {
+		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.GetId()})); err != nil {
 			t.Fatalf("stop: %v", err)
 		}
 	}

@@ -43,7 +43,7 @@ func (s *system) counterAtLeast(t *testing.T, id string, n int) int {
 
 func (s *system) state(t *testing.T, id string) opendsecv1.SandboxState {
 	t.Helper()
-	r, err := s.sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
+	r, err := s.Sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
 	if err != nil {
 		t.Fatalf("get %s: %v", id, err)
 	}
@@ -55,11 +55,11 @@ func (s *system) state(t *testing.T, id string) opendsecv1.SandboxState {
 // sandbox leaves nothing behind.
 func TestPauseSurvivesNodeKill(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, &opendsecv1.SandboxSpec{TimeoutSeconds: 3})
 	s.shell(t, sb.Id, counterLoop)
 	before := s.counterAtLeast(t, sb.Id, 1)
-	p, err := s.sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: sb.Id}))
+	p, err := s.Sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: sb.Id}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "paused; resume it first") {
 		t.Fatalf("exec in a paused sandbox: %v, want failed_precondition naming the pause", err)
 	}
-	m, err := s.sandboxes().GetSandboxMetrics(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxMetricsRequest{Id: sb.Id}))
+	m, err := s.Sandboxes().GetSandboxMetrics(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxMetricsRequest{Id: sb.Id}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,15 +78,15 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 		t.Fatalf("metrics of a paused sandbox: %v", mm)
 	}
 
-	s.kill9()
-	s.start()
+	s.Kill9()
+	s.Start()
 	// Its 3 s lifetime passes while it is paused (and the node is down);
 	// the lifetime clock is stopped, so it is still there, still paused.
 	time.Sleep(3 * time.Second)
 	if st := s.state(t, sb.Id); st != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("after kill -9 and restart: state %s, want paused", st)
 	}
-	if _, err := s.sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: sb.Id, TimeoutSeconds: 60})); err != nil {
+	if _, err := s.Sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: sb.Id, TimeoutSeconds: 60})); err != nil {
 		t.Fatal(err)
 	}
 	after := s.counter(t, sb.Id)
@@ -95,10 +95,10 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 	}
 	s.counterAtLeast(t, sb.Id, after+5)
 
-	if _, err := s.sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: sb.Id})); err != nil {
+	if _, err := s.Sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: sb.Id})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id})); err != nil {
+	if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id})); err != nil {
 		t.Fatalf("stop paused: %v", err)
 	}
 	if left := s.leftovers(sb.Id); len(left) > 0 {
@@ -111,13 +111,13 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 // is untouched. It also measures pause and resume latency.
 func TestBatchPauseTask(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	const n = 10
 	ids := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+			r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
 				Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", TaskId: "job-7", Labels: map[string]string{"run": "a"}},
 			}))
 			if err != nil {
@@ -134,7 +134,7 @@ func TestBatchPauseTask(t *testing.T) {
 	other := s.create(t, &opendsecv1.SandboxSpec{TaskId: "job-8"})
 
 	t0 := time.Now()
-	r, err := s.sandboxes().PauseSandboxes(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxesRequest{Selector: &opendsecv1.SandboxSelector{TaskId: "job-7"}}))
+	r, err := s.Sandboxes().PauseSandboxes(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxesRequest{Selector: &opendsecv1.SandboxSelector{TaskId: "job-7"}}))
 	batchPause := time.Since(t0)
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestBatchPauseTask(t *testing.T) {
 		t.Fatalf("sandbox of another task is %s", st)
 	}
 	t0 = time.Now()
-	rr, err := s.sandboxes().ResumeSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxesRequest{Selector: &opendsecv1.SandboxSelector{Labels: map[string]string{"run": "a"}}}))
+	rr, err := s.Sandboxes().ResumeSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxesRequest{Selector: &opendsecv1.SandboxSelector{Labels: map[string]string{"run": "a"}}}))
 	batchResume := time.Since(t0)
 	if err != nil || len(rr.Msg.GetSandboxes()) != n {
 		t.Fatalf("batch resume: %v %v", rr, err)
@@ -167,12 +167,12 @@ func TestBatchPauseTask(t *testing.T) {
 	var pauses, resumes []time.Duration
 	for range 20 {
 		t0 := time.Now()
-		if _, err := s.sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: ids[0]})); err != nil {
+		if _, err := s.Sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: ids[0]})); err != nil {
 			t.Fatal(err)
 		}
 		pauses = append(pauses, time.Since(t0))
 		t0 = time.Now()
-		if _, err := s.sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: ids[0]})); err != nil {
+		if _, err := s.Sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: ids[0]})); err != nil {
 			t.Fatal(err)
 		}
 		resumes = append(resumes, time.Since(t0))
@@ -187,7 +187,7 @@ func TestBatchPauseTask(t *testing.T) {
 // stopped, when its lifetime ends, and keeps its files.
 func TestAutoPauseOnTimeout(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, &opendsecv1.SandboxSpec{TimeoutSeconds: 1, AutoPause: true})
 	s.shell(t, sb.Id, "echo kept > /f")
 	deadline := time.Now().Add(15 * time.Second)
@@ -197,7 +197,7 @@ func TestAutoPauseOnTimeout(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
 	}
-	if _, err := s.sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: sb.Id, TimeoutSeconds: 60})); err != nil {
+	if _, err := s.Sandboxes().ResumeSandbox(t.Context(), connect.NewRequest(&opendsecv1.ResumeSandboxRequest{Id: sb.Id, TimeoutSeconds: 60})); err != nil {
 		t.Fatal(err)
 	}
 	if r := s.shell(t, sb.Id, "cat /f"); r.stdout != "kept\n" {

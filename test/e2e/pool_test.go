@@ -19,7 +19,7 @@ import (
 // the warm pool's prestarted sandboxes.
 func (s *system) pooledIDs(t *testing.T) []string {
 	t.Helper()
-	l, err := s.sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func (s *system) pooledIDs(t *testing.T) []string {
 	for _, sb := range l.Msg.Sandboxes {
 		listed[sb.GetId()] = true
 	}
-	ents, _ := os.ReadDir(filepath.Join(s.dataDir, "node", "sandboxes"))
+	ents, _ := os.ReadDir(filepath.Join(s.DataDir(), "node", "sandboxes"))
 	var out []string
 	for _, e := range ents {
 		if !listed[e.Name()] {
@@ -60,7 +60,7 @@ func (s *system) waitPooled(t *testing.T, n int) []string {
 // a kill -9 of the node are removed at its next start.
 func TestWarmPool(t *testing.T) {
 	s := newSystemPool(t, 2)
-	s.start()
+	s.Start()
 	first := s.create(t, &opendsecv1.SandboxSpec{Env: map[string]string{"WHO": "first"}})
 	second := s.create(t, &opendsecv1.SandboxSpec{Env: map[string]string{"WHO": "second"}})
 	if first.GetFromWarmPool() || second.GetFromWarmPool() {
@@ -75,11 +75,11 @@ func TestWarmPool(t *testing.T) {
 	if r := s.shell(t, warm.GetId(), `echo "$WHO $(hostname) $(cat /proc/1/cmdline | tr '\0' ' ' | cut -c1-15)"`); r.stdout != "warm "+warm.GetId()+" /.opendsec/init\n" {
 		t.Fatalf("pooled sandbox answered %q", r.stdout)
 	}
-	l, err := s.sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{Labels: map[string]string{"pool": "yes"}}))
+	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{Labels: map[string]string{"pool": "yes"}}))
 	if err != nil || len(l.Msg.Sandboxes) != 1 || l.Msg.Sandboxes[0].GetId() != warm.GetId() || !l.Msg.Sandboxes[0].GetFromWarmPool() {
 		t.Fatalf("list by label: %v, %v", l, err)
 	}
-	cold, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+	cold, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
 		Spec: &opendsecv1.SandboxSpec{Image: "root/busybox"}, SkipWarmPool: true}))
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func TestWarmPool(t *testing.T) {
 		t.Fatal("skip_warm_pool create came from the pool")
 	}
 	for _, id := range []string{warm.GetId(), cold.Msg.GetSandbox().GetId()} {
-		if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
 		}
 		if left := s.leftovers(id); len(left) > 0 {
@@ -99,8 +99,8 @@ func TestWarmPool(t *testing.T) {
 	// A kill -9 leaves prestarted sandboxes; the next start removes them
 	// and keeps the running one.
 	pooled := s.waitPooled(t, 2)
-	s.kill9()
-	s.start()
+	s.Kill9()
+	s.Start()
 	for _, id := range pooled {
 		if left := s.leftovers(id); len(left) > 0 {
 			t.Errorf("prestarted sandbox %s left after kill -9 and restart:\n%s", id, strings.Join(left, "\n"))

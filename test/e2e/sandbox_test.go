@@ -31,7 +31,7 @@ func (s *system) create(t *testing.T, spec *opendsecv1.SandboxSpec) *opendsecv1.
 	if spec.Image == "" {
 		spec.Image = "root/busybox"
 	}
-	r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
+	r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
 	if err != nil {
 		t.Fatalf("create sandbox: %v", err)
 	}
@@ -45,7 +45,7 @@ type execResult struct {
 
 // exec runs cmd in the sandbox and collects its output.
 func (s *system) exec(ctx context.Context, id string, cmd ...string) (execResult, error) {
-	st := s.processes().Exec(ctx)
+	st := s.Processes().Exec(ctx)
 	if err := st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: id, Command: cmd}}}); err != nil {
 		return execResult{}, err
 	}
@@ -113,8 +113,8 @@ func (s *system) leftovers(id string) []string {
 			out = append(out, "process: "+p+" "+firstLine(st))
 		}
 	}
-	if _, err := os.Stat(filepath.Join(s.dataDir, "node", "sandboxes", id)); err == nil {
-		out = append(out, "files: "+filepath.Join(s.dataDir, "node", "sandboxes", id))
+	if _, err := os.Stat(filepath.Join(s.DataDir(), "node", "sandboxes", id)); err == nil {
+		out = append(out, "files: "+filepath.Join(s.DataDir(), "node", "sandboxes", id))
 	}
 	return out
 }
@@ -124,7 +124,7 @@ func (s *system) leftovers(id string) []string {
 // leaves nothing behind.
 func TestKillNineRecovery(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	const n = 10
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -133,7 +133,7 @@ func TestKillNineRecovery(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+			r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
 				Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", Labels: map[string]string{"test": "kill9"}},
 			}))
 			if err != nil {
@@ -153,8 +153,8 @@ func TestKillNineRecovery(t *testing.T) {
 		s.shell(t, id, "echo "+id+" > /tmp/marker")
 	}
 
-	s.kill9()
-	s.start()
+	s.Kill9()
+	s.Start()
 
 	for _, id := range ids {
 		r := s.shell(t, id, "cat /tmp/marker; echo $((6*7))")
@@ -162,7 +162,7 @@ func TestKillNineRecovery(t *testing.T) {
 			t.Fatalf("after restart, sandbox %s answered %q (exit %d), want %q", id, r.stdout, r.exit.ExitCode, want)
 		}
 	}
-	l, err := s.sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{Labels: map[string]string{"test": "kill9"}}))
+	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{Labels: map[string]string{"test": "kill9"}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,13 +170,13 @@ func TestKillNineRecovery(t *testing.T) {
 		t.Fatalf("after restart list shows %d sandboxes, want %d", len(l.Msg.Sandboxes), n)
 	}
 	for _, id := range ids {
-		if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
 		}
 		if left := s.leftovers(id); len(left) > 0 {
 			t.Errorf("sandbox %s left behind:\n%s", id, strings.Join(left, "\n"))
 		}
-		_, err := s.sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
+		_, err := s.Sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
 		if connect.CodeOf(err) != connect.CodeNotFound {
 			t.Errorf("get after stop: %v, want not found", err)
 		}
@@ -187,16 +187,16 @@ func TestKillNineRecovery(t *testing.T) {
 // --stop-sandboxes removes them.
 func TestCleanShutdownLeavesSandboxesRunning(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, nil)
-	if err := s.stop(); err != nil {
+	if err := s.Stop(); err != nil {
 		t.Fatalf("SIGTERM shutdown: %v", err)
 	}
-	s.start("--stop-sandboxes")
+	s.Start("--stop-sandboxes")
 	if r := s.shell(t, sb.Id, "echo alive"); r.stdout != "alive\n" {
 		t.Fatalf("sandbox after clean restart: %q", r.stdout)
 	}
-	if err := s.stop(); err != nil {
+	if err := s.Stop(); err != nil {
 		t.Fatalf("SIGTERM shutdown: %v", err)
 	}
 	if left := s.leftovers(sb.Id); len(left) > 0 {
@@ -211,7 +211,7 @@ func firstLine(b []byte) string {
 
 // execTimeout runs cmd with a process lifetime of secs seconds.
 func (s *system) execTimeout(ctx context.Context, id string, secs int64, cmd ...string) (execResult, error) {
-	st := s.processes().Exec(ctx)
+	st := s.Processes().Exec(ctx)
 	if err := st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: id, Command: cmd, TimeoutSeconds: secs}}}); err != nil {
 		return execResult{}, err
 	}
@@ -242,7 +242,7 @@ func (s *system) execTimeout(ctx context.Context, id string, secs int64, cmd ...
 // timed_out (the caller's deadline must not replace the lifetime).
 func TestExecTimeoutUnderCallerDeadline(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	sb := s.create(t, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -264,7 +264,7 @@ func TestExecTimeoutUnderCallerDeadline(t *testing.T) {
 // test for streams cut short between components under concurrency).
 func TestConcurrentCreatesAndExecs(t *testing.T) {
 	s := newSystem(t)
-	s.start()
+	s.Start()
 	var wg sync.WaitGroup
 	errs := make(chan error, 200)
 	for range 5 {
@@ -272,7 +272,7 @@ func TestConcurrentCreatesAndExecs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 3 {
-				r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox"}}))
+				r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: &opendsecv1.SandboxSpec{Image: "root/busybox"}}))
 				if err != nil {
 					errs <- fmt.Errorf("create: %w", err)
 					return
@@ -286,7 +286,7 @@ func TestConcurrentCreatesAndExecs(t *testing.T) {
 						errs <- fmt.Errorf("exec %d in %s printed %q, want %q", i, id, res.stdout, want)
 					}
 				}
-				if _, err := s.sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
+				if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 					errs <- fmt.Errorf("stop %s: %w", id, err)
 				}
 			}
@@ -305,8 +305,8 @@ func TestConcurrentCreatesAndExecs(t *testing.T) {
 // is not found by exec — not "running" until its timeout.
 func TestKilledInitReportedAtOnce(t *testing.T) {
 	s := newSystem(t)
-	s.start()
-	r, err := s.sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
+	s.Start()
+	r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{
 		Spec: &opendsecv1.SandboxSpec{Image: "root/busybox", TimeoutSeconds: 3600},
 	}))
 	if err != nil {
@@ -330,7 +330,7 @@ func TestKilledInitReportedAtOnce(t *testing.T) {
 	}
 	var got *opendsecv1.Sandbox
 	for time.Since(killed) < 10*time.Second {
-		g, err := s.sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
+		g, err := s.Sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))
 		if err != nil {
 			t.Fatalf("get after the kill: %v", err)
 		}

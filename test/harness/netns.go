@@ -1,12 +1,13 @@
 //go:build linux
 
-package e2e
+package harness
 
 import (
 	"net"
 	"net/netip"
 	"os"
 	goruntime "runtime"
+	"strconv"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -14,19 +15,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// makeNetNS makes a network namespace with loopback up and bind-mounts it
+// MakeNetNS makes a network namespace with loopback up and bind-mounts it
 // at path; it is removed when the test ends (after the system's cleanup,
 // which is registered later).
-func makeNetNS(t *testing.T, path string) {
+func MakeNetNS(t testing.TB, path string) {
 	t.Helper()
-	ns := newNS(t)
+	ns := NewNS(t)
 	defer ns.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := unix.Mount("/proc/self/fd/"+itoa(int(ns)), path, "", unix.MS_BIND, ""); err != nil {
+	if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(int(ns)), path, "", unix.MS_BIND, ""); err != nil {
 		t.Fatalf("bind-mount netns: %v", err)
 	}
 	t.Cleanup(func() {
@@ -47,9 +48,9 @@ func makeNetNS(t *testing.T, path string) {
 	}
 }
 
-// newNS returns a handle to a new network namespace; the calling thread
+// NewNS returns a handle to a new network namespace; the calling thread
 // stays in its own.
-func newNS(t *testing.T) netns.NsHandle {
+func NewNS(t testing.TB) netns.NsHandle {
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
 	orig, err := netns.Get()
@@ -67,8 +68,8 @@ func newNS(t *testing.T) netns.NsHandle {
 	return ns
 }
 
-// inNS runs fn on a thread in the namespace at path.
-func inNS(t *testing.T, path string, fn func() error) {
+// InNS runs fn on a thread in the namespace at path.
+func InNS(t testing.TB, path string, fn func() error) {
 	t.Helper()
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
@@ -95,18 +96,18 @@ func inNS(t *testing.T, path string, fn func() error) {
 }
 
 // Addresses of the test's "internet": a namespace joined to the node's by a
-// veth, with servers on inetIP.
+// veth, with servers on InetIP.
 const (
-	uplinkIP = "198.18.0.1"
-	inetIP   = "198.18.0.2"
+	UplinkIP = "198.18.0.1"
+	InetIP   = "198.18.0.2"
 )
 
-// makeInternet builds the internet namespace next to the node's and returns
+// MakeInternet builds the internet namespace next to the node's and returns
 // its path.
-func makeInternet(t *testing.T, nodeNS string) string {
+func MakeInternet(t testing.TB, nodeNS string) string {
 	t.Helper()
 	path := nodeNS + "-inet"
-	makeNetNS(t, path)
+	MakeNetNS(t, path)
 	inet, err := netns.GetFromPath(path)
 	if err != nil {
 		t.Fatal(err)
@@ -122,21 +123,21 @@ func makeInternet(t *testing.T, nodeNS string) string {
 		}
 		return netlink.LinkSetUp(l)
 	}
-	inNS(t, nodeNS, func() error {
+	InNS(t, nodeNS, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "peer", PeerNamespace: netlink.NsFd(int(inet))}); err != nil {
 			return err
 		}
-		return up("uplink", uplinkIP)
+		return up("uplink", UplinkIP)
 	})
-	inNS(t, path, func() error { return up("peer", inetIP) })
+	InNS(t, path, func() error { return up("peer", InetIP) })
 	return path
 }
 
-// listenIn opens a TCP listener in the namespace at path.
-func listenIn(t *testing.T, path, addr string) net.Listener {
+// ListenIn opens a TCP listener in the namespace at path.
+func ListenIn(t testing.TB, path, addr string) net.Listener {
 	t.Helper()
 	var l net.Listener
-	inNS(t, path, func() error {
+	InNS(t, path, func() error {
 		var err error
 		l, err = net.Listen("tcp", addr)
 		return err
