@@ -143,7 +143,9 @@ func newNetwork(ctx context.Context, cfg config.Config) (*netpolicy.Manager, err
 		log.G(ctx).Warn("network policy is off (node.network.enabled=false): sandboxes have no network")
 		return nil, nil
 	}
-	m, err := netpolicy.New(ctx, cfg.Node.Network.Config, cfg.DataDir)
+	ncfg := cfg.Node.Network.Config
+	ncfg.NodeID = cfg.Node.ID // in the names of what the node makes on the host
+	m, err := netpolicy.New(ctx, ncfg, cfg.DataDir)
 	if err != nil {
 		if en != nil || errdefs.IsInvalidArgument(err) {
 			return nil, fmt.Errorf("start network policy: %w", err)

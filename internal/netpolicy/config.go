@@ -5,11 +5,14 @@ import (
 	"path/filepath"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
 // Defaults for Config.
 const (
-	DefaultPool     = "100.96.0.0/12"
+	DefaultPool = "100.96.0.0/12"
+	// DefaultNetNSDir is netns_dir's default without a node ID; a node's
+	// is DefaultNetNSDirOf(its ID).
 	DefaultNetNSDir = "/run/opendsec/netns"
 	DefaultMinTTL   = 10
 	// DefaultMaxTTL caps how long one DNS answer keeps an address open.
@@ -26,12 +29,19 @@ const (
 // Config configures the network policy of one node. It is meant to live in
 // the node's part of the configuration file as "network".
 type Config struct {
+	// NodeID is the node's ID (node.id, set by the node, not a field of
+	// the network section). It is in the name of everything the node makes
+	// outside its state directory (names.go), so nodes sharing a machine
+	// or a network namespace never touch each other's. Empty (tests only)
+	// keeps the names of before node IDs were in them.
+	NodeID string `json:"-"`
 	// Pool is the IPv4 prefix sandbox addresses come from. Its first /31 is
 	// the node's DNS proxy; each sandbox gets the next free /31 (gateway on
 	// the node's side, sandbox on the other). Default 100.96.0.0/12.
 	Pool string `json:"pool"`
 	// NetNSDir holds one bind-mounted network namespace file per sandbox,
 	// named by sandbox ID; runc joins it through the OCI spec's path.
+	// Default /run/opendsec/<node id>/netns.
 	NetNSDir string `json:"netns_dir"`
 	// StateDir holds the address allocations and each sandbox's rules, so a
 	// restarted node neither reuses an address nor forgets a policy.
@@ -76,7 +86,7 @@ func (c Config) withDefaults(dataDir string) Config {
 		c.Pool = DefaultPool
 	}
 	if c.NetNSDir == "" {
-		c.NetNSDir = DefaultNetNSDir
+		c.NetNSDir = DefaultNetNSDirOf(c.NodeID)
 	}
 	if c.StateDir == "" && dataDir != "" {
 		c.StateDir = filepath.Join(dataDir, "netpolicy")
@@ -104,6 +114,11 @@ var sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
 
 // Validate checks the configuration; errors name the field.
 func (c Config) Validate() error {
+	if c.NodeID != "" {
+		if err := sandboxid.ValidNode(c.NodeID); err != nil {
+			return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9], e.g. \"n001\"", c.NodeID)
+		}
+	}
 	p, err := netip.ParsePrefix(c.Pool)
 	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p != p.Masked() {
 		return errdefs.Invalid("network.pool", "%q must be an IPv4 prefix of /29 or larger like %q", c.Pool, DefaultPool)

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
 
@@ -19,31 +21,44 @@ import (
 type dnsProxy struct {
 	m        *Manager
 	ctx      context.Context
-	udp, tcp *dns.Server
+	pc       net.PacketConn
+	ln       net.Listener
+	udp, tcp *dns.Server // nil until serve
 }
 
-func startDNS(ctx context.Context, m *Manager) (*dnsProxy, error) {
+// listenDNS opens the proxy's sockets (queries wait in them until serve).
+// It runs before the node changes anything in its namespace, so a node
+// whose address another node holds fails without touching it.
+func listenDNS(ctx context.Context, m *Manager) (*dnsProxy, error) {
 	p := &dnsProxy{m: m, ctx: context.WithoutCancel(ctx)}
 	addr := netip.AddrPortFrom(m.alloc.dnsAddr(), 53).String()
-	var pc net.PacketConn
-	var ln net.Listener
 	// The sockets are opened in the node namespace and stay there.
 	err := inNetNS(m.cfg.NodeNetNS, func() error {
 		var err error
-		if pc, err = net.ListenPacket("udp4", addr); err != nil {
+		if p.pc, err = net.ListenPacket("udp4", addr); err != nil {
 			return fmt.Errorf("listen dns udp: %w", err)
 		}
-		if ln, err = net.Listen("tcp4", addr); err != nil {
-			pc.Close()
+		if p.ln, err = net.Listen("tcp4", addr); err != nil {
+			p.pc.Close()
 			return fmt.Errorf("listen dns tcp: %w", err)
 		}
 		return nil
 	})
+	if errors.Is(err, unix.EADDRINUSE) {
+		// A configuration error, so the node does not start without
+		// network (which it does when this machine cannot run it).
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "network.pool: the DNS proxy's address %s is taken, most likely by another node in this network namespace with the same pool; give each node its own network.pool or network.node_netns: %w", addr, err)
+	}
 	if err != nil {
 		return nil, err
 	}
-	p.udp = &dns.Server{PacketConn: pc, Handler: p}
-	p.tcp = &dns.Server{Listener: ln, Handler: p}
+	return p, nil
+}
+
+// serve answers queries on the sockets listenDNS opened.
+func (p *dnsProxy) serve(ctx context.Context) error {
+	p.udp = &dns.Server{PacketConn: p.pc, Handler: p}
+	p.tcp = &dns.Server{Listener: p.ln, Handler: p}
 	started := make(chan struct{}, 2)
 	p.udp.NotifyStartedFunc = func() { started <- struct{}{} }
 	p.tcp.NotifyStartedFunc = func() { started <- struct{}{} }
@@ -53,14 +68,16 @@ func startDNS(ctx context.Context, m *Manager) (*dnsProxy, error) {
 		select {
 		case <-started:
 		case <-ctx.Done():
-			p.close()
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	return p, nil
+	return nil
 }
 
 func (p *dnsProxy) close() error {
+	if p.udp == nil {
+		return errors.Join(p.pc.Close(), p.ln.Close())
+	}
 	return errors.Join(p.udp.Shutdown(), p.tcp.Shutdown())
 }
 

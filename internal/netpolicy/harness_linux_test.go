@@ -46,7 +46,10 @@ type world struct {
 	upstream atomic.Int64
 }
 
-func newWorld(t testing.TB) *world {
+func newWorld(t testing.TB) *world { return newWorldOf(t, "") }
+
+// newWorldOf is newWorld with a Manager of node nodeID (Config.NodeID).
+func newWorldOf(t testing.TB, nodeID string) *world {
 	testutil.RequiresRoot(t)
 	dir, err := os.MkdirTemp("", "netpolicy-test-")
 	if err != nil {
@@ -132,6 +135,7 @@ func newWorld(t testing.TB) *world {
 			"wild":    {{Domain: "*.example.test", Protocol: "tcp", Ports: "443"}},
 		},
 		NodeNetNS: w.nodeNS,
+		NodeID:    nodeID,
 	}
 	w.m = w.newManager()
 	return w
@@ -391,7 +395,7 @@ func (w *world) count() counts {
 			return err
 		}
 		for _, l := range links {
-			if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, hostIfPrefix) {
+			if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, vethPrefix) {
 				c.veths++
 			}
 		}

@@ -1,15 +1,15 @@
 package netpolicy
 
 import (
+	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,8 +24,6 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 )
 
-const hostIfPrefix = "od"
-
 // persisted is a sandbox's state file.
 type persisted struct {
 	ID    string `json:"id"`
@@ -36,6 +34,12 @@ type persisted struct {
 	Mode Mode `json:"mode,omitempty"`
 	// DomainSets is how many domain sets the installed rules use.
 	DomainSets int `json:"domain_sets"`
+	// HostIf and NetNSPath are the names Setup gave the sandbox's veth and
+	// namespace file. Empty in state written before node IDs were in the
+	// names: then they are the names without a node ID (HostIfName("",
+	// id)) and the netns_dir of before (legacyNSDir).
+	HostIf    string `json:"host_if,omitempty"`
+	NetNSPath string `json:"netns_path,omitempty"`
 }
 
 type sandbox struct {
@@ -58,10 +62,14 @@ type sandbox struct {
 
 // Manager owns the network of every sandbox on a node.
 type Manager struct {
-	cfg   Config
-	pool  netip.Prefix
-	alloc *allocator
-	nl    *netlink.Handle
+	cfg Config
+	// legacyNSDir is where namespace files of sandboxes set up before node
+	// IDs were in the names are: the configured netns_dir, or the old
+	// default.
+	legacyNSDir string
+	pool        netip.Prefix
+	alloc       *allocator
+	nl          *netlink.Handle
 
 	nftMu sync.Mutex // serialises nft batches
 	nft   *nftState  // guarded by nftMu
@@ -89,11 +97,12 @@ type Manager struct {
 // sandboxes recorded in cfg.StateDir and starts the DNS proxy. It leaves
 // running sandboxes' networks alone; call Recover to drop the dead ones.
 func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
+	legacyNSDir := cmp.Or(cfg.NetNSDir, DefaultNetNSDir)
 	cfg = cfg.withDefaults(dataDir)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, pool: netip.MustParsePrefix(cfg.Pool), sandboxes: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{},
+	m := &Manager{cfg: cfg, legacyNSDir: legacyNSDir, pool: netip.MustParsePrefix(cfg.Pool), sandboxes: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{},
 		nftQ: make(chan nftReq, 1024), stop: make(chan struct{})}
 	var err error
 	if m.alloc, err = newAllocator(filepath.Join(cfg.StateDir, "addrs"), m.pool); err != nil {
@@ -125,7 +134,7 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 		m.nl.Close()
 		return nil, fmt.Errorf("open nftables: %w", err)
 	}
-	m.nft = &nftState{c: conn, table: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}, pool: m.pool, dns: m.alloc.dnsAddr()}
+	m.nft = &nftState{c: conn, table: &nftables.Table{Name: TableName(cfg.NodeID), Family: nftables.TableFamilyINet}, pool: m.pool, dns: m.alloc.dnsAddr()}
 	fail := func(err error) (*Manager, error) {
 		m.Close()
 		return nil, err
@@ -134,6 +143,9 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 		return fail(err)
 	}
 	if err := m.ensureDNSLink(); err != nil {
+		return fail(err)
+	}
+	if m.dns, err = listenDNS(ctx, m); err != nil {
 		return fail(err)
 	}
 	m.nftMu.Lock()
@@ -148,8 +160,7 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 	m.bg.Add(2)
 	go m.flushLoop()
 	go m.sweepLoop()
-	m.dns, err = startDNS(ctx, m)
-	if err != nil {
+	if err := m.dns.serve(ctx); err != nil {
 		return fail(err)
 	}
 	return m, nil
@@ -200,11 +211,30 @@ func (m *Manager) ensureDNSLink() error {
 	return nil
 }
 
-// HostIfName is the node-side veth name of a sandbox: "od" and 13
-// characters of a hash of the ID (interface names have at most 15).
-func HostIfName(id string) string {
-	h := sha256.Sum256([]byte(id))
-	return hostIfPrefix + strings.ToLower(base32.StdEncoding.EncodeToString(h[:]))[:13]
+// owns reports whether sandbox id is this node's: its ID starts with the
+// node's. What other nodes made in places nodes share (the network
+// namespace, a netns_dir) is never this node's to remove.
+func (m *Manager) owns(id string) bool { return strings.HasPrefix(id, m.cfg.NodeID) }
+
+// ifNames are the names sb's veth may have: the one it was given (when
+// known), and this node's and the pre-node-ID name of its ID.
+func (m *Manager) ifNames(sb *sandbox) []string {
+	return uniq(sb.net.HostIf, HostIfName(m.cfg.NodeID, sb.st.ID), HostIfName("", sb.st.ID))
+}
+
+// nsPaths are the paths sb's namespace file may have, likewise.
+func (m *Manager) nsPaths(sb *sandbox) []string {
+	return uniq(sb.net.NetNSPath, m.nsPath(sb.st.ID), filepath.Join(m.legacyNSDir, sb.st.ID))
+}
+
+func uniq(ss ...string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Planned returns what Setup will give id in veth mode, except HostAddr and
@@ -220,7 +250,7 @@ func (m *Manager) PlannedWith(id string, opts SetupOptions) Network {
 		mode = ModeVeth
 	}
 	n := guestNetwork(id, m.nsPath(id), mode)
-	n.HostIf = HostIfName(id)
+	n.HostIf = HostIfName(m.cfg.NodeID, id)
 	return n
 }
 
@@ -288,6 +318,8 @@ func (m *Manager) load() error {
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
 			sb.net = m.netOf(id, st.Index, st.Mode)
+			sb.net.HostIf = cmp.Or(st.HostIf, HostIfName("", id))
+			sb.net.NetNSPath = cmp.Or(st.NetNSPath, filepath.Join(m.legacyNSDir, id))
 			m.byAddr[sb.net.HostAddr] = sb
 		}
 	}
@@ -344,9 +376,10 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 		m.mu.Unlock()
 		return Network{}, err
 	}
-	sb.st = persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: len(domainRules(resolved))}
-	sb.rules = resolved
 	sb.net = m.netOf(id, idx, mode)
+	sb.st = persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: len(domainRules(resolved)),
+		HostIf: sb.net.HostIf, NetNSPath: sb.net.NetNSPath}
+	sb.rules = resolved
 	if err := m.setup(ctx, sb); err != nil {
 		cctx := context.WithoutCancel(ctx)
 		if terr := m.teardown(cctx, sb); terr != nil {
@@ -702,16 +735,21 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	sb.gen.Add(1)
 	m.learnedTotal.Add(-int64(sb.learned.len()))
 	sb.learned = learnedSet{}
+	ifs := m.ifNames(sb)
 	m.nftMu.Lock()
-	err := m.nft.removeSandbox(id, HostIfName(id), max(sb.st.DomainSets, 16))
+	err := m.nft.removeSandbox(id, ifs, max(sb.st.DomainSets, 16))
 	m.nftMu.Unlock()
 	errs = append(errs, err)
-	if l, err := m.nl.LinkByName(HostIfName(id)); err == nil {
-		if err := m.nl.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("delete veth: %w", err))
+	for _, name := range ifs {
+		if l, err := m.nl.LinkByName(name); err == nil {
+			if err := m.nl.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("delete veth: %w", err))
+			}
 		}
 	}
-	errs = append(errs, removeNetNS(m.nsPath(id)))
+	for _, p := range m.nsPaths(sb) {
+		errs = append(errs, removeNetNS(p))
+	}
 	if sb.net.HostAddr.IsValid() {
 		m.flushConntrack(ctx, sb.net.HostAddr, func(netip.Addr, uint8, uint16) bool { return true })
 	}
@@ -743,8 +781,13 @@ type RecoverReport struct {
 
 // Recover runs after a node restart: sandboxes live reports as running keep
 // their network (their rules are reinstalled without dropping what DNS
-// admitted); everything else this package made — state, allocations, veths,
-// nft chains and sets, netns files — is removed.
+// admitted); everything else this node made — state, allocations, veths,
+// nft chains and sets, netns files — is removed. Veths and namespace files
+// of sandboxes that are not this node's (their IDs start with another
+// node's ID) are left alone, whoever made them. Rules a node left in the
+// table of before node IDs were in the names ("opendsec") move to its own
+// table: its own chains there go, and the table too once no other node's
+// are in it.
 func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (RecoverReport, error) {
 	var rep RecoverReport
 	var errs []error
@@ -760,7 +803,8 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 	}
 	for _, l := range links {
 		a := l.Attrs()
-		if l.Type() == "veth" && strings.HasPrefix(a.Name, hostIfPrefix) && a.Alias != "" && HostIfName(a.Alias) == a.Name {
+		if l.Type() == "veth" && a.Alias != "" && m.owns(a.Alias) &&
+			(HostIfName(m.cfg.NodeID, a.Alias) == a.Name || HostIfName("", a.Alias) == a.Name) {
 			owners[a.Alias] = true
 		}
 	}
@@ -773,9 +817,13 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 	for id := range nftOwners {
 		owners[id] = true
 	}
-	if ents, err := os.ReadDir(m.cfg.NetNSDir); err == nil {
-		for _, e := range ents {
-			owners[e.Name()] = true
+	for _, dir := range uniq(m.cfg.NetNSDir, m.legacyNSDir) {
+		if ents, err := os.ReadDir(dir); err == nil {
+			for _, e := range ents {
+				if m.owns(e.Name()) {
+					owners[e.Name()] = true
+				}
+			}
 		}
 	}
 	allocs, err := m.alloc.list()
@@ -811,7 +859,52 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 		}
 		rep.Removed = append(rep.Removed, id)
 	}
+	if err := m.dropLegacyTable(); err != nil {
+		errs = append(errs, err)
+	}
 	return rep, errors.Join(errs...)
+}
+
+// dropLegacyTable removes this node's chains, sets and map entries from the
+// table of before node IDs were in the names, and the table itself when no
+// other node's are left in it. Recover calls it after the live sandboxes'
+// rules are in the node's own table, so they are enforced throughout.
+func (m *Manager) dropLegacyTable() error {
+	if m.cfg.NodeID == "" {
+		return nil // that table is this node's own
+	}
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	tables, err := m.nft.c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nft tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == tableName }) {
+		return nil
+	}
+	old := &nftState{c: m.nft.c, table: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}}
+	owners, err := old.leftovers()
+	if err != nil {
+		return err
+	}
+	others := 0
+	for id, sets := range owners {
+		if !m.owns(id) {
+			others++
+			continue
+		}
+		if err := old.removeSandbox(id, uniq(HostIfName("", id), HostIfName(m.cfg.NodeID, id)), max(sets, 16)); err != nil {
+			return fmt.Errorf("move rules out of nft table %s: %w", tableName, err)
+		}
+	}
+	if others > 0 {
+		return nil
+	}
+	m.nft.c.DelTable(old.table)
+	if err := m.nft.c.Flush(); err != nil {
+		return fmt.Errorf("remove nft table %s: %w", tableName, err)
+	}
+	return nil
 }
 
 // Validate checks rules against this node's rule sets without changing

@@ -12,9 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Names of the node-wide nftables objects.
+// Names of the node-wide nftables objects, in the node's table
+// (TableName).
 const (
-	tableName   = "opendsec"
 	outMapName  = "sandbox_out" // host ifname → jump sb-<id>-o
 	inMapName   = "sandbox_in"  // host ifname → jump sb-<id>-i
 	chainPrefix = "sb-"
@@ -329,21 +329,23 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 // removeSandbox deletes a sandbox's map entries, chains and sets in one
 // batch. Each object is added before it is deleted, so the batch succeeds
 // whatever a crash left behind.
-func (n *nftState) removeSandbox(id, hostIf string, domainSets int) error {
+func (n *nftState) removeSandbox(id string, hostIfs []string, domainSets int) error {
 	c := n.c
 	o := c.AddChain(&nftables.Chain{Name: outChain(id), Table: n.table})
 	i := c.AddChain(&nftables.Chain{Name: inChain(id), Table: n.table})
-	key := ifnameKey(hostIf)
-	for _, m := range []struct {
-		set   string
-		chain string
-	}{{outMapName, o.Name}, {inMapName, i.Name}} {
-		el := []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: m.chain}}}
-		if err := c.SetAddElements(n.vmap(m.set), el); err != nil {
-			return fmt.Errorf("add nft map element: %w", err)
-		}
-		if err := c.SetDeleteElements(n.vmap(m.set), el); err != nil {
-			return fmt.Errorf("delete nft map element: %w", err)
+	for _, hostIf := range hostIfs {
+		key := ifnameKey(hostIf)
+		for _, m := range []struct {
+			set   string
+			chain string
+		}{{outMapName, o.Name}, {inMapName, i.Name}} {
+			el := []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: m.chain}}}
+			if err := c.SetAddElements(n.vmap(m.set), el); err != nil {
+				return fmt.Errorf("add nft map element: %w", err)
+			}
+			if err := c.SetDeleteElements(n.vmap(m.set), el); err != nil {
+				return fmt.Errorf("delete nft map element: %w", err)
+			}
 		}
 	}
 	c.FlushChain(o)
@@ -372,7 +374,7 @@ func (n *nftState) leftovers() (map[string]int, error) {
 		return nil, fmt.Errorf("list nft chains: %w", err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name != tableName {
+		if ch.Table.Name != n.table.Name {
 			continue
 		}
 		if id, ok := idFromChain(ch.Name); ok {

@@ -72,7 +72,7 @@ func (s *system) hostIP(t *testing.T, id string) string {
 	t.Helper()
 	var ip string
 	harness.InNS(t, s.NodeNS(), func() error {
-		l, err := netlink.LinkByName(netpolicy.HostIfName(id))
+		l, err := netlink.LinkByName(netpolicy.HostIfName(id[:4], id))
 		if err != nil {
 			return err
 		}
