@@ -33,24 +33,30 @@ const Name = "container"
 func init() { runtime.Register(Name, open) }
 
 // open builds the backend from its config section (node.backends.container).
-func open(_ context.Context, _ runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
+func open(_ context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
 	var cfg Config
 	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
 		return nil, err
 	}
+	cfg.NodeID = env.NodeID
 	return newBackend(cfg)
 }
 
 // Config configures the backend.
 type Config struct {
+	// NodeID is the node's ID (runtime.Env, not a field of the section).
+	// It is in the default StateRoot and CgroupParent, so nodes sharing a
+	// machine never share runc state or a cgroup parent. Empty (tests)
+	// keeps the defaults of before node IDs were in them.
+	NodeID string `json:"-"`
 	// RuncPath is the runc binary; empty means "runc" looked up in PATH.
 	RuncPath string `json:"runc_path,omitempty"`
 	// StateRoot is runc's state directory (runc --root); empty means
-	// /run/opendsec/runc. It must be on a filesystem that survives a node
+	// /run/opendsec/<node id>/runc. It must be on a filesystem that survives a node
 	// restart (tmpfs /run is fine: containers do not survive a reboot either).
 	StateRoot string `json:"state_root,omitempty"`
 	// CgroupParent is the cgroup under which every sandbox gets
-	// <CgroupParent>/<id>; empty means /opendsec.
+	// <CgroupParent>/<id>; empty means /opendsec-<node id>.
 	CgroupParent string `json:"cgroup_parent,omitempty"`
 	// AgentPath is the host path of the static opendsec-agent binary,
 	// bind-mounted read-only into every sandbox and run there, on demand,
@@ -66,6 +72,11 @@ type Config struct {
 	// next connection); 0 means never, absent means
 	// DefaultAgentIdleExit.
 	AgentIdleExitMS *int64 `json:"agent_idle_exit_ms,omitempty"`
+
+	// legacyDefaults: StateRoot and CgroupParent are the node's defaults,
+	// so a create interrupted before the upgrade that put node IDs in them
+	// may have left its state under the old ones.
+	legacyDefaults bool
 }
 
 // DefaultAgentIdleExit is the agent's idle exit when the config names none.
@@ -79,22 +90,41 @@ func (c *Config) agentIdleExit() time.Duration {
 	return time.Duration(*c.AgentIdleExitMS) * time.Millisecond
 }
 
-// Defaults for Config.
+// Defaults for Config. DefaultStateRoot and DefaultCgroupParent are those
+// without a node ID; a node's are DefaultStateRootOf and
+// DefaultCgroupParentOf its ID.
 const (
 	DefaultRuncPath     = "runc"
 	DefaultStateRoot    = "/run/opendsec/runc"
 	DefaultCgroupParent = "/opendsec"
 )
 
+// DefaultStateRootOf is state_root's default on node.
+func DefaultStateRootOf(node string) string {
+	if node == "" {
+		return DefaultStateRoot
+	}
+	return filepath.Join("/run/opendsec", node, "runc")
+}
+
+// DefaultCgroupParentOf is cgroup_parent's default on node.
+func DefaultCgroupParentOf(node string) string {
+	if node == "" {
+		return DefaultCgroupParent
+	}
+	return DefaultCgroupParent + "-" + node
+}
+
 func (c *Config) setDefaults() {
 	if c.RuncPath == "" {
 		c.RuncPath = DefaultRuncPath
 	}
+	c.legacyDefaults = c.NodeID != "" && c.StateRoot == "" && c.CgroupParent == ""
 	if c.StateRoot == "" {
-		c.StateRoot = DefaultStateRoot
+		c.StateRoot = DefaultStateRootOf(c.NodeID)
 	}
 	if c.CgroupParent == "" {
-		c.CgroupParent = DefaultCgroupParent
+		c.CgroupParent = DefaultCgroupParentOf(c.NodeID)
 	}
 	if c.InitPath == "" && c.AgentPath != "" {
 		c.InitPath = filepath.Join(filepath.Dir(c.AgentPath), InitBinaryName)

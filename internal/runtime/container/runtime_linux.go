@@ -833,26 +833,38 @@ func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
 		r.mu.Unlock()
 	}()
 	sb := &sandbox{id: id, exit: newExitWatch()}
-	if b, err := os.ReadFile(r.intentPath(id)); err == nil {
-		if err := json.Unmarshal(b, &sb.st); err != nil {
-			return fmt.Errorf("delete sandbox: decode intent: %w", err)
-		}
+	// A create interrupted before an upgrade put node IDs in the default
+	// names left its intent and runc state under the old defaults.
+	places := []struct{ root, cgroup string }{{r.cfg.StateRoot, r.cgroupPath(id)}}
+	if r.cfg.legacyDefaults {
+		places = append(places, struct{ root, cgroup string }{DefaultStateRoot, filepath.Join(DefaultCgroupParent, id)})
 	}
-	if s, err := r.runcState(ctx, r.cfg.StateRoot, id); err == nil {
-		sb.pid.Store(int64(s.Pid))
-		if sb.st.Bundle == "" {
-			sb.st.Bundle = s.Bundle
+	for _, pl := range places {
+		if b, err := os.ReadFile(filepath.Join(pl.root+".intents", id+".json")); err == nil {
+			if err := json.Unmarshal(b, &sb.st); err != nil {
+				return fmt.Errorf("delete sandbox: decode intent: %w", err)
+			}
 		}
+		if s, err := r.runcState(ctx, pl.root, id); err == nil {
+			sb.pid.Store(int64(s.Pid))
+			if sb.st.Bundle == "" {
+				sb.st.Bundle = s.Bundle
+			}
+		}
+		if sb.st.Bundle == "" {
+			// Nothing on record here; at most an empty cgroup is left.
+			if err := r.cg.remove(ctx, pl.cgroup); err != nil {
+				return fmt.Errorf("delete sandbox: %w", err)
+			}
+			continue
+		}
+		sb.st.StateRoot = pl.root
+		sb.st.CgroupPath = pl.cgroup
+		break
 	}
 	if sb.st.Bundle == "" {
-		// Nothing on record; at most an empty cgroup is left.
-		if err := r.cg.remove(ctx, r.cgroupPath(id)); err != nil {
-			return fmt.Errorf("delete sandbox: %w", err)
-		}
 		return nil
 	}
-	sb.st.StateRoot = r.cfg.StateRoot
-	sb.st.CgroupPath = r.cgroupPath(id)
 	log.G(ctx).Info("deleting sandbox left by an interrupted create", "sandbox.id", id, "bundle", sb.st.Bundle)
 	if err := r.cleanup(ctx, sb); err != nil {
 		return fmt.Errorf("delete sandbox: %w", err)
