@@ -175,8 +175,29 @@ type System struct {
 func New(t *testing.T) *System { return NewPool(t, 0) }
 
 // NewPool is New with node.warm_pool.size = poolSize.
-func NewPool(t *testing.T, poolSize int) *System {
+func NewPool(t *testing.T, poolSize int) *System { return NewWith(t, Options{PoolSize: poolSize}) }
+
+// Options change what New sets up.
+type Options struct {
+	// PoolSize is node.warm_pool.size (0: off).
+	PoolSize int
+	// NodeID is node.id; empty means n001.
+	NodeID string
+	// NodeNS is the node network namespace to use, e.g. another system's
+	// (NodeNS()), so two nodes share one host network; empty makes one.
+	NodeNS string
+	// Pool is node.network.pool; empty means the default. Nodes sharing a
+	// namespace need pools of their own.
+	Pool string
+}
+
+// NewWith is New with o.
+func NewWith(t *testing.T, o Options) *System {
 	testutil.RequiresRoot(t)
+	poolSize, nodeID := o.PoolSize, o.NodeID
+	if nodeID == "" {
+		nodeID = "n001"
+	}
 	if binDir == "" {
 		t.Fatal("harness: binaries not built: call harness.Main(m) from TestMain")
 	}
@@ -185,8 +206,11 @@ func NewPool(t *testing.T, poolSize int) *System {
 		t.Fatal(err)
 	}
 	s := &System{t: t, dataDir: dd, cfgPath: filepath.Join(dd, "opendsec.json"), logPath: filepath.Join(dd, "up.log")}
-	s.nodeNS = filepath.Join(dd, "nodens")
-	MakeNetNS(t, s.nodeNS)
+	s.nodeNS = o.NodeNS
+	if s.nodeNS == "" {
+		s.nodeNS = filepath.Join(dd, "nodens")
+		MakeNetNS(t, s.nodeNS)
+	}
 	api, nodeP, watcherP, e2bP := FreePort(t), FreePort(t), FreePort(t), FreePort(t)
 	s.e2b = fmt.Sprintf("127.0.0.1:%d", e2bP)
 	cfg := map[string]any{
@@ -200,7 +224,7 @@ func NewPool(t *testing.T, poolSize int) *System {
 		},
 		"watcher": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", watcherP), "poll_interval_ms": 200},
 		"node": map[string]any{
-			"id":              "n001",
+			"id":              nodeID,
 			"listen":          fmt.Sprintf("127.0.0.1:%d", nodeP),
 			"agent_path":      filepath.Join(binDir, "opendsec-agent"),
 			"image_dir":       filepath.Join(dd, "images"),
@@ -214,8 +238,11 @@ func NewPool(t *testing.T, poolSize int) *System {
 				"netns_dir":  filepath.Join(dd, "netns"),
 			},
 		},
-		"nodes": []map[string]any{{"id": "n001", "address": fmt.Sprintf("http://127.0.0.1:%d", nodeP)}},
+		"nodes": []map[string]any{{"id": nodeID, "address": fmt.Sprintf("http://127.0.0.1:%d", nodeP)}},
 		"e2b":   map[string]any{"listen": s.e2b},
+	}
+	if o.Pool != "" {
+		cfg["node"].(map[string]any)["network"].(map[string]any)["pool"] = o.Pool
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(s.cfgPath, b, 0o644); err != nil {
