@@ -96,8 +96,9 @@ func (s *system) leftovers(id string) []string {
 			}
 		}
 	}
-	cg, _ := filepath.Glob("/sys/fs/cgroup/*/opendsec/" + id)
-	cg2, _ := filepath.Glob("/sys/fs/cgroup/opendsec/" + id)
+	// Under the node's cgroup parent, /opendsec-<node id> by default.
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/opendsec*/" + id)
+	cg2, _ := filepath.Glob("/sys/fs/cgroup/opendsec*/" + id)
 	for _, d := range append(cg, cg2...) {
 		out = append(out, "cgroup: "+d)
 	}
@@ -314,7 +315,8 @@ func TestKilledInitReportedAtOnce(t *testing.T) {
 	}
 	id := r.Msg.Sandbox.Id
 	s.shell(t, id, "true")
-	out, err := exec.Command("runc", "--root", "/run/opendsec/runc", "state", id).Output()
+	// The node's default runc root carries its node ID.
+	out, err := exec.Command("runc", "--root", "/run/opendsec/"+id[:4]+"/runc", "state", id).Output()
 	if err != nil {
 		t.Fatalf("runc state %s: %v", id, err)
 	}
