@@ -554,6 +554,11 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 		if errors.Is(err, os.ErrPermission) {
 			return nil, errdefs.New(errdefs.ErrPermissionDenied, "start %s as %s: %s", pc.Cmd, usr.Name, err)
 		}
+		if errors.Is(err, syscall.ENOEXEC) {
+			// The file is there but is no program (an overwritten binary,
+			// a script without #!): the caller's command, not our fault.
+			return nil, errdefs.Invalid("command", "%s cannot be run: exec format error; give a program or a script starting with #!", pc.Cmd)
+		}
 		return nil, fmt.Errorf("start process %s: %w", pc.Cmd, err)
 	}
 	p.pid = uint32(cmd.Process.Pid)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,15 +52,22 @@ func TestStartEnvCwdAndExitCodes(t *testing.T) {
 
 func TestStartRejectsBadInput(t *testing.T) {
 	e := newEnv(t, Config{})
+	// An executable file that is no program (the paper's overwritten
+	// /bin/bash): invalid_argument, not an internal error.
+	notProgram := filepath.Join(t.TempDir(), "pwned")
+	if err := os.WriteFile(notProgram, []byte("pwned\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for name, tc := range map[string]struct {
 		req  *process.StartRequest
 		code connect.Code
 		want string
 	}{
-		"empty cmd":    {&process.StartRequest{Process: &process.ProcessConfig{}}, connect.CodeInvalidArgument, "process.cmd"},
-		"missing cwd":  {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/true", Cwd: strPtr("/nonexistent/dir")}}, connect.CodeInvalidArgument, "cwd '/nonexistent/dir' does not exist"},
-		"unknown cmd":  {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "no-such-program-xyz"}}, connect.CodeInvalidArgument, "not found in PATH"},
-		"bad env name": {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/true", Envs: map[string]string{"A=B": "x"}}}, connect.CodeInvalidArgument, "process.envs"},
+		"empty cmd":     {&process.StartRequest{Process: &process.ProcessConfig{}}, connect.CodeInvalidArgument, "process.cmd"},
+		"missing cwd":   {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/true", Cwd: strPtr("/nonexistent/dir")}}, connect.CodeInvalidArgument, "cwd '/nonexistent/dir' does not exist"},
+		"unknown cmd":   {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "no-such-program-xyz"}}, connect.CodeInvalidArgument, "not found in PATH"},
+		"not a program": {&process.StartRequest{Process: &process.ProcessConfig{Cmd: notProgram}}, connect.CodeInvalidArgument, "cannot be run: exec format error"},
+		"bad env name":  {&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/true", Envs: map[string]string{"A=B": "x"}}}, connect.CodeInvalidArgument, "process.envs"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, err := e.proc.Start(t.Context(), connect.NewRequest(tc.req))

@@ -110,10 +110,15 @@ func (n *Node) AgentProxy() http.Handler {
 			n.mu.Lock()
 			st := sb.rec.State
 			n.mu.Unlock()
-			switch st {
-			case stateRunning:
-			case statePaused:
+			switch {
+			case st == stateRunning:
+			case st == statePaused:
 				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id)
+			case sb.died.Load():
+				// Reported failed, its cleanup still under way: say why
+				// it is gone, as the tombstone will.
+				reason, _ := sb.reason.Load().(string)
+				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
 			default:
 				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
 			}

@@ -123,8 +123,8 @@ func codeCategory(code connect.Code) error {
 // this node, which answers some failures in ways a Connect client cannot
 // read: a sandbox it does not have is a 404, which the client reports as
 // "unimplemented: HTTP status 404"; and a streaming client drops the body
-// of a 400, so a paused sandbox arrives without its reason (then, and only
-// then, the node is asked for the sandbox's state).
+// of a 400, so a paused or dead sandbox arrives without its reason (then,
+// and only then, the node is asked for the sandbox's state).
 func (c *Client) AgentError(ctx context.Context, sandboxID, what string, err error) error {
 	if connect.CodeOf(err) == connect.CodeUnimplemented && strings.Contains(err.Error(), "404") {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", sandboxID)
@@ -134,6 +134,9 @@ func (c *Client) AgentError(ctx context.Context, sandboxID, what string, err err
 		resp, gerr := c.node.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: sandboxID}))
 		if gerr == nil && resp.Msg.GetSandbox().GetState() == nodev1.SandboxState_SANDBOX_STATE_PAUSED {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", sandboxID)
+		}
+		if gerr == nil && resp.Msg.GetSandbox().GetState() == nodev1.SandboxState_SANDBOX_STATE_FAILED {
+			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", sandboxID, resp.Msg.GetSandbox().GetReason())
 		}
 	}
 	return MapError(ctx, what, err)

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,6 +39,7 @@ import (
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/testutil"
+	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
 
 const module = "github.com/kernflux/opendsec"
@@ -107,14 +109,18 @@ func findRepoRoot() (string, error) {
 }
 
 // build builds ./cmd/name (static) into BinDir once per process.
-func build(name string) (string, error) {
+func build(name string) (string, error) { return buildPkg("./cmd/"+name, name) }
+
+// buildPkg builds the package pkg (relative to the repository root,
+// static) into BinDir as name, once per process.
+func buildPkg(pkg, name string) (string, error) {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	out := filepath.Join(binDir, name)
 	if err, ok := built[name]; ok {
 		return out, err
 	}
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	cmd := exec.Command("go", "build", "-ldflags", "-s -w", "-o", out, pkg)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var err error
@@ -130,6 +136,18 @@ func build(name string) (string, error) {
 func Binary(t testing.TB, name string) string {
 	t.Helper()
 	p, err := build(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// BuildPackage builds the main package pkg ("./test/security/probe",
+// relative to the repository root) as a static binary named name, once per
+// process, and returns its path.
+func BuildPackage(t testing.TB, pkg, name string) string {
+	t.Helper()
+	p, err := buildPkg(pkg, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +184,39 @@ type System struct {
 	nodeNS string
 }
 
+// Options change what New sets up and writes.
+type Options struct {
+	// PoolSize is node.warm_pool.size (0: no warm pool).
+	PoolSize int
+	// NodeID is node.id; empty means n001.
+	NodeID string
+	// NodeNS is the node network namespace to use, e.g. another system's
+	// (NodeNS()), so two nodes share one host network; empty makes one.
+	NodeNS string
+	// Pool is node.network.pool; empty means the default. Nodes sharing a
+	// namespace need pools of their own.
+	Pool string
+	// Config, if set, edits the config (the JSON object written to
+	// opendsec.json) before it is written; see Set.
+	Config func(cfg map[string]any)
+}
+
+// Set sets the value at a dotted path of a config object ("node.cpu",
+// "node.network.dns_upstream"), making the objects on the way.
+func Set(cfg map[string]any, path string, v any) {
+	keys := strings.Split(path, ".")
+	m := cfg
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[k] = next
+		}
+		m = next
+	}
+	m[keys[len(keys)-1]] = v
+}
+
 // New writes a config with fresh ports and imports the busybox image (as
 // root/busybox); Start runs it. Its warm pool is off: tests count the host's
 // sandboxes, network namespaces, mounts and image holds, and prestarted
@@ -176,20 +227,6 @@ func New(t *testing.T) *System { return NewPool(t, 0) }
 
 // NewPool is New with node.warm_pool.size = poolSize.
 func NewPool(t *testing.T, poolSize int) *System { return NewWith(t, Options{PoolSize: poolSize}) }
-
-// Options change what New sets up.
-type Options struct {
-	// PoolSize is node.warm_pool.size (0: off).
-	PoolSize int
-	// NodeID is node.id; empty means n001.
-	NodeID string
-	// NodeNS is the node network namespace to use, e.g. another system's
-	// (NodeNS()), so two nodes share one host network; empty makes one.
-	NodeNS string
-	// Pool is node.network.pool; empty means the default. Nodes sharing a
-	// namespace need pools of their own.
-	Pool string
-}
 
 // NewWith is New with o.
 func NewWith(t *testing.T, o Options) *System {
@@ -244,6 +281,9 @@ func NewWith(t *testing.T, o Options) *System {
 	if o.Pool != "" {
 		cfg["node"].(map[string]any)["network"].(map[string]any)["pool"] = o.Pool
 	}
+	if o.Config != nil {
+		o.Config(cfg)
+	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(s.cfgPath, b, 0o644); err != nil {
 		t.Fatal(err)
@@ -287,10 +327,20 @@ func LastLines(s string, n int) string {
 // config, failing the test on error; it returns the combined output.
 func (s *System) Run(args ...string) string {
 	s.t.Helper()
+	return s.RunT(s.t, args...)
+}
+
+// RunT is Run failing t (a subtest's) instead of the system's test.
+func (s *System) RunT(t testing.TB, args ...string) string {
+	t.Helper()
 	args = append(args, "--data-dir", s.dataDir, "--config", s.cfgPath)
-	out, err := exec.CommandContext(s.t.Context(), filepath.Join(binDir, "opendsec"), args...).CombinedOutput()
+	out, err := exec.CommandContext(t.Context(), filepath.Join(binDir, "opendsec"), args...).Output()
 	if err != nil {
-		s.t.Fatalf("opendsec %s: %v\n%s", strings.Join(args, " "), err, out)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("opendsec %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
 	}
 	return string(out)
 }
@@ -520,4 +570,51 @@ func (s *System) Shell(t testing.TB, id, line string) ExecResult {
 		t.Fatalf("exec %q in %s: %v", line, id, err)
 	}
 	return r
+}
+
+// Client is a Go SDK client with the bootstrap token.
+func (s *System) Client(t testing.TB) *opendsec.Client {
+	t.Helper()
+	c, err := opendsec.New(s.endpoint, opendsec.WithToken(s.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// E2BKey creates an E2B API key of principal (opendsec e2b key create); the
+// running gateway picks it up.
+func (s *System) E2BKey(t testing.TB, principal string) string {
+	t.Helper()
+	return strings.TrimSpace(s.RunT(t, "e2b", "key", "create", "--principal", principal))
+}
+
+// InitPid is the host pid of sandbox id's init (its PID 1): the process in
+// the sandbox's cgroup whose innermost pid is 1.
+func InitPid(t testing.TB, id string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/status")
+	for _, p := range procs {
+		dir := filepath.Dir(p)
+		cg, err := os.ReadFile(filepath.Join(dir, "cgroup"))
+		if err != nil || !strings.Contains(string(cg), id) {
+			continue
+		}
+		st, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 3 && f[0] == "NSpid:" && f[len(f)-1] == "1" {
+				pid, err := strconv.Atoi(f[1])
+				if err == nil {
+					return pid
+				}
+			}
+		}
+	}
+	t.Fatalf("no init process of sandbox %s on the host", id)
+	return 0
 }
