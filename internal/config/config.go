@@ -13,7 +13,9 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // DefaultPath is where Load looks when no path is given.
@@ -143,6 +145,17 @@ type Node struct {
 	MemoryMB int64   `json:"memory_mb"`
 	// MaxSandboxes is the admission cap on sandboxes.
 	MaxSandboxes int64 `json:"max_sandboxes"`
+	// MaxPidsLimit is the largest pids_limit one sandbox may ask for;
+	// 0 means sandboxspec.DefaultMaxPidsLimit.
+	MaxPidsLimit int64 `json:"max_pids_limit"`
+	// TotalPidsLimit bounds the processes and threads of all the node's
+	// sandboxes together (the pids.max of the backend's cgroup parent);
+	// 0 means what the host can run less headroom for the node, runc and
+	// sshd (sandboxspec.TotalPidsCeiling). See TotalPids.
+	TotalPidsLimit int64 `json:"total_pids_limit"`
+	// NofileLimit is every sandbox process's RLIMIT_NOFILE (soft and
+	// hard); 0 means sandboxspec.DefaultNofileLimit.
+	NofileLimit int64 `json:"nofile_limit"`
 	// MaxUploadMB caps one file write.
 	MaxUploadMB int64 `json:"max_upload_mb"`
 	// MaxPaused is how long a sandbox may stay paused before the node stops
@@ -206,6 +219,8 @@ func Default(dataDir string) Config {
 			ImportDir:       filepath.Join(dataDir, "import"),
 			DefaultBackend:  "container",
 			MaxSandboxes:    1000,
+			MaxPidsLimit:    sandboxspec.DefaultMaxPidsLimit,
+			NofileLimit:     sandboxspec.DefaultNofileLimit,
 			MaxUploadMB:     1024,
 			MaxPaused:       DefaultMaxPaused,
 		},
@@ -274,6 +289,9 @@ func (c *Config) Validate() error {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")
 	}
 	if _, err := c.Node.MaxPausedDuration(); err != nil {
+		return err
+	}
+	if _, err := c.Node.Limits(); err != nil {
 		return err
 	}
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
@@ -355,4 +373,41 @@ func (n Node) MaxPausedDuration() (time.Duration, error) {
 		return 0, errdefs.Invalid("node.max_paused", "%q is not a duration; give e.g. \"24h\" or \"90m\", or \"0\" to keep paused sandboxes until they are resumed or stopped", n.MaxPaused)
 	}
 	return d, nil
+}
+
+// Limits resolves and checks the node's process and file limits
+// (max_pids_limit, total_pids_limit, nofile_limit), filling defaults: an
+// unset total_pids_limit is what the host can run (sandboxspec.HostPids)
+// less headroom. Errors name the field and the fix.
+func (n Node) Limits() (runtime.NodeLimits, error) {
+	l := runtime.NodeLimits{MaxPidsLimit: n.MaxPidsLimit, TotalPidsLimit: n.TotalPidsLimit, NofileLimit: n.NofileLimit}
+	if l.MaxPidsLimit == 0 {
+		l.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
+	}
+	if l.NofileLimit == 0 {
+		l.NofileLimit = sandboxspec.DefaultNofileLimit
+	}
+	if l.MaxPidsLimit < sandboxspec.DefaultPidsLimit || l.MaxPidsLimit > sandboxspec.MaxPidsLimit {
+		return l, errdefs.Invalid("node.max_pids_limit", "is %d; give %d (the default pids_limit) to %d processes per sandbox, or 0 for %d", n.MaxPidsLimit, sandboxspec.DefaultPidsLimit, sandboxspec.MaxPidsLimit, sandboxspec.DefaultMaxPidsLimit)
+	}
+	if l.NofileLimit < sandboxspec.MinNofileLimit || l.NofileLimit > sandboxspec.MaxNofileLimit {
+		return l, errdefs.Invalid("node.nofile_limit", "is %d; give %d to %d open files per sandbox process, or 0 for %d", n.NofileLimit, sandboxspec.MinNofileLimit, sandboxspec.MaxNofileLimit, sandboxspec.DefaultNofileLimit)
+	}
+	if l.TotalPidsLimit < 0 {
+		return l, errdefs.Invalid("node.total_pids_limit", "is %d; give the processes all sandboxes may have together, or 0 to derive it from kernel.pid_max", n.TotalPidsLimit)
+	}
+	avail, err := sandboxspec.HostPids()
+	switch {
+	case err != nil && l.TotalPidsLimit == 0:
+		return l, errdefs.Invalid("node.total_pids_limit", "is unset and the host's pid limit cannot be read (%v); set it", err)
+	case err != nil:
+	case l.TotalPidsLimit == 0:
+		l.TotalPidsLimit = sandboxspec.TotalPidsCeiling(avail)
+	case l.TotalPidsLimit > avail:
+		return l, errdefs.Invalid("node.total_pids_limit", "%d is more than this host can run (kernel.pid_max/threads-max: %d); give at most %d, or 0 for %d (which leaves the node, runc and sshd %d)", n.TotalPidsLimit, avail, avail, sandboxspec.TotalPidsCeiling(avail), avail-sandboxspec.TotalPidsCeiling(avail))
+	}
+	if l.MaxPidsLimit > l.TotalPidsLimit {
+		return l, errdefs.Invalid("node.max_pids_limit", "%d is above node.total_pids_limit (%d, for all sandboxes together); lower it, or raise the total (kernel.pid_max)", l.MaxPidsLimit, l.TotalPidsLimit)
+	}
+	return l, nil
 }

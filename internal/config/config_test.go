@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 func TestImportDirDefaultAndValidation(t *testing.T) {
@@ -39,6 +40,47 @@ func TestMaxPaused(t *testing.T) {
 		err := c.Validate()
 		if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), "node.max_paused:") {
 			t.Fatalf("node.max_paused %q: %v, want an invalid node.max_paused error", bad, err)
+		}
+	}
+}
+
+// TestSecurityPidsLimitConfig: the node's process and file limits default
+// to 4096 per sandbox, the host's pids less headroom for all sandboxes,
+// and 4096 open files; bad values name their field.
+func TestSecurityPidsLimitConfig(t *testing.T) {
+	c := Default("/var/lib/opendsec")
+	l, err := c.Node.Limits()
+	if err != nil {
+		t.Fatalf("default limits: %v", err)
+	}
+	avail, err := sandboxspec.HostPids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.MaxPidsLimit != 4096 || l.NofileLimit != 4096 || l.TotalPidsLimit != sandboxspec.TotalPidsCeiling(avail) {
+		t.Fatalf("default limits = %+v, want max 4096, nofile 4096, total %d", l, sandboxspec.TotalPidsCeiling(avail))
+	}
+	c.Node.TotalPidsLimit = 5000
+	if l, err := c.Node.Limits(); err != nil || l.TotalPidsLimit != 5000 {
+		t.Fatalf("total_pids_limit 5000: %+v, %v", l, err)
+	}
+	for _, bad := range []struct {
+		field string
+		mod   func(*Node)
+	}{
+		{"node.max_pids_limit", func(n *Node) { n.MaxPidsLimit = 100 }},
+		{"node.max_pids_limit", func(n *Node) { n.MaxPidsLimit = 10_000_000 }},
+		{"node.max_pids_limit", func(n *Node) { n.MaxPidsLimit, n.TotalPidsLimit = 8192, 5000 }},
+		{"node.total_pids_limit", func(n *Node) { n.TotalPidsLimit = -1 }},
+		{"node.total_pids_limit", func(n *Node) { n.TotalPidsLimit = avail + 1 }},
+		{"node.nofile_limit", func(n *Node) { n.NofileLimit = 10 }},
+		{"node.nofile_limit", func(n *Node) { n.NofileLimit = 1 << 21 }},
+	} {
+		c := Default("/var/lib/opendsec")
+		bad.mod(&c.Node)
+		err := c.Validate()
+		if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), bad.field+":") {
+			t.Errorf("%+v: %v, want an invalid %s error", c.Node, err, bad.field)
 		}
 	}
 }

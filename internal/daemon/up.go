@@ -97,8 +97,12 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	if err != nil {
 		return nil, err
 	}
+	limits, err := cfg.Node.Limits()
+	if err != nil {
+		return nil, err
+	}
 	stateDir := filepath.Join(cfg.DataDir, "node")
-	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir}, bcfg)
+	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits}, bcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +124,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		CPU:            cfg.Node.CPU,
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
+		MaxPidsLimit:   limits.MaxPidsLimit,
 		MaxPaused:      maxPaused,
 	}
 	if nw != nil {

@@ -72,6 +72,9 @@ type Config struct {
 	CPU          float64
 	MemoryMB     int64
 	MaxSandboxes int64
+	// MaxPidsLimit is the largest pids_limit a create may ask for
+	// (node.max_pids_limit); 0 means sandboxspec.DefaultMaxPidsLimit.
+	MaxPidsLimit int64
 	// AgentReadyTimeout bounds the wait for a new sandbox's agent.
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
@@ -197,6 +200,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 1000
 	}
+	if cfg.MaxPidsLimit <= 0 {
+		cfg.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
+	}
 	if cfg.AgentReadyTimeout <= 0 {
 		cfg.AgentReadyTimeout = 30 * time.Second
 	}
@@ -286,6 +292,7 @@ func (n *Node) normalize(s *specRecord) error {
 	}
 	if err := sandboxspec.CheckFits(ns, sandboxspec.Limits{
 		Where: "node " + n.cfg.ID, MaxCPU: n.cfg.CPU, MaxMemoryMB: n.cfg.MemoryMB, Backends: backendNames(n.cfg.Backends),
+		MaxPidsLimit: n.cfg.MaxPidsLimit,
 	}); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/runtimefake"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
@@ -114,5 +115,32 @@ func TestPoolKeyRefusesBackendOptions(t *testing.T) {
 	spec.BackendOptions = map[string]string{"k": "v"}
 	if _, ok := p.key(t.Context(), spec); ok {
 		t.Fatal("a spec with backend options got a warm-pool shape")
+	}
+}
+
+// TestSecurityPidsLimitNode: a pids_limit above the node's max_pids_limit
+// is refused by the node before the backend runs, naming pids_limit, the
+// limit and node.max_pids_limit; nothing is made. At the limit it runs.
+func TestSecurityPidsLimitNode(t *testing.T) {
+	f := newFakeNode(t, func(c *Config) { c.MaxPidsLimit = 2048 })
+	_, err := f.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "root/busybox", PidsLimit: 2049}})
+	want := "pids_limit: 2049 processes exceeds the 2048 one sandbox may have on node t001 (node.max_pids_limit); ask for at most 2048"
+	if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("create with pids_limit 2049: %v; want invalid_argument %q", err, want)
+	}
+	if n := f.rt.Calls(runtimefake.OpCreate); n != 0 {
+		t.Fatalf("the backend was asked to create %d sandboxes", n)
+	}
+	if _, _, c := f.Usage(); c != 0 {
+		t.Fatalf("%d sandboxes after a refused create", c)
+	}
+	if rec := f.create(t, specRecord{PidsLimit: 2048}); rec.Spec.PidsLimit != 2048 {
+		t.Fatalf("pids_limit at the node's max: %+v", rec.Spec)
+	}
+	// Unset, the node allows sandboxspec's default.
+	d := newFakeNode(t)
+	_, err = d.Create(t.Context(), CreateRequest{ID: sandboxid.New(d.cfg.ID), Spec: specRecord{Image: "root/busybox", PidsLimit: sandboxspec.DefaultMaxPidsLimit + 1}})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("pids_limit above the default max: %v", err)
 	}
 }

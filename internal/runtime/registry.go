@@ -19,6 +19,22 @@ type Env struct {
 	// StateDir is a node-local directory the backend may use for its own
 	// state (not per sandbox: sandboxes get Spec.StateDir).
 	StateDir string
+	// Limits are the node's process and file limits (node config);
+	// zero fields mean the backend's defaults.
+	Limits NodeLimits
+}
+
+// NodeLimits bound what sandboxes may use of the host's processes and
+// files (node.max_pids_limit, node.total_pids_limit, node.nofile_limit in
+// the config). A backend enforces what applies to it.
+type NodeLimits struct {
+	// MaxPidsLimit is the largest Resources.PidsLimit a sandbox may have.
+	MaxPidsLimit int64
+	// TotalPidsLimit bounds the processes and threads of all the node's
+	// sandboxes together.
+	TotalPidsLimit int64
+	// NofileLimit is every sandbox process's RLIMIT_NOFILE.
+	NofileLimit int64
 }
 
 // Factory builds a backend from its section of the config

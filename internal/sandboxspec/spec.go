@@ -5,14 +5,18 @@
 // backends it has, its capacity (CheckFits), whether the backend can pause,
 // and network rule sets. Mapping to and from the public protobuf message is
 // in the specpb sub-package, so this package (imported by backends too)
-// depends on nothing but errdefs.
+// depends on nothing but errdefs (and reads the host's pid limits from
+// /proc for the node-wide default, HostPids).
 package sandboxspec
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -38,6 +42,27 @@ const (
 	DefaultPidsLimit = 1024
 	// MinPidsLimit: the agent's own threads count against the limit.
 	MinPidsLimit = 16
+	// MaxPidsLimit is the kernel's own limit on pids (PID_MAX_LIMIT on
+	// 64-bit): no host runs more, so no node accepts more. Each node
+	// refuses what is above its node.max_pids_limit (CheckFits).
+	MaxPidsLimit = 4194304
+	// DefaultMaxPidsLimit is node.max_pids_limit when the config sets none:
+	// the most pids_limit one sandbox may ask for. Seven sandboxes at it fill
+	// the default ceiling of a host with the kernel's default pid_max
+	// (32768; see TotalPidsCeiling), so a few runaway sandboxes cannot take
+	// every pid the node's sandboxes have together.
+	DefaultMaxPidsLimit = 4096
+
+	// DefaultNofileLimit is node.nofile_limit when the config sets none:
+	// every sandbox process's RLIMIT_NOFILE (soft and hard). The agent holds
+	// three or four descriptors per process it runs and two per port
+	// tunnel, so this leaves it room for about a thousand of them.
+	DefaultNofileLimit = 4096
+	// MinNofileLimit and MaxNofileLimit bound node.nofile_limit: below it
+	// the agent and a shell are short of descriptors; above it is the
+	// kernel's fs.nr_open default (1048576).
+	MinNofileLimit = 256
+	MaxNofileLimit = 1 << 20
 
 	// MaxEnvEntryBytes is the kernel's limit on one "KEY=VALUE" string
 	// passed to exec (MAX_ARG_STRLEN, 32 pages, with its NUL).
@@ -168,6 +193,8 @@ func Normalize(s Spec) (Spec, error) {
 		s.PidsLimit = DefaultPidsLimit
 	case s.PidsLimit < MinPidsLimit:
 		return Spec{}, errdefs.Invalid("pids_limit", "%d is too few (the agent's own threads count); give at least %d, or 0 for the default %d", s.PidsLimit, MinPidsLimit, DefaultPidsLimit)
+	case s.PidsLimit > MaxPidsLimit:
+		return Spec{}, errdefs.Invalid("pids_limit", "%d is more than the kernel can run (%d); ask for at most the node's node.max_pids_limit (%d unless configured), or 0 for the default %d", s.PidsLimit, MaxPidsLimit, DefaultMaxPidsLimit, DefaultPidsLimit)
 	}
 	if err := CheckEnv("env", s.Env); err != nil {
 		return Spec{}, err
@@ -248,6 +275,8 @@ type Limits struct {
 	MaxMemoryMB int64
 	// Backends the node offers; nil means unchecked.
 	Backends []string
+	// MaxPidsLimit is the node's node.max_pids_limit; 0 means unchecked.
+	MaxPidsLimit int64
 }
 
 // CheckFits refuses a normalized spec the node can never run, whatever
@@ -269,5 +298,51 @@ func CheckFits(s Spec, l Limits) error {
 	if l.MaxCPU > 0 && s.CPU > l.MaxCPU+1e-9 {
 		return errdefs.Invalid("cpu", "%g cores exceeds the %g of %s; ask for at most %g", s.CPU, l.MaxCPU, where, l.MaxCPU)
 	}
+	if l.MaxPidsLimit > 0 && s.PidsLimit > l.MaxPidsLimit {
+		return PidsAboveMax(s.PidsLimit, l.MaxPidsLimit, where)
+	}
 	return nil
+}
+
+// PidsAboveMax is the error for a pids_limit above a node's
+// node.max_pids_limit (the node's admission and the backend both use it).
+func PidsAboveMax(pids, maxPids int64, where string) error {
+	return errdefs.Invalid("pids_limit", "%d processes exceeds the %d one sandbox may have on %s (node.max_pids_limit); ask for at most %d, or 0 for the default %d", pids, maxPids, where, maxPids, DefaultPidsLimit)
+}
+
+// Headroom the default node-wide pids ceiling leaves the host (the node,
+// runc, sshd and whatever else runs there): the larger of these.
+const (
+	HostPidsHeadroomMin     = 2048
+	HostPidsHeadroomPercent = 10
+)
+
+// TotalPidsCeiling is the default node.total_pids_limit for a host that
+// can run avail pids (the smaller of kernel.pid_max and kernel.threads-max):
+// avail less the larger of 2048 and 10% of it, and never less than half of
+// avail. For the kernel's default pid_max 32768 that is 29492.
+func TotalPidsCeiling(avail int64) int64 {
+	headroom := max(HostPidsHeadroomMin, avail*HostPidsHeadroomPercent/100)
+	return max(avail-headroom, avail/2)
+}
+
+// HostPids reads how many pids (tasks: processes and threads) this host can
+// run at once: the smaller of /proc/sys/kernel/pid_max and
+// /proc/sys/kernel/threads-max.
+func HostPids() (int64, error) {
+	var avail int64
+	for _, f := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", f, err)
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || n <= 0 {
+			return 0, fmt.Errorf("parse %s: %q is not a count", f, b)
+		}
+		if avail == 0 || n < avail {
+			avail = n
+		}
+	}
+	return avail, nil
 }

@@ -2,6 +2,7 @@ package sandboxspec_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -87,6 +88,7 @@ func TestNormalizeErrors(t *testing.T) {
 		{"idle long", "idle_timeout_seconds", "must be between 0 (off) and 86400", ok(func(s *sandboxspec.Spec) { s.IdleSec = 86401 })},
 		{"pids negative", "pids_limit", "-1 must be ≥ 0 (0 means the default 1024)", ok(func(s *sandboxspec.Spec) { s.PidsLimit = -1 })},
 		{"pids few", "pids_limit", "give at least 16, or 0 for the default 1024", ok(func(s *sandboxspec.Spec) { s.PidsLimit = 15 })},
+		{"pids past the kernel", "pids_limit", "10000000 is more than the kernel can run (4194304); ask for at most the node's node.max_pids_limit (4096", ok(func(s *sandboxspec.Spec) { s.PidsLimit = 10_000_000 })},
 		{"env empty key", "env", "must be non-empty without '=' or NUL", ok(func(s *sandboxspec.Spec) { s.Env = map[string]string{"": "x"} })},
 		{"env = in key", "env", "must be non-empty without '=' or NUL", ok(func(s *sandboxspec.Spec) { s.Env = map[string]string{"A=B": "x"} })},
 		{"env NUL in value", "env", "contains a NUL byte", ok(func(s *sandboxspec.Spec) { s.Env = map[string]string{"A": "\x00"} })},
@@ -161,5 +163,37 @@ func TestCheckFits(t *testing.T) {
 	wantField(t, sandboxspec.CheckFits(other, l), "backend", `"microvm" is not available on node n001 (available: container)`)
 	if err := sandboxspec.CheckFits(big, sandboxspec.Limits{}); err != nil {
 		t.Fatalf("zero limits check nothing: %v", err)
+	}
+}
+
+// TestSecurityPidsLimitCheckFits: a pids_limit above the node's
+// max_pids_limit is refused naming the field, the limit and the fix.
+func TestSecurityPidsLimitCheckFits(t *testing.T) {
+	l := sandboxspec.Limits{Where: "node n001", MaxPidsLimit: 4096}
+	s, err := sandboxspec.Normalize(sandboxspec.Spec{Image: "x", PidsLimit: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sandboxspec.CheckFits(s, l); err != nil {
+		t.Fatalf("pids_limit at the node's max: %v", err)
+	}
+	for _, pids := range []int64{4097, 4_000_000} {
+		s.PidsLimit = pids
+		wantField(t, sandboxspec.CheckFits(s, l), "pids_limit", fmt.Sprintf("%d processes exceeds the 4096 one sandbox may have on node n001 (node.max_pids_limit); ask for at most 4096, or 0 for the default 1024", pids))
+	}
+}
+
+// The default node-wide ceiling leaves the host the larger of 2048 pids
+// and 10%.
+func TestTotalPidsCeiling(t *testing.T) {
+	for _, c := range []struct{ avail, want int64 }{
+		{32768, 32768 - 3276}, {4194304, 4194304 - 419430}, {16384, 16384 - 2048}, {3000, 1500},
+	} {
+		if got := sandboxspec.TotalPidsCeiling(c.avail); got != c.want {
+			t.Errorf("TotalPidsCeiling(%d) = %d, want %d", c.avail, got, c.want)
+		}
+	}
+	if n, err := sandboxspec.HostPids(); err != nil || n <= 0 {
+		t.Fatalf("HostPids = %d, %v", n, err)
 	}
 }

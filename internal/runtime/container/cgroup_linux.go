@@ -141,6 +141,64 @@ func (m cgroupMounts) remove(ctx context.Context, path string) error {
 	return errors.Join(errs...)
 }
 
+// setPidsMax makes the cgroup path (the sandboxes' parent) in the pids
+// hierarchy and writes its pids.max: the kernel then refuses a fork
+// anywhere under it past limit, however the sandboxes' own limits add up.
+// On v2 it first enables the pids controller down to path, as runc does
+// for a container's cgroup.
+func (m cgroupMounts) setPidsMax(path string, limit int64) error {
+	root := m.unified
+	if !m.v2 {
+		root = m.v1["pids"]
+	}
+	if root == "" {
+		return errors.New("no pids cgroup hierarchy is mounted")
+	}
+	dir := root
+	for _, elem := range strings.Split(strings.Trim(filepath.Clean(path), "/"), "/") {
+		if m.v2 {
+			if err := enablePids(dir); err != nil {
+				return err
+			}
+		}
+		dir = filepath.Join(dir, elem)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("make cgroup: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		return fmt.Errorf("write pids.max: %w", err)
+	}
+	return nil
+}
+
+// enablePids adds the pids controller to a v2 cgroup's subtree_control
+// unless it is there.
+func enablePids(dir string) error {
+	f := filepath.Join(dir, "cgroup.subtree_control")
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", f, err)
+	}
+	for _, c := range strings.Fields(string(b)) {
+		if c == "pids" {
+			return nil
+		}
+	}
+	if err := os.WriteFile(f, []byte("+pids"), 0); err != nil {
+		return fmt.Errorf("enable the pids controller in %s: %w", f, err)
+	}
+	return nil
+}
+
+// pidsMaxFile is the pids.max of the cgroup path.
+func (m cgroupMounts) pidsMaxFile(path string) string {
+	if m.v2 {
+		return filepath.Join(m.unified, path, "pids.max")
+	}
+	return filepath.Join(m.v1["pids"], path, "pids.max")
+}
+
 // existing returns the cgroup directories of path that exist.
 func (m cgroupMounts) existing(path string) []string {
 	var out []string

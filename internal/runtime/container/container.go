@@ -25,6 +25,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // Name is the backend's name in the registry and in specs.
@@ -33,13 +34,16 @@ const Name = "container"
 func init() { runtime.Register(Name, open) }
 
 // open builds the backend from its config section (node.backends.container).
-func open(_ context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
+func open(ctx context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
 	var cfg Config
 	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
 		return nil, err
 	}
 	cfg.NodeID = env.NodeID
-	return newBackend(cfg)
+	cfg.MaxPidsLimit = env.Limits.MaxPidsLimit
+	cfg.TotalPidsLimit = env.Limits.TotalPidsLimit
+	cfg.NofileLimit = env.Limits.NofileLimit
+	return newBackend(ctx, cfg)
 }
 
 // Config configures the backend.
@@ -77,6 +81,21 @@ type Config struct {
 	// so a create interrupted before the upgrade that put node IDs in them
 	// may have left its state under the old ones.
 	legacyDefaults bool
+
+	// The node's limits (node.max_pids_limit, node.total_pids_limit,
+	// node.nofile_limit), from runtime.Env: not settable in the backend's
+	// section.
+	//
+	// MaxPidsLimit is the largest Resources.PidsLimit Create accepts; 0
+	// means sandboxspec.DefaultMaxPidsLimit.
+	MaxPidsLimit int64 `json:"-"`
+	// TotalPidsLimit is written to CgroupParent's pids.max at every New,
+	// so all sandboxes together never have more processes and threads;
+	// 0 means sandboxspec.TotalPidsCeiling of the host's pid limit.
+	TotalPidsLimit int64 `json:"-"`
+	// NofileLimit is RLIMIT_NOFILE (soft and hard) of every sandbox
+	// process; 0 means sandboxspec.DefaultNofileLimit.
+	NofileLimit int64 `json:"-"`
 }
 
 // DefaultAgentIdleExit is the agent's idle exit when the config names none.
@@ -129,6 +148,12 @@ func (c *Config) setDefaults() {
 	if c.InitPath == "" && c.AgentPath != "" {
 		c.InitPath = filepath.Join(filepath.Dir(c.AgentPath), InitBinaryName)
 	}
+	if c.MaxPidsLimit == 0 {
+		c.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
+	}
+	if c.NofileLimit == 0 {
+		c.NofileLimit = sandboxspec.DefaultNofileLimit
+	}
 }
 
 // InitBinaryName is the file name of opendsec-init, looked for next to the
@@ -141,6 +166,15 @@ func (c *Config) validate() error {
 	}
 	if c.CgroupParent[0] != '/' {
 		return errdefs.Invalid("container.cgroup_parent", "must start with '/', e.g. /opendsec, got %q", c.CgroupParent)
+	}
+	if c.MaxPidsLimit < sandboxspec.MinPidsLimit || c.MaxPidsLimit > sandboxspec.MaxPidsLimit {
+		return errdefs.Invalid("node.max_pids_limit", "is %d; give %d to %d processes per sandbox", c.MaxPidsLimit, sandboxspec.MinPidsLimit, sandboxspec.MaxPidsLimit)
+	}
+	if c.TotalPidsLimit < 0 || c.TotalPidsLimit > 0 && c.TotalPidsLimit < c.MaxPidsLimit {
+		return errdefs.Invalid("node.total_pids_limit", "is %d; give at least node.max_pids_limit (%d), or 0 to derive it from kernel.pid_max", c.TotalPidsLimit, c.MaxPidsLimit)
+	}
+	if c.NofileLimit < sandboxspec.MinNofileLimit || c.NofileLimit > sandboxspec.MaxNofileLimit {
+		return errdefs.Invalid("node.nofile_limit", "is %d; give %d to %d open files per sandbox process", c.NofileLimit, sandboxspec.MinNofileLimit, sandboxspec.MaxNofileLimit)
 	}
 	if c.AgentIdleExitMS != nil && *c.AgentIdleExitMS < 0 {
 		return errdefs.Invalid("container.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", *c.AgentIdleExitMS)

@@ -3,6 +3,8 @@
 package container
 
 import (
+	"context"
+
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
@@ -25,7 +27,7 @@ func New(cfg Config) (*Runtime, error) {
 }
 
 // newBackend is New for the registry.
-func newBackend(cfg Config) (runtime.Runtime, error) {
+func newBackend(_ context.Context, cfg Config) (runtime.Runtime, error) {
 	_, err := New(cfg)
 	return nil, err
 }

@@ -151,6 +151,22 @@ func New(cfg Config) (*Runtime, error) {
 	if !cg.v2 && (cg.v1["memory"] == "" || cg.v1["pids"] == "" || cg.v1["cpuacct"] == "") {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cgroup v1 controllers memory, pids and cpuacct must be mounted (found %v)", cg.v1)
 	}
+	if cfg.TotalPidsLimit == 0 {
+		avail, err := sandboxspec.HostPids()
+		if err != nil {
+			return nil, errdefs.New(errdefs.ErrFailedPrecondition, "node.total_pids_limit is unset and the host's pid limit cannot be read: %w; set it", err)
+		}
+		cfg.TotalPidsLimit = sandboxspec.TotalPidsCeiling(avail)
+		if cfg.TotalPidsLimit < cfg.MaxPidsLimit {
+			return nil, errdefs.Invalid("node.max_pids_limit", "%d is above what all sandboxes together may have on this host (%d, from kernel.pid_max %d less headroom); lower it, or set node.total_pids_limit", cfg.MaxPidsLimit, cfg.TotalPidsLimit, avail)
+		}
+	}
+	if err := checkNofile(cfg.NofileLimit); err != nil {
+		return nil, err
+	}
+	if err := cg.setPidsMax(cfg.CgroupParent, cfg.TotalPidsLimit); err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "set node.total_pids_limit on cgroup %s: %w", cfg.CgroupParent, err)
+	}
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
@@ -166,12 +182,21 @@ func New(cfg Config) (*Runtime, error) {
 }
 
 // newBackend is New for the registry: a nil runtime.Runtime (not one
-// holding a nil *Runtime) on error.
-func newBackend(cfg Config) (runtime.Runtime, error) {
+// holding a nil *Runtime) on error. It warns when the host's file table
+// is smaller than what the sandboxes may open together.
+func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 	rt, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
+	if fileMax, err := readInt("/proc/sys/fs/file-max"); err == nil && fileMax > 0 {
+		if all := rt.cfg.TotalPidsLimit * rt.cfg.NofileLimit; all > fileMax {
+			log.G(ctx).Warn("the sandboxes may open more files than the host's file table holds; raise fs.file-max (systemd sets it to 9223372036854775807) or lower node.nofile_limit (docs/security.md)",
+				"fs.file-max", fileMax, "node.total_pids_limit", rt.cfg.TotalPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
+		}
+	}
+	log.G(ctx).Info("sandbox limits", "cgroup_parent", rt.cfg.CgroupParent, "node.total_pids_limit", rt.cfg.TotalPidsLimit,
+		"node.max_pids_limit", rt.cfg.MaxPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 	return rt, nil
 }
 
@@ -202,7 +227,37 @@ const (
 	minPids     = sandboxspec.MinPidsLimit
 )
 
-func validateSpec(s runtime.Spec) error {
+// checkNofile refuses an RLIMIT_NOFILE runc could not give: above the
+// node's own hard limit, raising it needs CAP_SYS_RESOURCE, which the node
+// lacks on some hosts. Every sandbox then gets exactly the configured value.
+func checkNofile(nofile int64) error {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return fmt.Errorf("read the node's RLIMIT_NOFILE: %w", err)
+	}
+	if uint64(nofile) <= rl.Max || hasCapability(unix.CAP_SYS_RESOURCE) {
+		return nil
+	}
+	return errdefs.Invalid("node.nofile_limit", "%d is above the node's own hard RLIMIT_NOFILE (%d), which it cannot raise without CAP_SYS_RESOURCE; give at most %d, or start the node with a higher limit (LimitNOFILE= in its systemd unit, ulimit -Hn)", nofile, rl.Max, rl.Max)
+}
+
+// hasCapability reports whether the process has capability c in its
+// effective set.
+func hasCapability(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<uint(c)) != 0
+		}
+	}
+	return false
+}
+
+func validateSpec(s runtime.Spec, maxPids int64) error {
 	switch {
 	case s.ID == "":
 		return errdefs.Invalid("id", "must not be empty")
@@ -218,6 +273,8 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", minCPU, s.Resources.CPU)
 	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < minPids:
 		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
+	case s.Resources.PidsLimit > maxPids:
+		return errdefs.Invalid("resources.pids_limit", "%d processes exceeds the %d one sandbox may have on this node (node.max_pids_limit); ask for at most %d", s.Resources.PidsLimit, maxPids, maxPids)
 	case len(s.Guest.Hostname) > 64:
 		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
 	}
@@ -291,7 +348,7 @@ func isIDChars(s string) bool {
 // Until then Status reports StateCreated. On any error everything made so
 // far is undone.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, retErr error) {
-	if err := validateSpec(spec); err != nil {
+	if err := validateSpec(spec, r.cfg.MaxPidsLimit); err != nil {
 		return runtime.Handle{}, err
 	}
 	sb := &sandbox{id: spec.ID, netNS: spec.Network.NetNS, guestEnv: spec.Guest.Env, exit: newExitWatch()}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/runtime"
@@ -52,7 +51,6 @@ var readonlyPaths = []string{
 const (
 	defaultPidsLimit = sandboxspec.DefaultPidsLimit
 	cpuPeriod        = 100000 // µs
-	nofileLimit      = 65536
 	defaultPath      = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -121,13 +119,8 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 	if pids == 0 {
 		pids = defaultPidsLimit
 	}
-	// Raising a hard limit needs CAP_SYS_RESOURCE, which the node may lack:
-	// never ask for more than the node's own hard limit.
-	nofile := uint64(nofileLimit)
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Max < nofile {
-		nofile = rl.Max
-	}
+	// New checked that runc can give it (checkNofile).
+	nofile := uint64(cfg.NofileLimit)
 	tmpSize := fmt.Sprintf("size=%dm", s.Resources.MemoryMB)
 
 	sp := &specs.Spec{

@@ -17,6 +17,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 func testSpec() runtime.Spec {
@@ -293,13 +294,13 @@ func TestValidateSpec(t *testing.T) {
 	}
 	good := testSpec()
 	good.Rootfs.Layers = []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}
-	if err := validateSpec(good); err != nil {
+	if err := validateSpec(good, 4096); err != nil {
 		t.Fatalf("good spec: %v", err)
 	}
 	veth := good
 	veth.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: "/run/netns/x", Device: "eth0"}
 	veth.Guest.Nameservers = []string{"100.96.0.1", "fd00::1"}
-	if err := validateSpec(veth); err != nil {
+	if err := validateSpec(veth, 4096); err != nil {
 		t.Fatalf("good spec with a veth: %v", err)
 	}
 	dirLayer := func(p string) runtime.Layer { return runtime.Layer{Format: runtime.LayerDir, Path: p} }
@@ -324,6 +325,8 @@ func TestValidateSpec(t *testing.T) {
 		{"resources.memory_mb", func(s *runtime.Spec) { s.Resources.MemoryMB = 4 }},
 		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = 3 }},
 		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = -1 }},
+		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = 4097 }},
+		{"resources.pids_limit", func(s *runtime.Spec) { s.Resources.PidsLimit = 10_000_000 }},
 		{"guest.env", func(s *runtime.Spec) { s.Guest.Env = []string{"=x"} }},
 		{"guest.env", func(s *runtime.Spec) { s.Guest.Env = []string{"NOEQUALS"} }},
 		{"guest.hostname", func(s *runtime.Spec) { s.Guest.Hostname = strings.Repeat("h", 65) }},
@@ -340,7 +343,7 @@ func TestValidateSpec(t *testing.T) {
 	for _, c := range cases {
 		s := good
 		c.mutate(&s)
-		err := validateSpec(s)
+		err := validateSpec(s, 4096)
 		var fe *errdefs.FieldError
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &fe) || fe.Field != c.field {
 			t.Errorf("%s: err = %v, want an invalid argument naming %s", c.field, err, c.field)
@@ -399,6 +402,12 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"container.agent_idle_exit_ms", Config{StateRoot: root, AgentPath: agent, AgentIdleExitMS: &neg}},
 		{"container.state_root", Config{StateRoot: "rel/runc", AgentPath: agent}},
 		{"container.cgroup_parent", Config{StateRoot: root, AgentPath: agent, CgroupParent: "opendsec"}},
+		{"node.max_pids_limit", Config{StateRoot: root, AgentPath: agent, MaxPidsLimit: 10_000_000}},
+		{"node.max_pids_limit", Config{StateRoot: root, AgentPath: agent, MaxPidsLimit: 8}},
+		{"node.total_pids_limit", Config{StateRoot: root, AgentPath: agent, MaxPidsLimit: 4096, TotalPidsLimit: 100}},
+		{"node.total_pids_limit", Config{StateRoot: root, AgentPath: agent, TotalPidsLimit: -1}},
+		{"node.nofile_limit", Config{StateRoot: root, AgentPath: agent, NofileLimit: 10}},
+		{"node.nofile_limit", Config{StateRoot: root, AgentPath: agent, NofileLimit: 1 << 30}},
 	}
 	for _, c := range cases {
 		rt, err := New(c.cfg)
@@ -409,6 +418,29 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a refused config made the state root: %v", err)
+	}
+}
+
+// TestSecurityPidsLimitNofileInSpec: every sandbox process gets the
+// node's nofile_limit as soft and hard RLIMIT_NOFILE, whatever the node's
+// own limit (New refuses one runc could not give).
+func TestSecurityPidsLimitNofileInSpec(t *testing.T) {
+	for _, n := range []int64{0, 2000} {
+		cfg := testConfig()
+		cfg.NofileLimit = n
+		cfg.setDefaults()
+		sp, err := ociSpec(cfg, testSpec(), "/opendsec/sb1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(sandboxspec.DefaultNofileLimit)
+		if n != 0 {
+			want = uint64(n)
+		}
+		rl := sp.Process.Rlimits
+		if len(rl) != 1 || rl[0].Type != "RLIMIT_NOFILE" || rl[0].Soft != want || rl[0].Hard != want {
+			t.Errorf("nofile_limit %d: rlimits %+v, want RLIMIT_NOFILE %d soft and hard", n, rl, want)
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ func BadSpecs() []Bad {
 		{"idle_timeout_seconds", img(func(s *v1.SandboxSpec) { s.IdleTimeoutSeconds = 86401 })},
 		{"pids_limit", img(func(s *v1.SandboxSpec) { s.PidsLimit = -1 })},
 		{"pids_limit", img(func(s *v1.SandboxSpec) { s.PidsLimit = 3 })},
+		{"pids_limit", img(func(s *v1.SandboxSpec) { s.PidsLimit = 10_000_000 })},
 		{"env", img(func(s *v1.SandboxSpec) { s.Env = map[string]string{"": "x"} })},
 		{"env", img(func(s *v1.SandboxSpec) { s.Env = map[string]string{"A=B": "x"} })},
 		{"env", img(func(s *v1.SandboxSpec) { s.Env = map[string]string{"A": "x\x00y"} })},
