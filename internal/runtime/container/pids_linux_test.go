@@ -186,6 +186,17 @@ func TestSecurityPidsLimitForkBombs(t *testing.T) {
 	if err := exec.Command("/bin/true").Run(); err != nil {
 		t.Fatalf("the host cannot fork while the sandboxes are full: %v", err)
 	}
+	// While they are full a new sandbox cannot start, and says why.
+	tmpl.Resources.PidsLimit = 32
+	full := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), full); err != nil {
+		t.Fatalf("create beside full sandboxes: %v", err)
+	}
+	err := rt.Start(t.Context(), full.ID)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node.total_pids_limit") {
+		t.Fatalf("start while the sandboxes hold every pid: %v; want resource_exhausted naming node.total_pids_limit", err)
+	}
+	t.Logf("refused: %v", err)
 	// Stop one bomb; the other keeps its 64 and a new sandbox starts in
 	// what is left.
 	if err := rt.Stop(t.Context(), b.ID, runtime.StopOptions{}); err != nil {
@@ -194,7 +205,6 @@ func TestSecurityPidsLimitForkBombs(t *testing.T) {
 	if err := rt.Delete(t.Context(), b.ID); err != nil {
 		t.Fatalf("delete a bombed sandbox: %v", err)
 	}
-	tmpl.Resources.PidsLimit = 32
 	nw, _ := runtimetest.StartSandbox(t, rt, tmpl)
 	if res := sh(t, rt, nw.ID, "echo alive"); res.Stdout != "alive\n" {
 		t.Fatalf("new sandbox beside a fork bomb: %+v", res)

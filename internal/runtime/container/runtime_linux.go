@@ -527,6 +527,9 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool
 		_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
 	}
 	if err := cmd.Wait(); err != nil {
+		if cur, limit, full := r.parentPidsFull(); full {
+			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (runc %s: %v: %s)", cur, limit, sub[0], err, runcLogError(rlog))
+		}
 		return 0, fmt.Errorf("runc %s: %w: %s", sub[0], err, runcLogError(rlog))
 	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
@@ -538,6 +541,22 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool
 		return 0, fmt.Errorf("parse init pid: %w", err)
 	}
 	return pid, nil
+}
+
+// parentPidsFull reports whether the sandboxes together hold so many pids
+// that a new one cannot start: fewer than the smallest pids_limit are left
+// under the cgroup parent's pids.max (node.total_pids_limit).
+func (r *Runtime) parentPidsFull() (cur, limit int64, full bool) {
+	dir := filepath.Dir(r.cg.pidsMaxFile(r.cfg.CgroupParent))
+	cur, err := readInt(filepath.Join(dir, "pids.current"))
+	if err != nil {
+		return 0, 0, false
+	}
+	limit, err = readInt(filepath.Join(dir, "pids.max"))
+	if err != nil || limit < 0 {
+		return 0, 0, false
+	}
+	return cur, limit, limit-cur < minPids
 }
 
 // runcLogError returns the last error message in a runc JSON log.
