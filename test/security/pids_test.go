@@ -3,7 +3,6 @@
 package security
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -45,11 +44,12 @@ func TestSecurityPidsLimit(t *testing.T) {
 			}
 		}
 	})
-	s := harness.New(t)
-	editNodeConfig(t, s.ConfigPath(), func(node map[string]any) {
-		node["max_pids_limit"], node["total_pids_limit"], node["nofile_limit"] = maxPids, total, nofile
-		node["backends"] = map[string]any{"container": map[string]any{"cgroup_parent": parent}}
-	})
+	s := harness.NewWith(t, harness.Options{Config: func(cfg map[string]any) {
+		harness.Set(cfg, "node.max_pids_limit", maxPids)
+		harness.Set(cfg, "node.total_pids_limit", total)
+		harness.Set(cfg, "node.nofile_limit", nofile)
+		harness.Set(cfg, "node.backends.container.cgroup_parent", parent)
+	}})
 	s.Start()
 
 	pidsDir := filepath.Join("/sys/fs/cgroup/pids", parent)
@@ -132,27 +132,6 @@ func TestSecurityPidsLimit(t *testing.T) {
 		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Errorf("stop %s: %v", id, err)
 		}
-	}
-}
-
-// editNodeConfig changes the node section of the system's config file before
-// Start.
-func editNodeConfig(t *testing.T, path string, mod func(node map[string]any)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	mod(cfg["node"].(map[string]any))
-	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
 
