@@ -53,7 +53,7 @@ type fakeNode struct {
 	agent     *fakeAgent
 }
 
-func newFakeNode(t *testing.T, key *auth.Issuer, id string) *fakeNode {
+func newFakeNode(t testing.TB, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
 	n := &fakeNode{id: id, sbs: map[string]*nodev1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
 		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent()}
