@@ -196,7 +196,7 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		data := msg.GetData()
 		total += int64(len(data))
 		if total > limit {
-			return fail(errdefs.Invalid("size", "more than %d bytes arrived, the upload limit; split the file", limit))
+			return fail(errdefs.New(errdefs.ErrResourceExhausted, "size: more than %d bytes arrived, over the upload limit of %d bytes (%d MiB, node.max_upload_mb); split the file", limit, limit, limit>>20))
 		}
 		if _, err := pw.Write(data); err != nil {
 			writeFailed = true // the upload ended early; its result says why

@@ -98,7 +98,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		return nil, err
 	}
 	stateDir := filepath.Join(cfg.DataDir, "node")
-	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir}, bcfg)
+	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, MaxUploadBytes: cfg.Node.MaxUploadMB << 20}, bcfg)
 	if err != nil {
 		return nil, err
 	}
