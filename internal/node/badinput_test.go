@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
@@ -50,5 +51,75 @@ func TestSecurityBadInputRequestID(t *testing.T) {
 	rid := strings.Repeat("r", sandboxspec.MaxRequestIDLen) + "-32767"
 	if _, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), RequestID: rid, Spec: specRecord{Image: "x"}}); err != nil {
 		t.Fatalf("batch item key of %d bytes: %v", len(rid), err)
+	}
+}
+
+// TestSecurityBadInputUnknownUser: a user the image does not have is
+// refused at create, naming user (it was accepted, and every exec failed
+// later), and the create leaves nothing behind.
+func TestSecurityBadInputUnknownUser(t *testing.T) {
+	f := newFakeFixture(t)
+	layer := f.cfg.Images.(images).layer
+	if err := os.MkdirAll(filepath.Join(layer, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(layer, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := f.open(t)
+	_, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", User: "nosuchuser"}})
+	wantFieldErr(t, "unknown user", err, "user", `"nosuchuser" does not exist in image x (not in its /etc/passwd)`)
+	nothingLeft(t, f, n)
+	for _, u := range []string{"user", "root", ""} {
+		if _, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", User: u}}); err != nil {
+			t.Errorf("user %q the image has: %v", u, err)
+		}
+	}
+}
+
+// TestImageUserLayers: the user is looked up in /etc/passwd as the
+// layers stack: the topmost layer that has the file decides.
+func TestImageUserLayers(t *testing.T) {
+	layer := func(files map[string]string) string {
+		d := t.TempDir()
+		for p, c := range files {
+			if err := os.MkdirAll(filepath.Join(d, filepath.Dir(p)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, p), []byte(c), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+	img := func(dirs ...string) runtime.Image {
+		var ls []runtime.Layer
+		for _, d := range dirs {
+			ls = append(ls, runtime.Layer{Format: runtime.LayerDir, Path: d})
+		}
+		return runtime.Image{Rootfs: runtime.Rootfs{Image: "img", Layers: ls}}
+	}
+	withAlice := layer(map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"})
+	withoutAlice := layer(map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n"})
+	noEtc := layer(map[string]string{"bin/sh": ""})
+	etcFile := layer(map[string]string{"etc": "not a dir"})
+	for _, tc := range []struct {
+		name string
+		img  runtime.Image
+		user string
+		ok   bool
+	}{
+		{"in passwd", img(withAlice), "alice", true},
+		{"not in passwd", img(withAlice), "carol", false},
+		{"upper passwd decides", img(withoutAlice, withAlice), "alice", false},
+		{"lower passwd shows through", img(noEtc, withAlice), "alice", true},
+		{"no passwd: root only", img(noEtc), "alice", false},
+		{"no passwd: root", img(noEtc), "root", true},
+		{"etc hidden by a file", img(etcFile, withAlice), "alice", false},
+	} {
+		err := checkImageUser(t.Context(), tc.img, "h", tc.user)
+		if tc.ok && err != nil || !tc.ok && !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: user %q: %v, want ok=%v", tc.name, tc.user, err, tc.ok)
+		}
 	}
 }

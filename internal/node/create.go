@@ -373,6 +373,9 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 			n.destroy(ctx, rec)
 		}
 	}()
+	if err := checkImageUser(ctx, img, rec.ID, rec.Spec.User); err != nil {
+		return runtime.Handle{}, err
+	}
 	if err := n.table.put(rec); err != nil {
 		return runtime.Handle{}, fmt.Errorf("record sandbox: %w", err)
 	}
