@@ -190,3 +190,22 @@ func FuzzCreateSandbox(f *testing.F) {
 		}
 	})
 }
+
+// TestSecurityBadInputUploadHeaderOnly: a header with no data, which the
+// Python SDK sends to learn why an upload was cut off, gets the agent's
+// own refusal when the agent refuses the path, and changes nothing.
+func TestSecurityBadInputUploadHeaderOnly(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	_, err := e.write(id, "/.opendsec/agent", 5<<20)
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "'/.opendsec/agent'") {
+		t.Errorf("header only, reserved path: %v, want permission_denied naming the path", err)
+	}
+	_, err = e.write(id, "/tmp/f", 5<<20)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "header says 5242880 bytes but 0 arrived") {
+		t.Errorf("header only: %v, want invalid_argument on the missing data", err)
+	}
+	if _, err := e.files.Stat(t.Context(), connect.NewRequest(&v1.StatRequest{SandboxId: id, Path: "/tmp/f"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("header-only write left /tmp/f: %v", err)
+	}
+}

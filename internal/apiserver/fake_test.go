@@ -262,7 +262,7 @@ func (a *fakeAgent) postFile(w http.ResponseWriter, r *http.Request) {
 		writeJSONErr(w, http.StatusBadRequest, "want application/octet-stream")
 		return
 	}
-	if strings.HasPrefix(p, "/run/opendsec/") { // like the real agent's reserved paths
+	if strings.HasPrefix(p, "/run/opendsec/") || strings.HasPrefix(p, "/.opendsec/") { // like the real agent's reserved paths
 		writeJSONErr(w, http.StatusForbidden, fmt.Sprintf("write '%s': permission denied: the path belongs to the sandbox's agent", p))
 		return
 	}

@@ -206,7 +206,17 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		return fail(ctxErr(ctx, err))
 	}
 	if !writeFailed && h.GetSize() > 0 && total != h.GetSize() {
-		return fail(errdefs.Invalid("size", "header says %d bytes but %d arrived", h.GetSize(), total))
+		// When the agent refused the write itself (permission, a reserved
+		// path), that is the reason: the Python SDK asks with the header
+		// alone to learn why an upload was cut off (grpcio loses the
+		// status, grpc/grpc#36066).
+		pw.Close()
+		r := finish()
+		s.removeQuietly(ctx, a, tmp, h.GetUser())
+		if r.err != nil {
+			return nil, r.err
+		}
+		return nil, errdefs.Invalid("size", "header says %d bytes but %d arrived", h.GetSize(), total)
 	}
 	pw.Close()
 	r := finish()
