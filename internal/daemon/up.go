@@ -121,6 +121,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
 		MaxPaused:      maxPaused,
+		MaxUploadBytes: cfg.Node.MaxUploadMB << 20,
 	}
 	if nw != nil {
 		ncfg.Network = nw

@@ -127,6 +127,9 @@ func (n *Node) AgentProxy() http.Handler {
 			writeJSONError(w, err)
 			return
 		}
+		if tooLargeUpload(w, r, sub, n.cfg.MaxUploadBytes) {
+			return
+		}
 		sb.touch()
 		sb.active.Add(1)
 		defer func() {
@@ -158,6 +161,30 @@ func (n *Node) AgentProxy() http.Handler {
 		}
 		proxy.ServeHTTP(w, r)
 	})
+}
+
+// tooLargeUpload answers 413 to a POST /files (E2B's upload route) whose
+// Content-Length is over the upload limit, as the agent would — but before
+// any of the body moves: the agent answers without reading it, and the
+// proxy, still sending, got a broken pipe and answered 503 "agent
+// unreachable" instead of the agent's 413.
+func tooLargeUpload(w http.ResponseWriter, r *http.Request, sub string, limit int64) bool {
+	if limit <= 0 || r.Method != http.MethodPost || sub != "files" || r.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	slack := int64(0)
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+		slack = 64 << 10 // part headers and boundaries, as the agent allows
+	}
+	if r.ContentLength <= limit+slack {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("upload of %d bytes exceeds the limit of %d bytes (node.max_upload_mb)", r.ContentLength, limit), "resource_exhausted")
+	return true
 }
 
 // writeJSONError answers {"code": <http status>, "message", "status": <connect

@@ -2,6 +2,9 @@ package node
 
 import (
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,4 +125,47 @@ func TestImageUserLayers(t *testing.T) {
 			t.Errorf("%s: user %q: %v, want ok=%v", tc.name, tc.user, err, tc.ok)
 		}
 	}
+}
+
+// TestSecurityBadInputUploadTooLarge: a POST /files (E2B's upload route)
+// over the upload limit is 413 naming the limit, before any data reaches
+// the agent; the agent, which answered without reading the body, made
+// the proxy's write fail ("503 agent unreachable: broken pipe").
+func TestSecurityBadInputUploadTooLarge(t *testing.T) {
+	f := newFakeFixture(t)
+	f.cfg.MaxUploadBytes = 1 << 20
+	n := f.open(t)
+	rec, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := &countingReader{n: 2 << 20}
+	req := httptest.NewRequest(http.MethodPost, AgentPrefix+rec.ID+"/files?path=/tmp/big", body)
+	req.ContentLength = 2 << 20
+	w := httptest.NewRecorder()
+	n.AgentProxy().ServeHTTP(w, req)
+	if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "upload of 2097152 bytes exceeds the limit of 1048576 bytes (node.max_upload_mb)") {
+		t.Errorf("2 MiB POST /files: %d %s, want 413 naming the limit", w.Code, w.Body)
+	}
+	if body.read != 0 {
+		t.Errorf("%d bytes of the refused upload were read", body.read)
+	}
+	// Within the limit it goes to the agent.
+	req = httptest.NewRequest(http.MethodPost, AgentPrefix+rec.ID+"/files?path=/tmp/ok", strings.NewReader("hello"))
+	w = httptest.NewRecorder()
+	n.AgentProxy().ServeHTTP(w, req)
+	if w.Code == http.StatusRequestEntityTooLarge {
+		t.Errorf("5-byte POST /files refused: %d %s", w.Code, w.Body)
+	}
+}
+
+type countingReader struct{ n, read int }
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	if c.read >= c.n {
+		return 0, io.EOF
+	}
+	k := min(len(p), c.n-c.read)
+	c.read += k
+	return k, nil
 }

@@ -72,6 +72,10 @@ type Config struct {
 	CPU          float64
 	MemoryMB     int64
 	MaxSandboxes int64
+	// MaxUploadBytes is the upload limit (node.max_upload_mb) the agent
+	// proxy applies to POST /files before any data moves; 0 leaves it to
+	// the agent.
+	MaxUploadBytes int64
 	// AgentReadyTimeout bounds the wait for a new sandbox's agent.
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
