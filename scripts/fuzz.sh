@@ -28,7 +28,8 @@ for t in "${targets[@]}"; do
     grep -v 'level=\|^[0-9]\{4\}/[0-9][0-9]/[0-9][0-9] ' "$log" | tail -40
     rc=1
   else
-    grep -E '^(fuzz: elapsed: .*(completed|execs)|ok|PASS)' "$log" | tail -2
+    grep 'execs:' "$log" | tail -1
+    grep '^ok' "$log" | tail -1
   fi
   rm -f "$log"
 done
