@@ -134,6 +134,15 @@ func TestSecurityBadInput(t *testing.T) {
 	if code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "exceeds the limit of 67108864 bytes") {
 		t.Errorf("E2B /files of 65 MiB: %d %s, want 413 naming the 64 MiB limit", code, body)
 	}
+	// Without a Content-Length (chunked): the agent answers 413 once it read
+	// the limit; that answer was lost to a broken pipe (503).
+	code, body = e2b("POST", "/files?path=/tmp/big", io.MultiReader(bytes.NewReader(make([]byte, 65<<20))), envd)
+	if code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "exceeds the limit of 67108864 bytes") {
+		t.Errorf("E2B /files of 65 MiB, chunked: %d %s, want 413 naming the 64 MiB limit", code, body)
+	}
+	if r := s.Shell(t, created.SandboxID, "ls /tmp/big 2>/dev/null; echo done"); r.Stdout != "done\n" {
+		t.Errorf("refused uploads left a file: %q", r.Stdout)
+	}
 	if code, body := e2b("DELETE", "/sandboxes/"+created.SandboxID, nil, nil); code != http.StatusNoContent {
 		t.Errorf("E2B kill: %d %s", code, body)
 	}
