@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERS
 GOLANGCI_LINT ?= $(shell $(GO) env GOPATH)/bin/golangci-lint
 CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent generate test test-go test-live test-e2b test-unit lint build-other-os clean
+.PHONY: help build agent generate test test-go test-live test-e2b test-unit fuzz-short fuzz lint build-other-os clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,11 +24,18 @@ agent: ## build the static in-sandbox agent and its init (PID 1), side by side
 test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
+	bash scripts/fuzz.sh
 	bash scripts/test-live.sh
 	bash scripts/test-e2b.sh
 
 test-unit: ## the tests that need no root; run it as a normal user (as root it runs the root tests too)
 	env -u OPENDSEC_ROOT_TESTS $(GO) test -timeout 15m ./...
+
+fuzz-short: ## each fuzz target for 10 s (their seed corpora run in every go test too)
+	FUZZTIME=10s bash scripts/fuzz.sh
+
+fuzz: ## each fuzz target for FUZZTIME (default 5m), one at a time; record findings in bench/results
+	FUZZTIME=$${FUZZTIME:-5m} bash scripts/fuzz.sh
 
 test-go: ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...

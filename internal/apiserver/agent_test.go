@@ -296,14 +296,14 @@ func TestFiles(t *testing.T) {
 		}
 		return out
 	}
-	// Declared too big: refused up front with the numbers.
+	// Declared too big: refused up front with the numbers
+	// (TestSecurityBadInputUploadLimit).
 	_, err = e.write(id, "/tmp/big", 2<<30)
-	wantField(t, err, "size")
-	wantCode(t, err, connect.CodeInvalidArgument, fmt.Sprintf("2147483648 bytes exceeds the %d-byte upload limit; split the file", 3<<20))
+	wantCode(t, err, connect.CodeResourceExhausted, fmt.Sprintf("size: 2147483648 bytes exceeds the upload limit of %d bytes (3 MiB, node.max_upload_mb)", 3<<20))
 	// Undeclared and too big: cut off, nothing left behind.
 	chunk := bytes.Repeat([]byte("x"), 1<<20)
 	_, err = e.write(id, "/tmp/big", 0, chunk, chunk, chunk, chunk, chunk)
-	wantField(t, err, "size")
+	wantCode(t, err, connect.CodeResourceExhausted, fmt.Sprintf("size: more than %d bytes arrived, over the upload limit of %d bytes (3 MiB, node.max_upload_mb)", 3<<20, 3<<20))
 	if fs := files(); len(fs) != 1 || fs[0] != "/tmp/a.bin" {
 		t.Fatalf("files after refused uploads: %v, want only /tmp/a.bin", fs)
 	}

@@ -25,7 +25,7 @@ import (
 )
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	key   *auth.Issuer
 	nodes []*fakeNode
 	w     *watcher.Watcher
@@ -41,7 +41,7 @@ type env struct {
 
 // setup starts fake nodes with ids, a real watcher polling them, and a real
 // apiserver served over h2c on loopback.
-func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
+func setup(t testing.TB, mod func(*apiserver.Config), ids ...string) *env {
 	t.Helper()
 	key, err := auth.GenerateIssuer()
 	if err != nil {
@@ -85,7 +85,8 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- httpserver.Serve(t.Context(), "apiserver", ln, srv.Handler()) }()
+	ctx := t.Context() // not inside the goroutine: a fuzz target's F forbids it there
+	go func() { done <- httpserver.Serve(ctx, "apiserver", ln, srv.Handler()) }()
 	t.Cleanup(func() {
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
@@ -107,7 +108,7 @@ func setup(t *testing.T, mod func(*apiserver.Config), ids ...string) *env {
 
 // withNodes returns a directory of dir's nodes (none if nil) with nodes
 // added, each replacing a node of the same ID.
-func withNodes(t *testing.T, dir nodeclient.Directory, nodes ...nodeclient.NodeInfo) nodeclient.Directory {
+func withNodes(t testing.TB, dir nodeclient.Directory, nodes ...nodeclient.NodeInfo) nodeclient.Directory {
 	t.Helper()
 	var all []nodeclient.NodeInfo
 	if dir != nil {

@@ -53,7 +53,7 @@ type fakeNode struct {
 	agent     *fakeAgent
 }
 
-func newFakeNode(t *testing.T, key *auth.Issuer, id string) *fakeNode {
+func newFakeNode(t testing.TB, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
 	n := &fakeNode{id: id, sbs: map[string]*nodev1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
 		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent()}
@@ -262,7 +262,7 @@ func (a *fakeAgent) postFile(w http.ResponseWriter, r *http.Request) {
 		writeJSONErr(w, http.StatusBadRequest, "want application/octet-stream")
 		return
 	}
-	if strings.HasPrefix(p, "/run/opendsec/") { // like the real agent's reserved paths
+	if strings.HasPrefix(p, "/run/opendsec/") || strings.HasPrefix(p, "/.opendsec/") { // like the real agent's reserved paths
 		writeJSONErr(w, http.StatusForbidden, fmt.Sprintf("write '%s': permission denied: the path belongs to the sandbox's agent", p))
 		return
 	}

@@ -196,7 +196,7 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		data := msg.GetData()
 		total += int64(len(data))
 		if total > limit {
-			return fail(errdefs.Invalid("size", "more than %d bytes arrived, the upload limit; split the file", limit))
+			return fail(errdefs.New(errdefs.ErrResourceExhausted, "size: more than %d bytes arrived, over the upload limit of %d bytes (%d MiB, node.max_upload_mb); split the file", limit, limit, limit>>20))
 		}
 		if _, err := pw.Write(data); err != nil {
 			writeFailed = true // the upload ended early; its result says why
@@ -206,7 +206,17 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 		return fail(ctxErr(ctx, err))
 	}
 	if !writeFailed && h.GetSize() > 0 && total != h.GetSize() {
-		return fail(errdefs.Invalid("size", "header says %d bytes but %d arrived", h.GetSize(), total))
+		// When the agent refused the write itself (permission, a reserved
+		// path), that is the reason: the Python SDK asks with the header
+		// alone to learn why an upload was cut off (grpcio loses the
+		// status, grpc/grpc#36066).
+		pw.Close()
+		r := finish()
+		s.removeQuietly(ctx, a, tmp, h.GetUser())
+		if r.err != nil {
+			return nil, r.err
+		}
+		return nil, errdefs.Invalid("size", "header says %d bytes but %d arrived", h.GetSize(), total)
 	}
 	pw.Close()
 	r := finish()

@@ -16,16 +16,31 @@ import (
 	"github.com/kernflux/opendsec/api/gen/process"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
+
+// maxCommandArgs bounds an exec's argument count.
+const maxCommandArgs = 4096
 
 func validateStart(st *v1.ExecStart) error {
 	if len(st.GetCommand()) == 0 || st.GetCommand()[0] == "" {
 		return errdefs.Invalid("command", "is empty; give a program, e.g. [\"/bin/sh\",\"-c\",\"echo hi\"]")
 	}
-	for _, a := range st.GetCommand() {
+	if n := len(st.GetCommand()); n > maxCommandArgs {
+		return errdefs.Invalid("command", "has %d arguments; at most %d are allowed — pass large input on stdin or in a file", n, maxCommandArgs)
+	}
+	total := 0
+	for i, a := range st.GetCommand() {
 		if !validPath(a) {
 			return errdefs.Invalid("command", "arguments must be UTF-8 without NUL bytes")
 		}
+		if len(a) >= sandboxspec.MaxEnvEntryBytes {
+			return errdefs.Invalid("command", "argument %d is %d bytes; one argument may be at most %d (the kernel's limit for exec)", i, len(a), sandboxspec.MaxEnvEntryBytes-1)
+		}
+		total += len(a) + 1
+	}
+	if total > sandboxspec.MaxEnvBytes {
+		return errdefs.Invalid("command", "is %d bytes in all; at most %d are allowed — pass large input on stdin or in a file", total, sandboxspec.MaxEnvBytes)
 	}
 	if st.GetTimeoutSeconds() < 0 {
 		return errdefs.Invalid("timeout_seconds", "%d must be ≥ 0 (0 means no limit beyond the sandbox's)", st.GetTimeoutSeconds())
@@ -38,6 +53,9 @@ func validateStart(st *v1.ExecStart) error {
 	}
 	if err := validateUser("user", st.GetUser()); err != nil {
 		return err
+	}
+	if len(st.GetCwd()) > sandboxspec.MaxPathLen {
+		return errdefs.Invalid("cwd", "is %d bytes; a path has at most %d", len(st.GetCwd()), sandboxspec.MaxPathLen)
 	}
 	if st.GetCwd() != "" && !validPath(st.GetCwd()) {
 		return errdefs.Invalid("cwd", "must be UTF-8 without NUL bytes")

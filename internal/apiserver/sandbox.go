@@ -21,6 +21,7 @@ import (
 	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/placement"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // CreateSandbox validates the spec, places it and creates it on the first
@@ -33,6 +34,9 @@ import (
 // sandbox; the apiserver only moves to another node when one definitely
 // refused (resource_exhausted), never after an ambiguous failure.
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
+	if err := sandboxspec.CheckRequestID("request_id", req.Msg.GetRequestId(), sandboxspec.MaxRequestIDLen); err != nil {
+		return nil, err
+	}
 	spec, err := normalizeSpec(req.Msg.GetSpec())
 	if err != nil {
 		return nil, err
@@ -157,6 +161,9 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 	count := req.Msg.GetCount()
 	if count < 1 || count > MaxBatch {
 		return errdefs.Invalid("count", "%d must be between 1 and %d", count, MaxBatch)
+	}
+	if err := sandboxspec.CheckRequestID("request_id", req.Msg.GetRequestId(), sandboxspec.MaxRequestIDLen); err != nil {
+		return err
 	}
 	spec, err := normalizeSpec(req.Msg.GetSpec())
 	if err != nil {

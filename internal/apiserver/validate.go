@@ -95,6 +95,9 @@ func checkPtySize(field string, p *v1.PtySize) error {
 	return nil
 }
 
+// sizeLimitErr refuses an upload above the limit (node.max_upload_mb): a
+// limit, not a malformed request, so resource_exhausted, naming the field
+// and the limit.
 func sizeLimitErr(size, limit int64) error {
-	return errdefs.Invalid("size", "%d bytes exceeds the %d-byte upload limit; split the file", size, limit)
+	return errdefs.New(errdefs.ErrResourceExhausted, "size: %d bytes exceeds the upload limit of %d bytes (%d MiB, node.max_upload_mb); split the file", size, limit, limit>>20)
 }

@@ -102,7 +102,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		return nil, err
 	}
 	stateDir := filepath.Join(cfg.DataDir, "node")
-	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits}, bcfg)
+	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits, MaxUploadBytes: cfg.Node.MaxUploadMB << 20}, bcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +126,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
 		MaxPidsLimit:   limits.MaxPidsLimit,
 		MaxPaused:      maxPaused,
+		MaxUploadBytes: cfg.Node.MaxUploadMB << 20,
 	}
 	if nw != nil {
 		ncfg.Network = nw

@@ -28,6 +28,7 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // maxBody caps a control-plane request body.
@@ -261,6 +262,11 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			labels[labelSecure] = "true"
 		}
 		if err := metadataLabels(req.Metadata, labels); err != nil {
+			writeErr(w, err)
+			return
+		}
+		// Named as the caller sent it (the API would say "env").
+		if err := sandboxspec.CheckEnv("envVars", req.EnvVars); err != nil {
 			writeErr(w, err)
 			return
 		}

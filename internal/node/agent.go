@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kernflux/opendsec/internal/auth"
@@ -34,6 +35,10 @@ func (n *Node) agentTransport(sb *sandbox) *http.Transport {
 			// lifetime with another.
 			DisableKeepAlives:  true,
 			DisableCompression: true,
+			// Uploads ask for 100-continue (AgentProxy): an agent that
+			// refuses one from its headers answers before any of the body
+			// is sent. Past this the body goes anyway.
+			ExpectContinueTimeout: 2 * time.Second,
 		})
 	})
 	return sb.transport.Load()
@@ -127,6 +132,18 @@ func (n *Node) AgentProxy() http.Handler {
 			writeJSONError(w, err)
 			return
 		}
+		if tooLargeUpload(w, r, sub, n.cfg.MaxUploadBytes) {
+			return
+		}
+		// An upload without a Content-Length over the limit: the agent
+		// answers 413 once it has read the limit, and the proxy, still
+		// sending, sees a broken pipe instead of that answer. Counting
+		// what went to the agent tells the two apart.
+		var sent atomic.Int64
+		upload := r.Method == http.MethodPost && sub == "files" && n.cfg.MaxUploadBytes > 0 && r.Body != nil && r.Body != http.NoBody
+		if upload {
+			r.Body = &countingBody{ReadCloser: r.Body, n: &sent}
+		}
 		sb.touch()
 		sb.active.Add(1)
 		defer func() {
@@ -147,17 +164,68 @@ func (n *Node) AgentProxy() http.Handler {
 				}
 				pr.Out.Header.Del(auth.TokenHeader)
 				pr.Out.Header.Del(auth.OnBehalfHeader)
+				if upload {
+					// The agent refuses a write from its path or
+					// Content-Length without reading the body; the proxy,
+					// still sending it, got a broken pipe instead of the
+					// agent's 403 or 413.
+					pr.Out.Header.Set("Expect", "100-continue")
+				}
 
 			},
 			Transport:     n.agentTransport(sb),
 			FlushInterval: -1,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				if limit := n.cfg.MaxUploadBytes; upload && sent.Load() > limit {
+					writeTooLarge(w, fmt.Sprintf("upload of more than %d bytes exceeds the limit of %d bytes (node.max_upload_mb)", limit, limit))
+					return
+				}
 				log.G(r.Context()).Warn("agent request failed", log.SandboxID(id), log.Err(err))
 				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %w", id, err))
 			},
 		}
 		proxy.ServeHTTP(w, r)
 	})
+}
+
+// tooLargeUpload answers 413 to a POST /files (E2B's upload route) whose
+// Content-Length is over the upload limit, as the agent would — but before
+// any of the body moves: the agent answers without reading it, and the
+// proxy, still sending, got a broken pipe and answered 503 "agent
+// unreachable" instead of the agent's 413.
+func tooLargeUpload(w http.ResponseWriter, r *http.Request, sub string, limit int64) bool {
+	if limit <= 0 || r.Method != http.MethodPost || sub != "files" || r.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	slack := int64(0)
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+		slack = 64 << 10 // part headers and boundaries, as the agent allows
+	}
+	if r.ContentLength <= limit+slack {
+		return false
+	}
+	writeTooLarge(w, fmt.Sprintf("upload of %d bytes exceeds the limit of %d bytes (node.max_upload_mb)", r.ContentLength, limit))
+	return true
+}
+
+// writeTooLarge answers 413 in the agent's JSON shape.
+func writeTooLarge(w http.ResponseWriter, msg string) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", http.StatusRequestEntityTooLarge, msg, "resource_exhausted")
+}
+
+// countingBody counts the bytes read from a request body.
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	k, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(k))
+	return k, err
 }
 
 // writeJSONError answers {"code": <http status>, "message", "status": <connect

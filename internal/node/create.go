@@ -14,6 +14,7 @@ import (
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // CreateRequest is what the node needs to create a sandbox.
@@ -54,6 +55,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 	}
 	if req.ID[:sandboxid.NodeIDLen] != n.cfg.ID {
 		return nil, errdefs.Invalid("sandbox_id", "%q belongs to node %s, not %s", req.ID, req.ID[:sandboxid.NodeIDLen], n.cfg.ID)
+	}
+	if err := sandboxspec.CheckRequestID("request_id", req.RequestID, sandboxspec.MaxNodeRequestIDLen); err != nil {
+		return nil, err
 	}
 	spec := req.Spec
 	if err := n.normalize(&spec); err != nil {
@@ -369,6 +373,9 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 			n.destroy(ctx, rec)
 		}
 	}()
+	if err := checkImageUser(ctx, img, rec.ID, rec.Spec.User); err != nil {
+		return runtime.Handle{}, err
+	}
 	if err := n.table.put(rec); err != nil {
 		return runtime.Handle{}, fmt.Errorf("record sandbox: %w", err)
 	}

@@ -75,6 +75,10 @@ type Config struct {
 	// MaxPidsLimit is the largest pids_limit a create may ask for
 	// (node.max_pids_limit); 0 means sandboxspec.DefaultMaxPidsLimit.
 	MaxPidsLimit int64
+	// MaxUploadBytes is the upload limit (node.max_upload_mb) the agent
+	// proxy applies to POST /files before any data moves; 0 leaves it to
+	// the agent.
+	MaxUploadBytes int64
 	// AgentReadyTimeout bounds the wait for a new sandbox's agent.
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).

@@ -19,6 +19,9 @@ type Env struct {
 	// StateDir is a node-local directory the backend may use for its own
 	// state (not per sandbox: sandboxes get Spec.StateDir).
 	StateDir string
+	// MaxUploadBytes caps one file written through a sandbox's file API
+	// (node.max_upload_mb); 0 leaves the backend's agent at its default.
+	MaxUploadBytes int64
 	// Limits are the node's process and file limits (node config);
 	// zero fields mean the backend's defaults.
 	Limits NodeLimits

@@ -78,6 +78,28 @@ const (
 
 	MaxBackendOptions        = 32
 	MaxBackendOptionValueLen = 4096
+
+	// MaxEnvVars bounds how many variables env holds.
+	MaxEnvVars = 4096
+	// MaxLabels bounds how many labels a sandbox has (the E2B gateway adds
+	// up to 4 of its own to at most 64 metadata entries).
+	MaxLabels = 128
+	// MaxImageLen bounds an image name.
+	MaxImageLen = 1024
+	// MaxRuleSets and MaxNetworkRules bound network.rule_sets and
+	// network.allow (an E2B denyOut list becomes its complement: up to a
+	// few thousand prefixes); MaxRuleFieldLen bounds each string in a rule
+	// and a rule set's name.
+	MaxRuleSets     = 64
+	MaxNetworkRules = 4096
+	MaxRuleFieldLen = 255
+
+	// MaxRequestIDLen bounds a create's request_id (a batch's too: its
+	// items' keys add "-<index>", which the node allows for).
+	MaxRequestIDLen = 128
+	// MaxNodeRequestIDLen is what the node accepts: a public request_id
+	// with a batch item's "-<index>".
+	MaxNodeRequestIDLen = MaxRequestIDLen + 16
 )
 
 var (
@@ -157,7 +179,10 @@ func Normalize(s Spec) (Spec, error) {
 	if strings.TrimSpace(s.Image) == "" {
 		return Spec{}, errdefs.Invalid("image", "is empty; e.g. root/py:3.11 — list images with `opendsecctl image list`")
 	}
-	if !utf8.ValidString(s.Image) || strings.ContainsAny(s.Image, " \t\n\x00") || len(s.Image) > MaxPathLen {
+	if len(s.Image) > MaxImageLen {
+		return Spec{}, errdefs.Invalid("image", "is %d bytes; an image name has at most %d", len(s.Image), MaxImageLen)
+	}
+	if !utf8.ValidString(s.Image) || strings.ContainsAny(s.Image, " \t\n\x00") {
 		return Spec{}, errdefs.Invalid("image", "%q is not an image name; e.g. root/py:3.11", s.Image)
 	}
 	if s.Backend != "" && !backendRe.MatchString(s.Backend) {
@@ -202,6 +227,9 @@ func Normalize(s Spec) (Spec, error) {
 	if err := CheckUser("user", s.User); err != nil {
 		return Spec{}, err
 	}
+	if len(s.Labels) > MaxLabels {
+		return Spec{}, errdefs.Invalid("labels", "has %d entries; at most %d are allowed", len(s.Labels), MaxLabels)
+	}
 	for k, v := range s.Labels {
 		if !labelKeyRe.MatchString(k) {
 			return Spec{}, errdefs.Invalid("labels", "key %q must be 1-%d characters of [A-Za-z0-9._/-] starting with a letter or digit", k, MaxLabelKeyLen)
@@ -211,10 +239,16 @@ func Normalize(s Spec) (Spec, error) {
 		}
 	}
 	if len(s.TaskID) > MaxTaskIDLen || !utf8.ValidString(s.TaskID) || strings.ContainsRune(s.TaskID, 0) {
-		return Spec{}, errdefs.Invalid("task_id", "must be valid UTF-8 of at most %d bytes", MaxTaskIDLen)
+		return Spec{}, errdefs.Invalid("task_id", "must be valid UTF-8 without NUL of at most %d bytes", MaxTaskIDLen)
 	}
-	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || !utf8.ValidString(s.Workdir) || strings.ContainsRune(s.Workdir, 0) || len(s.Workdir) > MaxPathLen) {
+	if len(s.Workdir) > MaxPathLen {
+		return Spec{}, errdefs.Invalid("workdir", "is %d bytes; a path has at most %d", len(s.Workdir), MaxPathLen)
+	}
+	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || !utf8.ValidString(s.Workdir) || strings.ContainsRune(s.Workdir, 0)) {
 		return Spec{}, errdefs.Invalid("workdir", "%q must be an absolute path, e.g. /home/user", s.Workdir)
+	}
+	if err := checkNetworkShape(s.Network); err != nil {
+		return Spec{}, err
 	}
 	if len(s.BackendOptions) > MaxBackendOptions {
 		return Spec{}, errdefs.Invalid("backend_options", "has %d entries; at most %d are allowed", len(s.BackendOptions), MaxBackendOptions)
@@ -236,8 +270,55 @@ func MemoryTooSmall(mb int64) error {
 	return errdefs.Invalid("memory_mb", "%d MiB is too small; give at least %d, or leave it unset for the default %d", mb, MinMemoryMB, DefaultMemoryMB)
 }
 
+// checkNetworkShape bounds a network policy's sizes; netpolicy validates
+// its meaning on the node.
+func checkNetworkShape(r *NetworkRules) error {
+	if r == nil {
+		return nil
+	}
+	if len(r.RuleSets) > MaxRuleSets {
+		return errdefs.Invalid("network.rule_sets", "has %d entries; at most %d are allowed", len(r.RuleSets), MaxRuleSets)
+	}
+	for i, name := range r.RuleSets {
+		if len(name) > MaxRuleFieldLen {
+			return errdefs.Invalid(fmt.Sprintf("network.rule_sets[%d]", i), "is %d bytes; a rule set name has at most %d", len(name), MaxRuleFieldLen)
+		}
+	}
+	if len(r.Allow) > MaxNetworkRules {
+		return errdefs.Invalid("network.allow", "has %d rules; at most %d are allowed", len(r.Allow), MaxNetworkRules)
+	}
+	for i, a := range r.Allow {
+		for _, f := range []struct{ name, v string }{{"cidr", a.CIDR}, {"domain", a.Domain}, {"protocol", a.Protocol}, {"ports", a.Ports}} {
+			if len(f.v) > MaxRuleFieldLen {
+				return errdefs.Invalid(fmt.Sprintf("network.allow[%d].%s", i, f.name), "is %d bytes; at most %d are allowed", len(f.v), MaxRuleFieldLen)
+			}
+		}
+	}
+	return nil
+}
+
+// CheckRequestID validates an idempotency key (request_id) of at most max
+// bytes: printable UTF-8, e.g. a UUID.
+func CheckRequestID(field, id string, max int) error {
+	if len(id) > max {
+		return errdefs.Invalid(field, "is %d bytes; at most %d are allowed (e.g. a UUID)", len(id), max)
+	}
+	if !utf8.ValidString(id) {
+		return errdefs.Invalid(field, "is not valid UTF-8; use printable text, e.g. a UUID")
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return errdefs.Invalid(field, "contains the control character %U; use printable text, e.g. a UUID", r)
+		}
+	}
+	return nil
+}
+
 // CheckEnv validates environment variables (spec env, exec env).
 func CheckEnv(field string, env map[string]string) error {
+	if len(env) > MaxEnvVars {
+		return errdefs.Invalid(field, "has %d variables; at most %d are allowed", len(env), MaxEnvVars)
+	}
 	total := 0
 	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || !utf8.ValidString(k) {

@@ -610,8 +610,8 @@ func TestWriteFileRejectedUpFront(t *testing.T) {
 	sb := create(t, c)
 	data := make([]byte, 3<<20)
 	_, err := c.WriteFile(t.Context(), sb.Id, "/tmp/x", bytes.NewReader(data), int64(len(data)))
-	if !opendsec.IsInvalidArgument(err) || !strings.Contains(err.Error(), "size") {
-		t.Fatalf("oversize upload: %v", err)
+	if !opendsec.IsResourceExhausted(err) || !strings.Contains(err.Error(), "size") || !strings.Contains(err.Error(), "upload limit") {
+		t.Fatalf("oversize upload: %v, want resource_exhausted naming size and the limit", err)
 	}
 	if _, ok := srv.File(sb.Id, "/tmp/x"); ok {
 		t.Fatal("rejected upload left a file")

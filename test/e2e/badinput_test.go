@@ -95,7 +95,7 @@ func TestBadInput(t *testing.T) {
 	up := s.Files().WriteFile(t.Context())
 	up.Send(&opendsecv1.WriteFileRequest{Msg: &opendsecv1.WriteFileRequest_Header{Header: &opendsecv1.WriteFileHeader{SandboxId: sb.Id, Path: "/tmp/big", Size: 2 << 30}}})
 	_, err = up.CloseAndReceive()
-	wantErr(t, "2 GiB upload", err, connect.CodeInvalidArgument, "size")
+	wantErr(t, "2 GiB upload", err, connect.CodeResourceExhausted, "size: 2147483648 bytes exceeds the upload limit")
 	if r := s.shell(t, sb.Id, "ls /tmp/big 2>/dev/null; echo done"); r.stdout != "done\n" {
 		t.Errorf("refused upload left a file: %q", r.stdout)
 	}

@@ -35,15 +35,26 @@ func init() { runtime.Register(Name, open) }
 
 // open builds the backend from its config section (node.backends.container).
 func open(ctx context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
-	var cfg Config
-	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
+	cfg, err := configFrom(env, raw)
+	if err != nil {
 		return nil, err
 	}
+	return newBackend(ctx, cfg)
+}
+
+// configFrom is the backend's config: its section and what the node
+// passes every backend.
+func configFrom(env runtime.Env, raw json.RawMessage) (Config, error) {
+	var cfg Config
+	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
+		return Config{}, err
+	}
 	cfg.NodeID = env.NodeID
+	cfg.MaxUploadBytes = env.MaxUploadBytes
 	cfg.MaxPidsLimit = env.Limits.MaxPidsLimit
 	cfg.TotalPidsLimit = env.Limits.TotalPidsLimit
 	cfg.NofileLimit = env.Limits.NofileLimit
-	return newBackend(ctx, cfg)
+	return cfg, nil
 }
 
 // Config configures the backend.
@@ -76,6 +87,9 @@ type Config struct {
 	// next connection); 0 means never, absent means
 	// DefaultAgentIdleExit.
 	AgentIdleExitMS *int64 `json:"agent_idle_exit_ms,omitempty"`
+	// MaxUploadBytes is the agent's upload limit (node.max_upload_mb, from
+	// runtime.Env; not part of the section); 0 is the agent's default.
+	MaxUploadBytes int64 `json:"-"`
 
 	// legacyDefaults: StateRoot and CgroupParent are the node's defaults,
 	// so a create interrupted before the upgrade that put node IDs in them

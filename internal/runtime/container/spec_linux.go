@@ -110,6 +110,9 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 	if d := cfg.agentIdleExit(); d > 0 {
 		args = append(args, "--idle-exit", d.String())
 	}
+	if cfg.MaxUploadBytes > 0 {
+		args = append(args, "--max-upload-bytes", strconv.FormatInt(cfg.MaxUploadBytes, 10))
+	}
 	env := agentEnv(s.Guest.Env, nil)
 
 	mem := s.Resources.MemoryMB << 20

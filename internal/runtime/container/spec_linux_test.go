@@ -2,11 +2,13 @@ package container
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -512,5 +514,24 @@ func TestAgentEnvOneEntryPerKey(t *testing.T) {
 	got = agentEnv([]string{"PATH=/img"}, []string{"PATH=/sb"})
 	if !slices.Equal(got, []string{"PATH=/sb"}) {
 		t.Fatalf("agentEnv with PATH = %q", got)
+	}
+}
+
+// TestSecurityBadInputAgentUploadLimit: the agent enforces the node's
+// upload limit (node.max_upload_mb, through runtime.Env) on POST /files,
+// the route E2B's SDKs write through, not its own 1 GiB default.
+func TestSecurityBadInputAgentUploadLimit(t *testing.T) {
+	cfg, err := configFrom(runtime.Env{MaxUploadBytes: 64 << 20}, json.RawMessage(`{"agent_path": "/usr/local/bin/opendsec-agent"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.setDefaults()
+	sp, err := ociSpec(&cfg, testSpec(), "/opendsec/sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.Index(sp.Process.Args, "--max-upload-bytes")
+	if i < 0 || i+1 >= len(sp.Process.Args) || sp.Process.Args[i+1] != strconv.Itoa(64<<20) {
+		t.Fatalf("agent args %v, want --max-upload-bytes %d", sp.Process.Args, 64<<20)
 	}
 }

@@ -219,7 +219,7 @@ func (h fileService) WriteFile(ctx context.Context, stream *connect.ClientStream
 		return nil, err
 	}
 	if h.s.MaxUploadBytes > 0 && hdr.GetSize() > h.s.MaxUploadBytes {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("size: %d bytes is over the upload limit of %d bytes", hdr.GetSize(), h.s.MaxUploadBytes))
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("size: %d bytes exceeds the upload limit of %d bytes", hdr.GetSize(), h.s.MaxUploadBytes))
 	}
 	var data []byte
 	var chunks []int

@@ -38,6 +38,9 @@ class FakeServer(
         self.stopped: list[str] = []
         self.files: dict[str, bytes] = {}
         self.write_requests: list[pb.WriteFileRequest] = []
+        # WriteFile refuses a header declaring more (0: no limit), as the
+        # real server does, before reading any data.
+        self.upload_limit = 0
         self.read_chunk = 3
         self.exec_requests: list[pb.ExecRequest] = []
         self.exec_time_remaining: list[float | None] = []
@@ -306,6 +309,11 @@ class FakeServer(
             self.write_requests.append(req)
             if req.WhichOneof("msg") == "header":
                 header = req.header
+                if self.upload_limit and header.size > self.upload_limit:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"size: {header.size} bytes exceeds the upload limit of {self.upload_limit} bytes",
+                    )
             else:
                 buf.extend(req.data)
         assert header is not None

@@ -510,6 +510,26 @@ async def test_write_empty_file_sends_only_the_header(client: DSecClient, server
     assert server.files["/empty"] == b""
 
 
+async def test_upload_over_the_limit_is_quota_exceeded_naming_the_limit(client: DSecClient, server: FakeServer) -> None:
+    # The server refuses from the header while data is in flight: grpcio's
+    # asyncio client then often loses the status ("Internal error from
+    # Core", grpc/grpc#36066); the SDK must still say why, every time.
+    server.upload_limit = 1 << 20
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    for _ in range(10):
+        with pytest.raises(E.QuotaExceededError, match="exceeds the upload limit of 1048576 bytes"):
+            await sb.files.write("/tmp/big", b"x" * (16 << 20))
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(16):
+            yield b"x" * (1 << 20)
+
+    for _ in range(5):
+        with pytest.raises(E.QuotaExceededError, match="upload limit"):
+            await sb.files.write_stream("/tmp/big", chunks(), size=16 << 20)
+    assert "/tmp/big" not in server.files
+
+
 async def test_read_joins_chunks(client: DSecClient, server: FakeServer) -> None:
     sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
     server.files["/etc/motd"] = "héllo wörld".encode()

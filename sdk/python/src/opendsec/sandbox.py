@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -43,6 +43,10 @@ __all__ = ["CHUNK_SIZE", "OUTPUT_LIMIT", "SHELL", "ExecProcess", "Files", "Sandb
 
 #: Size of the data chunks :meth:`Files.write` streams.
 CHUNK_SIZE = 1024 * 1024
+
+# What grpcio's asyncio client reports when it lost the status of a call
+# the server ended while the client was still sending (grpc/grpc#36066).
+_LOST_STATUS = "Internal error from Core"
 
 #: How many bytes of each output stream (stdout, stderr) :meth:`Sandbox.run_shell`
 #: and :meth:`ExecProcess.wait` keep by default. Past it the output is counted,
@@ -403,19 +407,16 @@ class Files:
         """
         buf = memoryview(_to_bytes(data))
         header = pb.WriteFileHeader(sandbox_id=self._id, path=path, user=user, size=len(buf))
+        sent = [0]
 
-        def requests() -> Generator[pb.WriteFileRequest, None, None]:
+        async def requests() -> AsyncIterator[pb.WriteFileRequest]:
             yield pb.WriteFileRequest(header=header)
             for off in range(0, len(buf), CHUNK_SIZE):
-                yield pb.WriteFileRequest(data=bytes(buf[off : off + CHUNK_SIZE]))
+                piece = bytes(buf[off : off + CHUNK_SIZE])
+                sent[0] += len(piece)
+                yield pb.WriteFileRequest(data=piece)
 
-        resp = await self._conn.retrying(
-            lambda: self._conn.files.WriteFile(
-                requests(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
-            ),
-            retry=False,
-        )
-        return FileInfo.from_proto(resp.file)
+        return await self._write_file(header, requests, sent, timeout)
 
     async def write_stream(
         self,
@@ -434,25 +435,77 @@ class Files:
         re-cut to at most 1 MiB.
         """
         header = pb.WriteFileHeader(sandbox_id=self._id, path=path, user=user, size=size)
+        sent = [0]
 
         async def requests() -> AsyncIterator[pb.WriteFileRequest]:
             yield pb.WriteFileRequest(header=header)
             if isinstance(chunks, AsyncIterable):
                 async for chunk in chunks:
                     for piece in _cut(chunk):
+                        sent[0] += len(piece.data)
                         yield piece
             else:
                 for chunk in chunks:
                     for piece in _cut(chunk):
+                        sent[0] += len(piece.data)
                         yield piece
 
-        resp = await self._conn.retrying(
-            lambda: self._conn.files.WriteFile(
-                requests(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
-            ),
-            retry=False,
-        )
+        return await self._write_file(header, requests, sent, timeout)
+
+    async def _write_file(
+        self,
+        header: pb.WriteFileHeader,
+        requests: Callable[[], AsyncIterator[pb.WriteFileRequest]],
+        sent: list[int],
+        timeout: float | None,
+    ) -> FileInfo:
+        try:
+            resp = await self._conn.retrying(
+                lambda: self._conn.files.WriteFile(
+                    requests(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
+                ),
+                retry=False,
+            )
+        except InternalError as e:
+            if e.message != _LOST_STATUS:
+                raise
+            raise await self._refusal(header, sent[0], timeout) from None
         return FileInfo.from_proto(resp.file)
+
+    async def _refusal(self, header: pb.WriteFileHeader, sent: int, timeout: float | None) -> DSecError:
+        """Why the server ended an upload while data was still being sent.
+
+        grpcio's asyncio client loses the status of a client-streaming call
+        that the server ends early, for example an upload over the server's
+        limit, and reports ``INTERNAL: Internal error from Core`` instead
+        (grpc/grpc#36066). The header alone, with the size sent so far, is
+        asked again: the server decides refusals of the size, path, user and
+        sandbox from it before anything is written, and a header it accepts
+        fails only on the missing data, leaving the file untouched."""
+        size = max(header.size, sent)
+        lost = InternalError(
+            f"write {header.path}: the server ended the upload after {sent} bytes were sent and grpcio "
+            "lost its reason (grpc/grpc#36066); retry, or check the server's upload limit (node.max_upload_mb)",
+            code="INTERNAL",
+        )
+        if size == 0:
+            return lost
+        probe = pb.WriteFileHeader(sandbox_id=header.sandbox_id, path=header.path, user=header.user, size=size)
+
+        async def only_header() -> AsyncIterator[pb.WriteFileRequest]:
+            yield pb.WriteFileRequest(header=probe)
+
+        try:
+            await self._conn.retrying(
+                lambda: self._conn.files.WriteFile(
+                    only_header(), metadata=self._conn.metadata, timeout=timeout or self._conn.timeout
+                ),
+                retry=False,
+            )
+        except DSecError as e:
+            if e.message != _LOST_STATUS and not e.message.startswith("size: header says"):
+                return e
+        return lost
 
     async def list(self, path: str, depth: int = 1, *, user: str = "") -> list[FileInfo]:
         """List the directory ``path``, descending ``depth`` levels (1 = its entries)."""

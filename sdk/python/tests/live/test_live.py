@@ -221,9 +221,9 @@ async def test_files_5mib_binary(sandbox: Sandbox) -> None:
 
 
 async def test_upload_above_the_limit_is_refused_up_front(sandbox: Sandbox) -> None:
-    with pytest.raises((InvalidArgumentError, QuotaExceededError)) as ei:
+    with pytest.raises(QuotaExceededError) as ei:
         await sandbox.files.write_stream("/tmp/huge.bin", [], size=2 << 30)
-    assert "size" in str(ei.value) or "limit" in str(ei.value)
+    assert "size:" in str(ei.value) and "upload limit" in str(ei.value) and "node.max_upload_mb" in str(ei.value)
     assert not await sandbox.files.exists("/tmp/huge.bin")
 
 
