@@ -72,12 +72,26 @@ type Config struct {
 	// next connection); 0 means never, absent means
 	// DefaultAgentIdleExit.
 	AgentIdleExitMS *int64 `json:"agent_idle_exit_ms,omitempty"`
+	// DiskQuota is how a sandbox's writable layer gets its quota
+	// (Resources.DiskMB): "project" (an XFS or ext4 project quota; the
+	// filesystem of the sandboxes' state dirs must be mounted with
+	// prjquota), "image" (a sparse ext4 image per sandbox, loop-mounted)
+	// or "auto" (empty: project where the filesystem enforces project
+	// quotas, else image).
+	DiskQuota string `json:"disk_quota,omitempty"`
 
 	// legacyDefaults: StateRoot and CgroupParent are the node's defaults,
 	// so a create interrupted before the upgrade that put node IDs in them
 	// may have left its state under the old ones.
 	legacyDefaults bool
 }
+
+// Disk quota mechanisms (Config.DiskQuota).
+const (
+	DiskQuotaAuto    = "auto"
+	DiskQuotaProject = "project"
+	DiskQuotaImage   = "image"
+)
 
 // DefaultAgentIdleExit is the agent's idle exit when the config names none.
 const DefaultAgentIdleExit = 30 * time.Second
@@ -126,6 +140,9 @@ func (c *Config) setDefaults() {
 	if c.CgroupParent == "" {
 		c.CgroupParent = DefaultCgroupParentOf(c.NodeID)
 	}
+	if c.DiskQuota == "" {
+		c.DiskQuota = DiskQuotaAuto
+	}
 	if c.InitPath == "" && c.AgentPath != "" {
 		c.InitPath = filepath.Join(filepath.Dir(c.AgentPath), InitBinaryName)
 	}
@@ -144,6 +161,11 @@ func (c *Config) validate() error {
 	}
 	if c.AgentIdleExitMS != nil && *c.AgentIdleExitMS < 0 {
 		return errdefs.Invalid("container.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", *c.AgentIdleExitMS)
+	}
+	switch c.DiskQuota {
+	case DiskQuotaAuto, DiskQuotaProject, DiskQuotaImage:
+	default:
+		return errdefs.Invalid("container.disk_quota", "%q is not a disk quota mechanism; give auto (the default), project or image", c.DiskQuota)
 	}
 	for _, b := range []struct{ field, path, fix string }{
 		{"container.agent_path", c.AgentPath, "build it with `make agent` or run deploy/quickstart.sh"},
