@@ -120,6 +120,9 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		CPU:            cfg.Node.CPU,
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
+		DiskDefaultMB:  cfg.Node.Disk.DefaultMB,
+		DiskMaxMB:      cfg.Node.Disk.MaxMB,
+		DiskReserveMB:  cfg.Node.Disk.ReserveMB,
 		MaxPaused:      maxPaused,
 	}
 	if nw != nil {

@@ -32,4 +32,3 @@ func newBackend(cfg Config) (runtime.Runtime, error) {
 
 // CgroupDirs returns nothing: there are no sandboxes off Linux.
 func (r *Runtime) CgroupDirs(string) []string { return nil }
-

@@ -195,7 +195,10 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return fmt.Errorf("create layer dir: %w", err)
 	}
-	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, ""); err != nil {
+	// noinit_itable: the kernel would zero the inode tables in the
+	// background (megabytes per GiB of quota, real disk use); the image's
+	// holes already read as zeros.
+	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable"); err != nil {
 		return err
 	}
 	if err := makeLayerDirs(mnt); err != nil {
@@ -303,8 +306,8 @@ type fsxattr struct {
 
 type ifDqblk struct {
 	Bhardlimit, Bsoftlimit, Curspace, Ihardlimit, Isoftlimit, Curinodes, Btime, Itime uint64
-	Valid                                                                           uint32
-	_                                                                               uint32
+	Valid                                                                             uint32
+	_                                                                                 uint32
 }
 
 func qcmd(cmd, typ uint32) uint32 { return cmd<<8 | typ&0xff }
