@@ -13,8 +13,8 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
-	"github.com/kernflux/opendsec/internal/sandboxspec"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // DefaultPath is where Load looks when no path is given.

@@ -39,7 +39,9 @@ func newFactoryWith(t *testing.T, mod func(*Config)) runtimetest.Factory {
 		}
 		return rt, runtime.Spec{
 			Rootfs:    runtime.Rootfs{Image: "test/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}},
-			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128},
+			// Every sandbox of the package tests has a writable-layer quota
+			// (the image mechanism here): diff, stats and recover run on it.
+			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128, DiskMB: 64},
 		}
 	}
 }
