@@ -5,7 +5,9 @@ set -euo pipefail
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 need=()
-for p in runc iproute2 nftables debootstrap busybox-static erofs-utils ca-certificates curl git make gcc python3-venv; do
+# e2fsprogs: every sandbox's writable layer is an ext4 image (mkfs.ext4); xfsprogs:
+# XFS state dirs with project quotas (and the tests that make one).
+for p in runc iproute2 nftables debootstrap busybox-static erofs-utils e2fsprogs xfsprogs ca-certificates curl git make gcc python3-venv; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ $dev = 1 ]; then

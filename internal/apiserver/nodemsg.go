@@ -81,6 +81,7 @@ func nodeSpec(p *v1.SandboxSpec) *nodev1.SandboxSpec {
 		Workdir:            p.GetWorkdir(),
 		Network:            nodeNetwork(p.GetNetwork()),
 		AutoPause:          p.GetAutoPause(),
+		DiskMb:             p.GetDiskMb(),
 	}
 	if p.MemoryMb != nil {
 		n.MemoryMb = proto.Int64(p.GetMemoryMb())
@@ -160,6 +161,7 @@ func publicSpec(n *nodev1.SandboxSpec) *v1.SandboxSpec {
 		Workdir:            n.GetWorkdir(),
 		Network:            publicNetwork(n.GetNetwork()),
 		AutoPause:          n.GetAutoPause(),
+		DiskMb:             n.GetDiskMb(),
 	}
 	if n.MemoryMb != nil {
 		p.MemoryMb = proto.Int64(n.GetMemoryMb())

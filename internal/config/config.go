@@ -158,6 +158,8 @@ type Node struct {
 	NofileLimit int64 `json:"nofile_limit"`
 	// MaxUploadMB caps one file write.
 	MaxUploadMB int64 `json:"max_upload_mb"`
+	// Disk is the sandboxes' writable-layer quota and the node's reserve.
+	Disk NodeDisk `json:"disk"`
 	// MaxPaused is how long a sandbox may stay paused before the node stops
 	// it, as a Go duration ("24h", "90m"); "0" keeps paused sandboxes until
 	// they are resumed or stopped. See MaxPausedDuration.
@@ -168,6 +170,27 @@ type Node struct {
 	// (docs/concepts.md, "Warm pool").
 	WarmPool WarmPool `json:"warm_pool"`
 }
+
+// NodeDisk configures the quota of every sandbox's writable layer (bytes,
+// and inodes one per 16 KiB; docs/security.md) and the free space the
+// node keeps for itself.
+type NodeDisk struct {
+	// DefaultMB is the quota of a sandbox that asks for none (disk_mb 0).
+	DefaultMB int64 `json:"default_mb"`
+	// MaxMB is the largest disk_mb a create may ask for.
+	MaxMB int64 `json:"max_mb"`
+	// ReserveMB: creates are refused while the node's state directory's
+	// filesystem (the sandbox table and the writable layers) has less than
+	// this free; 0 turns the check off.
+	ReserveMB int64 `json:"reserve_mb"`
+}
+
+// Disk defaults (node.disk).
+const (
+	DefaultDiskMB        = 5120
+	DefaultDiskMaxMB     = 51200
+	DefaultDiskReserveMB = 2048
+)
 
 // WarmPool configures a node's warm pool.
 type WarmPool struct {
@@ -222,6 +245,7 @@ func Default(dataDir string) Config {
 			MaxPidsLimit:    sandboxspec.DefaultMaxPidsLimit,
 			NofileLimit:     sandboxspec.DefaultNofileLimit,
 			MaxUploadMB:     1024,
+			Disk:            NodeDisk{DefaultMB: DefaultDiskMB, MaxMB: DefaultDiskMaxMB, ReserveMB: DefaultDiskReserveMB},
 			MaxPaused:       DefaultMaxPaused,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
@@ -287,6 +311,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.MaxSandboxes <= 0 {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")
+	}
+	if d := c.Node.Disk; d.MaxMB < sandboxspec.MinDiskMB {
+		return errdefs.Invalid("node.disk.max_mb", "is %d; give at least %d MiB (default %d)", d.MaxMB, sandboxspec.MinDiskMB, DefaultDiskMaxMB)
+	} else if d.DefaultMB < sandboxspec.MinDiskMB || d.DefaultMB > d.MaxMB {
+		return errdefs.Invalid("node.disk.default_mb", "is %d; give %d to node.disk.max_mb (%d) MiB (default %d)", d.DefaultMB, sandboxspec.MinDiskMB, d.MaxMB, DefaultDiskMB)
+	} else if d.ReserveMB < 0 {
+		return errdefs.Invalid("node.disk.reserve_mb", "is %d; give 0 (no reserve) or MiB to keep free (default %d)", d.ReserveMB, DefaultDiskReserveMB)
 	}
 	if _, err := c.Node.MaxPausedDuration(); err != nil {
 		return err

@@ -125,6 +125,9 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		MemoryMB:       cfg.Node.MemoryMB,
 		MaxSandboxes:   cfg.Node.MaxSandboxes,
 		MaxPidsLimit:   limits.MaxPidsLimit,
+		DiskDefaultMB:  cfg.Node.Disk.DefaultMB,
+		DiskMaxMB:      cfg.Node.Disk.MaxMB,
+		DiskReserveMB:  cfg.Node.Disk.ReserveMB,
 		MaxPaused:      maxPaused,
 		MaxUploadBytes: cfg.Node.MaxUploadMB << 20,
 	}

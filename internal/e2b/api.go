@@ -356,6 +356,7 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		EnvdVersion:  EnvdVersion,
 		CPUCount:     max(1, int(math.Ceil(sb.GetSpec().GetCpu()))),
 		MemoryMB:     sb.GetSpec().GetMemoryMb(),
+		DiskSizeMB:   sb.GetSpec().GetDiskMb(),
 		State:        stateOf(sb),
 		Metadata:     metadataOf(l),
 		VolumeMounts: []any{},

@@ -39,6 +39,9 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less",
 			n.cfg.ID, n.cfg.MemoryMB-n.reservedMem, rec.Spec.MemoryMB)
 	}
+	if err := n.checkDiskReserve(); err != nil {
+		return nil, err
+	}
 	n.sandboxes[rec.ID] = sb
 	if rec.RequestID != "" {
 		n.requests[rec.RequestID] = sb
@@ -84,4 +87,26 @@ func runSteps(ctx context.Context, steps []step) error {
 		}
 	}
 	return nil
+}
+
+// Disk defaults of a node (Config.Disk*).
+const (
+	DefaultDiskMB        = 5120
+	DefaultDiskMaxMB     = 51200
+	DefaultDiskReserveMB = 2048
+)
+
+// checkDiskReserve refuses a create when the filesystem of the node's state
+// dir (the sandbox table and every sandbox's writable layer) has less than
+// the reserve free: quotas may add up to more than the disk.
+func (n *Node) checkDiskReserve() error {
+	if n.cfg.DiskReserveMB == 0 {
+		return nil
+	}
+	free, err := freeMB(n.cfg.StateDir)
+	if err != nil || free >= n.cfg.DiskReserveMB {
+		return nil //nolint:nilerr // unknown free space: the backend's quota still holds
+	}
+	return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB free on its state filesystem, below its reserve of %d MiB (node.disk.reserve_mb); stop sandboxes or free disk space",
+		n.cfg.ID, free, n.cfg.DiskReserveMB)
 }

@@ -440,6 +440,7 @@ func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAtt
 			CPU:       rec.Spec.CPU,
 			MemoryMB:  rec.Spec.MemoryMB,
 			PidsLimit: rec.Spec.PidsLimit,
+			DiskMB:    rec.Spec.DiskMB,
 		},
 		Guest:    g,
 		Network:  nw,

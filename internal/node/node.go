@@ -79,6 +79,12 @@ type Config struct {
 	// proxy applies to POST /files before any data moves; 0 leaves it to
 	// the agent.
 	MaxUploadBytes int64
+	// Disk: the writable-layer quota of a sandbox that asks for none
+	// (DiskDefaultMB), the largest one may ask for (DiskMaxMB), and the free
+	// space the state dir's filesystem keeps: a create is refused when
+	// less than DiskReserveMB is free (the table lives there too; 0: no
+	// check). Zero default and maximum are DefaultDiskMB, DefaultDiskMaxMB.
+	DiskDefaultMB, DiskMaxMB, DiskReserveMB int64
 	// AgentReadyTimeout bounds the wait for a new sandbox's agent.
 	AgentReadyTimeout time.Duration
 	// ReapInterval is how often timeouts are checked (default 1s).
@@ -207,6 +213,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxPidsLimit <= 0 {
 		cfg.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
 	}
+	if cfg.DiskMaxMB <= 0 {
+		cfg.DiskMaxMB = DefaultDiskMaxMB
+	}
+	if cfg.DiskDefaultMB <= 0 {
+		cfg.DiskDefaultMB = min(DefaultDiskMB, cfg.DiskMaxMB)
+	}
 	if cfg.AgentReadyTimeout <= 0 {
 		cfg.AgentReadyTimeout = 30 * time.Second
 	}
@@ -294,8 +306,11 @@ func (n *Node) normalize(s *specRecord) error {
 	if ns.Backend == "" {
 		ns.Backend = n.cfg.DefaultBackend
 	}
+	if ns.DiskMB == 0 {
+		ns.DiskMB = n.cfg.DiskDefaultMB
+	}
 	if err := sandboxspec.CheckFits(ns, sandboxspec.Limits{
-		Where: "node " + n.cfg.ID, MaxCPU: n.cfg.CPU, MaxMemoryMB: n.cfg.MemoryMB, Backends: backendNames(n.cfg.Backends),
+		Where: "node " + n.cfg.ID, MaxCPU: n.cfg.CPU, MaxMemoryMB: n.cfg.MemoryMB, MaxDiskMB: n.cfg.DiskMaxMB, Backends: backendNames(n.cfg.Backends),
 		MaxPidsLimit: n.cfg.MaxPidsLimit,
 	}); err != nil {
 		return err

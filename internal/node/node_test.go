@@ -779,3 +779,46 @@ func pidAliveTest(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	return err == nil && !strings.Contains(string(b), ") Z ")
 }
+
+// A create without disk_mb gets the node's default; one above the node's
+// maximum is refused naming disk_mb; below the node's disk reserve every
+// create is refused (resource_exhausted) and nothing is made.
+func TestDiskQuotaDefaultMaxAndReserve(t *testing.T) {
+	f := newFakeFixture(t)
+	f.cfg.DiskDefaultMB, f.cfg.DiskMaxMB = 100, 200
+	n := f.open(t)
+	rec, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := f.fake.Spec(rec.ID); err != nil || s.Resources.DiskMB != 100 || rec.Spec.DiskMB != 100 {
+		t.Fatalf("backend spec disk_mb %d (record %d), err %v; want the node default 100", s.Resources.DiskMB, rec.Spec.DiskMB, err)
+	}
+	rec2, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", DiskMB: 200}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := f.fake.Spec(rec2.ID); s.Resources.DiskMB != 200 {
+		t.Fatalf("backend spec disk_mb %d, want 200", s.Resources.DiskMB)
+	}
+	_, err = n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x", DiskMB: 201}})
+	var fe *errdefs.FieldError
+	if !errors.As(err, &fe) || fe.Field != "disk_mb" || !strings.Contains(err.Error(), "at most 200") {
+		t.Fatalf("disk_mb above the maximum: %v, want invalid disk_mb naming the maximum", err)
+	}
+
+	free, err := freeMB(f.cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newFakeFixture(t)
+	g.cfg.DiskReserveMB = free + 1<<20
+	m := g.open(t)
+	_, err = m.Create(t.Context(), CreateRequest{ID: sandboxid.New(g.cfg.ID), Spec: specRecord{Image: "x"}})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node.disk.reserve_mb") {
+		t.Fatalf("create below the disk reserve: %v, want resource_exhausted naming node.disk.reserve_mb", err)
+	}
+	if _, _, c := m.Usage(); c != 0 {
+		t.Fatalf("%d sandboxes after a refused create", c)
+	}
+}

@@ -68,6 +68,7 @@ type poolKey struct {
 	Backend, Image, ImageID string
 	CPU                     float64
 	MemoryMB, PidsLimit     int64
+	DiskMB                  int64
 	User, Workdir, Rules    string
 }
 
@@ -136,7 +137,7 @@ func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 		return poolKey{}, false // the create reports the image error itself
 	}
 	k := poolKey{Backend: spec.Backend, Image: spec.Image, ImageID: id, CPU: spec.CPU,
-		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, User: spec.User, Workdir: spec.Workdir}
+		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, DiskMB: spec.DiskMB, User: spec.User, Workdir: spec.Workdir}
 	if spec.Network != nil {
 		b, err := json.Marshal(spec.Network)
 		if err != nil {

@@ -51,6 +51,7 @@ func TestCreateValidationIsSandboxspec(t *testing.T) {
 		{&opendsecv1.SandboxSpec{Image: "root/busybox", Cpu: 4.5}, "cpu: 4.5 cores exceeds the 4 of node t001; ask for at most 4"},
 		{&opendsecv1.SandboxSpec{Image: "root/busybox", MemoryMb: proto.Int64(4097)}, "memory_mb: 4097 MiB exceeds the 4096 MiB of node t001; ask for at most 4096"},
 		{&opendsecv1.SandboxSpec{Image: "root/busybox", AutoPause: true}, "auto_pause: the fake backend cannot pause"},
+		{&opendsecv1.SandboxSpec{Image: "root/busybox", DiskMb: DefaultDiskMaxMB + 1}, "disk_mb: 51201 MiB exceeds the maximum of 51200 MiB on node t001 (node.disk.max_mb); ask for at most 51200"},
 	} {
 		var ce *connect.Error
 		if err := create(tc.spec); !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || !strings.HasPrefix(ce.Message(), tc.msg) {

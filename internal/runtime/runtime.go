@@ -154,6 +154,9 @@ type Resources struct {
 	CPU       float64 // cores
 	MemoryMB  int64
 	PidsLimit int64
+	// DiskMB is the quota of the sandbox's writable layer in MiB (bytes,
+	// and inodes in proportion); 0 means no quota.
+	DiskMB int64
 }
 
 // Spec describes a sandbox to create.
@@ -330,9 +333,13 @@ type Stats struct {
 	// PidsLimit is the sandbox's process limit.
 	PidsLimit int64
 	// DiskUsedBytes is what the sandbox wrote to its writable layer;
-	// DiskTotalBytes is the size of the filesystem that holds it.
+	// DiskTotalBytes is its quota, or without one the size of the
+	// filesystem that holds it.
 	DiskUsedBytes  int64
 	DiskTotalBytes int64
+	// DiskInodes and DiskInodesLimit are the writable layer's inodes and
+	// their quota; 0 when it has no quota.
+	DiskInodes, DiskInodesLimit int64
 	// DiskMeasuredAt is when the disk numbers were measured: a backend may
 	// cache them (measuring can mean walking every file). Zero when they
 	// are not known yet.

@@ -64,6 +64,10 @@ const (
 	MinNofileLimit = 256
 	MaxNofileLimit = 1 << 20
 
+	// MinDiskMB is the smallest writable-layer quota (disk_mb). The node
+	// has the default and the maximum (node.disk.default_mb, max_mb).
+	MinDiskMB = 16
+
 	// MaxEnvEntryBytes is the kernel's limit on one "KEY=VALUE" string
 	// passed to exec (MAX_ARG_STRLEN, 32 pages, with its NUL).
 	MaxEnvEntryBytes = 128 << 10
@@ -134,6 +138,9 @@ type Spec struct {
 	TaskID string `json:"task_id,omitempty"`
 	// PidsLimit is the pids cgroup's limit; 0 means DefaultPidsLimit.
 	PidsLimit int64 `json:"pids_limit"`
+	// DiskMB is the quota of the writable layer in MiB (bytes; inodes one
+	// per 16 KiB); 0 means the node's default (node.disk.default_mb).
+	DiskMB int64 `json:"disk_mb,omitempty"`
 	// Workdir is the processes' working directory; empty is the image's.
 	Workdir string `json:"workdir,omitempty"`
 	// Network is the caller's network policy; nil means the node's default.
@@ -220,6 +227,9 @@ func Normalize(s Spec) (Spec, error) {
 		return Spec{}, errdefs.Invalid("pids_limit", "%d is too few (the agent's own threads count); give at least %d, or 0 for the default %d", s.PidsLimit, MinPidsLimit, DefaultPidsLimit)
 	case s.PidsLimit > MaxPidsLimit:
 		return Spec{}, errdefs.Invalid("pids_limit", "%d is more than the kernel can run (%d); ask for at most the node's node.max_pids_limit (%d unless configured), or 0 for the default %d", s.PidsLimit, MaxPidsLimit, DefaultMaxPidsLimit, DefaultPidsLimit)
+	}
+	if s.DiskMB < 0 || s.DiskMB > 0 && s.DiskMB < MinDiskMB {
+		return Spec{}, errdefs.Invalid("disk_mb", "%d must be 0 (the node's default) or at least %d MiB", s.DiskMB, MinDiskMB)
 	}
 	if err := CheckEnv("env", s.Env); err != nil {
 		return Spec{}, err
@@ -354,6 +364,9 @@ type Limits struct {
 	// MaxCPU and MaxMemoryMB are the node's totals; 0 means unchecked.
 	MaxCPU      float64
 	MaxMemoryMB int64
+	// MaxDiskMB is the largest disk_mb (node.disk.max_mb); 0 means
+	// unchecked.
+	MaxDiskMB int64
 	// Backends the node offers; nil means unchecked.
 	Backends []string
 	// MaxPidsLimit is the node's node.max_pids_limit; 0 means unchecked.
@@ -373,6 +386,9 @@ func CheckFits(s Spec, l Limits) error {
 	}
 	if l.MaxMemoryMB > 0 && s.MemoryMB > l.MaxMemoryMB {
 		return errdefs.Invalid("memory_mb", "%d MiB exceeds the %d MiB of %s; ask for at most %d", s.MemoryMB, l.MaxMemoryMB, where, l.MaxMemoryMB)
+	}
+	if l.MaxDiskMB > 0 && s.DiskMB > l.MaxDiskMB {
+		return errdefs.Invalid("disk_mb", "%d MiB exceeds the maximum of %d MiB on %s (node.disk.max_mb); ask for at most %d", s.DiskMB, l.MaxDiskMB, where, l.MaxDiskMB)
 	}
 	// The tolerance keeps sums of fractions (0.1+0.2) from missing an
 	// exact fit.

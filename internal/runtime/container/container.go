@@ -90,6 +90,13 @@ type Config struct {
 	// MaxUploadBytes is the agent's upload limit (node.max_upload_mb, from
 	// runtime.Env; not part of the section); 0 is the agent's default.
 	MaxUploadBytes int64 `json:"-"`
+	// DiskQuota is how a sandbox's writable layer gets its quota
+	// (Resources.DiskMB): "project" (an XFS or ext4 project quota; the
+	// filesystem of the sandboxes' state dirs must be mounted with
+	// prjquota), "image" (a sparse ext4 image per sandbox, loop-mounted)
+	// or "auto" (empty: project where the filesystem enforces project
+	// quotas, else image).
+	DiskQuota string `json:"disk_quota,omitempty"`
 
 	// legacyDefaults: StateRoot and CgroupParent are the node's defaults,
 	// so a create interrupted before the upgrade that put node IDs in them
@@ -111,6 +118,13 @@ type Config struct {
 	// process; 0 means sandboxspec.DefaultNofileLimit.
 	NofileLimit int64 `json:"-"`
 }
+
+// Disk quota mechanisms (Config.DiskQuota).
+const (
+	DiskQuotaAuto    = "auto"
+	DiskQuotaProject = "project"
+	DiskQuotaImage   = "image"
+)
 
 // DefaultAgentIdleExit is the agent's idle exit when the config names none.
 const DefaultAgentIdleExit = 30 * time.Second
@@ -159,6 +173,9 @@ func (c *Config) setDefaults() {
 	if c.CgroupParent == "" {
 		c.CgroupParent = DefaultCgroupParentOf(c.NodeID)
 	}
+	if c.DiskQuota == "" {
+		c.DiskQuota = DiskQuotaAuto
+	}
 	if c.InitPath == "" && c.AgentPath != "" {
 		c.InitPath = filepath.Join(filepath.Dir(c.AgentPath), InitBinaryName)
 	}
@@ -192,6 +209,11 @@ func (c *Config) validate() error {
 	}
 	if c.AgentIdleExitMS != nil && *c.AgentIdleExitMS < 0 {
 		return errdefs.Invalid("container.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", *c.AgentIdleExitMS)
+	}
+	switch c.DiskQuota {
+	case DiskQuotaAuto, DiskQuotaProject, DiskQuotaImage:
+	default:
+		return errdefs.Invalid("container.disk_quota", "%q is not a disk quota mechanism; give auto (the default), project or image", c.DiskQuota)
 	}
 	for _, b := range []struct{ field, path, fix string }{
 		{"container.agent_path", c.AgentPath, "build it with `make agent` or run deploy/quickstart.sh"},

@@ -38,8 +38,10 @@ func newFactoryWith(t *testing.T, mod func(*Config)) runtimetest.Factory {
 			t.Fatalf("new container runtime: %v", err)
 		}
 		return rt, runtime.Spec{
-			Rootfs:    runtime.Rootfs{Image: "test/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}},
-			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128},
+			Rootfs: runtime.Rootfs{Image: "test/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: layer}}},
+			// Every sandbox of the package tests has a writable-layer quota
+			// (the image mechanism here): diff, stats and recover run on it.
+			Resources: runtime.Resources{CPU: 1, MemoryMB: 128, PidsLimit: 128, DiskMB: 64},
 		}
 	}
 }

@@ -37,7 +37,7 @@ func (r *Runtime) DiffRootfs(ctx context.Context, id string, fn func(ctx context
 	if sb.st.Bundle == "" {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %q has no root filesystem on this node", id)
 	}
-	upper := filepath.Join(sb.st.Bundle, upperDir)
+	upper := sb.st.upper()
 	if _, err := os.Stat(upper); err != nil {
 		return fmt.Errorf("sandbox %s upper layer: %w", id, errors.Join(errdefs.ErrNotFound, err))
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -76,7 +75,17 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err != nil {
 		return st, fmt.Errorf("sandbox stats: %w", err)
 	}
-	st.DiskUsedBytes, st.DiskTotalBytes, st.DiskMeasuredAt = sb.disk.get(ctx, filepath.Join(sb.st.Bundle, upperDir))
+	if d := sb.st.Disk; d != nil {
+		// The quota's own accounting: no walk.
+		u, err := r.quotaOf(d).usage(sb.st.Bundle, d)
+		if err != nil {
+			return st, fmt.Errorf("sandbox disk use: %w", err)
+		}
+		st.DiskUsedBytes, st.DiskTotalBytes, st.DiskMeasuredAt = u.Bytes, u.BytesLimit, time.Now().UTC()
+		st.DiskInodes, st.DiskInodesLimit = u.Inodes, u.InodesLimit
+		return st, nil
+	}
+	st.DiskUsedBytes, st.DiskTotalBytes, st.DiskMeasuredAt = sb.disk.get(ctx, sb.st.upper())
 	return st, nil
 }
 

@@ -67,6 +67,8 @@ type handleState struct {
 	Pid          int       `json:"pid"`
 	Created      time.Time `json:"created"`
 	OwnsStateDir bool      `json:"owns_state_dir,omitempty"`
+	// Disk is the writable layer's quota; nil: none.
+	Disk *diskState `json:"disk,omitempty"`
 }
 
 type sandbox struct {
@@ -118,6 +120,10 @@ type Runtime struct {
 	cg      cgroupMounts
 	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
 	seccomp []byte
+
+	// images and projects are the disk quota mechanisms (disk_linux.go).
+	images   *imageQuota
+	projects *projectQuota
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
@@ -178,7 +184,10 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter, sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
+	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
+	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter,
+		images: &imageQuota{mkfs: mkfs, dir: cfg.StateRoot + ".layers", directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
+		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
 // newBackend is New for the registry: a nil runtime.Runtime (not one
@@ -271,6 +280,8 @@ func validateSpec(s runtime.Spec, maxPids int64) error {
 		return errdefs.Invalid("resources.memory_mb", "must be at least %d (the agent alone needs a few MiB), got %d", minMemoryMB, s.Resources.MemoryMB)
 	case s.Resources.CPU < minCPU:
 		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", minCPU, s.Resources.CPU)
+	case s.Resources.DiskMB < 0:
+		return errdefs.Invalid("resources.disk_mb", "must be 0 (no quota) or a size in MiB, got %d", s.Resources.DiskMB)
 	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < minPids:
 		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
 	case s.Resources.PidsLimit > maxPids:
@@ -403,15 +414,21 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := os.Chmod(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("chmod state dir: %w", err)
 	}
-	for _, d := range []string{upperDir, workDir, rootfsDir, runDir, logDir} {
-		// overlayfs takes the root directory's mode from the upper dir: it
-		// must be 0755 for users other than root in the sandbox.
-		mode := os.FileMode(0o700)
-		if d == upperDir {
-			mode = 0o755
-		}
-		if err := os.Mkdir(filepath.Join(spec.StateDir, d), mode); err != nil {
+	for _, d := range []string{rootfsDir, runDir, logDir} {
+		if err := os.Mkdir(filepath.Join(spec.StateDir, d), 0o700); err != nil {
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
+		}
+	}
+	// The writable layer, with its quota in bytes and inodes.
+	disk, err := r.prepareLayer(ctx, spec.ID, spec.StateDir, spec.Resources.DiskMB)
+	sb.st.Disk = disk
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	if disk != nil {
+		// A crash from here on is undone with the quota known.
+		if err := r.writeIntent(sb.st, spec.ID); err != nil {
+			return runtime.Handle{}, err
 		}
 	}
 	// opendsec-init (uid 0 in the sandbox) creates the agent socket in run; the node
@@ -429,8 +446,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(lower, ":"),
-		filepath.Join(spec.StateDir, upperDir), filepath.Join(spec.StateDir, workDir))
+		strings.Join(lower, ":"), sb.st.upper(), sb.st.work())
 	if len(opts) >= os.Getpagesize() {
 		return runtime.Handle{}, errdefs.Invalid("rootfs.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
 	}
@@ -845,15 +861,24 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 		// Never remove files under a mount that is still there.
 		return errors.Join(errs...)
 	}
+	// The image layer's upper and work go with its unmount.
+	if err := unmountLayer(ctx, sb.st.Bundle); err != nil {
+		return err
+	}
 	if sb.st.OwnsStateDir {
 		if err := os.RemoveAll(sb.st.Bundle); err != nil {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		for _, name := range []string{upperDir, workDir, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile} {
+		for _, name := range []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile} {
 			if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
 			}
+		}
+	}
+	if len(errs) == 0 {
+		if err := r.releaseLayer(ctx, sb.id, sb.st.Bundle, sb.st.Disk); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) == 0 {

@@ -34,6 +34,7 @@ func FromNode(p *nodev1.SandboxSpec) (sandboxspec.Spec, error) {
 		Network:        RulesFromNode(p.GetNetwork()),
 		AutoPause:      p.GetAutoPause(),
 		BackendOptions: p.GetBackendOptions(),
+		DiskMB:         p.GetDiskMb(),
 	}, nil
 }
 
@@ -55,6 +56,7 @@ func ToNode(s sandboxspec.Spec) *nodev1.SandboxSpec {
 		Network:            RulesToNode(s.Network),
 		AutoPause:          s.AutoPause,
 		BackendOptions:     s.BackendOptions,
+		DiskMb:             s.DiskMB,
 	}
 	if s.MemoryMB != 0 {
 		p.MemoryMb = proto.Int64(s.MemoryMB)

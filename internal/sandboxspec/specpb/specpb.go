@@ -40,6 +40,7 @@ func FromProto(p *v1.SandboxSpec) (sandboxspec.Spec, error) {
 		Workdir:    p.GetWorkdir(),
 		Network:    RulesFromProto(p.GetNetwork()),
 		AutoPause:  p.GetAutoPause(),
+		DiskMB:     p.GetDiskMb(),
 	}, nil
 }
 
@@ -60,6 +61,7 @@ func ToProto(s sandboxspec.Spec) *v1.SandboxSpec {
 		Workdir:            s.Workdir,
 		Network:            RulesToProto(s.Network),
 		AutoPause:          s.AutoPause,
+		DiskMb:             s.DiskMB,
 	}
 	if s.MemoryMB != 0 {
 		p.MemoryMb = proto.Int64(s.MemoryMB)

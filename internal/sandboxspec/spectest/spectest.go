@@ -52,5 +52,7 @@ func BadSpecs() []Bad {
 		{"labels", img(func(s *v1.SandboxSpec) { s.Labels = map[string]string{"k": strings.Repeat("v", 257)} })},
 		{"task_id", img(func(s *v1.SandboxSpec) { s.TaskId = strings.Repeat("t", 129) })},
 		{"workdir", img(func(s *v1.SandboxSpec) { s.Workdir = "relative" })},
+		{"disk_mb", img(func(s *v1.SandboxSpec) { s.DiskMb = -1 })},
+		{"disk_mb", img(func(s *v1.SandboxSpec) { s.DiskMb = 15 })},
 	}
 }

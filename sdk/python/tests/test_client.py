@@ -174,13 +174,15 @@ async def test_create_maps_spec_and_info(client: DSecClient, server: FakeServer)
         task_id="t1",
         pids_limit=64,
         workdir="/w",
+        disk_mb=2048,
     )
     sb = await client.run_sandbox(args)
     spec = server.create_requests[0].spec
     assert (spec.backend, spec.image, spec.cpu, spec.memory_mb) == ("container", "root/py:3.11", 0.5, 256)
     assert (spec.timeout_seconds, spec.idle_timeout_seconds, spec.pids_limit) == (120, 31, 64)
     assert dict(spec.env) == {"A": "1"} and dict(spec.labels) == {"exp": "e1"}
-    assert (spec.user, spec.task_id, spec.workdir) == ("nobody", "t1", "/w")
+    assert (spec.user, spec.task_id, spec.workdir, spec.disk_mb) == ("nobody", "t1", "/w", 2048)
+    assert sb.info.spec.disk_mb == 2048
     assert sb.info.state is SandboxState.RUNNING
     assert sb.info.node_id == "node1"
     assert sb.info.created_at == dt.datetime.fromtimestamp(1_700_000_000, dt.UTC)

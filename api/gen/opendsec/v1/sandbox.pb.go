@@ -170,7 +170,13 @@ type SandboxSpec struct {
 	Network *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	// When the lifetime timeout ends, pause the sandbox instead of stopping it
 	// (E2B's autoPause). It then persists until resumed or stopped.
-	AutoPause     bool `protobuf:"varint,14,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
+	AutoPause bool `protobuf:"varint,14,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
+	// Quota of the writable layer (what the sandbox writes to its root
+	// filesystem) in MiB: bytes, and inodes one per 16 KiB. 0 means the
+	// node's default (node.disk.default_mb, 5120); at least 16, at most
+	// node.disk.max_mb (51200). Writes past it fail with ENOSPC. (15 is the
+	// node message's backend_options: the shared fields keep one number.)
+	DiskMb        int64 `protobuf:"varint,16,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +307,13 @@ func (x *SandboxSpec) GetAutoPause() bool {
 		return x.AutoPause
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the node's
@@ -1526,8 +1539,8 @@ type SandboxMetrics struct {
 	MemCacheBytes int64 `protobuf:"varint,7,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
 	Pids          int64 `protobuf:"varint,8,opt,name=pids,proto3" json:"pids,omitempty"`
 	PidsLimit     int64 `protobuf:"varint,9,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
-	// Bytes written to the sandbox's writable layer, and the size of the
-	// filesystem that holds it.
+	// Bytes written to the sandbox's writable layer, and its quota (disk_mb;
+	// a layer without one: the size of the filesystem that holds it).
 	DiskUsedBytes  int64        `protobuf:"varint,10,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
 	DiskTotalBytes int64        `protobuf:"varint,11,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
 	State          SandboxState `protobuf:"varint,12,opt,name=state,proto3,enum=opendsec.v1.SandboxState" json:"state,omitempty"`
@@ -4502,7 +4515,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x04\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x05\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -4520,7 +4533,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\aworkdir\x18\f \x01(\tR\aworkdir\x124\n" +
 	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
 	"\n" +
-	"auto_pause\x18\x0e \x01(\bR\tautoPause\x1a6\n" +
+	"auto_pause\x18\x0e \x01(\bR\tautoPause\x12\x17\n" +
+	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -190,7 +190,7 @@ func (a *app) metricsCommand() *cobra.Command {
 			fmt.Fprintf(tw, "CPU\t%.1f%% of %g cores (%s total)\n", m.GetCpuUsedPct(), m.GetCpuCount(), time.Duration(m.GetCpuUsageNs()).Round(time.Millisecond))
 			fmt.Fprintf(tw, "MEMORY\t%s of %s (cache %s)\n", mib(m.GetMemUsedBytes()), mib(m.GetMemTotalBytes()), mib(m.GetMemCacheBytes()))
 			fmt.Fprintf(tw, "PIDS\t%d of %d\n", m.GetPids(), m.GetPidsLimit())
-			fmt.Fprintf(tw, "DISK\t%s written (filesystem %s)\n", mib(m.GetDiskUsedBytes()), mib(m.GetDiskTotalBytes()))
+			fmt.Fprintf(tw, "DISK\t%s written (quota %s)\n", mib(m.GetDiskUsedBytes()), mib(m.GetDiskTotalBytes()))
 			fmt.Fprintf(tw, "AT\t%s\n", fmtTime(m.GetTimestamp()))
 			return tw.Flush()
 		},

@@ -55,6 +55,10 @@ class DSecRunArgs:
         task_id: the task the sandbox belongs to.
         pids_limit: maximum number of processes (at least 16); ``0`` = the default (1024).
         workdir: working directory for processes; ``""`` = the image's, else ``/``.
+        disk_mb: quota of the writable layer (what the sandbox writes to its root
+            filesystem) in MiB, bytes and inodes (one per 16 KiB); ``0`` = the node's
+            default (``node.disk.default_mb``, 5120). At least 16, at most the node's
+            ``node.disk.max_mb``. Writes past it fail with ENOSPC.
         network: what the sandbox may reach, in any form of :data:`NetworkSpec`,
             e.g. ``{"pypi": True}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;
             ``None`` = the node's default rule sets (by default no network).
@@ -83,6 +87,7 @@ class DSecRunArgs:
     task_id: str = ""
     pids_limit: int = 0
     workdir: str = ""
+    disk_mb: int = 0
     network: NetworkSpec | None = None
     auto_pause: bool = False
     skip_warm_pool: bool = False
@@ -102,6 +107,7 @@ class DSecRunArgs:
             pids_limit=int(self.pids_limit or 0),
             workdir=self.workdir or "",
             auto_pause=bool(self.auto_pause),
+            disk_mb=int(self.disk_mb or 0),
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -127,6 +133,7 @@ class DSecRunArgs:
             workdir=spec.workdir,
             network=NetworkPolicy.from_proto(spec.network) if spec.HasField("network") else None,
             auto_pause=spec.auto_pause,
+            disk_mb=spec.disk_mb,
         )
 
 
@@ -347,7 +354,7 @@ class SandboxMetrics:
             the memory limit, and the page cache part.
         pids / pids_limit: processes and their limit.
         disk_used / disk_total: bytes written to the sandbox's root filesystem,
-            and the size of the node filesystem that holds them.
+            and its quota (``disk_mb``).
     """
 
     timestamp: _dt.datetime | None

@@ -1,0 +1,583 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+)
+
+// A sandbox's writable layer (the overlay's upper and work directories)
+// has a quota in bytes and inodes, so that one sandbox cannot fill the
+// node's disk or use up its inodes. Two mechanisms give it, behind
+// layerQuota:
+//
+//   - project: an XFS (or ext4) project quota on the upper and work
+//     directories, where the state directory's filesystem enforces project
+//     quotas (mounted with prjquota). No extra mount; the limit is a
+//     kernel accounting entry.
+//   - image: a sparse ext4 image file per sandbox in its state directory,
+//     loop-mounted as the filesystem that holds upper and work. Works on
+//     any filesystem; the image's size is the byte limit and its inode
+//     table the inode limit.
+//
+// Files and directories of the image mechanism under the state dir.
+const (
+	layerDir   = "layer"     // mount point of the image; holds upper and work
+	layerImage = "layer.img" // the sparse image file
+)
+
+// bytesPerInode is how many inodes a quota gives per byte: one per 16 KiB
+// (ext4's default ratio), for both mechanisms.
+const bytesPerInode = 16 << 10
+
+// diskState is the writable layer's quota in the handle.
+type diskState struct {
+	// Kind is DiskQuotaProject or DiskQuotaImage.
+	Kind   string `json:"kind"`
+	Bytes  int64  `json:"bytes"`
+	Inodes int64  `json:"inodes"`
+	// ProjectID is the project of a project quota.
+	ProjectID uint32 `json:"project_id,omitempty"`
+}
+
+// upper is the overlay's upper directory of the sandbox in bundle.
+func (st *handleState) upper() string {
+	if st.Disk != nil && st.Disk.Kind == DiskQuotaImage {
+		return filepath.Join(st.Bundle, layerDir, upperDir)
+	}
+	return filepath.Join(st.Bundle, upperDir)
+}
+
+// work is the overlay's work directory (on the upper's filesystem).
+func (st *handleState) work() string {
+	if st.Disk != nil && st.Disk.Kind == DiskQuotaImage {
+		return filepath.Join(st.Bundle, layerDir, workDir)
+	}
+	return filepath.Join(st.Bundle, workDir)
+}
+
+// layerQuota is one mechanism.
+type layerQuota interface {
+	// prepare makes the upper and work directories of the sandbox in
+	// bundle with the limits in d (filling what it chose, e.g. the
+	// project ID). On error nothing it made is left but directories.
+	prepare(ctx context.Context, id, bundle string, d *diskState) error
+	// usage returns the bytes and inodes the layer uses and its limits.
+	usage(bundle string, d *diskState) (diskUse, error)
+	// release undoes prepare once upper and work are removed (image:
+	// unmounts the layer; project: drops the limit and the ID).
+	release(ctx context.Context, id, bundle string, d *diskState) error
+}
+
+type diskUse struct {
+	Bytes, BytesLimit, Inodes, InodesLimit int64
+}
+
+// diskLimits returns the quota of a layer of mb MiB.
+func diskLimits(mb int64) (bytes, inodes int64) {
+	bytes = mb << 20
+	return bytes, max(bytes/bytesPerInode, 1024)
+}
+
+// quotaFor returns the mechanism for a state dir: the configured one, or
+// with DiskQuotaAuto the project quota where the filesystem enforces it and
+// the image elsewhere.
+func (r *Runtime) quotaFor(stateDir string) (layerQuota, string, error) {
+	switch r.cfg.DiskQuota {
+	case DiskQuotaImage:
+		return r.images, DiskQuotaImage, nil
+	case DiskQuotaProject:
+		if err := r.projects.supported(stateDir); err != nil {
+			return nil, "", errdefs.New(errdefs.ErrFailedPrecondition,
+				"container.disk_quota is project but %s does not enforce project quotas (%v): mount it with prjquota (XFS) or set disk_quota to image or auto", stateDir, err)
+		}
+		return r.projects, DiskQuotaProject, nil
+	}
+	if r.projects.supported(stateDir) == nil {
+		return r.projects, DiskQuotaProject, nil
+	}
+	return r.images, DiskQuotaImage, nil
+}
+
+func (r *Runtime) quotaOf(d *diskState) layerQuota {
+	if d.Kind == DiskQuotaProject {
+		return r.projects
+	}
+	return r.images
+}
+
+// prepareLayer makes the sandbox's upper and work directories, with a quota
+// of mb MiB unless mb is 0. It returns the quota for the handle (nil: none).
+func (r *Runtime) prepareLayer(ctx context.Context, id, bundle string, mb int64) (*diskState, error) {
+	if mb == 0 {
+		return nil, makeLayerDirs(bundle)
+	}
+	q, kind, err := r.quotaFor(filepath.Dir(bundle))
+	if err != nil {
+		return nil, err
+	}
+	d := &diskState{Kind: kind}
+	d.Bytes, d.Inodes = diskLimits(mb)
+	if err := q.prepare(ctx, id, bundle, d); err != nil {
+		return d, fmt.Errorf("writable layer quota (%s): %w", kind, err)
+	}
+	return d, nil
+}
+
+// makeLayerDirs makes upper (0755: overlayfs takes the root directory's
+// mode from it, and users other than root in the sandbox need it) and work.
+func makeLayerDirs(dir string) error {
+	if err := os.Mkdir(filepath.Join(dir, upperDir), 0o755); err != nil {
+		return fmt.Errorf("create upper dir: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, workDir), 0o700); err != nil {
+		return fmt.Errorf("create work dir: %w", err)
+	}
+	return nil
+}
+
+// releaseLayer undoes the quota of a sandbox whose upper and work are
+// removed. Without a record (a create interrupted by a crash) it unmounts
+// an image left mounted and frees a project ID claimed for id.
+func (r *Runtime) releaseLayer(ctx context.Context, id, bundle string, d *diskState) error {
+	if d != nil {
+		return r.quotaOf(d).release(ctx, id, bundle, d)
+	}
+	return errors.Join(r.images.release(ctx, id, bundle, nil), r.projects.release(ctx, id, bundle, nil))
+}
+
+// unmountLayer unmounts the image layer (if any) of bundle; its upper and
+// work are gone with it. Cleanup calls it before removing files.
+func unmountLayer(ctx context.Context, bundle string) error {
+	return unmount(ctx, filepath.Join(bundle, layerDir))
+}
+
+// ---- image: a sparse ext4 file, loop-mounted ----
+
+type imageQuota struct {
+	mkfs string // mkfs.ext4
+	// dir holds one formatted template image per size: a create copies
+	// its few hundred KiB of metadata instead of running mkfs (~35 ms).
+	dir string
+	// directIO sets the loop devices to direct I/O (no second copy of
+	// the layer's pages in the host's page cache).
+	directIO bool
+
+	mu        sync.Mutex
+	templates map[int64]string // quota bytes -> template file; guarded by mu
+}
+
+// maxTemplates bounds the template cache (sizes differ per disk_mb).
+const maxTemplates = 16
+
+// template returns a formatted image of d's size, making it once.
+func (q *imageQuota) template(ctx context.Context, d *diskState) (string, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p, ok := q.templates[d.Bytes]; ok {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	if q.templates == nil {
+		q.templates = map[int64]string{}
+	}
+	if len(q.templates) >= maxTemplates {
+		for k, p := range q.templates {
+			os.Remove(p)
+			delete(q.templates, k)
+			break
+		}
+	}
+	if err := os.MkdirAll(q.dir, 0o700); err != nil {
+		return "", fmt.Errorf("create layer template dir: %w", err)
+	}
+	p := filepath.Join(q.dir, strconv.FormatInt(d.Bytes>>20, 10)+"m.img")
+	tmp := p + ".tmp"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("create layer template: %w", err)
+	}
+	err = f.Truncate(d.Bytes)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("size layer template: %w", err)
+	}
+	// No journal (the layer never outlives the host's uptime), no reserved
+	// blocks, lazy inode tables: mkfs writes a few hundred KiB.
+	cmd := exec.CommandContext(ctx, q.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode",
+		"-E", "lazy_itable_init=1,nodiscard", "-b", "4096", "-N", strconv.FormatInt(d.Inodes, 10), tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("mkfs.ext4 layer template: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("publish layer template: %w", err)
+	}
+	q.templates[d.Bytes] = p
+	return p, nil
+}
+
+// copySparse copies src's data extents (not its holes) into dst, which
+// ends up src's size.
+func copySparse(dst *os.File, src string) error {
+	sf, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer sf.Close()
+	fi, err := sf.Stat()
+	if err != nil {
+		return err
+	}
+	fd := int(sf.Fd())
+	for off := int64(0); off < fi.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(sf, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return dst.Truncate(fi.Size())
+}
+
+func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState) error {
+	if q.mkfs == "" {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "mkfs.ext4 not found: install e2fsprogs (apt-get install e2fsprogs) for the disk quota of sandboxes")
+	}
+	img := filepath.Join(bundle, layerImage)
+	mnt := filepath.Join(bundle, layerDir)
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create layer image: %w", err)
+	}
+	defer f.Close()
+	tmpl, err := q.template(ctx, d)
+	if err != nil {
+		return err
+	}
+	if err := copySparse(f, tmpl); err != nil {
+		return fmt.Errorf("copy layer template: %w", err)
+	}
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return fmt.Errorf("create layer dir: %w", err)
+	}
+	// noinit_itable: the kernel would zero the inode tables in the
+	// background (megabytes per GiB of quota, real disk use); the image's
+	// holes already read as zeros.
+	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable", q.directIO); err != nil {
+		return err
+	}
+	if err := makeLayerDirs(mnt); err != nil {
+		return errors.Join(err, unmount(ctx, mnt))
+	}
+	return nil
+}
+
+func (q *imageQuota) usage(bundle string, d *diskState) (diskUse, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Join(bundle, layerDir), &fs); err != nil {
+		return diskUse{}, fmt.Errorf("statfs layer: %w", err)
+	}
+	if fs.Type != unix.EXT4_SUPER_MAGIC {
+		return diskUse{}, errdefs.New(errdefs.ErrFailedPrecondition, "layer image of %s is not mounted", bundle)
+	}
+	return diskUse{
+		Bytes:      int64(fs.Blocks-fs.Bfree) * fs.Bsize,
+		BytesLimit: int64(fs.Blocks) * fs.Bsize,
+		// The root, lost+found and the reserved inodes count as used.
+		Inodes:      int64(fs.Files - fs.Ffree),
+		InodesLimit: int64(fs.Files),
+	}, nil
+}
+
+// release unmounts the layer (its loop device goes with the last
+// reference: LO_FLAGS_AUTOCLEAR); cleanup removes the image file.
+func (q *imageQuota) release(ctx context.Context, _, bundle string, _ *diskState) error {
+	return unmountLayer(ctx, bundle)
+}
+
+// loopMount attaches f to a free loop device and mounts it at target. The
+// device is set to clear itself when its last user goes, so unmounting the
+// filesystem (or a failed mount) frees it: nothing to leak.
+func loopMount(f *os.File, target, fstype string, flags uintptr, data string, directIO bool) error {
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/loop-control: %w", err)
+	}
+	defer unix.Close(ctl)
+	for range 64 {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return fmt.Errorf("find a free loop device: %w", err)
+		}
+		dev := "/dev/loop" + strconv.Itoa(n)
+		lfd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", dev, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(f.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		if directIO {
+			// The kernel falls back to buffered I/O where the backing
+			// file cannot do direct I/O.
+			cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
+			cfg.Size = 4096
+		}
+		copy(cfg.Info.File_name[:], filepath.Base(f.Name()))
+		if err := unix.IoctlLoopConfigure(lfd, &cfg); err != nil {
+			unix.Close(lfd)
+			if errors.Is(err, unix.EBUSY) {
+				continue // another create took it between the two calls
+			}
+			return fmt.Errorf("attach layer image to %s: %w", dev, err)
+		}
+		err = unix.Mount(dev, target, fstype, flags, data)
+		unix.Close(lfd) // the mount holds the device now (or, failed, frees it)
+		if err != nil {
+			return fmt.Errorf("mount layer image: %w", err)
+		}
+		return nil
+	}
+	return errdefs.New(errdefs.ErrUnavailable, "no free loop device after 64 tries")
+}
+
+// ---- project: XFS/ext4 project quota on upper and work ----
+
+type projectQuota struct {
+	// claims is the directory of claimed project IDs: a file per ID,
+	// holding the sandbox's ID.
+	claims string
+	// enforced caches, per filesystem (st_dev), whether it enforces
+	// project quotas.
+	enforced sync.Map // uint64 -> error
+}
+
+// The kernel's interfaces (linux/fs.h, linux/quota.h, linux/dqblk_xfs.h).
+const (
+	fsIocFsgetxattr    = 0x801c581f // _IOR('X', 31, struct fsxattr)
+	fsIocFssetxattr    = 0x401c5820 // _IOW('X', 32, struct fsxattr)
+	fsXflagProjinherit = 0x200
+	prjQuota           = 2
+	qGetQuota          = 0x800007
+	qSetQuota          = 0x800008
+	qXGetQStatV        = 'X'<<8 + 8
+	fsQuotaPdqEnfd     = 1 << 5
+	qifBLimits         = 1
+	qifILimits         = 4
+	qifLimits          = qifBLimits | qifILimits
+	// projectIDBase keeps our IDs away from small ones an administrator
+	// may have given (/etc/projid).
+	projectIDBase  = 1 << 20
+	projectIDRange = 1<<31 - projectIDBase
+)
+
+type fsxattr struct {
+	Xflags, Extsize, Nextents, Projid, Cowextsize uint32
+	_                                             [8]byte
+}
+
+type ifDqblk struct {
+	Bhardlimit, Bsoftlimit, Curspace, Ihardlimit, Isoftlimit, Curinodes, Btime, Itime uint64
+	Valid                                                                             uint32
+	_                                                                                 uint32
+}
+
+func qcmd(cmd, typ uint32) uint32 { return cmd<<8 | typ&0xff }
+
+func quotactlFd(fd int, cmd, id uint32, addr unsafe.Pointer) error {
+	_, _, e := unix.Syscall6(unix.SYS_QUOTACTL_FD, uintptr(fd), uintptr(cmd), uintptr(id), uintptr(addr), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// onFS runs fn with an fd of dir.
+func onFS(dir string, fn func(fd int) error) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return fn(fd)
+}
+
+// supported reports (nil) whether dir's filesystem enforces project quotas.
+func (q *projectQuota) supported(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	if v, ok := q.enforced.Load(st.Dev); ok {
+		if v == nil {
+			return nil
+		}
+		return v.(error)
+	}
+	err := onFS(dir, func(fd int) error {
+		var stat [256]byte
+		stat[0] = 1 // FS_QSTATV_VERSION1
+		if err := quotactlFd(fd, qcmd(qXGetQStatV, prjQuota), 0, unsafe.Pointer(&stat[0])); err != nil {
+			return fmt.Errorf("project quota state: %w", err)
+		}
+		if flags := uint16(stat[2]) | uint16(stat[3])<<8; flags&fsQuotaPdqEnfd == 0 {
+			return errors.New("project quotas are not enforced")
+		}
+		return nil
+	})
+	q.enforced.Store(st.Dev, err)
+	return err
+}
+
+func (q *projectQuota) prepare(ctx context.Context, id, bundle string, d *diskState) error {
+	if err := makeLayerDirs(bundle); err != nil {
+		return err
+	}
+	upper := filepath.Join(bundle, upperDir)
+	pid, err := q.claim(id, upper)
+	if err != nil {
+		return err
+	}
+	d.ProjectID = pid
+	lim := ifDqblk{Bhardlimit: uint64(d.Bytes) >> 10, Bsoftlimit: uint64(d.Bytes) >> 10,
+		Ihardlimit: uint64(d.Inodes), Isoftlimit: uint64(d.Inodes), Valid: qifLimits}
+	if err := onFS(upper, func(fd int) error {
+		return quotactlFd(fd, qcmd(qSetQuota, prjQuota), pid, unsafe.Pointer(&lim))
+	}); err != nil {
+		return fmt.Errorf("set project quota %d: %w", pid, err)
+	}
+	// work too: overlayfs makes files there and renames them into upper,
+	// which a filesystem refuses across projects.
+	for _, dir := range []string{upper, filepath.Join(bundle, workDir)} {
+		if err := setProject(dir, pid); err != nil {
+			return err
+		}
+	}
+	log.G(ctx).Debug("writable layer project quota", "sandbox.id", id, "project", pid, "bytes", d.Bytes, "inodes", d.Inodes)
+	return nil
+}
+
+// setProject puts dir (empty) in project pid; what is made in it inherits it.
+func setProject(dir string, pid uint32) error {
+	return onFS(dir, func(fd int) error {
+		var x fsxattr
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fsIocFsgetxattr, uintptr(unsafe.Pointer(&x))); e != 0 {
+			return fmt.Errorf("get project of %s: %w", dir, e)
+		}
+		x.Projid = pid
+		x.Xflags |= fsXflagProjinherit
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fsIocFssetxattr, uintptr(unsafe.Pointer(&x))); e != 0 {
+			return fmt.Errorf("set project of %s: %w", dir, e)
+		}
+		return nil
+	})
+}
+
+// claim picks a project ID for sandbox id: one no other sandbox claimed and
+// nothing on the filesystem of dir is charged to.
+func (q *projectQuota) claim(id, dir string) (uint32, error) {
+	if err := os.MkdirAll(q.claims, 0o700); err != nil {
+		return 0, fmt.Errorf("create project claims dir: %w", err)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	start := h.Sum32() % projectIDRange
+	for i := range uint32(4096) {
+		pid := projectIDBase + (start+i)%projectIDRange
+		p := filepath.Join(q.claims, strconv.FormatUint(uint64(pid), 10))
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("claim project ID: %w", err)
+		}
+		_, werr := f.WriteString(id)
+		if err := errors.Join(werr, f.Close()); err != nil {
+			os.Remove(p)
+			return 0, fmt.Errorf("claim project ID: %w", err)
+		}
+		var cur ifDqblk
+		err = onFS(dir, func(fd int) error { return quotactlFd(fd, qcmd(qGetQuota, prjQuota), pid, unsafe.Pointer(&cur)) })
+		if err == nil && cur.Curspace == 0 && cur.Curinodes == 0 || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+			return pid, nil
+		}
+		os.Remove(p) // in use by files we do not know: not ours
+	}
+	return 0, errdefs.New(errdefs.ErrResourceExhausted, "no free project ID for the disk quota after 4096 tries")
+}
+
+func (q *projectQuota) usage(bundle string, d *diskState) (diskUse, error) {
+	var cur ifDqblk
+	if err := onFS(bundle, func(fd int) error {
+		return quotactlFd(fd, qcmd(qGetQuota, prjQuota), d.ProjectID, unsafe.Pointer(&cur))
+	}); err != nil {
+		return diskUse{}, fmt.Errorf("read project quota %d: %w", d.ProjectID, err)
+	}
+	return diskUse{Bytes: int64(cur.Curspace), BytesLimit: int64(cur.Bhardlimit) << 10,
+		Inodes: int64(cur.Curinodes), InodesLimit: int64(cur.Ihardlimit)}, nil
+}
+
+// release drops the limit and the claim once upper and work are removed.
+// Without d it looks for a claim of sandbox id.
+func (q *projectQuota) release(_ context.Context, id, bundle string, d *diskState) error {
+	var pids []uint32
+	if d != nil {
+		pids = []uint32{d.ProjectID}
+	} else {
+		ents, err := os.ReadDir(q.claims)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("list project claims: %w", err)
+		}
+		for _, e := range ents {
+			if b, err := os.ReadFile(filepath.Join(q.claims, e.Name())); err == nil && string(b) == id {
+				if n, err := strconv.ParseUint(e.Name(), 10, 32); err == nil {
+					pids = append(pids, uint32(n))
+				}
+			}
+		}
+	}
+	for _, pid := range pids {
+		zero := ifDqblk{Valid: qifLimits}
+		dir := filepath.Dir(bundle)
+		if err := onFS(dir, func(fd int) error {
+			return quotactlFd(fd, qcmd(qSetQuota, prjQuota), pid, unsafe.Pointer(&zero))
+		}); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("clear project quota %d: %w", pid, err)
+		}
+		if err := os.Remove(filepath.Join(q.claims, strconv.FormatUint(uint64(pid), 10))); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("release project ID %d: %w", pid, err)
+		}
+	}
+	return nil
+}
