@@ -51,6 +51,7 @@ func configFrom(env runtime.Env, raw json.RawMessage) (Config, error) {
 	}
 	cfg.NodeID = env.NodeID
 	cfg.MaxUploadBytes = env.MaxUploadBytes
+	cfg.NodeStateDir = env.StateDir
 	cfg.MaxPidsLimit = env.Limits.MaxPidsLimit
 	cfg.TotalPidsLimit = env.Limits.TotalPidsLimit
 	cfg.NofileLimit = env.Limits.NofileLimit
@@ -97,6 +98,10 @@ type Config struct {
 	// or "auto" (empty: project where the filesystem enforces project
 	// quotas, else image).
 	DiskQuota string `json:"disk_quota,omitempty"`
+	// NodeStateDir is the node's own state directory (runtime.Env; on the
+	// node's disk): the formatted layer images new layers are copied from
+	// live under it, not in StateRoot (tmpfs /run in production: RAM).
+	NodeStateDir string `json:"-"`
 
 	// legacyDefaults: StateRoot and CgroupParent are the node's defaults,
 	// so a create interrupted before the upgrade that put node IDs in them
@@ -231,4 +236,12 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// layerTemplateDir is where the formatted layer images are kept.
+func (c Config) layerTemplateDir() string {
+	if c.NodeStateDir != "" {
+		return filepath.Join(c.NodeStateDir, "container", "layer-templates")
+	}
+	return c.StateRoot + ".layers"
 }

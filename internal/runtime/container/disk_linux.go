@@ -93,9 +93,8 @@ func diskLimits(mb int64) (bytes, inodes int64) {
 	return bytes, max(bytes/bytesPerInode, 1024)
 }
 
-// quotaFor returns the mechanism for a state dir: the configured one, or
-// with DiskQuotaAuto the project quota where the filesystem enforces it and
-// the image elsewhere.
+// quotaFor returns the mechanism for a state dir: the configured one;
+// DiskQuotaAuto is the image (see below).
 func (r *Runtime) quotaFor(stateDir string) (layerQuota, string, error) {
 	switch r.cfg.DiskQuota {
 	case DiskQuotaImage:
@@ -107,9 +106,10 @@ func (r *Runtime) quotaFor(stateDir string) (layerQuota, string, error) {
 		}
 		return r.projects, DiskQuotaProject, nil
 	}
-	if r.projects.supported(stateDir) == nil {
-		return r.projects, DiskQuotaProject, nil
-	}
+	// auto is the image: root in a sandbox (CAP_FOWNER, no user namespace)
+	// could move files out of a project with FS_IOC_FSSETXATTR through the
+	// overlay until seccomp refuses that ioctl; the image cannot be escaped
+	// from inside. Project quotas are opt-in until then.
 	return r.images, DiskQuotaImage, nil
 }
 

@@ -248,7 +248,7 @@ func TestSecurityDiskQuotaXFSWithoutProjectQuota(t *testing.T) {
 // layer gets a project quota; deleting the sandbox drops it. It needs a
 // kernel with CONFIG_XFS_QUOTA.
 func TestSecurityDiskQuotaProject(t *testing.T) {
-	f := newFactory(t)
+	f := newFactoryWith(t, func(c *Config) { c.DiskQuota = DiskQuotaProject })
 	rt, tmpl := f(t)
 	parent, err := xfsMount(t, 512, "prjquota")
 	if errors.Is(err, unix.EINVAL) && !kernelHas("CONFIG_XFS_QUOTA") {

@@ -186,7 +186,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
 	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter,
-		images: &imageQuota{mkfs: mkfs, dir: cfg.StateRoot + ".layers", directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
+		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
