@@ -33,6 +33,7 @@ type config struct {
 	phases              string
 	queries             int
 	bombs               int
+	bombPids            int64
 	bombTime            time.Duration
 	out, command        string
 	revision            string
@@ -50,6 +51,7 @@ func main() {
 	flag.StringVar(&c.phases, "phases", "dns,forkbomb,disk", "phases to run, comma-separated")
 	flag.IntVar(&c.queries, "queries", 120000, "DNS queries in the dns phase")
 	flag.IntVar(&c.bombs, "bombs", 4, "sandboxes running a fork bomb at once")
+	flag.Int64Var(&c.bombPids, "bomb-pids", 4096, "pids_limit of each fork bomb's sandbox (the node's default max_pids_limit)")
 	flag.DurationVar(&c.bombTime, "bomb-time", 10*time.Second, "how long the fork bombs run while the host is sampled")
 	flag.StringVar(&c.out, "out", "", "also write the report to this file")
 	flag.StringVar(&c.command, "command", "bench/security", "the command line, for the report")

@@ -207,8 +207,9 @@ func (b *bench) dns(ctx context.Context) (section, error) {
 func (b *bench) forkbomb(ctx context.Context) (section, error) {
 	s := section{title: fmt.Sprintf("a fork bomb in each of %d sandboxes", b.c.bombs), bound: "host tasks stay below the sandboxes' PID ceiling plus what ran before; a new sandbox still starts"}
 	var sbs []*opendsec.Sandbox
+	mem := int64(1024)
 	for range b.c.bombs {
-		sb, err := b.create(ctx, &opendsec.SandboxSpec{Image: b.c.image})
+		sb, err := b.create(ctx, &opendsec.SandboxSpec{Image: b.c.image, PidsLimit: b.c.bombPids, MemoryMb: &mem})
 		if err != nil {
 			return s, fmt.Errorf("create sandbox: %w", err)
 		}
@@ -225,7 +226,9 @@ func (b *bench) forkbomb(ctx context.Context) (section, error) {
 	bctx, stopBombs := context.WithCancel(ctx)
 	defer stopBombs()
 	for _, sb := range sbs {
-		if _, err := b.cl.Exec(bctx, sb.Id, opendsec.ExecOptions{Command: []string{"/bin/sh", "-c", "b(){ b|b& }; b; sleep 3600"}}); err != nil {
+		// The classic bomb collapses in ash (it exits at its first failed
+		// fork), so a flood of sleeps keeps the sandbox at its limit too.
+		if _, err := b.cl.Exec(bctx, sb.Id, opendsec.ExecOptions{Command: []string{"/bin/sh", "-c", bombScript}}); err != nil {
 			return s, fmt.Errorf("start the fork bomb: %w", err)
 		}
 	}
@@ -383,6 +386,8 @@ except OSError as e:
 	}
 	return s, nil
 }
+
+const bombScript = `(b(){ b|b& }; b) 2>/dev/null; while :; do awk 'BEGIN{while(1) system("sleep 600 &")}' 2>/dev/null; done`
 
 // cgroupParent finds the directory holding sandbox id's pids cgroup.
 func cgroupParent(id string) (string, error) {
