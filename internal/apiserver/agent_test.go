@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -429,4 +430,53 @@ func TestInvalidUTF8NamesField(t *testing.T) {
 	req := rawMsg(b)
 	_, err := c.CallUnary(t.Context(), connect.NewRequest(&req))
 	wantCode(t, err, connect.CodeInvalidArgument, "path: is not valid UTF-8")
+}
+
+// TestSecurityExecOutputIsNotCompressed: exec output goes to the caller
+// uncompressed even when it accepts gzip (every SDK does). Compressed, the
+// transport's flow-control windows, which count bytes on the wire, held
+// hundreds of MiB of a slow reader's `yes` output ahead of the exit, where
+// nothing held the process back or could skip it (issue 11, finding 1).
+func TestSecurityExecOutputIsNotCompressed(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	var wire atomic.Int64
+	hc := &http.Client{Transport: countingTransport{e.hc.Transport, &wire}}
+	counted := *e
+	counted.proc = opendsecv1connect.NewProcessServiceClient(auth.Client(hc, e.tok), e.url, connect.WithGRPC()) // accepts gzip
+	r, err := counted.run(&v1.ExecStart{SandboxId: id, Command: []string{"flood"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.stdout) != 10000 || len(r.stderr) != 3000 {
+		t.Fatalf("stdout %d stderr %d bytes, want 10000 and 3000", len(r.stdout), len(r.stderr))
+	}
+	if n := wire.Load(); n < 13000 {
+		t.Fatalf("13000 bytes of output came in %d bytes on the wire: exec output must not be compressed", n)
+	}
+}
+
+// countingTransport counts the response body bytes it reads.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(req)
+	if err == nil {
+		resp.Body = countingBody{resp.Body, c.n}
+	}
+	return resp, err
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
 }
