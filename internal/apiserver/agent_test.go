@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,10 +16,12 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
 type execResult struct {
@@ -479,4 +482,30 @@ func (b countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
 	return n, err
+}
+
+// TestSecuritySandboxDiedIsMarked: calls into a sandbox that died (exec,
+// a process list, a file read) are failed_precondition with the reason in
+// the sandbox-died metadata, which the SDKs turn into their own error.
+func TestSecuritySandboxDiedIsMarked(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	e.nodes[0].set(func(n *fakeNode) {
+		n.sbs[id].State = nodev1.SandboxState_SANDBOX_STATE_FAILED
+		n.sbs[id].Reason = "died: killed by signal 9"
+	})
+	check := func(what string, err error) {
+		t.Helper()
+		var ce *connect.Error
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition ||
+			ce.Meta().Get(errdefs.DiedMetadataKey) != "killed by signal 9" || !strings.Contains(ce.Message(), "died: killed by signal 9") {
+			t.Fatalf("%s: %v, want failed_precondition marked %s", what, err, errdefs.DiedMetadataKey)
+		}
+	}
+	_, err := e.run(&v1.ExecStart{SandboxId: id, Command: []string{"echo", "hi"}})
+	check("exec", err)
+	_, err = e.proc.ListProcesses(t.Context(), connect.NewRequest(&v1.ListProcessesRequest{SandboxId: id}))
+	check("list processes", err)
+	_, _, err = e.read(id, "/etc/hostname")
+	check("read file", err)
 }

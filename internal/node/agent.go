@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -110,7 +111,7 @@ func (n *Node) AgentProxy() http.Handler {
 		sb, dead, err := n.getOrDeadFor(r.Context(), id)
 		if dead {
 			reason, _ := sb.reason.Load().(string)
-			err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
+			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
 		} else if err == nil {
 			n.mu.Lock()
 			st := sb.rec.State
@@ -230,10 +231,17 @@ func (c *countingBody) Read(p []byte) (int, error) {
 
 // writeJSONError answers {"code": <http status>, "message", "status": <connect
 // code name>}; status keeps categories that share an HTTP status apart
-// (failed_precondition and invalid_argument are both 400).
+// (failed_precondition and invalid_argument are both 400). A sandbox that
+// died adds "died": the reason.
 func writeJSONError(w http.ResponseWriter, err error) {
 	code, msg := errdefs.ToHTTP(context.Background(), err)
+	body := map[string]any{"code": code, "message": msg, "status": errdefs.Code(err).String()}
+	var de *errdefs.DiedError
+	if errors.As(err, &de) {
+		body["died"] = de.Reason
+		w.Header().Set(errdefs.DiedMetadataKey, de.Reason)
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", code, msg, errdefs.Code(err).String())
+	_ = json.NewEncoder(w).Encode(body)
 }
