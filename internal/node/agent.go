@@ -109,7 +109,8 @@ func (n *Node) AgentProxy() http.Handler {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
 		sb, dead, err := n.getOrDeadFor(r.Context(), id)
-		if dead {
+		// A sandbox that died is still in the table while its cleanup runs.
+		if err == nil && (dead || sb.died.Load()) {
 			reason, _ := sb.reason.Load().(string)
 			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
 		} else if err == nil {
