@@ -109,7 +109,8 @@ func (n *Node) AgentProxy() http.Handler {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
 		sb, dead, err := n.getOrDeadFor(r.Context(), id)
-		// A sandbox that died is still in the table while its cleanup runs.
+		// A sandbox that died: reported failed, still in the table while
+		// its cleanup runs, then a tombstone. Either way say why it is gone.
 		if err == nil && (dead || sb.died.Load()) {
 			reason, _ := sb.reason.Load().(string)
 			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
@@ -121,11 +122,6 @@ func (n *Node) AgentProxy() http.Handler {
 			case st == stateRunning:
 			case st == statePaused:
 				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id)
-			case sb.died.Load():
-				// Reported failed, its cleanup still under way: say why
-				// it is gone, as the tombstone will.
-				reason, _ := sb.reason.Load().(string)
-				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
 			default:
 				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
 			}
