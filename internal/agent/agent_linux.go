@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -96,9 +97,13 @@ func (a *Agent) Close() error {
 
 func (a *Agent) routes() http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithCompressMinBytes(1024)}
-	mux.Handle(processconnect.NewProcessHandler(a.procs, opts...))
-	mux.Handle(filesystemconnect.NewFilesystemHandler(a.fs, opts...))
+	// Process output is never compressed: flow control counts bytes on the
+	// wire, and `yes` compresses 300-fold, so compressed output let the
+	// transport windows between here and a slow reader hold hundreds of MiB
+	// that neither held the process back nor could be skipped: the exit
+	// waited behind all of it (issue 11). Requests may still be gzip.
+	mux.Handle(processconnect.NewProcessHandler(a.procs, connect.WithCompressMinBytes(math.MaxInt)))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(a.fs, connect.WithCompressMinBytes(1024)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		w.WriteHeader(http.StatusNoContent)

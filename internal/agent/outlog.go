@@ -40,12 +40,16 @@ type cursor struct {
 // streaming client loses nothing; with nobody attached, writers never
 // block.
 type outLog struct {
-	mu      sync.Mutex
-	max     int
-	events  []outEvent // contiguous: each starts where the previous ends
-	size    int        // memory cost of events
-	total   int64      // bytes ever appended
-	closed  bool
+	mu     sync.Mutex
+	max    int
+	events []outEvent // contiguous: each starts where the previous ends
+	size   int        // memory cost of events
+	total  int64      // bytes ever appended
+	closed bool
+	// exited: the process ended. Nothing is left to hold back, so writers
+	// (draining its pipes) no longer wait for readers; unread output is
+	// kept up to 2*max and dropped past it (orphans may keep writing).
+	exited  bool
 	changed chan struct{}
 	// readers are the attached readers' positions; readerMoved is signalled when
 	// one advances or detaches.
@@ -116,7 +120,7 @@ func (l *outLog) append(kind outKind, data []byte) {
 	defer l.mu.Unlock()
 	// Wait until dropping the oldest chunk to make room would lose nothing
 	// an attached reader still has to read.
-	for !l.closed && l.size+len(data)+eventCost > l.max && len(l.events) > 1 && l.oldestUnread() {
+	for !l.closed && !l.exited && l.size+len(data)+eventCost > l.max && len(l.events) > 1 && l.oldestUnread() {
 		l.readerMoved.Wait()
 	}
 	if l.closed {
@@ -135,13 +139,23 @@ func (l *outLog) append(kind outKind, data []byte) {
 	}
 	l.total += int64(len(data))
 	// Never drop what an attached reader has not read (the wait above keeps
-	// the overshoot to one chunk's growth).
-	for l.size > l.max && len(l.events) > 1 && !l.oldestUnread() {
+	// the overshoot to one chunk's growth), until the process exited and
+	// more than 2*max is retained.
+	for l.size > l.max && len(l.events) > 1 && (!l.oldestUnread() || (l.exited && l.size > 2*l.max)) {
 		l.size -= cap(l.events[0].data) + eventCost
 		l.events[0] = outEvent{}
 		l.events = l.events[1:]
 	}
 	l.notifyLocked()
+}
+
+// processExited stops holding writers back (see exited): what is still in
+// the pipes is read at once, so the end follows the exit and is not lost.
+func (l *outLog) processExited() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.exited = true
+	l.readerMoved.Broadcast()
 }
 
 // close marks the end of output; readers drain what is left, then see done.

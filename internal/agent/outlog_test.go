@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // heapAfterGC is the live heap after a full collection.
@@ -207,5 +208,44 @@ func TestOutLogWaitsForAttachedReader(t *testing.T) {
 	}
 	if _, _, dropped, _, _ := l2.read(cursor{}, 1024); dropped == 0 {
 		t.Fatal("with no reader attached nothing was dropped")
+	}
+}
+
+// TestSecurityExecOutputNotHeldAfterExit: once the process exited, writers
+// (the pumps draining its pipes) no longer wait for a slow attached reader,
+// so its end is recorded at once and nothing is lost; past 2*max (orphans
+// still writing) the oldest is dropped and the reader told how much.
+func TestSecurityExecOutputNotHeldAfterExit(t *testing.T) {
+	const max = 64 << 10
+	l := newOutLog(max)
+	l.attach(cursor{})
+	fill := func(n int) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; i < n; i += 1024 {
+				l.append(outStdout, bytes.Repeat([]byte{'y'}, 1024))
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("append blocked after the process exited")
+		}
+	}
+	l.processExited()
+	fill(max + max/2) // what a pipe still held, and more
+	evs, _, dropped, _, _ := l.read(cursor{}, 4*max)
+	n := 0
+	for _, e := range evs {
+		n += len(e.data)
+	}
+	if dropped != 0 || n != max+max/2 {
+		t.Fatalf("after the exit: read %d bytes, %d dropped; want all %d, none dropped", n, dropped, max+max/2)
+	}
+	fill(2 * max)
+	if _, _, dropped, _, _ := l.read(cursor{}, 1024); dropped == 0 {
+		t.Fatal("past 2*max after the exit nothing was dropped")
 	}
 }

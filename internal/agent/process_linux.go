@@ -629,6 +629,11 @@ func pump(f *os.File, kind outKind, out *outLog) {
 // await records the process's end once it exited and its output drained.
 func (s *processes) await(ctx context.Context, p *proc, waitc <-chan unix.WaitStatus, readers []*os.File, wg *sync.WaitGroup) {
 	ws := <-waitc
+	// The process is gone: its pipes are drained at once instead of at the
+	// reader's pace. Held back, a slow reader's pumps stayed blocked, the
+	// drain below gave up after maxDrain and what was still in the pipes
+	// was lost without a marker.
+	p.out.processExited()
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
 	// Output normally ends at EOF right after the exit. If an orphaned

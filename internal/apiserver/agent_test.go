@@ -2,11 +2,13 @@ package apiserver_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,10 +16,12 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/apiserver"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
 type execResult struct {
@@ -429,4 +433,79 @@ func TestInvalidUTF8NamesField(t *testing.T) {
 	req := rawMsg(b)
 	_, err := c.CallUnary(t.Context(), connect.NewRequest(&req))
 	wantCode(t, err, connect.CodeInvalidArgument, "path: is not valid UTF-8")
+}
+
+// TestSecurityExecOutputIsNotCompressed: exec output goes to the caller
+// uncompressed even when it accepts gzip (every SDK does). Compressed, the
+// transport's flow-control windows, which count bytes on the wire, held
+// hundreds of MiB of a slow reader's `yes` output ahead of the exit, where
+// nothing held the process back or could skip it (issue 11, finding 1).
+func TestSecurityExecOutputIsNotCompressed(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	var wire atomic.Int64
+	hc := &http.Client{Transport: countingTransport{e.hc.Transport, &wire}}
+	counted := *e
+	counted.proc = opendsecv1connect.NewProcessServiceClient(auth.Client(hc, e.tok), e.url, connect.WithGRPC()) // accepts gzip
+	r, err := counted.run(&v1.ExecStart{SandboxId: id, Command: []string{"flood"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.stdout) != 10000 || len(r.stderr) != 3000 {
+		t.Fatalf("stdout %d stderr %d bytes, want 10000 and 3000", len(r.stdout), len(r.stderr))
+	}
+	if n := wire.Load(); n < 13000 {
+		t.Fatalf("13000 bytes of output came in %d bytes on the wire: exec output must not be compressed", n)
+	}
+}
+
+// countingTransport counts the response body bytes it reads.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(req)
+	if err == nil {
+		resp.Body = countingBody{resp.Body, c.n}
+	}
+	return resp, err
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// TestSecuritySandboxDiedIsMarked: calls into a sandbox that died (exec,
+// a process list, a file read) are failed_precondition with the reason in
+// the sandbox-died metadata, which the SDKs turn into their own error.
+func TestSecuritySandboxDiedIsMarked(t *testing.T) {
+	e := setup(t, nil, "n001")
+	id := e.create(busybox()).GetId()
+	e.nodes[0].set(func(n *fakeNode) {
+		n.sbs[id].State = nodev1.SandboxState_SANDBOX_STATE_FAILED
+		n.sbs[id].Reason = "died: killed by signal 9"
+	})
+	check := func(what string, err error) {
+		t.Helper()
+		var ce *connect.Error
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition ||
+			ce.Meta().Get(errdefs.DiedMetadataKey) != "killed by signal 9" || !strings.Contains(ce.Message(), "died: killed by signal 9") {
+			t.Fatalf("%s: %v, want failed_precondition marked %s", what, err, errdefs.DiedMetadataKey)
+		}
+	}
+	_, err := e.run(&v1.ExecStart{SandboxId: id, Command: []string{"echo", "hi"}})
+	check("exec", err)
+	_, err = e.proc.ListProcesses(t.Context(), connect.NewRequest(&v1.ListProcessesRequest{SandboxId: id}))
+	check("list processes", err)
+	_, _, err = e.read(id, "/etc/hostname")
+	check("read file", err)
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -169,7 +170,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(opendsecv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(opendsecv1connect.NewProcessServiceHandler(s, opts...))
+	// Exec output is never compressed (see the agent's process handler):
+	// compressed, the transport windows to a slow reader held hundreds of
+	// MiB of `yes` output ahead of the exit. Requests may still be gzip.
+	mux.Handle(opendsecv1connect.NewProcessServiceHandler(s, append(opts[:len(opts):len(opts)], connect.WithCompressMinBytes(math.MaxInt))...))
 	mux.Handle(opendsecv1connect.NewFileServiceHandler(s, opts...))
 	mux.Handle(s.portServiceHandler(opts...))
 	mux.Handle(opendsecv1connect.NewImageServiceHandler(s, opts...))

@@ -177,10 +177,19 @@ func (n *fakeNode) serveAgent(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, "/agent/")
 	id, sub, _ := strings.Cut(rest, "/")
 	n.mu.Lock()
-	_, ok := n.sbs[id]
+	sb, ok := n.sbs[id]
 	n.mu.Unlock()
 	if !ok {
 		auth.WriteError(w, errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", id))
+		return
+	}
+	if sb.GetState() == nodev1.SandboxState_SANDBOX_STATE_FAILED {
+		// As the node answers a call into a sandbox that died.
+		reason := strings.TrimPrefix(sb.GetReason(), "died: ")
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(map[string]any{"code": 400, "status": "failed_precondition", "died": reason,
+			"message": errdefs.SandboxDied(id, reason).Error()})
 		return
 	}
 	r2 := r.Clone(r.Context())

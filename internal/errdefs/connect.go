@@ -179,7 +179,7 @@ func ToConnect(err error) error {
 		return ce
 	}
 	msg, _ := public(err)
-	return connect.NewError(Code(err), &edgeError{msg: msg, err: err})
+	return diedMeta(connect.NewError(Code(err), &edgeError{msg: msg, err: err}), err)
 }
 
 // ToHTTP converts err for an HTTP answer, as the Interceptor does for
@@ -207,12 +207,16 @@ func FromConnect(err error) error {
 	if !errors.As(err, &ce) {
 		return err
 	}
+	causes := []error{ce}
+	if de, ok := diedFrom(ce); ok {
+		causes = append(causes, de)
+	}
 	for _, r := range table {
 		if r.code == ce.Code() {
-			return &categorized{cat: r.cat, msg: ce.Message(), causes: []error{ce}, public: true}
+			return &categorized{cat: r.cat, msg: ce.Message(), causes: causes, public: true}
 		}
 	}
-	return &categorized{cat: ErrInternal, msg: ce.Message(), causes: []error{ce}, public: true}
+	return &categorized{cat: ErrInternal, msg: ce.Message(), causes: causes, public: true}
 }
 
 // CodeCategory returns the category of a Connect code (ErrInternal for a

@@ -221,3 +221,28 @@ func TestWithPublicKeepsCategoryAndCause(t *testing.T) {
 		t.Fatal("WithPublic(nil) must be nil")
 	}
 }
+
+// TestSecuritySandboxDiedMetadata: a DiedError is answered failed_precondition
+// with the reason in DiedMetadataKey; read back (FromConnect) it is a DiedError
+// again, and re-answered it keeps the metadata (node -> apiserver -> SDK).
+func TestSecuritySandboxDiedMetadata(t *testing.T) {
+	err := fmt.Errorf("start process: %w", SandboxDied("sb1", "killed by signal 9"))
+	ce := ToConnect(err).(*connect.Error)
+	if ce.Code() != connect.CodeFailedPrecondition || ce.Meta().Get(DiedMetadataKey) != "killed by signal 9" ||
+		ce.Message() != "start process: sandbox sb1 died: killed by signal 9; create a new one" {
+		t.Fatalf("answer: %v meta %v", ce, ce.Meta())
+	}
+	back := FromConnect(ce)
+	var de *DiedError
+	if !errors.As(back, &de) || de.Reason != "killed by signal 9" || !errors.Is(back, ErrFailedPrecondition) {
+		t.Fatalf("read back: %v (%T)", back, back)
+	}
+	again := ToConnect(fmt.Errorf("exec: %w", back)).(*connect.Error)
+	if again.Meta().Get(DiedMetadataKey) != "killed by signal 9" {
+		t.Fatalf("re-answered without the metadata: %v", again)
+	}
+	// Anything else carries none.
+	if m := ToConnect(New(ErrFailedPrecondition, "sandbox x is paused")).(*connect.Error).Meta().Get(DiedMetadataKey); m != "" {
+		t.Fatalf("paused answer has %s %q", DiedMetadataKey, m)
+	}
+}

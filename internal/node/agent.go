@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,9 +109,11 @@ func (n *Node) AgentProxy() http.Handler {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
 		sb, dead, err := n.getOrDeadFor(r.Context(), id)
-		if dead {
+		// A sandbox that died: reported failed, still in the table while
+		// its cleanup runs, then a tombstone. Either way say why it is gone.
+		if err == nil && (dead || sb.died.Load()) {
 			reason, _ := sb.reason.Load().(string)
-			err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
+			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
 		} else if err == nil {
 			n.mu.Lock()
 			st := sb.rec.State
@@ -119,11 +122,6 @@ func (n *Node) AgentProxy() http.Handler {
 			case st == stateRunning:
 			case st == statePaused:
 				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id)
-			case sb.died.Load():
-				// Reported failed, its cleanup still under way: say why
-				// it is gone, as the tombstone will.
-				reason, _ := sb.reason.Load().(string)
-				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", id, reason)
 			default:
 				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
 			}
@@ -230,10 +228,17 @@ func (c *countingBody) Read(p []byte) (int, error) {
 
 // writeJSONError answers {"code": <http status>, "message", "status": <connect
 // code name>}; status keeps categories that share an HTTP status apart
-// (failed_precondition and invalid_argument are both 400).
+// (failed_precondition and invalid_argument are both 400). A sandbox that
+// died adds "died": the reason.
 func writeJSONError(w http.ResponseWriter, err error) {
 	code, msg := errdefs.ToHTTP(context.Background(), err)
+	body := map[string]any{"code": code, "message": msg, "status": errdefs.Code(err).String()}
+	var de *errdefs.DiedError
+	if errors.As(err, &de) {
+		body["died"] = de.Reason
+		w.Header().Set(errdefs.DiedMetadataKey, de.Reason)
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", code, msg, errdefs.Code(err).String())
+	_ = json.NewEncoder(w).Encode(body)
 }

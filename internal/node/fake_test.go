@@ -154,6 +154,10 @@ func TestDeathSeenAtOnce(t *testing.T) {
 	if w.Code != errdefs.HTTPStatus(errdefs.ErrFailedPrecondition) || !strings.Contains(w.Body.String(), "died: killed by signal 9") {
 		t.Errorf("agent call into the dead sandbox: %d %s; want failed precondition saying it died and why", w.Code, w.Body.String())
 	}
+	// The reason is also marked for clients (nodeclient, the SDKs).
+	if h := w.Header().Get(errdefs.DiedMetadataKey); h != "killed by signal 9" || !strings.Contains(w.Body.String(), `"died":"killed by signal 9"`) {
+		t.Errorf("agent call into the dead sandbox: header %s %q, body %s; want the reason in both", errdefs.DiedMetadataKey, h, w.Body.String())
+	}
 }
 
 // TestStopIsNotADeath: a sandbox the node stops is not reported failed.

@@ -231,6 +231,43 @@ func TestAgentError(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "paused") {
 		t.Fatalf("paused sandbox: %v, want failed_precondition saying it is paused", err)
 	}
+	var de *errdefs.DiedError
+	if errors.As(err, &de) {
+		t.Fatalf("paused sandbox: %v is a DiedError", err)
+	}
+}
+
+// TestSecuritySandboxDiedAgentError: a call into a sandbox that died is a
+// DiedError with the node's reason, whether the node's answer said so or
+// only the sandbox's state does (a stream cut when its init died).
+func TestSecuritySandboxDiedAgentError(t *testing.T) {
+	n := newFakeNode(t, "n001")
+	dead := "n001dddddddddddddddd"
+	n.set(func(n *fakeNode) {
+		n.states[dead] = nodev1.SandboxState_SANDBOX_STATE_FAILED
+		n.reasons = map[string]string{dead: "died: killed by signal 9"}
+	})
+	c := newClient(t, n)
+	proc := processconnect.NewProcessClient(c.HTTPClient(), c.AgentURL(dead, "").String())
+	stream, err := proc.Start(t.Context(), connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "true"}}))
+	if err == nil {
+		for stream.Receive() {
+		}
+		err = stream.Err()
+		stream.Close()
+	}
+	for _, in := range []error{err, errdefs.New(errdefs.ErrUnavailable, "the agent ended the process stream without an exit event")} {
+		got := c.AgentError(t.Context(), dead, "start process", in)
+		var de *errdefs.DiedError
+		if !errors.As(got, &de) || de.Reason != "killed by signal 9" || !errors.Is(got, errdefs.ErrFailedPrecondition) ||
+			got.Error() != "sandbox "+dead+" died: killed by signal 9; create a new one" {
+			t.Fatalf("%v: got %v, want a DiedError with the reason", in, got)
+		}
+		ce, ok := errdefs.ToConnect(got).(*connect.Error)
+		if !ok || ce.Code() != connect.CodeFailedPrecondition || ce.Meta().Get(errdefs.DiedMetadataKey) != "killed by signal 9" {
+			t.Fatalf("answer %v lacks the %s metadata", ce, errdefs.DiedMetadataKey)
+		}
+	}
 }
 
 // TestNoNodeImports: the E2B gateway builds on nodeclient and must stay

@@ -52,12 +52,19 @@ type ResponseError struct {
 	// text, else what failed and the status).
 	Message string
 	cat     error
+	died    *errdefs.DiedError // the node said the sandbox died
 }
 
 func (e *ResponseError) Error() string { return e.Message }
 
-// Unwrap returns the category (an errdefs.Err... value).
-func (e *ResponseError) Unwrap() error { return e.cat }
+// Unwrap returns the category (an errdefs.Err... value) and, when the
+// node said the sandbox died, an *errdefs.DiedError.
+func (e *ResponseError) Unwrap() []error {
+	if e.died != nil {
+		return []error{e.cat, e.died}
+	}
+	return []error{e.cat}
+}
 
 // MapResponse reads a non-success answer (resp's body, at most 64 KiB; the
 // caller still closes it) into a *ResponseError. what names the call for an
@@ -70,6 +77,7 @@ func MapResponse(resp *http.Response, what string) error {
 	var body struct {
 		Message string `json:"message"`
 		Status  string `json:"status"`
+		Died    string `json:"died"`
 	}
 	msg := ""
 	if json.Unmarshal(b, &body) == nil && body.Message != "" {
@@ -84,6 +92,9 @@ func MapResponse(resp *http.Response, what string) error {
 	var code connect.Code
 	if body.Status != "" && code.UnmarshalText([]byte(body.Status)) == nil {
 		e.cat = codeCategory(code)
+	}
+	if body.Died != "" {
+		e.died = &errdefs.DiedError{Reason: body.Died}
 	}
 	return e
 }
@@ -123,20 +134,44 @@ func codeCategory(code connect.Code) error {
 // this node, which answers some failures in ways a Connect client cannot
 // read: a sandbox it does not have is a 404, which the client reports as
 // "unimplemented: HTTP status 404"; and a streaming client drops the body
-// of a 400, so a paused or dead sandbox arrives without its reason (then,
-// and only then, the node is asked for the sandbox's state).
+// of a 400, so a paused sandbox arrives without its reason (then the node
+// is asked for the sandbox's state). A sandbox that died is an
+// *errdefs.DiedError with the node's reason: from the node's answer, or,
+// for a failure that may be its death (a stream cut), from its state.
 func (c *Client) AgentError(ctx context.Context, sandboxID, what string, err error) error {
 	if connect.CodeOf(err) == connect.CodeUnimplemented && strings.Contains(err.Error(), "404") {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s not found", sandboxID)
 	}
-	if code := connect.CodeOf(err); (code == connect.CodeInternal || code == connect.CodeUnknown || code == connect.CodeInvalidArgument) &&
-		strings.Contains(err.Error(), "HTTP status 400") && ctx.Err() == nil {
-		resp, gerr := c.node.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: sandboxID}))
-		if gerr == nil && resp.Msg.GetSandbox().GetState() == nodev1.SandboxState_SANDBOX_STATE_PAUSED {
-			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", sandboxID)
+	var de *errdefs.DiedError
+	if errors.As(err, &de) {
+		return MapError(ctx, what, err)
+	}
+	// The node's answer for a sandbox that died carries the reason in a
+	// header, which a Connect client keeps in the error's metadata.
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		if reason := ce.Meta().Get(errdefs.DiedMetadataKey); reason != "" {
+			return errdefs.SandboxDied(sandboxID, reason)
 		}
-		if gerr == nil && resp.Msg.GetSandbox().GetState() == nodev1.SandboxState_SANDBOX_STATE_FAILED {
-			return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s %s; create a new one", sandboxID, resp.Msg.GetSandbox().GetReason())
+	}
+	code := connect.CodeOf(err)
+	status400 := (code == connect.CodeInternal || code == connect.CodeUnknown || code == connect.CodeInvalidArgument) &&
+		(strings.Contains(err.Error(), "HTTP status 400") || strings.Contains(err.Error(), "400 Bad Request"))
+	// A call that failed as one into a dead sandbox does (the node's 400,
+	// or a stream cut when its init died) asks the node whether it died.
+	if (status400 || code == connect.CodeUnavailable || code == connect.CodeUnknown || code == connect.CodeFailedPrecondition) && ctx.Err() == nil {
+		resp, gerr := c.node.GetSandbox(ctx, connect.NewRequest(&nodev1.GetSandboxRequest{SandboxId: sandboxID}))
+		if gerr == nil {
+			switch sb := resp.Msg.GetSandbox(); sb.GetState() {
+			case nodev1.SandboxState_SANDBOX_STATE_PAUSED:
+				if status400 {
+					return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", sandboxID)
+				}
+			case nodev1.SandboxState_SANDBOX_STATE_FAILED:
+				if reason, ok := strings.CutPrefix(sb.GetReason(), "died: "); ok {
+					return errdefs.SandboxDied(sandboxID, reason)
+				}
+			}
 		}
 	}
 	return MapError(ctx, what, err)

@@ -54,6 +54,8 @@ func TestMapResponse(t *testing.T) {
 		{502, "bad gateway\n", errdefs.ErrUnavailable, "bad gateway"},
 		{503, "", errdefs.ErrUnavailable, "read file: 503 Service Unavailable"},
 		{404, `{"code":404}`, errdefs.ErrNotFound, `{"code":404}`},
+		// A sandbox that died: the reason rides along (see below).
+		{400, `{"code":400,"died":"killed by signal 9","message":"sandbox x died: killed by signal 9; create a new one","status":"failed_precondition"}`, errdefs.ErrFailedPrecondition, "sandbox x died: killed by signal 9; create a new one"},
 	} {
 		t.Run(fmt.Sprintf("%d %s", tc.status, tc.body), func(t *testing.T) {
 			err := nodeclient.MapResponse(answer(tc.status, tc.body), "read file")
@@ -63,6 +65,10 @@ func TestMapResponse(t *testing.T) {
 			}
 			if !errors.Is(err, tc.cat) || err.Error() != tc.msg {
 				t.Fatalf("err = %q (code %v), want %q of category %v", err, errdefs.Code(err), tc.msg, tc.cat)
+			}
+			var de *errdefs.DiedError
+			if died := strings.Contains(tc.body, `"died"`); errors.As(err, &de) != died || (died && de.Reason != "killed by signal 9") {
+				t.Fatalf("err = %q: DiedError %v, want one only for a died answer", err, de)
 			}
 		})
 	}

@@ -32,9 +32,10 @@ type fakeNode struct {
 	url string
 	key *auth.Issuer
 
-	mu     sync.Mutex
-	states map[string]nodev1.SandboxState // sandboxes by ID
-	ports  map[int]string                 // in-sandbox port -> loopback address
+	mu      sync.Mutex
+	states  map[string]nodev1.SandboxState // sandboxes by ID
+	reasons map[string]string              // Sandbox.reason by ID
+	ports   map[int]string                 // in-sandbox port -> loopback address
 	// down answers 503 with this message for a port (the service behind
 	// it cannot start).
 	down map[int]string
@@ -106,7 +107,7 @@ func (n *fakeNode) GetSandbox(_ context.Context, req *connect.Request[nodev1.Get
 	if !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s not found", req.Msg.GetSandboxId()))
 	}
-	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: &nodev1.Sandbox{Id: req.Msg.GetSandboxId(), State: st}}), nil
+	return connect.NewResponse(&nodev1.GetSandboxResponse{Sandbox: &nodev1.Sandbox{Id: req.Msg.GetSandboxId(), State: st, Reason: n.reasons[req.Msg.GetSandboxId()]}}), nil
 }
 
 // writeNodeError answers like the node's agent proxy: {"code", "message",
@@ -136,6 +137,9 @@ func (n *fakeNode) serveAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	case st == nodev1.SandboxState_SANDBOX_STATE_PAUSED:
 		writeNodeError(w, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id))
+		return
+	case st == nodev1.SandboxState_SANDBOX_STATE_FAILED:
+		writeNodeError(w, errdefs.SandboxDied(id, strings.TrimPrefix(n.reasons[id], "died: ")))
 		return
 	}
 	var port int

@@ -34,7 +34,33 @@ const (
 type Error struct {
 	Code    Code
 	Message string
-	cause   error
+	// DiedReason is set when the call went into a sandbox that died (its
+	// init ended without a stop: a crash, a kill from outside, the OOM
+	// killer): the reason, e.g. "killed by signal 9". Code is then
+	// CodeFailedPrecondition, and errors.Is(err, ErrSandboxDied) holds.
+	DiedReason string
+	cause      error
+}
+
+// ErrSandboxDied matches (errors.Is) an error of a call into a sandbox that
+// died; Error.DiedReason (or SandboxDied) says why. The sandbox is gone:
+// create a new one.
+var ErrSandboxDied = errors.New("sandbox died")
+
+// diedMetadataKey is the answer metadata that marks a sandbox that died
+// (the server's errdefs.DiedMetadataKey).
+const diedMetadataKey = "Opendsec-Sandbox-Died"
+
+// Is reports whether target is ErrSandboxDied and e says the sandbox died.
+func (e *Error) Is(target error) bool { return target == ErrSandboxDied && e.DiedReason != "" }
+
+// SandboxDied returns why the sandbox of a failed call died, and whether it did.
+func SandboxDied(err error) (reason string, ok bool) {
+	var e *Error
+	if errors.As(err, &e) && e.DiedReason != "" {
+		return e.DiedReason, true
+	}
+	return "", false
 }
 
 // Error returns "<code>: <message>".
@@ -65,7 +91,7 @@ func convertError(err error) error {
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		return &Error{Code: ce.Code(), Message: ce.Message(), cause: err}
+		return &Error{Code: ce.Code(), Message: ce.Message(), DiedReason: ce.Meta().Get(diedMetadataKey), cause: err}
 	}
 	switch {
 	case errors.Is(err, context.Canceled):

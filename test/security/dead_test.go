@@ -3,6 +3,7 @@
 package security
 
 import (
+	"errors"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,5 +54,10 @@ func checkDeadSandboxReported(t *testing.T, e *env) {
 	_, err := e.c.RunShell(t.Context(), id, "true")
 	if opendsec.CodeOf(err) != opendsec.CodeFailedPrecondition || !strings.Contains(err.Error(), "died") {
 		t.Errorf("exec in the dead sandbox: %v, want failed_precondition saying it died", err)
+	}
+	// The answer is marked: the SDKs' own error, with the node's reason.
+	reason, ok := opendsec.SandboxDied(err)
+	if !errors.Is(err, opendsec.ErrSandboxDied) || !ok || "died: "+reason != got.GetReason() {
+		t.Errorf("exec in the dead sandbox: %v (reason %q), want ErrSandboxDied with the reason %q", err, reason, got.GetReason())
 	}
 }

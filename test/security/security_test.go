@@ -49,11 +49,12 @@ func TestSecurity(t *testing.T) {
 		// Findings of issue 11.
 		// PlacementChurn first: it needs the node empty (a dead
 		// sandbox's tombstone stays listed for a while).
-		{"PlacementChurn", checkPlacementChurn},           // 7
-		{"ExecOutputCap", checkExecOutputCap},             // 1, and the paper's `yes` output
-		{"AgentPathsFileAPI", checkAgentPathsFileAPI},     // 4
-		{"DeadSandboxReported", checkDeadSandboxReported}, // 5
-		{"DNSPrivateAnswers", checkDNSPrivateAnswers},     // 6
+		{"PlacementChurn", checkPlacementChurn},             // 7
+		{"ExecOutputCap", checkExecOutputCap},               // 1, and the paper's `yes` output
+		{"ExecOutputSlowReader", checkExecOutputSlowReader}, // 1
+		{"AgentPathsFileAPI", checkAgentPathsFileAPI},       // 4
+		{"DeadSandboxReported", checkDeadSandboxReported},   // 5
+		{"DNSPrivateAnswers", checkDNSPrivateAnswers},       // 6
 		// Incidents of the DSec paper.
 		{"ForgedAgentRPC", checkForgedAgentRPC},
 		{"BinaryOverwrite", checkBinaryOverwrite},

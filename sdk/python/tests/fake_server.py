@@ -110,6 +110,13 @@ class FakeServer(
         if request.id.startswith("err-"):
             name = request.id.removeprefix("err-")
             await context.abort(grpc.StatusCode[name], f"server says {name}")
+        if request.id.startswith("died-"):
+            # As the apiserver answers a call into a sandbox that died.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"sandbox {request.id} died: killed by signal 9; create a new one",
+                trailing_metadata=(("opendsec-sandbox-died", "killed by signal 9"),),
+            )
         s = self.sandboxes.get(request.id)
         if s is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox {request.id!r} not found")

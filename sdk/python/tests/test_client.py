@@ -135,6 +135,20 @@ async def test_every_status_code_is_mapped(client: DSecClient, code: str, cls: t
     assert ei.value.code == code
 
 
+async def test_security_sandbox_died_is_its_own_error(client: DSecClient) -> None:
+    # The server marks a call into a dead sandbox with metadata: a
+    # FailedPreconditionError subclass carrying the reason.
+    with pytest.raises(opendsec.SandboxDiedError) as ei:
+        await client.get_sandbox("died-x")
+    assert isinstance(ei.value, FailedPreconditionError)
+    assert ei.value.reason == "killed by signal 9" and ei.value.code == "FAILED_PRECONDITION"
+    assert str(ei.value) == "sandbox died-x died: killed by signal 9; create a new one"
+    # Without the metadata a failed precondition stays what it was.
+    with pytest.raises(FailedPreconditionError) as ei2:
+        await client.get_sandbox("err-FAILED_PRECONDITION")
+    assert type(ei2.value) is FailedPreconditionError
+
+
 def test_timeout_error_is_also_builtin_timeout() -> None:
     assert issubclass(E.TimeoutError, builtins.TimeoutError)
     assert issubclass(E.TimeoutError, DSecError)

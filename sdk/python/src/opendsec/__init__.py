@@ -29,6 +29,7 @@ from opendsec.errors import (
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
+    SandboxDiedError,
     UnavailableError,
     UnimplementedError,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "ProcessInfo",
     "QuotaExceededError",
     "Sandbox",
+    "SandboxDiedError",
     "SandboxInfo",
     "SandboxMetrics",
     "SandboxState",

@@ -25,6 +25,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "QuotaExceededError",
+    "SandboxDiedError",
     "TimeoutError",
     "UnavailableError",
     "UnimplementedError",
@@ -80,6 +81,20 @@ class AlreadyExistsError(DSecError):
 
 class FailedPreconditionError(DSecError):
     """The request is valid but the system is not in a state to run it (``FAILED_PRECONDITION``)."""
+
+
+class SandboxDiedError(FailedPreconditionError):
+    """The sandbox died: its init ended without a stop (a crash, a kill from
+    outside, the OOM killer). It is gone; create a new one. A
+    :class:`FailedPreconditionError` (``FAILED_PRECONDITION``).
+
+    Attributes:
+        reason: why, as the node saw it, e.g. ``"killed by signal 9"``.
+    """
+
+    def __init__(self, message: str, *, code: str = "FAILED_PRECONDITION", reason: str = "") -> None:
+        super().__init__(message, code=code)
+        self.reason = reason
 
 
 class QuotaExceededError(DSecError):
@@ -146,13 +161,37 @@ def _make(code: grpc.StatusCode | None, name: str, message: str) -> DSecError:
     return cls(message, code=name)
 
 
+# The answer metadata that marks a call into a sandbox that died; its value
+# is the reason (the server's errdefs.DiedMetadataKey).
+DIED_METADATA_KEY = "opendsec-sandbox-died"
+
+
+def _metadata_value(err: Any, key: str) -> str:
+    for getter in ("trailing_metadata", "initial_metadata"):
+        md = getattr(err, getter, None)
+        if md is None:
+            continue
+        try:
+            items = md()
+        except Exception:
+            continue
+        for k, v in items or ():
+            if k.lower() == key:
+                return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return ""
+
+
 def from_grpc_error(err: grpc.RpcError | Any) -> DSecError:
     """Map a ``grpc.aio.AioRpcError`` (or any ``grpc.RpcError`` with ``code()``
     and ``details()``) to the matching :class:`DSecError` subclass, keeping the
-    server's message."""
+    server's message. A call into a sandbox that died (the server marks it
+    with the ``opendsec-sandbox-died`` metadata) is a :class:`SandboxDiedError`."""
     code: grpc.StatusCode | None = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else None
     name = code.name if code is not None else "UNKNOWN"
+    reason = _metadata_value(err, DIED_METADATA_KEY)
+    if reason:
+        return SandboxDiedError(details or f"sandbox died: {reason}", code=name, reason=reason)
     return _make(code, name, details or "")
 
 

@@ -115,6 +115,7 @@ class ExecProcess:
         self._exit: pb.ExecExit | None = None
         self._pending: list[ExecEvent] = []
         self._stdout = bytearray()
+        self._result: ExecResult | None = None
         self._stderr = bytearray()
         self._limit = output_limit
         # Bytes produced per stream, kept or not.
@@ -269,8 +270,13 @@ class ExecProcess:
             pass
         await self._finish()
         assert self._exit is not None
+        if self._result is not None:
+            return self._result
+        # Copy, then free the buffers before decoding: a capped 16 MiB
+        # stream is held twice at the peak, not three times.
         out, err = bytes(self._stdout), bytes(self._stderr)
-        return ExecResult(
+        self._stdout, self._stderr = bytearray(), bytearray()
+        self._result = ExecResult(
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
             exit_code=self._exit.exit_code,
@@ -283,6 +289,7 @@ class ExecProcess:
             stdout_total=max(self._stdout_total, self._exit.stdout_total_bytes),
             stderr_total=max(self._stderr_total, self._exit.stderr_total_bytes),
         )
+        return self._result
 
     async def _finish(self) -> None:
         """Half-close the stream and let the server end it; cancel if it does not."""
