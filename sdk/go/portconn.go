@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,7 +24,8 @@ type PortConn struct {
 	stream *connect.BidiStreamForClient[opendsecv1.ConnectPortRequest, opendsecv1.ConnectPortResponse]
 	cancel context.CancelFunc
 
-	sendMu sync.Mutex // Send and CloseRequest are not safe for concurrent use
+	sendMu      sync.Mutex  // Send and CloseRequest are not safe for concurrent use
+	wroteClosed atomic.Bool // CloseWrite was sent
 
 	readMu sync.Mutex
 	buf    []byte // received, not yet read
@@ -133,13 +135,41 @@ func (p *PortConn) CloseWrite() error {
 	if isEOF(err) {
 		return errPortClosed
 	}
+	if err == nil {
+		p.wroteClosed.Store(true)
+	}
 	return convertError(err)
 }
+
+// closeGrace bounds how long Close waits, after CloseWrite, for the server
+// to end the stream by itself.
+const closeGrace = 2 * time.Second
 
 // Close ends the stream in both directions; the connection inside the
 // sandbox is closed.
 func (p *PortConn) Close() error {
 	p.closeOnce.Do(func() {
+		if p.wroteClosed.Load() {
+			// Everything was sent, close_write last. A cancel now could
+			// overtake frames still in the transport (the server would
+			// lose the tail of the data: seen as a flaky port-forward
+			// test), so end the request and let the server end the
+			// stream, which it does once both sides are closed, for a
+			// while: the timer's cancel unblocks the Receive below and a
+			// Read waiting in its own.
+			p.sendMu.Lock()
+			_ = p.stream.CloseRequest()
+			p.sendMu.Unlock()
+			t := time.AfterFunc(closeGrace, p.cancel)
+			p.readMu.Lock()
+			for {
+				if _, err := p.stream.Receive(); err != nil {
+					break
+				}
+			}
+			p.readMu.Unlock()
+			t.Stop()
+		}
 		p.cancel()
 		p.sendMu.Lock()
 		_ = p.stream.CloseRequest()

@@ -131,7 +131,8 @@ func TestPortForwardServerHalfClose(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- forwardPort(ctx, c, ln, id, 2, &syncBuffer{}) }()
+	errw := &syncBuffer{}
+	go func() { done <- forwardPort(ctx, c, ln, id, 2, errw) }()
 	defer func() {
 		cancel()
 		<-done
@@ -153,7 +154,7 @@ func TestPortForwardServerHalfClose(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for string(srv.HalfClosedPortGot()) != "still here" {
 		if time.Now().After(deadline) {
-			t.Fatalf("server got %q after its half-close, want %q", srv.HalfClosedPortGot(), "still here")
+			t.Fatalf("server got %q after its half-close, want %q (port-forward said %q)", srv.HalfClosedPortGot(), "still here", errw.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
