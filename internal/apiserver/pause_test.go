@@ -66,24 +66,25 @@ func contains(ss []string, s string) bool {
 
 func TestPauseSandboxesFansOutToEveryNode(t *testing.T) {
 	e := setup(t, nil, "n001", "n002")
+	// Placement picks among sampled nodes, so create until the job is on
+	// both (at least 6 sandboxes); 64 on one node would be a placement bug.
 	var job []*v1.Sandbox
-	for range 6 {
-		job = append(job, e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "job"}))
-	}
-	other := e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "other"})
 	perNode := map[string]int{}
-	for _, sb := range job {
+	for len(job) < 6 || len(perNode) < 2 {
+		if len(job) == 64 {
+			t.Fatalf("placement used %d nodes for %d sandboxes; the test needs both", len(perNode), len(job))
+		}
+		sb := e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "job"})
+		job = append(job, sb)
 		perNode[sb.GetNodeId()]++
 	}
-	if len(perNode) != 2 {
-		t.Fatalf("placement used %d nodes for 6 sandboxes; the test needs both", len(perNode))
-	}
+	other := e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "other"})
 	resp, err := e.sbx.PauseSandboxes(t.Context(), connect.NewRequest(&v1.PauseSandboxesRequest{Selector: &v1.SandboxSelector{TaskId: "job"}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Msg.GetSandboxes()) != 6 || len(resp.Msg.GetFailures()) != 0 {
-		t.Fatalf("paused %d, failures %v; want 6 and none", len(resp.Msg.GetSandboxes()), resp.Msg.GetFailures())
+	if len(resp.Msg.GetSandboxes()) != len(job) || len(resp.Msg.GetFailures()) != 0 {
+		t.Fatalf("paused %d, failures %v; want %d and none", len(resp.Msg.GetSandboxes()), resp.Msg.GetFailures(), len(job))
 	}
 	for _, sb := range resp.Msg.GetSandboxes() {
 		if sb.GetState() != v1.SandboxState_SANDBOX_STATE_PAUSED || sb.GetSpec().GetTaskId() != "job" {
