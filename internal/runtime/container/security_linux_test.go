@@ -278,8 +278,10 @@ func TestPidsLimit(t *testing.T) {
 	tmpl.Resources.PidsLimit = limit
 	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 	c := rt.(*Runtime)
-	// The bomb backgrounds itself, so the shell returns at once.
-	sh(t, rt, spec.ID, `bomb() { bomb | bomb & }; bomb`)
+	// The bomb backgrounds itself, so the shell returns at once. Ash exits
+	// at its first failed fork, so under load the bomb can die out before
+	// the limit: a flood of sleeps beside it keeps forking until refused.
+	sh(t, rt, spec.ID, `bomb() { bomb | bomb & }; bomb; awk 'BEGIN{while(1) system("sleep 600 &")}' </dev/null >/dev/null 2>&1 &`)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		st, err := c.Stats(t.Context(), spec.ID)
