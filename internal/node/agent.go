@@ -182,6 +182,12 @@ func (n *Node) AgentProxy() http.Handler {
 				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %w", id, err))
 			},
 		}
+		if upload && r.Header.Get("Expect") == "" {
+			// The 100 Continue the agent answers to the proxy's Expect is
+			// the proxy's own: ReverseProxy would pass it on to a client
+			// that never asked (undici, E2B's JS SDK, fails the fetch).
+			w = no1xxWriter{w}
+		}
 		proxy.ServeHTTP(w, r)
 	})
 }
@@ -213,6 +219,21 @@ func writeTooLarge(w http.ResponseWriter, msg string) {
 	w.WriteHeader(http.StatusRequestEntityTooLarge)
 	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"status\":%q}\n", http.StatusRequestEntityTooLarge, msg, "resource_exhausted")
 }
+
+// no1xxWriter drops informational responses (1xx but 101) on their way to
+// the client.
+type no1xxWriter struct{ http.ResponseWriter }
+
+func (w no1xxWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (the proxy's flushes) reach the
+// writer underneath.
+func (w no1xxWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // countingBody counts the bytes read from a request body.
 type countingBody struct {

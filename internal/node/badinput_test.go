@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"os"
 	"path/filepath"
 	"strings"
@@ -168,4 +170,36 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	k := min(len(p), c.n-c.read)
 	c.read += k
 	return k, nil
+}
+
+// TestAgentProxyUploadSendsNoInterimResponse: the proxy asks the agent for
+// 100-continue on uploads; that interim answer is the proxy's own and must
+// not reach a client that never asked (E2B's JS SDK failed every upload).
+func TestAgentProxyUploadSendsNoInterimResponse(t *testing.T) {
+	f := newFakeFixture(t)
+	f.cfg.MaxUploadBytes = 1 << 20
+	n := f.open(t)
+	rec, err := n.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: specRecord{Image: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(n.AgentProxy())
+	defer srv.Close()
+	var interim []int
+	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error {
+		interim = append(interim, code)
+		return nil
+	}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+AgentPrefix+rec.ID+"/files?path=/tmp/ok", strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(interim) != 0 {
+		t.Fatalf("upload: status %d, interim responses %v; want 200 and none", resp.StatusCode, interim)
+	}
 }

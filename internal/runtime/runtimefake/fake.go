@@ -797,6 +797,12 @@ func (r *Runtime) serve(sb *sandbox, c net.Conn) {
 		if err != nil {
 			return
 		}
+		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+			// As net/http's server does before a handler reads the body.
+			if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+				return
+			}
+		}
 		resp := sb.handle(req)
 		if err := resp.Write(c); err != nil {
 			return
