@@ -329,7 +329,22 @@ func (b *bench) disk(ctx context.Context) (section, error) {
 		s.lines = append(s.lines, fmt.Sprintf("the writable layer reports %d MiB total against %d MiB free on the host: no per-sandbox quota, not filling the host's disk", quota>>20, hostFree>>20))
 		return s, nil
 	}
+	// Bytes first (then the file goes: a layer out of inodes could not
+	// even open it), then inodes, which stay used.
 	t0 := time.Now()
+	dd, err := b.cl.RunShell(ctx, a.Id, fmt.Sprintf("dd if=/dev/zero of=/fill-bytes bs=1M count=%d 2>&1 | tail -n 4", quota>>20+64), opendsec.WithTimeout(10*time.Minute))
+	if err != nil {
+		return s, fmt.Errorf("byte fill: %w", err)
+	}
+	ddTime := time.Since(t0)
+	full, err := b.cl.SandboxMetrics(ctx, a.Id)
+	if err != nil {
+		return s, fmt.Errorf("metrics: %w", err)
+	}
+	if _, err := b.cl.RunShell(ctx, a.Id, "rm -f /fill-bytes"); err != nil {
+		return s, fmt.Errorf("remove the byte fill: %w", err)
+	}
+	t0 = time.Now()
 	files, err := b.cl.RunShell(ctx, a.Id, `python3 -c '
 import os
 os.makedirs("/fill-inodes", exist_ok=True)
@@ -346,12 +361,6 @@ except OSError as e:
 		return s, fmt.Errorf("inode fill: %w", err)
 	}
 	inodeTime := time.Since(t0)
-	t0 = time.Now()
-	dd, err := b.cl.RunShell(ctx, a.Id, fmt.Sprintf("dd if=/dev/zero of=/fill-bytes bs=1M count=%d 2>&1 | tail -n 2", quota>>20+64), opendsec.WithTimeout(10*time.Minute))
-	if err != nil {
-		return s, fmt.Errorf("byte fill: %w", err)
-	}
-	ddTime := time.Since(t0)
 	m2, err := b.cl.SandboxMetrics(ctx, a.Id)
 	if err != nil {
 		return s, fmt.Errorf("metrics: %w", err)
@@ -374,9 +383,9 @@ except OSError as e:
 	s.pass = err == nil && otherOut == "ok"
 	s.lines = append(s.lines,
 		fmt.Sprintf("the sandbox's writable layer: %d MiB quota (metrics disk_total_bytes)", quota>>20),
-		fmt.Sprintf("empty files until refused: %s (files created, error) in %s", strings.TrimSpace(files.Stdout+files.Stderr), inodeTime.Round(time.Millisecond)),
-		fmt.Sprintf("then dd of %d MiB: %q in %s", quota>>20+64, strings.TrimSpace(dd.Stdout), ddTime.Round(time.Millisecond)),
-		fmt.Sprintf("metrics after: disk_used_bytes %d MiB of %d MiB", m2.GetDiskUsedBytes()>>20, m2.GetDiskTotalBytes()>>20),
+		fmt.Sprintf("dd of %d MiB: %q in %s; metrics then: disk_used_bytes %d MiB of %d MiB", quota>>20+64, strings.TrimSpace(dd.Stdout), ddTime.Round(time.Millisecond), full.GetDiskUsedBytes()>>20, full.GetDiskTotalBytes()>>20),
+		fmt.Sprintf("after removing it, empty files until refused: %s (files created, error) in %s", strings.TrimSpace(files.Stdout+files.Stderr), inodeTime.Round(time.Millisecond)),
+		fmt.Sprintf("metrics with the files left: disk_used_bytes %d MiB of %d MiB", m2.GetDiskUsedBytes()>>20, m2.GetDiskTotalBytes()>>20),
 		fmt.Sprintf("host free space on /: %d MiB before, %d MiB after", hostFree>>20, hostFree2>>20),
 	)
 	if err != nil {

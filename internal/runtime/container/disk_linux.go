@@ -293,8 +293,11 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 	}
 	// noinit_itable: the kernel would zero the inode tables in the
 	// background (megabytes per GiB of quota, real disk use); the image's
-	// holes already read as zeros.
-	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable", q.directIO); err != nil {
+	// holes already read as zeros. discard: a file removed in the layer
+	// punches its blocks out of the image (the loop device passes
+	// discards on as holes), so the host's space follows what the layer
+	// holds, not the most it ever held.
+	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable,discard", q.directIO); err != nil {
 		return err
 	}
 	if err := makeLayerDirs(mnt); err != nil {
