@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/bench/internal/benchns"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 )
 
@@ -42,31 +43,6 @@ func kernelRelease() string {
 		return "unknown"
 	}
 	return unix.ByteSliceToString(u.Release[:])
-}
-
-// inNS runs fn on a thread in the namespace at path. Sockets opened there
-// stay in that namespace when used from any thread afterwards.
-func inNS(path string, fn func() error) error {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("get netns: %w", err)
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return fmt.Errorf("enter netns %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		panic("restore network namespace: " + err.Error()) // the thread is unusable
-	}
-	return ferr
 }
 
 // makeNS makes a network namespace with loopback up, bind-mounted at path.
@@ -102,7 +78,7 @@ func makeNS(path string) error {
 		os.Remove(path)
 		return err
 	}
-	return inNS(path, func() error {
+	return benchns.In(path, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
@@ -135,7 +111,7 @@ func vethBetween(a, aName, aAddr, b, bName, bAddr string, bits int) error {
 		}
 		return netlink.LinkSetUp(l)
 	}
-	if err := inNS(a, func() error {
+	if err := benchns.In(a, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: bName, PeerNamespace: netlink.NsFd(int(bns))}); err != nil {
 			return fmt.Errorf("add veth %s: %w", aName, err)
 		}
@@ -143,13 +119,13 @@ func vethBetween(a, aName, aAddr, b, bName, bAddr string, bits int) error {
 	}); err != nil {
 		return err
 	}
-	return inNS(b, func() error { return up(bName, bAddr) })
+	return benchns.In(b, func() error { return up(bName, bAddr) })
 }
 
 // dialInNS connects to addr from the namespace at path.
 func dialInNS(path, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNS(path, func() (err error) {
+	err := benchns.In(path, func() (err error) {
 		c, err = net.DialTimeout("tcp4", addr, 5*time.Second)
 		return err
 	})
@@ -157,7 +133,7 @@ func dialInNS(path, addr string) (net.Conn, error) {
 }
 
 func addRoute(ns, dst, gw string) error {
-	return inNS(ns, func() error {
+	return benchns.In(ns, func() error {
 		_, d, err := net.ParseCIDR(dst)
 		if err != nil {
 			return err
@@ -175,7 +151,7 @@ type path struct {
 
 func (p path) dial(port int) (net.Conn, error) {
 	var c net.Conn
-	err := inNS(p.ns, func() (err error) {
+	err := benchns.In(p.ns, func() (err error) {
 		c, err = net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", p.addr, port), 5*time.Second)
 		return err
 	})
@@ -225,7 +201,7 @@ func (p path) roundTrips(ctx context.Context, n, size int) error {
 
 func (p path) connects(ctx context.Context, n, size int) error {
 	req, resp := make([]byte, size), make([]byte, size)
-	return inNS(p.ns, func() error {
+	return benchns.In(p.ns, func() error {
 		for range n {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -285,7 +261,7 @@ func (p path) bulk(ctx context.Context, d time.Duration) error {
 // in ns; closing the returned listeners stops them.
 func serve(ns string) ([]net.Listener, error) {
 	var ls []net.Listener
-	err := inNS(ns, func() error {
+	err := benchns.In(ns, func() error {
 		for _, port := range []int{rrPort, bulkPort} {
 			l, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
 			if err != nil {

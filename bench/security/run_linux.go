@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/bench/internal/benchns"
 	opendsec "github.com/kernflux/opendsec/sdk/go"
 )
 
@@ -143,7 +143,7 @@ func (b *bench) dns(ctx context.Context) (section, error) {
 	const workers = 4
 	conns := make([]net.Conn, workers)
 	for i := range conns {
-		if err := inNS(nsPath, func() (err error) { conns[i], err = net.Dial("udp4", resolver); return err }); err != nil {
+		if err := benchns.In(nsPath, func() (err error) { conns[i], err = net.Dial("udp4", resolver); return err }); err != nil {
 			return s, fmt.Errorf("dial the resolver in the sandbox's namespace: %w", err)
 		}
 		defer conns[i].Close()
@@ -461,27 +461,4 @@ func rssKiB(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmRSS in the node's status")
-}
-
-func inNS(path string, fn func() error) error {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("get netns: %w", err)
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return fmt.Errorf("enter netns %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		panic("restore network namespace: " + err.Error()) // the thread is unusable
-	}
-	return ferr
 }

@@ -25,17 +25,7 @@ import (
 // create makes a busybox sandbox and fails the test on error.
 func (s *system) create(t *testing.T, spec *opendsecv1.SandboxSpec) *opendsecv1.Sandbox {
 	t.Helper()
-	if spec == nil {
-		spec = &opendsecv1.SandboxSpec{}
-	}
-	if spec.Image == "" {
-		spec.Image = "root/busybox"
-	}
-	r, err := s.Sandboxes().CreateSandbox(t.Context(), connect.NewRequest(&opendsecv1.CreateSandboxRequest{Spec: spec}))
-	if err != nil {
-		t.Fatalf("create sandbox: %v", err)
-	}
-	return r.Msg.Sandbox
+	return s.Create(t, spec)
 }
 
 type execResult struct {
@@ -43,37 +33,10 @@ type execResult struct {
 	exit           *opendsecv1.ExecExit
 }
 
-// exec runs cmd in the sandbox and collects its output.
+// exec runs cmd in the sandbox and collects its output (harness Exec).
 func (s *system) exec(ctx context.Context, id string, cmd ...string) (execResult, error) {
-	st := s.Processes().Exec(ctx)
-	if err := st.Send(&opendsecv1.ExecRequest{Msg: &opendsecv1.ExecRequest_Start{Start: &opendsecv1.ExecStart{SandboxId: id, Command: cmd}}}); err != nil {
-		return execResult{}, err
-	}
-	st.CloseRequest()
-	var r execResult
-	var out, errb strings.Builder
-	for {
-		m, err := st.Receive()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return r, err
-		}
-		switch e := m.Event.(type) {
-		case *opendsecv1.ExecResponse_Stdout:
-			out.Write(e.Stdout)
-		case *opendsecv1.ExecResponse_Stderr:
-			errb.Write(e.Stderr)
-		case *opendsecv1.ExecResponse_Exit:
-			r.exit = e.Exit
-		}
-	}
-	r.stdout, r.stderr = out.String(), errb.String()
-	if r.exit == nil {
-		return r, fmt.Errorf("exec stream ended without an exit event")
-	}
-	return r, nil
+	r, err := s.Exec(ctx, &opendsecv1.ExecStart{SandboxId: id, Command: cmd})
+	return execResult{stdout: r.Stdout, stderr: r.Stderr, exit: r.Exit}, err
 }
 
 func (s *system) shell(t *testing.T, id, line string) execResult {
