@@ -81,6 +81,7 @@ func nodeSpec(p *v1.SandboxSpec) *nodev1.SandboxSpec {
 		Workdir:            p.GetWorkdir(),
 		Network:            nodeNetwork(p.GetNetwork()),
 		AutoPause:          p.GetAutoPause(),
+		OnTimeout:          p.GetOnTimeout(),
 		DiskMb:             p.GetDiskMb(),
 	}
 	if p.MemoryMb != nil {
@@ -161,6 +162,7 @@ func publicSpec(n *nodev1.SandboxSpec) *v1.SandboxSpec {
 		Workdir:            n.GetWorkdir(),
 		Network:            publicNetwork(n.GetNetwork()),
 		AutoPause:          n.GetAutoPause(),
+		OnTimeout:          n.GetOnTimeout(),
 		DiskMb:             n.GetDiskMb(),
 	}
 	if n.MemoryMb != nil {

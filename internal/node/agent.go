@@ -101,9 +101,10 @@ func (n *Node) stillRunning(sb *sandbox) bool {
 const AgentPrefix = "/agent/"
 
 // AgentProxy forwards /agent/<id>/<rest> to the sandbox's agent, streaming
-// in both directions (including 101 upgrades for port tunnels). Every request
-// counts as activity for the idle timeout, and an open request keeps the
-// sandbox from being idle.
+// in both directions (including 101 upgrades for port tunnels). A paused
+// sandbox is resumed first (autoResume). Every request counts as activity
+// for the idle timeout, and an open request keeps the sandbox from being
+// idle.
 func (n *Node) AgentProxy() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
@@ -115,15 +116,16 @@ func (n *Node) AgentProxy() http.Handler {
 			reason, _ := sb.reason.Load().(string)
 			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
 		} else if err == nil {
-			n.mu.Lock()
-			st := sb.rec.State
-			n.mu.Unlock()
-			switch {
-			case st == stateRunning:
-			case st == statePaused:
-				err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused; resume it first", id)
-			default:
-				err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
+			if n.needsResume(sb) {
+				err = n.autoResume(r.Context(), sb, r.Method+" /"+sub)
+			}
+			if err == nil {
+				n.mu.Lock()
+				st := sb.rec.State
+				n.mu.Unlock()
+				if st != stateRunning {
+					err = errdefs.New(errdefs.ErrNotFound, "sandbox %s is %s", id, st)
+				}
 			}
 		}
 		if err != nil {

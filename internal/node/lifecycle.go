@@ -142,32 +142,55 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// SetTimeout makes the sandbox's lifetime end seconds from now.
+// SetTimeout makes the sandbox's lifetime end seconds from now. On a paused
+// sandbox it sets the lifetime it resumes with: seconds from its resume
+// (the paused clock does not run, and the max_paused clock is not reset).
 func (n *Node) SetTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
 	end, err := n.begin("set timeout of sandbox " + id)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	return n.setTimeout(ctx, id, seconds)
-}
-
-// setTimeout is SetTimeout inside an admitted operation.
-func (n *Node) setTimeout(ctx context.Context, id string, seconds int64) (*record, error) {
-	if seconds <= 0 || seconds > sandboxspec.MaxTimeoutSec {
-		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, sandboxspec.MaxTimeoutSec)
+	if err := checkTimeout(seconds); err != nil {
+		return nil, err
 	}
 	sb, err := n.get(id)
 	if err != nil {
 		return nil, err
 	}
-	n.mu.Lock()
-	if sb.rec.State != stateRunning {
-		n.mu.Unlock()
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", id, sb.rec.State)
+	// A pause or resume in progress finishes first, so the lifetime is
+	// set on the state it leaves.
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	return n.setTimeout(ctx, sb, seconds)
+}
+
+func checkTimeout(seconds int64) error {
+	if seconds <= 0 || seconds > sandboxspec.MaxTimeoutSec {
+		return errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds", seconds, sandboxspec.MaxTimeoutSec)
 	}
+	return nil
+}
+
+// setTimeout is SetTimeout with sb.pauseMu held.
+func (n *Node) setTimeout(_ context.Context, sb *sandbox, seconds int64) (*record, error) {
+	if err := checkTimeout(seconds); err != nil {
+		return nil, err
+	}
+	d := time.Duration(seconds) * time.Second
+	n.mu.Lock()
 	rec := *sb.rec
-	rec.ExpiresAt = time.Now().UTC().Add(time.Duration(seconds) * time.Second)
+	switch rec.State {
+	case stateRunning:
+		rec.ExpiresAt = n.now().Add(d)
+	case statePaused:
+		// resumedExpiry gives a resumed sandbox what it had left at the
+		// pause: ExpiresAt - PausedAt.
+		rec.ExpiresAt = rec.PausedAt.Add(d)
+	default:
+		n.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", sb.id, rec.State)
+	}
 	rec.Spec.TimeoutSec = seconds
 	sb.rec = &rec
 	n.mu.Unlock()

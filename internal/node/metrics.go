@@ -26,6 +26,7 @@ type metrics struct {
 	prestarts      *prometheus.CounterVec   // result
 	agentFailures  prometheus.Counter
 	deaths         prometheus.Counter
+	autoResumes    prometheus.Counter
 }
 
 func newMetrics(n *Node) *metrics {
@@ -49,6 +50,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "opendsec_node_sandbox_deaths_total",
 			Help: "Sandboxes whose init ended without a stop (crash, kill from outside, out of memory).",
 		}),
+		autoResumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "opendsec_node_auto_resumes_total",
+			Help: "Paused sandboxes resumed because a call (exec, files, port traffic) came in for them.",
+		}),
 		agentFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "opendsec_node_agent_check_failures_total",
 			Help: "New sandboxes stopped because their agent did not answer in time.",
@@ -65,7 +70,7 @@ func newMetrics(n *Node) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.creates, m.createDuration, m.prestarts, m.agentFailures, m.deaths,
+		m.creates, m.createDuration, m.prestarts, m.agentFailures, m.deaths, m.autoResumes,
 		&sandboxCollector{n: n, desc: prometheus.NewDesc("opendsec_node_sandboxes",
 			"Sandboxes on the node, by state.", []string{"state"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

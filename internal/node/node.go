@@ -182,6 +182,11 @@ type sandbox struct {
 
 	// pauseMu serialises Pause and Resume of this sandbox.
 	pauseMu sync.Mutex
+	// pausing is set while a pause freezes the sandbox.
+	pausing atomic.Bool
+	// resuming is the auto-resume in progress, nil when none; guarded by
+	// Node.mu.
+	resuming *resumeFlight
 	// lastCPU is the previous CPU sample, for Metrics.
 	lastCPU atomic.Pointer[cpuSample]
 }
@@ -318,8 +323,12 @@ func (n *Node) normalize(s *specRecord) error {
 	if err := n.cfg.Backends[ns.Backend].ValidateOptions(ns.BackendOptions); err != nil {
 		return err
 	}
-	if _, ok := n.cfg.Backends[ns.Backend].(runtime.Pauser); ns.AutoPause && !ok {
-		return errdefs.Invalid("auto_pause", "the %s backend cannot pause sandboxes; leave auto_pause off (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend)
+	if _, ok := n.cfg.Backends[ns.Backend].(runtime.Pauser); ns.PauseOnTimeout() && !ok {
+		field := "on_timeout"
+		if s.OnTimeout == "" {
+			field = "auto_pause"
+		}
+		return errdefs.Invalid(field, "the %s backend cannot pause sandboxes; leave %s unset (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend, field)
 	}
 	if ns.Network != nil && n.cfg.Network == nil {
 		return errdefs.Invalid("network", "node %s has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset", n.cfg.ID)

@@ -16,9 +16,10 @@ import (
 // persists until resumed or stopped, or until it has been paused longer than
 // Config.MaxPaused (then the reaper stops it). Its lifetime clock stops: the
 // lifetime left at the pause (ExpiresAt - PausedAt) starts again at the
-// resume; a sandbox paused because its lifetime ended (auto_pause) gets a
-// fresh full lifetime (Spec.TimeoutSec). It is never idle-reaped. Exec,
-// files and ports answer failed_precondition.
+// resume; a sandbox paused because its lifetime ended (on_timeout "pause")
+// gets a fresh full lifetime (Spec.TimeoutSec). It is never idle-reaped.
+// Exec, files and ports resume it first (autoresume.go); SetTimeout while
+// paused sets the lifetime left (ExpiresAt = PausedAt + timeout).
 
 // maxBatchOps bounds the pauses or resumes one batch runs at once on a node.
 const maxBatchOps = 64
@@ -146,6 +147,9 @@ func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	if err != nil {
 		return change{}, err
 	}
+	// Calls arriving now wait for the freeze, then resume (autoResume).
+	sb.pausing.Store(true)
+	defer sb.pausing.Store(false)
 	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
 		fmt.Errorf("the freeze took longer than %s", freezeDeadline))
 	defer cancel()
@@ -188,7 +192,7 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 	if timeoutSec < 0 || timeoutSec > sandboxspec.MaxTimeoutSec {
 		return nil, errdefs.Invalid("timeout_seconds", "is %d; give 1..%d seconds, or 0 to keep the lifetime left at the pause", timeoutSec, sandboxspec.MaxTimeoutSec)
 	}
-	c, err := n.resume(ctx, id, timeoutSec)
+	c, err := n.resumeIf(ctx, id, timeoutSec, nil)
 	if err != nil || c.sb == nil {
 		return c.next, err
 	}
@@ -200,9 +204,10 @@ func (n *Node) Resume(ctx context.Context, id string, timeoutSec int64) (*record
 	return c.next, nil
 }
 
-// resume thaws the sandbox and updates its in-memory record; a change with
-// sb set must be written to the table (or undone).
-func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (change, error) {
+// resumeIf thaws the sandbox and updates its in-memory record; a change
+// with sb set must be written to the table (or undone). check, when set,
+// may refuse the resume of a paused sandbox (under its pause lock).
+func (n *Node) resumeIf(ctx context.Context, id string, timeoutSec int64, check func(*record) error) (change, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
 		return change{}, err
@@ -215,11 +220,16 @@ func (n *Node) resume(ctx context.Context, id string, timeoutSec int64) (change,
 	switch rec.State {
 	case stateRunning:
 		if timeoutSec > 0 {
-			rec, err := n.setTimeout(ctx, id, timeoutSec)
+			rec, err := n.setTimeout(ctx, sb, timeoutSec)
 			return change{next: rec}, err
 		}
 		return change{next: rec}, nil
 	case statePaused:
+		if check != nil {
+			if err := check(rec); err != nil {
+				return change{}, err
+			}
+		}
 	default:
 		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
 	}
@@ -351,7 +361,7 @@ func (n *Node) ResumeMatching(ctx context.Context, sel Selector, timeoutSec int6
 	var mu sync.Mutex
 	var changed []change
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		c, err := n.resume(ctx, id, timeoutSec)
+		c, err := n.resumeIf(ctx, id, timeoutSec, nil)
 		if c.sb != nil {
 			mu.Lock()
 			changed = append(changed, c)

@@ -236,7 +236,7 @@ func (p *pool) nudge() {
 // timeouts): what a prestarted sandbox is recorded with until taken.
 func shapeSpec(s specRecord) specRecord {
 	s.Env, s.Labels, s.TaskID = nil, nil, ""
-	s.TimeoutSec, s.IdleSec, s.AutoPause = sandboxspec.DefaultTimeoutSec, 0, false
+	s.TimeoutSec, s.IdleSec, s.AutoPause, s.OnTimeout = sandboxspec.DefaultTimeoutSec, 0, false, ""
 	return s
 }
 

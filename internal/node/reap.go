@@ -10,7 +10,8 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 )
 
-// autoPauseTimeout bounds the reaper's pause of an auto_pause sandbox; past
+// autoPauseTimeout bounds the reaper's pause of an on_timeout "pause"
+// sandbox; past
 // it the sandbox is stopped instead.
 const autoPauseTimeout = time.Minute
 
@@ -42,7 +43,7 @@ func (n *Node) reapLoop() {
 func (n *Node) reap(now time.Time, slots chan struct{}) {
 	type victim struct {
 		id, reason string
-		pause      bool // auto_pause: pause instead of stopping
+		pause      bool // on_timeout "pause": pause instead of stopping
 	}
 	var vs []victim
 	n.mu.Lock()
@@ -66,12 +67,12 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 			continue
 		}
 		if now.After(rec.ExpiresAt) {
-			vs = append(vs, victim{id, "timeout", rec.Spec.AutoPause})
+			vs = append(vs, victim{id, "timeout", rec.Spec.PauseOnTimeout()})
 			continue
 		}
 		if rec.Spec.IdleSec > 0 && sb.active.Load() == 0 &&
 			now.Sub(time.Unix(0, sb.lastActivity.Load())) > time.Duration(rec.Spec.IdleSec)*time.Second {
-			vs = append(vs, victim{id, "idle", rec.Spec.AutoPause})
+			vs = append(vs, victim{id, "idle", rec.Spec.PauseOnTimeout()})
 		}
 	}
 	for _, v := range vs {

@@ -23,6 +23,17 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
+// The actions of on_timeout.
+const (
+	OnTimeoutStop  = "stop"
+	OnTimeoutPause = "pause"
+)
+
+// PauseOnTimeout reports whether a timeout of a sandbox with spec s pauses
+// it (on_timeout "pause", or auto_pause in a record written before
+// on_timeout existed) rather than stopping it.
+func (s Spec) PauseOnTimeout() bool { return s.OnTimeout == OnTimeoutPause || s.AutoPause }
+
 // Defaults applied to a spec's zero fields, and the limits every spec must
 // keep whatever node runs it. docs/api.md lists the same numbers.
 const (
@@ -145,8 +156,12 @@ type Spec struct {
 	Workdir string `json:"workdir,omitempty"`
 	// Network is the caller's network policy; nil means the node's default.
 	Network *NetworkRules `json:"network,omitempty"`
-	// AutoPause pauses instead of stopping when a timeout ends.
+	// AutoPause pauses instead of stopping when a timeout ends: an alias of
+	// OnTimeout "pause". Normalize makes the two agree.
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// OnTimeout is what a lifetime or idle timeout does: OnTimeoutStop or
+	// OnTimeoutPause; empty means stop (or pause with AutoPause).
+	OnTimeout string `json:"on_timeout,omitempty"`
 	// BackendOptions are backend-specific settings. Normalize checks only
 	// their shape; the backend that runs the sandbox validates their meaning
 	// (and refuses keys it does not know).
@@ -217,6 +232,21 @@ func Normalize(s Spec) (Spec, error) {
 	}
 	if s.IdleSec < 0 || s.IdleSec > MaxTimeoutSec {
 		return Spec{}, errdefs.Invalid("idle_timeout_seconds", "%d must be between 0 (off) and %d", s.IdleSec, MaxTimeoutSec)
+	}
+	switch s.OnTimeout {
+	case "":
+		s.OnTimeout = OnTimeoutStop
+		if s.AutoPause {
+			s.OnTimeout = OnTimeoutPause
+		}
+	case OnTimeoutPause:
+		s.AutoPause = true
+	case OnTimeoutStop:
+		if s.AutoPause {
+			return Spec{}, errdefs.Invalid("on_timeout", "is %q but auto_pause is true (an alias of on_timeout \"pause\"); set only one of them", s.OnTimeout)
+		}
+	default:
+		return Spec{}, errdefs.Invalid("on_timeout", "%q is not an action; give \"stop\" (the default) or \"pause\"", s.OnTimeout)
 	}
 	switch {
 	case s.PidsLimit < 0:

@@ -109,6 +109,9 @@ func TestNormalizeErrors(t *testing.T) {
 		{"backend option key", "backend_options", "must be 1-63 characters", ok(func(s *sandboxspec.Spec) { s.BackendOptions = map[string]string{"Bad": "v"} })},
 		{"backend option value", "backend_options", "without NUL", ok(func(s *sandboxspec.Spec) { s.BackendOptions = map[string]string{"k": "\x00"} })},
 		{"backend options many", "backend_options", "at most 32", ok(func(s *sandboxspec.Spec) { s.BackendOptions = manyOpts })},
+		{"on_timeout unknown", "on_timeout", `"kill" is not an action; give "stop" (the default) or "pause"`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "kill" })},
+		{"on_timeout case", "on_timeout", `"Pause" is not an action`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "Pause" })},
+		{"on_timeout stop with auto_pause", "on_timeout", `is "stop" but auto_pause is true`, ok(func(s *sandboxspec.Spec) { s.OnTimeout, s.AutoPause = "stop", true })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := sandboxspec.Normalize(tc.spec)
@@ -195,5 +198,29 @@ func TestTotalPidsCeiling(t *testing.T) {
 	}
 	if n, err := sandboxspec.HostPids(); err != nil || n <= 0 {
 		t.Fatalf("HostPids = %d, %v", n, err)
+	}
+}
+
+// on_timeout and its alias auto_pause agree after Normalize: empty is stop,
+// auto_pause alone is pause, on_timeout "pause" sets auto_pause.
+func TestNormalizeOnTimeout(t *testing.T) {
+	for _, c := range []struct {
+		onTimeout string
+		autoPause bool
+		want      string
+	}{
+		{"", false, "stop"},
+		{"", true, "pause"},
+		{"stop", false, "stop"},
+		{"pause", false, "pause"},
+		{"pause", true, "pause"},
+	} {
+		got, err := sandboxspec.Normalize(sandboxspec.Spec{Image: "root/busybox", OnTimeout: c.onTimeout, AutoPause: c.autoPause})
+		if err != nil {
+			t.Fatalf("on_timeout %q auto_pause %v: %v", c.onTimeout, c.autoPause, err)
+		}
+		if got.OnTimeout != c.want || got.AutoPause != (c.want == "pause") || got.PauseOnTimeout() != (c.want == "pause") {
+			t.Errorf("on_timeout %q auto_pause %v: got on_timeout %q auto_pause %v, want %q", c.onTimeout, c.autoPause, got.OnTimeout, got.AutoPause, c.want)
+		}
 	}
 }

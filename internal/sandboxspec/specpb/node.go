@@ -33,6 +33,7 @@ func FromNode(p *nodev1.SandboxSpec) (sandboxspec.Spec, error) {
 		Workdir:        p.GetWorkdir(),
 		Network:        RulesFromNode(p.GetNetwork()),
 		AutoPause:      p.GetAutoPause(),
+		OnTimeout:      p.GetOnTimeout(),
 		BackendOptions: p.GetBackendOptions(),
 		DiskMB:         p.GetDiskMb(),
 	}, nil
@@ -55,6 +56,7 @@ func ToNode(s sandboxspec.Spec) *nodev1.SandboxSpec {
 		Workdir:            s.Workdir,
 		Network:            RulesToNode(s.Network),
 		AutoPause:          s.AutoPause,
+		OnTimeout:          s.OnTimeout,
 		BackendOptions:     s.BackendOptions,
 		DiskMb:             s.DiskMB,
 	}

@@ -40,6 +40,7 @@ func FromProto(p *v1.SandboxSpec) (sandboxspec.Spec, error) {
 		Workdir:    p.GetWorkdir(),
 		Network:    RulesFromProto(p.GetNetwork()),
 		AutoPause:  p.GetAutoPause(),
+		OnTimeout:  p.GetOnTimeout(),
 		DiskMB:     p.GetDiskMb(),
 	}, nil
 }
@@ -61,6 +62,7 @@ func ToProto(s sandboxspec.Spec) *v1.SandboxSpec {
 		Workdir:            s.Workdir,
 		Network:            RulesToProto(s.Network),
 		AutoPause:          s.AutoPause,
+		OnTimeout:          s.OnTimeout,
 		DiskMb:             s.DiskMB,
 	}
 	if s.MemoryMB != 0 {

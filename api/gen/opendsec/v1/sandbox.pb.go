@@ -169,14 +169,20 @@ type SandboxSpec struct {
 	// no network at all). See docs/network.md.
 	Network *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	// When the lifetime timeout ends, pause the sandbox instead of stopping it
-	// (E2B's autoPause). It then persists until resumed or stopped.
+	// (E2B's autoPause). It then persists until resumed or stopped. An alias
+	// of on_timeout "pause"; set one or the other (true with on_timeout
+	// "stop" is invalid).
 	AutoPause bool `protobuf:"varint,14,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
 	// Quota of the writable layer (what the sandbox writes to its root
 	// filesystem) in MiB: bytes, and inodes one per 16 KiB. 0 means the
 	// node's default (node.disk.default_mb, 5120); at least 16, at most
 	// node.disk.max_mb (51200). Writes past it fail with ENOSPC. (15 is the
 	// node message's backend_options: the shared fields keep one number.)
-	DiskMb        int64 `protobuf:"varint,16,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	DiskMb int64 `protobuf:"varint,16,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// What a lifetime or idle timeout does: "stop" (stop and delete it) or
+	// "pause" (freeze it, keeping memory and files; any later call resumes
+	// it). Empty means "stop", or "pause" when auto_pause is set.
+	OnTimeout     string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -314,6 +320,13 @@ func (x *SandboxSpec) GetDiskMb() int64 {
 		return x.DiskMb
 	}
 	return 0
+}
+
+func (x *SandboxSpec) GetOnTimeout() string {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return ""
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the node's
@@ -4515,7 +4528,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x05\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x05\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -4534,7 +4547,9 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
 	"\n" +
 	"auto_pause\x18\x0e \x01(\bR\tautoPause\x12\x17\n" +
-	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x1a6\n" +
+	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1d\n" +
+	"\n" +
+	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
