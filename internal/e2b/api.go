@@ -245,10 +245,8 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "autoPauseMemory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
 			return
 		}
-		if autoPause && req.AutoResume != nil && req.AutoResume.Enabled {
-			writeError(w, http.StatusBadRequest, "autoResume: resuming on traffic is not supported by OpenDsec's E2B gateway yet; resume with connect")
-			return
-		}
+		// autoResume is accepted either way: OpenDsec resumes a paused
+		// sandbox on any traffic to it (envd or a port), always.
 		secure := v2 || req.Secure == nil || *req.Secure
 		labels := map[string]string{
 			labelTeam:     principal(r.Context()),
@@ -290,7 +288,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			User:           g.cfg.User,
 			Workdir:        homeOf(g.cfg.User),
 			Network:        network,
-			AutoPause:      autoPause,
+			OnTimeout:      onTimeout(autoPause),
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil {
@@ -365,8 +363,10 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		d := g.cfg.Domain
 		out.Domain = &d
 		out.AllowInternetAccess = internetAllowed(sb.GetSpec().GetNetwork())
-		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
-		if sb.GetSpec().GetAutoPause() {
+		// Traffic to a paused sandbox always resumes it (the node's
+		// auto-resume), whatever autoResume the create asked for.
+		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: true}
+		if sp := sb.GetSpec(); sp.GetOnTimeout() == sandboxspec.OnTimeoutPause || sp.GetAutoPause() {
 			out.Lifecycle.OnTimeout = "pause"
 		}
 		if l[labelSecure] == "true" {
@@ -923,3 +923,12 @@ func (g *Gateway) list(v1Route bool) http.HandlerFunc {
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// onTimeout is the on_timeout of a sandbox created with E2B's autoPause:
+// "pause", else "stop" (E2B's "kill").
+func onTimeout(autoPause bool) string {
+	if autoPause {
+		return sandboxspec.OnTimeoutPause
+	}
+	return sandboxspec.OnTimeoutStop
+}

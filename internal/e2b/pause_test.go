@@ -66,12 +66,22 @@ func TestPauseResumeConnect(t *testing.T) {
 		t.Fatalf("create with autoPause: %d %v", w.Code, m)
 	}
 	id := m["sandboxID"].(string)
-	if !h.api.sbs[id].GetSpec().GetAutoPause() {
-		t.Fatalf("autoPause not passed on")
+	if got := h.api.sbs[id].GetSpec().GetOnTimeout(); got != "pause" {
+		t.Fatalf("autoPause passed on as on_timeout %q, want pause", got)
 	}
-	if _, m := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); m["lifecycle"].(map[string]any)["onTimeout"] != "pause" {
+	if _, m := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); m["lifecycle"].(map[string]any)["onTimeout"] != "pause" || m["lifecycle"].(map[string]any)["autoResume"] != true {
 		t.Fatalf("lifecycle of an autoPause sandbox: %v", m["lifecycle"])
 	}
+	_, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`)
+	if m["sandboxID"] == nil {
+		t.Fatalf("create with autoPause and autoResume: %v", m)
+	}
+	h.do(h.keyA, "DELETE", "/sandboxes/"+m["sandboxID"].(string), "")
+	_, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if got := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetOnTimeout(); got != "stop" {
+		t.Fatalf("create without autoPause: on_timeout %q, want stop", got)
+	}
+	h.do(h.keyA, "DELETE", "/sandboxes/"+m["sandboxID"].(string), "")
 	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`); w.Code != http.StatusBadRequest {
 		t.Fatalf("filesystem-only pause: %d %v", w.Code, m)
 	}

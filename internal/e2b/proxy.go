@@ -5,13 +5,14 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"github.com/kernflux/opendsec/internal/envdsig"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/kernflux/opendsec/internal/envdsig"
 
 	"connectrpc.com/connect"
 
@@ -52,13 +53,16 @@ func writeSandboxNotFound(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, notFoundBody{SandboxID: id, Message: "The sandbox was not found", Code: http.StatusBadGateway})
 }
 
-// sandboxSecure reports whether sandbox id is running and which tokens its
-// traffic needs, using a short-lived cache unless fresh.
-func (g *Gateway) sandboxSecure(ctx context.Context, id string, fresh bool) (running bool, c cachedSandbox, err error) {
+// sandboxSecure reports whether sandbox id takes traffic and which tokens
+// its traffic needs, using a short-lived cache unless probe. A running
+// sandbox takes traffic, and so does a paused one (its node resumes it for
+// the request), except for a probe: envd's /health, E2B's isRunning, which
+// must say a paused sandbox is not running (502) and not wake it.
+func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (live bool, c cachedSandbox, err error) {
 	g.cacheMu.Lock()
 	c, ok := g.cache[id]
 	g.cacheMu.Unlock()
-	if ok && !fresh && time.Since(c.at) < cacheTTL {
+	if ok && !probe && time.Since(c.at) < cacheTTL {
 		return true, c, nil
 	}
 	resp, err := g.cfg.API.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Id: id}))
@@ -71,8 +75,10 @@ func (g *Gateway) sandboxSecure(ctx context.Context, id string, fresh bool) (run
 		return false, cachedSandbox{}, fmt.Errorf("get sandbox: %w", err)
 	}
 	sb := resp.Msg.GetSandbox()
-	if sb.GetState() != v1.SandboxState_SANDBOX_STATE_RUNNING || sb.GetSpec().GetLabels()[labelTeam] == "" {
-		// Paused, stopping, or not made through the gateway.
+	st := sb.GetState()
+	takes := st == v1.SandboxState_SANDBOX_STATE_RUNNING || (st == v1.SandboxState_SANDBOX_STATE_PAUSED && !probe)
+	if !takes || sb.GetSpec().GetLabels()[labelTeam] == "" {
+		// Stopping, paused (for a probe), or not made through the gateway.
 		g.forget(id)
 		return false, cachedSandbox{}, nil
 	}

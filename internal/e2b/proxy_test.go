@@ -154,3 +154,42 @@ func TestProxyReachesTheSandboxThroughItsNode(t *testing.T) {
 		t.Fatal("a sandbox of an unknown node was sent to node n001")
 	}
 }
+
+// TestProxyTrafficToPausedSandboxGoesToItsNode: traffic to a paused
+// sandbox, envd's and a user port's, is sent to its node, which resumes it
+// first; envd's /health (E2B's isRunning) answers 502 without waking it.
+func TestProxyTrafficToPausedSandboxGoesToItsNode(t *testing.T) {
+	node, tokens := newTrafficNode(t)
+	h := newHarnessAt(t, node.url, tokens)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","secure":false}`)
+	id := m["sandboxID"].(string)
+	token, _ := m["envdAccessToken"].(string)
+	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", ``); w.Code != http.StatusNoContent {
+		t.Fatalf("pause: %d %v", w.Code, m)
+	}
+	send := func(host, port, path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Host = host
+		if port != "" {
+			req.Header.Set("E2b-Sandbox-Id", id)
+			req.Header.Set("E2b-Sandbox-Port", port)
+		}
+		req.Header.Set("X-Access-Token", token)
+		w := httptest.NewRecorder()
+		h.gw.ServeHTTP(w, req)
+		return w
+	}
+	if w := send("api.opendsec.local", "49983", "/health"); w.Code != http.StatusBadGateway {
+		t.Fatalf("envd /health of a paused sandbox: %d %s, want 502 (not running)", w.Code, w.Body)
+	}
+	if got := node.requests(); len(got) != 0 {
+		t.Fatalf("the probe of a paused sandbox reached its node: %q", got)
+	}
+	if w := send("api.opendsec.local", "49983", "/files?path=/x"); len(node.requests()) != 1 || node.requests()[0] != "HTTP/2.0 /agent/"+id+"/files " {
+		t.Fatalf("envd traffic to a paused sandbox: %d %s; node saw %q, want it sent to the node", w.Code, w.Body, node.requests())
+	}
+	w := send("8000-"+id+".opendsec.local", "", "/hello")
+	if w.Code != http.StatusOK || !strings.HasPrefix(w.Body.String(), "port 8000 got GET /hello") {
+		t.Fatalf("port traffic to a paused sandbox: %d %q, want it tunnelled", w.Code, w.Body)
+	}
+}
