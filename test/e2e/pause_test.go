@@ -66,10 +66,7 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 	if p.Msg.GetSandbox().GetState() != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("pause answered state %s", p.Msg.GetSandbox().GetState())
 	}
-	_, err = s.exec(t.Context(), sb.Id, "true")
-	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "paused; resume it first") {
-		t.Fatalf("exec in a paused sandbox: %v, want failed_precondition naming the pause", err)
-	}
+	// (An exec now would resume it: TestAutoResumeOnCalls.) Metrics do not.
 	m, err := s.Sandboxes().GetSandboxMetrics(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxMetricsRequest{Id: sb.Id}))
 	if err != nil {
 		t.Fatal(err)
