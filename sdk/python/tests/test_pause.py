@@ -66,3 +66,11 @@ async def test_pause_unknown_sandbox(client: DSecClient) -> None:
     await sb.stop()
     with pytest.raises(NotFoundError):
         await sb.pause()
+
+
+async def test_on_timeout_is_sent_and_read_back(client: DSecClient, server: FakeServer) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox", on_timeout="pause"))
+    assert server.create_requests[-1].spec.on_timeout == "pause"
+    assert sb.info.spec.on_timeout == "pause"
+    assert DSecRunArgs(image="x").to_proto().on_timeout == ""
+    assert DSecRunArgs.from_proto(pb.SandboxSpec(image="x", on_timeout="stop")).on_timeout == "stop"

@@ -16,6 +16,12 @@ func TestPauseResumeMetrics(t *testing.T) {
 	if !srv.Sandboxes()[0].GetSpec().GetAutoPause() {
 		t.Fatalf("--auto-pause not sent")
 	}
+	c := createOne(t, srv, "--task-id", "other", "--on-timeout", "pause")
+	for _, sb := range srv.Sandboxes() {
+		if sb.GetId() == c && sb.GetSpec().GetOnTimeout() != "pause" {
+			t.Fatalf("--on-timeout pause sent as %q", sb.GetSpec().GetOnTimeout())
+		}
+	}
 	state := func(id string) opendsecv1.SandboxState {
 		for _, sb := range srv.Sandboxes() {
 			if sb.GetId() == id {
@@ -28,6 +34,10 @@ func TestPauseResumeMetrics(t *testing.T) {
 	r := mustRun(t, srv, "", "sandbox", "pause", a)
 	if strings.TrimSpace(r.stdout) != a || state(a) != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("pause: %q, state %s", r.stdout, state(a))
+	}
+	r = mustRun(t, srv, "", "sandbox", "set-timeout", a, "10m")
+	if want := a + " is paused; it expires 10m0s after it resumes\n"; r.stdout != want || state(a) != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("set-timeout of a paused sandbox: %q (state %s), want %q", r.stdout, state(a), want)
 	}
 	r = mustRun(t, srv, "", "sandbox", "metrics", a)
 	for _, want := range []string{"paused", "10.0% of 1 cores", "1.0MiB of 512.0MiB", "PIDS"} {

@@ -125,7 +125,8 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringVar(&spec.User, "user", "", "default user for processes (default root)")
 	f.StringVar(&spec.TaskId, "task-id", "", "task the sandbox belongs to")
-	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends")
+	f.StringVar(&spec.OnTimeout, "on-timeout", "", "what the lifetime or idle timeout does: stop or pause (default stop; a paused sandbox resumes on the next call into it)")
+	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends (alias of --on-timeout pause)")
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory for processes")
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, fmt.Sprintf("maximum number of processes, at least %d (default %d)", sandboxspec.MinPidsLimit, sandboxspec.DefaultPidsLimit))
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
@@ -344,6 +345,11 @@ func (a *app) setTimeoutCommand() *cobra.Command {
 			}
 			if a.output == "json" {
 				return printJSON(a.stdout, sb)
+			}
+			if sb.GetState() == opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
+				// Its lifetime clock is stopped: it starts at the resume.
+				fmt.Fprintf(a.stdout, "%s is paused; it expires %s after it resumes\n", sb.GetId(), time.Duration(secs)*time.Second)
+				return nil
 			}
 			fmt.Fprintf(a.stdout, "%s expires at %s\n", sb.GetId(), fmtTime(sb.GetExpiresAt()))
 			return nil

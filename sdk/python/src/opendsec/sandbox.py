@@ -613,7 +613,13 @@ class Sandbox:
         return self._info
 
     async def set_timeout(self, seconds: float) -> SandboxInfo:
-        """Make the sandbox's lifetime end ``seconds`` from now (fractions round up)."""
+        """Make the sandbox's lifetime end ``seconds`` from now (fractions round up).
+
+        On a paused sandbox it sets the lifetime it gets back when it resumes
+        (explicitly, or by the next call into it): ``seconds`` from the resume.
+        It does not resume it, and does not extend how long it may stay paused
+        (the node's ``max_paused``).
+        """
         secs = math.ceil(seconds) if seconds > 0 else int(seconds)
         resp = await self._conn.unary(
             self._conn.sandboxes.SetTimeout, pb.SetTimeoutRequest(id=self.id, timeout_seconds=secs)
@@ -645,10 +651,11 @@ class Sandbox:
         """Freeze every process of the sandbox (the cgroup freezer for containers).
 
         A paused sandbox keeps its memory and files, is never stopped by its
-        timeouts (its lifetime clock stops) and persists until :meth:`resume` or
-        :meth:`stop`. Exec, file and port calls raise
-        :class:`~opendsec.errors.FailedPreconditionError` while it is paused.
-        Pausing a paused sandbox succeeds.
+        timeouts (its lifetime clock stops) and persists until it is resumed or
+        stopped (or paused longer than the node's ``max_paused``). Any call into
+        it — exec, files, processes, ports — resumes it first, transparently,
+        as :meth:`resume` without a timeout would. Pausing a paused sandbox
+        succeeds.
         """
         resp = await self._conn.unary(self._conn.sandboxes.PauseSandbox, pb.PauseSandboxRequest(id=self.id))
         self._info = SandboxInfo.from_proto(resp.sandbox)

@@ -63,9 +63,14 @@ class DSecRunArgs:
             e.g. ``{"pypi": True}`` or ``[{"cidr": "10.0.0.0/8", "ports": "443"}]``;
             ``None`` = the node's default rule sets (by default no network).
             Read back from the server it is a :class:`NetworkPolicy`.
-        auto_pause: when the lifetime (or idle) timeout ends, pause the sandbox
-            instead of stopping it (E2B's ``autoPause``); it then keeps its memory
-            and files until :meth:`Sandbox.resume` or :meth:`Sandbox.stop`.
+        on_timeout: what the lifetime or idle timeout does when it ends:
+            ``"stop"`` (stop and delete the sandbox) or ``"pause"`` (freeze it,
+            keeping its memory and files; any later call into it, or
+            :meth:`Sandbox.resume`, resumes it). ``""`` = ``"stop"``, or
+            ``"pause"`` with ``auto_pause``. See "Lifecycle" in docs/concepts.md.
+        auto_pause: alias of ``on_timeout="pause"`` (E2B's ``autoPause``); set one
+            or the other (``auto_pause=True`` with ``on_timeout="stop"`` is refused,
+            naming ``on_timeout``).
         skip_warm_pool: make the sandbox from scratch even when its node's warm
             pool holds a prestarted sandbox of the same shape (for measuring the
             cold path, or debugging). Default ``False``: a create whose shape
@@ -91,6 +96,7 @@ class DSecRunArgs:
     network: NetworkSpec | None = None
     auto_pause: bool = False
     skip_warm_pool: bool = False
+    on_timeout: str = ""
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -108,6 +114,7 @@ class DSecRunArgs:
             workdir=self.workdir or "",
             auto_pause=bool(self.auto_pause),
             disk_mb=int(self.disk_mb or 0),
+            on_timeout=self.on_timeout or "",
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -134,6 +141,7 @@ class DSecRunArgs:
             network=NetworkPolicy.from_proto(spec.network) if spec.HasField("network") else None,
             auto_pause=spec.auto_pause,
             disk_mb=spec.disk_mb,
+            on_timeout=spec.on_timeout,
         )
 
 
