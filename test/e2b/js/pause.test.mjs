@@ -65,3 +65,21 @@ test('auto-pause on timeout', async () => {
     await sbx.kill()
   }
 })
+
+test('traffic resumes a paused sandbox without connect', async () => {
+  const sbx = await Sandbox.create()
+  try {
+    await sbx.files.write('/tmp/kept.txt', 'kept')
+    const bg = await sbx.commands.run('sleep 3600', { background: true })
+    assert.equal(await sbx.pause(), true)
+    assert.equal(await sbx.isRunning(), false) // the probe leaves it paused
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    assert.equal(await sbx.files.read('/tmp/kept.txt'), 'kept')
+    assert.equal((await sbx.getInfo()).state, 'running')
+    assert.equal(await sbx.pause(), true)
+    assert.equal((await sbx.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n')
+    assert.equal(await sbx.isRunning(), true)
+  } finally {
+    await sbx.kill()
+  }
+})

@@ -1,10 +1,10 @@
 """Pause, resume (connect), auto-pause and metrics with the unmodified E2B SDK."""
 
+import os
 import time
 
-import pytest
+import httpx
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
-from e2b.exceptions import SandboxException
 
 
 def _wait(cond, what, timeout=30.0):
@@ -29,8 +29,6 @@ def test_pause_then_connect_resumes_with_memory(sandbox, test_id):
     running = Sandbox.list(query=SandboxQuery(metadata={"sandbox_test_id": test_id}, state=[SandboxState.RUNNING])).next_items()
     assert running == []
     assert sandbox.get_info().state == SandboxState.PAUSED
-    with pytest.raises(SandboxException):
-        sandbox.commands.run("true", request_timeout=10)
 
     same = Sandbox.connect(sandbox.sandbox_id)
     assert same.sandbox_id == sandbox.sandbox_id
@@ -40,6 +38,31 @@ def test_pause_then_connect_resumes_with_memory(sandbox, test_id):
     # sandbox-wide env is still there.
     assert same.commands.run(f"kill -0 {bg.pid} && echo alive").stdout == "alive\n"
     assert same.commands.run("echo $SBX_WIDE").stdout == "everywhere\n"
+
+
+def test_traffic_resumes_a_paused_sandbox(sandbox):
+    """A command, a file read and a request into a user port each resume a
+    paused sandbox without connect; is_running() (/health) does not."""
+    sandbox.files.write("/tmp/www/index.html", "hello paused\n")
+    sandbox.commands.run("python3 -m http.server 8000 --directory /tmp/www", background=True)
+    bg = sandbox.commands.run("sleep 3600", background=True)
+    base, host = os.environ["E2B_SANDBOX_URL"], {"Host": sandbox.get_host(8000)}
+    _wait(lambda: httpx.get(base + "/index.html", headers=host, timeout=10).status_code == 200, "http.server up")
+
+    assert sandbox.pause() is True
+    assert sandbox.is_running() is False  # the probe leaves it paused
+    assert sandbox.get_info().state == SandboxState.PAUSED
+    assert sandbox.commands.run(f"kill -0 {bg.pid} && echo alive").stdout == "alive\n"
+    assert sandbox.get_info().state == SandboxState.RUNNING
+
+    assert sandbox.pause() is True
+    assert sandbox.files.read("/tmp/www/index.html") == "hello paused\n"
+    assert sandbox.is_running() is True
+
+    assert sandbox.pause() is True
+    r = httpx.get(base + "/index.html", headers=host, timeout=30)
+    assert r.status_code == 200 and r.text == "hello paused\n", (r.status_code, r.text)
+    assert sandbox.get_info().state == SandboxState.RUNNING
 
 
 def test_get_metrics(sandbox):
