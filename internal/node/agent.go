@@ -116,6 +116,10 @@ func (n *Node) AgentProxy() http.Handler {
 			reason, _ := sb.reason.Load().(string)
 			err = errdefs.SandboxDied(id, strings.TrimPrefix(reason, "died: "))
 		} else if err == nil {
+			// Active before it looks: a timeout's pause that does not see
+			// this call is seen by it (the pause sets sb.pausing first).
+			sb.active.Add(1)
+			defer sb.active.Add(-1)
 			if n.needsResume(sb) {
 				err = n.autoResume(r.Context(), sb, r.Method+" /"+sub)
 			}
@@ -145,11 +149,7 @@ func (n *Node) AgentProxy() http.Handler {
 			r.Body = &countingBody{ReadCloser: r.Body, n: &sent}
 		}
 		sb.touch()
-		sb.active.Add(1)
-		defer func() {
-			sb.active.Add(-1)
-			sb.touch()
-		}()
+		defer sb.touch()
 		proxy := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.Out.URL.Scheme = "http"

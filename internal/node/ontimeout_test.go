@@ -140,3 +140,39 @@ func TestSetTimeoutWhilePaused(t *testing.T) {
 		t.Fatalf("set_timeout on a stopped sandbox: %v, want not found", err)
 	}
 }
+
+// The reaper's pause re-checks, under the pause lock, that the timeout it
+// acts on still holds: a call in flight (idle) or a lifetime extended
+// meanwhile (timeout) puts it off, and nothing is frozen.
+func TestOnTimeoutPauseRechecksBeforeFreezing(t *testing.T) {
+	clk := &testClock{}
+	f := newFakeNode(t, func(cfg *Config) {
+		cfg.Clock = clk.now
+		cfg.ReapInterval = time.Hour // the test plays the reaper
+	})
+	rec := f.create(t, specRecord{TimeoutSec: 60, IdleSec: 10, OnTimeout: sandboxspec.OnTimeoutPause})
+	sb, _ := f.get(rec.ID)
+	clk.advance(20 * time.Second)
+	sb.active.Add(1) // a call arrived after the reaper chose the sandbox
+	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("idle")); !errors.Is(err, errNotDue) {
+		t.Fatalf("idle pause with a call in flight: %v, want it put off", err)
+	}
+	sb.active.Add(-1)
+	if _, err := f.SetTimeout(t.Context(), rec.ID, 600); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(50 * time.Second) // past the lifetime the reaper saw, not the new one
+	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("timeout")); !errors.Is(err, errNotDue) {
+		t.Fatalf("timeout pause after set_timeout: %v, want it put off", err)
+	}
+	if n := f.rt.Calls(runtimefake.OpPause); n != 0 || stateOf(t, f.Node, rec.ID) != stateRunning {
+		t.Fatalf("backend paused %d times, state %s; want running and never frozen", n, stateOf(t, f.Node, rec.ID))
+	}
+	// Still due: it pauses.
+	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("idle")); err != nil {
+		t.Fatalf("idle pause that is due: %v", err)
+	}
+	if got := stateOf(t, f.Node, rec.ID); got != statePaused {
+		t.Fatalf("state = %s, want paused", got)
+	}
+}

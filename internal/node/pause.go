@@ -59,12 +59,20 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
+	return n.pauseIf(ctx, id, nil)
+}
+
+// pauseIf is Pause; check, when set, may refuse the freeze of the running
+// sandbox: it runs under the sandbox's pause lock once calls arriving see
+// the pause coming (sb.pausing), so a call it does not see waits for the
+// pause and resumes the sandbox.
+func (n *Node) pauseIf(ctx context.Context, id string, check func(*sandbox, *record) error) (*record, error) {
 	end, err := n.begin("pause sandbox " + id)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	c, err := n.pause(ctx, id)
+	c, err := n.pause(ctx, id, check)
 	if err != nil || c.sb == nil {
 		return c.next, err
 	}
@@ -123,7 +131,7 @@ func (n *Node) undo(ctx context.Context, c change) {
 // sb set must be written to the table (or undone). Until it is, a node
 // killed meanwhile finds the backend paused and the record running, and
 // recover trusts the backend.
-func (n *Node) pause(ctx context.Context, id string) (change, error) {
+func (n *Node) pause(ctx context.Context, id string, check func(*sandbox, *record) error) (change, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
 		return change{}, err
@@ -150,6 +158,11 @@ func (n *Node) pause(ctx context.Context, id string) (change, error) {
 	// Calls arriving now wait for the freeze, then resume (autoResume).
 	sb.pausing.Store(true)
 	defer sb.pausing.Store(false)
+	if check != nil {
+		if err := check(sb, rec); err != nil {
+			return change{}, err
+		}
+	}
 	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
 		fmt.Errorf("the freeze took longer than %s", freezeDeadline))
 	defer cancel()
@@ -334,7 +347,7 @@ func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, 
 	var mu sync.Mutex
 	var changed []change
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		c, err := n.pause(ctx, id)
+		c, err := n.pause(ctx, id, nil)
 		if c.sb != nil {
 			mu.Lock()
 			changed = append(changed, c)

@@ -109,9 +109,9 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	if pause {
 		pctx, cancel := context.WithTimeoutCause(ctx, autoPauseTimeout,
 			fmt.Errorf("auto-pause took longer than %s", autoPauseTimeout))
-		_, err := n.Pause(pctx, id)
+		_, err := n.pauseIf(pctx, id, n.stillDue(reason))
 		cancel()
-		if err == nil || errors.Is(err, errdefs.ErrNotFound) || n.shuttingDown(err) {
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errNotDue) || n.shuttingDown(err) {
 			return
 		}
 		// A sandbox that cannot be paused (a freezer stuck, a backend
@@ -121,5 +121,31 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	}
 	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
 		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
+	}
+}
+
+// errNotDue: a timeout the reaper saw had been put off (a call came in, a
+// set_timeout extended the lifetime) by the time it came to act.
+var errNotDue = errors.New("timeout no longer due")
+
+// stillDue checks, right before the freeze of an on_timeout "pause", that
+// the timeout that chose the sandbox still holds: a call that came in
+// meanwhile (it counts as active before it looks at the sandbox's state)
+// or a longer lifetime puts it off, so no call is frozen mid-flight by a
+// timeout that no longer applies.
+func (n *Node) stillDue(reason string) func(*sandbox, *record) error {
+	return func(sb *sandbox, rec *record) error {
+		now := n.now()
+		switch reason {
+		case "idle":
+			if sb.active.Load() > 0 || now.Sub(time.Unix(0, sb.lastActivity.Load())) <= time.Duration(rec.Spec.IdleSec)*time.Second {
+				return errNotDue
+			}
+		case "timeout":
+			if !now.After(rec.ExpiresAt) {
+				return errNotDue
+			}
+		}
+		return nil
 	}
 }
