@@ -11,8 +11,7 @@ import (
 )
 
 // autoPauseTimeout bounds the reaper's pause of an on_timeout "pause"
-// sandbox; past
-// it the sandbox is stopped instead.
+// sandbox; past it the sandbox is stopped instead.
 const autoPauseTimeout = time.Minute
 
 // maxReapStops bounds the stops the reaper runs at once, so one stuck
