@@ -16,8 +16,9 @@ type Metrics = opendsecv1.SandboxMetrics
 
 // PauseSandbox freezes every process of a sandbox. A paused sandbox keeps
 // its memory and files, is never stopped by its timeouts (its lifetime clock
-// stops) and refuses exec and file calls with FailedPrecondition until it is
-// resumed. Pausing a paused sandbox succeeds.
+// stops) and persists until it is resumed or stopped; any exec, file or port
+// call into it resumes it first (see docs/concepts.md, "Lifecycle").
+// Pausing a paused sandbox succeeds.
 func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	if id == "" {
 		return nil, invalid("id", "is required; pass the sandbox ID")

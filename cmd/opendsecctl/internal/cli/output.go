@@ -111,6 +111,9 @@ func printSandboxDetail(w io.Writer, sb *opendsec.Sandbox) error {
 	if sp.GetIdleTimeoutSeconds() > 0 {
 		rows = append(rows, [2]string{"Idle timeout", (time.Duration(sp.GetIdleTimeoutSeconds()) * time.Second).String()})
 	}
+	if sp.GetOnTimeout() == "pause" || sp.GetAutoPause() {
+		rows = append(rows, [2]string{"On timeout", "pause"})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
 	}
