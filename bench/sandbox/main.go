@@ -173,6 +173,7 @@ func run(ctx context.Context, c config) (retErr error) {
 		{"create breakdown", b.breakdownPhase},
 		{"exec round trip", b.execPhase},
 		{"pause and resume", b.pausePhase},
+		{"auto-resume", b.autoResumePhase},
 		{"idle memory", b.memoryPhase},
 		{"concurrent creates", b.concurrentPhase},
 	}

@@ -34,6 +34,9 @@ type report struct {
 	execErrs                      []string
 	// pause and resume through the API; the freezer written directly
 	pauseOurs, resumeOurs, freezeRaw, thawRaw series
+	// exec true: into the running sandbox, into the paused one (an
+	// auto-resume first), and an explicit resume then the exec
+	arRunning, arAuto, arExplicit series
 	mem                                       []memSample
 	concOurs                                  poolSeries
 	concWall                                  time.Duration
@@ -169,6 +172,12 @@ func (r *report) markdown() string {
 		p("| resume p50 / freezer write p50 | %s ms | %s ms | %.2fx | no target | |",
 			ms(r.resumeOurs.percentile(50)), ms(r.thawRaw.percentile(50)), ratio(r.resumeOurs.percentile(50), r.thawRaw.percentile(50)))
 	}
+	if len(r.arAuto) > 0 {
+		p("| exec `true` into a paused sandbox (auto-resume) p50 / exec into it running p50 | %s ms | %s ms | %.2fx | no target | |",
+			ms(r.arAuto.percentile(50)), ms(r.arRunning.percentile(50)), ratio(r.arAuto.percentile(50), r.arRunning.percentile(50)))
+		p("| exec `true` into a paused sandbox (auto-resume) p50 / ResumeSandbox + exec p50 | %s ms | %s ms | %.2fx | no target | |",
+			ms(r.arAuto.percentile(50)), ms(r.arExplicit.percentile(50)), ratio(r.arAuto.percentile(50), r.arExplicit.percentile(50)))
+	}
 	p("| our execs that failed | %d of %d | | | | %s |", len(r.execErrs), 2*r.cfg.execs, verdict(len(r.execErrs) == 0))
 	p("| idle sandbox, cgroup-accounted (median) | %s MiB | | | <= 8 MiB | %s |", mib(usage), verdict(usage <= targetIdleBytes))
 	idleServers, firstExec, firstExecIdle := r.idleServerStats()
@@ -275,6 +284,12 @@ func (r *report) markdown() string {
 		p("Pause and resume, %d interleaved rounds: ours through the public API (apiserver → node → freezer, recorded in the node's table) and a freezer write of a plain runc container (write, then read until the kernel reports the state).", len(r.pauseOurs))
 		p("")
 		r.seriesTable(p, []string{"ours PauseSandbox", "freezer FROZEN", "ours ResumeSandbox", "freezer THAWED"}, []series{r.pauseOurs, r.freezeRaw, r.resumeOurs, r.thawRaw})
+	}
+	if len(r.arAuto) > 0 {
+		p("")
+		p("Auto-resume, %d interleaved rounds on one sandbox: exec `true` into it running; paused, exec `true` (the node resumes it first, then the exec runs); paused, an explicit `ResumeSandbox` then exec `true` (timed together). The pauses are not timed.", len(r.arAuto))
+		p("")
+		r.seriesTable(p, []string{"exec, running", "exec, paused (auto-resume)", "ResumeSandbox + exec"}, []series{r.arRunning, r.arAuto, r.arExplicit})
 	}
 	if len(r.execErrs) > 0 {
 		p("**%d of our execs failed** (left out of the latencies above):", len(r.execErrs))
