@@ -34,14 +34,15 @@ type report struct {
 	execErrs                      []string
 	// pause and resume through the API; the freezer written directly
 	pauseOurs, resumeOurs, freezeRaw, thawRaw series
-	// exec true: into the running sandbox, into the paused one (an
-	// auto-resume first), and an explicit resume then the exec
-	arRunning, arAuto, arExplicit series
 	mem                                       []memSample
 	concOurs                                  poolSeries
 	concWall                                  time.Duration
 	concN                                     int
 	concErrs                                  []string
+
+	// exec true: into the running sandbox, into the paused one (an
+	// auto-resume first), and an explicit resume then the exec
+	arRunning, arAuto, arExplicit series
 
 	// create breakdown: ours, and our config.json replayed by hand
 	bdOurs, bdCreate, bdStart, bdAgent, bdSum series
