@@ -1,6 +1,9 @@
 package runtime
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SnapshotInfo describes a snapshot a backend wrote.
 type SnapshotInfo struct {
@@ -32,6 +35,10 @@ type ForkResult struct {
 	// MemoryPreserved: the fork resumes the source's processes and memory;
 	// otherwise it has the source's files and starts its init again.
 	MemoryPreserved bool
+	// SourceFrozen is how long the fork kept the source frozen (the same
+	// in every result of one Fork); 0 when it did not freeze it (it was
+	// paused already, or never started).
+	SourceFrozen time.Duration
 }
 
 // Forker is implemented by backends that copy a running sandbox into new

@@ -19,6 +19,7 @@ type Runtime struct {
 	runtime.Pauser
 	runtime.StatsReader
 	runtime.RootfsDiffer
+	runtime.Forker
 }
 
 // New reports that the container backend needs Linux.

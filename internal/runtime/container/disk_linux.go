@@ -122,7 +122,10 @@ func (r *Runtime) quotaOf(d *diskState) layerQuota {
 
 // prepareLayer makes the sandbox's upper and work directories, with a quota
 // of mb MiB unless mb is 0. It returns the quota for the handle (nil: none).
-func (r *Runtime) prepareLayer(ctx context.Context, id, bundle string, mb int64) (*diskState, error) {
+func (r *Runtime) prepareLayer(ctx context.Context, id, bundle string, mb int64, seed *layerSeed) (*diskState, error) {
+	if seed != nil {
+		return r.prepareLayerFrom(ctx, id, bundle, seed)
+	}
 	if mb == 0 {
 		return nil, makeLayerDirs(bundle)
 	}

@@ -23,6 +23,12 @@ import (
 // it (loop, with opts) for the test; it returns the mount point.
 func xfsMount(t *testing.T, sizeMB int64, opts string) (string, error) {
 	t.Helper()
+	return xfsMountWith(t, sizeMB, opts)
+}
+
+// xfsMountWith is xfsMount with extra mkfs.xfs arguments.
+func xfsMountWith(t *testing.T, sizeMB int64, opts string, mkfsArgs ...string) (string, error) {
+	t.Helper()
 	testutil.RequiresRoot(t)
 	mkfs, err := exec.LookPath("mkfs.xfs")
 	if err != nil {
@@ -38,7 +44,7 @@ func xfsMount(t *testing.T, sizeMB int64, opts string) (string, error) {
 	if err := f.Truncate(sizeMB << 20); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+	if out, err := exec.Command(mkfs, append(append([]string{"-q"}, mkfsArgs...), img)...).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.xfs: %v: %s", err, out)
 	}
 	mnt := filepath.Join(dir, "mnt")
@@ -58,7 +64,7 @@ func xfsMount(t *testing.T, sizeMB int64, opts string) (string, error) {
 
 // startIn creates and starts a sandbox from tmpl with its state dir in
 // parent; it is deleted when the test ends.
-func startIn(t *testing.T, rt runtime.Runtime, tmpl runtime.Spec, parent string) (runtime.Spec, runtime.Handle) {
+func startIn(t testing.TB, rt runtime.Runtime, tmpl runtime.Spec, parent string) (runtime.Spec, runtime.Handle) {
 	t.Helper()
 	spec := tmpl
 	spec.ID = runtimetest.NewID("dq")

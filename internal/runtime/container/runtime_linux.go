@@ -358,7 +358,13 @@ func isIDChars(s string) bool {
 // which saves a runc process (and its exec-fifo round trip) on every create.
 // Until then Status reports StateCreated. On any error everything made so
 // far is undone.
-func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, retErr error) {
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle, error) {
+	return r.create(ctx, spec, nil)
+}
+
+// create is Create with the writable layer made from seed (a copy of
+// another sandbox's: Fork, Restore); nil: a new, empty one.
+func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed) (_ runtime.Handle, retErr error) {
 	if err := validateSpec(spec, r.cfg.MaxPidsLimit); err != nil {
 		return runtime.Handle{}, err
 	}
@@ -420,7 +426,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		}
 	}
 	// The writable layer, with its quota in bytes and inodes.
-	disk, err := r.prepareLayer(ctx, spec.ID, spec.StateDir, spec.Resources.DiskMB)
+	disk, err := r.prepareLayer(ctx, spec.ID, spec.StateDir, spec.Resources.DiskMB, seed)
 	sb.st.Disk = disk
 	if err != nil {
 		return runtime.Handle{}, err
@@ -870,7 +876,12 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		for _, name := range []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile} {
+		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile}
+		seeds, _ := filepath.Glob(filepath.Join(sb.st.Bundle, forkSeedPrefix+"*"))
+		for _, s := range seeds {
+			names = append(names, filepath.Base(s))
+		}
+		for _, name := range names {
 			if err := os.RemoveAll(filepath.Join(sb.st.Bundle, name)); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", name, err))
 			}
@@ -1106,6 +1117,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		r.watch(sb, int(sb.pid.Load())) // pid 0: it ended while the node was down
 	}
 	r.thawAfterDiff(ctx, sb)
+	removeStaleSeeds(ctx, sb)
 	return nil
 }
 
