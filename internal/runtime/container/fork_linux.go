@@ -95,7 +95,7 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 		return nil, err
 	}
 	defer func() {
-		if err := os.RemoveAll(seed.path); err != nil {
+		if err := errors.Join(os.RemoveAll(seed.path), removeExtraSeeds(seed.path)); err != nil {
 			log.G(ctx).Warn("remove fork seed", "sandbox.id", id, "error", err)
 		}
 	}()
