@@ -160,6 +160,13 @@ func TestFork(t *testing.T) {
 					}
 					runOK(t, rt, src.ID, "echo alive")
 					checkForks(t, rt, src.ID, specs, res, describe)
+					// Each fork's overlay has its own UUID (overlayfs uuid=on).
+					srcUUID := overlayUUID(t, rt, src.ID)
+					for i, s := range specs {
+						if u := overlayUUID(t, rt, s.ID); u != "" && u == srcUUID {
+							t.Errorf("fork %d's overlay has the source's uuid %x", i, u)
+						}
+					}
 					if m, _ := filepath.Glob(filepath.Join(src.StateDir, forkSeedPrefix+"*")); len(m) > 0 {
 						t.Errorf("fork seeds left in the source's bundle: %v", m)
 					}
@@ -167,6 +174,22 @@ func TestFork(t *testing.T) {
 			}
 		})
 	}
+}
+
+// overlayUUID reads the persistent overlay UUID on sandbox id's upper
+// root ("" if it has none).
+func overlayUUID(t *testing.T, rt runtime.Runtime, id string) string {
+	t.Helper()
+	sb, err := rt.(*Runtime).get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 64)
+	n, err := unix.Getxattr(sb.st.upper(), overlayUUIDXattr, b)
+	if err != nil {
+		return ""
+	}
+	return string(b[:n])
 }
 
 // TestForkPausedSourceStaysPaused: a paused source is not thawed by a
@@ -336,7 +359,9 @@ func TestForkImageIsClean(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling
 	}
-	for i := range 3 {
+	defer func() { forkFIFreeze = false }()
+	for i := range 4 {
+		forkFIFreeze = i == 3 // the last copy with FIFREEZE instead of syncfs
 		seed, frozen, err := c.takeSeed(t.Context(), src.ID, []runtime.Spec{{ID: "x", Resources: tmpl.Resources}})
 		if err != nil {
 			t.Fatal(err)
