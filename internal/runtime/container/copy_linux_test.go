@@ -31,7 +31,7 @@ func TestCopyTreeExact(t *testing.T) {
 	}
 	must(os.MkdirAll(filepath.Join(src, "opaque", "sub"), 0o755))
 	must(unix.Setxattr(filepath.Join(src, "opaque"), "trusted.overlay.opaque", []byte("y"), 0))
-	must(unix.Mknod(filepath.Join(src, "whiteout"), unix.S_IFCHR|0o000, 0))
+	must(unix.Mknod(filepath.Join(src, "whiteout"), unix.S_IFCHR, 0))
 	must(os.WriteFile(filepath.Join(src, "opaque", "sub", "a"), []byte("a"), 0o644))
 	must(os.Link(filepath.Join(src, "opaque", "sub", "a"), filepath.Join(src, "hard")))
 	must(os.Symlink("opaque/sub/a", filepath.Join(src, "sym")))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/testutil"
@@ -148,11 +150,21 @@ for i in $(seq 100); do dd if=/dev/urandom of=/data/f$i bs=100k count=1 2>/dev/n
 	}
 }
 
-// fsName names the file system of dir (ext4, xfs, tmpfs, ...).
+// fsName names the file system of dir.
 func fsName(dir string) string {
-	out, err := exec.Command("stat", "-f", "-c", "%T", dir).Output()
-	if err != nil {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
 		return "fs"
 	}
-	return string(slices.DeleteFunc(out, func(c byte) bool { return c == '\n' }))
+	switch fs.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	}
+	return fmt.Sprintf("fs%#x", fs.Type)
 }
