@@ -11,7 +11,7 @@ import (
 // node's own messages (opendsec.node.v1): every request the apiserver sends
 // a node is built here, and every node answer becomes a public one here.
 // node.v1 may change with the node; the public answers must not change
-// with it. Node-only fields (Sandbox.parent_id and backend,
+// with it. Node-only fields (Sandbox.backend,
 // SandboxSpec.backend_options) are not in the public API and are dropped.
 
 // ---- requests: public -> node ----
@@ -46,6 +46,11 @@ func nodePauseRequest(m *v1.PauseSandboxRequest) *nodev1.PauseSandboxRequest {
 
 func nodeResumeRequest(m *v1.ResumeSandboxRequest) *nodev1.ResumeSandboxRequest {
 	return &nodev1.ResumeSandboxRequest{SandboxId: m.GetId(), TimeoutSeconds: m.GetTimeoutSeconds()}
+}
+
+func nodeForkRequest(m *v1.ForkSandboxRequest) *nodev1.ForkSandboxRequest {
+	return &nodev1.ForkSandboxRequest{SandboxId: m.GetSandboxId(), Count: m.GetCount(), RequestId: m.GetRequestId(),
+		TimeoutSeconds: m.GetTimeoutSeconds(), TargetNode: m.GetTargetNode()}
 }
 
 func nodeMetricsRequest(m *v1.GetSandboxMetricsRequest) *nodev1.GetSandboxMetricsRequest {
@@ -129,7 +134,17 @@ func publicSandbox(n *nodev1.Sandbox) *v1.Sandbox {
 		FromWarmPool:   n.GetFromWarmPool(),
 		Owner:          n.GetOwner(),
 		Project:        n.GetProject(),
+		ParentId:       n.GetParentId(),
 	}
+}
+
+// publicForks maps a node's fork answer.
+func publicForks(n *nodev1.ForkSandboxResponse) *v1.ForkSandboxResponse {
+	out := &v1.ForkSandboxResponse{SourceFrozenUs: n.GetSourceFrozenUs()}
+	for _, f := range n.GetForks() {
+		out.Forks = append(out.Forks, &v1.ForkResult{Sandbox: publicSandbox(f.GetSandbox()), MemoryPreserved: f.GetMemoryPreserved()})
+	}
+	return out
 }
 
 func publicSandboxes(ns []*nodev1.Sandbox) []*v1.Sandbox {

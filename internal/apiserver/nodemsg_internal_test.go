@@ -17,7 +17,6 @@ import (
 // mapping drops them. A node field that is neither here nor in the public
 // message fails the tests below, so adding one is a decision.
 var nodeOnly = map[protoreflect.FullName]bool{
-	"opendsec.node.v1.Sandbox.parent_id":           true,
 	"opendsec.node.v1.Sandbox.backend":             true,
 	"opendsec.node.v1.SandboxSpec.backend_options": true,
 }
@@ -169,7 +168,7 @@ func TestNodeAnswersMapToPublic(t *testing.T) {
 	// numbers, so the node's message without its node-only fields reads as
 	// the public one.
 	old := proto.Clone(n).(*nodev1.Sandbox)
-	old.ParentId, old.Backend, old.Spec.BackendOptions = "", "", nil
+	old.Backend, old.Spec.BackendOptions = "", nil
 	b, err := proto.Marshal(old)
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +189,18 @@ func TestNodeAnswersMapToPublic(t *testing.T) {
 	rr := spectest.Fill(&nodev1.ResumeSandboxesResponse{})
 	sameByName(t, "ResumeSandboxesResponse", (&v1.ResumeSandboxesResponse{Sandboxes: publicSandboxes(rr.Sandboxes), Failures: publicFailures(rr.Failures)}).ProtoReflect(), rr.ProtoReflect(), nil)
 
+	fr := spectest.Fill(&nodev1.ForkSandboxResponse{})
+	fr.Forks = append(fr.Forks, spectest.Fill(&nodev1.ForkResult{}), spectest.Fill(&nodev1.ForkResult{}))
+	pf := publicForks(fr)
+	if pf.GetSourceFrozenUs() != fr.GetSourceFrozenUs() || len(pf.GetForks()) != len(fr.GetForks()) {
+		t.Fatalf("fork answer %v from %v", pf, fr)
+	}
+	for i, f := range pf.GetForks() {
+		sameByName(t, "ForkResult", f.ProtoReflect(), fr.Forks[i].ProtoReflect(), nil)
+		if !proto.Equal(f.GetSandbox(), publicSandbox(fr.Forks[i].GetSandbox())) || f.GetMemoryPreserved() != fr.Forks[i].GetMemoryPreserved() {
+			t.Errorf("fork %d: %v from %v", i, f, fr.Forks[i])
+		}
+	}
 	if publicSandbox(nil) != nil || publicSandboxes(nil) != nil || publicMetrics(nil) != nil || publicFailures(nil) != nil {
 		t.Fatal("a missing answer became an answer")
 	}
@@ -217,6 +228,8 @@ func TestPublicRequestsMapToNode(t *testing.T) {
 	sameByName(t, "GetSandboxRequest", ge.ProtoReflect(), nodeGetRequest(ge.GetId()).ProtoReflect(), idIsSandboxID)
 	so := spectest.Fill(&v1.StopSandboxRequest{})
 	sameByName(t, "StopSandboxRequest", so.ProtoReflect(), nodeStopRequest(so.GetId()).ProtoReflect(), idIsSandboxID)
+	fo := spectest.Fill(&v1.ForkSandboxRequest{})
+	sameByName(t, "ForkSandboxRequest", fo.ProtoReflect(), nodeForkRequest(fo).ProtoReflect(), nil)
 	pb := spectest.Fill(&v1.PauseSandboxesRequest{})
 	sameByName(t, "PauseSandboxesRequest", pb.ProtoReflect(), nodePauseBatchRequest(pb.Selector).ProtoReflect(), nil)
 	rb := spectest.Fill(&v1.ResumeSandboxesRequest{})

@@ -27,6 +27,8 @@ type metrics struct {
 	agentFailures  prometheus.Counter
 	deaths         prometheus.Counter
 	autoResumes    prometheus.Counter
+	forks          *prometheus.CounterVec // result
+	forkDuration   prometheus.Histogram
 }
 
 func newMetrics(n *Node) *metrics {
@@ -58,7 +60,19 @@ func newMetrics(n *Node) *metrics {
 			Name: "opendsec_node_agent_check_failures_total",
 			Help: "New sandboxes stopped because their agent did not answer in time.",
 		}),
+		forks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "opendsec_node_forks_total",
+			Help: "Sandbox forks that returned (one per call, however many sandboxes it made), by result (ok, error).",
+		}, []string{"result"}),
+		forkDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "opendsec_node_fork_duration_seconds",
+			Help: "Time from a fork's start on the node to its return (every fork of the call running).",
+			// 1 ms .. ~10 s.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10},
+		}),
 	}
+	m.forks.WithLabelValues("ok")
+	m.forks.WithLabelValues("error")
 	for _, path := range []string{createPathWarm, createPathCold} {
 		m.createDuration.WithLabelValues(path)
 		for _, res := range []string{"ok", "error"} {
@@ -70,7 +84,7 @@ func newMetrics(n *Node) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.creates, m.createDuration, m.prestarts, m.agentFailures, m.deaths, m.autoResumes,
+		m.creates, m.createDuration, m.prestarts, m.agentFailures, m.deaths, m.autoResumes, m.forks, m.forkDuration,
 		&sandboxCollector{n: n, desc: prometheus.NewDesc("opendsec_node_sandboxes",
 			"Sandboxes on the node, by state.", []string{"state"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -94,6 +108,16 @@ func (m *metrics) createDone(path string, start time.Time, err error) {
 	}
 	m.creates.WithLabelValues(path, res).Inc()
 	m.createDuration.WithLabelValues(path).Observe(time.Since(start).Seconds())
+}
+
+// forkDone records a fork that returned after starting at start.
+func (m *metrics) forkDone(start time.Time, err error) {
+	res := "ok"
+	if err != nil {
+		res = "error"
+	}
+	m.forks.WithLabelValues(res).Inc()
+	m.forkDuration.Observe(time.Since(start).Seconds())
 }
 
 // prestartDone records a finished warm-pool prestart.

@@ -66,6 +66,7 @@ func (n *Node) toProto(sb *sandbox) *nodev1.Sandbox {
 		Owner:          rec.Owner,
 		Project:        rec.Project,
 		Backend:        rec.Backend,
+		ParentId:       rec.ParentID,
 	}
 }
 
@@ -179,6 +180,32 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Healthy:        true,
 		Now:            timestamppb.Now(),
 		Version:        version.Version,
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) ForkSandbox(ctx context.Context, req *connect.Request[nodev1.ForkSandboxRequest]) (*connect.Response[nodev1.ForkSandboxResponse], error) {
+	if t := req.Msg.GetTargetNode(); t != "" && t != s.n.cfg.ID {
+		return nil, errdefs.New(errdefs.ErrUnimplemented, "fork to another node is not supported yet; leave target_node empty")
+	}
+	// A sandbox the caller does not own is not found, like one that does
+	// not exist; one that died lately goes on to Fork, which says so.
+	src, _, err := s.n.getOrDeadFor(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox_id: sandbox %s not found (a stopped sandbox is gone); fork a running or paused sandbox", req.Msg.GetSandboxId())
+	}
+	out, err := s.n.Fork(ctx, ForkRequest{
+		SourceID:   src.id, // a warm-pool sandbox's own ID
+		Count:      int(req.Msg.GetCount()),
+		RequestID:  req.Msg.GetRequestId(),
+		TimeoutSec: req.Msg.GetTimeoutSeconds(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp := &nodev1.ForkSandboxResponse{SourceFrozenUs: out.SourceFrozen.Microseconds()}
+	for _, f := range out.Forks {
+		resp.Forks = append(resp.Forks, &nodev1.ForkResult{Sandbox: s.n.toProto(f.Sandbox), MemoryPreserved: f.MemoryPreserved})
 	}
 	return connect.NewResponse(resp), nil
 }

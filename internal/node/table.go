@@ -35,6 +35,14 @@ type record struct {
 	// owners have neither: only admins see them.
 	Owner   string `json:"owner,omitempty"`
 	Project string `json:"project,omitempty"`
+	// ParentID is the sandbox this one was forked from (empty for one
+	// made from an image).
+	ParentID string `json:"parent_id,omitempty"`
+	// MemoryPreserved: a fork that resumed its parent's memory; false for
+	// one that has only its files. SourceFrozen is how long the fork's
+	// parent was frozen while it was copied.
+	MemoryPreserved bool          `json:"memory_preserved,omitempty"`
+	SourceFrozen    time.Duration `json:"source_frozen_ns,omitempty"`
 }
 
 // specRecord is the caller's spec with defaults applied. Its JSON is the

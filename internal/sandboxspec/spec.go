@@ -115,6 +115,9 @@ const (
 	// MaxNodeRequestIDLen is what the node accepts: a public request_id
 	// with a batch item's "-<index>".
 	MaxNodeRequestIDLen = MaxRequestIDLen + 16
+
+	// MaxForkCount is the most sandboxes one fork makes.
+	MaxForkCount = 64
 )
 
 var (

@@ -477,8 +477,10 @@ type Sandbox struct {
 	// creator's verified token, never from the request. A user-scope token
 	// sees only sandboxes it owns; admins see all. Empty for sandboxes made
 	// before owners were recorded (visible to admins only).
-	Owner         string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
-	Project       string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	Owner   string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
+	Project string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	// The sandbox this one was forked from; empty for one made from an image.
+	ParentId      string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -586,6 +588,13 @@ func (x *Sandbox) GetOwner() string {
 func (x *Sandbox) GetProject() string {
 	if x != nil {
 		return x.Project
+	}
+	return ""
+}
+
+func (x *Sandbox) GetParentId() string {
+	if x != nil {
+		return x.ParentId
 	}
 	return ""
 }
@@ -1303,6 +1312,193 @@ func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type ForkSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How many forks: 1..64.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Idempotency key chosen by the client: a retry returns the same forks.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The forks' lifetime in seconds; 0: the source's timeout_seconds.
+	TimeoutSeconds int64 `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// Reserved for a fork to another node: leave empty (the source's node).
+	TargetNode    string `protobuf:"bytes,5,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxRequest) Reset() {
+	*x = ForkSandboxRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxRequest) ProtoMessage() {}
+
+func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ForkSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetTargetNode() string {
+	if x != nil {
+		return x.TargetNode
+	}
+	return ""
+}
+
+type ForkSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Forks []*ForkResult          `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	// How long the source was frozen while its state was copied, in µs.
+	SourceFrozenUs int64 `protobuf:"varint,2,opt,name=source_frozen_us,json=sourceFrozenUs,proto3" json:"source_frozen_us,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkSandboxResponse) Reset() {
+	*x = ForkSandboxResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxResponse) ProtoMessage() {}
+
+func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ForkSandboxResponse) GetForks() []*ForkResult {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+func (x *ForkSandboxResponse) GetSourceFrozenUs() int64 {
+	if x != nil {
+		return x.SourceFrozenUs
+	}
+	return 0
+}
+
+type ForkResult struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The fork resumed the source's memory and processes (VM backends);
+	// false: it has the source's files and its processes started again.
+	MemoryPreserved bool `protobuf:"varint,2,opt,name=memory_preserved,json=memoryPreserved,proto3" json:"memory_preserved,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ForkResult) Reset() {
+	*x = ForkResult{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResult) ProtoMessage() {}
+
+func (x *ForkResult) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
+func (*ForkResult) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ForkResult) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkResult) GetMemoryPreserved() bool {
+	if x != nil {
+		return x.MemoryPreserved
+	}
+	return false
+}
+
 type PauseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1312,7 +1508,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1520,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1533,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -1356,7 +1552,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1564,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1577,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1404,7 +1600,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1612,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1625,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -1455,7 +1651,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1663,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1676,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1499,7 +1695,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1707,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1720,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetSandboxMetricsRequest) GetId() string {
@@ -1563,7 +1759,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1771,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1784,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SandboxMetrics) GetTimestamp() *timestamppb.Timestamp {
@@ -1684,7 +1880,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1892,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1905,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -1733,7 +1929,7 @@ type SandboxSelector struct {
 
 func (x *SandboxSelector) Reset() {
 	*x = SandboxSelector{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1941,7 @@ func (x *SandboxSelector) String() string {
 func (*SandboxSelector) ProtoMessage() {}
 
 func (x *SandboxSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1954,7 @@ func (x *SandboxSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSelector.ProtoReflect.Descriptor instead.
 func (*SandboxSelector) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SandboxSelector) GetLabels() map[string]string {
@@ -1795,7 +1991,7 @@ type BatchFailure struct {
 
 func (x *BatchFailure) Reset() {
 	*x = BatchFailure{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +2003,7 @@ func (x *BatchFailure) String() string {
 func (*BatchFailure) ProtoMessage() {}
 
 func (x *BatchFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +2016,7 @@ func (x *BatchFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchFailure.ProtoReflect.Descriptor instead.
 func (*BatchFailure) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BatchFailure) GetSandboxId() string {
@@ -1853,7 +2049,7 @@ type PauseSandboxesRequest struct {
 
 func (x *PauseSandboxesRequest) Reset() {
 	*x = PauseSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +2061,7 @@ func (x *PauseSandboxesRequest) String() string {
 func (*PauseSandboxesRequest) ProtoMessage() {}
 
 func (x *PauseSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +2074,7 @@ func (x *PauseSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseSandboxesRequest) GetSelector() *SandboxSelector {
@@ -1899,7 +2095,7 @@ type PauseSandboxesResponse struct {
 
 func (x *PauseSandboxesResponse) Reset() {
 	*x = PauseSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2107,7 @@ func (x *PauseSandboxesResponse) String() string {
 func (*PauseSandboxesResponse) ProtoMessage() {}
 
 func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2120,7 @@ func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1952,7 +2148,7 @@ type ResumeSandboxesRequest struct {
 
 func (x *ResumeSandboxesRequest) Reset() {
 	*x = ResumeSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2160,7 @@ func (x *ResumeSandboxesRequest) String() string {
 func (*ResumeSandboxesRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2173,7 @@ func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResumeSandboxesRequest) GetSelector() *SandboxSelector {
@@ -2004,7 +2200,7 @@ type ResumeSandboxesResponse struct {
 
 func (x *ResumeSandboxesResponse) Reset() {
 	*x = ResumeSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2212,7 @@ func (x *ResumeSandboxesResponse) String() string {
 func (*ResumeSandboxesResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2225,7 @@ func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2075,7 +2271,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2283,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2296,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -2183,7 +2379,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2391,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2404,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PtySize) GetCols() uint32 {
@@ -2241,7 +2437,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2449,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2462,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2372,7 +2568,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2580,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2593,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -2495,7 +2691,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2703,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2716,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecStarted) GetPid() uint32 {
@@ -2550,7 +2746,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2758,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2771,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -2632,7 +2828,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2840,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2853,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -2697,7 +2893,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2905,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2918,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2741,7 +2937,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2949,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2962,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2788,7 +2984,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +2996,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +3009,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2845,7 +3041,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3053,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3066,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 type SendInputRequest struct {
@@ -2886,7 +3082,7 @@ type SendInputRequest struct {
 
 func (x *SendInputRequest) Reset() {
 	*x = SendInputRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +3094,7 @@ func (x *SendInputRequest) String() string {
 func (*SendInputRequest) ProtoMessage() {}
 
 func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +3107,7 @@ func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
 func (*SendInputRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SendInputRequest) GetSandboxId() string {
@@ -2950,7 +3146,7 @@ type SendInputResponse struct {
 
 func (x *SendInputResponse) Reset() {
 	*x = SendInputResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2962,7 +3158,7 @@ func (x *SendInputResponse) String() string {
 func (*SendInputResponse) ProtoMessage() {}
 
 func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2975,7 +3171,7 @@ func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
 func (*SendInputResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 type ResizePtyRequest struct {
@@ -2989,7 +3185,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3001,7 +3197,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3014,7 +3210,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ResizePtyRequest) GetSandboxId() string {
@@ -3046,7 +3242,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3254,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3267,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 type FileInfo struct {
@@ -3091,7 +3287,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3299,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3312,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3193,7 +3389,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3401,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3414,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3251,7 +3447,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3263,7 +3459,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3276,7 +3472,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3299,7 +3495,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3507,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3520,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -3368,7 +3564,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3380,7 +3576,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3393,7 +3589,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -3446,7 +3642,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3458,7 +3654,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3471,7 +3667,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -3494,7 +3690,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3506,7 +3702,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3519,7 +3715,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3559,7 +3755,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3767,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3780,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -3605,7 +3801,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3813,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3826,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3663,7 +3859,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3675,7 +3871,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3688,7 +3884,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatResponse) GetFile() *FileInfo {
@@ -3709,7 +3905,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3721,7 +3917,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3734,7 +3930,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3766,7 +3962,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +3974,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +3987,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 type MakeDirRequest struct {
@@ -3805,7 +4001,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3817,7 +4013,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3830,7 +4026,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3865,7 +4061,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3877,7 +4073,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3890,7 +4086,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MakeDirResponse) GetFile() *FileInfo {
@@ -3919,7 +4115,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4127,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4140,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -3984,7 +4180,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3996,7 +4192,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4009,7 +4205,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MoveResponse) GetFile() *FileInfo {
@@ -4029,7 +4225,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4041,7 +4237,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4054,7 +4250,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Header) GetName() string {
@@ -4087,7 +4283,7 @@ type HTTPRequestRequest struct {
 
 func (x *HTTPRequestRequest) Reset() {
 	*x = HTTPRequestRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4099,7 +4295,7 @@ func (x *HTTPRequestRequest) String() string {
 func (*HTTPRequestRequest) ProtoMessage() {}
 
 func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4112,7 +4308,7 @@ func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestRequest.ProtoReflect.Descriptor instead.
 func (*HTTPRequestRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *HTTPRequestRequest) GetSandboxId() string {
@@ -4175,7 +4371,7 @@ type HTTPRequestResponse struct {
 
 func (x *HTTPRequestResponse) Reset() {
 	*x = HTTPRequestResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4187,7 +4383,7 @@ func (x *HTTPRequestResponse) String() string {
 func (*HTTPRequestResponse) ProtoMessage() {}
 
 func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4200,7 +4396,7 @@ func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestResponse.ProtoReflect.Descriptor instead.
 func (*HTTPRequestResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *HTTPRequestResponse) GetStatus() int32 {
@@ -4238,7 +4434,7 @@ type ConnectPortRequest struct {
 
 func (x *ConnectPortRequest) Reset() {
 	*x = ConnectPortRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4250,7 +4446,7 @@ func (x *ConnectPortRequest) String() string {
 func (*ConnectPortRequest) ProtoMessage() {}
 
 func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4263,7 +4459,7 @@ func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortRequest.ProtoReflect.Descriptor instead.
 func (*ConnectPortRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ConnectPortRequest) GetMsg() isConnectPortRequest_Msg {
@@ -4337,7 +4533,7 @@ type ConnectPortStart struct {
 
 func (x *ConnectPortStart) Reset() {
 	*x = ConnectPortStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4349,7 +4545,7 @@ func (x *ConnectPortStart) String() string {
 func (*ConnectPortStart) ProtoMessage() {}
 
 func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4362,7 +4558,7 @@ func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortStart.ProtoReflect.Descriptor instead.
 func (*ConnectPortStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ConnectPortStart) GetSandboxId() string {
@@ -4400,7 +4596,7 @@ type ConnectPortResponse struct {
 
 func (x *ConnectPortResponse) Reset() {
 	*x = ConnectPortResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4412,7 +4608,7 @@ func (x *ConnectPortResponse) String() string {
 func (*ConnectPortResponse) ProtoMessage() {}
 
 func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4425,7 +4621,7 @@ func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortResponse.ProtoReflect.Descriptor instead.
 func (*ConnectPortResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ConnectPortResponse) GetEvent() isConnectPortResponse_Event {
@@ -4496,7 +4692,7 @@ type ConnectPortConnected struct {
 
 func (x *ConnectPortConnected) Reset() {
 	*x = ConnectPortConnected{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4508,7 +4704,7 @@ func (x *ConnectPortConnected) String() string {
 func (*ConnectPortConnected) ProtoMessage() {}
 
 func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4521,7 +4717,7 @@ func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortConnected.ProtoReflect.Descriptor instead.
 func (*ConnectPortConnected) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
@@ -4565,7 +4761,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xbb\x03\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xd8\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -4580,7 +4776,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x0efrom_warm_pool\x18\t \x01(\bR\ffromWarmPool\x12\x14\n" +
 	"\x05owner\x18\n" +
 	" \x01(\tR\x05owner\x12\x18\n" +
-	"\aproject\x18\v \x01(\tR\aproject\"\x89\x01\n" +
+	"\aproject\x18\v \x01(\tR\aproject\x12\x1b\n" +
+	"\tparent_id\x18\f \x01(\tR\bparentId\"\x89\x01\n" +
 	"\x14CreateSandboxRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
@@ -4625,7 +4822,23 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x12SetNetworkResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"D\n" +
 	"\x12SetTimeoutResponse\x12.\n" +
-	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"%\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"\xb2\x01\n" +
+	"\x12ForkSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12'\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x12\x1f\n" +
+	"\vtarget_node\x18\x05 \x01(\tR\n" +
+	"targetNode\"n\n" +
+	"\x13ForkSandboxResponse\x12-\n" +
+	"\x05forks\x18\x01 \x03(\v2\x17.opendsec.v1.ForkResultR\x05forks\x12(\n" +
+	"\x10source_frozen_us\x18\x02 \x01(\x03R\x0esourceFrozenUs\"g\n" +
+	"\n" +
+	"ForkResult\x12.\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12)\n" +
+	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved\"%\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"F\n" +
 	"\x14PauseSandboxResponse\x12.\n" +
@@ -4866,7 +5079,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
-	"\x11FILE_TYPE_SYMLINK\x10\x032\xb8\b\n" +
+	"\x11FILE_TYPE_SYMLINK\x10\x032\x8a\t\n" +
 	"\x0eSandboxService\x12V\n" +
 	"\rCreateSandbox\x12!.opendsec.v1.CreateSandboxRequest\x1a\".opendsec.v1.CreateSandboxResponse\x12m\n" +
 	"\x14BatchCreateSandboxes\x12(.opendsec.v1.BatchCreateSandboxesRequest\x1a).opendsec.v1.BatchCreateSandboxesResponse0\x01\x12M\n" +
@@ -4882,7 +5095,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\rResumeSandbox\x12!.opendsec.v1.ResumeSandboxRequest\x1a\".opendsec.v1.ResumeSandboxResponse\x12b\n" +
 	"\x11GetSandboxMetrics\x12%.opendsec.v1.GetSandboxMetricsRequest\x1a&.opendsec.v1.GetSandboxMetricsResponse\x12Y\n" +
 	"\x0ePauseSandboxes\x12\".opendsec.v1.PauseSandboxesRequest\x1a#.opendsec.v1.PauseSandboxesResponse\x12\\\n" +
-	"\x0fResumeSandboxes\x12#.opendsec.v1.ResumeSandboxesRequest\x1a$.opendsec.v1.ResumeSandboxesResponse2\x99\x03\n" +
+	"\x0fResumeSandboxes\x12#.opendsec.v1.ResumeSandboxesRequest\x1a$.opendsec.v1.ResumeSandboxesResponse\x12P\n" +
+	"\vForkSandbox\x12\x1f.opendsec.v1.ForkSandboxRequest\x1a .opendsec.v1.ForkSandboxResponse2\x99\x03\n" +
 	"\x0eProcessService\x12?\n" +
 	"\x04Exec\x12\x18.opendsec.v1.ExecRequest\x1a\x19.opendsec.v1.ExecResponse(\x010\x01\x12V\n" +
 	"\rListProcesses\x12!.opendsec.v1.ListProcessesRequest\x1a\".opendsec.v1.ListProcessesResponse\x12V\n" +
@@ -4914,7 +5128,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -4936,173 +5150,180 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*SetNetworkRequest)(nil),            // 17: opendsec.v1.SetNetworkRequest
 	(*SetNetworkResponse)(nil),           // 18: opendsec.v1.SetNetworkResponse
 	(*SetTimeoutResponse)(nil),           // 19: opendsec.v1.SetTimeoutResponse
-	(*PauseSandboxRequest)(nil),          // 20: opendsec.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 21: opendsec.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 22: opendsec.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 23: opendsec.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),     // 24: opendsec.v1.GetSandboxMetricsRequest
-	(*SandboxMetrics)(nil),               // 25: opendsec.v1.SandboxMetrics
-	(*GetSandboxMetricsResponse)(nil),    // 26: opendsec.v1.GetSandboxMetricsResponse
-	(*SandboxSelector)(nil),              // 27: opendsec.v1.SandboxSelector
-	(*BatchFailure)(nil),                 // 28: opendsec.v1.BatchFailure
-	(*PauseSandboxesRequest)(nil),        // 29: opendsec.v1.PauseSandboxesRequest
-	(*PauseSandboxesResponse)(nil),       // 30: opendsec.v1.PauseSandboxesResponse
-	(*ResumeSandboxesRequest)(nil),       // 31: opendsec.v1.ResumeSandboxesRequest
-	(*ResumeSandboxesResponse)(nil),      // 32: opendsec.v1.ResumeSandboxesResponse
-	(*ExecStart)(nil),                    // 33: opendsec.v1.ExecStart
-	(*PtySize)(nil),                      // 34: opendsec.v1.PtySize
-	(*ExecRequest)(nil),                  // 35: opendsec.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 36: opendsec.v1.ExecResponse
-	(*ExecStarted)(nil),                  // 37: opendsec.v1.ExecStarted
-	(*ExecExit)(nil),                     // 38: opendsec.v1.ExecExit
-	(*ProcessInfo)(nil),                  // 39: opendsec.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),         // 40: opendsec.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 41: opendsec.v1.ListProcessesResponse
-	(*SignalProcessRequest)(nil),         // 42: opendsec.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 43: opendsec.v1.SignalProcessResponse
-	(*SendInputRequest)(nil),             // 44: opendsec.v1.SendInputRequest
-	(*SendInputResponse)(nil),            // 45: opendsec.v1.SendInputResponse
-	(*ResizePtyRequest)(nil),             // 46: opendsec.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),            // 47: opendsec.v1.ResizePtyResponse
-	(*FileInfo)(nil),                     // 48: opendsec.v1.FileInfo
-	(*ReadFileRequest)(nil),              // 49: opendsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 50: opendsec.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 51: opendsec.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 52: opendsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 53: opendsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),               // 54: opendsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),              // 55: opendsec.v1.ListDirResponse
-	(*StatRequest)(nil),                  // 56: opendsec.v1.StatRequest
-	(*StatResponse)(nil),                 // 57: opendsec.v1.StatResponse
-	(*RemoveRequest)(nil),                // 58: opendsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 59: opendsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),               // 60: opendsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),              // 61: opendsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                  // 62: opendsec.v1.MoveRequest
-	(*MoveResponse)(nil),                 // 63: opendsec.v1.MoveResponse
-	(*Header)(nil),                       // 64: opendsec.v1.Header
-	(*HTTPRequestRequest)(nil),           // 65: opendsec.v1.HTTPRequestRequest
-	(*HTTPRequestResponse)(nil),          // 66: opendsec.v1.HTTPRequestResponse
-	(*ConnectPortRequest)(nil),           // 67: opendsec.v1.ConnectPortRequest
-	(*ConnectPortStart)(nil),             // 68: opendsec.v1.ConnectPortStart
-	(*ConnectPortResponse)(nil),          // 69: opendsec.v1.ConnectPortResponse
-	(*ConnectPortConnected)(nil),         // 70: opendsec.v1.ConnectPortConnected
-	nil,                                  // 71: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 72: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 73: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 74: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 75: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
+	(*ForkSandboxRequest)(nil),           // 20: opendsec.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),          // 21: opendsec.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                   // 22: opendsec.v1.ForkResult
+	(*PauseSandboxRequest)(nil),          // 23: opendsec.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 24: opendsec.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 25: opendsec.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 26: opendsec.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),     // 27: opendsec.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),               // 28: opendsec.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),    // 29: opendsec.v1.GetSandboxMetricsResponse
+	(*SandboxSelector)(nil),              // 30: opendsec.v1.SandboxSelector
+	(*BatchFailure)(nil),                 // 31: opendsec.v1.BatchFailure
+	(*PauseSandboxesRequest)(nil),        // 32: opendsec.v1.PauseSandboxesRequest
+	(*PauseSandboxesResponse)(nil),       // 33: opendsec.v1.PauseSandboxesResponse
+	(*ResumeSandboxesRequest)(nil),       // 34: opendsec.v1.ResumeSandboxesRequest
+	(*ResumeSandboxesResponse)(nil),      // 35: opendsec.v1.ResumeSandboxesResponse
+	(*ExecStart)(nil),                    // 36: opendsec.v1.ExecStart
+	(*PtySize)(nil),                      // 37: opendsec.v1.PtySize
+	(*ExecRequest)(nil),                  // 38: opendsec.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 39: opendsec.v1.ExecResponse
+	(*ExecStarted)(nil),                  // 40: opendsec.v1.ExecStarted
+	(*ExecExit)(nil),                     // 41: opendsec.v1.ExecExit
+	(*ProcessInfo)(nil),                  // 42: opendsec.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),         // 43: opendsec.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 44: opendsec.v1.ListProcessesResponse
+	(*SignalProcessRequest)(nil),         // 45: opendsec.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 46: opendsec.v1.SignalProcessResponse
+	(*SendInputRequest)(nil),             // 47: opendsec.v1.SendInputRequest
+	(*SendInputResponse)(nil),            // 48: opendsec.v1.SendInputResponse
+	(*ResizePtyRequest)(nil),             // 49: opendsec.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),            // 50: opendsec.v1.ResizePtyResponse
+	(*FileInfo)(nil),                     // 51: opendsec.v1.FileInfo
+	(*ReadFileRequest)(nil),              // 52: opendsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 53: opendsec.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 54: opendsec.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 55: opendsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 56: opendsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),               // 57: opendsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),              // 58: opendsec.v1.ListDirResponse
+	(*StatRequest)(nil),                  // 59: opendsec.v1.StatRequest
+	(*StatResponse)(nil),                 // 60: opendsec.v1.StatResponse
+	(*RemoveRequest)(nil),                // 61: opendsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 62: opendsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),               // 63: opendsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),              // 64: opendsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                  // 65: opendsec.v1.MoveRequest
+	(*MoveResponse)(nil),                 // 66: opendsec.v1.MoveResponse
+	(*Header)(nil),                       // 67: opendsec.v1.Header
+	(*HTTPRequestRequest)(nil),           // 68: opendsec.v1.HTTPRequestRequest
+	(*HTTPRequestResponse)(nil),          // 69: opendsec.v1.HTTPRequestResponse
+	(*ConnectPortRequest)(nil),           // 70: opendsec.v1.ConnectPortRequest
+	(*ConnectPortStart)(nil),             // 71: opendsec.v1.ConnectPortStart
+	(*ConnectPortResponse)(nil),          // 72: opendsec.v1.ConnectPortResponse
+	(*ConnectPortConnected)(nil),         // 73: opendsec.v1.ConnectPortConnected
+	nil,                                  // 74: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 75: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 76: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 77: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 78: opendsec.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 79: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	71, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	72, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	74, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	75, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	76, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	76, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	76, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	79, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	79, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	79, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	73, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	76, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 18: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 19: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 20: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	76, // 21: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
-	0,  // 22: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
-	25, // 23: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	74, // 24: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
-	27, // 25: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
-	5,  // 26: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	28, // 27: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	27, // 28: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
-	5,  // 29: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	28, // 30: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	75, // 31: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
-	34, // 32: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
-	33, // 33: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
-	34, // 34: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
-	37, // 35: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
-	38, // 36: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
-	39, // 37: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
-	34, // 38: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
-	1,  // 39: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	76, // 40: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	51, // 41: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
-	48, // 42: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
-	48, // 43: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
-	48, // 44: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
-	48, // 45: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
-	48, // 46: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
-	64, // 47: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
-	64, // 48: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	68, // 49: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
-	70, // 50: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
-	6,  // 51: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 52: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 53: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 54: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 55: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 56: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 57: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	20, // 58: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	22, // 59: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	24, // 60: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	29, // 61: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	31, // 62: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	35, // 63: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	40, // 64: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	42, // 65: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	44, // 66: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	46, // 67: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	49, // 68: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	52, // 69: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	54, // 70: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	56, // 71: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	58, // 72: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	60, // 73: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	62, // 74: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	65, // 75: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	67, // 76: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
-	7,  // 77: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 78: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 79: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 80: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 81: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 82: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 83: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	21, // 84: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	23, // 85: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	26, // 86: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	30, // 87: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	32, // 88: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	36, // 89: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	41, // 90: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	43, // 91: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	45, // 92: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	47, // 93: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	50, // 94: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	53, // 95: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	55, // 96: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	57, // 97: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	59, // 98: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	61, // 99: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	63, // 100: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	66, // 101: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	69, // 102: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
-	77, // [77:103] is the sub-list for method output_type
-	51, // [51:77] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	22, // 19: opendsec.v1.ForkSandboxResponse.forks:type_name -> opendsec.v1.ForkResult
+	5,  // 20: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 21: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 22: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	79, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 24: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
+	28, // 25: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
+	77, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	30, // 27: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 28: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	31, // 29: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	30, // 30: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 31: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	31, // 32: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	78, // 33: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	37, // 34: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
+	36, // 35: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
+	37, // 36: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
+	40, // 37: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
+	41, // 38: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
+	42, // 39: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
+	37, // 40: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
+	1,  // 41: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
+	79, // 42: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	54, // 43: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
+	51, // 44: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
+	51, // 45: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
+	51, // 46: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
+	51, // 47: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
+	51, // 48: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
+	67, // 49: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
+	67, // 50: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
+	71, // 51: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
+	73, // 52: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
+	6,  // 53: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 54: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 55: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 56: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 57: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 58: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 59: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	23, // 60: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	25, // 61: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	27, // 62: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	32, // 63: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	34, // 64: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	20, // 65: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
+	38, // 66: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	43, // 67: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	45, // 68: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	47, // 69: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	49, // 70: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	52, // 71: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	55, // 72: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	57, // 73: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	59, // 74: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	61, // 75: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	63, // 76: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	65, // 77: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	68, // 78: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	70, // 79: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 80: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 81: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 82: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 83: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 84: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 85: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 86: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	24, // 87: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	26, // 88: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	29, // 89: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	33, // 90: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	35, // 91: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	21, // 92: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
+	39, // 93: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	44, // 94: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	46, // 95: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	48, // 96: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	50, // 97: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	53, // 98: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	56, // 99: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	58, // 100: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	60, // 101: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	62, // 102: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	64, // 103: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	66, // 104: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	69, // 105: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	72, // 106: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	80, // [80:107] is the sub-list for method output_type
+	53, // [53:80] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -5111,30 +5332,30 @@ func file_opendsec_v1_sandbox_proto_init() {
 		return
 	}
 	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_opendsec_v1_sandbox_proto_msgTypes[33].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Pty)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[50].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[53].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[65].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[68].OneofWrappers = []any{
 		(*ConnectPortRequest_Start)(nil),
 		(*ConnectPortRequest_Data)(nil),
 		(*ConnectPortRequest_CloseWrite)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[67].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[70].OneofWrappers = []any{
 		(*ConnectPortResponse_Connected)(nil),
 		(*ConnectPortResponse_Data)(nil),
 		(*ConnectPortResponse_Eof)(nil),
@@ -5145,7 +5366,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   74,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -425,7 +425,7 @@ type Sandbox struct {
 	Owner   string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
 	Project string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
 	// The sandbox this one was made from (a fork or a snapshot's restore);
-	// empty for a sandbox made from an image. Nothing sets it yet.
+	// empty for a sandbox made from an image.
 	ParentId string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	// The backend that runs the sandbox (spec.backend resolved: never empty).
 	Backend       string `protobuf:"bytes,13,opt,name=backend,proto3" json:"backend,omitempty"`
@@ -2094,6 +2094,194 @@ func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
 	return nil
 }
 
+type ForkSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// 1..64 forks.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Idempotency key: a retry returns the same forks.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The forks' lifetime; 0: the source's spec.timeout_seconds.
+	TimeoutSeconds int64 `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// Reserved for a fork to another node (the source node would serve the
+	// snapshot); empty or this node's ID.
+	TargetNode    string `protobuf:"bytes,5,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxRequest) Reset() {
+	*x = ForkSandboxRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxRequest) ProtoMessage() {}
+
+func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ForkSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetTargetNode() string {
+	if x != nil {
+		return x.TargetNode
+	}
+	return ""
+}
+
+type ForkSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Forks []*ForkResult          `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	// How long the source was frozen while its state was copied.
+	SourceFrozenUs int64 `protobuf:"varint,2,opt,name=source_frozen_us,json=sourceFrozenUs,proto3" json:"source_frozen_us,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkSandboxResponse) Reset() {
+	*x = ForkSandboxResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxResponse) ProtoMessage() {}
+
+func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ForkSandboxResponse) GetForks() []*ForkResult {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+func (x *ForkSandboxResponse) GetSourceFrozenUs() int64 {
+	if x != nil {
+		return x.SourceFrozenUs
+	}
+	return 0
+}
+
+type ForkResult struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The fork resumed the source's memory and processes; false: it has the
+	// source's files and started its init again (containers).
+	MemoryPreserved bool `protobuf:"varint,2,opt,name=memory_preserved,json=memoryPreserved,proto3" json:"memory_preserved,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ForkResult) Reset() {
+	*x = ForkResult{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResult) ProtoMessage() {}
+
+func (x *ForkResult) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
+func (*ForkResult) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ForkResult) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkResult) GetMemoryPreserved() bool {
+	if x != nil {
+		return x.MemoryPreserved
+	}
+	return false
+}
+
 var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
@@ -2267,7 +2455,23 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"W\n" +
 	"\x19GetSandboxMetricsResponse\x12:\n" +
-	"\ametrics\x18\x01 \x01(\v2 .opendsec.node.v1.SandboxMetricsR\ametrics*\xcf\x01\n" +
+	"\ametrics\x18\x01 \x01(\v2 .opendsec.node.v1.SandboxMetricsR\ametrics\"\xb2\x01\n" +
+	"\x12ForkSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12'\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x12\x1f\n" +
+	"\vtarget_node\x18\x05 \x01(\tR\n" +
+	"targetNode\"s\n" +
+	"\x13ForkSandboxResponse\x122\n" +
+	"\x05forks\x18\x01 \x03(\v2\x1c.opendsec.node.v1.ForkResultR\x05forks\x12(\n" +
+	"\x10source_frozen_us\x18\x02 \x01(\x03R\x0esourceFrozenUs\"l\n" +
+	"\n" +
+	"ForkResult\x123\n" +
+	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\x12)\n" +
+	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -2275,7 +2479,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x05\x12\x18\n" +
-	"\x14SANDBOX_STATE_FAILED\x10\x062\xfb\b\n" +
+	"\x14SANDBOX_STATE_FAILED\x10\x062\xd7\t\n" +
 	"\vNodeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.node.v1.CreateSandboxRequest\x1a'.opendsec.node.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -2291,7 +2495,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\rResumeSandbox\x12&.opendsec.node.v1.ResumeSandboxRequest\x1a'.opendsec.node.v1.ResumeSandboxResponse\x12l\n" +
 	"\x11GetSandboxMetrics\x12*.opendsec.node.v1.GetSandboxMetricsRequest\x1a+.opendsec.node.v1.GetSandboxMetricsResponse\x12c\n" +
 	"\x0ePauseSandboxes\x12'.opendsec.node.v1.PauseSandboxesRequest\x1a(.opendsec.node.v1.PauseSandboxesResponse\x12f\n" +
-	"\x0fResumeSandboxes\x12(.opendsec.node.v1.ResumeSandboxesRequest\x1a).opendsec.node.v1.ResumeSandboxesResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
+	"\x0fResumeSandboxes\x12(.opendsec.node.v1.ResumeSandboxesRequest\x1a).opendsec.node.v1.ResumeSandboxesResponse\x12Z\n" +
+	"\vForkSandbox\x12$.opendsec.node.v1.ForkSandboxRequest\x1a%.opendsec.node.v1.ForkSandboxResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
 
 var (
 	file_opendsec_node_v1_node_proto_rawDescOnce sync.Once
@@ -2306,7 +2511,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -2341,26 +2546,29 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*ResumeSandboxResponse)(nil),     // 30: opendsec.node.v1.ResumeSandboxResponse
 	(*GetSandboxMetricsRequest)(nil),  // 31: opendsec.node.v1.GetSandboxMetricsRequest
 	(*GetSandboxMetricsResponse)(nil), // 32: opendsec.node.v1.GetSandboxMetricsResponse
-	nil,                               // 33: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 34: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 35: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 36: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 37: google.protobuf.Timestamp
+	(*ForkSandboxRequest)(nil),        // 33: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 34: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 35: opendsec.node.v1.ForkResult
+	nil,                               // 36: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 37: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 38: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 39: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 40: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	33, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	34, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	36, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	37, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	35, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	38, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	37, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	37, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	37, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	40, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	40, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	40, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	40, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	36, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	39, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
@@ -2378,39 +2586,43 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	4,  // 27: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	25, // 28: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	25, // 29: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	37, // 30: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	40, // 30: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
 	4,  // 31: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	4,  // 32: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	5,  // 33: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	12, // 34: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	14, // 35: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	16, // 36: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	18, // 37: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	20, // 38: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	22, // 39: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	24, // 40: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	27, // 41: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	29, // 42: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	31, // 43: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 44: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	10, // 45: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	13, // 46: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	15, // 47: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	17, // 48: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	19, // 49: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	21, // 50: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	23, // 51: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	26, // 52: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	28, // 53: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	30, // 54: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	32, // 55: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	9,  // 56: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	11, // 57: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	46, // [46:58] is the sub-list for method output_type
-	34, // [34:46] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	35, // 34: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 35: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	12, // 36: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	14, // 37: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	16, // 38: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	18, // 39: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	20, // 40: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	22, // 41: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	24, // 42: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	27, // 43: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	29, // 44: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	31, // 45: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 46: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	10, // 47: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	33, // 48: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	13, // 49: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	15, // 50: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	17, // 51: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	19, // 52: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	21, // 53: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	23, // 54: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	26, // 55: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	28, // 56: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	30, // 57: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	32, // 58: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	9,  // 59: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	11, // 60: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	34, // 61: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	49, // [49:62] is the sub-list for method output_type
+	36, // [36:49] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -2425,7 +2637,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -78,6 +78,9 @@ const (
 	// SandboxServiceResumeSandboxesProcedure is the fully-qualified name of the SandboxService's
 	// ResumeSandboxes RPC.
 	SandboxServiceResumeSandboxesProcedure = "/opendsec.v1.SandboxService/ResumeSandboxes"
+	// SandboxServiceForkSandboxProcedure is the fully-qualified name of the SandboxService's
+	// ForkSandbox RPC.
+	SandboxServiceForkSandboxProcedure = "/opendsec.v1.SandboxService/ForkSandbox"
 	// ProcessServiceExecProcedure is the fully-qualified name of the ProcessService's Exec RPC.
 	ProcessServiceExecProcedure = "/opendsec.v1.ProcessService/Exec"
 	// ProcessServiceListProcessesProcedure is the fully-qualified name of the ProcessService's
@@ -146,6 +149,15 @@ type SandboxServiceClient interface {
 	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
 	// ResumeSandboxes resumes every sandbox matching a selector.
 	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
+	// ForkSandbox makes count (1..64) new running sandboxes from a running or
+	// paused one, on its node: each has the source's files at that instant,
+	// its image, limits, env, network policy, labels and task_id, a new ID
+	// and hostname, and parent_id = the source. The source is frozen only
+	// while its writable layer is copied. Containers fork their files, not
+	// their memory (memory_preserved false: their processes start again);
+	// memory forks need a VM backend. All or nothing; idempotent on
+	// request_id.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.v1.SandboxService service. By
@@ -231,6 +243,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandboxes")),
 			connect.WithClientOptions(opts...),
 		),
+		forkSandbox: connect.NewClient[v1.ForkSandboxRequest, v1.ForkSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceForkSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ForkSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -248,6 +266,7 @@ type sandboxServiceClient struct {
 	getSandboxMetrics    *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 	pauseSandboxes       *connect.Client[v1.PauseSandboxesRequest, v1.PauseSandboxesResponse]
 	resumeSandboxes      *connect.Client[v1.ResumeSandboxesRequest, v1.ResumeSandboxesResponse]
+	forkSandbox          *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 }
 
 // CreateSandbox calls opendsec.v1.SandboxService.CreateSandbox.
@@ -310,6 +329,11 @@ func (c *sandboxServiceClient) ResumeSandboxes(ctx context.Context, req *connect
 	return c.resumeSandboxes.CallUnary(ctx, req)
 }
 
+// ForkSandbox calls opendsec.v1.SandboxService.ForkSandbox.
+func (c *sandboxServiceClient) ForkSandbox(ctx context.Context, req *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return c.forkSandbox.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox makes one sandbox and returns once its agent answers.
@@ -344,6 +368,15 @@ type SandboxServiceHandler interface {
 	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
 	// ResumeSandboxes resumes every sandbox matching a selector.
 	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
+	// ForkSandbox makes count (1..64) new running sandboxes from a running or
+	// paused one, on its node: each has the source's files at that instant,
+	// its image, limits, env, network policy, labels and task_id, a new ID
+	// and hostname, and parent_id = the source. The source is frozen only
+	// while its writable layer is copied. Containers fork their files, not
+	// their memory (memory_preserved false: their processes start again);
+	// memory forks need a VM backend. All or nothing; idempotent on
+	// request_id.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -425,6 +458,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandboxes")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceForkSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceForkSandboxProcedure,
+		svc.ForkSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("ForkSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -451,6 +490,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseSandboxesHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeSandboxesProcedure:
 			sandboxServiceResumeSandboxesHandler.ServeHTTP(w, r)
+		case SandboxServiceForkSandboxProcedure:
+			sandboxServiceForkSandboxHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -506,6 +547,10 @@ func (UnimplementedSandboxServiceHandler) PauseSandboxes(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.ResumeSandboxes is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.ForkSandbox is not implemented"))
 }
 
 // ProcessServiceClient is a client for the opendsec.v1.ProcessService service.

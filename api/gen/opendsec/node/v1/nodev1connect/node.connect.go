@@ -77,6 +77,8 @@ const (
 	// NodeServiceResumeSandboxesProcedure is the fully-qualified name of the NodeService's
 	// ResumeSandboxes RPC.
 	NodeServiceResumeSandboxesProcedure = "/opendsec.node.v1.NodeService/ResumeSandboxes"
+	// NodeServiceForkSandboxProcedure is the fully-qualified name of the NodeService's ForkSandbox RPC.
+	NodeServiceForkSandboxProcedure = "/opendsec.node.v1.NodeService/ForkSandbox"
 )
 
 // NodeServiceClient is a client for the opendsec.node.v1.NodeService service.
@@ -100,6 +102,10 @@ type NodeServiceClient interface {
 	// match the selector, concurrently.
 	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
 	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
+	// ForkSandbox makes count new running sandboxes on this node from a
+	// running or paused one; see opendsec.v1 SandboxService. Idempotent on
+	// request_id.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the opendsec.node.v1.NodeService service. By
@@ -185,6 +191,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("ResumeSandboxes")),
 			connect.WithClientOptions(opts...),
 		),
+		forkSandbox: connect.NewClient[v1.ForkSandboxRequest, v1.ForkSandboxResponse](
+			httpClient,
+			baseURL+NodeServiceForkSandboxProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ForkSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -202,6 +214,7 @@ type nodeServiceClient struct {
 	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 	pauseSandboxes    *connect.Client[v1.PauseSandboxesRequest, v1.PauseSandboxesResponse]
 	resumeSandboxes   *connect.Client[v1.ResumeSandboxesRequest, v1.ResumeSandboxesResponse]
+	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 }
 
 // CreateSandbox calls opendsec.node.v1.NodeService.CreateSandbox.
@@ -264,6 +277,11 @@ func (c *nodeServiceClient) ResumeSandboxes(ctx context.Context, req *connect.Re
 	return c.resumeSandboxes.CallUnary(ctx, req)
 }
 
+// ForkSandbox calls opendsec.node.v1.NodeService.ForkSandbox.
+func (c *nodeServiceClient) ForkSandbox(ctx context.Context, req *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return c.forkSandbox.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the opendsec.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// CreateSandbox admits (or refuses with resource_exhausted) and creates a
@@ -285,6 +303,10 @@ type NodeServiceHandler interface {
 	// match the selector, concurrently.
 	PauseSandboxes(context.Context, *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error)
 	ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error)
+	// ForkSandbox makes count new running sandboxes on this node from a
+	// running or paused one; see opendsec.v1 SandboxService. Idempotent on
+	// request_id.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -366,6 +388,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("ResumeSandboxes")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceForkSandboxHandler := connect.NewUnaryHandler(
+		NodeServiceForkSandboxProcedure,
+		svc.ForkSandbox,
+		connect.WithSchema(nodeServiceMethods.ByName("ForkSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceCreateSandboxProcedure:
@@ -392,6 +420,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServicePauseSandboxesHandler.ServeHTTP(w, r)
 		case NodeServiceResumeSandboxesProcedure:
 			nodeServiceResumeSandboxesHandler.ServeHTTP(w, r)
+		case NodeServiceForkSandboxProcedure:
+			nodeServiceForkSandboxHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -447,4 +477,8 @@ func (UnimplementedNodeServiceHandler) PauseSandboxes(context.Context, *connect.
 
 func (UnimplementedNodeServiceHandler) ResumeSandboxes(context.Context, *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.ResumeSandboxes is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.ForkSandbox is not implemented"))
 }

@@ -109,7 +109,7 @@ class NetworkRule(_message.Message):
     def __init__(self, cidr: _Optional[str] = ..., domain: _Optional[str] = ..., protocol: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool", "owner", "project")
+    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool", "owner", "project", "parent_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class Sandbox(_message.Message):
     FROM_WARM_POOL_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PROJECT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     spec: SandboxSpec
@@ -132,7 +133,8 @@ class Sandbox(_message.Message):
     from_warm_pool: bool
     owner: str
     project: str
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ..., owner: _Optional[str] = ..., project: _Optional[str] = ...) -> None: ...
+    parent_id: str
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ..., owner: _Optional[str] = ..., project: _Optional[str] = ..., parent_id: _Optional[str] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("spec", "request_id", "skip_warm_pool")
@@ -246,6 +248,36 @@ class SetTimeoutResponse(_message.Message):
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     sandbox: Sandbox
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class ForkSandboxRequest(_message.Message):
+    __slots__ = ("sandbox_id", "count", "request_id", "timeout_seconds", "target_node")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODE_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    count: int
+    request_id: str
+    timeout_seconds: int
+    target_node: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., target_node: _Optional[str] = ...) -> None: ...
+
+class ForkSandboxResponse(_message.Message):
+    __slots__ = ("forks", "source_frozen_us")
+    FORKS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FROZEN_US_FIELD_NUMBER: _ClassVar[int]
+    forks: _containers.RepeatedCompositeFieldContainer[ForkResult]
+    source_frozen_us: int
+    def __init__(self, forks: _Optional[_Iterable[_Union[ForkResult, _Mapping]]] = ..., source_frozen_us: _Optional[int] = ...) -> None: ...
+
+class ForkResult(_message.Message):
+    __slots__ = ("sandbox", "memory_preserved")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PRESERVED_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    memory_preserved: bool
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., memory_preserved: bool = ...) -> None: ...
 
 class PauseSandboxRequest(_message.Message):
     __slots__ = ("id",)

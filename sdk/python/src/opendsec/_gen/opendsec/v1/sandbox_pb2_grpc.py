@@ -95,6 +95,11 @@ class SandboxServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.FromString,
                 _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/opendsec.v1.SandboxService/ForkSandbox',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer(object):
@@ -193,6 +198,20 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSandbox(self, request, context):
+        """ForkSandbox makes count (1..64) new running sandboxes from a running or
+        paused one, on its node: each has the source's files at that instant,
+        its image, limits, env, network policy, labels and task_id, a new ID
+        and hostname, and parent_id = the source. The source is frozen only
+        while its writable layer is copied. Containers fork their files, not
+        their memory (memory_preserved false: their processes start again);
+        memory forks need a VM backend. All or nothing; idempotent on
+        request_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -255,6 +274,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ResumeSandboxes,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -582,6 +606,33 @@ class SandboxService(object):
             '/opendsec.v1.SandboxService/ResumeSandboxes',
             opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.ResumeSandboxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/ForkSandbox',
+            opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
