@@ -48,6 +48,10 @@ class FakeServer(
         self.set_timeouts: list[pb.SetTimeoutRequest] = []
         self.set_networks: list[pb.SetNetworkRequest] = []
         self.resume_requests: list[pb.ResumeSandboxRequest] = []
+        self.fork_requests: list[pb.ForkSandboxRequest] = []
+        # The first ForkSandbox calls answer these codes (a lost answer).
+        self.fork_failures: list[tuple[grpc.StatusCode, str]] = []
+        self.forks_by_request: dict[str, list[str]] = {}
         # Prestarted sandboxes a create may take, unless it sets skip_warm_pool.
         self.warm_pool = 0
 
@@ -155,6 +159,30 @@ class FakeServer(
         await self._auth(context, "ResumeSandbox")
         self.resume_requests.append(request)
         return pb.ResumeSandboxResponse(sandbox=await self._set_state(request.id, pb.SANDBOX_STATE_RUNNING, context))
+
+    async def ForkSandbox(self, request: pb.ForkSandboxRequest, context: Any) -> pb.ForkSandboxResponse:
+        await self._auth(context, "ForkSandbox")
+        self.fork_requests.append(request)
+        src = self.sandboxes.get(request.sandbox_id)
+        if src is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"sandbox_id: sandbox {request.sandbox_id} not found")
+        if not 1 <= request.count <= 64:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"count: is {request.count}; give 1..64 forks")
+        ids = self.forks_by_request.get(request.request_id)
+        if ids is None:
+            ids = []
+            for i in range(request.count):
+                s = self._make(src.spec, f"fk{request.request_id[:6]}{i:02d}")
+                s.parent_id = src.id
+                ids.append(s.id)
+            self.forks_by_request[request.request_id] = ids
+        if self.fork_failures:  # made, but the answer is lost
+            code, msg = self.fork_failures.pop(0)
+            await context.abort(code, msg)
+        return pb.ForkSandboxResponse(
+            forks=[pb.ForkResult(sandbox=self.sandboxes[i], memory_preserved=False) for i in ids],
+            source_frozen_us=1500,
+        )
 
     async def GetSandboxMetrics(
         self, request: pb.GetSandboxMetricsRequest, context: Any

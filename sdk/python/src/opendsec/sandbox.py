@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -20,6 +21,7 @@ from opendsec.errors import (
     DSecTimeoutError,
     FailedPreconditionError,
     InternalError,
+    InvalidArgumentError,
     NotFoundError,
     from_grpc_error,
 )
@@ -40,6 +42,9 @@ from opendsec.types import (
 )
 
 __all__ = ["CHUNK_SIZE", "OUTPUT_LIMIT", "SHELL", "ExecProcess", "Files", "Sandbox"]
+
+#: The most sandboxes one :meth:`Sandbox.fork` makes.
+MAX_FORK_COUNT = 64
 
 #: Size of the data chunks :meth:`Files.write` streams.
 CHUNK_SIZE = 1024 * 1024
@@ -561,9 +566,10 @@ class Sandbox:
     ``async with sandbox:`` stops it when the block ends.
     """
 
-    def __init__(self, conn: Conn, info: SandboxInfo) -> None:
+    def __init__(self, conn: Conn, info: SandboxInfo, *, memory_preserved: bool = False) -> None:
         self._conn = conn
         self._info = info
+        self._memory_preserved = memory_preserved
         self.files: Files = Files(conn, info.id)
         """File operations inside this sandbox."""
 
@@ -582,6 +588,19 @@ class Sandbox:
         False with ``DSecRunArgs(skip_warm_pool=True)``. As the server said at
         the last call, like :attr:`info`."""
         return self._info.from_warm_pool
+
+    @property
+    def memory_preserved(self) -> bool:
+        """For a sandbox :meth:`fork` returned: True when it resumed its
+        source's memory and processes (VM backends), False when it has the
+        source's files and its processes started again (containers). False
+        for a sandbox not made by a fork."""
+        return self._memory_preserved
+
+    @property
+    def parent_id(self) -> str:
+        """The sandbox this one was forked from; ``""`` for one made from an image."""
+        return self._info.parent_id
 
     @property
     def info(self) -> SandboxInfo:
@@ -675,6 +694,53 @@ class Sandbox:
         )
         self._info = SandboxInfo.from_proto(resp.sandbox)
         return self._info
+
+    async def fork(
+        self,
+        count: int = 1,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> list[Sandbox]:
+        """Make ``count`` (1..64) new running sandboxes from this one's state now.
+
+        Each fork has this sandbox's files at this instant, its image, limits,
+        env, network policy, labels and task, its own ID and hostname, and
+        :attr:`parent_id` = this sandbox's ID; all run on this sandbox's node.
+        This sandbox (running or paused) is frozen only while its writable
+        layer is copied, and keeps its state. Containers fork their files,
+        not their memory: the forks' processes start again
+        (:attr:`memory_preserved` False); memory forks need the VM backends.
+        Either all ``count`` forks are made or none is.
+
+        ``timeout`` is the forks' lifetime in seconds (default: this
+        sandbox's). A fresh ``request_id`` (uuid4) is generated unless given;
+        UNAVAILABLE is retried with the same one, so a lost answer never makes
+        more forks.
+
+        Raises:
+            InvalidArgumentError: ``count`` is not 1..64 (nothing is sent).
+            NotFoundError: the sandbox is gone (or not yours).
+            FailedPreconditionError: the sandbox is not running or paused.
+            QuotaExceededError: its node has no room for all ``count`` forks.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidArgumentError(
+                f"count: is {count!r}; give 1..{MAX_FORK_COUNT} forks"
+            )
+        secs = 0 if timeout is None else math.ceil(timeout)
+        if secs < 0:
+            raise InvalidArgumentError(
+                f"timeout: is {timeout!r}; give seconds > 0, or None for this sandbox's lifetime"
+            )
+        req = pb.ForkSandboxRequest(
+            sandbox_id=self.id, count=count, request_id=request_id or uuid.uuid4().hex, timeout_seconds=secs
+        )
+        resp = await self._conn.unary(self._conn.sandboxes.ForkSandbox, req, retry=True)
+        return [
+            Sandbox(self._conn, SandboxInfo.from_proto(f.sandbox), memory_preserved=f.memory_preserved)
+            for f in resp.forks
+        ]
 
     async def metrics(self) -> SandboxMetrics:
         """Return the sandbox's current CPU, memory, process and disk use."""

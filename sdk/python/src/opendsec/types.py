@@ -319,6 +319,8 @@ class SandboxInfo:
         reason: why it is FAILED or STOPPED (e.g. ``"timeout"``, ``"idle"``).
         from_warm_pool: the create took a prestarted sandbox from its node's
             warm pool instead of making one from scratch.
+        parent_id: the sandbox this one was forked from (``""`` for one
+            made from an image).
     """
 
     id: str
@@ -330,6 +332,7 @@ class SandboxInfo:
     last_activity_at: _dt.datetime | None
     reason: str
     from_warm_pool: bool = False
+    parent_id: str = ""
 
     @classmethod
     def from_proto(cls, s: pb.Sandbox) -> SandboxInfo:
@@ -344,6 +347,7 @@ class SandboxInfo:
             last_activity_at=_ts(s.last_activity_at, s.HasField("last_activity_at")),
             reason=s.reason,
             from_warm_pool=s.from_warm_pool,
+            parent_id=s.parent_id,
         )
 
 
