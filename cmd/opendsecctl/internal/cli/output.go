@@ -92,6 +92,7 @@ func printSandboxDetail(w io.Writer, sb *opendsec.Sandbox) error {
 		{"ID", sb.GetId()},
 		{"Node", orDash(sb.GetNodeId())},
 		{"Owner", orDash(sb.GetOwner())},
+		{"Parent", orDash(sb.GetParentId())},
 		{"State", stateName(sb.GetState())},
 		{"Reason", orDash(sb.GetReason())},
 		{"Image", orDash(sp.GetImage())},
