@@ -112,8 +112,9 @@ func (g *Gateway) apiMux() http.Handler {
 	h("GET /sandboxes/{id}/metrics", g.metrics)
 	h("GET /sandboxes/metrics", g.metricsMany)
 	h("PUT /sandboxes/{id}/network", g.updateNetwork)
+	h("POST /sandboxes/{id}/fork", g.fork)
 	for _, p := range []string{
-		"POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/snapshots", "GET /snapshots",
+		"POST /sandboxes/{id}/snapshots", "GET /snapshots",
 		"GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
 		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",

@@ -31,6 +31,8 @@ type fakeAPI struct {
 	// bearers are the tokens (auth.BearerFrom) of the create, get, list
 	// and stop calls.
 	bearers []string
+	// forks are the ForkSandbox requests.
+	forks []*v1.ForkSandboxRequest
 }
 
 // seen records the token the call in ctx carries; f.mu is held.
