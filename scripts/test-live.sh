@@ -38,6 +38,11 @@ echo "== quickstart example"
 out=$("$VENV/bin/python" sdk/python/examples/quickstart.py) || rc=1
 echo "$out"
 [ "$(echo "$out" | tail -n1)" = "42" ] || { echo "quickstart printed '$out', want 42" >&2; rc=1; }
+echo "== fork example"
+out=$("$VENV/bin/python" sdk/python/examples/fork.py) || rc=1
+echo "$out"
+[ "$(echo "$out" | head -n1)" = "42" ] && [ "$(echo "$out" | grep -c '^fork .*: 4[2-5] (memory_preserved=False)$')" = 4 ] ||
+  { echo "fork example printed '$out', want 42 then 4 forks printing 42..45" >&2; rc=1; }
 echo "== cli"
 id=$("$BIN/opendsecctl" sandbox create --image root/busybox -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])') || rc=1
 if [ -n "${id:-}" ]; then
