@@ -43,6 +43,8 @@ func (heldImages) Release(context.Context, string) error { return nil }
 type realCluster struct {
 	nodes []*node.Node
 	sbx   opendsecv1connect.SandboxServiceClient
+	// client returns a sandbox client calling as sub (user scope).
+	client func(sub string) opendsecv1connect.SandboxServiceClient
 }
 
 // used is the CPU the nodes have reserved right now: the real use.
@@ -64,7 +66,7 @@ func newRealCluster(t *testing.T, ids ...string) *realCluster {
 		t.Fatal(err)
 	}
 	nodeTok, _ := key.Issue("apiserver", auth.ScopeNode, time.Hour)
-	verify := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
+	verify := auth.NewVerifier(key.PublicKey(), auth.ScopeNode).AcceptOnBehalf() // as a real node: owners are recorded
 	c := &realCluster{}
 	var infos []nodeclient.NodeInfo
 	for _, id := range ids {
@@ -134,8 +136,11 @@ func newRealCluster(t *testing.T, ids ...string) *realCluster {
 	})
 	hc := &http.Client{Transport: &http.Transport{Protocols: h2c}}
 	t.Cleanup(hc.CloseIdleConnections)
-	tok, _ := key.Issue("alice", auth.ScopeUser, time.Hour)
-	c.sbx = opendsecv1connect.NewSandboxServiceClient(auth.Client(hc, tok), "http://"+ln.Addr().String(), connect.WithGRPC())
+	c.client = func(sub string) opendsecv1connect.SandboxServiceClient {
+		tok, _ := key.Issue(sub, auth.ScopeUser, time.Hour)
+		return opendsecv1connect.NewSandboxServiceClient(auth.Client(hc, tok), "http://"+ln.Addr().String(), connect.WithGRPC())
+	}
+	c.sbx = c.client("alice")
 	return c
 }
 
