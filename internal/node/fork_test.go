@@ -360,3 +360,45 @@ func TestForkService(t *testing.T) {
 		}
 	}
 }
+
+// TestForksSurviveARestart: a restarted node recovers forks with their
+// parent and memory_preserved, and a retry of the fork (same request_id)
+// returns them instead of making more.
+func TestForksSurviveARestart(t *testing.T) {
+	root := "fork-restart-" + sandboxid.New("fake")
+	f := newFakeFixture(t)
+	f.fake = runtimefake.New(runtimefake.Config{StateRoot: root})
+	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: f.fake}
+	n1, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := f.create(t, n1, specRecord{})
+	out, err := n1.Fork(t.Context(), ForkRequest{SourceID: src.ID, Count: 2, RequestID: "keep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1.Close()
+	rt2 := runtimefake.New(runtimefake.Config{StateRoot: root})
+	f.fake = rt2
+	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: rt2}
+	n2 := f.open(t)
+	for _, fk := range out.Forks {
+		rec, _, err := n2.Get(t.Context(), fk.Sandbox.id)
+		if err != nil || rec.ParentID != src.ID || !rec.MemoryPreserved || rec.State != stateRunning {
+			t.Fatalf("fork %s after restart: %+v %v", fk.Sandbox.id, rec, err)
+		}
+	}
+	again, err := n2.Fork(t.Context(), ForkRequest{SourceID: src.ID, Count: 2, RequestID: "keep"})
+	if err != nil || len(again.Forks) != 2 {
+		t.Fatalf("retry after restart: %v", err)
+	}
+	for i := range again.Forks {
+		if again.Forks[i].Sandbox.id != out.Forks[0].Sandbox.id && again.Forks[i].Sandbox.id != out.Forks[1].Sandbox.id {
+			t.Fatalf("retry after restart made a new fork %s", again.Forks[i].Sandbox.id)
+		}
+	}
+	if _, _, c := n2.Usage(); c != 3 {
+		t.Fatalf("%d sandboxes after restart and retry, want 3", c)
+	}
+}

@@ -29,7 +29,7 @@ func TestSandboxMessageCarriesTheRecord(t *testing.T) {
 	unsetHere := map[protoreflect.Name]string{
 		"reason":         "set when the sandbox failed",
 		"from_warm_pool": "this one was made from scratch",
-		"parent_id":      "nothing forks or restores yet",
+		"parent_id":      "it was made from an image, not forked (fork_test.go checks forks set it)",
 	}
 	fields := p.ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {
