@@ -138,3 +138,33 @@ func ExampleClient_BatchCreateWith() {
 		log.Fatal(err)
 	}
 }
+
+// Fork a sandbox that wrote a file into 4 and read the file in each. On
+// containers the forks have the files, not the memory (MemoryPreserved is
+// false): their processes start again.
+func ExampleClient_ForkSandbox() {
+	ctx := context.Background()
+	c, err := opendsec.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sb, err := c.CreateSandbox(ctx, &opendsec.SandboxSpec{Image: "root/busybox"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.RunShell(ctx, sb.Id, "echo 42 > ~/answer.txt"); err != nil {
+		log.Fatal(err)
+	}
+	out, err := c.ForkSandbox(ctx, sb.Id, 4, opendsec.ForkOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("source frozen for", out.SourceFrozen)
+	for _, f := range out.Forks {
+		r, err := c.RunShell(ctx, f.Sandbox.Id, "cat ~/answer.txt")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(f.Sandbox.Id, f.Sandbox.GetParentId(), f.MemoryPreserved, r.Stdout)
+	}
+}
