@@ -85,6 +85,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 				var err error
 				img, err = n.cfg.Images.Hold(ctx, spec.Image, req.ID)
 				holdDur = time.Since(t)
+				sb.rec.ImageID = img.Rootfs.ImageID // sb is not admitted (visible) yet
 				if errdefs.IsNotFound(err) {
 					return errdefs.Invalid("image", "%v", err)
 				} else if err != nil {
@@ -115,7 +116,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 // that ID.
 func (n *Node) createFromPool(ctx context.Context, req CreateRequest, spec specRecord, k poolKey, slot *record) (*record, error) {
 	rec := n.newRecord(req, spec, slot.ID, slot.StateDir)
-	rec.Handle, rec.FromPool = slot.Handle, true
+	rec.Handle, rec.FromPool, rec.ImageID = slot.Handle, true, slot.ImageID
 	sb := newSandbox(rec, req.ID)
 	launching := false
 	err := runSteps(ctx, []step{

@@ -113,6 +113,12 @@ func (n *Node) Fork(ctx context.Context, req ForkRequest) (_ *ForkOutcome, err e
 			do: func(ctx context.Context) error {
 				for i, sb := range sbs {
 					img, err := n.cfg.Images.Hold(ctx, srcRec.Spec.Image, sb.id)
+					if err == nil && srcRec.ImageID != "" && img.Rootfs.ImageID != srcRec.ImageID {
+						// The name was re-imported or retagged since: the
+						// copied upper layer belongs on the old layers.
+						err = errdefs.New(errdefs.ErrFailedPrecondition, "image %s names other content (%s) than sandbox %s was made from (%s) since it was re-imported or retagged; "+
+							"fork sandboxes made after the change, or tag the old content under this name again", srcRec.Spec.Image, img.Rootfs.ImageID, srcRec.ID, srcRec.ImageID)
+					}
 					if err != nil {
 						for _, made := range sbs[:i+1] {
 							n.releaseHold(ctx, made.id)
@@ -120,6 +126,7 @@ func (n *Node) Fork(ctx context.Context, req ForkRequest) (_ *ForkOutcome, err e
 						return fmt.Errorf("hold image %s of sandbox %s: %w", srcRec.Spec.Image, srcRec.ID, err)
 					}
 					imgs[i] = img
+					sb.rec.ImageID = img.Rootfs.ImageID // not admitted (visible) yet
 				}
 				return nil
 			},

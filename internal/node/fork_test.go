@@ -402,3 +402,36 @@ func TestForksSurviveARestart(t *testing.T) {
 		t.Fatalf("%d sandboxes after restart and retry, want 3", c)
 	}
 }
+
+// TestForkRefusesAnImageThatChanged: when the source's image name now
+// names other content (re-imported, retagged), a fork would put the copied
+// upper layer on other lower layers; it is refused and changes nothing.
+func TestForkRefusesAnImageThatChanged(t *testing.T) {
+	gen := new(atomic.Int64)
+	f := newFakeNode(t, func(c *Config) {
+		im := c.Images.(images)
+		im.gen = gen
+		c.Images = im
+	})
+	src := f.create(t, specRecord{})
+	if src.ImageID == "" {
+		t.Fatal("the source's record has no image ID")
+	}
+	gen.Add(1) // "re-import" the image
+	before := f.forkState(t)
+	_, err := f.Fork(t.Context(), ForkRequest{SourceID: src.ID, Count: 2})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "re-imported or retagged") {
+		t.Fatalf("fork after the image changed: %v, want failed_precondition saying why", err)
+	}
+	if st := f.forkState(t); st != before {
+		t.Fatalf("refused fork changed the node: %+v, was %+v", st, before)
+	}
+	gen.Add(-1)
+	out, err := f.Fork(t.Context(), ForkRequest{SourceID: src.ID, Count: 2})
+	if err != nil {
+		t.Fatalf("fork with the image back: %v", err)
+	}
+	if out.Forks[0].Sandbox.rec.ImageID != src.ImageID {
+		t.Fatalf("fork image ID %q, want the source's %q", out.Forks[0].Sandbox.rec.ImageID, src.ImageID)
+	}
+}

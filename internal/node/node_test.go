@@ -50,10 +50,14 @@ func (i images) Hold(_ context.Context, name, holder string) (runtime.Image, err
 	i.mu.Lock()
 	i.holds[holder] = true
 	i.mu.Unlock()
-	return runtime.Image{
+	img := runtime.Image{
 		Rootfs: runtime.Rootfs{Image: name, Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: i.layer}}},
 		Env:    []string{"PATH=/bin:/usr/bin"},
-	}, nil
+	}
+	if i.gen != nil { // content IDs only where a test re-imports
+		img.Rootfs.ImageID, _ = i.ImageID(context.Background(), name)
+	}
+	return img, nil
 }
 
 type fixture struct {

@@ -433,6 +433,7 @@ func (n *Node) prestart(ctx context.Context, k poolKey, spec specRecord) (_ *rec
 		CreatedAt: now,
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  sandboxDir(n.cfg.StateDir, id),
+		ImageID:   img.Rootfs.ImageID,
 	}
 	h, err := n.prepare(ctx, rec, img, nil)
 	if err != nil {

@@ -35,6 +35,10 @@ type record struct {
 	// owners have neither: only admins see them.
 	Owner   string `json:"owner,omitempty"`
 	Project string `json:"project,omitempty"`
+	// ImageID is the content ID of the image the sandbox was made from
+	// (empty for records from before it was kept, and for test images):
+	// a fork must have the same lower layers under the copied upper.
+	ImageID string `json:"image_id,omitempty"`
 	// ParentID is the sandbox this one was forked from (empty for one
 	// made from an image).
 	ParentID string `json:"parent_id,omitempty"`
