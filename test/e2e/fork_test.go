@@ -151,6 +151,24 @@ func TestFork(t *testing.T) {
 	if h := strings.TrimSpace(s.shell(t, src.GetId(), "hostname").stdout); h != srcHost {
 		t.Errorf("source hostname %q → %q", srcHost, h)
 	}
+	// A paused source forks too, and stays paused (a fork is no call into
+	// it, so it does not auto-resume it).
+	if _, err := s.Sandboxes().PauseSandbox(t.Context(), connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: src.GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	pout, err := s.fork(t, src.GetId(), 1)
+	if err != nil {
+		t.Fatalf("fork of the paused source: %v", err)
+	}
+	pf := pout.GetForks()[0].GetSandbox().GetId()
+	ids = append(ids, pf)
+	if r := s.shell(t, pf, "cat ~/state.txt"); r.stdout != "step-1\n" {
+		t.Errorf("fork of the paused source reads %q", r.stdout)
+	}
+	g, err := s.Sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: src.GetId()}))
+	if err != nil || g.Msg.GetSandbox().GetState() != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("source after a fork while paused: %v %v, want still paused", g.Msg.GetSandbox().GetState(), err)
+	}
 	for _, id := range append(ids, src.GetId()) {
 		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
