@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -15,6 +16,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // ImageHandler serves NodeImageService over the node's image store (the
@@ -90,7 +92,13 @@ func (s *imageService) ListImages(ctx context.Context, _ *connect.Request[opends
 		return nil, err
 	}
 	out := &opendsecv1.ListImagesResponse{}
+	admin := callerIsAdmin(ctx)
 	for _, im := range imgs {
+		// Snapshots' images are listed as snapshots, to their owners;
+		// admins see them here too (snapshot/<id>).
+		if !admin && strings.HasPrefix(im.Name, sandboxspec.SnapshotImagePrefix) {
+			continue
+		}
 		out.Images = append(out.Images, ImageToProto(im))
 	}
 	return connect.NewResponse(out), nil
@@ -202,6 +210,11 @@ func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string
 		return image.Image{}, err
 	}
 	defer end()
+	return n.packDiff(ctx, store, id, name, scrubPaths)
+}
+
+// packDiff is PackDiff inside an admitted operation (snapshots use it too).
+func (n *Node) packDiff(ctx context.Context, store snapshotImages, id, name string, scrubPaths []string) (image.Image, error) {
 	if id == "" {
 		return image.Image{}, errdefs.Invalid("sandbox_id", "is empty; give a sandbox ID (list them with `opendsecctl sandbox list`)")
 	}

@@ -434,7 +434,7 @@ func (n *Node) prestart(ctx context.Context, k poolKey, spec specRecord) (_ *rec
 		ExpiresAt: now.Add(time.Duration(spec.TimeoutSec) * time.Second),
 		StateDir:  sandboxDir(n.cfg.StateDir, id),
 	}
-	h, err := n.prepare(ctx, rec, img, nil)
+	h, err := n.prepare(ctx, rec, img, nil, "")
 	if err != nil {
 		return nil, err
 	}
