@@ -17,5 +17,6 @@ def test_snapshot_from_proto() -> None:
     m.spec.image = "root/busybox"
     m.created_at.FromSeconds(1700000000)
     s = Snapshot.from_proto(m)
-    assert (s.id, s.name, s.spec.image, s.size_bytes, s.memory) == ("n001abcdefghijklmnop", "s", "root/busybox", 7, False)
+    got = (s.id, s.name, s.spec.image, s.size_bytes, s.memory)
+    assert got == ("n001abcdefghijklmnop", "s", "root/busybox", 7, False)
     assert s.created_at is not None and s.created_at.year == 2023
