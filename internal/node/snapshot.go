@@ -435,4 +435,3 @@ func (n *Node) resolveSnapshot(ctx context.Context, spec specRecord) (_ specReco
 	}
 	return spec, restore, nil
 }
-
