@@ -49,6 +49,9 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 	if m.GetRef() == "" {
 		return errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1")
 	}
+	if err := notSnapshotName("name", m.GetName()); err != nil {
+		return err
+	}
 	opts := []image.ImportOption{}
 	if m.GetName() != "" {
 		opts = append(opts, image.WithName(m.GetName()))
@@ -119,6 +122,9 @@ func (s *imageService) TagImage(ctx context.Context, req *connect.Request[opends
 	if s.store == nil {
 		return nil, errNoStore
 	}
+	if err := notSnapshotName("target", req.Msg.GetTarget()); err != nil {
+		return nil, err
+	}
 	img, err := s.store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget())
 	if err != nil {
 		return nil, err
@@ -141,6 +147,9 @@ func (s *imageService) ComposeImage(ctx context.Context, req *connect.Request[op
 		return nil, errNoStore
 	}
 	m := req.Msg
+	if err := notSnapshotName("name", m.GetName()); err != nil {
+		return nil, err
+	}
 	cr := image.ComposeRequest{Base: m.GetBase(), Name: m.GetName(), MergeLayers: m.GetMergeLayers()}
 	for _, l := range m.GetLayers() {
 		cr.Layers = append(cr.Layers, image.ComposeLayer{Digest: l.GetDigest(), Image: l.GetImage()})
@@ -185,6 +194,9 @@ func (s *imageService) VerifyImages(ctx context.Context, _ *connect.Request[open
 func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opendsecv1.PackDiffRequest]) (*connect.Response[opendsecv1.PackDiffResponse], error) {
 	if s.store == nil {
 		return nil, errNoStore
+	}
+	if err := notSnapshotName("name", req.Msg.GetName()); err != nil {
+		return nil, err
 	}
 	if id := req.Msg.GetSandboxId(); id != "" {
 		if err := s.n.checkOwner(ctx, id); err != nil {
@@ -255,6 +267,15 @@ func (n *Node) packDiff(ctx context.Context, store snapshotImages, id, name stri
 		return err
 	})
 	return img, err
+}
+
+// notSnapshotName refuses an image name in the snapshots' namespace
+// (snapshot/...): only the node's snapshots write there.
+func notSnapshotName(field, name string) error {
+	if strings.HasPrefix(strings.TrimSpace(name), sandboxspec.SnapshotImagePrefix) {
+		return errdefs.Invalid(field, "%q: names under %s are reserved for snapshots; pick another name, or take a snapshot with `opendsecctl sandbox snapshot`", name, sandboxspec.SnapshotImagePrefix)
+	}
+	return nil
 }
 
 // ImageToProto converts an image for the API.

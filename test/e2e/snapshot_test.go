@@ -126,16 +126,30 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("source after the snapshot: %+v", r)
 	}
 
-	var froms []*opendsecv1.Sandbox
-	for range 2 {
-		sb, err := alice.create(t, &opendsecv1.SandboxSpec{Snapshot: snap.GetId()})
-		if err != nil {
-			t.Fatalf("create from the snapshot: %v", err)
+	// One create and a batch of two.
+	one, err := alice.create(t, &opendsecv1.SandboxSpec{Snapshot: snap.GetId()})
+	if err != nil {
+		t.Fatalf("create from the snapshot: %v", err)
+	}
+	froms := []*opendsecv1.Sandbox{one}
+	st, err := alice.sandboxes.BatchCreateSandboxes(t.Context(), connect.NewRequest(&opendsecv1.BatchCreateSandboxesRequest{
+		Spec: &opendsecv1.SandboxSpec{Snapshot: snap.GetId()}, Count: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+		if m := st.Msg(); m.GetErrorCode() != "" {
+			t.Fatalf("batch item %d: %s %s", m.GetIndex(), m.GetErrorCode(), m.GetErrorMessage())
 		}
+		froms = append(froms, st.Msg().GetSandbox())
+	}
+	if err := st.Err(); err != nil || len(froms) != 3 {
+		t.Fatalf("batch create from the snapshot: %d sandboxes, %v", len(froms), err)
+	}
+	for _, sb := range froms {
 		if sb.GetSpec().GetSnapshot() != snap.GetId() || sb.GetSpec().GetEnv()["FROM"] != "src" || sb.GetSpec().GetLabels()["kind"] != "src" {
 			t.Fatalf("spec of a sandbox from the snapshot: %v", sb.GetSpec())
 		}
-		froms = append(froms, sb)
 	}
 	for _, sb := range froms {
 		if r := s.shell(t, sb.Id, "cat /opt/state/f; echo $FROM; test -e /bin/true || echo deleted"); r.stdout != "saved\nsrc\ndeleted\n" {
@@ -178,6 +192,9 @@ func TestSnapshots(t *testing.T) {
 	wantErr(t, "create with image and snapshot", err, connect.CodeInvalidArgument, "snapshot")
 	_, err = alice.create(t, &opendsecv1.SandboxSpec{Image: snap.GetImage()})
 	wantErr(t, "create from a snapshot's image by name", err, connect.CodeInvalidArgument, "image")
+	imgs := opendsecv1connect.NewImageServiceClient(s.HTTPClient(), s.Endpoint(), s.Opts(s.Token())...)
+	_, err = imgs.PackDiff(t.Context(), connect.NewRequest(&opendsecv1.PackDiffRequest{SandboxId: src.Id, Name: "snapshot/" + src.Id}))
+	wantErr(t, "pack_diff into the snapshots' names", err, connect.CodeInvalidArgument, "name")
 	_, err = bob.snapshots.GetSnapshot(t.Context(), connect.NewRequest(&opendsecv1.GetSnapshotRequest{Id: snap.GetId()}))
 	wantErr(t, "get another principal's snapshot", err, connect.CodeNotFound, "snapshot")
 	_, err = bob.snapshots.DeleteSnapshot(t.Context(), connect.NewRequest(&opendsecv1.DeleteSnapshotRequest{Id: snap.GetId()}))
@@ -196,11 +213,11 @@ func TestSnapshots(t *testing.T) {
 	if _, err := alice.snapshots.DeleteSnapshot(t.Context(), connect.NewRequest(&opendsecv1.DeleteSnapshotRequest{Id: snap.GetId()})); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
-	imgs, err := s.Client(t).ListImages(t.Context())
+	left, err := s.Client(t).ListImages(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, im := range imgs {
+	for _, im := range left {
 		if strings.HasPrefix(im.GetName(), "snapshot/") {
 			t.Fatalf("the deleted snapshot's image is still listed: %s", im.GetName())
 		}
