@@ -46,10 +46,17 @@ func snapshotInfo(s *v1.Snapshot) snapshotInfoJSON {
 // saved under name; it keeps running.
 func (g *Gateway) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Name string `json:"name"`
+		Name   string `json:"name"`
+		Memory *bool  `json:"memory"`
 	}
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
+		return
+	}
+	if req.Memory != nil && *req.Memory {
+		// Containers keep no memory in a snapshot; unset (the SDKs'
+		// default) or false takes the filesystem-only snapshot.
+		writeError(w, http.StatusBadRequest, "memory: true (a snapshot with memory) is not supported on OpenDsec's container backend; snapshots keep the filesystem: leave memory unset or use mode \"filesystem\"")
 		return
 	}
 	id := sandboxID(r)
@@ -96,7 +103,7 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	sandbox, name := q.Get("sandboxID"), q.Get("name")
 	var matched []*v1.Snapshot
 	for _, s := range resp.Msg.GetSnapshots() {
-		if (sandbox == "" || s.GetSourceSandboxId() == sandbox) && (name == "" || s.GetName() == name) {
+		if (sandbox == "" || s.GetSourceSandboxId() == sandbox) && (name == "" || s.GetName() == name || s.GetId() == name) {
 			matched = append(matched, s)
 		}
 	}

@@ -114,7 +114,10 @@ func TestSnapshots(t *testing.T) {
 	if w, _ := h.do(h.keyA, "POST", "/sandboxes/"+id+"/snapshots", `{"name":"a/b"}`); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "name") {
 		t.Fatalf("snapshot named a/b: %d %s", w.Code, w.Body)
 	}
-	w, m = h.do(h.keyA, "POST", "/sandboxes/"+id+"/snapshots", `{"name":"first"}`)
+	if w, _ := h.do(h.keyA, "POST", "/sandboxes/"+id+"/snapshots", `{"memory":true}`); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "memory") {
+		t.Fatalf("snapshot with memory: %d %s", w.Code, w.Body)
+	}
+	w, m = h.do(h.keyA, "POST", "/sandboxes/"+id+"/snapshots", `{"name":"first","memory":false}`)
 	if w.Code != http.StatusCreated {
 		t.Fatalf("snapshot: %d %s", w.Code, w.Body)
 	}
