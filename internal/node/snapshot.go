@@ -259,7 +259,7 @@ func (n *Node) CreateSnapshot(ctx context.Context, sandboxID, name string) (*sna
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox_id: sandbox %s not found", sandboxID)
 	}
-	if dead {
+	if dead || sb.died.Load() {
 		reason, _ := sb.reason.Load().(string)
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox_id: sandbox %s failed (%s); snapshot a running or paused sandbox", sandboxID, reason)
 	}

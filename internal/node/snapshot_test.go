@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -384,5 +385,34 @@ func TestSnapshotsSurviveRestart(t *testing.T) {
 	}
 	if _, err := n2.CreateSnapshot(ctx, rec.ID, "keep"); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("repeated name after restart: %v", err)
+	}
+}
+
+// TestSnapshotOfFailedSandbox: a sandbox whose init died (reported
+// FAILED, then removed) is refused with failed_precondition naming
+// sandbox_id and the reason, and nothing is written.
+func TestSnapshotOfFailedSandbox(t *testing.T) {
+	f, imgs := newSnapNode(t, false, "")
+	ctx := alice()
+	src := f.createAs(t, ctx, specRecord{Image: "root/busybox"})
+	if err := f.rt.Kill(src.ID, "killed by signal 9"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		_, err := f.get(src.ID)
+		if _, dead := f.deadSandbox(src.ID); dead && errdefs.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed sandbox was not reported dead and removed within 5 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling the node's view
+	}
+	_, err := f.CreateSnapshot(ctx, src.ID, "x")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sandbox_id") || !strings.Contains(err.Error(), "signal 9") {
+		t.Fatalf("snapshot of a dead sandbox: %v, want failed_precondition naming sandbox_id and the reason", err)
+	}
+	if len(f.ListSnapshots(ctx)) != 0 || len(imgs.names()) != 0 {
+		t.Fatalf("left snapshots %v, images %v", f.ListSnapshots(ctx), imgs.names())
 	}
 }
