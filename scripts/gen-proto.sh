@@ -16,7 +16,7 @@ e2bopts=(
   --connect-go_opt=Mprocess/process.proto=$mod/process\;process
   --connect-go_opt=Mfilesystem/filesystem.proto=$mod/filesystem\;filesystem
 )
-files=(process/process.proto filesystem/filesystem.proto opendsec/v1/sandbox.proto opendsec/v1/image.proto opendsec/node/v1/node.proto opendsec/node/v1/image.proto opendsec/watcher/v1/watcher.proto)
+files=(process/process.proto filesystem/filesystem.proto opendsec/v1/sandbox.proto opendsec/v1/image.proto opendsec/v1/snapshot.proto opendsec/node/v1/node.proto opendsec/node/v1/image.proto opendsec/node/v1/snapshot.proto opendsec/watcher/v1/watcher.proto)
 rm -rf "$OUT_GO"; mkdir -p "$OUT_GO"
 protoc -I "$PROTO" -I "$INC" \
   --go_out="$OUT_GO" --go_opt=module=$mod \
@@ -27,7 +27,7 @@ if [ "${SKIP_PY:-}" != 1 ]; then
   rm -rf "$OUT_PY"; mkdir -p "$OUT_PY"
   "$PY" -m grpc_tools.protoc -I "$PROTO" \
     --python_out="$OUT_PY" --pyi_out="$OUT_PY" --grpc_python_out="$OUT_PY" \
-    opendsec/v1/sandbox.proto opendsec/v1/image.proto
+    opendsec/v1/sandbox.proto opendsec/v1/image.proto opendsec/v1/snapshot.proto
   # grpc_tools emits absolute imports ("from opendsec.v1 import ..."); make them
   # package-relative so the generated code lives under opendsec._gen.
   find "$OUT_PY" -name '*.py' -exec sed -i -E 's/^from opendsec\.v1 import/from opendsec._gen.opendsec.v1 import/' {} +

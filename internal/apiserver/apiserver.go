@@ -177,6 +177,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(opendsecv1connect.NewFileServiceHandler(s, opts...))
 	mux.Handle(s.portServiceHandler(opts...))
 	mux.Handle(opendsecv1connect.NewImageServiceHandler(s, opts...))
+	mux.Handle(opendsecv1connect.NewSnapshotServiceHandler(s, opts...))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})

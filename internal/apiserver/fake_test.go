@@ -31,6 +31,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/sandboxid"
 )
 
 // fakeNode is an in-process node: a NodeService keeping sandboxes in
@@ -51,15 +52,17 @@ type fakeNode struct {
 	maxSbs    int64    // admission cap
 	images    []string // known images
 	agent     *fakeAgent
+	snaps     map[string]*nodev1.Snapshot // NodeSnapshotService's records
 }
 
 func newFakeNode(t testing.TB, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
 	n := &fakeNode{id: id, sbs: map[string]*nodev1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
-		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent()}
+		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent(), snaps: map[string]*nodev1.Snapshot{}}
 	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor())))
+	mux.Handle(nodev1connect.NewNodeSnapshotServiceHandler(fakeSnaps{n}, connect.WithInterceptors(v.Interceptor())))
 	mux.Handle("/agent/", v.Middleware(http.HandlerFunc(n.serveAgent)))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
@@ -619,4 +622,52 @@ func mustIssuer(t *testing.T) *auth.Issuer {
 		t.Fatal(err)
 	}
 	return iss
+}
+
+// fakeSnaps is a fakeNode's NodeSnapshotService: records in n.snaps,
+// every caller owning all of them.
+type fakeSnaps struct{ n *fakeNode }
+
+func (f fakeSnaps) CreateSnapshot(_ context.Context, req *connect.Request[nodev1.CreateSnapshotRequest]) (*connect.Response[nodev1.CreateSnapshotResponse], error) {
+	f.n.mu.Lock()
+	defer f.n.mu.Unlock()
+	sb, err := f.n.get(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	s := &nodev1.Snapshot{Id: sandboxid.New(f.n.id), Name: req.Msg.GetName(),
+		NodeId: f.n.id, SourceSandboxId: sb.GetId(), Spec: sb.GetSpec(), CreatedAt: timestamppb.Now()}
+	s.Image = "snapshot/" + s.Id
+	f.n.snaps[s.Id] = s
+	return connect.NewResponse(&nodev1.CreateSnapshotResponse{Snapshot: s}), nil
+}
+
+func (f fakeSnaps) GetSnapshot(_ context.Context, req *connect.Request[nodev1.GetSnapshotRequest]) (*connect.Response[nodev1.GetSnapshotResponse], error) {
+	f.n.mu.Lock()
+	defer f.n.mu.Unlock()
+	s, ok := f.n.snaps[req.Msg.GetId()]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("id: snapshot %s not found", req.Msg.GetId()))
+	}
+	return connect.NewResponse(&nodev1.GetSnapshotResponse{Snapshot: s}), nil
+}
+
+func (f fakeSnaps) ListSnapshots(context.Context, *connect.Request[nodev1.ListSnapshotsRequest]) (*connect.Response[nodev1.ListSnapshotsResponse], error) {
+	f.n.mu.Lock()
+	defer f.n.mu.Unlock()
+	out := &nodev1.ListSnapshotsResponse{}
+	for _, s := range f.n.snaps {
+		out.Snapshots = append(out.Snapshots, s)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (f fakeSnaps) DeleteSnapshot(_ context.Context, req *connect.Request[nodev1.DeleteSnapshotRequest]) (*connect.Response[nodev1.DeleteSnapshotResponse], error) {
+	f.n.mu.Lock()
+	defer f.n.mu.Unlock()
+	if _, ok := f.n.snaps[req.Msg.GetId()]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("id: snapshot %s not found", req.Msg.GetId()))
+	}
+	delete(f.n.snaps, req.Msg.GetId())
+	return connect.NewResponse(&nodev1.DeleteSnapshotResponse{}), nil
 }

@@ -88,6 +88,7 @@ func nodeSpec(p *v1.SandboxSpec) *nodev1.SandboxSpec {
 		AutoPause:          p.GetAutoPause(),
 		OnTimeout:          p.GetOnTimeout(),
 		DiskMb:             p.GetDiskMb(),
+		Snapshot:           p.GetSnapshot(),
 	}
 	if p.MemoryMb != nil {
 		n.MemoryMb = proto.Int64(p.GetMemoryMb())
@@ -179,6 +180,7 @@ func publicSpec(n *nodev1.SandboxSpec) *v1.SandboxSpec {
 		AutoPause:          n.GetAutoPause(),
 		OnTimeout:          n.GetOnTimeout(),
 		DiskMb:             n.GetDiskMb(),
+		Snapshot:           n.GetSnapshot(),
 	}
 	if n.MemoryMb != nil {
 		p.MemoryMb = proto.Int64(n.GetMemoryMb())
@@ -232,4 +234,32 @@ func publicFailures(ns []*nodev1.BatchFailure) []*v1.BatchFailure {
 		out[i] = &v1.BatchFailure{SandboxId: n.GetSandboxId(), ErrorCode: n.GetErrorCode(), ErrorMessage: n.GetErrorMessage()}
 	}
 	return out
+}
+
+// ---- snapshots ----
+
+// publicSnapshot is the public view of a node's snapshot; nil stays nil.
+func publicSnapshot(n *nodev1.Snapshot) *v1.Snapshot {
+	if n == nil {
+		return nil
+	}
+	return &v1.Snapshot{
+		Id:              n.GetId(),
+		Name:            n.GetName(),
+		NodeId:          n.GetNodeId(),
+		SourceSandboxId: n.GetSourceSandboxId(),
+		Backend:         n.GetBackend(),
+		Image:           n.GetImage(),
+		ImageId:         n.GetImageId(),
+		Spec:            publicSpec(n.GetSpec()),
+		Memory:          n.GetMemory(),
+		SizeBytes:       n.GetSizeBytes(),
+		CreatedAt:       n.GetCreatedAt(),
+		Owner:           n.GetOwner(),
+		Project:         n.GetProject(),
+	}
+}
+
+func nodeCreateSnapshotRequest(m *v1.CreateSnapshotRequest) *nodev1.CreateSnapshotRequest {
+	return &nodev1.CreateSnapshotRequest{SandboxId: m.GetSandboxId(), Name: m.GetName()}
 }

@@ -37,7 +37,11 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[v1.Crea
 	if err := sandboxspec.CheckRequestID("request_id", req.Msg.GetRequestId(), sandboxspec.MaxRequestIDLen); err != nil {
 		return nil, err
 	}
-	spec, err := normalizeSpec(req.Msg.GetSpec())
+	ctx, raw, err := s.resolveSnapshot(ctx, req.Msg.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	spec, err := normalizeSpec(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +95,14 @@ func (s *Server) candidates(ctx context.Context, spec *v1.SandboxSpec) ([]string
 		_, err := s.nodes.Get(ctx, nodeID)
 		return err == nil
 	}
-	return s.placer.Candidates(placementNodes(view, routable), placementRequest(spec))
+	cands, err := s.placer.Candidates(placementNodes(view, routable), placementRequest(spec))
+	if pin := pinnedNode(ctx); pin != "" && err == nil {
+		if !slices.Contains(cands, pin) {
+			return nil, errdefs.New(errdefs.ErrUnavailable, "snapshot %s can only be restored on node %s, which cannot take the sandbox now; retry later", spec.GetSnapshot(), pin)
+		}
+		cands = []string{pin}
+	}
+	return cands, err
 }
 
 // create places and creates one sandbox from a normalized spec.
@@ -129,6 +140,8 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 			refused = append(refused, nodeID)
 			lastErr = err
 			continue
+		case errors.Is(err, errdefs.ErrNotFound) && spec.GetSnapshot() != "":
+			return nil, err // the snapshot went away meanwhile; the node named it
 		case errors.Is(err, errdefs.ErrNotFound):
 			// The node does not have the image.
 			msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "image: "), "image ")
@@ -165,7 +178,11 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 	if err := sandboxspec.CheckRequestID("request_id", req.Msg.GetRequestId(), sandboxspec.MaxRequestIDLen); err != nil {
 		return err
 	}
-	spec, err := normalizeSpec(req.Msg.GetSpec())
+	ctx, raw, err := s.resolveSnapshot(ctx, req.Msg.GetSpec())
+	if err != nil {
+		return err
+	}
+	spec, err := normalizeSpec(raw)
 	if err != nil {
 		return err
 	}

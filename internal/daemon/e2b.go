@@ -45,12 +45,15 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 	hc := h2cClient()
 	api := opendsecv1connect.NewSandboxServiceClient(hc, strings.TrimRight(apiAddr, "/"),
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
+	snaps := opendsecv1connect.NewSnapshotServiceClient(hc, strings.TrimRight(apiAddr, "/"),
+		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
 	}
 	gw, err := e2b.New(e2b.Config{
 		API:            api,
+		Snapshots:      snaps,
 		Keys:           e2bKeys(cfg),
 		Nodes:          nodes,
 		NodeHTTPClient: hc,

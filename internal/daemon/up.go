@@ -192,6 +192,7 @@ func nodeMux(n *node.Node, v *auth.Verifier, opts []connect.HandlerOption) *muxW
 	rpc := http.NewServeMux()
 	rpc.Handle("/", n.Handler(opts...))
 	rpc.Handle(n.ImageHandler(opts...))
+	rpc.Handle(n.SnapshotHandler(opts...))
 	return &muxWithProxy{rpc: rpc, proxy: v.Middleware(n.AgentProxy())}
 }
 

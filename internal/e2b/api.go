@@ -113,12 +113,19 @@ func (g *Gateway) apiMux() http.Handler {
 	h("GET /sandboxes/metrics", g.metricsMany)
 	h("PUT /sandboxes/{id}/network", g.updateNetwork)
 	h("POST /sandboxes/{id}/fork", g.fork)
-	for _, p := range []string{
-		"POST /sandboxes/{id}/snapshots", "GET /snapshots",
+	unsupported := []string{
 		"GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
 		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
-	} {
+	}
+	if g.cfg.Snapshots != nil {
+		h("POST /sandboxes/{id}/snapshots", g.createSnapshot)
+		h("GET /snapshots", g.listSnapshots)
+		h("DELETE /templates/{id}", g.deleteTemplate)
+	} else {
+		unsupported = append(unsupported, "POST /sandboxes/{id}/snapshots", "GET /snapshots")
+	}
+	for _, p := range unsupported {
 		h(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotImplemented, "%s %s is not supported by OpenDsec's E2B gateway yet (see docs/E2B.md)", r.Method, r.URL.Path)
 		})
@@ -291,9 +298,18 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Network:        network,
 			OnTimeout:      onTimeout(autoPause),
 		}
+		if g.isSnapshotTemplate(req.TemplateID) {
+			// A snapshot: its source's image, user, workdir and env are
+			// the defaults (the API resolves them).
+			spec.Image, spec.Snapshot, spec.User, spec.Workdir = "", req.TemplateID, "", ""
+		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil {
 			err = errdefs.FromConnect(err)
+			if spec.Snapshot != "" && (errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "snapshot")) {
+				writeError(w, http.StatusNotFound, "template %q not found: %s", req.TemplateID, err.Error())
+				return
+			}
 			if errdefs.IsNotFound(err) || (errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "image")) {
 				writeError(w, http.StatusNotFound, "template %q not found: %s (templates are OpenDsec image names; %q is %s)", req.TemplateID, err.Error(), DefaultTemplate, g.imageFor(DefaultTemplate))
 				return

@@ -107,6 +107,9 @@ type Config struct {
 	// User is the default user of E2B sandboxes ("user", as in E2B's
 	// images, when empty).
 	User string
+	// Snapshots is OpenDsec's snapshot service (calls carry the key's
+	// principal's token like API's); nil answers the snapshot routes 501.
+	Snapshots SnapshotAPI
 }
 
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.

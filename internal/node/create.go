@@ -60,10 +60,20 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		return nil, err
 	}
 	spec := req.Spec
+	var restore *snapshotRecord
+	if spec.Snapshot != "" {
+		if spec, restore, err = n.resolveSnapshot(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
 	if err := n.normalize(&spec); err != nil {
 		return nil, err
 	}
-	if n.pool != nil && !req.SkipPool {
+	if restore != nil && restore.Backend != spec.Backend {
+		return nil, errdefs.Invalid("backend", "%q cannot restore snapshot %s of the %s backend; leave backend unset", spec.Backend, restore.ID, restore.Backend)
+	}
+	// A restore is made from its snapshot, never from a prestarted sandbox.
+	if n.pool != nil && !req.SkipPool && restore == nil {
 		if k, ok := n.pool.key(ctx, spec); ok {
 			if slot := n.pool.take(k, spec); slot != nil {
 				path = createPathWarm
@@ -82,9 +92,17 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 			name: "hold image",
 			do: func(ctx context.Context) error {
 				t := time.Now()
+				name := spec.Image
+				if restore != nil {
+					// A backend snapshot is restored on its source's image.
+					name = restore.Spec.Image
+				}
 				var err error
-				img, err = n.cfg.Images.Hold(ctx, spec.Image, req.ID)
+				img, err = n.cfg.Images.Hold(ctx, name, req.ID)
 				holdDur = time.Since(t)
+				if errdefs.IsNotFound(err) && spec.Snapshot != "" {
+					return errdefs.New(errdefs.ErrNotFound, "snapshot: the image of snapshot %s is gone (%v); the snapshot was deleted", spec.Snapshot, err)
+				}
 				sb.rec.ImageID = img.Rootfs.ImageID // sb is not admitted (visible) yet
 				if errdefs.IsNotFound(err) {
 					return errdefs.Invalid("image", "%v", err)
@@ -103,7 +121,13 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		{
 			// doCreate undoes what it made when it fails.
 			name: "create and start",
-			do:   func(ctx context.Context) error { return n.doCreate(ctx, sb, img, holdDur) },
+			do: func(ctx context.Context) error {
+				dir := ""
+				if restore != nil {
+					dir = restore.Dir
+				}
+				return n.doCreate(ctx, sb, img, holdDur, dir)
+			},
 		},
 	})
 	return n.finishCreate(ctx, sb, err)
@@ -255,7 +279,8 @@ func (n *Node) waitReady(ctx context.Context, sb *sandbox) (*record, error) {
 }
 
 // doCreate makes the sandbox; on error everything it made is undone.
-func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, holdDur time.Duration) (err error) {
+// restoreDir, when set, is a backend snapshot the sandbox is restored from.
+func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, holdDur time.Duration, restoreDir string) (err error) {
 	rec := sb.rec
 	l := log.G(ctx).With(log.SandboxID(rec.ID))
 	rt := n.cfg.Backends[rec.Backend]
@@ -263,7 +288,7 @@ func (n *Node) doCreate(ctx context.Context, sb *sandbox, img runtime.Image, hol
 	ctx = context.WithoutCancel(ctx)
 	t0 := time.Now()
 	var phases prepPhases
-	h, err := n.prepare(ctx, rec, img, &phases)
+	h, err := n.prepare(ctx, rec, img, &phases, restoreDir)
 	if err != nil {
 		return err
 	}
@@ -348,8 +373,9 @@ func sandboxDir(stateDir, id string) string { return filepath.Join(stateDir, "sa
 // everything of the sandbox but its start: its network (set up while the
 // backend prepares the bundle) and the backend's Create. It returns the
 // backend's handle; on error everything it made is undone, the image hold
-// included.
-func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phases *prepPhases) (_ runtime.Handle, err error) {
+// included. With restoreDir the backend restores the sandbox from the
+// snapshot there (runtime.Snapshotter) instead of creating it.
+func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phases *prepPhases, restoreDir string) (_ runtime.Handle, err error) {
 	rt := n.cfg.Backends[rec.Backend]
 	ctx = context.WithoutCancel(ctx)
 	var (
@@ -404,7 +430,16 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 	if err := os.MkdirAll(rec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("make sandbox dir: %w", err)
 	}
-	h, err := rt.Create(ctx, n.backendSpec(rec, img, netAttach, nameservers))
+	var h runtime.Handle
+	if restoreDir != "" {
+		s, ok := rt.(runtime.Snapshotter)
+		if !ok {
+			return runtime.Handle{}, errdefs.New(errdefs.ErrInternal, "the %s backend cannot restore snapshots", rec.Backend)
+		}
+		h, err = s.Restore(ctx, n.backendSpec(rec, img, netAttach, nameservers), restoreDir)
+	} else {
+		h, err = rt.Create(ctx, n.backendSpec(rec, img, netAttach, nameservers))
+	}
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("create sandbox: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -15,6 +16,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/image"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // ImageHandler serves NodeImageService over the node's image store (the
@@ -46,6 +48,9 @@ func (s *imageService) ImportImage(ctx context.Context, req *connect.Request[ope
 	m := req.Msg
 	if m.GetRef() == "" {
 		return errdefs.Invalid("ref", "is empty; give a registry reference like registry.example:5000/team/app:v1")
+	}
+	if err := notSnapshotName("name", m.GetName()); err != nil {
+		return err
 	}
 	opts := []image.ImportOption{}
 	if m.GetName() != "" {
@@ -90,7 +95,13 @@ func (s *imageService) ListImages(ctx context.Context, _ *connect.Request[opends
 		return nil, err
 	}
 	out := &opendsecv1.ListImagesResponse{}
+	admin := callerIsAdmin(ctx)
 	for _, im := range imgs {
+		// Snapshots' images are listed as snapshots, to their owners;
+		// admins see them here too (snapshot/<id>).
+		if !admin && strings.HasPrefix(im.Name, sandboxspec.SnapshotImagePrefix) {
+			continue
+		}
 		out.Images = append(out.Images, ImageToProto(im))
 	}
 	return connect.NewResponse(out), nil
@@ -110,6 +121,9 @@ func (s *imageService) GetImage(ctx context.Context, req *connect.Request[opends
 func (s *imageService) TagImage(ctx context.Context, req *connect.Request[opendsecv1.TagImageRequest]) (*connect.Response[opendsecv1.TagImageResponse], error) {
 	if s.store == nil {
 		return nil, errNoStore
+	}
+	if err := notSnapshotName("target", req.Msg.GetTarget()); err != nil {
+		return nil, err
 	}
 	img, err := s.store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget())
 	if err != nil {
@@ -133,6 +147,9 @@ func (s *imageService) ComposeImage(ctx context.Context, req *connect.Request[op
 		return nil, errNoStore
 	}
 	m := req.Msg
+	if err := notSnapshotName("name", m.GetName()); err != nil {
+		return nil, err
+	}
 	cr := image.ComposeRequest{Base: m.GetBase(), Name: m.GetName(), MergeLayers: m.GetMergeLayers()}
 	for _, l := range m.GetLayers() {
 		cr.Layers = append(cr.Layers, image.ComposeLayer{Digest: l.GetDigest(), Image: l.GetImage()})
@@ -178,6 +195,9 @@ func (s *imageService) PackDiff(ctx context.Context, req *connect.Request[opends
 	if s.store == nil {
 		return nil, errNoStore
 	}
+	if err := notSnapshotName("name", req.Msg.GetName()); err != nil {
+		return nil, err
+	}
 	if id := req.Msg.GetSandboxId(); id != "" {
 		if err := s.n.checkOwner(ctx, id); err != nil {
 			return nil, err
@@ -202,6 +222,11 @@ func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string
 		return image.Image{}, err
 	}
 	defer end()
+	return n.packDiff(ctx, store, id, name, scrubPaths)
+}
+
+// packDiff is PackDiff inside an admitted operation (snapshots use it too).
+func (n *Node) packDiff(ctx context.Context, store snapshotImages, id, name string, scrubPaths []string) (image.Image, error) {
 	if id == "" {
 		return image.Image{}, errdefs.Invalid("sandbox_id", "is empty; give a sandbox ID (list them with `opendsecctl sandbox list`)")
 	}
@@ -242,6 +267,15 @@ func (n *Node) PackDiff(ctx context.Context, store *image.Store, id, name string
 		return err
 	})
 	return img, err
+}
+
+// notSnapshotName refuses an image name in the snapshots' namespace
+// (snapshot/...): only the node's snapshots write there.
+func notSnapshotName(field, name string) error {
+	if strings.HasPrefix(strings.TrimSpace(name), sandboxspec.SnapshotImagePrefix) {
+		return errdefs.Invalid(field, "%q: names under %s are reserved for snapshots; pick another name, or take a snapshot with `opendsecctl sandbox snapshot`", name, sandboxspec.SnapshotImagePrefix)
+	}
+	return nil
 }
 
 // ImageToProto converts an image for the API.

@@ -142,6 +142,9 @@ type Node struct {
 	// pool is the warm pool; nil when off.
 	pool *pool
 
+	// snaps is the snapshot table (snapshot.go).
+	snaps *snapshots
+
 	metrics *metrics
 }
 
@@ -243,6 +246,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		closed:    make(chan struct{}),
 		dead:      map[string]tombstone{},
 		usedSeq:   uint64(time.Now().UnixNano()),
+	}
+	if n.snaps, err = openSnapshots(ctx, cfg.StateDir, cfg.Images); err != nil {
+		t.close()
+		return nil, err
 	}
 	n.life, n.stopLife = context.WithCancel(context.WithoutCancel(ctx))
 	n.metrics = newMetrics(n)

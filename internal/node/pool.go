@@ -435,7 +435,7 @@ func (n *Node) prestart(ctx context.Context, k poolKey, spec specRecord) (_ *rec
 		StateDir:  sandboxDir(n.cfg.StateDir, id),
 		ImageID:   img.Rootfs.ImageID,
 	}
-	h, err := n.prepare(ctx, rec, img, nil)
+	h, err := n.prepare(ctx, rec, img, nil, "")
 	if err != nil {
 		return nil, err
 	}

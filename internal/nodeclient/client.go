@@ -84,6 +84,7 @@ type Client struct {
 	tr     transports
 	node   nodev1connect.NodeServiceClient
 	images nodev1connect.NodeImageServiceClient
+	snaps  nodev1connect.NodeSnapshotServiceClient
 }
 
 // New returns a Client for the node described by info (checked as
@@ -103,6 +104,7 @@ func newClient(info NodeInfo, base *url.URL, tr transports) *Client {
 		tr:     tr,
 		node:   nodev1connect.NewNodeServiceClient(tr.hc, info.Addr),
 		images: nodev1connect.NewNodeImageServiceClient(tr.hc, info.Addr),
+		snaps:  nodev1connect.NewNodeSnapshotServiceClient(tr.hc, info.Addr),
 	}
 }
 
@@ -117,6 +119,9 @@ func (c *Client) Node() nodev1connect.NodeServiceClient { return c.node }
 
 // Images is the node's NodeImageService (the shared image store).
 func (c *Client) Images() nodev1connect.NodeImageServiceClient { return c.images }
+
+// Snapshots is the node's NodeSnapshotService (the snapshots it keeps).
+func (c *Client) Snapshots() nodev1connect.NodeSnapshotServiceClient { return c.snaps }
 
 // HTTPClient sends requests to the node with its service token: for
 // Connect clients of the agent (envd's process and filesystem services at

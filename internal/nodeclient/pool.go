@@ -62,6 +62,24 @@ func (p *Pool) ForSandbox(ctx context.Context, field, sandboxID string) (*Client
 	return c, nil
 }
 
+// ForSnapshot routes a snapshot ID (the same shape as a sandbox ID, and
+// starting with the ID of the node that keeps it) to that node's Client.
+// field names the request field in errors.
+func (p *Pool) ForSnapshot(ctx context.Context, field, snapshotID string) (*Client, error) {
+	nodeID, err := sandboxid.Snapshot(field, snapshotID)
+	if err != nil {
+		return nil, err
+	}
+	c, err := p.Get(ctx, nodeID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errdefs.New(errdefs.ErrNotFound, "%s: snapshot %s not found: %s", field, snapshotID, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find the node of snapshot %s: %w", snapshotID, err)
+	}
+	return c, nil
+}
+
 // List returns the Client of every node in the directory, in its order.
 func (p *Pool) List(ctx context.Context) ([]*Client, error) {
 	infos, err := p.dir.List(ctx)

@@ -52,3 +52,16 @@ func Node(field, id string) (string, error) {
 	}
 	return id[:NodeIDLen], nil
 }
+
+// Snapshot returns the node ID in a snapshot ID (made with New like a
+// sandbox ID, so it routes the same way), or an invalid-argument error
+// naming field.
+func Snapshot(field, id string) (string, error) {
+	if id == "" {
+		return "", errdefs.Invalid(field, "is empty; give a snapshot ID (list them with `opendsecctl snapshot list`)")
+	}
+	if !idRe.MatchString(id) {
+		return "", errdefs.Invalid(field, "%q is not a snapshot ID (20 characters of [a-z0-9]); list snapshots with `opendsecctl snapshot list`", id)
+	}
+	return id[:NodeIDLen], nil
+}

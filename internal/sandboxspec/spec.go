@@ -169,6 +169,9 @@ type Spec struct {
 	// their shape; the backend that runs the sandbox validates their meaning
 	// (and refuses keys it does not know).
 	BackendOptions map[string]string `json:"backend_options,omitempty"`
+	// Snapshot is the snapshot the sandbox starts from (FromSnapshot
+	// resolves it: Image is then SnapshotImage(Snapshot)).
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // NetworkRules is what a sandbox may reach: named rule sets from the node's
@@ -201,6 +204,9 @@ type NetworkRule struct {
 // picks its default). Errors are errdefs.Invalid naming the field and the
 // fix. It never modifies s's maps or slices.
 func Normalize(s Spec) (Spec, error) {
+	if err := checkSnapshotSource(s); err != nil {
+		return Spec{}, err
+	}
 	if strings.TrimSpace(s.Image) == "" {
 		return Spec{}, errdefs.Invalid("image", "is empty; e.g. root/py:3.11 — list images with `opendsecctl image list`")
 	}

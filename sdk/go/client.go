@@ -67,6 +67,7 @@ type Client struct {
 	files     opendsecv1connect.FileServiceClient
 	ports     opendsecv1connect.PortServiceClient
 	images    opendsecv1connect.ImageServiceClient
+	snapshots opendsecv1connect.SnapshotServiceClient
 }
 
 // RetryPolicy says how CreateSandbox and BatchCreate retry when the server is
@@ -149,6 +150,7 @@ func New(endpoint string, opts ...Option) (*Client, error) {
 	c.files = opendsecv1connect.NewFileServiceClient(c.httpc, base, copts...)
 	c.ports = opendsecv1connect.NewPortServiceClient(c.httpc, base, copts...)
 	c.images = opendsecv1connect.NewImageServiceClient(c.httpc, base, copts...)
+	c.snapshots = opendsecv1connect.NewSnapshotServiceClient(c.httpc, base, copts...)
 	return c, nil
 }
 

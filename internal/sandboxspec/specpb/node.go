@@ -36,6 +36,7 @@ func FromNode(p *nodev1.SandboxSpec) (sandboxspec.Spec, error) {
 		OnTimeout:      p.GetOnTimeout(),
 		BackendOptions: p.GetBackendOptions(),
 		DiskMB:         p.GetDiskMb(),
+		Snapshot:       p.GetSnapshot(),
 	}, nil
 }
 
@@ -59,6 +60,7 @@ func ToNode(s sandboxspec.Spec) *nodev1.SandboxSpec {
 		OnTimeout:          s.OnTimeout,
 		BackendOptions:     s.BackendOptions,
 		DiskMb:             s.DiskMB,
+		Snapshot:           s.Snapshot,
 	}
 	if s.MemoryMB != 0 {
 		p.MemoryMb = proto.Int64(s.MemoryMB)

@@ -42,6 +42,7 @@ func FromProto(p *v1.SandboxSpec) (sandboxspec.Spec, error) {
 		AutoPause:  p.GetAutoPause(),
 		OnTimeout:  p.GetOnTimeout(),
 		DiskMB:     p.GetDiskMb(),
+		Snapshot:   p.GetSnapshot(),
 	}, nil
 }
 
@@ -64,6 +65,7 @@ func ToProto(s sandboxspec.Spec) *v1.SandboxSpec {
 		AutoPause:          s.AutoPause,
 		OnTimeout:          s.OnTimeout,
 		DiskMb:             s.DiskMB,
+		Snapshot:           s.Snapshot,
 	}
 	if s.MemoryMB != 0 {
 		p.MemoryMb = proto.Int64(s.MemoryMB)

@@ -74,6 +74,7 @@ type Server struct {
 	writeChunks   []int                          // data chunk sizes of the last WriteFile; guarded by mu
 	resizes       []*opendsecv1.PtySize          // guarded by mu
 	execStarts    []*opendsecv1.ExecStart        // guarded by mu
+	snapshots     map[string]*snapshot           // guarded by mu
 }
 
 // New starts a fake server on loopback requiring token and stops it when
@@ -86,6 +87,7 @@ func New(t testing.TB, token string) *Server {
 		byRequest: map[string]string{},
 		files:     map[string]map[string][]byte{},
 		dirs:      map[string]map[string]bool{},
+		snapshots: map[string]*snapshot{},
 	}
 	opts := connect.WithInterceptors(authInterceptor{s: s})
 	mux := http.NewServeMux()
@@ -93,6 +95,7 @@ func New(t testing.TB, token string) *Server {
 	mux.Handle(opendsecv1connect.NewProcessServiceHandler(processService{s: s}, opts))
 	mux.Handle(opendsecv1connect.NewFileServiceHandler(fileService{s: s}, opts))
 	mux.Handle(opendsecv1connect.NewPortServiceHandler(portService{s: s}, opts))
+	mux.Handle(opendsecv1connect.NewSnapshotServiceHandler(snapshotService{s: s}, opts))
 	s.srv = httptest.NewUnstartedServer(mux)
 	var p http.Protocols
 	p.SetHTTP1(true)
@@ -272,6 +275,9 @@ func validateSpec(spec *opendsecv1.SandboxSpec) error {
 			return nil
 		}
 	}
+	if spec.GetSnapshot() != "" && spec.GetImage() == "snapshot/"+spec.GetSnapshot() {
+		return nil
+	}
 	return connect.NewError(connect.CodeNotFound, fmt.Errorf("image %q not found", spec.GetImage()))
 }
 
@@ -279,6 +285,10 @@ func validateSpec(spec *opendsecv1.SandboxSpec) error {
 // fromPool says whether the new sandbox is reported as taken from the warm
 // pool.
 func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string, fromPool bool) (*opendsecv1.Sandbox, error) {
+	spec, files, err := s.fromSnapshot(spec)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
@@ -311,6 +321,9 @@ func (s *Server) create(spec *opendsecv1.SandboxSpec, requestID string, fromPool
 	s.sandboxes[sb.Id] = sb
 	s.byRequest[requestID] = sb.Id
 	s.files[sb.Id] = map[string][]byte{}
+	for p, b := range files {
+		s.files[sb.Id][p] = append([]byte(nil), b...)
+	}
 	s.dirs[sb.Id] = map[string]bool{"/": true, "/tmp": true}
 	return proto.Clone(sb).(*opendsecv1.Sandbox), nil
 }

@@ -56,7 +56,9 @@ func (h sandboxService) BatchCreateSandboxes(ctx context.Context, req *connect.R
 	if n < 1 || n > 32768 {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("count: must be between 1 and 32768"))
 	}
-	if err := validateSpec(req.Msg.GetSpec()); err != nil {
+	if spec, _, err := h.s.fromSnapshot(req.Msg.GetSpec()); err != nil {
+		return err
+	} else if err := validateSpec(spec); err != nil {
 		return err
 	}
 	h.s.mu.Lock()

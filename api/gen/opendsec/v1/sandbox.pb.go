@@ -179,6 +179,12 @@ type SandboxSpec struct {
 	// node.disk.max_mb (51200). Writes past it fail with ENOSPC. (15 is the
 	// node message's backend_options: the shared fields keep one number.)
 	DiskMb int64 `protobuf:"varint,16,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// Start from this snapshot (its ID, see SnapshotService) instead of an
+	// image: the snapshot's image becomes the image, and every field left
+	// unset here takes the value of the snapshot's source (cpu, memory_mb,
+	// env, user, workdir, network, labels, ...); fields set here override.
+	// Give either image or snapshot, not both.
+	Snapshot string `protobuf:"bytes,17,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// What a lifetime or idle timeout does: "stop" (stop and delete it) or
 	// "pause" (freeze it, keeping memory and files; any later call resumes
 	// it). Empty means "stop", or "pause" when auto_pause is set.
@@ -320,6 +326,13 @@ func (x *SandboxSpec) GetDiskMb() int64 {
 		return x.DiskMb
 	}
 	return 0
+}
+
+func (x *SandboxSpec) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
 }
 
 func (x *SandboxSpec) GetOnTimeout() string {
@@ -4724,7 +4737,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x05\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x05\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -4743,7 +4756,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\r \x01(\v2\x1a.opendsec.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
 	"\n" +
 	"auto_pause\x18\x0e \x01(\bR\tautoPause\x12\x17\n" +
-	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1d\n" +
+	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1a\n" +
+	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
 	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +

@@ -138,11 +138,11 @@ func (a *app) rootCommand() *cobra.Command {
 
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, list, inspect, run commands in and stop sandboxes"}
 	sandbox.AddCommand(a.createCommand(), a.listCommand(), a.getCommand(), a.execCommand(), a.stopCommand(), a.setTimeoutCommand(), a.setNetworkCommand())
-	sandbox.AddCommand(a.portForwardCommand(), a.packDiffCommand())
+	sandbox.AddCommand(a.portForwardCommand(), a.packDiffCommand(), a.sandboxSnapshotCommand())
 	sandbox.AddCommand(a.pauseCommand(), a.resumeCommand(), a.metricsCommand(), a.forkCommand())
 	files := &cobra.Command{Use: "files", Short: "Copy files to and from sandboxes and list directories"}
 	files.AddCommand(a.cpCommand(), a.lsCommand())
-	root.AddCommand(sandbox, files, a.imageCommand(), a.versionCommand())
+	root.AddCommand(sandbox, files, a.imageCommand(), a.snapshotCommand(), a.versionCommand())
 	return root
 }
 

@@ -64,7 +64,7 @@ func (a *app) createCommand() *cobra.Command {
 		skipWarmPool  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create --image IMAGE [flags]",
+		Use:   "create (--image IMAGE | --snapshot ID) [flags]",
 		Short: "Create sandboxes and wait until they are ready",
 		Example: `  opendsecctl sandbox create --image root/py:3.11 --timeout 10m --label team=rl
   opendsecctl sandbox create --image root/busybox --count 100 -q
@@ -73,8 +73,11 @@ func (a *app) createCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			if spec.Image == "" {
-				return usagef("--image: required, e.g. --image root/busybox")
+			if spec.Image == "" && spec.Snapshot == "" {
+				return usagef("--image: required (or --snapshot), e.g. --image root/busybox")
+			}
+			if spec.Image != "" && spec.Snapshot != "" {
+				return usagef("--snapshot: give either --image or --snapshot, not both")
 			}
 			if cmd.Flags().Changed("memory-mb") {
 				spec.MemoryMb = &memoryMB
@@ -115,7 +118,8 @@ func (a *app) createCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&spec.Image, "image", "", "image name, e.g. root/busybox or root/py:3.11 (required)")
+	f.StringVar(&spec.Image, "image", "", "image name, e.g. root/busybox or root/py:3.11 (required unless --snapshot)")
+	f.StringVar(&spec.Snapshot, "snapshot", "", "start from this snapshot ID instead of an image (unset flags take the snapshot's values)")
 	f.StringVar(&spec.Backend, "backend", "", "container, microvm or vm (default: the node's)")
 	f.Float64Var(&spec.Cpu, "cpu", 0, fmt.Sprintf("CPU cores, fractions allowed (default %g)", sandboxspec.DefaultCPU))
 	f.Int64Var(&memoryMB, "memory-mb", 0, fmt.Sprintf("memory limit in MiB, at least %d (default %d)", sandboxspec.MinMemoryMB, sandboxspec.DefaultMemoryMB))

@@ -39,6 +39,7 @@ from opendsec.errors import (
 from opendsec.images import GCResult, Image, ImageConfig, ImageLayer, Images, ImportProgress, VerifyResult
 from opendsec.ports import PortStream
 from opendsec.sandbox import CHUNK_SIZE, OUTPUT_LIMIT, ExecProcess, Files, Sandbox
+from opendsec.snapshots import Snapshot
 from opendsec.types import (
     DSecRunArgs,
     ExecEvent,
@@ -103,6 +104,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxMetrics",
     "SandboxState",
+    "Snapshot",
     "UnavailableError",
     "UnimplementedError",
     "VerifyResult",

@@ -17,6 +17,7 @@ from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
 from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_name, from_grpc_error
 from opendsec.images import Images
 from opendsec.sandbox import Sandbox
+from opendsec.snapshots import Snapshot, _Snapshots
 from opendsec.types import DSecRunArgs, SandboxInfo
 
 __all__ = ["BatchFailure", "BatchItem", "BatchOutcome", "BatchRun", "DSecClient"]
@@ -325,6 +326,19 @@ class DSecClient:
         req = pb.ResumeSandboxesRequest(selector=_selector(labels, task_id, ids), timeout_seconds=secs)
         resp = await self._conn.unary(self._conn.sandboxes.ResumeSandboxes, req)
         return self._outcome(resp.sandboxes, resp.failures)
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """List your snapshots (an admin's: every one), oldest first."""
+        return await _Snapshots(self._conn).list()
+
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """Return one of your snapshots (NotFoundError if there is none)."""
+        return await _Snapshots(self._conn).get(snapshot_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete one of your snapshots and its image. Sandboxes started from
+        it keep running."""
+        await _Snapshots(self._conn).delete(snapshot_id)
 
     async def stop_sandbox(self, sandbox_id: str) -> None:
         """Stop and delete the sandbox with this ID."""

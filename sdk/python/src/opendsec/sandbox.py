@@ -27,6 +27,7 @@ from opendsec.errors import (
 )
 from opendsec.images import Image, Images
 from opendsec.ports import PortStream
+from opendsec.snapshots import Snapshot, _Snapshots
 from opendsec.types import (
     ExecEvent,
     ExecResult,
@@ -924,6 +925,26 @@ class Sandbox:
             NotFoundError: the sandbox is gone.
         """
         return await Images(self._conn).pack_diff(self.id, name, scrub_paths)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Save this sandbox as a snapshot you own, named ``name`` (default: the
+        sandbox ID and the time). The sandbox keeps running; it is frozen only
+        while its changes are copied. Start sandboxes from it with
+        ``DSecRunArgs(snapshot=snap.id)``.
+
+        On the container backend a snapshot holds the filesystem
+        (:attr:`Snapshot.memory` is ``False``): sandboxes started from it have
+        its files and start their processes again. Memory snapshots come with
+        the VM backends.
+
+        Raises:
+            InvalidArgumentError: a bad name (``err.field == "name"``: 1-128 of
+                ``[A-Za-z0-9._-]``).
+            AlreadyExistsError: you already have a snapshot of that name.
+            FailedPreconditionError: the sandbox is not running or paused.
+            NotFoundError: the sandbox is gone (or not yours).
+        """
+        return await _Snapshots(self._conn).create(self.id, name)
 
 
 def _with_state(info: SandboxInfo, state: SandboxState) -> SandboxInfo:

@@ -78,6 +78,11 @@ class DSecRunArgs:
             :attr:`Sandbox.from_warm_pool` and "Warm pool" in docs/concepts.md.
             It is a flag of the create call, not part of the spec: it is not
             stored, and :attr:`SandboxInfo.spec` reads it back as ``False``.
+        snapshot: start from this snapshot (its ID, see :meth:`Sandbox.snapshot`)
+            instead of an image: every field left unset takes the value of the
+            snapshot's source (cpu, memory, env, user, workdir, network, labels...),
+            set fields override (env and labels are merged). Give either
+            ``image`` or ``snapshot``, not both.
     """
 
     backend: str = ""
@@ -97,6 +102,7 @@ class DSecRunArgs:
     auto_pause: bool = False
     skip_warm_pool: bool = False
     on_timeout: str = ""
+    snapshot: str = ""
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -115,6 +121,7 @@ class DSecRunArgs:
             auto_pause=bool(self.auto_pause),
             disk_mb=int(self.disk_mb or 0),
             on_timeout=self.on_timeout or "",
+            snapshot=self.snapshot or "",
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -142,6 +149,7 @@ class DSecRunArgs:
             auto_pause=spec.auto_pause,
             disk_mb=spec.disk_mb,
             on_timeout=spec.on_timeout,
+            snapshot=spec.snapshot,
         )
 
 

@@ -127,6 +127,11 @@ type SandboxSpec struct {
 	BackendOptions map[string]string `protobuf:"bytes,15,rep,name=backend_options,json=backendOptions,proto3" json:"backend_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Writable-layer quota in MiB; 0 means the node's default.
 	DiskMb int64 `protobuf:"varint,16,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// The snapshot the sandbox starts from. The apiserver resolves it before
+	// placement: image is then the snapshot's image (snapshot/<id>) and the
+	// unset fields hold the snapshot's values. A node called with a snapshot
+	// of its own and no image resolves it itself.
+	Snapshot string `protobuf:"bytes,17,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// "stop" or "pause"; empty means "stop" (or "pause" with auto_pause).
 	OnTimeout     string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -273,6 +278,13 @@ func (x *SandboxSpec) GetDiskMb() int64 {
 		return x.DiskMb
 	}
 	return 0
+}
+
+func (x *SandboxSpec) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
 }
 
 func (x *SandboxSpec) GetOnTimeout() string {
@@ -2286,7 +2298,7 @@ var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x06\n" +
+	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x06\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -2306,7 +2318,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"auto_pause\x18\x0e \x01(\bR\tautoPause\x12Z\n" +
 	"\x0fbackend_options\x18\x0f \x03(\v21.opendsec.node.v1.SandboxSpec.BackendOptionsEntryR\x0ebackendOptions\x12\x17\n" +
-	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1d\n" +
+	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1a\n" +
+	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
 	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
