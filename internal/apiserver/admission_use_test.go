@@ -56,7 +56,7 @@ func (c *realCluster) used() float64 {
 }
 
 // newRealCluster starts len(ids) nodes of 1 core each (16 CPU of quota
-// each, node.CPUOvercommit).
+// each, node.DefaultCPUOvercommit).
 func newRealCluster(t *testing.T, ids ...string) *realCluster {
 	t.Helper()
 	key, err := auth.GenerateIssuer()

@@ -30,10 +30,14 @@ import (
 
 // Spec defaults and limits are sandboxspec's (DefaultCPU, sandboxspec.MaxTimeoutSec, ...).
 const (
-	// CPUOvercommit: CPU is a quota (cfs), not a reservation, and most
-	// sandboxes of a rollout idle most of the time, so a node offers this
-	// many times its cores in quotas. Memory is never overcommitted.
-	CPUOvercommit = 16
+	// DefaultCPUOvercommit is Config.CPUOvercommit when unset: CPU is a
+	// quota (cfs), not a reservation, and most sandboxes of a rollout idle
+	// most of the time, so a node offers this many times its cores in
+	// quotas.
+	DefaultCPUOvercommit = 16
+	// DefaultMemoryOvercommit is Config.MemoryOvercommit when unset:
+	// memory limits add up to at most the node's memory.
+	DefaultMemoryOvercommit = 1
 )
 
 // ImageResolver turns an image name into layers and keeps them from being
@@ -72,6 +76,12 @@ type Config struct {
 	CPU          float64
 	MemoryMB     int64
 	MaxSandboxes int64
+	// CPUOvercommit and MemoryOvercommit multiply CPU and MemoryMB into
+	// what admission lets sandboxes' limits add up to
+	// (node.cpu_overcommit, node.memory_overcommit); 0 means
+	// DefaultCPUOvercommit, DefaultMemoryOvercommit. One sandbox's limit
+	// never exceeds CPU or MemoryMB.
+	CPUOvercommit, MemoryOvercommit float64
 	// MaxPidsLimit is the largest pids_limit a create may ask for
 	// (node.max_pids_limit); 0 means sandboxspec.DefaultMaxPidsLimit.
 	MaxPidsLimit int64
@@ -214,6 +224,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 1000
+	}
+	if cfg.CPUOvercommit <= 0 {
+		cfg.CPUOvercommit = DefaultCPUOvercommit
+	}
+	if cfg.MemoryOvercommit <= 0 {
+		cfg.MemoryOvercommit = DefaultMemoryOvercommit
 	}
 	if cfg.MaxPidsLimit <= 0 {
 		cfg.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
@@ -406,7 +422,10 @@ func (n *Node) usage() usageReading {
 }
 
 // cpuQuota is the CPU the node offers its sandboxes in quotas.
-func (n *Node) cpuQuota() float64 { return n.cfg.CPU * CPUOvercommit }
+func (n *Node) cpuQuota() float64 { return n.cfg.CPU * n.cfg.CPUOvercommit }
+
+// memQuota is the memory (MiB) the node's sandboxes' limits may add up to.
+func (n *Node) memQuota() int64 { return int64(float64(n.cfg.MemoryMB) * n.cfg.MemoryOvercommit) }
 
 // StopAll stops every sandbox on the node (used at shutdown with
 // --stop-sandboxes); failures are logged.
