@@ -59,6 +59,13 @@ func (c *realCluster) used() float64 {
 // each, node.DefaultCPUOvercommit).
 func newRealCluster(t *testing.T, ids ...string) *realCluster {
 	t.Helper()
+	return newRealClusterVia(t, nil, ids...)
+}
+
+// newRealClusterVia is newRealCluster with every node's handler wrapped in
+// via (nil: none), e.g. a proxy that loses answers.
+func newRealClusterVia(t *testing.T, via func(http.Handler) http.Handler, ids ...string) *realCluster {
+	t.Helper()
 	key, err := auth.GenerateIssuer()
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +93,11 @@ func newRealCluster(t *testing.T, ids ...string) *realCluster {
 			n.StopAll(context.Background(), "test cleanup")
 			n.Close()
 		})
-		srv := httptest.NewUnstartedServer(n.Handler(connect.WithInterceptors(verify.Interceptor())))
+		h := n.Handler(connect.WithInterceptors(verify.Interceptor()))
+		if via != nil {
+			h = via(h)
+		}
+		srv := httptest.NewUnstartedServer(h)
 		srv.Config.Protocols = new(http.Protocols)
 		srv.Config.Protocols.SetHTTP1(true)
 		srv.Config.Protocols.SetUnencryptedHTTP2(true)
