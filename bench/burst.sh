@@ -9,7 +9,8 @@
 #      after KILL_AFTER (default 300) results; the system is started again
 #      and the same request sent again: exactly COUNT sandboxes, distinct,
 #      all running.
-# Runs as root. Extra arguments go to bench/burst. The report is printed and
+# Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
+# keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +59,10 @@ restart_system() {
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" -rootfs "$CACHE/busybox" -count "$COUNT" "$@")
 echo "== runc loop, batch create, stop" >&2
 "${B[@]}" -mode main -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+if [ "${SKIP_KILL:-}" = 1 ]; then
+  "$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "$DD/main.json"
+  exit 0
+fi
 echo "== batch, kill -9 after $KILL_AFTER results" >&2
 RID=burst-kill-$$
 "${B[@]}" -mode kill -request-id "$RID" -kill-after "$KILL_AFTER" -kill-pid "$UP_PID" -out-json "$DD/kill.json"
@@ -66,6 +71,6 @@ echo "== restart, the same batch again" >&2
 restart_system
 rc=0
 "${B[@]}" -mode retry -request-id "$RID" -out-json "$DD/retry.json" || rc=$?
-"$BIN/burst" -mode report -command "bench/burst.sh $*" -out "bench/results/$(date -u +%F)-burst.md" \
+"$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" \
   "$DD/main.json" "$DD/kill.json" "$DD/retry.json"
 exit $rc

@@ -228,7 +228,7 @@ func stopAll(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c c
 	return errors.Join(errs...)
 }
 
-var runningRE = regexp.MustCompile(`sandbox running sandbox\.id=(\S+) .*total_ms=([0-9.]+)`)
+var runningRE = regexp.MustCompile(`sandbox running"? sandbox\.id=(\S+) .*total_ms=([0-9.]+)`)
 
 // nodeTimes reads the node's create time of each of ids from its log.
 func nodeTimes(path string, ids []string) []float64 {

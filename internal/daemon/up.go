@@ -136,6 +136,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		DiskReserveMB:    cfg.Node.Disk.ReserveMB,
 		MaxPaused:        maxPaused,
 		MaxUploadBytes:   cfg.Node.MaxUploadMB << 20,
+		DeferTeardown:    true,
 	}
 	if nw != nil {
 		ncfg.Network = nw

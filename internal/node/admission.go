@@ -28,8 +28,9 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", id)
 		}
 	}
-	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
+	if int64(len(n.sandboxes)+n.tearing) >= n.cfg.MaxSandboxes {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes (node.max_sandboxes; %d of them stopped and still being torn down); stop some or add nodes",
+			n.cfg.ID, n.cfg.MaxSandboxes, n.tearing)
 	}
 	// The same capacity Info offers placement: 1e-9 absorbs float sums.
 	if quota := n.cpuQuota(); n.reservedCPU+rec.Spec.CPU > quota+1e-9 {

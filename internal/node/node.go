@@ -38,6 +38,9 @@ const (
 	// DefaultMemoryOvercommit is Config.MemoryOvercommit when unset:
 	// memory limits add up to at most the node's memory.
 	DefaultMemoryOvercommit = 1
+	// teardownWorkers bounds the background teardowns of stopped
+	// sandboxes running at once.
+	teardownWorkers = 2
 )
 
 // ImageResolver turns an image name into layers and keeps them from being
@@ -110,6 +113,10 @@ type Config struct {
 	Network Network
 	// Pool configures the warm pool (Size 0: off).
 	Pool PoolConfig
+	// DeferTeardown makes Stop return once the sandbox is dead and leaves
+	// the rest of its teardown to a background worker (teardownLater);
+	// false tears down before Stop returns.
+	DeferTeardown bool
 }
 
 // Node runs sandboxes on one machine.
@@ -132,6 +139,12 @@ type Node struct {
 	// start time in nanoseconds so that it grows across restarts too;
 	// guarded by mu.
 	usedSeq uint64
+
+	// tearing counts stopped sandboxes whose teardown runs in the
+	// background (teardownLater); guarded by mu.
+	tearing int
+	// teardownSlots bounds the teardowns running at once.
+	teardownSlots chan struct{}
 
 	// reaping holds the IDs of sandboxes the reaper is stopping; guarded by mu.
 	reaping map[string]bool
@@ -259,6 +272,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		closed:    make(chan struct{}),
 		dead:      map[string]tombstone{},
 		usedSeq:   uint64(time.Now().UnixNano()),
+		// Teardown is mostly runc, umount and netlink work: two at a
+		// time keep it off the creates' cores.
+		teardownSlots: make(chan struct{}, teardownWorkers),
 	}
 	n.life, n.stopLife = context.WithCancel(context.WithoutCancel(ctx))
 	n.metrics = newMetrics(n)
