@@ -735,6 +735,11 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) 
 		sb.exit.once.Do(func() { r.ended(sb, "stopped before it started") })
 		return nil
 	}
+	// Launched: init ran past `runc start`, so a live pid is a running
+	// sandbox (or a paused one, which fastKill leaves to the path below).
+	if timeout <= 0 && r.fastKill(sb) {
+		return nil
+	}
 	s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -769,6 +774,42 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) 
 		return errdefs.New(errdefs.ErrInternal, "sandbox %q still running 10s after SIGKILL", sb.id)
 	}
 	return nil
+}
+
+// fastKill ends a running, thawed sandbox without a `runc kill` and the
+// `runc state` polls after it: SIGKILL to init (by pidfd), pid 1 of the
+// sandbox's PID namespace, kills every process of the namespace, and init's
+// pidfd turns readable once they are all gone. It reports false when the
+// slow path must run: no pidfd, a cgroup not thawed (frozen tasks take no
+// signal), a pid that is no longer in the sandbox's cgroup, or an init
+// still there after 10 s.
+func (r *Runtime) fastKill(sb *sandbox) bool {
+	pid := int(sb.pid.Load())
+	if pid <= 0 || !r.cg.thawed(sb.st.CgroupPath) {
+		return false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	// The pidfd pins the process: if it is still in the sandbox's cgroup
+	// now, the signal goes to the sandbox, never to a reused pid.
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil || !bytes.Contains(cg, []byte(sb.st.CgroupPath)) {
+		return false
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}} //nolint:gosec // an fd fits
+	for {
+		n, err := unix.Poll(fds, 10_000)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n == 1
+	}
 }
 
 func (r *Runtime) kill(ctx context.Context, sb *sandbox, sig string) error {
