@@ -33,9 +33,9 @@ CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
 CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 [ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
 
-# 1000 × 128 MiB is more than this machine's memory: memory_overcommit lets
+# 1000 × (cpu 0.1, 128 MiB) is more than this machine has: the overcommits let
 # the limits add up past it (docs/operations.md, "Capacity").
-SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "memory_overcommit": 8'}
+SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8'}
 export SYSTEM_NODE_EXTRA
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
