@@ -47,12 +47,13 @@ restart_system() {
     >>"$DD/up.log" 2>&1 &
   UP_PID=$!
   local _
-  for _ in $(seq 1 600); do
+  # Recovery re-attaches every sandbox (a runc state each): give it time.
+  for _ in $(seq 1 6000); do
     [ -s "$DD/ready" ] && return 0
     kill -0 "$UP_PID" 2>/dev/null || { tail -n 50 "$DD/up.log" >&2; echo "opendsec up exited" >&2; return 1; }
     sleep 0.1
   done
-  echo "opendsec up did not become ready in 60 s" >&2
+  echo "opendsec up did not become ready in 600 s" >&2
   return 1
 }
 
@@ -68,9 +69,11 @@ RID=burst-kill-$$
 "${B[@]}" -mode kill -request-id "$RID" -kill-after "$KILL_AFTER" -kill-pid "$UP_PID" -out-json "$DD/kill.json"
 wait "$UP_PID" 2>/dev/null || true
 echo "== restart, the same batch again" >&2
+T0=$(date +%s%N)
 restart_system
+RESTART_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
 rc=0
-"${B[@]}" -mode retry -request-id "$RID" -out-json "$DD/retry.json" || rc=$?
+"${B[@]}" -mode retry -request-id "$RID" -restart-ms "$RESTART_MS" -out-json "$DD/retry.json" || rc=$?
 "$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" \
   "$DD/main.json" "$DD/kill.json" "$DD/retry.json"
 exit $rc

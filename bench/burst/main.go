@@ -42,7 +42,7 @@ import (
 
 type config struct {
 	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command string
-	count, runcN, killAfter, killPid, stopConcurrency                                         int
+	count, runcN, killAfter, killPid, stopConcurrency, restartMS                              int
 	cpu                                                                                       float64
 	memoryMB                                                                                  int64
 }
@@ -72,6 +72,7 @@ type result struct {
 	Distinct  int    `json:"distinct,omitempty"`
 	Running   int    `json:"running,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
+	RestartMS int    `json:"restart_ms,omitempty"` // retry: restart until ready
 }
 
 func main() {
@@ -90,6 +91,7 @@ func main() {
 	flag.StringVar(&c.requestID, "request-id", "", "batch request ID (kill, retry)")
 	flag.IntVar(&c.killAfter, "kill-after", 300, "kill: SIGKILL -kill-pid after this many results")
 	flag.IntVar(&c.killPid, "kill-pid", 0, "kill: the pid of `opendsec up`")
+	flag.IntVar(&c.restartMS, "restart-ms", 0, "retry: how long the restart took until ready (recorded)")
 	flag.StringVar(&c.nodeLog, "node-log", "", "the system's log (debug or info), for the node's per-sandbox create times")
 	flag.StringVar(&c.outJSON, "out-json", "", "where a mode writes its result")
 	flag.StringVar(&c.out, "out", "", "report: the markdown file")
@@ -324,7 +326,7 @@ func runRetry(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	r := &result{Mode: "retry", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RequestID: c.requestID}
+	r := &result{Mode: "retry", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RequestID: c.requestID, RestartMS: c.restartMS}
 	ids, berr := batch(ctx, cl, c, "burst-retry", c.requestID, nil, r)
 	fmt.Fprintf(os.Stderr, "   retry: %d results, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
 	list, err := cl.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{Labels: map[string]string{"opendsec-bench": "burst-retry"}}))

@@ -43,7 +43,8 @@ func writeReport(c config, paths []string) error {
 			fmt.Fprintf(&b, "Batch of %d with request_id `%s`: `opendsec up` (apiserver, and the node with it) got SIGKILL after %d results (%.0f ms into the call).\n\n",
 				r.Count, r.RequestID, r.Received, r.BatchTotalMS)
 		case "retry":
-			fmt.Fprintf(&b, "Restarted, the same BatchCreateSandboxes (same request_id) again: %d results, %d failed, %.0f ms. Afterwards %d sandboxes listed with the batch's label, %d distinct, %d running (want exactly %d). Stopped them in %.0f ms.\n\n",
+			fmt.Fprintf(&b, "Restart until ready (the node re-attaching every sandbox it has): %.1f s.\n\n", float64(r.RestartMS)/1000)
+			fmt.Fprintf(&b, "Then the same BatchCreateSandboxes (same request_id) again: %d results, %d failed, %.0f ms. Afterwards %d sandboxes listed with the batch's label, %d distinct, %d running (want exactly %d). Stopped them in %.0f ms.\n\n",
 				len(r.ArrivalMS), r.Failed, r.BatchTotalMS, r.Listed, r.Distinct, r.Running, r.Count, r.StopTotalMS)
 			if r.FirstError != "" {
 				fmt.Fprintf(&b, "First failure: `%s`\n\n", r.FirstError)

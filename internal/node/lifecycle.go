@@ -192,7 +192,9 @@ func (n *Node) teardownLater(rec *record) bool {
 	if err != nil {
 		return false
 	}
+	n.teardowns.Add(1)
 	go func() {
+		defer n.teardowns.Done()
 		defer end()
 		ctx := context.WithoutCancel(n.life)
 		l := log.G(ctx).With(log.SandboxID(rec.ID))

@@ -145,6 +145,8 @@ type Node struct {
 	tearing int
 	// teardownSlots bounds the teardowns running at once.
 	teardownSlots chan struct{}
+	// teardowns counts the background teardowns not yet ended.
+	teardowns sync.WaitGroup
 
 	// reaping holds the IDs of sandboxes the reaper is stopping; guarded by mu.
 	reaping map[string]bool
@@ -444,13 +446,22 @@ func (n *Node) cpuQuota() float64 { return n.cfg.CPU * n.cfg.CPUOvercommit }
 func (n *Node) memQuota() int64 { return int64(float64(n.cfg.MemoryMB) * n.cfg.MemoryOvercommit) }
 
 // StopAll stops every sandbox on the node (used at shutdown with
-// --stop-sandboxes); failures are logged.
+// --stop-sandboxes), teardownWorkers at a time, and waits for their
+// teardowns; failures are logged.
 func (n *Node) StopAll(ctx context.Context, reason string) {
+	sem := make(chan struct{}, teardownWorkers)
+	var wg sync.WaitGroup
 	for _, sb := range n.List(ctx) {
-		if err := n.Stop(ctx, sb.rec.ID, reason); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).Error("stop sandbox", log.SandboxID(sb.rec.ID), log.Err(err))
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := n.Stop(ctx, sb.id, reason); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).Error("stop sandbox", log.SandboxID(sb.id), log.Err(err))
+			}
+		})
 	}
+	wg.Wait()
+	n.teardowns.Wait()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 )
@@ -62,4 +64,34 @@ func TestStopKillsEveryProcessAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtimetest.AssertNoLeftovers(t, spec.StateDir, st.Pid)
+}
+
+// TestStartedRootLeavesTheHostMountTable: once a sandbox runs, its root is
+// no longer mounted in the node's mount namespace (each later `runc run`
+// copies that table), yet the sandbox's writes still land in its upper
+// layer on the host.
+func TestStartedRootLeavesTheHostMountTable(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	var bundle, root unix.Stat_t
+	if err := unix.Stat(spec.StateDir, &bundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(spec.StateDir, rootfsDir), &root); err != nil {
+		t.Fatal(err)
+	}
+	if root.Dev != bundle.Dev {
+		t.Fatalf("the started sandbox's root is still mounted on the host (%s)", filepath.Join(spec.StateDir, rootfsDir))
+	}
+	if res, err := runtimetest.Run(t.Context(), rt, spec.ID, "", "/bin/sh", "-c", "echo hi > /written && cat /written"); err != nil || res.Stdout != "hi\n" {
+		t.Fatalf("write in the sandbox: %+v, %v", res, err)
+	}
+	sb, err := rt.(*Runtime).get(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(sb.st.upper(), "written")); err != nil || string(b) != "hi\n" {
+		t.Fatalf("the write in the upper layer on the host: %q, %v", b, err)
+	}
 }
