@@ -38,14 +38,14 @@ const handleVersion = 1
 
 // Files and directories the backend makes under Spec.StateDir.
 const (
-	upperDir   = "upper"
-	workDir    = "work"
-	rootfsDir  = "rootfs"
-	runDir     = "run"
-	logDir     = "log" // in tmp: the agent's stderr cannot fill the disk
+	upperDir  = "upper"
+	workDir   = "work"
+	rootfsDir = "rootfs"
+	runDir    = "run"
+	logDir    = "log" // in tmp: the agent's stderr cannot fill the disk
 	// tmpDir is the tmpfs holding run and log (symlinks to tmp/run and
 	// tmp/log); sandboxes made before it have run and log tmpfs of their own.
-	tmpDir = "tmp"
+	tmpDir     = "tmp"
 	configFile = "config.json"
 	pidFile    = "init.pid"
 	runcLog    = "runc.log"
