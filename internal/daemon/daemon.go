@@ -7,13 +7,12 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/kernflux/opendsec/internal/httpserver"
 
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
