@@ -58,8 +58,15 @@ func (c *realCluster) used() float64 {
 }
 
 // newRealCluster starts len(ids) nodes of 1 core each (16 CPU of quota
-// each, node.CPUOvercommit).
+// each, node.DefaultCPUOvercommit).
 func newRealCluster(t *testing.T, ids ...string) *realCluster {
+	t.Helper()
+	return newRealClusterVia(t, nil, ids...)
+}
+
+// newRealClusterVia is newRealCluster with every node's handler wrapped in
+// via (nil: none), e.g. a proxy that loses answers.
+func newRealClusterVia(t *testing.T, via func(http.Handler) http.Handler, ids ...string) *realCluster {
 	t.Helper()
 	key, err := auth.GenerateIssuer()
 	if err != nil {
@@ -88,7 +95,11 @@ func newRealCluster(t *testing.T, ids ...string) *realCluster {
 			n.StopAll(context.Background(), "test cleanup")
 			n.Close()
 		})
-		srv := httptest.NewUnstartedServer(n.Handler(connect.WithInterceptors(verify.Interceptor())))
+		h := n.Handler(connect.WithInterceptors(verify.Interceptor()))
+		if via != nil {
+			h = via(h)
+		}
+		srv := httptest.NewUnstartedServer(h)
 		srv.Config.Protocols = new(http.Protocols)
 		srv.Config.Protocols.SetHTTP1(true)
 		srv.Config.Protocols.SetUnencryptedHTTP2(true)

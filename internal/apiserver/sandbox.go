@@ -129,9 +129,14 @@ func (s *Server) create(ctx context.Context, spec *v1.SandboxSpec, requestID str
 		}
 		r.Release()
 		if ctx.Err() != nil {
-			// The node may still finish the create after we gave up: stop
-			// it so nothing is left half-made.
-			s.stopAbandoned(ctx, n, id)
+			// The node may still finish the create after we gave up.
+			// With a request_id the caller's retry gets that very sandbox
+			// (stopping it here would race with the retry and hand it a
+			// dead one); without one nobody can ever claim it: stop it so
+			// nothing is left half-made.
+			if requestID == "" {
+				s.stopAbandoned(ctx, n, id)
+			}
 			return nil, fmt.Errorf("create sandbox: %w", context.Cause(ctx))
 		}
 		err = remoteErr(ctx, "create sandbox on node "+nodeID, err)
@@ -167,9 +172,13 @@ func (s *Server) stopAbandoned(ctx context.Context, n *nodeclient.Client, id str
 }
 
 // BatchCreateSandboxes creates count sandboxes with bounded concurrency,
-// streaming each result (or per-item error) as it is ready. When the caller
-// goes away, no new creates start and sandboxes whose result could not be
-// delivered are stopped.
+// streaming each result (or per-item error) as it is ready. Item i carries
+// the request ID "<request_id>-<i>", so the same request again (after a lost
+// stream, a client timeout or an apiserver restart) returns the sandboxes
+// already made and makes only the missing ones. When the caller goes away,
+// no new creates start; sandboxes whose result could not be delivered are
+// stopped when the batch has no request_id (nobody could claim them), and
+// kept for the retry when it has one.
 func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[v1.BatchCreateSandboxesRequest], stream *connect.ServerStream[v1.BatchCreateSandboxesResponse]) error {
 	count := req.Msg.GetCount()
 	if count < 1 || count > MaxBatch {
@@ -229,7 +238,10 @@ func (s *Server) BatchCreateSandboxes(ctx context.Context, req *connect.Request[
 				}
 				undelivered := sendErr != nil
 				sendMu.Unlock()
-				if undelivered && sb != nil {
+				// A result that could not be delivered is the caller's
+				// on a retry with the same request_id; without one it is
+				// stopped.
+				if undelivered && sb != nil && rid == "" {
 					if n, err := s.nodes.Get(context.WithoutCancel(ctx), sb.GetNodeId()); err == nil {
 						s.stopAbandoned(ctx, n, sb.GetId())
 					}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -143,6 +144,14 @@ type Node struct {
 	// Capacity the node offers; 0 means detect (all CPUs, 90% of memory).
 	CPU      float64 `json:"cpu"`
 	MemoryMB int64   `json:"memory_mb"`
+	// CPUOvercommit: the node offers this many times CPU in CFS quotas
+	// (sandboxes of a rollout idle most of the time); 0 means
+	// DefaultCPUOvercommit.
+	CPUOvercommit float64 `json:"cpu_overcommit"`
+	// MemoryOvercommit: the node admits memory limits adding up to this
+	// many times MemoryMB; 0 means DefaultMemoryOvercommit (1: no
+	// overcommit).
+	MemoryOvercommit float64 `json:"memory_overcommit"`
 	// MaxSandboxes is the admission cap on sandboxes.
 	MaxSandboxes int64 `json:"max_sandboxes"`
 	// MaxPidsLimit is the largest pids_limit one sandbox may ask for;
@@ -192,6 +201,33 @@ const (
 	DefaultDiskReserveMB = 2048
 )
 
+// Overcommit defaults and bounds (node.cpu_overcommit, node.memory_overcommit).
+const (
+	DefaultCPUOvercommit    = 16
+	DefaultMemoryOvercommit = 1
+	MaxCPUOvercommit        = 1000
+	MaxMemoryOvercommit     = 100
+)
+
+// Overcommit returns node.cpu_overcommit and node.memory_overcommit with
+// their defaults filled in, or an error naming the key.
+func (n Node) Overcommit() (cpu, mem float64, err error) {
+	cpu, mem = n.CPUOvercommit, n.MemoryOvercommit
+	if cpu == 0 {
+		cpu = DefaultCPUOvercommit
+	}
+	if mem == 0 {
+		mem = DefaultMemoryOvercommit
+	}
+	if cpu < 1 || cpu > MaxCPUOvercommit || math.IsNaN(cpu) {
+		return 0, 0, errdefs.Invalid("node.cpu_overcommit", "is %g; give 1 (quotas add up to the cores) to %d times the cores, or 0 for %d", n.CPUOvercommit, MaxCPUOvercommit, DefaultCPUOvercommit)
+	}
+	if mem < 1 || mem > MaxMemoryOvercommit || math.IsNaN(mem) {
+		return 0, 0, errdefs.Invalid("node.memory_overcommit", "is %g; give 1 (limits add up to node.memory_mb at most) to %d times it, or 0 for %d", n.MemoryOvercommit, MaxMemoryOvercommit, DefaultMemoryOvercommit)
+	}
+	return cpu, mem, nil
+}
+
 // WarmPool configures a node's warm pool.
 type WarmPool struct {
 	// Size is how many prestarted sandboxes each shape (backend, image,
@@ -233,20 +269,22 @@ func Default(dataDir string) Config {
 		},
 		Watcher: Watcher{Listen: "127.0.0.1:7072", PollIntervalMS: 1000},
 		Node: Node{
-			ID:              "n001",
-			Listen:          "127.0.0.1:7071",
-			AgentPath:       "/usr/local/lib/opendsec/opendsec-agent",
-			AgentIdleExitMS: 30000,
-			WarmPool:        WarmPool{Size: 2, MaxSandboxes: 8, IdleTTLSec: 600},
-			ImageDir:        filepath.Join(dataDir, "images"),
-			ImportDir:       filepath.Join(dataDir, "import"),
-			DefaultBackend:  "container",
-			MaxSandboxes:    1000,
-			MaxPidsLimit:    sandboxspec.DefaultMaxPidsLimit,
-			NofileLimit:     sandboxspec.DefaultNofileLimit,
-			MaxUploadMB:     1024,
-			Disk:            NodeDisk{DefaultMB: DefaultDiskMB, MaxMB: DefaultDiskMaxMB, ReserveMB: DefaultDiskReserveMB},
-			MaxPaused:       DefaultMaxPaused,
+			ID:               "n001",
+			Listen:           "127.0.0.1:7071",
+			AgentPath:        "/usr/local/lib/opendsec/opendsec-agent",
+			AgentIdleExitMS:  30000,
+			WarmPool:         WarmPool{Size: 2, MaxSandboxes: 8, IdleTTLSec: 600},
+			ImageDir:         filepath.Join(dataDir, "images"),
+			ImportDir:        filepath.Join(dataDir, "import"),
+			DefaultBackend:   "container",
+			CPUOvercommit:    DefaultCPUOvercommit,
+			MemoryOvercommit: DefaultMemoryOvercommit,
+			MaxSandboxes:     1000,
+			MaxPidsLimit:     sandboxspec.DefaultMaxPidsLimit,
+			NofileLimit:      sandboxspec.DefaultNofileLimit,
+			MaxUploadMB:      1024,
+			Disk:             NodeDisk{DefaultMB: DefaultDiskMB, MaxMB: DefaultDiskMaxMB, ReserveMB: DefaultDiskReserveMB},
+			MaxPaused:        DefaultMaxPaused,
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -318,6 +356,9 @@ func (c *Config) Validate() error {
 		return errdefs.Invalid("node.disk.default_mb", "is %d; give %d to node.disk.max_mb (%d) MiB (default %d)", d.DefaultMB, sandboxspec.MinDiskMB, d.MaxMB, DefaultDiskMB)
 	} else if d.ReserveMB < 0 {
 		return errdefs.Invalid("node.disk.reserve_mb", "is %d; give 0 (no reserve) or MiB to keep free (default %d)", d.ReserveMB, DefaultDiskReserveMB)
+	}
+	if _, _, err := c.Node.Overcommit(); err != nil {
+		return err
 	}
 	if _, err := c.Node.MaxPausedDuration(); err != nil {
 		return err

@@ -84,3 +84,38 @@ func TestSecurityPidsLimitConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestOvercommitConfig: node.cpu_overcommit defaults to 16 and
+// node.memory_overcommit to 1 (also when 0); out-of-range values are
+// refused naming the key.
+func TestOvercommitConfig(t *testing.T) {
+	c := Default("/var/lib/opendsec")
+	if cpu, mem, err := c.Node.Overcommit(); err != nil || cpu != 16 || mem != 1 {
+		t.Fatalf("default overcommit = %g, %g, %v; want 16, 1", cpu, mem, err)
+	}
+	c.Node.CPUOvercommit, c.Node.MemoryOvercommit = 0, 0
+	if cpu, mem, err := c.Node.Overcommit(); err != nil || cpu != 16 || mem != 1 {
+		t.Fatalf("overcommit 0 = %g, %g, %v; want the defaults 16, 1", cpu, mem, err)
+	}
+	c.Node.CPUOvercommit, c.Node.MemoryOvercommit = 50, 6
+	if cpu, mem, err := c.Node.Overcommit(); err != nil || cpu != 50 || mem != 6 {
+		t.Fatalf("overcommit 50, 6 = %g, %g, %v", cpu, mem, err)
+	}
+	for _, bad := range []struct {
+		field string
+		mod   func(*Node)
+	}{
+		{"node.cpu_overcommit", func(n *Node) { n.CPUOvercommit = -1 }},
+		{"node.cpu_overcommit", func(n *Node) { n.CPUOvercommit = 0.5 }},
+		{"node.cpu_overcommit", func(n *Node) { n.CPUOvercommit = 5000 }},
+		{"node.memory_overcommit", func(n *Node) { n.MemoryOvercommit = 0.9 }},
+		{"node.memory_overcommit", func(n *Node) { n.MemoryOvercommit = 1000 }},
+	} {
+		c := Default("/var/lib/opendsec")
+		bad.mod(&c.Node)
+		err := c.Validate()
+		if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), bad.field+":") {
+			t.Errorf("%+v: %v, want an invalid %s error", c.Node, err, bad.field)
+		}
+	}
+}

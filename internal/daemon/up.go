@@ -101,6 +101,10 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	if err != nil {
 		return nil, err
 	}
+	cpuOver, memOver, err := cfg.Node.Overcommit()
+	if err != nil {
+		return nil, err
+	}
 	stateDir := filepath.Join(cfg.DataDir, "node")
 	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits, MaxUploadBytes: cfg.Node.MaxUploadMB << 20}, bcfg)
 	if err != nil {
@@ -118,18 +122,21 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 			Max:     cfg.Node.WarmPool.MaxSandboxes,
 			IdleTTL: time.Duration(cfg.Node.WarmPool.IdleTTLSec) * time.Second,
 		},
-		Backends:       backends,
-		DefaultBackend: cfg.Node.DefaultBackend,
-		Images:         store,
-		CPU:            cfg.Node.CPU,
-		MemoryMB:       cfg.Node.MemoryMB,
-		MaxSandboxes:   cfg.Node.MaxSandboxes,
-		MaxPidsLimit:   limits.MaxPidsLimit,
-		DiskDefaultMB:  cfg.Node.Disk.DefaultMB,
-		DiskMaxMB:      cfg.Node.Disk.MaxMB,
-		DiskReserveMB:  cfg.Node.Disk.ReserveMB,
-		MaxPaused:      maxPaused,
-		MaxUploadBytes: cfg.Node.MaxUploadMB << 20,
+		Backends:         backends,
+		DefaultBackend:   cfg.Node.DefaultBackend,
+		Images:           store,
+		CPU:              cfg.Node.CPU,
+		MemoryMB:         cfg.Node.MemoryMB,
+		MaxSandboxes:     cfg.Node.MaxSandboxes,
+		CPUOvercommit:    cpuOver,
+		MemoryOvercommit: memOver,
+		MaxPidsLimit:     limits.MaxPidsLimit,
+		DiskDefaultMB:    cfg.Node.Disk.DefaultMB,
+		DiskMaxMB:        cfg.Node.Disk.MaxMB,
+		DiskReserveMB:    cfg.Node.Disk.ReserveMB,
+		MaxPaused:        maxPaused,
+		MaxUploadBytes:   cfg.Node.MaxUploadMB << 20,
+		DeferTeardown:    true,
 	}
 	if nw != nil {
 		ncfg.Network = nw

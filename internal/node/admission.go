@@ -9,7 +9,8 @@ import (
 )
 
 // admit reserves room for sb (its spec's CPU within the node's quota of
-// CPUOvercommit times its cores, its memory, one of the node's sandboxes) and registers it by its ID, the ID its create asked for
+// CPUOvercommit times its cores, its memory within MemoryOvercommit times
+// the node's, one of the node's sandboxes) and registers it by its ID, the ID its create asked for
 // (askedID, an alias when they differ) and its request ID, all at once. When
 // a create with the same request ID was admitted before, admit returns it
 // as prev and reserves nothing. forget releases what admit reserved.
@@ -27,17 +28,18 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", id)
 		}
 	}
-	if int64(len(n.sandboxes)) >= n.cfg.MaxSandboxes {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes; stop some or add nodes", n.cfg.ID, n.cfg.MaxSandboxes)
+	if int64(len(n.sandboxes)+n.tearing) >= n.cfg.MaxSandboxes {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes (node.max_sandboxes; %d of them stopped and still being torn down); stop some or add nodes",
+			n.cfg.ID, n.cfg.MaxSandboxes, n.tearing)
 	}
 	// The same capacity Info offers placement: 1e-9 absorbs float sums.
 	if quota := n.cpuQuota(); n.reservedCPU+rec.Spec.CPU > quota+1e-9 {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %d), %g requested; stop sandboxes or ask for less",
-			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, CPUOvercommit, rec.Spec.CPU)
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %g, node.cpu_overcommit), %g requested; stop sandboxes or ask for less",
+			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, n.cfg.CPUOvercommit, rec.Spec.CPU)
 	}
-	if n.reservedMem+rec.Spec.MemoryMB > n.cfg.MemoryMB {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d requested; stop sandboxes or ask for less",
-			n.cfg.ID, n.cfg.MemoryMB-n.reservedMem, rec.Spec.MemoryMB)
+	if quota := n.memQuota(); n.reservedMem+rec.Spec.MemoryMB > quota {
+		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free (%d MiB × %g, node.memory_overcommit), %d requested; stop sandboxes or ask for less",
+			n.cfg.ID, max(quota-n.reservedMem, 0), n.cfg.MemoryMB, n.cfg.MemoryOvercommit, rec.Spec.MemoryMB)
 	}
 	if err := n.checkDiskReserve(); err != nil {
 		return nil, err

@@ -38,12 +38,18 @@ func (n *Node) forget(sb *sandbox) {
 // then removes its record. Errors are logged: the record is kept when the
 // backend could not delete, so the next start retries.
 func (n *Node) destroy(ctx context.Context, rec *record) error {
+	if err := n.kill(ctx, rec); err != nil {
+		log.G(ctx).Warn("stop sandbox", log.SandboxID(rec.ID), log.Err(err))
+	}
+	return n.teardown(ctx, rec)
+}
+
+// teardown is destroy of a sandbox already killed: everything but the
+// backend's stop.
+func (n *Node) teardown(ctx context.Context, rec *record) error {
 	l := log.G(ctx).With(log.SandboxID(rec.ID))
 	rt, ok := n.cfg.Backends[rec.Backend]
 	if ok {
-		if err := rt.Stop(ctx, rec.ID, runtime.StopOptions{}); err != nil && !errdefs.IsNotFound(err) {
-			l.Warn("stop sandbox", log.Err(err))
-		}
 		if err := rt.Delete(ctx, rec.ID); err != nil {
 			l.Error("delete sandbox; will retry at next node start", log.Err(err))
 			return fmt.Errorf("delete sandbox: %w", err)
@@ -121,9 +127,20 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 	n.mu.Unlock()
 	sb.reason.Store(reason)
 	ctx = context.WithoutCancel(ctx)
+	t0 := time.Now()
 	derr := n.table.put(&rec)
+	// The critical path ends once nothing of the sandbox runs (so nothing
+	// reaches it or is reached from it): the rest of its teardown — runc's
+	// delete, unmounts, loop detach, netns, cgroups, state dir, image hold,
+	// record — goes to a background worker (teardownLater).
+	deferred := false
 	if derr == nil {
-		derr = n.destroy(ctx, &rec)
+		if derr = n.kill(ctx, &rec); derr == nil {
+			deferred = n.teardownLater(&rec)
+			if !deferred {
+				derr = n.teardown(ctx, &rec)
+			}
+		}
 	}
 	n.mu.Lock()
 	sb.stopErr = derr
@@ -131,6 +148,8 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 		// Keep the sandbox (and its reservation) so nothing runs unseen;
 		// the reaper retries.
 		sb.stopDone = nil
+	} else if deferred {
+		n.tearing++ // until its teardown ends (admit counts it)
 	}
 	n.mu.Unlock()
 	close(done)
@@ -138,8 +157,73 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("stop sandbox %s (will retry): %w", id, derr)
 	}
 	n.forget(sb)
-	log.G(ctx).Info("sandbox stopped", log.SandboxID(id), "reason", reason)
+	log.G(ctx).Info("sandbox stopped", log.SandboxID(id), "reason", reason, "stop_ms", ms(time.Since(t0)), "teardown_deferred", deferred)
 	return nil
+}
+
+// kill stops the backend's sandbox: when it returns nil, nothing of it
+// runs.
+func (n *Node) kill(ctx context.Context, rec *record) error {
+	rt, ok := n.cfg.Backends[rec.Backend]
+	if !ok {
+		return nil
+	}
+	if err := rt.Stop(ctx, rec.ID, runtime.StopOptions{}); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("stop sandbox: %w", err)
+	}
+	return nil
+}
+
+// teardownLater hands the rest of a killed sandbox's teardown (teardown) to
+// the background, at most teardownWorkers at a time, and reports whether it
+// did (not once the node shuts down: then the caller tears down itself).
+// Its record stays "stopping" in the table until destroy removes it, so a
+// node that dies first finishes the teardown at its next start (recover
+// destroys every record caught stopping). CPU and memory are released at
+// once — the sandbox's processes are dead, the kernel has freed their
+// memory — but the sandbox still counts against max_sandboxes (it holds a
+// loop device, a netns, mounts) until destroy has freed them. Shutdown
+// waits for pending teardowns (each is an operation of the gate).
+func (n *Node) teardownLater(rec *record) bool {
+	if !n.cfg.DeferTeardown {
+		return false
+	}
+	end, err := n.begin("tear down sandbox " + rec.ID)
+	if err != nil {
+		return false
+	}
+	n.teardowns.Add(1)
+	go func() {
+		defer n.teardowns.Done()
+		defer end()
+		ctx := context.WithoutCancel(n.life)
+		l := log.G(ctx).With(log.SandboxID(rec.ID))
+		for attempt := 0; ; attempt++ {
+			n.teardownSlots <- struct{}{}
+			t0 := time.Now()
+			err := n.teardown(ctx, rec)
+			<-n.teardownSlots
+			if err == nil {
+				l.Debug("sandbox torn down", "teardown_ms", ms(time.Since(t0)))
+				break
+			}
+			if attempt >= 4 {
+				l.Error("tear down stopped sandbox; giving up until the next node start", log.Err(err))
+				break
+			}
+			select {
+			case <-n.life.Done():
+				l.Warn("tear down stopped sandbox interrupted by shutdown; the next node start finishes it", log.Err(err))
+				return // still counted in tearing: the node is going away
+			case <-time.After(time.Duration(1<<attempt) * time.Second):
+			}
+		}
+		n.mu.Lock()
+		n.tearing--
+		n.usedSeq++
+		n.mu.Unlock()
+	}()
+	return true
 }
 
 // SetTimeout makes the sandbox's lifetime end seconds from now. On a paused

@@ -30,10 +30,17 @@ import (
 
 // Spec defaults and limits are sandboxspec's (DefaultCPU, sandboxspec.MaxTimeoutSec, ...).
 const (
-	// CPUOvercommit: CPU is a quota (cfs), not a reservation, and most
-	// sandboxes of a rollout idle most of the time, so a node offers this
-	// many times its cores in quotas. Memory is never overcommitted.
-	CPUOvercommit = 16
+	// DefaultCPUOvercommit is Config.CPUOvercommit when unset: CPU is a
+	// quota (cfs), not a reservation, and most sandboxes of a rollout idle
+	// most of the time, so a node offers this many times its cores in
+	// quotas.
+	DefaultCPUOvercommit = 16
+	// DefaultMemoryOvercommit is Config.MemoryOvercommit when unset:
+	// memory limits add up to at most the node's memory.
+	DefaultMemoryOvercommit = 1
+	// teardownWorkers bounds the background teardowns of stopped
+	// sandboxes running at once.
+	teardownWorkers = 2
 )
 
 // ImageResolver turns an image name into layers and keeps them from being
@@ -72,6 +79,12 @@ type Config struct {
 	CPU          float64
 	MemoryMB     int64
 	MaxSandboxes int64
+	// CPUOvercommit and MemoryOvercommit multiply CPU and MemoryMB into
+	// what admission lets sandboxes' limits add up to
+	// (node.cpu_overcommit, node.memory_overcommit); 0 means
+	// DefaultCPUOvercommit, DefaultMemoryOvercommit. One sandbox's limit
+	// never exceeds CPU or MemoryMB.
+	CPUOvercommit, MemoryOvercommit float64
 	// MaxPidsLimit is the largest pids_limit a create may ask for
 	// (node.max_pids_limit); 0 means sandboxspec.DefaultMaxPidsLimit.
 	MaxPidsLimit int64
@@ -100,6 +113,10 @@ type Config struct {
 	Network Network
 	// Pool configures the warm pool (Size 0: off).
 	Pool PoolConfig
+	// DeferTeardown makes Stop return once the sandbox is dead and leaves
+	// the rest of its teardown to a background worker (teardownLater);
+	// false tears down before Stop returns.
+	DeferTeardown bool
 }
 
 // Node runs sandboxes on one machine.
@@ -122,6 +139,14 @@ type Node struct {
 	// start time in nanoseconds so that it grows across restarts too;
 	// guarded by mu.
 	usedSeq uint64
+
+	// tearing counts stopped sandboxes whose teardown runs in the
+	// background (teardownLater); guarded by mu.
+	tearing int
+	// teardownSlots bounds the teardowns running at once.
+	teardownSlots chan struct{}
+	// teardowns counts the background teardowns not yet ended.
+	teardowns sync.WaitGroup
 
 	// reaping holds the IDs of sandboxes the reaper is stopping; guarded by mu.
 	reaping map[string]bool
@@ -218,6 +243,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 1000
 	}
+	if cfg.CPUOvercommit <= 0 {
+		cfg.CPUOvercommit = DefaultCPUOvercommit
+	}
+	if cfg.MemoryOvercommit <= 0 {
+		cfg.MemoryOvercommit = DefaultMemoryOvercommit
+	}
 	if cfg.MaxPidsLimit <= 0 {
 		cfg.MaxPidsLimit = sandboxspec.DefaultMaxPidsLimit
 	}
@@ -246,6 +277,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		closed:    make(chan struct{}),
 		dead:      map[string]tombstone{},
 		usedSeq:   uint64(time.Now().UnixNano()),
+		// Teardown is mostly runc, umount and netlink work: two at a
+		// time keep it off the creates' cores.
+		teardownSlots: make(chan struct{}, teardownWorkers),
 	}
 	if n.snaps, err = openSnapshots(ctx, cfg.StateDir, cfg.Images); err != nil {
 		t.close()
@@ -413,16 +447,28 @@ func (n *Node) usage() usageReading {
 }
 
 // cpuQuota is the CPU the node offers its sandboxes in quotas.
-func (n *Node) cpuQuota() float64 { return n.cfg.CPU * CPUOvercommit }
+func (n *Node) cpuQuota() float64 { return n.cfg.CPU * n.cfg.CPUOvercommit }
+
+// memQuota is the memory (MiB) the node's sandboxes' limits may add up to.
+func (n *Node) memQuota() int64 { return int64(float64(n.cfg.MemoryMB) * n.cfg.MemoryOvercommit) }
 
 // StopAll stops every sandbox on the node (used at shutdown with
-// --stop-sandboxes); failures are logged.
+// --stop-sandboxes), teardownWorkers at a time, and waits for their
+// teardowns; failures are logged.
 func (n *Node) StopAll(ctx context.Context, reason string) {
+	sem := make(chan struct{}, teardownWorkers)
+	var wg sync.WaitGroup
 	for _, sb := range n.List(ctx) {
-		if err := n.Stop(ctx, sb.rec.ID, reason); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).Error("stop sandbox", log.SandboxID(sb.rec.ID), log.Err(err))
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := n.Stop(ctx, sb.id, reason); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).Error("stop sandbox", log.SandboxID(sb.id), log.Err(err))
+			}
+		})
 	}
+	wg.Wait()
+	n.teardowns.Wait()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

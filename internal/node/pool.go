@@ -329,7 +329,7 @@ func (p *pool) expire(now time.Time) {
 func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 	n := p.n
 	n.mu.Lock()
-	count, freeMem := int64(len(n.sandboxes)), n.cfg.MemoryMB-n.reservedMem
+	count, freeMem := int64(len(n.sandboxes)), n.memQuota()-n.reservedMem
 	n.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -174,7 +174,7 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		NodeId:         s.n.cfg.ID,
 		Backends:       backendNames(s.n.cfg.Backends),
 		DefaultBackend: s.n.cfg.DefaultBackend,
-		Total:          &nodev1.Capacity{Cpu: s.n.cpuQuota(), MemoryMb: s.n.cfg.MemoryMB, Sandboxes: s.n.cfg.MaxSandboxes},
+		Total:          &nodev1.Capacity{Cpu: s.n.cpuQuota(), MemoryMb: s.n.memQuota(), Sandboxes: s.n.cfg.MaxSandboxes},
 		Used:           u.capacity(),
 		UsedSeq:        u.seq,
 		Healthy:        true,

@@ -28,18 +28,25 @@ import (
 )
 
 // sandboxCount returns how many sandboxes the system has, and checks the
-// node's sandbox dir holds exactly that many.
+// node's sandbox dir holds exactly that many (once the background teardown
+// of sandboxes stopped just before has removed their dirs: polled for up
+// to 10 s).
 func (s *system) sandboxCount(t *testing.T) int {
 	t.Helper()
-	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
-	if err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ents, _ := os.ReadDir(filepath.Join(s.DataDir(), "node", "sandboxes"))
+		if len(ents) == len(l.Msg.Sandboxes) {
+			return len(l.Msg.Sandboxes)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node holds %d sandbox dirs but lists %d sandboxes", len(ents), len(l.Msg.Sandboxes))
+		}
+		time.Sleep(20 * time.Millisecond) // polling the node's background teardown
 	}
-	ents, _ := os.ReadDir(filepath.Join(s.DataDir(), "node", "sandboxes"))
-	if len(ents) != len(l.Msg.Sandboxes) {
-		t.Fatalf("node holds %d sandbox dirs but lists %d sandboxes", len(ents), len(l.Msg.Sandboxes))
-	}
-	return len(l.Msg.Sandboxes)
 }
 
 func wantErr(t *testing.T, what string, err error, code connect.Code, mention string) {

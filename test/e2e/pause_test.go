@@ -98,7 +98,7 @@ func TestPauseSurvivesNodeKill(t *testing.T) {
 	if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id})); err != nil {
 		t.Fatalf("stop paused: %v", err)
 	}
-	if left := s.leftovers(sb.Id); len(left) > 0 {
+	if left := s.leftoversAfterStop(t, sb.Id); len(left) > 0 {
 		t.Fatalf("stopped paused sandbox left behind:\n%s", strings.Join(left, "\n"))
 	}
 }

@@ -91,7 +91,7 @@ func TestWarmPool(t *testing.T) {
 		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
 		}
-		if left := s.leftovers(id); len(left) > 0 {
+		if left := s.leftoversAfterStop(t, id); len(left) > 0 {
 			t.Errorf("sandbox %s left behind:\n%s", id, strings.Join(left, "\n"))
 		}
 	}

@@ -83,6 +83,26 @@ func (s *system) leftovers(id string) []string {
 	return out
 }
 
+// leftoversAfterStop checks what a stopped sandbox leaves: no process at
+// once (StopSandbox returns once it is dead), and nothing at all once the
+// node's background teardown has run (polled for up to 10 s). It returns
+// what is still there then.
+func (s *system) leftoversAfterStop(t *testing.T, id string) []string {
+	t.Helper()
+	for _, l := range s.leftovers(id) {
+		if strings.HasPrefix(l, "process: ") {
+			t.Errorf("sandbox %s still has a process when its stop returned: %s", id, l)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		left := s.leftovers(id)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(20 * time.Millisecond) // polling the node's background teardown
+	}
+}
+
 // TestKillNineRecovery is the acceptance test: ten sandboxes survive the
 // node being killed with SIGKILL, answer after it restarts, and stopping them
 // leaves nothing behind.
@@ -137,7 +157,7 @@ func TestKillNineRecovery(t *testing.T) {
 		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
 		}
-		if left := s.leftovers(id); len(left) > 0 {
+		if left := s.leftoversAfterStop(t, id); len(left) > 0 {
 			t.Errorf("sandbox %s left behind:\n%s", id, strings.Join(left, "\n"))
 		}
 		_, err := s.Sandboxes().GetSandbox(t.Context(), connect.NewRequest(&opendsecv1.GetSandboxRequest{Id: id}))

@@ -31,11 +31,11 @@ import (
 func TestMain(m *testing.M) { harness.Main(m) }
 
 // sharedCPU is the CPU quota of the shared system's node: node.cpu cores
-// times node.CPUOvercommit (more than the machine has: placement counts
+// times node.DefaultCPUOvercommit (more than the machine has: placement counts
 // reservations, not real use).
 const (
 	sharedCores = 1
-	sharedCPU   = int(sharedCores * node.CPUOvercommit)
+	sharedCPU   = int(sharedCores * node.DefaultCPUOvercommit)
 )
 
 // TestSecurity runs the checks that share one system. Each check is

@@ -141,8 +141,17 @@ func TestSecurityTwoNodesOnOneHost(t *testing.T) {
 	if _, err := b.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb})); err != nil {
 		t.Fatalf("stop %s: %v", sb, err)
 	}
-	if v, _ := hostObjects(t, a.NodeNS(), "bbbb"); len(v) != 0 {
-		t.Errorf("node bbbb's veths after its sandbox stopped: %v", v)
+	// The network goes with the stop's background teardown.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		v, _ := hostObjects(t, a.NodeNS(), "bbbb")
+		if len(v) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("node bbbb's veths 10 s after its sandbox stopped: %v", v)
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polling the node's background teardown
 	}
 	reaches(t, a, sa, open)
 	blocked(t, a, sa, shut)

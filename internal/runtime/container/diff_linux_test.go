@@ -25,12 +25,9 @@ func TestDiffShowsTheUpper(t *testing.T) {
 	if !ok {
 		t.Fatal("the container backend does not implement runtime.RootfsDiffer")
 	}
-	root := filepath.Join(spec.StateDir, rootfsDir)
-	if err := os.WriteFile(filepath.Join(root, "new-file"), []byte("hi"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(filepath.Join(root, "bin", "sh")); err != nil {
-		t.Fatal(err)
+	// Through the sandbox: the host no longer has its root mounted.
+	if res, err := runtimetest.Run(t.Context(), rt, spec.ID, "", "/bin/sh", "-c", "printf hi > /new-file && rm /bin/sh"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write and remove in the sandbox: %+v, %v", res, err)
 	}
 	var seen []string
 	err := d.DiffRootfs(t.Context(), spec.ID, func(ctx context.Context, diff runtime.RootfsDiff) error {

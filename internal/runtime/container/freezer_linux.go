@@ -102,6 +102,17 @@ func (m cgroupMounts) frozen(path string) (bool, error) {
 
 // v1State reads the v1 freezer state of path: THAWED, FREEZING or FROZEN.
 // Reading it is what makes the kernel move FREEZING to FROZEN.
+// thawed reports whether the cgroup path is known to be thawed (not
+// frozen, not freezing); false when unsure.
+func (m cgroupMounts) thawed(path string) bool {
+	if m.v2 {
+		b, err := os.ReadFile(filepath.Join(m.unified, path, "cgroup.freeze"))
+		return err == nil && strings.TrimSpace(string(b)) == "0"
+	}
+	state, err := m.v1State(path)
+	return err == nil && state == "THAWED"
+}
+
 func (m cgroupMounts) v1State(path string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(m.v1["freezer"], path, "freezer.state"))
 	return strings.TrimSpace(string(b)), err

@@ -38,11 +38,14 @@ const handleVersion = 1
 
 // Files and directories the backend makes under Spec.StateDir.
 const (
-	upperDir   = "upper"
-	workDir    = "work"
-	rootfsDir  = "rootfs"
-	runDir     = "run"
-	logDir     = "log" // a 1 MiB tmpfs: the agent's stderr cannot fill the disk
+	upperDir  = "upper"
+	workDir   = "work"
+	rootfsDir = "rootfs"
+	runDir    = "run"
+	logDir    = "log" // in tmp: the agent's stderr cannot fill the disk
+	// tmpDir is the tmpfs holding run and log (symlinks to tmp/run and
+	// tmp/log); sandboxes made before it have run and log tmpfs of their own.
+	tmpDir     = "tmp"
 	configFile = "config.json"
 	pidFile    = "init.pid"
 	runcLog    = "runc.log"
@@ -51,10 +54,10 @@ const (
 	// interpreterFile is the code interpreter's runner, bind-mounted
 	// read-only at interpreter.PathInSandbox.
 	interpreterFile = "interpreter.py"
-	// Both small tmpfs: nothing in the sandbox can fill the node's disk
-	// through the agent's stderr or the shared socket directory.
-	logTmpfsOpts = "size=1m,nr_inodes=16,mode=0700"
-	runTmpfsOpts = "size=256k,nr_inodes=64,mode=0755"
+	// A small tmpfs (the former 1 MiB log and 256 KiB run together):
+	// nothing in the sandbox can fill the node's disk through the agent's
+	// stderr or the shared socket directory.
+	tmpTmpfsOpts = "size=1280k,nr_inodes=80,mode=0700"
 )
 
 // handleState is the backend's blob in runtime.Handle.State.
@@ -420,7 +423,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err := os.Chmod(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("chmod state dir: %w", err)
 	}
-	for _, d := range []string{rootfsDir, runDir, logDir} {
+	for _, d := range []string{rootfsDir, tmpDir} {
 		if err := os.Mkdir(filepath.Join(spec.StateDir, d), 0o700); err != nil {
 			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d, err)
 		}
@@ -439,10 +442,26 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	}
 	// opendsec-init (uid 0 in the sandbox) creates the agent socket in run; the node
 	// connects as root.
-	for _, m := range []struct{ dir, opts string }{{logDir, logTmpfsOpts}, {runDir, runTmpfsOpts}} {
-		if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, m.dir), "tmpfs",
-			unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, m.opts); err != nil {
-			return runtime.Handle{}, fmt.Errorf("mount %s tmpfs: %w", m.dir, err)
+	// One small tmpfs holds both: every mount on the host is copied by
+	// each later `runc run`, so a sandbox keeps as few there as it can.
+	// run and log are symlinks to its two directories.
+	if err := unix.Mount("tmpfs", filepath.Join(spec.StateDir, tmpDir), "tmpfs",
+		unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, tmpTmpfsOpts); err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount %s tmpfs: %w", tmpDir, err)
+	}
+	for _, d := range []struct {
+		name string
+		mode os.FileMode
+	}{{runDir, 0o755}, {logDir, 0o700}} {
+		in := filepath.Join(spec.StateDir, tmpDir, d.name)
+		if err := os.Mkdir(in, d.mode); err != nil {
+			return runtime.Handle{}, fmt.Errorf("create %s dir: %w", d.name, err)
+		}
+		if err := os.Chmod(in, d.mode); err != nil {
+			return runtime.Handle{}, fmt.Errorf("chmod %s dir: %w", d.name, err)
+		}
+		if err := os.Symlink(filepath.Join(tmpDir, d.name), filepath.Join(spec.StateDir, d.name)); err != nil {
+			return runtime.Handle{}, fmt.Errorf("link %s dir: %w", d.name, err)
 		}
 	}
 	// The image store mounts EROFS layers for this sandbox (holder: its
@@ -561,6 +580,15 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool
 	pid, err := strconv.Atoi(strings.TrimSpace(string(pb)))
 	if err != nil {
 		return 0, fmt.Errorf("parse init pid: %w", err)
+	}
+	// The container's mount namespace holds its own copy of the root now
+	// (runc pivoted into it): the host's is only a cost. Every mount in
+	// the node's namespace is copied by each later `runc run` (clone with
+	// CLONE_NEWNS, then the old root's unmount), so 1000 sandboxes' roots
+	// slowed every create by tens of milliseconds. The writable layer and
+	// its upper stay mounted on the host.
+	if err := unix.Unmount(filepath.Join(bundle, rootfsDir), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		log.G(ctx).Warn("unmount the host's view of a started sandbox's root", "sandbox.id", id, "error", err)
 	}
 	return pid, nil
 }
@@ -735,6 +763,11 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) 
 		sb.exit.once.Do(func() { r.ended(sb, "stopped before it started") })
 		return nil
 	}
+	// Launched: init ran past `runc start`, so a live pid is a running
+	// sandbox (or a paused one, which fastKill leaves to the path below).
+	if timeout <= 0 && r.fastKill(sb) {
+		return nil
+	}
 	s, err := r.runcState(ctx, sb.st.StateRoot, sb.id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -769,6 +802,42 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox, timeout time.Duration) 
 		return errdefs.New(errdefs.ErrInternal, "sandbox %q still running 10s after SIGKILL", sb.id)
 	}
 	return nil
+}
+
+// fastKill ends a running, thawed sandbox without a `runc kill` and the
+// `runc state` polls after it: SIGKILL to init (by pidfd), pid 1 of the
+// sandbox's PID namespace, kills every process of the namespace, and init's
+// pidfd turns readable once they are all gone. It reports false when the
+// slow path must run: no pidfd, a cgroup not thawed (frozen tasks take no
+// signal), a pid that is no longer in the sandbox's cgroup, or an init
+// still there after 10 s.
+func (r *Runtime) fastKill(sb *sandbox) bool {
+	pid := int(sb.pid.Load())
+	if pid <= 0 || !r.cg.thawed(sb.st.CgroupPath) {
+		return false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	// The pidfd pins the process: if it is still in the sandbox's cgroup
+	// now, the signal goes to the sandbox, never to a reused pid.
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil || !bytes.Contains(cg, []byte(sb.st.CgroupPath)) {
+		return false
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}} //nolint:gosec // an fd fits
+	for {
+		n, err := unix.Poll(fds, 10_000)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n == 1
+	}
 }
 
 func (r *Runtime) kill(ctx context.Context, sb *sandbox, sig string) error {
@@ -858,7 +927,9 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	if err := r.cg.remove(ctx, sb.st.CgroupPath); err != nil {
 		errs = append(errs, err)
 	}
-	for _, d := range []string{rootfsDir, logDir, runDir} {
+	// run and log are symlinks into tmp (their own tmpfs in sandboxes
+	// made before tmp): unmount never follows them (UMOUNT_NOFOLLOW).
+	for _, d := range []string{rootfsDir, logDir, runDir, tmpDir} {
 		if err := unmount(ctx, filepath.Join(sb.st.Bundle, d)); err != nil {
 			errs = append(errs, err)
 		}
@@ -876,7 +947,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, configFile, pidFile, seccompFile, interpreterFile}
+		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, tmpDir, configFile, pidFile, seccompFile, interpreterFile}
 		seeds, _ := filepath.Glob(filepath.Join(sb.st.Bundle, forkSeedPrefix+"*"))
 		for _, s := range seeds {
 			names = append(names, filepath.Base(s))
@@ -1013,7 +1084,7 @@ func pidAlive(pid int) bool {
 // unmount unmounts path if it is a mount point, lazily if it is busy.
 func unmount(ctx context.Context, path string) error {
 	for range 50 {
-		err := unix.Unmount(path, 0)
+		err := unix.Unmount(path, unix.UMOUNT_NOFOLLOW)
 		if err == nil {
 			continue // stacked mounts: unmount until nothing is left
 		}
@@ -1022,7 +1093,7 @@ func unmount(ctx context.Context, path string) error {
 		}
 		if errors.Is(err, unix.EBUSY) {
 			log.G(ctx).Warn("mount busy, detaching lazily", "path", path, "error", err)
-			if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
 				return fmt.Errorf("lazy unmount %s: %w", path, err)
 			}
 			continue

@@ -33,6 +33,10 @@ class FakeServer(
         self.create_failures: list[tuple[grpc.StatusCode, str]] = []
         self.batch_requests: list[pb.BatchCreateSandboxesRequest] = []
         self.batch_failures: list[tuple[grpc.StatusCode, str]] = []
+        # Cut the next batch stream with UNAVAILABLE after this many items.
+        self.batch_cut_after: int | None = None
+        # Sandboxes made per batch item request ID ("<request_id>-<i>").
+        self.batch_made: dict[str, str] = {}
         self.list_requests: list[pb.ListSandboxesRequest] = []
         self.sandboxes: dict[str, pb.Sandbox] = {}
         self.stopped: list[str] = []
@@ -99,13 +103,19 @@ class FakeServer(
             code, msg = self.batch_failures.pop(0)
             await context.abort(code, msg)
         # Finish out of order; every third item fails.
-        for i in reversed(range(request.count)):
+        cut, self.batch_cut_after = self.batch_cut_after, None
+        for n, i in enumerate(reversed(range(request.count))):
+            if cut is not None and n == cut:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "apiserver went away")
             if i % 3 == 1:
                 yield pb.BatchCreateSandboxesResponse(
                     index=i, error_code="resource_exhausted", error_message="memory_mb: node capacity exhausted"
                 )
             else:
-                s = self._make(request.spec, f"b{i}")
+                # Idempotent per item, as the node is on "<request_id>-<i>".
+                key = f"{request.request_id}-{i}"
+                sid = self.batch_made.setdefault(key, f"b{i}")
+                s = self._make(request.spec, sid)
                 s.from_warm_pool = self._take_warm(request.skip_warm_pool)
                 yield pb.BatchCreateSandboxesResponse(index=i, sandbox=s)
 

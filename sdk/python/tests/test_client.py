@@ -274,6 +274,16 @@ async def test_batch_await_collects_sorted_and_retries_before_first_item(
     assert server.batch_requests[0].request_id == server.batch_requests[1].request_id
 
 
+async def test_batch_resumes_after_a_cut_stream_without_duplicates(client: DSecClient, server: FakeServer) -> None:
+    server.batch_cut_after = 4
+    seen = [item async for item in client.run_sandboxes(DSecRunArgs(image="root/busybox"), 10, request_id="cut1")]
+    assert sorted(i.index for i in seen) == list(range(10))  # each index once
+    assert len(server.batch_requests) == 2
+    assert all(r.request_id == "cut1" for r in server.batch_requests)
+    ids = [i.sandbox.id for i in seen if i.ok]
+    assert len(ids) == len(set(ids)) == 7 and len(server.batch_made) == 7
+
+
 # ---- get, list, stop, timeout ----
 
 

@@ -64,21 +64,27 @@ class BatchRun:
             raise RuntimeError("a BatchRun can be consumed only once; call run_sandboxes again")
         self._used = True
         attempt = 0
+        seen: set[int] = set()
         while True:
-            got_any = False
             call = self._conn.sandboxes.BatchCreateSandboxes(
                 self._req, metadata=self._conn.metadata, timeout=self._timeout
             )
             try:
                 async for msg in call:
-                    got_any = True
+                    if msg.index in seen:
+                        continue  # delivered before the stream broke
+                    seen.add(msg.index)
+                    attempt = 0  # progress: the retry budget starts again
                     yield _batch_item(self._conn, msg)
                 return
             except grpc.aio.AioRpcError as e:
                 err = from_grpc_error(e)
-                # Retrying is safe only before any item arrived: the same
-                # request_id makes the server return the same sandboxes.
-                if got_any or not isinstance(err, UnavailableError) or attempt >= self._conn.max_retries:
+                # The same request again is safe, also after items arrived
+                # (the apiserver restarted, the connection broke): item i
+                # carries "<request_id>-<i>", so the server returns the
+                # sandboxes it already made and makes only the missing ones;
+                # the ones already yielded are skipped.
+                if not isinstance(err, UnavailableError) or attempt >= self._conn.max_retries:
                     raise err from None
             finally:
                 call.cancel()
@@ -256,6 +262,12 @@ class DSecClient:
         batch (default: none). Items take prestarted sandboxes from the warm
         pool while it has them (unless ``args.skip_warm_pool``); the rest are
         made from scratch.
+
+        A stream cut with UNAVAILABLE (an apiserver restart, a lost
+        connection), also after items arrived, is retried with the same
+        ``request_id``: the server returns the sandboxes it already made and
+        makes only the missing ones, and items already yielded are not
+        yielded again, so a batch never makes a sandbox twice.
 
         Raises:
             ConfigError: ``args`` is not a :class:`DSecRunArgs` or has a field

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# 1000-sandbox burst against a throwaway system (free loopback ports, temp
+# data dir, its own node network namespace, stopped by its PID):
+#   1. a sequential `runc run --detach` loop of the same rootfs (RUNC_N,
+#      default 100) side by side with one BatchCreateSandboxes of COUNT
+#      (default 1000) sandboxes of cpu 0.1 and 128 MiB; then StopSandbox of
+#      all of them;
+#   2. a batch of COUNT with a request_id whose `opendsec up` gets SIGKILL
+#      after KILL_AFTER (default 300) results; the system is started again
+#      and the same request sent again: exactly COUNT sandboxes, distinct,
+#      all running.
+# Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
+# keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
+# written to bench/results/<YYYY-MM-DD>-burst.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "bench/burst.sh must run as root (runc, mounts, cgroups, nftables)" >&2; exit 1; }
+. scripts/lib/system.sh
+BIN=$(mktemp -d /tmp/odbench-burstbin.XXXXXX)
+DD=$(mktemp -d /tmp/odbench-burstdd.XXXXXX)
+COUNT=${COUNT:-1000} RUNC_N=${RUNC_N:-100} KILL_AFTER=${KILL_AFTER:-300}
+cleanup() {
+  stop_system # up runs with --stop-sandboxes: nothing of this run outlives it
+  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$BIN"; fi
+}
+trap cleanup EXIT
+
+echo "== build" >&2
+VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
+go build -o "$BIN/" ./bench/burst ./cmd/opendsec
+CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
+CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
+[ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
+
+# 1000 × (cpu 0.1, 128 MiB) is more than this machine has: the overcommits let
+# the limits add up past it (docs/operations.md, "Capacity").
+SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8'}
+export SYSTEM_NODE_EXTRA
+echo "== opendsec up (data dir $DD)" >&2
+start_system "$BIN" "$DD" busybox -- --stop-sandboxes
+
+# restart_system starts `opendsec up` again on the same config and data dir.
+restart_system() {
+  rm -f "$DD/ready"
+  "$BIN/opendsec" up --config "$DD/opendsec.json" --data-dir "$DD" --ready-file "$DD/ready" --stop-sandboxes \
+    >>"$DD/up.log" 2>&1 &
+  UP_PID=$!
+  local _
+  # Recovery re-attaches every sandbox (a runc state each): give it time.
+  for _ in $(seq 1 6000); do
+    [ -s "$DD/ready" ] && return 0
+    kill -0 "$UP_PID" 2>/dev/null || { tail -n 50 "$DD/up.log" >&2; echo "opendsec up exited" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "opendsec up did not become ready in 600 s" >&2
+  return 1
+}
+
+B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" -rootfs "$CACHE/busybox" -count "$COUNT" "$@")
+echo "== runc loop, batch create, stop" >&2
+"${B[@]}" -mode main -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+if [ "${SKIP_KILL:-}" = 1 ]; then
+  "$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "$DD/main.json"
+  exit 0
+fi
+echo "== batch, kill -9 after $KILL_AFTER results" >&2
+RID=burst-kill-$$
+"${B[@]}" -mode kill -request-id "$RID" -kill-after "$KILL_AFTER" -kill-pid "$UP_PID" -out-json "$DD/kill.json"
+wait "$UP_PID" 2>/dev/null || true
+echo "== restart, the same batch again" >&2
+T0=$(date +%s%N)
+restart_system
+RESTART_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+rc=0
+"${B[@]}" -mode retry -request-id "$RID" -restart-ms "$RESTART_MS" -out-json "$DD/retry.json" || rc=$?
+"$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" \
+  "$DD/main.json" "$DD/kill.json" "$DD/retry.json"
+exit $rc

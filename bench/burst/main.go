@@ -1,0 +1,381 @@
+// Command burst measures one batch create of many small sandboxes against
+// its peer, a sequential `runc run` loop of the same root filesystem, in
+// the same run; then stopping them all; then (with -mode kill and -mode
+// retry, driven by bench/burst.sh) a batch whose system is killed with
+// SIGKILL mid-way and retried with the same request ID.
+//
+// Modes:
+//
+//	-mode main     runc loop, batch create, stop all; writes -out-json
+//	-mode kill     batch create with -request-id; SIGKILL -kill-pid after
+//	               -kill-after results; writes -out-json
+//	-mode retry    the same batch again with -request-id; then lists the
+//	               sandboxes: exactly -count, distinct, all running; stops
+//	               them; writes -out-json
+//	-mode report   merges the JSON files given as arguments into -out (markdown)
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
+)
+
+type config struct {
+	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command string
+	count, runcN, killAfter, killPid, stopConcurrency, restartMS                              int
+	cpu                                                                                       float64
+	memoryMB                                                                                  int64
+}
+
+// result is what one mode measured (the report's input).
+type result struct {
+	Mode  string  `json:"mode"`
+	Count int     `json:"count"`
+	CPU   float64 `json:"cpu"`
+	MemMB int64   `json:"memory_mb"`
+
+	RuncN       int       `json:"runc_n,omitempty"`
+	RuncRunMS   []float64 `json:"runc_run_ms,omitempty"`
+	RuncTotalMS float64   `json:"runc_total_ms,omitempty"`
+
+	BatchTotalMS float64   `json:"batch_total_ms,omitempty"`
+	ArrivalMS    []float64 `json:"arrival_ms,omitempty"`    // since the batch's start, per sandbox
+	NodeTotalMS  []float64 `json:"node_total_ms,omitempty"` // the node's own create time per sandbox (its log)
+	Failed       int       `json:"failed"`
+	FirstError   string    `json:"first_error,omitempty"`
+
+	StopTotalMS float64   `json:"stop_total_ms,omitempty"`
+	StopMS      []float64 `json:"stop_ms,omitempty"`
+
+	Received  int    `json:"received,omitempty"` // kill: results before the kill
+	Listed    int    `json:"listed,omitempty"`   // retry: sandboxes listed afterwards
+	Distinct  int    `json:"distinct,omitempty"`
+	Running   int    `json:"running,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	RestartMS int    `json:"restart_ms,omitempty"` // retry: restart until ready
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.mode, "mode", "main", "main | kill | retry | report")
+	flag.StringVar(&c.endpoint, "endpoint", "", "apiserver host:port")
+	flag.StringVar(&c.tokenFile, "token-file", "", "file holding an admin token")
+	flag.StringVar(&c.image, "image", "root/busybox", "image of the sandboxes")
+	flag.StringVar(&c.rootfs, "rootfs", "/var/cache/opendsec/rootfs/busybox", "the same rootfs as a directory, lowerdir of the runc loop")
+	flag.StringVar(&c.runc, "runc", "runc", "runc binary")
+	flag.IntVar(&c.count, "count", 1000, "sandboxes in the batch")
+	flag.IntVar(&c.runcN, "runc-n", 100, "containers in the sequential runc run loop")
+	flag.Float64Var(&c.cpu, "cpu", 0.1, "cpu of every sandbox and runc container")
+	flag.Int64Var(&c.memoryMB, "memory-mb", 128, "memory of every sandbox and runc container (MiB)")
+	flag.IntVar(&c.stopConcurrency, "stop-concurrency", 8, "StopSandbox calls in flight while stopping all")
+	flag.StringVar(&c.requestID, "request-id", "", "batch request ID (kill, retry)")
+	flag.IntVar(&c.killAfter, "kill-after", 300, "kill: SIGKILL -kill-pid after this many results")
+	flag.IntVar(&c.killPid, "kill-pid", 0, "kill: the pid of `opendsec up`")
+	flag.IntVar(&c.restartMS, "restart-ms", 0, "retry: how long the restart took until ready (recorded)")
+	flag.StringVar(&c.nodeLog, "node-log", "", "the system's log (debug or info), for the node's per-sandbox create times")
+	flag.StringVar(&c.outJSON, "out-json", "", "where a mode writes its result")
+	flag.StringVar(&c.out, "out", "", "report: the markdown file")
+	flag.StringVar(&c.command, "command", "", "report: the command line to record")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch c.mode {
+	case "main":
+		err = runMain(ctx, c)
+	case "kill":
+		err = runKill(ctx, c)
+	case "retry":
+		err = runRetry(ctx, c)
+	case "report":
+		err = writeReport(c, flag.Args())
+	default:
+		err = fmt.Errorf("-mode %q: give main, kill, retry or report", c.mode)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "burst:", err)
+		os.Exit(1)
+	}
+}
+
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+		r.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, r)
+	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, s)
+		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+func client(c config) (opendsecv1connect.SandboxServiceClient, error) {
+	tok, err := os.ReadFile(c.tokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("read token (flag -token-file): %w", err)
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	return opendsecv1connect.NewSandboxServiceClient(hc, "http://"+c.endpoint,
+		connect.WithInterceptors(bearer(strings.TrimSpace(string(tok))))), nil
+}
+
+func (c config) spec(label string) *v1.SandboxSpec {
+	mem := c.memoryMB
+	return &v1.SandboxSpec{Image: c.image, Cpu: c.cpu, MemoryMb: &mem, TimeoutSeconds: 3600,
+		Labels: map[string]string{"opendsec-bench": label}}
+}
+
+// batch runs one BatchCreateSandboxes and records each result's arrival;
+// onResult (may be nil) sees the running count and may end the batch.
+func batch(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c config, label, rid string, onResult func(n int) bool, r *result) ([]string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	st, err := cl.BatchCreateSandboxes(ctx, connect.NewRequest(&v1.BatchCreateSandboxesRequest{
+		Spec: c.spec(label), Count: int32(c.count), RequestId: rid, //nolint:gosec // flag-bounded
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("batch create: %w", err)
+	}
+	defer st.Close()
+	var ids []string
+	n := 0
+	for st.Receive() {
+		m := st.Msg()
+		n++
+		if m.GetErrorCode() != "" {
+			r.Failed++
+			if r.FirstError == "" {
+				r.FirstError = m.GetErrorCode() + ": " + m.GetErrorMessage()
+			}
+		} else {
+			ids = append(ids, m.GetSandbox().GetId())
+			r.ArrivalMS = append(r.ArrivalMS, ms(time.Since(start)))
+		}
+		if onResult != nil && !onResult(n) {
+			r.BatchTotalMS = ms(time.Since(start))
+			return ids, nil
+		}
+	}
+	r.BatchTotalMS = ms(time.Since(start))
+	if err := st.Err(); err != nil {
+		return ids, fmt.Errorf("batch stream after %d results: %w", n, err)
+	}
+	return ids, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// stopAll stops ids with stopConcurrency calls in flight.
+func stopAll(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c config, ids []string, r *result) error {
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for range c.stopConcurrency {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(ids) {
+					return
+				}
+				t := time.Now()
+				_, err := cl.StopSandbox(context.WithoutCancel(ctx), connect.NewRequest(&v1.StopSandboxRequest{Id: ids[i]}))
+				d := ms(time.Since(t))
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("stop %s: %w", ids[i], err))
+				} else {
+					r.StopMS = append(r.StopMS, d)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	r.StopTotalMS = ms(time.Since(start))
+	return errors.Join(errs...)
+}
+
+var runningRE = regexp.MustCompile(`sandbox running"? sandbox\.id=(\S+) .*total_ms=([0-9.]+)`)
+
+// nodeTimes reads the node's create time of each of ids from its log.
+func nodeTimes(path string, ids []string) []float64 {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var out []float64
+	for _, m := range runningRE.FindAllStringSubmatch(string(b), -1) {
+		if want[m[1]] {
+			if v, err := strconv.ParseFloat(m[2], 64); err == nil {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+func writeJSON(path string, r *result) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("write result: %w", err)
+	}
+	return nil
+}
+
+func runMain(ctx context.Context, c config) error {
+	cl, err := client(c)
+	if err != nil {
+		return err
+	}
+	r := &result{Mode: "main", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RuncN: c.runcN}
+	fmt.Fprintf(os.Stderr, "== runc run loop of %d\n", c.runcN)
+	if err := runcLoop(ctx, c, r); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "   %.1f ms each (p50)\n", pct(r.RuncRunMS, 50))
+	fmt.Fprintf(os.Stderr, "== batch create of %d\n", c.count)
+	label := fmt.Sprintf("burst-%d", os.Getpid())
+	ids, berr := batch(ctx, cl, c, label, fmt.Sprintf("burst-%d", time.Now().UnixNano()), nil, r)
+	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
+	r.NodeTotalMS = nodeTimes(c.nodeLog, ids)
+	fmt.Fprintf(os.Stderr, "== stop all %d\n", len(ids))
+	serr := stopAll(ctx, cl, c, ids, r)
+	fmt.Fprintf(os.Stderr, "   stopped in %.0f ms\n", r.StopTotalMS)
+	if err := writeJSON(c.outJSON, r); err != nil {
+		return err
+	}
+	return errors.Join(berr, serr)
+}
+
+func runKill(ctx context.Context, c config) error {
+	cl, err := client(c)
+	if err != nil {
+		return err
+	}
+	if c.killPid == 0 || c.requestID == "" {
+		return errors.New("-mode kill needs -kill-pid and -request-id")
+	}
+	r := &result{Mode: "kill", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RequestID: c.requestID}
+	ids, err := batch(ctx, cl, c, "burst-retry", c.requestID, func(n int) bool {
+		if n < c.killAfter {
+			return true
+		}
+		if err := syscall.Kill(c.killPid, syscall.SIGKILL); err != nil {
+			fmt.Fprintln(os.Stderr, "kill:", err)
+		}
+		return false
+	}, r)
+	r.Received = len(ids)
+	fmt.Fprintf(os.Stderr, "   killed pid %d after %d results (%.0f ms)\n", c.killPid, r.Received, r.BatchTotalMS)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c.outJSON, r)
+}
+
+func runRetry(ctx context.Context, c config) error {
+	cl, err := client(c)
+	if err != nil {
+		return err
+	}
+	r := &result{Mode: "retry", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RequestID: c.requestID, RestartMS: c.restartMS}
+	ids, berr := batch(ctx, cl, c, "burst-retry", c.requestID, nil, r)
+	fmt.Fprintf(os.Stderr, "   retry: %d results, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
+	list, err := cl.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{Labels: map[string]string{"opendsec-bench": "burst-retry"}}))
+	if err != nil {
+		return fmt.Errorf("list sandboxes: %w", err)
+	}
+	seen := map[string]bool{}
+	var all []string
+	for _, sb := range list.Msg.GetSandboxes() {
+		r.Listed++
+		if !seen[sb.GetId()] {
+			seen[sb.GetId()] = true
+			all = append(all, sb.GetId())
+		}
+		if sb.GetState() == v1.SandboxState_SANDBOX_STATE_RUNNING {
+			r.Running++
+		}
+	}
+	r.Distinct = len(seen)
+	fmt.Fprintf(os.Stderr, "   listed %d, distinct %d, running %d (want %d)\n", r.Listed, r.Distinct, r.Running, c.count)
+	serr := stopAll(ctx, cl, c, all, r)
+	if err := writeJSON(c.outJSON, r); err != nil {
+		return err
+	}
+	if r.Listed != c.count || r.Distinct != c.count || r.Running != c.count {
+		return errors.Join(berr, serr, fmt.Errorf("after the retry: %d sandboxes listed, %d distinct, %d running; want exactly %d", r.Listed, r.Distinct, r.Running, c.count))
+	}
+	return errors.Join(berr, serr)
+}
+
+// pct is the p-th percentile (nearest rank) of xs.
+func pct(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(p/100*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func readResult(path string) (*result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read result: %w", err)
+	}
+	var r result
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Base(path), err)
+	}
+	return &r, nil
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	goruntime "runtime"
+	"strings"
+	"time"
+)
+
+// writeReport merges the modes' results into the markdown report.
+func writeReport(c config, paths []string) error {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "# Burst: one batch of small sandboxes vs a `runc run` loop\n\n")
+	fmt.Fprintf(&b, "%s, host %s, %d CPUs. Command: `%s`\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, goruntime.NumCPU(), c.command)
+	for _, p := range paths {
+		r, err := readResult(p)
+		if err != nil {
+			return err
+		}
+		switch r.Mode {
+		case "main":
+			runcEach := pct(r.RuncRunMS, 50)
+			runcRate := 1000 / runcEach
+			created := len(r.ArrivalMS)
+			rate := float64(created) / (r.BatchTotalMS / 1000)
+			stopRate := float64(len(r.StopMS)) / (r.StopTotalMS / 1000)
+			fmt.Fprintf(&b, "## Create and stop (cpu %g, %d MiB each), side by side\n\n", r.CPU, r.MemMB)
+			fmt.Fprintf(&b, "| | count | total | throughput | per sandbox p50 / p95 |\n|---|---|---|---|---|\n")
+			fmt.Fprintf(&b, "| `runc run --detach` loop, sequential | %d | %.0f ms | %.1f /s | %.1f / %.1f ms |\n",
+				len(r.RuncRunMS), r.RuncTotalMS, runcRate, runcEach, pct(r.RuncRunMS, 95))
+			fmt.Fprintf(&b, "| one BatchCreateSandboxes | %d (%d failed) | %.0f ms | %.1f /s | node %.1f / %.1f ms; result arrival %.0f / %.0f ms after the call |\n",
+				created, r.Failed, r.BatchTotalMS, rate, pct(r.NodeTotalMS, 50), pct(r.NodeTotalMS, 95), pct(r.ArrivalMS, 50), pct(r.ArrivalMS, 95))
+			fmt.Fprintf(&b, "| StopSandbox of all, %d in flight | %d | %.0f ms | %.1f /s | %.1f / %.1f ms |\n\n",
+				c.stopConcurrency, len(r.StopMS), r.StopTotalMS, stopRate, pct(r.StopMS, 50), pct(r.StopMS, 95))
+			fmt.Fprintf(&b, "Batch create throughput / sequential runc run: **%.2fx**. Stop throughput / create throughput: **%.2fx**.\n\n", rate/runcRate, stopRate/rate)
+			if r.FirstError != "" {
+				fmt.Fprintf(&b, "First failure: `%s`\n\n", r.FirstError)
+			}
+		case "kill":
+			fmt.Fprintf(&b, "## Kill -9 mid-batch, then the same request again\n\n")
+			fmt.Fprintf(&b, "Batch of %d with request_id `%s`: `opendsec up` (apiserver, and the node with it) got SIGKILL after %d results (%.0f ms into the call).\n\n",
+				r.Count, r.RequestID, r.Received, r.BatchTotalMS)
+		case "retry":
+			fmt.Fprintf(&b, "Restart until ready (the node re-attaching every sandbox it has): %.1f s.\n\n", float64(r.RestartMS)/1000)
+			fmt.Fprintf(&b, "Then the same BatchCreateSandboxes (same request_id) again: %d results, %d failed, %.0f ms. Afterwards %d sandboxes listed with the batch's label, %d distinct, %d running (want exactly %d). Stopped them in %.0f ms.\n\n",
+				len(r.ArrivalMS), r.Failed, r.BatchTotalMS, r.Listed, r.Distinct, r.Running, r.Count, r.StopTotalMS)
+			if r.FirstError != "" {
+				fmt.Fprintf(&b, "First failure: `%s`\n\n", r.FirstError)
+			}
+		}
+	}
+	fmt.Print(b.String())
+	if c.out == "" {
+		return nil
+	}
+	if err := os.WriteFile(c.out, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
