@@ -28,20 +28,7 @@ func (n *Node) admit(sb *sandbox, askedID string) (prev *sandbox, err error) {
 			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %s already exists", id)
 		}
 	}
-	if int64(len(n.sandboxes)+n.tearing) >= n.cfg.MaxSandboxes {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s runs its maximum of %d sandboxes (node.max_sandboxes; %d of them stopped and still being torn down); stop some or add nodes",
-			n.cfg.ID, n.cfg.MaxSandboxes, n.tearing)
-	}
-	// The same capacity Info offers placement: 1e-9 absorbs float sums.
-	if quota := n.cpuQuota(); n.reservedCPU+rec.Spec.CPU > quota+1e-9 {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %g, node.cpu_overcommit), %g requested; stop sandboxes or ask for less",
-			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, n.cfg.CPUOvercommit, rec.Spec.CPU)
-	}
-	if quota := n.memQuota(); n.reservedMem+rec.Spec.MemoryMB > quota {
-		return nil, errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free (%d MiB × %g, node.memory_overcommit), %d requested; stop sandboxes or ask for less",
-			n.cfg.ID, max(quota-n.reservedMem, 0), n.cfg.MemoryMB, n.cfg.MemoryOvercommit, rec.Spec.MemoryMB)
-	}
-	if err := n.checkDiskReserve(); err != nil {
+	if err := n.checkRoom(1, rec.Spec.CPU, rec.Spec.MemoryMB); err != nil {
 		return nil, err
 	}
 	n.sandboxes[rec.ID] = sb
@@ -111,4 +98,29 @@ func (n *Node) checkDiskReserve() error {
 	}
 	return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB free on its state filesystem, below its reserve of %d MiB (node.disk.reserve_mb); stop sandboxes or free disk space",
 		n.cfg.ID, free, n.cfg.DiskReserveMB)
+}
+
+// checkRoom reports whether count more sandboxes needing cpu and mem in
+// all fit the node: its maximum of sandboxes (counting those still being
+// torn down), its CPU quota (cores × node.cpu_overcommit), its memory
+// (node.memory_overcommit) and its disk reserve. n.mu is held.
+func (n *Node) checkRoom(count int, cpu float64, mem int64) error {
+	what := "the sandbox does"
+	if count > 1 {
+		what = fmt.Sprintf("%d sandboxes do", count)
+	}
+	if free := n.cfg.MaxSandboxes - int64(len(n.sandboxes)+n.tearing); int64(count) > free {
+		return errdefs.New(errdefs.ErrResourceExhausted, "node %s runs %d of its maximum of %d sandboxes (node.max_sandboxes; %d of them stopped and still being torn down) and %s not fit; stop some or add nodes",
+			n.cfg.ID, len(n.sandboxes), n.cfg.MaxSandboxes, n.tearing, what)
+	}
+	// The same capacity Info offers placement: 1e-9 absorbs float sums.
+	if quota := n.cpuQuota(); n.reservedCPU+cpu > quota+1e-9 {
+		return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %g, node.cpu_overcommit), %g requested; stop sandboxes or ask for less",
+			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, n.cfg.CPUOvercommit, cpu)
+	}
+	if quota := n.memQuota(); n.reservedMem+mem > quota {
+		return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free (%d MiB × %g, node.memory_overcommit), %d requested; stop sandboxes or ask for less",
+			n.cfg.ID, max(quota-n.reservedMem, 0), n.cfg.MemoryMB, n.cfg.MemoryOvercommit, mem)
+	}
+	return n.checkDiskReserve()
 }

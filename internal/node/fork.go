@@ -275,19 +275,7 @@ func (n *Node) admitFork(sbs []*sandbox) error {
 		cpu += sb.rec.Spec.CPU
 		mem += sb.rec.Spec.MemoryMB
 	}
-	if free := n.cfg.MaxSandboxes - int64(len(n.sandboxes)); int64(len(sbs)) > free {
-		return errdefs.New(errdefs.ErrResourceExhausted, "node %s runs %d of its maximum of %d sandboxes; %d forks do not fit: stop some or fork fewer",
-			n.cfg.ID, len(n.sandboxes), n.cfg.MaxSandboxes, len(sbs))
-	}
-	if quota := n.cpuQuota(); n.reservedCPU+cpu > quota+1e-9 {
-		return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %g CPU of quota free (%g cores × %d), %d forks need %g; stop sandboxes or fork fewer",
-			n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, CPUOvercommit, len(sbs), cpu)
-	}
-	if n.reservedMem+mem > n.cfg.MemoryMB {
-		return errdefs.New(errdefs.ErrResourceExhausted, "node %s has %d MiB of memory free, %d forks need %d MiB; stop sandboxes or fork fewer",
-			n.cfg.ID, n.cfg.MemoryMB-n.reservedMem, len(sbs), mem)
-	}
-	if err := n.checkDiskReserve(); err != nil {
+	if err := n.checkRoom(len(sbs), cpu, mem); err != nil {
 		return err
 	}
 	for _, sb := range sbs {
