@@ -318,6 +318,29 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// Reclaimer is implemented by backends that can push a paused sandbox's
+// memory out of RAM (to swap, where the host has it; page cache is dropped
+// either way). Reclaim needs a paused sandbox (failed precondition
+// otherwise) and leaves its limits as they were: whatever it lowers on the
+// way is put back before it returns, and a backend that was killed mid-way
+// puts it back at Resume or Recover. A resumed sandbox takes its pages back
+// as it touches them; its processes and data are kept.
+type Reclaimer interface {
+	Reclaim(ctx context.Context, id string) (ReclaimStats, error)
+}
+
+// ReclaimStats is what one Reclaim freed: the memory the sandbox was
+// charged in RAM (page cache included, swap not) before and after.
+type ReclaimStats struct {
+	Before, After int64
+	// Note says why less was freed than could have been ("the node has no
+	// swap: ..."); empty when nothing held the reclaim back.
+	Note string
+}
+
+// Freed is Before - After, never negative.
+func (s ReclaimStats) Freed() int64 { return max(s.Before-s.After, 0) }
+
 // Stats is a sandbox's resource use, host-side. Zero means unknown for the
 // limits and the disk fields.
 type Stats struct {

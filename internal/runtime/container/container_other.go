@@ -20,6 +20,7 @@ type Runtime struct {
 	runtime.StatsReader
 	runtime.RootfsDiffer
 	runtime.Forker
+	runtime.Reclaimer
 }
 
 // New reports that the container backend needs Linux.

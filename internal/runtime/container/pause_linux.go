@@ -39,6 +39,12 @@ func (r *Runtime) setFrozen(ctx context.Context, id string, frozen bool) error {
 	if err := r.running(sb); err != nil {
 		return err
 	}
+	if !frozen && !r.cg.v2 {
+		// A Reclaim cut short by a node kill left the limit lowered.
+		if err := r.restoreMemoryLimit(ctx, sb); err != nil {
+			return fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
 	if err := r.cg.setFrozen(ctx, sb.st.CgroupPath, frozen); err != nil {
 		verb := "resume"
 		if frozen {

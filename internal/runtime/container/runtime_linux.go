@@ -1189,6 +1189,11 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.thawAfterDiff(ctx, sb)
 	removeStaleSeeds(ctx, sb)
+	if !r.cg.v2 {
+		if err := r.restoreMemoryLimit(ctx, sb); err != nil {
+			log.G(ctx).Error("restore the memory limit an interrupted reclaim lowered", log.SandboxID(h.ID), log.Err(err))
+		}
+	}
 	return nil
 }
 

@@ -1513,8 +1513,11 @@ func (x *ForkResult) GetMemoryPreserved() bool {
 }
 
 type PauseSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// After the freeze, push the sandbox's memory out (see
+	// PauseSandboxesRequest.reclaim).
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1556,9 +1559,18 @@ func (x *PauseSandboxRequest) GetId() string {
 	return ""
 }
 
+func (x *PauseSandboxRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
 type PauseSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Bytes of memory the reclaim freed (0 without reclaim).
+	BytesFreed    int64 `protobuf:"varint,2,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1598,6 +1610,13 @@ func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
 		return x.Sandbox
 	}
 	return nil
+}
+
+func (x *PauseSandboxResponse) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
 }
 
 type ResumeSandboxRequest struct {
@@ -2054,8 +2073,16 @@ func (x *BatchFailure) GetErrorMessage() string {
 }
 
 type PauseSandboxesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Selector      *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Selector *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	// After the freeze, push each sandbox's memory out: cgroup v2
+	// memory.reclaim; on v1 the memory limit lowered step by step on the
+	// frozen cgroup, then memory.force_empty. Anonymous memory leaves RAM only
+	// where the node has swap (zram or a swap file); without swap only page
+	// cache is freed and SandboxReclaim.note says so. A resumed sandbox swaps
+	// its pages back in as it touches them. Already paused sandboxes are
+	// reclaimed too.
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2097,18 +2124,108 @@ func (x *PauseSandboxesRequest) GetSelector() *SandboxSelector {
 	return nil
 }
 
+func (x *PauseSandboxesRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+// SandboxReclaim is the memory a reclaim pushed out of one sandbox, as its
+// cgroup charged it (RAM, page cache included; swap not counted).
+type SandboxReclaim struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId   string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	BytesBefore int64                  `protobuf:"varint,2,opt,name=bytes_before,json=bytesBefore,proto3" json:"bytes_before,omitempty"`
+	BytesAfter  int64                  `protobuf:"varint,3,opt,name=bytes_after,json=bytesAfter,proto3" json:"bytes_after,omitempty"`
+	BytesFreed  int64                  `protobuf:"varint,4,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
+	// Why less could be freed, e.g. "no swap on the node: only page cache was
+	// freed"; empty when nothing limited it.
+	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxReclaim) Reset() {
+	*x = SandboxReclaim{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxReclaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxReclaim) ProtoMessage() {}
+
+func (x *SandboxReclaim) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxReclaim.ProtoReflect.Descriptor instead.
+func (*SandboxReclaim) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SandboxReclaim) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxReclaim) GetBytesBefore() int64 {
+	if x != nil {
+		return x.BytesBefore
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetBytesAfter() int64 {
+	if x != nil {
+		return x.BytesAfter
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 type PauseSandboxesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sandboxes now paused (including those that already were).
-	Sandboxes     []*Sandbox      `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
-	Failures      []*BatchFailure `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	Sandboxes []*Sandbox      `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Failures  []*BatchFailure `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	// With reclaim: one per paused sandbox, and their sum over every node.
+	Reclaimed     []*SandboxReclaim `protobuf:"bytes,3,rep,name=reclaimed,proto3" json:"reclaimed,omitempty"`
+	BytesFreed    int64             `protobuf:"varint,4,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseSandboxesResponse) Reset() {
 	*x = PauseSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2237,7 @@ func (x *PauseSandboxesResponse) String() string {
 func (*PauseSandboxesResponse) ProtoMessage() {}
 
 func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2250,7 @@ func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PauseSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2150,6 +2267,20 @@ func (x *PauseSandboxesResponse) GetFailures() []*BatchFailure {
 	return nil
 }
 
+func (x *PauseSandboxesResponse) GetReclaimed() []*SandboxReclaim {
+	if x != nil {
+		return x.Reclaimed
+	}
+	return nil
+}
+
+func (x *PauseSandboxesResponse) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
+}
+
 type ResumeSandboxesRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Selector *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
@@ -2161,7 +2292,7 @@ type ResumeSandboxesRequest struct {
 
 func (x *ResumeSandboxesRequest) Reset() {
 	*x = ResumeSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2304,7 @@ func (x *ResumeSandboxesRequest) String() string {
 func (*ResumeSandboxesRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2317,7 @@ func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeSandboxesRequest) GetSelector() *SandboxSelector {
@@ -2213,7 +2344,7 @@ type ResumeSandboxesResponse struct {
 
 func (x *ResumeSandboxesResponse) Reset() {
 	*x = ResumeSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2356,7 @@ func (x *ResumeSandboxesResponse) String() string {
 func (*ResumeSandboxesResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2369,7 @@ func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2284,7 +2415,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2427,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2440,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -2392,7 +2523,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2535,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2548,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PtySize) GetCols() uint32 {
@@ -2450,7 +2581,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2593,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2606,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2581,7 +2712,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2724,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2737,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -2704,7 +2835,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2847,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2860,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecStarted) GetPid() uint32 {
@@ -2759,7 +2890,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2902,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2915,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -2841,7 +2972,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +2984,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +2997,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -2906,7 +3037,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2918,7 +3049,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2931,7 +3062,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2950,7 +3081,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2962,7 +3093,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2975,7 +3106,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2997,7 +3128,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3009,7 +3140,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3022,7 +3153,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -3054,7 +3185,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3197,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3210,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 type SendInputRequest struct {
@@ -3095,7 +3226,7 @@ type SendInputRequest struct {
 
 func (x *SendInputRequest) Reset() {
 	*x = SendInputRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3238,7 @@ func (x *SendInputRequest) String() string {
 func (*SendInputRequest) ProtoMessage() {}
 
 func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3251,7 @@ func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
 func (*SendInputRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SendInputRequest) GetSandboxId() string {
@@ -3159,7 +3290,7 @@ type SendInputResponse struct {
 
 func (x *SendInputResponse) Reset() {
 	*x = SendInputResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3171,7 +3302,7 @@ func (x *SendInputResponse) String() string {
 func (*SendInputResponse) ProtoMessage() {}
 
 func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3184,7 +3315,7 @@ func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
 func (*SendInputResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 type ResizePtyRequest struct {
@@ -3198,7 +3329,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3341,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3354,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ResizePtyRequest) GetSandboxId() string {
@@ -3255,7 +3386,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3398,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3411,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 type FileInfo struct {
@@ -3300,7 +3431,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3443,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3456,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3402,7 +3533,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +3545,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3427,7 +3558,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3460,7 +3591,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3603,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3616,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3508,7 +3639,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3520,7 +3651,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3533,7 +3664,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -3577,7 +3708,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +3720,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +3733,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -3655,7 +3786,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3667,7 +3798,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3680,7 +3811,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -3703,7 +3834,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3715,7 +3846,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3728,7 +3859,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3768,7 +3899,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3780,7 +3911,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3793,7 +3924,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -3814,7 +3945,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +3957,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +3970,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3872,7 +4003,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3884,7 +4015,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3897,7 +4028,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatResponse) GetFile() *FileInfo {
@@ -3918,7 +4049,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3930,7 +4061,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3943,7 +4074,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3975,7 +4106,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4118,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4131,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 type MakeDirRequest struct {
@@ -4014,7 +4145,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4157,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4170,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4074,7 +4205,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4086,7 +4217,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4099,7 +4230,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MakeDirResponse) GetFile() *FileInfo {
@@ -4128,7 +4259,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4140,7 +4271,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4153,7 +4284,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -4193,7 +4324,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4336,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4349,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *MoveResponse) GetFile() *FileInfo {
@@ -4238,7 +4369,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4250,7 +4381,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4263,7 +4394,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Header) GetName() string {
@@ -4296,7 +4427,7 @@ type HTTPRequestRequest struct {
 
 func (x *HTTPRequestRequest) Reset() {
 	*x = HTTPRequestRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4439,7 @@ func (x *HTTPRequestRequest) String() string {
 func (*HTTPRequestRequest) ProtoMessage() {}
 
 func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4321,7 +4452,7 @@ func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestRequest.ProtoReflect.Descriptor instead.
 func (*HTTPRequestRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *HTTPRequestRequest) GetSandboxId() string {
@@ -4384,7 +4515,7 @@ type HTTPRequestResponse struct {
 
 func (x *HTTPRequestResponse) Reset() {
 	*x = HTTPRequestResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +4527,7 @@ func (x *HTTPRequestResponse) String() string {
 func (*HTTPRequestResponse) ProtoMessage() {}
 
 func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +4540,7 @@ func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestResponse.ProtoReflect.Descriptor instead.
 func (*HTTPRequestResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *HTTPRequestResponse) GetStatus() int32 {
@@ -4447,7 +4578,7 @@ type ConnectPortRequest struct {
 
 func (x *ConnectPortRequest) Reset() {
 	*x = ConnectPortRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4459,7 +4590,7 @@ func (x *ConnectPortRequest) String() string {
 func (*ConnectPortRequest) ProtoMessage() {}
 
 func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4472,7 +4603,7 @@ func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortRequest.ProtoReflect.Descriptor instead.
 func (*ConnectPortRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ConnectPortRequest) GetMsg() isConnectPortRequest_Msg {
@@ -4546,7 +4677,7 @@ type ConnectPortStart struct {
 
 func (x *ConnectPortStart) Reset() {
 	*x = ConnectPortStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4558,7 +4689,7 @@ func (x *ConnectPortStart) String() string {
 func (*ConnectPortStart) ProtoMessage() {}
 
 func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4571,7 +4702,7 @@ func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortStart.ProtoReflect.Descriptor instead.
 func (*ConnectPortStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ConnectPortStart) GetSandboxId() string {
@@ -4609,7 +4740,7 @@ type ConnectPortResponse struct {
 
 func (x *ConnectPortResponse) Reset() {
 	*x = ConnectPortResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4621,7 +4752,7 @@ func (x *ConnectPortResponse) String() string {
 func (*ConnectPortResponse) ProtoMessage() {}
 
 func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4634,7 +4765,7 @@ func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortResponse.ProtoReflect.Descriptor instead.
 func (*ConnectPortResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ConnectPortResponse) GetEvent() isConnectPortResponse_Event {
@@ -4705,7 +4836,7 @@ type ConnectPortConnected struct {
 
 func (x *ConnectPortConnected) Reset() {
 	*x = ConnectPortConnected{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4717,7 +4848,7 @@ func (x *ConnectPortConnected) String() string {
 func (*ConnectPortConnected) ProtoMessage() {}
 
 func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4730,7 +4861,7 @@ func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortConnected.ProtoReflect.Descriptor instead.
 func (*ConnectPortConnected) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
@@ -4852,11 +4983,14 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"ForkResult\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12)\n" +
-	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved\"%\n" +
+	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved\"?\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"F\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"g\n" +
 	"\x14PauseSandboxResponse\x12.\n" +
-	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\"O\n" +
+	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12\x1f\n" +
+	"\vbytes_freed\x18\x02 \x01(\x03R\n" +
+	"bytesFreed\"O\n" +
 	"\x14ResumeSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"G\n" +
@@ -4895,12 +5029,25 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x02 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"Q\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"k\n" +
 	"\x15PauseSandboxesRequest\x128\n" +
-	"\bselector\x18\x01 \x01(\v2\x1c.opendsec.v1.SandboxSelectorR\bselector\"\x83\x01\n" +
+	"\bselector\x18\x01 \x01(\v2\x1c.opendsec.v1.SandboxSelectorR\bselector\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"\xa8\x01\n" +
+	"\x0eSandboxReclaim\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
+	"\fbytes_before\x18\x02 \x01(\x03R\vbytesBefore\x12\x1f\n" +
+	"\vbytes_after\x18\x03 \x01(\x03R\n" +
+	"bytesAfter\x12\x1f\n" +
+	"\vbytes_freed\x18\x04 \x01(\x03R\n" +
+	"bytesFreed\x12\x12\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\"\xdf\x01\n" +
 	"\x16PauseSandboxesResponse\x122\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x14.opendsec.v1.SandboxR\tsandboxes\x125\n" +
-	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"{\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\x129\n" +
+	"\treclaimed\x18\x03 \x03(\v2\x1b.opendsec.v1.SandboxReclaimR\treclaimed\x12\x1f\n" +
+	"\vbytes_freed\x18\x04 \x01(\x03R\n" +
+	"bytesFreed\"{\n" +
 	"\x16ResumeSandboxesRequest\x128\n" +
 	"\bselector\x18\x01 \x01(\v2\x1c.opendsec.v1.SandboxSelectorR\bselector\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\x84\x01\n" +
@@ -5142,7 +5289,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -5177,70 +5324,71 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*SandboxSelector)(nil),              // 30: opendsec.v1.SandboxSelector
 	(*BatchFailure)(nil),                 // 31: opendsec.v1.BatchFailure
 	(*PauseSandboxesRequest)(nil),        // 32: opendsec.v1.PauseSandboxesRequest
-	(*PauseSandboxesResponse)(nil),       // 33: opendsec.v1.PauseSandboxesResponse
-	(*ResumeSandboxesRequest)(nil),       // 34: opendsec.v1.ResumeSandboxesRequest
-	(*ResumeSandboxesResponse)(nil),      // 35: opendsec.v1.ResumeSandboxesResponse
-	(*ExecStart)(nil),                    // 36: opendsec.v1.ExecStart
-	(*PtySize)(nil),                      // 37: opendsec.v1.PtySize
-	(*ExecRequest)(nil),                  // 38: opendsec.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 39: opendsec.v1.ExecResponse
-	(*ExecStarted)(nil),                  // 40: opendsec.v1.ExecStarted
-	(*ExecExit)(nil),                     // 41: opendsec.v1.ExecExit
-	(*ProcessInfo)(nil),                  // 42: opendsec.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),         // 43: opendsec.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 44: opendsec.v1.ListProcessesResponse
-	(*SignalProcessRequest)(nil),         // 45: opendsec.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 46: opendsec.v1.SignalProcessResponse
-	(*SendInputRequest)(nil),             // 47: opendsec.v1.SendInputRequest
-	(*SendInputResponse)(nil),            // 48: opendsec.v1.SendInputResponse
-	(*ResizePtyRequest)(nil),             // 49: opendsec.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),            // 50: opendsec.v1.ResizePtyResponse
-	(*FileInfo)(nil),                     // 51: opendsec.v1.FileInfo
-	(*ReadFileRequest)(nil),              // 52: opendsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 53: opendsec.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 54: opendsec.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 55: opendsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 56: opendsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),               // 57: opendsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),              // 58: opendsec.v1.ListDirResponse
-	(*StatRequest)(nil),                  // 59: opendsec.v1.StatRequest
-	(*StatResponse)(nil),                 // 60: opendsec.v1.StatResponse
-	(*RemoveRequest)(nil),                // 61: opendsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 62: opendsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),               // 63: opendsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),              // 64: opendsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                  // 65: opendsec.v1.MoveRequest
-	(*MoveResponse)(nil),                 // 66: opendsec.v1.MoveResponse
-	(*Header)(nil),                       // 67: opendsec.v1.Header
-	(*HTTPRequestRequest)(nil),           // 68: opendsec.v1.HTTPRequestRequest
-	(*HTTPRequestResponse)(nil),          // 69: opendsec.v1.HTTPRequestResponse
-	(*ConnectPortRequest)(nil),           // 70: opendsec.v1.ConnectPortRequest
-	(*ConnectPortStart)(nil),             // 71: opendsec.v1.ConnectPortStart
-	(*ConnectPortResponse)(nil),          // 72: opendsec.v1.ConnectPortResponse
-	(*ConnectPortConnected)(nil),         // 73: opendsec.v1.ConnectPortConnected
-	nil,                                  // 74: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 75: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 76: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 77: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 78: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 79: google.protobuf.Timestamp
+	(*SandboxReclaim)(nil),               // 33: opendsec.v1.SandboxReclaim
+	(*PauseSandboxesResponse)(nil),       // 34: opendsec.v1.PauseSandboxesResponse
+	(*ResumeSandboxesRequest)(nil),       // 35: opendsec.v1.ResumeSandboxesRequest
+	(*ResumeSandboxesResponse)(nil),      // 36: opendsec.v1.ResumeSandboxesResponse
+	(*ExecStart)(nil),                    // 37: opendsec.v1.ExecStart
+	(*PtySize)(nil),                      // 38: opendsec.v1.PtySize
+	(*ExecRequest)(nil),                  // 39: opendsec.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 40: opendsec.v1.ExecResponse
+	(*ExecStarted)(nil),                  // 41: opendsec.v1.ExecStarted
+	(*ExecExit)(nil),                     // 42: opendsec.v1.ExecExit
+	(*ProcessInfo)(nil),                  // 43: opendsec.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),         // 44: opendsec.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 45: opendsec.v1.ListProcessesResponse
+	(*SignalProcessRequest)(nil),         // 46: opendsec.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 47: opendsec.v1.SignalProcessResponse
+	(*SendInputRequest)(nil),             // 48: opendsec.v1.SendInputRequest
+	(*SendInputResponse)(nil),            // 49: opendsec.v1.SendInputResponse
+	(*ResizePtyRequest)(nil),             // 50: opendsec.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),            // 51: opendsec.v1.ResizePtyResponse
+	(*FileInfo)(nil),                     // 52: opendsec.v1.FileInfo
+	(*ReadFileRequest)(nil),              // 53: opendsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 54: opendsec.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 55: opendsec.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 56: opendsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 57: opendsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),               // 58: opendsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),              // 59: opendsec.v1.ListDirResponse
+	(*StatRequest)(nil),                  // 60: opendsec.v1.StatRequest
+	(*StatResponse)(nil),                 // 61: opendsec.v1.StatResponse
+	(*RemoveRequest)(nil),                // 62: opendsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 63: opendsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),               // 64: opendsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),              // 65: opendsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                  // 66: opendsec.v1.MoveRequest
+	(*MoveResponse)(nil),                 // 67: opendsec.v1.MoveResponse
+	(*Header)(nil),                       // 68: opendsec.v1.Header
+	(*HTTPRequestRequest)(nil),           // 69: opendsec.v1.HTTPRequestRequest
+	(*HTTPRequestResponse)(nil),          // 70: opendsec.v1.HTTPRequestResponse
+	(*ConnectPortRequest)(nil),           // 71: opendsec.v1.ConnectPortRequest
+	(*ConnectPortStart)(nil),             // 72: opendsec.v1.ConnectPortStart
+	(*ConnectPortResponse)(nil),          // 73: opendsec.v1.ConnectPortResponse
+	(*ConnectPortConnected)(nil),         // 74: opendsec.v1.ConnectPortConnected
+	nil,                                  // 75: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 76: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 77: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 78: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 79: opendsec.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 80: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	74, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	75, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	75, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	76, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	79, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	79, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	79, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	80, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	80, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	80, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	76, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	77, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
@@ -5249,95 +5397,96 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 20: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 21: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 22: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	79, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	80, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 24: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
 	28, // 25: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	77, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	78, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
 	30, // 27: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 28: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	31, // 29: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	30, // 30: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
-	5,  // 31: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	31, // 32: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	78, // 33: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
-	37, // 34: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
-	36, // 35: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
-	37, // 36: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
-	40, // 37: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
-	41, // 38: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
-	42, // 39: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
-	37, // 40: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
-	1,  // 41: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	79, // 42: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	54, // 43: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
-	51, // 44: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
-	51, // 45: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
-	51, // 46: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
-	51, // 47: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
-	51, // 48: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
-	67, // 49: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
-	67, // 50: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	71, // 51: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
-	73, // 52: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
-	6,  // 53: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 54: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 55: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 56: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 57: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 58: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 59: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	23, // 60: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	25, // 61: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	27, // 62: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	32, // 63: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	34, // 64: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	20, // 65: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
-	38, // 66: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	43, // 67: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	45, // 68: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	47, // 69: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	49, // 70: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	52, // 71: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	55, // 72: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	57, // 73: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	59, // 74: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	61, // 75: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	63, // 76: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	65, // 77: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	68, // 78: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	70, // 79: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
-	7,  // 80: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 81: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 82: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 83: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 84: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 85: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 86: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	24, // 87: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	26, // 88: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	29, // 89: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	33, // 90: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	35, // 91: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	21, // 92: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
-	39, // 93: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	44, // 94: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	46, // 95: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	48, // 96: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	50, // 97: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	53, // 98: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	56, // 99: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	58, // 100: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	60, // 101: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	62, // 102: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	64, // 103: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	66, // 104: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	69, // 105: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	72, // 106: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
-	80, // [80:107] is the sub-list for method output_type
-	53, // [53:80] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	33, // 30: opendsec.v1.PauseSandboxesResponse.reclaimed:type_name -> opendsec.v1.SandboxReclaim
+	30, // 31: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 32: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	31, // 33: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	79, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	38, // 35: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
+	37, // 36: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
+	38, // 37: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
+	41, // 38: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
+	42, // 39: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
+	43, // 40: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
+	38, // 41: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
+	1,  // 42: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
+	80, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	55, // 44: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
+	52, // 45: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
+	52, // 46: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
+	52, // 47: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
+	52, // 48: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
+	52, // 49: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
+	68, // 50: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
+	68, // 51: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
+	72, // 52: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
+	74, // 53: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
+	6,  // 54: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 55: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 56: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 57: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 58: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 59: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 60: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	23, // 61: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	25, // 62: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	27, // 63: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	32, // 64: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	35, // 65: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	20, // 66: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
+	39, // 67: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	44, // 68: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	46, // 69: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	48, // 70: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	50, // 71: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	53, // 72: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	56, // 73: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	58, // 74: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	60, // 75: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	62, // 76: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	64, // 77: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	66, // 78: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	69, // 79: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	71, // 80: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 81: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 82: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 83: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 84: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 85: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 86: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 87: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	24, // 88: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	26, // 89: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	29, // 90: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	34, // 91: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	36, // 92: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	21, // 93: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
+	40, // 94: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	45, // 95: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	47, // 96: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	49, // 97: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	51, // 98: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	54, // 99: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	57, // 100: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	59, // 101: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	61, // 102: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	63, // 103: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	65, // 104: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	67, // 105: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	70, // 106: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	73, // 107: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	81, // [81:108] is the sub-list for method output_type
+	54, // [54:81] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -5346,30 +5495,30 @@ func file_opendsec_v1_sandbox_proto_init() {
 		return
 	}
 	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_opendsec_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Pty)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[53].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[54].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[68].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[69].OneofWrappers = []any{
 		(*ConnectPortRequest_Start)(nil),
 		(*ConnectPortRequest_Data)(nil),
 		(*ConnectPortRequest_CloseWrite)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[70].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[71].OneofWrappers = []any{
 		(*ConnectPortResponse_Connected)(nil),
 		(*ConnectPortResponse_Data)(nil),
 		(*ConnectPortResponse_Eof)(nil),
@@ -5380,7 +5529,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   77,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

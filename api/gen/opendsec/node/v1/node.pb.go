@@ -827,6 +827,7 @@ func (x *BatchFailure) GetErrorMessage() string {
 type PauseSandboxesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Selector      *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	Reclaim       bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -868,17 +869,103 @@ func (x *PauseSandboxesRequest) GetSelector() *SandboxSelector {
 	return nil
 }
 
+func (x *PauseSandboxesRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+// SandboxReclaim is the memory a reclaim pushed out of one sandbox.
+type SandboxReclaim struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	BytesBefore   int64                  `protobuf:"varint,2,opt,name=bytes_before,json=bytesBefore,proto3" json:"bytes_before,omitempty"`
+	BytesAfter    int64                  `protobuf:"varint,3,opt,name=bytes_after,json=bytesAfter,proto3" json:"bytes_after,omitempty"`
+	BytesFreed    int64                  `protobuf:"varint,4,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
+	Note          string                 `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxReclaim) Reset() {
+	*x = SandboxReclaim{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxReclaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxReclaim) ProtoMessage() {}
+
+func (x *SandboxReclaim) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxReclaim.ProtoReflect.Descriptor instead.
+func (*SandboxReclaim) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SandboxReclaim) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxReclaim) GetBytesBefore() int64 {
+	if x != nil {
+		return x.BytesBefore
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetBytesAfter() int64 {
+	if x != nil {
+		return x.BytesAfter
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
+}
+
+func (x *SandboxReclaim) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 type PauseSandboxesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	Failures      []*BatchFailure        `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	Reclaimed     []*SandboxReclaim      `protobuf:"bytes,3,rep,name=reclaimed,proto3" json:"reclaimed,omitempty"`
+	BytesFreed    int64                  `protobuf:"varint,4,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseSandboxesResponse) Reset() {
 	*x = PauseSandboxesResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[8]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +977,7 @@ func (x *PauseSandboxesResponse) String() string {
 func (*PauseSandboxesResponse) ProtoMessage() {}
 
 func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[8]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +990,7 @@ func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PauseSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -920,6 +1007,20 @@ func (x *PauseSandboxesResponse) GetFailures() []*BatchFailure {
 	return nil
 }
 
+func (x *PauseSandboxesResponse) GetReclaimed() []*SandboxReclaim {
+	if x != nil {
+		return x.Reclaimed
+	}
+	return nil
+}
+
+func (x *PauseSandboxesResponse) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
+}
+
 type ResumeSandboxesRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Selector       *SandboxSelector       `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
@@ -930,7 +1031,7 @@ type ResumeSandboxesRequest struct {
 
 func (x *ResumeSandboxesRequest) Reset() {
 	*x = ResumeSandboxesRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[9]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1043,7 @@ func (x *ResumeSandboxesRequest) String() string {
 func (*ResumeSandboxesRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[9]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1056,7 @@ func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResumeSandboxesRequest) GetSelector() *SandboxSelector {
@@ -982,7 +1083,7 @@ type ResumeSandboxesResponse struct {
 
 func (x *ResumeSandboxesResponse) Reset() {
 	*x = ResumeSandboxesResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1095,7 @@ func (x *ResumeSandboxesResponse) String() string {
 func (*ResumeSandboxesResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[10]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1108,7 @@ func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResumeSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1039,7 +1140,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1152,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[11]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1165,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateSandboxRequest) GetSandboxId() string {
@@ -1109,7 +1210,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1222,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[12]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1235,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -1167,7 +1268,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1280,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[13]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1293,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -1211,7 +1312,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1324,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1337,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1254,7 +1355,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1367,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1380,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 type ListSandboxesResponse struct {
@@ -1291,7 +1392,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1404,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1417,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1335,7 +1436,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1448,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1461,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StopSandboxRequest) GetSandboxId() string {
@@ -1382,7 +1483,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1495,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1508,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StopSandboxResponse) GetUsed() *Capacity {
@@ -1434,7 +1535,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1547,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1560,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1485,7 +1586,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1598,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1611,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1530,7 +1631,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1643,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1656,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetNetworkRequest) GetSandboxId() string {
@@ -1581,7 +1682,7 @@ type SetNetworkResponse struct {
 
 func (x *SetNetworkResponse) Reset() {
 	*x = SetNetworkResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1694,7 @@ func (x *SetNetworkResponse) String() string {
 func (*SetNetworkResponse) ProtoMessage() {}
 
 func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1707,7 @@ func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetNetworkResponse) GetSandbox() *Sandbox {
@@ -1624,7 +1725,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1636,7 +1737,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1649,7 +1750,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 type Capacity struct {
@@ -1663,7 +1764,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1776,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1789,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Capacity) GetCpu() float64 {
@@ -1736,7 +1837,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1849,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1862,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -1837,13 +1938,14 @@ func (x *InfoResponse) GetUsedSeq() uint64 {
 type PauseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Reclaim       bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1957,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1970,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -1878,16 +1980,24 @@ func (x *PauseSandboxRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *PauseSandboxRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
 type PauseSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	BytesFreed    int64                  `protobuf:"varint,2,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2009,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2022,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1920,6 +2030,13 @@ func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
 		return x.Sandbox
 	}
 	return nil
+}
+
+func (x *PauseSandboxResponse) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
 }
 
 type ResumeSandboxRequest struct {
@@ -1932,7 +2049,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2061,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2074,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -1983,7 +2100,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2112,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2125,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2027,7 +2144,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2156,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2169,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -2071,7 +2188,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2200,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2213,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -2124,7 +2241,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2253,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2266,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2198,7 +2315,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2327,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2340,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -2252,7 +2369,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2381,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2394,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2387,12 +2504,25 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x02 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"V\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"p\n" +
 	"\x15PauseSandboxesRequest\x12=\n" +
-	"\bselector\x18\x01 \x01(\v2!.opendsec.node.v1.SandboxSelectorR\bselector\"\x8d\x01\n" +
+	"\bselector\x18\x01 \x01(\v2!.opendsec.node.v1.SandboxSelectorR\bselector\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"\xa8\x01\n" +
+	"\x0eSandboxReclaim\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
+	"\fbytes_before\x18\x02 \x01(\x03R\vbytesBefore\x12\x1f\n" +
+	"\vbytes_after\x18\x03 \x01(\x03R\n" +
+	"bytesAfter\x12\x1f\n" +
+	"\vbytes_freed\x18\x04 \x01(\x03R\n" +
+	"bytesFreed\x12\x12\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\"\xee\x01\n" +
 	"\x16PauseSandboxesResponse\x127\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x19.opendsec.node.v1.SandboxR\tsandboxes\x12:\n" +
-	"\bfailures\x18\x02 \x03(\v2\x1e.opendsec.node.v1.BatchFailureR\bfailures\"\x80\x01\n" +
+	"\bfailures\x18\x02 \x03(\v2\x1e.opendsec.node.v1.BatchFailureR\bfailures\x12>\n" +
+	"\treclaimed\x18\x03 \x03(\v2 .opendsec.node.v1.SandboxReclaimR\treclaimed\x12\x1f\n" +
+	"\vbytes_freed\x18\x04 \x01(\x03R\n" +
+	"bytesFreed\"\x80\x01\n" +
 	"\x16ResumeSandboxesRequest\x12=\n" +
 	"\bselector\x18\x01 \x01(\v2!.opendsec.node.v1.SandboxSelectorR\bselector\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\x8e\x01\n" +
@@ -2452,12 +2582,15 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\aversion\x18\b \x01(\tR\aversion\x12\x16\n" +
 	"\x06images\x18\t \x03(\tR\x06images\x12\x19\n" +
 	"\bused_seq\x18\n" +
-	" \x01(\x04R\ausedSeq\"4\n" +
+	" \x01(\x04R\ausedSeq\"N\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"K\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"l\n" +
 	"\x14PauseSandboxResponse\x123\n" +
-	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\"^\n" +
+	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\x12\x1f\n" +
+	"\vbytes_freed\x18\x02 \x01(\x03R\n" +
+	"bytesFreed\"^\n" +
 	"\x14ResumeSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
@@ -2524,7 +2657,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -2535,107 +2668,109 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*SandboxSelector)(nil),           // 6: opendsec.node.v1.SandboxSelector
 	(*BatchFailure)(nil),              // 7: opendsec.node.v1.BatchFailure
 	(*PauseSandboxesRequest)(nil),     // 8: opendsec.node.v1.PauseSandboxesRequest
-	(*PauseSandboxesResponse)(nil),    // 9: opendsec.node.v1.PauseSandboxesResponse
-	(*ResumeSandboxesRequest)(nil),    // 10: opendsec.node.v1.ResumeSandboxesRequest
-	(*ResumeSandboxesResponse)(nil),   // 11: opendsec.node.v1.ResumeSandboxesResponse
-	(*CreateSandboxRequest)(nil),      // 12: opendsec.node.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 13: opendsec.node.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 14: opendsec.node.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 15: opendsec.node.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 16: opendsec.node.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 17: opendsec.node.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 18: opendsec.node.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 19: opendsec.node.v1.StopSandboxResponse
-	(*SetTimeoutRequest)(nil),         // 20: opendsec.node.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),        // 21: opendsec.node.v1.SetTimeoutResponse
-	(*SetNetworkRequest)(nil),         // 22: opendsec.node.v1.SetNetworkRequest
-	(*SetNetworkResponse)(nil),        // 23: opendsec.node.v1.SetNetworkResponse
-	(*InfoRequest)(nil),               // 24: opendsec.node.v1.InfoRequest
-	(*Capacity)(nil),                  // 25: opendsec.node.v1.Capacity
-	(*InfoResponse)(nil),              // 26: opendsec.node.v1.InfoResponse
-	(*PauseSandboxRequest)(nil),       // 27: opendsec.node.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 28: opendsec.node.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 29: opendsec.node.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 30: opendsec.node.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 31: opendsec.node.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 32: opendsec.node.v1.GetSandboxMetricsResponse
-	(*ForkSandboxRequest)(nil),        // 33: opendsec.node.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 34: opendsec.node.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                // 35: opendsec.node.v1.ForkResult
-	nil,                               // 36: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 37: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 38: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 39: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 40: google.protobuf.Timestamp
+	(*SandboxReclaim)(nil),            // 9: opendsec.node.v1.SandboxReclaim
+	(*PauseSandboxesResponse)(nil),    // 10: opendsec.node.v1.PauseSandboxesResponse
+	(*ResumeSandboxesRequest)(nil),    // 11: opendsec.node.v1.ResumeSandboxesRequest
+	(*ResumeSandboxesResponse)(nil),   // 12: opendsec.node.v1.ResumeSandboxesResponse
+	(*CreateSandboxRequest)(nil),      // 13: opendsec.node.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 14: opendsec.node.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 15: opendsec.node.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 16: opendsec.node.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 17: opendsec.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 18: opendsec.node.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 19: opendsec.node.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 20: opendsec.node.v1.StopSandboxResponse
+	(*SetTimeoutRequest)(nil),         // 21: opendsec.node.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 22: opendsec.node.v1.SetTimeoutResponse
+	(*SetNetworkRequest)(nil),         // 23: opendsec.node.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),        // 24: opendsec.node.v1.SetNetworkResponse
+	(*InfoRequest)(nil),               // 25: opendsec.node.v1.InfoRequest
+	(*Capacity)(nil),                  // 26: opendsec.node.v1.Capacity
+	(*InfoResponse)(nil),              // 27: opendsec.node.v1.InfoResponse
+	(*PauseSandboxRequest)(nil),       // 28: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 29: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 30: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 31: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 32: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 33: opendsec.node.v1.GetSandboxMetricsResponse
+	(*ForkSandboxRequest)(nil),        // 34: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 35: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 36: opendsec.node.v1.ForkResult
+	nil,                               // 37: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 38: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 39: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 40: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 41: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	36, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	37, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	37, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	38, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	38, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	39, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	40, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	40, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	40, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	41, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	41, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	41, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	39, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	40, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
-	6,  // 16: opendsec.node.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
-	4,  // 17: opendsec.node.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
-	7,  // 18: opendsec.node.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
-	1,  // 19: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.node.v1.SandboxSpec
-	4,  // 20: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	25, // 21: opendsec.node.v1.CreateSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
-	4,  // 22: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 23: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
-	25, // 24: opendsec.node.v1.StopSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
-	4,  // 25: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	2,  // 26: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
-	4,  // 27: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	25, // 28: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
-	25, // 29: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	40, // 30: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	4,  // 31: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 32: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 33: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	35, // 34: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 35: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	12, // 36: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	14, // 37: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	16, // 38: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	18, // 39: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	20, // 40: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	22, // 41: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	24, // 42: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	27, // 43: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	29, // 44: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	31, // 45: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 46: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	10, // 47: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	33, // 48: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	13, // 49: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	15, // 50: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	17, // 51: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	19, // 52: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	21, // 53: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	23, // 54: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	26, // 55: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	28, // 56: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	30, // 57: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	32, // 58: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	9,  // 59: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	11, // 60: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	34, // 61: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	49, // [49:62] is the sub-list for method output_type
-	36, // [36:49] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	9,  // 16: opendsec.node.v1.PauseSandboxesResponse.reclaimed:type_name -> opendsec.node.v1.SandboxReclaim
+	6,  // 17: opendsec.node.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
+	4,  // 18: opendsec.node.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
+	7,  // 19: opendsec.node.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
+	1,  // 20: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.node.v1.SandboxSpec
+	4,  // 21: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	26, // 22: opendsec.node.v1.CreateSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	4,  // 23: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 24: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
+	26, // 25: opendsec.node.v1.StopSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	4,  // 26: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	2,  // 27: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
+	4,  // 28: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	26, // 29: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
+	26, // 30: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
+	41, // 31: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	4,  // 32: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 33: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 34: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	36, // 35: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 36: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 37: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 38: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	17, // 39: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	19, // 40: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	21, // 41: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	23, // 42: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	25, // 43: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	28, // 44: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	30, // 45: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	32, // 46: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 47: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 48: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	34, // 49: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 50: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 51: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	18, // 52: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	20, // 53: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	22, // 54: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	24, // 55: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	27, // 56: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	29, // 57: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	31, // 58: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	33, // 59: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 60: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 61: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	35, // 62: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	50, // [50:63] is the sub-list for method output_type
+	37, // [37:50] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -2650,7 +2785,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

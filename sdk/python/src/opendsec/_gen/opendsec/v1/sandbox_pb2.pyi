@@ -282,16 +282,20 @@ class ForkResult(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., memory_preserved: bool = ...) -> None: ...
 
 class PauseSandboxRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "reclaim")
     ID_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     id: str
-    def __init__(self, id: _Optional[str] = ...) -> None: ...
+    reclaim: bool
+    def __init__(self, id: _Optional[str] = ..., reclaim: bool = ...) -> None: ...
 
 class PauseSandboxResponse(_message.Message):
-    __slots__ = ("sandbox",)
+    __slots__ = ("sandbox", "bytes_freed")
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
     sandbox: Sandbox
-    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+    bytes_freed: int
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
 
 class ResumeSandboxRequest(_message.Message):
     __slots__ = ("id", "timeout_seconds")
@@ -375,18 +379,38 @@ class BatchFailure(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class PauseSandboxesRequest(_message.Message):
-    __slots__ = ("selector",)
+    __slots__ = ("selector", "reclaim")
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     selector: SandboxSelector
-    def __init__(self, selector: _Optional[_Union[SandboxSelector, _Mapping]] = ...) -> None: ...
+    reclaim: bool
+    def __init__(self, selector: _Optional[_Union[SandboxSelector, _Mapping]] = ..., reclaim: bool = ...) -> None: ...
+
+class SandboxReclaim(_message.Message):
+    __slots__ = ("sandbox_id", "bytes_before", "bytes_after", "bytes_freed", "note")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    bytes_before: int
+    bytes_after: int
+    bytes_freed: int
+    note: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class PauseSandboxesResponse(_message.Message):
-    __slots__ = ("sandboxes", "failures")
+    __slots__ = ("sandboxes", "failures", "reclaimed", "bytes_freed")
     SANDBOXES_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
     sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
     failures: _containers.RepeatedCompositeFieldContainer[BatchFailure]
-    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
+    reclaimed: _containers.RepeatedCompositeFieldContainer[SandboxReclaim]
+    bytes_freed: int
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ..., reclaimed: _Optional[_Iterable[_Union[SandboxReclaim, _Mapping]]] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
 
 class ResumeSandboxesRequest(_message.Message):
     __slots__ = ("selector", "timeout_seconds")
