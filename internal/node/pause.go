@@ -59,7 +59,8 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
-	return n.pauseIf(ctx, id, nil)
+	rec, _, err := n.pauseReclaimIf(ctx, id, false, nil)
+	return rec, err
 }
 
 // pauseIf is Pause; check, when set, may refuse the freeze of the running
@@ -67,21 +68,75 @@ func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
 // the pause coming (sb.pausing), so a call it does not see waits for the
 // pause and resumes the sandbox.
 func (n *Node) pauseIf(ctx context.Context, id string, check func(*sandbox, *record) error) (*record, error) {
+	rec, _, err := n.pauseReclaimIf(ctx, id, false, check)
+	return rec, err
+}
+
+// PauseReclaim freezes a running sandbox and, with reclaim, then pushes its
+// memory out (Reclaim; also when it was paused already). The reclaim's
+// result is nil without reclaim. A reclaim that fails leaves the sandbox
+// paused and says why in the result's Note.
+func (n *Node) PauseReclaim(ctx context.Context, id string, reclaim bool) (*record, *runtime.ReclaimStats, error) {
+	return n.pauseReclaimIf(ctx, id, reclaim, nil)
+}
+
+// pauseReclaimIf is PauseReclaim with pauseIf's check.
+func (n *Node) pauseReclaimIf(ctx context.Context, id string, reclaim bool, check func(*sandbox, *record) error) (*record, *runtime.ReclaimStats, error) {
 	end, err := n.begin("pause sandbox " + id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer end()
-	c, err := n.pause(ctx, id, check)
+	c, rs, err := n.pauseReclaim(ctx, id, reclaim, check)
 	if err != nil || c.sb == nil {
-		return c.next, err
+		return c.next, rs, err
 	}
 	if err := n.table.put(c.next); err != nil {
 		n.undo(ctx, c)
-		return nil, fmt.Errorf("record paused sandbox %s (the pause was undone): %w", id, err)
+		return nil, nil, fmt.Errorf("record paused sandbox %s (the pause was undone): %w", id, err)
 	}
-	log.G(ctx).Info("sandbox paused", log.SandboxID(id))
-	return c.next, nil
+	log.G(ctx).Info("sandbox paused", log.SandboxID(id), "reclaimed_bytes", rs.Freed())
+	return c.next, rs, nil
+}
+
+// pauseReclaim is pause followed, with reclaim, by a reclaim of the paused
+// sandbox.
+func (n *Node) pauseReclaim(ctx context.Context, id string, reclaim bool, check func(*sandbox, *record) error) (change, *runtime.ReclaimStats, error) {
+	c, err := n.pause(ctx, id, check)
+	if err != nil || !reclaim {
+		return c, nil, err
+	}
+	rs := n.reclaim(ctx, id)
+	return c, &rs, nil
+}
+
+// reclaim pushes the memory of a paused sandbox out through its backend's
+// Reclaimer, under the sandbox's pause lock (a resume waits for it). It
+// never fails: what stopped it is in the Note (a backend that cannot
+// reclaim, a sandbox resumed or stopped meanwhile, a kernel error).
+func (n *Node) reclaim(ctx context.Context, id string) runtime.ReclaimStats {
+	sb, err := n.get(id)
+	if err != nil {
+		return runtime.ReclaimStats{Note: "not reclaimed: " + err.Error()}
+	}
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	n.mu.Lock()
+	rec := sb.rec
+	n.mu.Unlock()
+	if rec.State != statePaused {
+		return runtime.ReclaimStats{Note: fmt.Sprintf("not reclaimed: the sandbox is %s (resumed or stopped meanwhile)", rec.State)}
+	}
+	rc, ok := n.cfg.Backends[rec.Backend].(runtime.Reclaimer)
+	if !ok {
+		return runtime.ReclaimStats{Note: fmt.Sprintf("not reclaimed: backend %s cannot reclaim a paused sandbox's memory", rec.Backend)}
+	}
+	rs, err := rc.Reclaim(ctx, id)
+	if err != nil {
+		log.G(ctx).Warn("reclaim memory of a paused sandbox", log.SandboxID(id), log.Err(err))
+		return runtime.ReclaimStats{Before: rs.Before, After: rs.Before, Note: "not reclaimed: " + err.Error()}
+	}
+	return rs
 }
 
 // change is a pause or resume applied to the backend and the in-memory
@@ -334,11 +389,26 @@ type BatchResult struct {
 	ID  string
 	Rec *record
 	Err error
+	// Reclaim is what a pause with reclaim freed (nil otherwise, or when
+	// the pause failed).
+	Reclaim *runtime.ReclaimStats
+}
+
+// ReclaimedBytes sums what the reclaims of rs freed.
+func ReclaimedBytes(rs []BatchResult) int64 {
+	var sum int64
+	for _, r := range rs {
+		if r.Err == nil && r.Reclaim != nil {
+			sum += r.Reclaim.Freed()
+		}
+	}
+	return sum
 }
 
 // PauseMatching pauses every sandbox matching sel, concurrently, and
-// records them in one table write.
-func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, error) {
+// records them in one table write. With reclaim each paused sandbox's
+// memory is then pushed out (see PauseReclaim), those paused already too.
+func (n *Node) PauseMatching(ctx context.Context, sel Selector, reclaim bool) ([]BatchResult, error) {
 	end, err := n.begin("pause sandboxes matching a selector")
 	if err != nil {
 		return nil, err
@@ -346,19 +416,30 @@ func (n *Node) PauseMatching(ctx context.Context, sel Selector) ([]BatchResult, 
 	defer end()
 	var mu sync.Mutex
 	var changed []change
+	reclaims := map[string]*runtime.ReclaimStats{}
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		c, err := n.pause(ctx, id, nil)
+		c, r, err := n.pauseReclaim(ctx, id, reclaim, nil)
+		mu.Lock()
 		if c.sb != nil {
-			mu.Lock()
 			changed = append(changed, c)
-			mu.Unlock()
 		}
+		if r != nil {
+			reclaims[id] = r
+		}
+		mu.Unlock()
 		return c.next, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return n.recordBatch(ctx, rs, changed, "paused", sel)
+	for i := range rs {
+		rs[i].Reclaim = reclaims[rs[i].ID]
+	}
+	rs, err = n.recordBatch(ctx, rs, changed, "paused", sel)
+	if err == nil && reclaim {
+		log.G(ctx).Info("paused sandboxes reclaimed", "task_id", sel.TaskID, "bytes_freed", ReclaimedBytes(rs))
+	}
+	return rs, err
 }
 
 // ResumeMatching resumes every sandbox matching sel, concurrently.
@@ -402,7 +483,7 @@ func (n *Node) recordBatch(ctx context.Context, rs []BatchResult, changed []chan
 		err = fmt.Errorf("record %s sandboxes (undone): %w", what, err)
 		for i := range rs {
 			if rs[i].Err == nil {
-				rs[i].Err, rs[i].Rec = err, nil
+				rs[i].Err, rs[i].Rec, rs[i].Reclaim = err, nil, nil
 			}
 		}
 		return rs, nil

@@ -8,17 +8,20 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 )
 
 func (s *service) PauseSandbox(ctx context.Context, req *connect.Request[nodev1.PauseSandboxRequest]) (*connect.Response[nodev1.PauseSandboxResponse], error) {
+	var rs *runtime.ReclaimStats
 	sb, err := s.lifecycle(ctx, req.Msg.GetSandboxId(), func(id string) error {
-		_, err := s.n.Pause(ctx, id)
+		var err error
+		_, rs, err = s.n.PauseReclaim(ctx, id, req.Msg.GetReclaim())
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nodev1.PauseSandboxResponse{Sandbox: sb}), nil
+	return connect.NewResponse(&nodev1.PauseSandboxResponse{Sandbox: sb, BytesFreed: rs.Freed()}), nil
 }
 
 func (s *service) ResumeSandbox(ctx context.Context, req *connect.Request[nodev1.ResumeSandboxRequest]) (*connect.Response[nodev1.ResumeSandboxResponse], error) {
@@ -100,12 +103,21 @@ func (s *service) batchResults(rs []BatchResult) ([]*nodev1.Sandbox, []*nodev1.B
 }
 
 func (s *service) PauseSandboxes(ctx context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
-	rs, err := s.n.PauseMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())))
+	rs, err := s.n.PauseMatching(ctx, ownedBy(ctx, selectorFromProto(req.Msg.GetSelector())), req.Msg.GetReclaim())
 	if err != nil {
 		return nil, err
 	}
 	ok, failed := s.batchResults(rs)
-	return connect.NewResponse(&nodev1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+	out := &nodev1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}
+	for _, r := range rs {
+		if r.Err != nil || r.Reclaim == nil {
+			continue
+		}
+		out.Reclaimed = append(out.Reclaimed, &nodev1.SandboxReclaim{SandboxId: r.ID, BytesBefore: r.Reclaim.Before,
+			BytesAfter: r.Reclaim.After, BytesFreed: r.Reclaim.Freed(), Note: r.Reclaim.Note})
+		out.BytesFreed += r.Reclaim.Freed()
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s *service) ResumeSandboxes(ctx context.Context, req *connect.Request[nodev1.ResumeSandboxesRequest]) (*connect.Response[nodev1.ResumeSandboxesResponse], error) {

@@ -283,7 +283,7 @@ func TestPauseResumeUndoneWhenNotRecorded(t *testing.T) {
 	if got := stateOf(t, n, rec.ID); got != stateRunning {
 		t.Fatalf("state after a failed pause = %s, want running", got)
 	}
-	rs, err := n.PauseMatching(t.Context(), Selector{TaskID: "job"})
+	rs, err := n.PauseMatching(t.Context(), Selector{TaskID: "job"}, false)
 	if err != nil || len(rs) != 1 || rs[0].Err == nil {
 		t.Fatalf("batch pause with a broken table: %+v %v, want one failed item", rs, err)
 	}
@@ -373,10 +373,10 @@ func TestBatchPauseByTask(t *testing.T) {
 		job = append(job, f.create(t, n, specRecord{TaskID: "job1", Labels: map[string]string{"k": "v"}}).ID)
 	}
 	other := f.create(t, n, specRecord{TaskID: "job2"}).ID
-	if _, err := n.PauseMatching(t.Context(), Selector{}); !errdefs.IsInvalidArgument(err) {
+	if _, err := n.PauseMatching(t.Context(), Selector{}, false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("empty selector: %v, want invalid argument", err)
 	}
-	rs, err := n.PauseMatching(t.Context(), Selector{TaskID: "job1"})
+	rs, err := n.PauseMatching(t.Context(), Selector{TaskID: "job1"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -338,8 +338,13 @@ type ReclaimStats struct {
 	Note string
 }
 
-// Freed is Before - After, never negative.
-func (s ReclaimStats) Freed() int64 { return max(s.Before-s.After, 0) }
+// Freed is Before - After, never negative (0 for nil).
+func (s *ReclaimStats) Freed() int64 {
+	if s == nil {
+		return 0
+	}
+	return max(s.Before-s.After, 0)
+}
 
 // Stats is a sandbox's resource use, host-side. Zero means unknown for the
 // limits and the disk fields.
