@@ -41,7 +41,7 @@ func nodeSetNetworkRequest(m *v1.SetNetworkRequest) *nodev1.SetNetworkRequest {
 }
 
 func nodePauseRequest(m *v1.PauseSandboxRequest) *nodev1.PauseSandboxRequest {
-	return &nodev1.PauseSandboxRequest{SandboxId: m.GetId()}
+	return &nodev1.PauseSandboxRequest{SandboxId: m.GetId(), Reclaim: m.GetReclaim()}
 }
 
 func nodeResumeRequest(m *v1.ResumeSandboxRequest) *nodev1.ResumeSandboxRequest {
@@ -57,8 +57,8 @@ func nodeMetricsRequest(m *v1.GetSandboxMetricsRequest) *nodev1.GetSandboxMetric
 	return &nodev1.GetSandboxMetricsRequest{SandboxId: m.GetId()}
 }
 
-func nodePauseBatchRequest(sel *v1.SandboxSelector) *nodev1.PauseSandboxesRequest {
-	return &nodev1.PauseSandboxesRequest{Selector: nodeSelector(sel)}
+func nodePauseBatchRequest(sel *v1.SandboxSelector, reclaim bool) *nodev1.PauseSandboxesRequest {
+	return &nodev1.PauseSandboxesRequest{Selector: nodeSelector(sel), Reclaim: reclaim}
 }
 
 func nodeResumeBatchRequest(sel *v1.SandboxSelector, timeoutSec int64) *nodev1.ResumeSandboxesRequest {
@@ -223,6 +223,18 @@ func publicMetrics(n *nodev1.SandboxMetrics) *v1.SandboxMetrics {
 		DiskTotalBytes: n.GetDiskTotalBytes(),
 		State:          publicState(n.GetState()),
 	}
+}
+
+func publicReclaims(ns []*nodev1.SandboxReclaim) []*v1.SandboxReclaim {
+	if ns == nil {
+		return nil
+	}
+	out := make([]*v1.SandboxReclaim, len(ns))
+	for i, n := range ns {
+		out[i] = &v1.SandboxReclaim{SandboxId: n.GetSandboxId(), BytesBefore: n.GetBytesBefore(), BytesAfter: n.GetBytesAfter(),
+			BytesFreed: n.GetBytesFreed(), Note: n.GetNote()}
+	}
+	return out
 }
 
 func publicFailures(ns []*nodev1.BatchFailure) []*v1.BatchFailure {

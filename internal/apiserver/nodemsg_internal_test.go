@@ -185,7 +185,8 @@ func TestNodeAnswersMapToPublic(t *testing.T) {
 	sameByName(t, "SandboxMetrics", publicMetrics(m).ProtoReflect(), m.ProtoReflect(), nil)
 
 	pr := spectest.Fill(&nodev1.PauseSandboxesResponse{})
-	sameByName(t, "PauseSandboxesResponse", (&v1.PauseSandboxesResponse{Sandboxes: publicSandboxes(pr.Sandboxes), Failures: publicFailures(pr.Failures)}).ProtoReflect(), pr.ProtoReflect(), nil)
+	sameByName(t, "PauseSandboxesResponse", (&v1.PauseSandboxesResponse{Sandboxes: publicSandboxes(pr.Sandboxes), Failures: publicFailures(pr.Failures),
+		Reclaimed: publicReclaims(pr.Reclaimed), BytesFreed: pr.BytesFreed}).ProtoReflect(), pr.ProtoReflect(), nil)
 	rr := spectest.Fill(&nodev1.ResumeSandboxesResponse{})
 	sameByName(t, "ResumeSandboxesResponse", (&v1.ResumeSandboxesResponse{Sandboxes: publicSandboxes(rr.Sandboxes), Failures: publicFailures(rr.Failures)}).ProtoReflect(), rr.ProtoReflect(), nil)
 
@@ -201,7 +202,7 @@ func TestNodeAnswersMapToPublic(t *testing.T) {
 			t.Errorf("fork %d: %v from %v", i, f, fr.Forks[i])
 		}
 	}
-	if publicSandbox(nil) != nil || publicSandboxes(nil) != nil || publicMetrics(nil) != nil || publicFailures(nil) != nil {
+	if publicSandbox(nil) != nil || publicSandboxes(nil) != nil || publicMetrics(nil) != nil || publicFailures(nil) != nil || publicReclaims(nil) != nil {
 		t.Fatal("a missing answer became an answer")
 	}
 }
@@ -231,7 +232,7 @@ func TestPublicRequestsMapToNode(t *testing.T) {
 	fo := spectest.Fill(&v1.ForkSandboxRequest{})
 	sameByName(t, "ForkSandboxRequest", fo.ProtoReflect(), nodeForkRequest(fo).ProtoReflect(), nil)
 	pb := spectest.Fill(&v1.PauseSandboxesRequest{})
-	sameByName(t, "PauseSandboxesRequest", pb.ProtoReflect(), nodePauseBatchRequest(pb.Selector).ProtoReflect(), nil)
+	sameByName(t, "PauseSandboxesRequest", pb.ProtoReflect(), nodePauseBatchRequest(pb.Selector, pb.Reclaim).ProtoReflect(), nil)
 	rb := spectest.Fill(&v1.ResumeSandboxesRequest{})
 	sameByName(t, "ResumeSandboxesRequest", rb.ProtoReflect(), nodeResumeBatchRequest(rb.Selector, rb.TimeoutSeconds).ProtoReflect(), nil)
 	if nodeNetwork(nil) != nil || nodeSelector(nil) != nil {

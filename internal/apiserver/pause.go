@@ -3,6 +3,8 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -13,7 +15,8 @@ import (
 	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
-// PauseSandbox asks the owning node to freeze the sandbox.
+// PauseSandbox asks the owning node to freeze the sandbox (and, with
+// reclaim, to push its memory out).
 func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
 	n, err := s.nodeFor(ctx, "id", req.Msg.GetId())
 	if err != nil {
@@ -23,7 +26,7 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[v1.Pause
 	if err != nil {
 		return nil, remoteErr(ctx, "pause sandbox", err)
 	}
-	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox())}), nil
+	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: publicSandbox(resp.Msg.GetSandbox()), BytesFreed: resp.Msg.GetBytesFreed()}), nil
 }
 
 // ResumeSandbox asks the owning node to thaw the sandbox.
@@ -63,23 +66,41 @@ func (s *Server) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.
 	return connect.NewResponse(&v1.GetSandboxMetricsResponse{Metrics: publicMetrics(resp.Msg.GetMetrics())}), nil
 }
 
-// PauseSandboxes pauses every matching sandbox on every node at once.
+// PauseSandboxes pauses every matching sandbox on every node at once; with
+// reclaim each node then pushes their memory out, and the answer lists what
+// each sandbox freed and the sum over every node. A task_id or labels that
+// match no sandbox anywhere is not_found (not an empty success: a typo in a
+// task name must not look like a paused task).
 func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.PauseSandboxesRequest]) (*connect.Response[v1.PauseSandboxesResponse], error) {
 	sel := req.Msg.GetSelector()
+	reclaim := req.Msg.GetReclaim()
+	var (
+		mu        sync.Mutex
+		reclaimed []*v1.SandboxReclaim
+		freed     int64
+	)
 	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
-		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(nodePauseBatchRequest(sel)))
+		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(nodePauseBatchRequest(sel, reclaim)))
 		if err != nil {
 			return nil, nil, err
 		}
+		mu.Lock()
+		reclaimed = append(reclaimed, publicReclaims(resp.Msg.GetReclaimed())...)
+		freed += resp.Msg.GetBytesFreed()
+		mu.Unlock()
 		return publicSandboxes(resp.Msg.GetSandboxes()), publicFailures(resp.Msg.GetFailures()), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+	if err := matchedNothing(sel, ok, failed); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.PauseSandboxesResponse{Sandboxes: ok, Failures: failed, Reclaimed: reclaimed, BytesFreed: freed}), nil
 }
 
-// ResumeSandboxes resumes every matching sandbox on every node at once.
+// ResumeSandboxes resumes every matching sandbox on every node at once; a
+// task_id or labels that match nothing anywhere is not_found.
 func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.ResumeSandboxesRequest]) (*connect.Response[v1.ResumeSandboxesResponse], error) {
 	if err := checkResumeTimeout(req.Msg.GetTimeoutSeconds()); err != nil {
 		return nil, err
@@ -96,7 +117,29 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 	if err != nil {
 		return nil, err
 	}
+	if err := matchedNothing(sel, ok, failed); err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(&v1.ResumeSandboxesResponse{Sandboxes: ok, Failures: failed}), nil
+}
+
+// matchedNothing is the not_found of a batch by task_id or labels that no
+// node matched (and none failed: an unreachable node may hold them). A
+// batch by ids already names each missing id in its failures.
+func matchedNothing(sel *v1.SandboxSelector, ok []*v1.Sandbox, failed []*v1.BatchFailure) error {
+	if len(ok) > 0 || len(failed) > 0 || len(sel.GetIds()) > 0 {
+		return nil
+	}
+	var what string
+	switch {
+	case sel.GetTaskId() != "" && len(sel.GetLabels()) > 0:
+		what = fmt.Sprintf("of task %s with labels %s", sel.GetTaskId(), labelList(sel.GetLabels()))
+	case sel.GetTaskId() != "":
+		what = "of task " + sel.GetTaskId()
+	default:
+		what = "with labels " + labelList(sel.GetLabels())
+	}
+	return errdefs.New(errdefs.ErrNotFound, "no running or paused sandboxes %s (selector.task_id / selector.labels); list them with `opendsecctl task list` or ListSandboxes", what)
 }
 
 type batchCall func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error)
@@ -174,4 +217,14 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 	}
 	wg.Wait()
 	return out, failed, nil
+}
+
+// labelList is "k1=v1,k2=v2", sorted.
+func labelList(m map[string]string) string {
+	kv := make([]string, 0, len(m))
+	for k, v := range m {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, ",")
 }

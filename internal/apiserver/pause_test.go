@@ -18,9 +18,20 @@ import (
 	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
-// The fake node's pause: it flips the state of matching sandboxes.
+// fakeReclaimBytes is what the fake node's reclaim frees per sandbox.
+const fakeReclaimBytes = 20 << 20
+
+// The fake node's pause: it flips the state of matching sandboxes; with
+// reclaim each frees fakeReclaimBytes.
 func (n *fakeNode) PauseSandboxes(_ context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
-	return connect.NewResponse(&nodev1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), nodev1.SandboxState_SANDBOX_STATE_PAUSED)}), nil
+	out := &nodev1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), nodev1.SandboxState_SANDBOX_STATE_PAUSED)}
+	if req.Msg.GetReclaim() {
+		for _, sb := range out.Sandboxes {
+			out.Reclaimed = append(out.Reclaimed, &nodev1.SandboxReclaim{SandboxId: sb.GetId(), BytesBefore: fakeReclaimBytes + 4096, BytesAfter: 4096, BytesFreed: fakeReclaimBytes})
+			out.BytesFreed += fakeReclaimBytes
+		}
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (n *fakeNode) ResumeSandboxes(_ context.Context, req *connect.Request[nodev1.ResumeSandboxesRequest]) (*connect.Response[nodev1.ResumeSandboxesResponse], error) {
