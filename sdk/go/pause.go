@@ -91,7 +91,16 @@ type BatchOutcome struct {
 	// Sandboxes are the ones now paused (or running, for a resume).
 	Sandboxes []*Sandbox
 	Failures  []BatchFailure
+	// Reclaimed lists, for a pause with reclaim, the memory each paused
+	// sandbox freed; BytesFreed is their sum over every node.
+	Reclaimed  []*SandboxReclaim
+	BytesFreed int64
 }
+
+// SandboxReclaim is the memory a reclaim pushed out of one sandbox: bytes
+// charged in RAM before and after, and a note when less could go (the node
+// has no swap, say).
+type SandboxReclaim = opendsecv1.SandboxReclaim
 
 func outcome(sbs []*Sandbox, fs []*opendsecv1.BatchFailure) *BatchOutcome {
 	o := &BatchOutcome{Sandboxes: sbs}
@@ -120,6 +129,42 @@ func (c *Client) PauseSandboxes(ctx context.Context, sel Selector) (*BatchOutcom
 		return nil, convertError(err)
 	}
 	return outcome(resp.Msg.GetSandboxes(), resp.Msg.GetFailures()), nil
+}
+
+// PauseTaskOptions refine PauseTask.
+type PauseTaskOptions struct {
+	// Reclaim pushes the paused sandboxes' memory out of RAM (to swap where
+	// the node has it; page cache either way) and reports what each freed.
+	Reclaim bool
+	// Labels narrow the task to the sandboxes that have all of these.
+	Labels map[string]string
+}
+
+// PauseTask pauses every sandbox of the task on every node at once and,
+// with opts.Reclaim, frees their memory: the preemption case of a training
+// job. A task with no running or paused sandbox is NotFound. ResumeTask
+// brings them back; a call to any one of them resumes just that one.
+func (c *Client) PauseTask(ctx context.Context, taskID string, opts PauseTaskOptions) (*BatchOutcome, error) {
+	if taskID == "" {
+		return nil, invalid("task_id", "is required; pass the task ID the sandboxes were created with")
+	}
+	sel := Selector{TaskID: taskID, Labels: opts.Labels}
+	resp, err := c.sandboxes.PauseSandboxes(ctx, connect.NewRequest(&opendsecv1.PauseSandboxesRequest{Selector: sel.proto(), Reclaim: opts.Reclaim}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	o := outcome(resp.Msg.GetSandboxes(), resp.Msg.GetFailures())
+	o.Reclaimed, o.BytesFreed = resp.Msg.GetReclaimed(), resp.Msg.GetBytesFreed()
+	return o, nil
+}
+
+// ResumeTask resumes every sandbox of the task (with all of labels, when
+// given); each continues with the lifetime it had left at the pause.
+func (c *Client) ResumeTask(ctx context.Context, taskID string, labels map[string]string) (*BatchOutcome, error) {
+	if taskID == "" {
+		return nil, invalid("task_id", "is required; pass the task ID the sandboxes were created with")
+	}
+	return c.ResumeSandboxes(ctx, Selector{TaskID: taskID, Labels: labels}, 0)
 }
 
 // ResumeSandboxes resumes every sandbox sel matches; timeout is as in

@@ -53,3 +53,28 @@ func TestPauseResumeMetrics(t *testing.T) {
 		t.Fatalf("unknown sandbox: %v", err)
 	}
 }
+
+func TestPauseTaskReclaim(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	c := newClient(t, srv)
+	ctx := t.Context()
+	for range 2 {
+		if _, err := c.CreateSandbox(ctx, &opendsec.SandboxSpec{Image: "root/busybox", TaskId: "job"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := c.PauseTask(ctx, "job", opendsec.PauseTaskOptions{Reclaim: true})
+	if err != nil || len(out.Sandboxes) != 2 || len(out.Reclaimed) != 2 || out.BytesFreed != 2*(1<<20-64<<10) {
+		t.Fatalf("pause task with reclaim: %+v %v", out, err)
+	}
+	out, err = c.ResumeTask(ctx, "job", nil)
+	if err != nil || len(out.Sandboxes) != 2 || out.Sandboxes[0].GetState() != opendsecv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("resume task: %+v %v", out, err)
+	}
+	if _, err := c.PauseTask(ctx, "nosuch", opendsec.PauseTaskOptions{Reclaim: true}); !opendsec.IsNotFound(err) {
+		t.Fatalf("unknown task: %v, want not found", err)
+	}
+	if _, err := c.PauseTask(ctx, "", opendsec.PauseTaskOptions{}); !opendsec.IsInvalidArgument(err) {
+		t.Fatalf("empty task: %v, want invalid argument", err)
+	}
+}

@@ -2,6 +2,7 @@ package opendsectest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"connectrpc.com/connect"
@@ -84,9 +85,18 @@ func (s *Server) matching(sel *opendsecv1.SandboxSelector) []string {
 
 func (h sandboxService) PauseSandboxes(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxesRequest]) (*connect.Response[opendsecv1.PauseSandboxesResponse], error) {
 	out := &opendsecv1.PauseSandboxesResponse{}
-	for _, id := range h.s.matching(req.Msg.GetSelector()) {
+	ids := h.s.matching(req.Msg.GetSelector())
+	if sel := req.Msg.GetSelector(); len(ids) == 0 && len(sel.GetIds()) == 0 && sel.GetTaskId() != "" {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no running or paused sandboxes of task %s (selector.task_id)", sel.GetTaskId()))
+	}
+	for _, id := range ids {
 		if sb, err := h.s.setState(id, paused); err == nil {
 			out.Sandboxes = append(out.Sandboxes, sb)
+			if req.Msg.GetReclaim() {
+				// As a node with swap: the fake's 1 MiB goes but 64 KiB.
+				out.Reclaimed = append(out.Reclaimed, &opendsecv1.SandboxReclaim{SandboxId: id, BytesBefore: 1 << 20, BytesAfter: 64 << 10, BytesFreed: 1<<20 - 64<<10})
+				out.BytesFreed += 1<<20 - 64<<10
+			}
 		}
 	}
 	return connect.NewResponse(out), nil

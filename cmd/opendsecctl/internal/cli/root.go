@@ -142,7 +142,7 @@ func (a *app) rootCommand() *cobra.Command {
 	sandbox.AddCommand(a.pauseCommand(), a.resumeCommand(), a.metricsCommand(), a.forkCommand())
 	files := &cobra.Command{Use: "files", Short: "Copy files to and from sandboxes and list directories"}
 	files.AddCommand(a.cpCommand(), a.lsCommand())
-	root.AddCommand(sandbox, files, a.imageCommand(), a.snapshotCommand(), a.versionCommand())
+	root.AddCommand(sandbox, files, a.taskCommand(), a.imageCommand(), a.snapshotCommand(), a.versionCommand())
 	return root
 }
 
