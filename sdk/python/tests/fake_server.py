@@ -56,6 +56,7 @@ class FakeServer(
         # The first ForkSandbox calls answer these codes (a lost answer).
         self.fork_failures: list[tuple[grpc.StatusCode, str]] = []
         self.forks_by_request: dict[str, list[str]] = {}
+        self.pause_batch_requests: list[pb.PauseSandboxesRequest] = []
         # Prestarted sandboxes a create may take, unless it sets skip_warm_pool.
         self.warm_pool = 0
 
@@ -219,12 +220,19 @@ class FakeServer(
 
     async def PauseSandboxes(self, request: pb.PauseSandboxesRequest, context: Any) -> pb.PauseSandboxesResponse:
         await self._auth(context, "PauseSandboxes")
+        self.pause_batch_requests.append(request)
         out = self._select(request.selector)
+        if not out and not request.selector.ids and request.selector.task_id:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no running or paused sandboxes of task {request.selector.task_id} (selector.task_id)")
         for s in out:
             s.state = pb.SANDBOX_STATE_PAUSED
         fails = [pb.BatchFailure(sandbox_id=i, error_code="not_found", error_message=f"sandbox {i} not found")
                  for i in request.selector.ids if i not in self.sandboxes]
-        return pb.PauseSandboxesResponse(sandboxes=out, failures=fails)
+        reclaimed = []
+        if request.reclaim:
+            reclaimed = [pb.SandboxReclaim(sandbox_id=s.id, bytes_before=21 << 20, bytes_after=1 << 20, bytes_freed=20 << 20) for s in out]
+        return pb.PauseSandboxesResponse(sandboxes=out, failures=fails, reclaimed=reclaimed,
+                                         bytes_freed=sum(r.bytes_freed for r in reclaimed))
 
     async def ResumeSandboxes(self, request: pb.ResumeSandboxesRequest, context: Any) -> pb.ResumeSandboxesResponse:
         await self._auth(context, "ResumeSandboxes")

@@ -11,6 +11,7 @@ from opendsec import (
     DSecRunArgs,
     NotFoundError,
     SandboxMetrics,
+    SandboxReclaim,
     SandboxState,
 )
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
@@ -74,3 +75,33 @@ async def test_on_timeout_is_sent_and_read_back(client: DSecClient, server: Fake
     assert sb.info.spec.on_timeout == "pause"
     assert DSecRunArgs(image="x").to_proto().on_timeout == ""
     assert DSecRunArgs.from_proto(pb.SandboxSpec(image="x", on_timeout="stop")).on_timeout == "stop"
+
+
+async def test_pause_task_reclaims_and_resume_task(client: DSecClient, server: FakeServer) -> None:
+    job = [await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="job", labels={"k": str(i)})) for i in range(3)]
+    other = await client.run_sandbox(DSecRunArgs(image="root/busybox", task_id="other"))
+    out = await client.pause_task("job")
+    assert server.pause_batch_requests[-1].reclaim is True  # reclaim is the default
+    assert out.ok and sorted(s.id for s in out.sandboxes) == sorted(s.id for s in job)
+    assert sorted(r.sandbox_id for r in out.reclaimed) == sorted(s.id for s in job)
+    assert all(isinstance(r, SandboxReclaim) and r.bytes_freed == 20 << 20 for r in out.reclaimed)
+    assert out.bytes_freed == 3 * (20 << 20)
+    assert server.sandboxes[other.id].state == pb.SANDBOX_STATE_RUNNING
+    out = await client.resume_task("job")
+    assert len(out.sandboxes) == 3 and all(s.info.state is SandboxState.RUNNING for s in out.sandboxes)
+    out = await client.pause_task("job", reclaim=False, labels={"k": "1"})
+    assert [s.id for s in out.sandboxes] == [job[1].id] and out.reclaimed == [] and out.bytes_freed == 0
+    assert server.pause_batch_requests[-1].reclaim is False
+
+
+async def test_pause_task_bad_input(client: DSecClient, server: FakeServer) -> None:
+    with pytest.raises(NotFoundError, match="task nosuch"):
+        await client.pause_task("nosuch")
+    n = len(server.pause_batch_requests)
+    with pytest.raises(ConfigError, match="task_id"):
+        await client.pause_task("")
+    with pytest.raises(ConfigError, match="reclaim"):
+        await client.pause_task("job", reclaim="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="task_id"):
+        await client.resume_task("")
+    assert len(server.pause_batch_requests) == n

@@ -15,7 +15,7 @@ Quick start::
 """
 
 from opendsec import errors
-from opendsec.client import BatchFailure, BatchItem, BatchOutcome, BatchRun, DSecClient
+from opendsec.client import BatchFailure, BatchItem, BatchOutcome, BatchRun, DSecClient, SandboxReclaim
 from opendsec.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -103,6 +103,7 @@ __all__ = [
     "SandboxDiedError",
     "SandboxInfo",
     "SandboxMetrics",
+    "SandboxReclaim",
     "SandboxState",
     "Snapshot",
     "UnavailableError",

@@ -114,12 +114,32 @@ class BatchFailure:
 
 
 @dataclasses.dataclass(frozen=True)
+class SandboxReclaim:
+    """The memory a task pause with reclaim pushed out of one sandbox: bytes
+    charged to it in RAM (page cache included, swap not) before and after.
+
+    ``note`` says why less could go, e.g. when the node has no swap (then
+    only page cache is freed); empty when nothing held it back.
+    """
+
+    sandbox_id: str
+    bytes_before: int
+    bytes_after: int
+    bytes_freed: int
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchOutcome:
     """What a batch pause or resume did: the sandboxes now paused (or
-    running) and the failures, one per sandbox."""
+    running) and the failures, one per sandbox. After
+    :meth:`DSecClient.pause_task` with ``reclaim``, ``reclaimed`` has one
+    entry per paused sandbox and ``bytes_freed`` their sum over every node."""
 
     sandboxes: list[Sandbox]
     failures: list[BatchFailure]
+    reclaimed: list[SandboxReclaim] = dataclasses.field(default_factory=list)
+    bytes_freed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -324,6 +344,55 @@ class DSecClient:
         req = pb.PauseSandboxesRequest(selector=_selector(labels, task_id, ids))
         resp = await self._conn.unary(self._conn.sandboxes.PauseSandboxes, req)
         return self._outcome(resp.sandboxes, resp.failures)
+
+    async def pause_task(
+        self,
+        task_id: str,
+        reclaim: bool = True,
+        labels: Mapping[str, str] | None = None,
+    ) -> BatchOutcome:
+        """Pause every sandbox of the task on every node in one call and, with
+        ``reclaim`` (the default), push their memory out of RAM: to swap where
+        the node has it (the quickstart sets up zram swap), page cache either
+        way. The outcome reports the bytes each sandbox freed
+        (:attr:`BatchOutcome.reclaimed`) and the total
+        (:attr:`BatchOutcome.bytes_freed`).
+
+        ``labels`` narrow the task to the sandboxes that have all of them. A
+        task with no running or paused sandbox raises NotFoundError.
+        :meth:`resume_task` brings them back (each takes its pages back as it
+        touches them; processes and data are kept); sandboxes paused longer
+        than the node's max_paused are stopped.
+        """
+        if not isinstance(task_id, str) or not task_id:
+            raise ConfigError(f"task_id: must be a non-empty string (the task the sandboxes were created with), got {task_id!r}")
+        if not isinstance(reclaim, bool):
+            raise ConfigError(f"reclaim: must be True or False, got {reclaim!r}")
+        req = pb.PauseSandboxesRequest(selector=_selector(labels, task_id, None), reclaim=reclaim)
+        resp = await self._conn.unary(self._conn.sandboxes.PauseSandboxes, req)
+        out = self._outcome(resp.sandboxes, resp.failures)
+        return dataclasses.replace(
+            out,
+            reclaimed=[
+                SandboxReclaim(
+                    sandbox_id=r.sandbox_id,
+                    bytes_before=r.bytes_before,
+                    bytes_after=r.bytes_after,
+                    bytes_freed=r.bytes_freed,
+                    note=r.note,
+                )
+                for r in resp.reclaimed
+            ],
+            bytes_freed=resp.bytes_freed,
+        )
+
+    async def resume_task(self, task_id: str, labels: Mapping[str, str] | None = None) -> BatchOutcome:
+        """Resume every paused sandbox of the task (with all of ``labels``) on
+        every node at once; each continues with the lifetime it had left at the
+        pause. A task with no running or paused sandbox raises NotFoundError."""
+        if not isinstance(task_id, str) or not task_id:
+            raise ConfigError(f"task_id: must be a non-empty string (the task the sandboxes were created with), got {task_id!r}")
+        return await self.resume_sandboxes(labels=labels, task_id=task_id)
 
     async def resume_sandboxes(
         self,
