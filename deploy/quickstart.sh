@@ -69,6 +69,13 @@ print(" ".join(s["id"] for s in d))' 2>/dev/null); do opendsecctl sandbox stop "
     rm -f /etc/systemd/system/opendsec.service
     systemctl daemon-reload 2>/dev/null || true
   fi
+  if systemd_pid1 && [ -f /etc/systemd/system/opendsec-zram-swap.service ]; then
+    systemctl disable --now opendsec-zram-swap.service 2>/dev/null || true
+    rm -f /etc/systemd/system/opendsec-zram-swap.service
+    systemctl daemon-reload 2>/dev/null || true
+  fi
+  # Only the zram swap the quickstart made (never other swap).
+  if [ -x "$LIB_DIR/zram-swap.sh" ]; then note "$("$LIB_DIR/zram-swap.sh" down)"; fi
   for b in $BINS; do rm -f "/usr/local/bin/$b"; done
   # Only the configuration the quickstart wrote, never an edited one.
   if [ -f "$CONFIG" ] && [ "$(cat "$CONFIG")" = "$(quickstart_config)" ]; then
@@ -129,6 +136,21 @@ for b in opendsec-agent opendsec-init; do
   install -m 0755 "$REPO/bin/$b" "$LIB_DIR/$b.new" && mv -f "$LIB_DIR/$b.new" "$LIB_DIR/$b"
 done
 note "installed $(echo $BINS) to /usr/local/bin, the agent and opendsec-init to $LIB_DIR"
+
+say "swap for task pause with reclaim"
+# A paused task's memory goes to swap (pause_task(reclaim=True)); without
+# swap only page cache can go. Existing swap is left as it is.
+install -m 0755 "$REPO/deploy/zram-swap.sh" "$LIB_DIR/zram-swap.sh"
+if [ "$(awk '/^SwapTotal:/ {print $2}' /proc/meminfo)" -gt 0 ] && ! systemctl is-enabled opendsec-zram-swap.service >/dev/null 2>&1; then
+  note "$("$LIB_DIR/zram-swap.sh" up)"
+elif systemd_pid1; then
+  install -m 0644 "$REPO/deploy/systemd/opendsec-zram-swap.service" /etc/systemd/system/opendsec-zram-swap.service
+  systemctl daemon-reload
+  systemctl enable --now opendsec-zram-swap.service
+  note "$("$LIB_DIR/zram-swap.sh" status | head -n1) (opendsec-zram-swap.service makes it at boot; undo: docs/operations.md)"
+else
+  note "$("$LIB_DIR/zram-swap.sh" up) (not kept across a reboot: run the quickstart again; undo: $LIB_DIR/zram-swap.sh down)"
+fi
 
 if [ $SKIP_IMAGES = 0 ]; then
   say "building the offline base images (cached after the first run)"
