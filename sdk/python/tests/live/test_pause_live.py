@@ -9,7 +9,7 @@ import uuid
 import pytest
 from live_helpers import run_args
 
-from opendsec import DSecClient, InvalidArgumentError, Sandbox, SandboxState
+from opendsec import DSecClient, InvalidArgumentError, NotFoundError, Sandbox, SandboxState
 
 COUNTER = "(i=0; while :; do i=$((i+1)); echo $i > /c.tmp && mv /c.tmp /c; sleep 0.02; done) >/dev/null 2>&1 &"
 
@@ -131,3 +131,26 @@ async def test_on_timeout_contradicting_auto_pause_is_refused(client: DSecClient
     with pytest.raises(InvalidArgumentError) as e:
         await client.run_sandbox(run_args(on_timeout="hibernate"))
     assert e.value.field == "on_timeout"
+
+
+async def test_pause_task_with_reclaim(client: DSecClient) -> None:
+    task = "reclaim-" + uuid.uuid4().hex[:8]
+    sbs = await asyncio.gather(*(client.run_sandbox(run_args(task_id=task)) for _ in range(3)))
+    try:
+        for sb in sbs:
+            await sb.run_shell(COUNTER, timeout=10)
+        before = {sb.id: await _count_at_least(sb, 1) for sb in sbs}
+        out = await client.pause_task(task)
+        assert out.ok, out.failures
+        assert sorted(r.sandbox_id for r in out.reclaimed) == sorted(s.id for s in sbs)
+        assert out.bytes_freed == sum(r.bytes_freed for r in out.reclaimed)
+        for r in out.reclaimed:
+            assert r.bytes_before > 0 and r.bytes_after <= r.bytes_before and r.bytes_freed == r.bytes_before - r.bytes_after
+        out = await client.resume_task(task)
+        assert out.ok and len(out.sandboxes) == 3
+        for sb in sbs:
+            assert await _count(sb) >= before[sb.id]  # the same process counts on
+        with pytest.raises(NotFoundError, match=task + "-none"):
+            await client.pause_task(task + "-none")
+    finally:
+        await asyncio.gather(*(sb.stop() for sb in sbs), return_exceptions=True)
