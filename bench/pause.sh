@@ -6,11 +6,12 @@
 #   - a task of 200 sandboxes, each holding 20 MiB of written anonymous
 #     memory, paused with reclaim in one call: node memory before and after,
 #     bytes freed as reported vs measured, resume_task, every counter and
-#     memory checksum checked; once per swap kind (zram, a swap file on
-#     disk; each made here and removed after, only on a host without swap)
-#     and data pattern (text, random).
+#     memory checksum checked; once per run of -runs (default
+#     zram/text,zram/random,file/random: zram swap or a swap file on disk,
+#     each made here and removed after, only on a host without swap; memhog
+#     data log-like text or random).
 # Runs as root. Extra arguments go to bench/pause (e.g. -sandboxes 50
-# -swap zram -patterns random). The report is printed and written to
+# -runs zram/random). The report is printed and written to
 # bench/results/<YYYY-MM-DD>-pause.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

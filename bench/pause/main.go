@@ -10,10 +10,10 @@
 //     -mib MiB of written anonymous memory (-pattern), paused in one
 //     PauseTask(reclaim) call: the node's MemAvailable and zram's mm_stat
 //     before and after, the bytes freed as reported against that; then
-//     ResumeTask and every counter and memory checksum checked. Each -swap
-//     entry is one run on its own swap: "zram" (made here when the host has
-//     no swap) or "file" (a swap file on disk made here); "host" uses what
-//     the host has.
+//     ResumeTask and every counter and memory checksum checked. Each -runs
+//     entry SWAP/PATTERN is one run on its swap: "zram" (made here when the
+//     host has no swap) or "file" (a swap file on disk made here; both
+//     removed after) or "host" (what the host has).
 package main
 
 import (
@@ -32,8 +32,7 @@ type config struct {
 	rounds              int
 	sandboxes           int
 	mib                 int
-	patterns            string
-	swaps               string
+	runs                string
 	memoryMB            int64
 	swapFileDir         string
 	memhog              string
@@ -49,8 +48,7 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 50, "pause/resume rounds of the latency phase (0: skip it)")
 	flag.IntVar(&c.sandboxes, "sandboxes", 200, "sandboxes of the task in the reclaim phase (0: skip it)")
 	flag.IntVar(&c.mib, "mib", 20, "MiB of written anonymous memory in each sandbox")
-	flag.StringVar(&c.patterns, "patterns", "text,random", "memhog data patterns, one reclaim run each per swap (random: incompressible; text: log-like lines)")
-	flag.StringVar(&c.swaps, "swap", "zram,file", "swap of each reclaim run: zram, file or host")
+	flag.StringVar(&c.runs, "runs", "zram/text,zram/random,file/random", "reclaim runs, SWAP/PATTERN each: swap zram, file or host; memhog pattern text (log-like lines) or random (incompressible)")
 	flag.Int64Var(&c.memoryMB, "memory-mb", 64, "memory_mb of each sandbox")
 	flag.StringVar(&c.swapFileDir, "swap-file-dir", "/var/tmp", "where the \"file\" run puts its swap file")
 	flag.StringVar(&c.memhog, "memhog", "", "the memhog binary (go build ./internal/testutil/memhog)")

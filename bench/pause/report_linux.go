@@ -53,8 +53,9 @@ func (r *report) String() string {
 		fmt.Fprintf(&b, "## Task pause with reclaim\n\n")
 		fmt.Fprintf(&b, "Each run: %d sandboxes of one task (memory_mb %d, cpu 0.1), each running memhog (internal/testutil/memhog) with %d MiB of written anonymous memory, counting every 100 ms; one `PauseTask(task, Reclaim)` call; MemAvailable, swap used and zram's mm_stat before and after; then one `ResumeTask` and, in every sandbox, its counter read (it must go on from its value before the pause) and its memory's CRC checked (which swaps every page back in).\n\n",
 			r.runs[0].n, r.c.memoryMB, r.c.mib)
+		fmt.Fprintf(&b, "Reading the columns: *reported freed* is what the nodes reported, the drop of each sandbox cgroup's charge in RAM: the %d MiB written plus what else the sandbox holds (its agent, memhog's Go runtime, page cache such as the uploaded binary). *Swap used grew* is what went out to swap. *MemAvailable gained* is the node's net gain: the kernel already counts page cache as available, so dropping cache does not raise it, and zram's compressed copy stays in RAM (*zram RAM used*). *Net RAM saved per MiB written* = MemAvailable gained / MiB of memhog data written.\n\n", r.c.mib)
 		fmt.Fprintf(&b, "Patterns: `text` = log-like lines (`step=… reward=0.1234 action=… obs=[…]`, compressible), `random` = ChaCha8 output (incompressible).\n\n")
-		fmt.Fprintf(&b, "| swap | pattern | pause_task | resume_task | reported freed (sum) | per sandbox p50 | MemAvailable gained | swap used grew | zram stored / RAM used | net RAM saved per MiB written | counters on | memory ok |\n")
+		fmt.Fprintf(&b, "| swap | pattern | pause_task | resume_task | reported freed (sum) | per sandbox p50 | MemAvailable gained | swap used grew | zram stored / zram RAM used | net RAM saved per MiB written | counters on | memory ok |\n")
 		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, rr := range r.runs {
 			gained := rr.availPaused - rr.availBefore

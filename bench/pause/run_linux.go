@@ -78,8 +78,21 @@ func run(ctx context.Context, c config) (*report, error) {
 		}
 	}
 	if c.sandboxes > 0 {
-		for _, sw := range split(c.swaps) {
-			if err := b.onSwap(ctx, r, sw); err != nil {
+		// Consecutive runs on one swap kind share its setup.
+		var kinds []string
+		patterns := map[int][]string{}
+		for _, run := range split(c.runs) {
+			kind, pattern, ok := strings.Cut(run, "/")
+			if !ok || pattern == "" {
+				return r, fmt.Errorf("-runs: %q is not SWAP/PATTERN", run)
+			}
+			if len(kinds) == 0 || kinds[len(kinds)-1] != kind {
+				kinds = append(kinds, kind)
+			}
+			patterns[len(kinds)-1] = append(patterns[len(kinds)-1], pattern)
+		}
+		for i, kind := range kinds {
+			if err := b.onSwap(ctx, r, kind, patterns[i]); err != nil {
 				return r, err
 			}
 		}
@@ -88,8 +101,10 @@ func run(ctx context.Context, c config) (*report, error) {
 }
 
 // onSwap sets up the swap kind, runs every pattern on it and removes it.
-func (b *bench) onSwap(ctx context.Context, r *report, kind string) error {
-	size := min(max(int64(b.c.sandboxes)*int64(b.c.mib)<<20*3/2, 1<<30), 8<<30)
+func (b *bench) onSwap(ctx context.Context, r *report, kind string, patterns []string) error {
+	// Room for the data and what else each sandbox holds (its agent, the
+	// memhog runtime): about 16 MiB.
+	size := min(max(int64(b.c.sandboxes)*int64(b.c.mib+16)<<20*5/4, 1<<30), 12<<30)
 	var (
 		undo func() error
 		zram string
@@ -117,7 +132,7 @@ func (b *bench) onSwap(ctx context.Context, r *report, kind string) error {
 		return fmt.Errorf("-swap: %q is not zram, file or host", kind)
 	}
 	var errs []error
-	for _, p := range split(b.c.patterns) {
+	for _, p := range patterns {
 		fmt.Fprintf(os.Stderr, "== reclaim: %d sandboxes x %d MiB (%s) on %s swap\n", b.c.sandboxes, b.c.mib, p, kind)
 		rr := &reclaimRun{swap: kind, pattern: p, n: b.c.sandboxes, notes: map[string]int{}}
 		r.runs = append(r.runs, rr)
