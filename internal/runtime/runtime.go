@@ -233,6 +233,8 @@ type Capabilities struct {
 	Snapshot   bool
 	Fork       bool
 	RootfsDiff bool
+	// Reclaim: a paused sandbox's memory can be pushed out (Reclaimer).
+	Reclaim bool
 	// MemorySnapshot: snapshots and forks keep the sandbox's memory
 	// (processes, open ports), not only its files.
 	MemorySnapshot bool
@@ -247,7 +249,8 @@ func CapabilitiesOf(rt Runtime, memorySnapshot bool) Capabilities {
 	_, snap := rt.(Snapshotter)
 	_, fork := rt.(Forker)
 	_, diff := rt.(RootfsDiffer)
-	return Capabilities{Prestart: pre, Pause: pause, Stats: stats, Snapshot: snap, Fork: fork, RootfsDiff: diff,
+	_, reclaim := rt.(Reclaimer)
+	return Capabilities{Prestart: pre, Pause: pause, Stats: stats, Snapshot: snap, Fork: fork, RootfsDiff: diff, Reclaim: reclaim,
 		MemorySnapshot: memorySnapshot && (snap || fork)}
 }
 
