@@ -311,7 +311,7 @@ func (b *bench) reclaim(ctx context.Context, rr *reclaimRun, zram string) error 
 		if _, err := b.countAtLeast(ctx, ids[i], c1+1); err != nil {
 			return err
 		}
-		res, err := b.cl.RunShell(ctx, ids[i], "touch /verify; for i in $(seq 1500); do [ -f /verify.out ] && break; sleep 0.02; done; cat /verify.out; rm -f /verify.out")
+		res, err := b.cl.RunShell(ctx, ids[i], "touch /verify; for i in $(seq 9000); do [ -f /verify.out ] && break; sleep 0.02; done; cat /verify.out; rm -f /verify.out")
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -79,7 +80,11 @@ func (s *Server) PauseSandboxes(ctx context.Context, req *connect.Request[v1.Pau
 		reclaimed []*v1.SandboxReclaim
 		freed     int64
 	)
-	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+	d := s.cfg.BatchNodeTimeout
+	if reclaim {
+		d = max(d, s.cfg.ReclaimNodeTimeout)
+	}
+	ok, failed, err := s.fanOut(ctx, sel, "pause sandboxes", d, func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
 		resp, err := n.Node().PauseSandboxes(ctx, connect.NewRequest(nodePauseBatchRequest(sel, reclaim)))
 		if err != nil {
 			return nil, nil, err
@@ -107,7 +112,7 @@ func (s *Server) ResumeSandboxes(ctx context.Context, req *connect.Request[v1.Re
 	}
 	sel := req.Msg.GetSelector()
 	timeout := req.Msg.GetTimeoutSeconds()
-	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+	ok, failed, err := s.fanOut(ctx, sel, "resume sandboxes", s.cfg.BatchNodeTimeout, func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSelector) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
 		resp, err := n.Node().ResumeSandboxes(ctx, connect.NewRequest(nodeResumeBatchRequest(sel, timeout)))
 		if err != nil {
 			return nil, nil, err
@@ -148,9 +153,9 @@ type batchCall func(ctx context.Context, n *nodeclient.Client, sel *v1.SandboxSe
 // in the watcher's view. With ids, only their owning nodes are asked, each
 // with its own ids; an id of an unknown node is a per-sandbox not_found
 // failure. A node that fails as a whole (unreachable, say, or silent for
-// longer than Config.BatchNodeTimeout) is one failure with an empty
+// longer than d, Config.BatchNodeTimeout or ReclaimNodeTimeout) is one failure with an empty
 // sandbox_id and a message naming the node.
-func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what string, call batchCall) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
+func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what string, d time.Duration, call batchCall) ([]*v1.Sandbox, []*v1.BatchFailure, error) {
 	if len(sel.GetLabels()) == 0 && sel.GetTaskId() == "" && len(sel.GetIds()) == 0 {
 		return nil, nil, errdefs.Invalid("selector", "is empty; give labels, task_id or ids (an empty selector would match every sandbox)")
 	}
@@ -195,7 +200,6 @@ func (s *Server) fanOut(ctx context.Context, sel *v1.SandboxSelector, what strin
 		out []*v1.Sandbox
 		wg  sync.WaitGroup
 	)
-	d := s.cfg.BatchNodeTimeout
 	for _, t := range targets {
 		n, nsel := t.n, t.sel
 		wg.Go(func() {

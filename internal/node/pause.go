@@ -31,6 +31,11 @@ const maxBatchOps = 64
 // (the container backend's own retries end after 10 s, well within this).
 const freezeDeadline = 30 * time.Second
 
+// reclaimDeadline bounds one sandbox's reclaim. Like a freeze, a reclaim
+// does not end with its caller: one cut short would say nothing of what it
+// freed, and the pause it follows is done.
+const reclaimDeadline = 2 * time.Minute
+
 // pauser returns the backend of rec if it can pause.
 func (n *Node) pauser(rec *record) (runtime.Pauser, error) {
 	p, ok := n.cfg.Backends[rec.Backend].(runtime.Pauser)
@@ -131,7 +136,10 @@ func (n *Node) reclaim(ctx context.Context, id string) runtime.ReclaimStats {
 	if !ok {
 		return runtime.ReclaimStats{Note: fmt.Sprintf("not reclaimed: backend %s cannot reclaim a paused sandbox's memory", rec.Backend)}
 	}
-	rs, err := rc.Reclaim(ctx, id)
+	rctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), reclaimDeadline,
+		fmt.Errorf("the reclaim took longer than %s", reclaimDeadline))
+	defer cancel()
+	rs, err := rc.Reclaim(rctx, id)
 	if err != nil {
 		log.G(ctx).Warn("reclaim memory of a paused sandbox", log.SandboxID(id), log.Err(err))
 		return runtime.ReclaimStats{Before: rs.Before, After: rs.Before, Note: "not reclaimed: " + err.Error()}
