@@ -53,6 +53,9 @@ type fakeNode struct {
 	images    []string // known images
 	agent     *fakeAgent
 	snaps     map[string]*nodev1.Snapshot // NodeSnapshotService's records
+	// reclaimDelay holds a pause with reclaim this long (or until its
+	// context ends).
+	reclaimDelay time.Duration
 }
 
 func newFakeNode(t testing.TB, key *auth.Issuer, id string) *fakeNode {

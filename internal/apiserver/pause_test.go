@@ -23,7 +23,14 @@ const fakeReclaimBytes = 20 << 20
 
 // The fake node's pause: it flips the state of matching sandboxes; with
 // reclaim each frees fakeReclaimBytes.
-func (n *fakeNode) PauseSandboxes(_ context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
+func (n *fakeNode) PauseSandboxes(ctx context.Context, req *connect.Request[nodev1.PauseSandboxesRequest]) (*connect.Response[nodev1.PauseSandboxesResponse], error) {
+	if req.Msg.GetReclaim() && n.reclaimDelay > 0 {
+		select {
+		case <-time.After(n.reclaimDelay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	out := &nodev1.PauseSandboxesResponse{Sandboxes: n.setMatching(req.Msg.GetSelector(), nodev1.SandboxState_SANDBOX_STATE_PAUSED)}
 	if req.Msg.GetReclaim() {
 		for _, sb := range out.Sandboxes {

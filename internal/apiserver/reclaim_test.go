@@ -3,10 +3,12 @@ package apiserver_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/apiserver"
 )
 
 // A task pause with reclaim over two nodes lists what every sandbox freed
@@ -71,5 +73,35 @@ func TestBatchPauseUnknownTaskNotFound(t *testing.T) {
 		if sb.GetState() != v1.SandboxState_SANDBOX_STATE_RUNNING {
 			t.Fatalf("an unknown task's pause changed %s: %s", sb.GetId(), sb.GetState())
 		}
+	}
+}
+
+// A pause with reclaim gives each node ReclaimNodeTimeout, not the shorter
+// BatchNodeTimeout: pushing memory out takes longer than freezing.
+func TestPauseWithReclaimGetsTheLongerNodeTimeout(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		reclaim time.Duration
+		ok      bool
+	}{{"within ReclaimNodeTimeout", 10 * time.Second, true}, {"past ReclaimNodeTimeout", 150 * time.Millisecond, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t, func(cfg *apiserver.Config) {
+				cfg.BatchNodeTimeout, cfg.ReclaimNodeTimeout = 100*time.Millisecond, c.reclaim
+			}, "n001")
+			e.nodes[0].reclaimDelay = 400 * time.Millisecond
+			e.create(&v1.SandboxSpec{Image: "root/busybox", TaskId: "job"})
+			resp, err := e.sbx.PauseSandboxes(t.Context(), connect.NewRequest(&v1.PauseSandboxesRequest{
+				Selector: &v1.SandboxSelector{TaskId: "job"}, Reclaim: true}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := resp.Msg.GetFailures()
+			if c.ok && (len(f) != 0 || resp.Msg.GetBytesFreed() != fakeReclaimBytes) {
+				t.Fatalf("pause with reclaim within the reclaim timeout: failures %v, freed %d", f, resp.Msg.GetBytesFreed())
+			}
+			if !c.ok && (len(f) != 1 || !strings.Contains(f[0].GetErrorMessage(), "n001")) {
+				t.Fatalf("pause with reclaim past the reclaim timeout: failures %v, want the node's", f)
+			}
+		})
 	}
 }
