@@ -311,21 +311,41 @@ func (b *bench) reclaim(ctx context.Context, rr *reclaimRun, zram string) error 
 		if _, err := b.countAtLeast(ctx, ids[i], c1+1); err != nil {
 			return err
 		}
-		res, err := b.cl.RunShell(ctx, ids[i], "touch /verify; for i in $(seq 9000); do [ -f /verify.out ] && break; sleep 0.02; done; cat /verify.out; rm -f /verify.out")
+		ans, err := b.verify(ctx, ids[i])
 		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		rr.continued++
-		if strings.HasPrefix(res.Stdout, "ok ") {
+		if strings.HasPrefix(ans, "ok ") {
 			rr.memoryOK++
 			return nil
 		}
-		return fmt.Errorf("memory of %s after the resume: %q", ids[i], res.Stdout)
+		return fmt.Errorf("memory of %s after the resume: %q", ids[i], ans)
 	})
 	rr.availResumed, _ = meminfo()
 	return err
+}
+
+// verify asks memhog to check its memory (every page is read, so swapped
+// back in, at the sandbox's CPU quota) and waits up to 10 min for its
+// answer.
+func (b *bench) verify(ctx context.Context, id string) (string, error) {
+	if _, err := b.cl.RunShell(ctx, id, "rm -f /verify.out; touch /verify"); err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		res, err := b.cl.RunShell(ctx, id, "cat /verify.out 2>/dev/null")
+		if err == nil && res.Stdout != "" {
+			return res.Stdout, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("memhog in %s did not check its memory within 10 min (%v)", id, err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling a condition with a deadline
+	}
 }
 
 // meminfo returns MemAvailable and SwapTotal-SwapFree in bytes.
