@@ -91,6 +91,14 @@ func newMetrics(n *Node) *metrics {
 			Name: "opendsec_node_warm_pool_ready",
 			Help: "Prestarted warm-pool sandboxes ready to be taken (0 when the pool is off).",
 		}, func() float64 { return float64(n.pool.readyCount()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "opendsec_node_teardowns_pending",
+			Help: "Stopped sandboxes whose teardown (mounts, loop device, netns, cgroups, files) still runs in the background.",
+		}, func() float64 {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return float64(n.tearing)
+		}),
 	)
 	// The network policy (internal/netpolicy's Manager) reports its DNS
 	// proxy's counters: refused queries, remembered addresses.

@@ -25,9 +25,24 @@ import (
 // nodeMetric reads one unlabelled metric from the node's /metrics.
 func (s *system) nodeMetric(t *testing.T, name string) float64 {
 	t.Helper()
-	b, err := os.ReadFile(s.ConfigPath())
+	v, err := s.readNodeMetric(name)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return v
+}
+
+// tryNodeMetric is nodeMetric for a node that may not answer: ok is false
+// when it does not (or has no such metric).
+func (s *system) tryNodeMetric(name string) (float64, bool) {
+	v, err := s.readNodeMetric(name)
+	return v, err == nil
+}
+
+func (s *system) readNodeMetric(name string) (float64, error) {
+	b, err := os.ReadFile(s.ConfigPath())
+	if err != nil {
+		return 0, err
 	}
 	var cfg struct {
 		Node struct {
@@ -35,11 +50,11 @@ func (s *system) nodeMetric(t *testing.T, name string) float64 {
 		} `json:"node"`
 	}
 	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	resp, err := http.Get("http://" + cfg.Node.Listen + "/metrics")
 	if err != nil {
-		t.Fatalf("node metrics: %v", err)
+		return 0, fmt.Errorf("node metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -47,13 +62,12 @@ func (s *system) nodeMetric(t *testing.T, name string) float64 {
 		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				t.Fatalf("%s: %q", name, v)
+				return 0, fmt.Errorf("%s: %q", name, v)
 			}
-			return f
+			return f, nil
 		}
 	}
-	t.Fatalf("no %s in the node's metrics", name)
-	return 0
+	return 0, fmt.Errorf("no %s in the node's metrics", name)
 }
 
 func (s *system) pause(t *testing.T, id string) {

@@ -41,6 +41,7 @@ type nodeState struct {
 
 func (s *system) nodeState(t *testing.T) nodeState {
 	t.Helper()
+	s.waitTeardowns(t)
 	var st nodeState
 	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	if err != nil {
@@ -173,7 +174,7 @@ func TestFork(t *testing.T) {
 		if _, err := s.Sandboxes().StopSandbox(t.Context(), connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: id})); err != nil {
 			t.Fatalf("stop %s: %v", id, err)
 		}
-		if left := s.leftovers(id); len(left) > 0 {
+		if left := s.leftoversAfterStop(t, id); len(left) > 0 {
 			t.Errorf("stopped %s left %v", id, left)
 		}
 	}

@@ -77,6 +77,7 @@ func (s *system) storeBytes(t *testing.T, sub string) int64 {
 // changed nothing.
 func (s *system) storeListing(t *testing.T) []string {
 	t.Helper()
+	s.waitTeardowns(t)
 	root := filepath.Join(s.DataDir(), "images")
 	var out []string
 	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {

@@ -61,6 +61,7 @@ type netCounts struct{ chains, sets, veths, netns int }
 
 func (s *system) netCounts(t *testing.T) netCounts {
 	t.Helper()
+	s.waitTeardowns(t)
 	ns, err := netns.GetFromPath(s.NodeNS())
 	if err != nil {
 		t.Fatal(err)

@@ -83,6 +83,25 @@ func (s *system) leftovers(id string) []string {
 	return out
 }
 
+// waitTeardowns waits (up to 30 s) until the node has no stopped sandbox
+// whose teardown still runs in the background (its
+// opendsec_node_teardowns_pending gauge is 0), so a look at the host's
+// mounts, netns, cgroups or image holds sees only live sandboxes. A node
+// that does not answer (stopped, killed) has nothing pending to wait for.
+func (s *system) waitTeardowns(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		v, ok := s.tryNodeMetric("opendsec_node_teardowns_pending")
+		if !ok || v == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node still has %v sandbox teardowns pending after 30 s", v)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the node's background teardown
+	}
+}
+
 // leftoversAfterStop checks what a stopped sandbox leaves: no process at
 // once (StopSandbox returns once it is dead), and nothing at all once the
 // node's background teardown has run (polled for up to 10 s). It returns

@@ -65,6 +65,7 @@ func (p principal) snapshot(t *testing.T, id, name string) (*opendsecv1.Snapshot
 // (every owner's), the image store's images and the host's mounts.
 func (s *system) hostState(t *testing.T) string {
 	t.Helper()
+	s.waitTeardowns(t)
 	l, err := s.Sandboxes().ListSandboxes(t.Context(), connect.NewRequest(&opendsecv1.ListSandboxesRequest{}))
 	if err != nil {
 		t.Fatal(err)
