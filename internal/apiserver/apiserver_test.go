@@ -3,14 +3,15 @@ package apiserver_test
 import (
 	"errors"
 	"fmt"
-	"github.com/kernflux/opendsec/internal/httpserver"
-	"google.golang.org/protobuf/proto"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kernflux/opendsec/internal/httpserver"
+	"google.golang.org/protobuf/proto"
 
 	"connectrpc.com/connect"
 

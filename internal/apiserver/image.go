@@ -12,7 +12,6 @@ import (
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/v1/opendsecv1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 var _ opendsecv1connect.ImageServiceHandler = (*Server)(nil)
@@ -20,18 +19,9 @@ var _ opendsecv1connect.ImageServiceHandler = (*Server)(nil)
 // anyImageNode picks a healthy node for an image call: every node shares
 // the image store, so any one of them serves it.
 func (s *Server) anyImageNode(ctx context.Context) (nodev1connect.NodeImageServiceClient, error) {
-	view, err := s.nodeView(ctx)
+	ready, err := s.healthyNodes(ctx)
 	if err != nil {
 		return nil, err
-	}
-	var ready []*nodeclient.Client
-	for _, st := range view {
-		if !st.GetHealthy() {
-			continue
-		}
-		if n, err := s.nodes.Get(ctx, st.GetNodeId()); err == nil {
-			ready = append(ready, n)
-		}
 	}
 	if len(ready) == 0 {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no healthy node to serve the image store; check `opendsecctl node list`")

@@ -1,7 +1,6 @@
 package apiserver
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -323,7 +322,7 @@ func (s *Server) SetNetwork(ctx context.Context, req *connect.Request[v1.SetNetw
 // ListSandboxes asks every healthy node and filters. A node that fails to
 // answer is left out (and logged) rather than failing the whole list.
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
-	view, err := s.nodeView(ctx)
+	nodes, err := s.healthyNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -331,39 +330,23 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[v1.List
 	var (
 		mu  sync.Mutex
 		out []*v1.Sandbox
-		wg  sync.WaitGroup
 	)
-	for _, st := range view {
-		if !st.GetHealthy() {
-			continue
-		}
-		n, err := s.nodes.Get(ctx, st.GetNodeId())
+	onEach(nodes, func(n liveNode) {
+		resp, err := n.Node().ListSandboxes(ctx, connect.NewRequest(nodeListRequest()))
 		if err != nil {
-			continue
+			log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.ID()), log.Err(err))
+			return
 		}
-		defBackend := st.GetInfo().GetDefaultBackend()
-		wg.Go(func() {
-			resp, err := n.Node().ListSandboxes(ctx, connect.NewRequest(nodeListRequest()))
-			if err != nil {
-				log.G(ctx).Warn("list sandboxes on node", log.NodeID(n.ID()), log.Err(err))
-				return
+		defBackend := n.status.GetInfo().GetDefaultBackend()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, sb := range publicSandboxes(resp.Msg.GetSandboxes()) {
+			if matches(sb, f, defBackend) {
+				out = append(out, sb)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, sb := range publicSandboxes(resp.Msg.GetSandboxes()) {
-				if matches(sb, f, defBackend) {
-					out = append(out, sb)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	slices.SortFunc(out, func(a, b *v1.Sandbox) int {
-		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
-			return c
 		}
-		return cmp.Compare(a.GetId(), b.GetId())
 	})
+	slices.SortFunc(out, byCreated)
 	return connect.NewResponse(&v1.ListSandboxesResponse{Sandboxes: out}), nil
 }
 

@@ -1,7 +1,6 @@
 package apiserver
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -86,43 +85,27 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *connect.Request[v1.Del
 // merges them, oldest first. A node that fails to answer is left out (and
 // logged), as in ListSandboxes.
 func (s *Server) ListSnapshots(ctx context.Context, _ *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
-	view, err := s.nodeView(ctx)
+	nodes, err := s.healthyNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var (
 		mu  sync.Mutex
 		out []*v1.Snapshot
-		wg  sync.WaitGroup
 	)
-	for _, st := range view {
-		if !st.GetHealthy() {
-			continue
-		}
-		n, err := s.nodes.Get(ctx, st.GetNodeId())
+	onEach(nodes, func(n liveNode) {
+		resp, err := n.Snapshots().ListSnapshots(ctx, connect.NewRequest(&nodev1.ListSnapshotsRequest{}))
 		if err != nil {
-			continue
+			log.G(ctx).Warn("list snapshots on node", log.NodeID(n.ID()), log.Err(err))
+			return
 		}
-		wg.Go(func() {
-			resp, err := n.Snapshots().ListSnapshots(ctx, connect.NewRequest(&nodev1.ListSnapshotsRequest{}))
-			if err != nil {
-				log.G(ctx).Warn("list snapshots on node", log.NodeID(n.ID()), log.Err(err))
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, sn := range resp.Msg.GetSnapshots() {
-				out = append(out, publicSnapshot(sn))
-			}
-		})
-	}
-	wg.Wait()
-	slices.SortFunc(out, func(a, b *v1.Snapshot) int {
-		if c := a.GetCreatedAt().AsTime().Compare(b.GetCreatedAt().AsTime()); c != 0 {
-			return c
+		mu.Lock()
+		defer mu.Unlock()
+		for _, sn := range resp.Msg.GetSnapshots() {
+			out = append(out, publicSnapshot(sn))
 		}
-		return cmp.Compare(a.GetId(), b.GetId())
 	})
+	slices.SortFunc(out, byCreated)
 	return connect.NewResponse(&v1.ListSnapshotsResponse{Snapshots: out}), nil
 }
 
