@@ -57,6 +57,7 @@ class FakeServer(
         self.fork_failures: list[tuple[grpc.StatusCode, str]] = []
         self.forks_by_request: dict[str, list[str]] = {}
         self.pause_batch_requests: list[pb.PauseSandboxesRequest] = []
+        self.pause_requests: list[pb.PauseSandboxRequest] = []
         # Prestarted sandboxes a create may take, unless it sets skip_warm_pool.
         self.warm_pool = 0
 
@@ -164,7 +165,9 @@ class FakeServer(
 
     async def PauseSandbox(self, request: pb.PauseSandboxRequest, context: Any) -> pb.PauseSandboxResponse:
         await self._auth(context, "PauseSandbox")
-        return pb.PauseSandboxResponse(sandbox=await self._set_state(request.id, pb.SANDBOX_STATE_PAUSED, context))
+        self.pause_requests.append(request)
+        sb = await self._set_state(request.id, pb.SANDBOX_STATE_PAUSED, context)
+        return pb.PauseSandboxResponse(sandbox=sb, bytes_freed=(20 << 20) if request.reclaim else 0)
 
     async def ResumeSandbox(self, request: pb.ResumeSandboxRequest, context: Any) -> pb.ResumeSandboxResponse:
         await self._auth(context, "ResumeSandbox")

@@ -32,6 +32,20 @@ async def test_pause_resume_and_metrics(client: DSecClient, server: FakeServer) 
     assert server.resume_requests[-1].timeout_seconds == 91
     await sb.resume()
     assert server.resume_requests[-1].timeout_seconds == 0  # keep the lifetime left at the pause
+    assert server.pause_requests[-1].reclaim is False and sb.reclaimed_bytes == 0
+
+
+async def test_pause_with_reclaim(client: DSecClient, server: FakeServer) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox"))
+    info = await sb.pause(reclaim=True)
+    assert info.state is SandboxState.PAUSED
+    assert server.pause_requests[-1].reclaim is True
+    assert sb.reclaimed_bytes == 20 << 20
+    await sb.pause()
+    assert sb.reclaimed_bytes == 0
+    with pytest.raises(ConfigError, match="reclaim"):
+        await sb.pause(reclaim="yes")  # type: ignore[arg-type]
+    assert len(server.pause_requests) == 2
 
 
 async def test_batch_pause_by_task_and_resume_by_labels(client: DSecClient, server: FakeServer) -> None:

@@ -17,6 +17,7 @@ import grpc.aio
 from opendsec._conn import Conn
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
 from opendsec.errors import (
+    ConfigError,
     DSecError,
     DSecTimeoutError,
     FailedPreconditionError,
@@ -571,6 +572,7 @@ class Sandbox:
         self._conn = conn
         self._info = info
         self._memory_preserved = memory_preserved
+        self._reclaimed_bytes = 0
         self.files: Files = Files(conn, info.id)
         """File operations inside this sandbox."""
 
@@ -667,7 +669,7 @@ class Sandbox:
         self._info = SandboxInfo.from_proto(resp.sandbox)
         return self._info
 
-    async def pause(self) -> SandboxInfo:
+    async def pause(self, *, reclaim: bool = False) -> SandboxInfo:
         """Freeze every process of the sandbox (the cgroup freezer for containers).
 
         A paused sandbox keeps its memory and files, is never stopped by its
@@ -676,10 +678,28 @@ class Sandbox:
         it — exec, files, processes, ports — resumes it first, transparently,
         as :meth:`resume` without a timeout would. Pausing a paused sandbox
         succeeds.
+
+        With ``reclaim=True``, after the freeze its memory is pushed out of
+        RAM (to swap where the node has it; page cache is dropped either
+        way), as :meth:`DSecClient.pause_task` does for a whole task; the
+        bytes it freed are in :attr:`reclaimed_bytes` afterwards. A backend
+        that cannot reclaim refuses (``FailedPreconditionError``) and the
+        sandbox stays as it was.
         """
-        resp = await self._conn.unary(self._conn.sandboxes.PauseSandbox, pb.PauseSandboxRequest(id=self.id))
+        if not isinstance(reclaim, bool):
+            raise ConfigError(f"reclaim: must be True or False, got {reclaim!r}")
+        resp = await self._conn.unary(
+            self._conn.sandboxes.PauseSandbox, pb.PauseSandboxRequest(id=self.id, reclaim=reclaim)
+        )
         self._info = SandboxInfo.from_proto(resp.sandbox)
+        self._reclaimed_bytes = resp.bytes_freed
         return self._info
+
+    @property
+    def reclaimed_bytes(self) -> int:
+        """Bytes of memory the last :meth:`pause` with ``reclaim=True`` on this
+        object freed (0 before one, or after a pause without reclaim)."""
+        return self._reclaimed_bytes
 
     async def resume(self, timeout: float | None = None) -> SandboxInfo:
         """Thaw a paused sandbox; its processes continue where they stopped.
