@@ -67,8 +67,10 @@ func (r *recentUploads) lookup(target string) (existed, ok bool) {
 }
 
 // uploadEvents rewrites the events of an upload's rename into place (a
-// CREATE of the target) as envd's in-place write's events; ok is false for
-// other paths.
+// CREATE of the target) as envd's in-place write's events: envd opens the
+// target (creating it when new), sets its mode and owner, then writes, so a
+// watcher sees create, chmod, write for a new file and chmod, write for an
+// existing one. ok is false for other paths.
 func (r *recentUploads) uploadEvents(path, name string) ([]*fspb.FilesystemEvent, bool) {
 	existed, ok := r.lookup(path)
 	if !ok {
@@ -78,7 +80,9 @@ func (r *recentUploads) uploadEvents(path, name string) ([]*fspb.FilesystemEvent
 	if !existed {
 		out = append(out, &fspb.FilesystemEvent{Name: name, Type: fspb.EventType_EVENT_TYPE_CREATE})
 	}
-	return append(out, &fspb.FilesystemEvent{Name: name, Type: fspb.EventType_EVENT_TYPE_WRITE}), true
+	return append(out,
+		&fspb.FilesystemEvent{Name: name, Type: fspb.EventType_EVENT_TYPE_CHMOD},
+		&fspb.FilesystemEvent{Name: name, Type: fspb.EventType_EVENT_TYPE_WRITE}), true
 }
 
 // createTemp creates a new temp file for an upload in dir, remembered as

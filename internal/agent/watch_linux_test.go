@@ -135,8 +135,8 @@ func TestWatchSeesUploadsAsInPlaceWrites(t *testing.T) {
 		}
 	}
 	for _, want := range [][]fspb.EventType{
-		{fspb.EventType_EVENT_TYPE_CREATE, fspb.EventType_EVENT_TYPE_WRITE},
-		{fspb.EventType_EVENT_TYPE_WRITE},
+		{fspb.EventType_EVENT_TYPE_CREATE, fspb.EventType_EVENT_TYPE_CHMOD, fspb.EventType_EVENT_TYPE_WRITE},
+		{fspb.EventType_EVENT_TYPE_CHMOD, fspb.EventType_EVENT_TYPE_WRITE},
 	} {
 		resp, b := e.do(t, "POST", filesURL(target), strings.NewReader("data"), map[string]string{"Content-Type": "application/octet-stream"})
 		if resp.StatusCode != 200 {

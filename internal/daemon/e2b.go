@@ -47,6 +47,8 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	snaps := opendsecv1connect.NewSnapshotServiceClient(hc, strings.TrimRight(apiAddr, "/"),
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
+	images := opendsecv1connect.NewImageServiceClient(hc, strings.TrimRight(apiAddr, "/"),
+		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
@@ -54,6 +56,7 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 	gw, err := e2b.New(e2b.Config{
 		API:            api,
 		Snapshots:      snaps,
+		Images:         images,
 		Keys:           e2bKeys(cfg),
 		Nodes:          nodes,
 		NodeHTTPClient: hc,

@@ -113,9 +113,12 @@ func (g *Gateway) apiMux() http.Handler {
 	h("GET /sandboxes/metrics", g.metricsMany)
 	h("PUT /sandboxes/{id}/network", g.updateNetwork)
 	h("POST /sandboxes/{id}/fork", g.fork)
+	h("GET /templates/aliases/{alias}", g.templateAlias)
+	// Sandbox routes not served yet: 404 for an unknown sandbox, else 501.
+	h("GET /sandboxes/{id}/logs", g.notYet)
+	h("GET /v2/sandboxes/{id}/logs", g.notYet)
 	unsupported := []string{
-		"GET /sandboxes/{id}/logs",
-		"GET /v2/sandboxes/{id}/logs", "/templates/", "/v2/templates/", "/v3/templates",
+		"/templates/", "/v2/templates/", "/v3/templates",
 		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
 	}
 	if g.cfg.Snapshots != nil {
@@ -123,7 +126,8 @@ func (g *Gateway) apiMux() http.Handler {
 		h("GET /snapshots", g.listSnapshots)
 		h("DELETE /templates/{id}", g.deleteTemplate)
 	} else {
-		unsupported = append(unsupported, "POST /sandboxes/{id}/snapshots", "GET /snapshots")
+		h("POST /sandboxes/{id}/snapshots", g.notYet)
+		unsupported = append(unsupported, "GET /snapshots")
 	}
 	for _, p := range unsupported {
 		h(p, func(w http.ResponseWriter, r *http.Request) {
@@ -306,12 +310,12 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil {
 			err = errdefs.FromConnect(err)
-			if spec.Snapshot != "" && (errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "snapshot")) {
-				writeError(w, http.StatusNotFound, "template %q not found: %s", req.TemplateID, err.Error())
-				return
-			}
-			if errdefs.IsNotFound(err) || (errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "image")) {
-				writeError(w, http.StatusNotFound, "template %q not found: %s (templates are OpenDsec image names; %q is %s)", req.TemplateID, err.Error(), DefaultTemplate, g.imageFor(DefaultTemplate))
+			if spec.Snapshot != "" && (errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "snapshot")) ||
+				errdefs.IsNotFound(err) || (errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), "image")) {
+				// The API's text may list the store's images and the
+				// operator's commands: not for every key holder.
+				log.G(r.Context()).Debug("e2b create: template not found", "template", req.TemplateID, log.Err(err))
+				g.templateNotFound(w, req.TemplateID)
 				return
 			}
 			writeErr(w, fmt.Errorf("create sandbox: %w", err))

@@ -110,6 +110,10 @@ type Config struct {
 	// Snapshots is OpenDsec's snapshot service (calls carry the key's
 	// principal's token like API's); nil answers the snapshot routes 501.
 	Snapshots SnapshotAPI
+	// Images is OpenDsec's image service, for template lookups
+	// (GET /templates/aliases/{alias}); nil answers only the configured
+	// templates and snapshots.
+	Images ImageAPI
 }
 
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.

@@ -131,6 +131,14 @@ test('watchDir: create, write, remove, recursive', async () => {
       await until(() => has('f.txt', FilesystemEventType.CREATE) && has('f.txt', FilesystemEventType.WRITE) &&
         has('sub/g.txt', FilesystemEventType.CREATE) && has('f.txt', FilesystemEventType.REMOVE), 'watch events')
       assert.ok(!events.some((e) => e.name.includes('.opendsec-upload-')), 'no temp files in events')
+      // envd's order for a write: create (new files only), chmod, write.
+      const of = (name) => events.filter((e) => e.name === name).map((e) => e.type)
+      assert.deepEqual(of('sub/g.txt'), [FilesystemEventType.CREATE, FilesystemEventType.CHMOD, FilesystemEventType.WRITE])
+      const before = events.length
+      await sbx.files.write('wd/sub/g.txt', 'z')
+      await until(() => events.length >= before + 2, 'events of a second write')
+      assert.deepEqual(events.slice(before).map((e) => [e.name, e.type]),
+        [['sub/g.txt', FilesystemEventType.CHMOD], ['sub/g.txt', FilesystemEventType.WRITE]])
     } finally {
       await h.stop()
     }
