@@ -87,6 +87,11 @@ type E2B struct {
 	APIAddress string `json:"api_address"`
 	// Templates map E2B template names to images; others are image names.
 	Templates map[string]string `json:"templates"`
+	// DefaultInternetAccess is what an E2B create that names no network
+	// option gets: true (unset), E2B's default, the public internet (no
+	// private, link-local, loopback or sandbox-pool addresses); false, the
+	// node's default rule sets (by default no network), as the native API.
+	DefaultInternetAccess *bool `json:"default_internet_access,omitempty"`
 }
 
 // Log configures logging.

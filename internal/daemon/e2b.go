@@ -54,17 +54,18 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		return err
 	}
 	gw, err := e2b.New(e2b.Config{
-		API:            api,
-		Snapshots:      snaps,
-		Images:         images,
-		Keys:           e2bKeys(cfg),
-		Nodes:          nodes,
-		NodeHTTPClient: hc,
-		NodeTokens:     nodeTok,
-		Tokens:         iss,
-		Secret:         iss.DeriveKey("opendsec e2b envd access tokens"),
-		Domain:         cfg.E2B.Domain,
-		Templates:      cfg.E2B.Templates,
+		API:                   api,
+		Snapshots:             snaps,
+		Images:                images,
+		Keys:                  e2bKeys(cfg),
+		Nodes:                 nodes,
+		NodeHTTPClient:        hc,
+		NodeTokens:            nodeTok,
+		Tokens:                iss,
+		Secret:                iss.DeriveKey("opendsec e2b envd access tokens"),
+		Domain:                cfg.E2B.Domain,
+		Templates:             cfg.E2B.Templates,
+		DenyInternetByDefault: cfg.E2B.DefaultInternetAccess != nil && !*cfg.E2B.DefaultInternetAccess,
 	})
 	if err != nil {
 		return fmt.Errorf("e2b gateway: %w", err)

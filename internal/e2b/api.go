@@ -280,7 +280,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		network, err := createNetwork(req.AllowInternetAccess, req.Network)
+		network, err := createNetwork(req.AllowInternetAccess, req.Network, !g.cfg.DenyInternetByDefault)
 		if err != nil {
 			writeErr(w, err)
 			return

@@ -110,6 +110,11 @@ type Config struct {
 	// Snapshots is OpenDsec's snapshot service (calls carry the key's
 	// principal's token like API's); nil answers the snapshot routes 501.
 	Snapshots SnapshotAPI
+	// DenyInternetByDefault: a create that names no network option gets
+	// the node's default rule sets (by default no network) instead of
+	// E2B's default, the public internet (config
+	// e2b.default_internet_access: false).
+	DenyInternetByDefault bool
 	// Images is OpenDsec's image service, for template lookups
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.

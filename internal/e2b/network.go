@@ -122,6 +122,20 @@ var reservedNames = map[netip.Prefix]string{
 	reservedRanges[5]: "reserved (240.0.0.0/4)",
 }
 
+// privateRanges are the private networks (RFC 1918): E2B's "internet" is
+// the public one, so allowing all egress leaves them out like
+// reservedRanges. An explicit allowOut entry may still name one (a
+// database on the operator's LAN, say), and an admin's rule set can open
+// them for everyone.
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+}
+
+// notInternet is what "all egress" leaves out.
+var notInternet = append(append([]netip.Prefix{}, reservedRanges...), privateRanges...)
+
 // maxPolicyRules is the most rules the node takes in one policy
 // (netpolicy's limit).
 const maxPolicyRules = 256
@@ -184,14 +198,11 @@ func egressPolicy(prefix string, allowInternet *bool, allowOut, denyOut []string
 		}
 	}
 	if internet {
-		if len(denies) == 0 {
-			// One broad rule: the node keeps its protected destinations
-			// closed under it.
-			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: allTraffic})
-		} else {
-			for _, p := range complement(netip.MustParsePrefix(allTraffic), append(denies, reservedRanges...)) {
-				pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
-			}
+		// The public internet: everything but denyOut, the reserved and
+		// the private ranges (the node keeps its protected destinations
+		// closed under any rule too).
+		for _, p := range complement(netip.MustParsePrefix(allTraffic), append(denies, notInternet...)) {
+			pol.Allow = append(pol.Allow, &v1.NetworkRule{Cidr: p.String()})
 		}
 	}
 	if len(pol.Allow) > maxPolicyRules {
@@ -249,15 +260,19 @@ func internetAllowed(pol *v1.NetworkPolicy) *bool {
 }
 
 // createNetwork maps a create request's allow_internet_access and network
-// onto a policy. Neither given: nil, the node's default rule sets.
-func createNetwork(allowInternet *bool, n *networkJSON) (*v1.NetworkPolicy, error) {
+// onto a policy. Neither given: the public internet when defaultInternet
+// (E2B's default), else nil, the node's default rule sets.
+func createNetwork(allowInternet *bool, n *networkJSON, defaultInternet bool) (*v1.NetworkPolicy, error) {
 	if n != nil {
 		if err := n.unsupported("network."); err != nil {
 			return nil, err
 		}
 	}
 	if allowInternet == nil && (n == nil || (n.AllowOut == nil && n.DenyOut == nil)) {
-		return nil, nil
+		if !defaultInternet {
+			return nil, nil
+		}
+		return egressPolicy("network.", nil, nil, nil)
 	}
 	var allowOut, denyOut []string
 	if n != nil {

@@ -48,6 +48,43 @@ func TestComplementCoversAllButExcluded(t *testing.T) {
 	}
 }
 
+// publicInternet is E2B's "all egress" as prefixes: everything but the
+// reserved and private ranges.
+func publicInternet() []string {
+	var out []string
+	for _, p := range complement(netip.MustParsePrefix("0.0.0.0/0"), notInternet) {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// All egress means the public internet: public addresses in, private,
+// reserved and sandbox-pool addresses out.
+func TestPublicInternet(t *testing.T) {
+	got := publicInternet()
+	if len(got) > 64 {
+		t.Fatalf("%d rules for the public internet", len(got))
+	}
+	in := func(a string) bool {
+		for _, s := range got {
+			if netip.MustParsePrefix(s).Contains(netip.MustParseAddr(a)) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, a := range []string{"1.1.1.1", "8.8.8.8", "151.101.0.223", "198.18.0.2", "203.0.113.9", "172.32.0.1", "192.169.0.1", "223.255.255.255"} {
+		if !in(a) {
+			t.Errorf("public %s is not allowed", a)
+		}
+	}
+	for _, a := range []string{"10.0.0.1", "172.16.5.5", "172.31.255.255", "192.168.1.1", "169.254.169.254", "100.96.0.1", "100.64.0.1", "127.0.0.1", "0.1.2.3", "224.0.0.1", "255.255.255.255"} {
+		if in(a) {
+			t.Errorf("%s is allowed; it is not on the public internet", a)
+		}
+	}
+}
+
 func TestEgressPolicy(t *testing.T) {
 	f := false
 	for _, c := range []struct {
@@ -58,11 +95,11 @@ func TestEgressPolicy(t *testing.T) {
 		want            []string // exact allow list; nil: check wantFn only
 		internetAllowed bool
 	}{
-		{"default allows everything", nil, nil, nil, []string{"0.0.0.0/0"}, true},
+		{"default allows the public internet", nil, nil, nil, publicInternet(), true},
 		{"no internet denies all", &f, nil, nil, []string{"0.0.0.0/32"}, false},
 		{"deny all but some", nil, []string{"1.1.1.1", "pypi.org", "*.example.com"}, []string{"0.0.0.0/0"}, []string{"1.1.1.1/32", "pypi.org", "*.example.com"}, false},
 		{"no internet plus allow", &f, []string{"10.1.0.0/16"}, nil, []string{"10.1.0.0/16"}, false},
-		{"deny one range", nil, nil, []string{"128.0.0.0/1"}, []string{"1.0.0.0/8", "2.0.0.0/7", "4.0.0.0/6", "8.0.0.0/5", "16.0.0.0/4", "32.0.0.0/3", "64.0.0.0/3", "96.0.0.0/6", "100.0.0.0/10", "100.128.0.0/9", "101.0.0.0/8", "102.0.0.0/7", "104.0.0.0/5", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7", "126.0.0.0/8"}, true},
+		{"deny one range", nil, nil, []string{"128.0.0.0/1"}, []string{"1.0.0.0/8", "2.0.0.0/7", "4.0.0.0/6", "8.0.0.0/7", "11.0.0.0/8", "12.0.0.0/6", "16.0.0.0/4", "32.0.0.0/3", "64.0.0.0/3", "96.0.0.0/6", "100.0.0.0/10", "100.128.0.0/9", "101.0.0.0/8", "102.0.0.0/7", "104.0.0.0/5", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7", "126.0.0.0/8"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, err := egressPolicy("network.", c.internet, c.allow, c.deny)
@@ -97,9 +134,20 @@ func TestEgressPolicy(t *testing.T) {
 func TestCreateAndUpdateNetwork(t *testing.T) {
 	h := newHarness(t)
 	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
-	if pol := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetNetwork(); pol != nil {
-		t.Fatalf("no network fields must leave the node default, got %v", pol)
+	if got := cidrs(h.api.sbs[m["sandboxID"].(string)].GetSpec().GetNetwork()); strings.Join(got, ",") != strings.Join(publicInternet(), ",") {
+		t.Fatalf("no network fields must allow the public internet (E2B's default), got %v", got)
 	}
+	if _, m := h.do(h.keyA, "GET", "/sandboxes/"+m["sandboxID"].(string), ""); m["allowInternetAccess"] != true {
+		t.Fatalf("detail allowInternetAccess = %v", m["allowInternetAccess"])
+	}
+	// The operator's e2b.default_internet_access: false keeps the node's
+	// default rule sets.
+	h.gw.cfg.DenyInternetByDefault = true
+	_, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if pol := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetNetwork(); pol != nil {
+		t.Fatalf("default_internet_access false must leave the node default, got %v", pol)
+	}
+	h.gw.cfg.DenyInternetByDefault = false
 	_, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","allow_internet_access":false}`)
 	id := m["sandboxID"].(string)
 	if got := cidrs(h.api.sbs[id].GetSpec().GetNetwork()); strings.Join(got, ",") != "0.0.0.0/32" {
@@ -136,8 +184,8 @@ func TestCreateAndUpdateNetwork(t *testing.T) {
 		t.Fatalf("a refused update changed the policy: %v", got)
 	}
 	w, _ = h.do(h.keyA, "PUT", "/sandboxes/"+id+"/network", `{}`)
-	if got := cidrs(h.api.sbs[id].GetSpec().GetNetwork()); w.Code != 204 || strings.Join(got, ",") != "0.0.0.0/0" {
-		t.Fatalf("{} must clear every restriction: %d %v", w.Code, got)
+	if got := cidrs(h.api.sbs[id].GetSpec().GetNetwork()); w.Code != 204 || strings.Join(got, ",") != strings.Join(publicInternet(), ",") {
+		t.Fatalf("{} must clear every restriction (the public internet): %d %v", w.Code, got)
 	}
 	if w, _ := h.do(h.keyA, "PUT", "/sandboxes/n001aaaaaaaaaaaaaaaa/network", `{}`); w.Code != 404 {
 		t.Fatalf("unknown sandbox: %d", w.Code)
