@@ -24,6 +24,7 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
@@ -74,7 +75,10 @@ type Config struct {
 	// backends section); DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
-	Images         ImageResolver
+	// Accelerator is the host's accelerator decision for VM backends
+	// (kvmprobe.Detect), reported in Info; nil if it was not detected.
+	Accelerator *kvmprobe.Result
+	Images      ImageResolver
 	// Capacity; zero values are detected.
 	CPU          float64
 	MemoryMB     int64

@@ -12,6 +12,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
+	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 	"github.com/kernflux/opendsec/internal/version"
 )
@@ -180,6 +181,7 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Healthy:        true,
 		Now:            timestamppb.Now(),
 		Version:        version.Version,
+		Accelerator:    acceleratorProto(s.n.cfg.Accelerator),
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -208,4 +210,20 @@ func (s *service) ForkSandbox(ctx context.Context, req *connect.Request[nodev1.F
 		resp.Forks = append(resp.Forks, &nodev1.ForkResult{Sandbox: s.n.toProto(f.Sandbox), MemoryPreserved: f.MemoryPreserved})
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// acceleratorProto is the accelerator decision for Info (nil if none).
+func acceleratorProto(r *kvmprobe.Result) *nodev1.Accelerator {
+	if r == nil {
+		return nil
+	}
+	return &nodev1.Accelerator{
+		Accel:             string(r.Accel),
+		Kind:              string(r.Kind),
+		Module:            r.Module,
+		Reason:            r.Reason,
+		ProbeInstructions: r.ProbeInstructions,
+		ProbeDurationUs:   r.ProbeDuration.Microseconds(),
+		DetectedAt:        timestamppb.New(r.DetectedAt),
+	}
 }
