@@ -65,7 +65,7 @@ const nodeShutdownTimeout = 20 * time.Second
 type localNode struct {
 	*node.Node
 	net   *netpolicy.Manager // nil when network policy is off
-	accel *kvmprobe.Result   // nil if detection failed
+	accel *node.Accelerator  // nil if detection failed
 }
 
 // shutdown shuts the node down (bounded by nodeShutdownTimeout), then the
@@ -158,14 +158,15 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 // detectAccel decides the accelerator VM backends use on this host (once
 // per boot, cached) and logs it; nil if it cannot be decided, which only
 // VM backends would need.
-func detectAccel(ctx context.Context, cfg config.Config) *kvmprobe.Result {
+func detectAccel(ctx context.Context, cfg config.Config) *node.Accelerator {
 	r, err := kvmprobe.Detect(ctx, kvmprobe.Options{PVMGuestKernel: cfg.Node.PVMGuestKernel})
 	if err != nil {
 		log.G(ctx).Warn("accelerator not detected", log.Err(err))
 		return nil
 	}
 	log.G(ctx).Info("vm accelerator", "accel", r.Accel, "kind", r.Kind, "module", r.Module, "reason", r.Reason)
-	return &r
+	return &node.Accelerator{Accel: string(r.Accel), Kind: string(r.Kind), Module: r.Module, Reason: r.Reason,
+		ProbeInstructions: r.ProbeInstructions, ProbeDuration: r.ProbeDuration, DetectedAt: r.DetectedAt}
 }
 
 // newNetwork starts the network policy manager, or returns nil when it is

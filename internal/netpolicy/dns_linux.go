@@ -99,7 +99,10 @@ func (p *dnsProxy) close() error {
 	p.pc.Close()
 	p.ln.Close()
 	for range 2 {
-		<-p.served // the servers' own errors after a shutdown are not ours
+		// The servers' own errors after a shutdown are not the caller's.
+		if serr := <-p.served; serr != nil {
+			log.G(p.ctx).Debug("dns proxy server ended", log.Err(serr))
+		}
 	}
 	return err
 }

@@ -8,15 +8,14 @@ import (
 
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/internal/auth"
-	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 )
 
 // TestInfoReportsAccelerator: the node's Info carries the accelerator
 // decision it was given (the watcher passes Info on whole), and none when
 // detection did not run.
 func TestInfoReportsAccelerator(t *testing.T) {
-	r := kvmprobe.Decide(kvmprobe.Facts{APIVersion: 12, Modules: []string{kvmprobe.ModulePVM}, ProbeInstructions: 200002, ProbeDuration: 290 * time.Millisecond})
-	r.DetectedAt = time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC)
+	r := Accelerator{Accel: "tcg", Kind: "pvm", Module: "kvm_pvm", Reason: "/dev/kvm is PVM (kvm_pvm) and no PVM guest kernel is configured: VMs run under TCG",
+		ProbeInstructions: 200002, ProbeDuration: 290 * time.Millisecond, DetectedAt: time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC)}
 	f := newFakeNode(t, func(c *Config) { c.Accelerator = &r })
 	s := &service{n: f.Node}
 	ctx := as("opendsec-apiserver", auth.ScopeNode)

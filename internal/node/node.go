@@ -24,7 +24,6 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
-	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
@@ -75,9 +74,9 @@ type Config struct {
 	// backends section); DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
-	// Accelerator is the host's accelerator decision for VM backends
-	// (kvmprobe.Detect), reported in Info; nil if it was not detected.
-	Accelerator *kvmprobe.Result
+	// Accelerator is the host's accelerator decision for VM backends,
+	// reported in Info; nil if it was not detected.
+	Accelerator *Accelerator
 	Images      ImageResolver
 	// Capacity; zero values are detected.
 	CPU          float64
@@ -485,4 +484,17 @@ func prefixField(prefix string, err error) error {
 		return err
 	}
 	return errdefs.Invalid(prefix+fe.Field, "%s", fe.Msg)
+}
+
+// Accelerator is the host's VM accelerator decision, made by the daemon
+// with internal/runtime/kvmprobe (the node sees backends only through
+// internal/runtime's interfaces, so it gets the result, not the package).
+type Accelerator struct {
+	Accel             string // "kvm" or "tcg"
+	Kind              string // "hardware", "pvm" or "none"
+	Module            string // kvm_intel, kvm_amd, kvm_pvm or ""
+	Reason            string
+	ProbeInstructions int64
+	ProbeDuration     time.Duration
+	DetectedAt        time.Time
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
-	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 	"github.com/kernflux/opendsec/internal/version"
 )
@@ -213,13 +212,13 @@ func (s *service) ForkSandbox(ctx context.Context, req *connect.Request[nodev1.F
 }
 
 // acceleratorProto is the accelerator decision for Info (nil if none).
-func acceleratorProto(r *kvmprobe.Result) *nodev1.Accelerator {
+func acceleratorProto(r *Accelerator) *nodev1.Accelerator {
 	if r == nil {
 		return nil
 	}
 	return &nodev1.Accelerator{
-		Accel:             string(r.Accel),
-		Kind:              string(r.Kind),
+		Accel:             r.Accel,
+		Kind:              r.Kind,
 		Module:            r.Module,
 		Reason:            r.Reason,
 		ProbeInstructions: r.ProbeInstructions,
