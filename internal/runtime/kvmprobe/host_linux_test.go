@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // TestThisHostIsEmulatedPVM pins this project's machines: /dev/kvm is PVM
@@ -41,5 +42,37 @@ func TestThisHostIsEmulatedPVM(t *testing.T) {
 	}
 	if r.HardwareKVM() {
 		t.Fatal("HardwareKVM() is true on PVM")
+	}
+}
+
+// TestProbeNeverHangs: a guest that never halts (jmp $) is stopped at the
+// probe's deadline: KVM_RUN is kicked with immediate_exit and a signal,
+// and the probe reports a timeout instead of hanging the caller.
+func TestProbeNeverHangs(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresKVM(t)
+	kvm, err := unix.Open(DefaultDevPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := ioctl(kvm, kvmCreateVM, 0)
+	if err != nil {
+		unix.Close(kvm)
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	p := runProbe(ctx, kvm, int(vm), []byte{0xEB, 0xFE}) // jmp $
+	took := time.Since(start)
+	t.Logf("probe of a spinning guest: %q after %s", p.err, took)
+	if p.err == "" || p.instructions != 0 {
+		t.Fatalf("a guest that never halts passed the probe: %+v", p)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the probe took %s past a 300ms deadline", took)
+	}
+	if r := Decide(Facts{APIVersion: 12, Modules: []string{ModuleIntel}, ProbeErr: p.err}); r.Accel != AccelTCG {
+		t.Fatalf("a timed-out probe decided %s", r)
 	}
 }

@@ -126,7 +126,7 @@ func observe(ctx context.Context, opts Options) Facts {
 	defer cancel()
 	// The probe owns (and closes) both descriptors: it may outlive this
 	// call if a KVM_RUN never returns.
-	p := runProbe(pctx, kvm, int(vm))
+	p := runProbe(pctx, kvm, int(vm), probeCode)
 	f.ProbeErr, f.ProbeInstructions, f.ProbeDuration, f.ProbeWall = p.err, p.instructions, p.cpu, p.wall
 	return f
 }
@@ -141,7 +141,7 @@ type probeResult struct {
 // first it sets immediate_exit and signals the thread so KVM_RUN returns;
 // if even that does not work the thread is abandoned (it closes its
 // descriptors when, if ever, KVM_RUN returns), so the node never hangs.
-func runProbe(ctx context.Context, kvm, vm int) probeResult {
+func runProbe(ctx context.Context, kvm, vm int, code []byte) probeResult {
 	done := make(chan probeResult, 1)
 	var tid atomic.Int32
 	var stop atomic.Bool
@@ -151,7 +151,7 @@ func runProbe(ctx context.Context, kvm, vm int) probeResult {
 		tid.Store(int32(unix.Gettid()))
 		defer unix.Close(kvm)
 		defer unix.Close(vm)
-		done <- probeThread(kvm, vm, &stop, &runPtr)
+		done <- probeThread(kvm, vm, code, &stop, &runPtr)
 	}()
 	select {
 	case r := <-done:
@@ -174,22 +174,15 @@ func runProbe(ctx context.Context, kvm, vm int) probeResult {
 			if r.err == "" {
 				return r
 			}
-			return probeResult{err: fmt.Sprintf("timed out after %s (%s)", durationOf(ctx), r.err)}
+			return probeResult{err: fmt.Sprintf("no HLT before the probe's deadline (%v)", ctx.Err())}
 		case <-t.C:
 		case <-deadline:
-			return probeResult{err: fmt.Sprintf("KVM_RUN did not return within %s and was abandoned", durationOf(ctx))}
+			return probeResult{err: fmt.Sprintf("KVM_RUN did not return 1s after the probe's deadline (%v) and was abandoned", ctx.Err())}
 		}
 	}
 }
 
-func durationOf(ctx context.Context) string {
-	if d, ok := ctx.Deadline(); ok {
-		return "the deadline " + d.Format(time.RFC3339Nano)
-	}
-	return "cancellation"
-}
-
-func probeThread(kvm, vm int, stop *atomic.Bool, runPtr *atomic.Pointer[byte]) probeResult {
+func probeThread(kvm, vm int, code []byte, stop *atomic.Bool, runPtr *atomic.Pointer[byte]) probeResult {
 	fail := func(what string, err error) probeResult { return probeResult{err: what + ": " + err.Error()} }
 	mem, err := unix.Mmap(-1, 0, guestMemSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
@@ -197,7 +190,7 @@ func probeThread(kvm, vm int, stop *atomic.Bool, runPtr *atomic.Pointer[byte]) p
 	}
 	// mem stays mapped for the VM's life; unmapped after the fds close.
 	defer func() { _ = unix.Munmap(mem) }()
-	copy(mem[codeAddr:], probeCode)
+	copy(mem[codeAddr:], code)
 	region := kvmUserspaceMemoryRegion{MemorySize: guestMemSize, UserspaceAddr: uint64(uintptr(unsafe.Pointer(&mem[0])))}
 	if _, err := ioctl(vm, kvmSetUserMemoryRegion, uintptr(unsafe.Pointer(&region))); err != nil {
 		return fail("KVM_SET_USER_MEMORY_REGION", err)
