@@ -117,8 +117,8 @@ for c in memory pids cpu; do
   if [ "$cg" = "v2 (unified)" ]; then grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || die "cgroup v2 controller '$c' is not enabled";
   else [ -d "/sys/fs/cgroup/$c" ] || [ -d "/sys/fs/cgroup/cpu,cpuacct" ] || die "cgroup v1 controller '$c' is not mounted"; fi
 done
-if [ -c /dev/kvm ]; then note "/dev/kvm: present (microVM backend possible; this release sets up the container backend)";
-else note "/dev/kvm: absent — using the container backend (runc); microVMs need KVM"; fi
+if [ -c /dev/kvm ]; then note "/dev/kvm: present (whether VMs may use it is probed after the build: PVM or an emulating KVM is not hardware KVM)";
+else note "/dev/kvm: absent (VMs would run under TCG; this release sets up the container backend)"; fi
 note "init: $(ps -p 1 -o comm= 2>/dev/null || echo unknown)$(systemd_pid1 && echo ' (systemd units will be installed)' || echo ' (not systemd: opendsec up runs in the background with a pid file)')"
 
 say "installing what is missing"
@@ -136,6 +136,19 @@ for b in opendsec-agent opendsec-init; do
   install -m 0755 "$REPO/bin/$b" "$LIB_DIR/$b.new" && mv -f "$LIB_DIR/$b.new" "$LIB_DIR/$b"
 done
 note "installed $(echo $BINS) to /usr/local/bin, the agent and opendsec-init to $LIB_DIR"
+
+say "vm accelerator"
+# The detector the node uses (cached per boot in /run/opendsec): /dev/kvm
+# opens and creates a VM, the vendor module, and a timed real-mode probe.
+if accel=$(/usr/local/bin/opendsec accel --data-dir "$DATA_DIR" 2>/dev/null); then
+  printf '%s\n' "$accel" | sed 's/^/      /'
+  case "$(printf '%s\n' "$accel" | sed -n 's/^accel: *//p')" in
+    kvm) note "VMs can use KVM here; this release sets up the container backend" ;;
+    *) note "VMs would run under TCG (emulated); this release sets up the container backend" ;;
+  esac
+else
+  note "accelerator detection failed (run: opendsec accel); VMs would run under TCG"
+fi
 
 say "swap for task pause with reclaim"
 # A paused task's memory goes to swap (pause_task(reclaim=True)); without

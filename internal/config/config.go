@@ -146,6 +146,11 @@ type Node struct {
 	ImportDir string `json:"import_dir"`
 	// DefaultBackend is used when a create names none.
 	DefaultBackend string `json:"default_backend"`
+	// PVMGuestKernel is a PVM guest kernel (an uncompressed x86-64 ELF
+	// vmlinux built for this host's PVM ABI). On a PVM host (kvm_pvm) VMs
+	// use KVM only with one that passed a boot probe; else TCG. See
+	// docs/operations.md, "VM accelerator".
+	PVMGuestKernel string `json:"pvm_guest_kernel,omitempty"`
 	// Capacity the node offers; 0 means detect (all CPUs, 90% of memory).
 	CPU      float64 `json:"cpu"`
 	MemoryMB int64   `json:"memory_mb"`

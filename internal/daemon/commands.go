@@ -48,7 +48,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	g.register(root)
-	root.AddCommand(upCommand(&g), tokenCommand(&g), imageCommand(&g), e2bCommand(&g))
+	root.AddCommand(upCommand(&g), tokenCommand(&g), imageCommand(&g), e2bCommand(&g), accelCommand(&g))
 	for _, c := range []string{"node", "apiserver", "watcher"} {
 		root.AddCommand(componentCommand(&g, c))
 	}

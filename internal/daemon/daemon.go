@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
-	"github.com/kernflux/opendsec/internal/httpserver"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/nodeclient"
 )

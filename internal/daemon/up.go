@@ -26,6 +26,7 @@ import (
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -63,7 +64,8 @@ const nodeShutdownTimeout = 20 * time.Second
 // localNode is a node with the network manager it was built with.
 type localNode struct {
 	*node.Node
-	net *netpolicy.Manager // nil when network policy is off
+	net   *netpolicy.Manager // nil when network policy is off
+	accel *node.Accelerator  // nil if detection failed
 }
 
 // shutdown shuts the node down (bounded by nodeShutdownTimeout), then the
@@ -110,6 +112,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	if err != nil {
 		return nil, err
 	}
+	accel := detectAccel(ctx, cfg)
 	nw, err := newNetwork(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -137,6 +140,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		MaxPaused:        maxPaused,
 		MaxUploadBytes:   cfg.Node.MaxUploadMB << 20,
 		DeferTeardown:    true,
+		Accelerator:      accel,
 	}
 	if nw != nil {
 		ncfg.Network = nw
@@ -148,7 +152,21 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		}
 		return nil, err
 	}
-	return &localNode{Node: n, net: nw}, nil
+	return &localNode{Node: n, net: nw, accel: accel}, nil
+}
+
+// detectAccel decides the accelerator VM backends use on this host (once
+// per boot, cached) and logs it; nil if it cannot be decided, which only
+// VM backends would need.
+func detectAccel(ctx context.Context, cfg config.Config) *node.Accelerator {
+	r, err := kvmprobe.Detect(ctx, kvmprobe.Options{PVMGuestKernel: cfg.Node.PVMGuestKernel})
+	if err != nil {
+		log.G(ctx).Warn("accelerator not detected", log.Err(err))
+		return nil
+	}
+	log.G(ctx).Info("vm accelerator", "accel", r.Accel, "kind", r.Kind, "module", r.Module, "reason", r.Reason)
+	return &node.Accelerator{Accel: string(r.Accel), Kind: string(r.Kind), Module: r.Module, Reason: r.Reason,
+		ProbeInstructions: r.ProbeInstructions, ProbeDuration: r.ProbeDuration, DetectedAt: r.DetectedAt}
 }
 
 // newNetwork starts the network policy manager, or returns nil when it is
@@ -314,7 +332,11 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 		if err := waitNodeSeen(gctx, cfg, iss); err != nil {
 			return err
 		}
-		log.G(ctx).Info("opendsec is up", "endpoint", api, "token_file", filepath.Join(cfg.DataDir, BootstrapTokenFile))
+		attrs := []any{"endpoint", api, "token_file", filepath.Join(cfg.DataDir, BootstrapTokenFile)}
+		if n.accel != nil {
+			attrs = append(attrs, "vm_accel", n.accel.Accel, "vm_accel_reason", n.accel.Reason)
+		}
+		log.G(ctx).Info("opendsec is up", attrs...)
 		if o.ReadyFile != "" {
 			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {
 				return fmt.Errorf("write ready file: %w", err)

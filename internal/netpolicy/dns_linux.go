@@ -24,6 +24,9 @@ type dnsProxy struct {
 	pc       net.PacketConn
 	ln       net.Listener
 	udp, tcp *dns.Server // nil until serve
+	// served gets each server's ActivateAndServe result once it returned,
+	// which is after its socket is closed (see close).
+	served chan error
 }
 
 // listenDNS opens the proxy's sockets (queries wait in them until serve).
@@ -62,8 +65,9 @@ func (p *dnsProxy) serve(ctx context.Context) error {
 	started := make(chan struct{}, 2)
 	p.udp.NotifyStartedFunc = func() { started <- struct{}{} }
 	p.tcp.NotifyStartedFunc = func() { started <- struct{}{} }
-	go p.udp.ActivateAndServe()
-	go p.tcp.ActivateAndServe()
+	p.served = make(chan error, 2)
+	go func() { p.served <- p.udp.ActivateAndServe() }()
+	go func() { p.served <- p.tcp.ActivateAndServe() }()
 	for range 2 {
 		select {
 		case <-started:
@@ -74,11 +78,33 @@ func (p *dnsProxy) serve(ctx context.Context) error {
 	return nil
 }
 
+// close stops the proxy and returns once both sockets are closed, so a
+// Manager started next in the same namespace can bind the address. The
+// server's Shutdown alone does not promise that: the serve loop closes
+// the socket too, and of two concurrent Closes of one Go socket the one
+// that comes second returns at once, before the first has closed the
+// descriptor. Shutdown could thus return with the port still bound (seen
+// as "address already in use" on restart under load). ActivateAndServe
+// returns only after the loop's own Close, so waiting for both serve
+// goroutines covers whichever Close came first.
 func (p *dnsProxy) close() error {
 	if p.udp == nil {
 		return errors.Join(p.pc.Close(), p.ln.Close())
 	}
-	return errors.Join(p.udp.Shutdown(), p.tcp.Shutdown())
+	err := errors.Join(p.udp.Shutdown(), p.tcp.Shutdown())
+	// A server that had not started yet (serve's ctx ended first) is not
+	// shut down by Shutdown; closing its socket ends it either way. Every
+	// Close has returned once both goroutines have: only then is the port
+	// free.
+	p.pc.Close()
+	p.ln.Close()
+	for range 2 {
+		// The servers' own errors after a shutdown are not the caller's.
+		if serr := <-p.served; serr != nil {
+			log.G(p.ctx).Debug("dns proxy server ended", log.Err(serr))
+		}
+	}
+	return err
 }
 
 func reply(w dns.ResponseWriter, req *dns.Msg, rcode int) {

@@ -469,3 +469,25 @@ func TestSecurityDNSPrivateAnswers(t *testing.T) {
 		t.Errorf("on, with a cidr rule: domain set = %v, want empty (the cidr rule decides)", got)
 	}
 }
+
+// TestDNSProxyCloseFreesAddress: once the DNS proxy's close returns, its
+// address is free, so a Manager restarted in the same namespace binds it.
+// Shutdown alone returned while the serve loop's own Close was still
+// closing the socket, and a restart failed with "address already in use"
+// (seen in TestSameGuestAddress under load).
+func TestDNSProxyCloseFreesAddress(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	must(t, w.m.Close())
+	for i := range 2000 {
+		p, err := listenDNS(ctx, w.m)
+		if err != nil {
+			t.Fatalf("restart %d: %v", i, err)
+		}
+		must(t, p.serve(ctx))
+		if err := p.close(); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+	}
+	w.m = w.newManager() // and the Manager itself starts again
+}

@@ -74,7 +74,10 @@ type Config struct {
 	// backends section); DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
-	Images         ImageResolver
+	// Accelerator is the host's accelerator decision for VM backends,
+	// reported in Info; nil if it was not detected.
+	Accelerator *Accelerator
+	Images      ImageResolver
 	// Capacity; zero values are detected.
 	CPU          float64
 	MemoryMB     int64
@@ -481,4 +484,17 @@ func prefixField(prefix string, err error) error {
 		return err
 	}
 	return errdefs.Invalid(prefix+fe.Field, "%s", fe.Msg)
+}
+
+// Accelerator is the host's VM accelerator decision, made by the daemon
+// with internal/runtime/kvmprobe (the node sees backends only through
+// internal/runtime's interfaces, so it gets the result, not the package).
+type Accelerator struct {
+	Accel             string // "kvm" or "tcg"
+	Kind              string // "hardware", "pvm" or "none"
+	Module            string // kvm_intel, kvm_amd, kvm_pvm or ""
+	Reason            string
+	ProbeInstructions int64
+	ProbeDuration     time.Duration
+	DetectedAt        time.Time
 }

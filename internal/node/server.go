@@ -180,6 +180,7 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Healthy:        true,
 		Now:            timestamppb.Now(),
 		Version:        version.Version,
+		Accelerator:    acceleratorProto(s.n.cfg.Accelerator),
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -208,4 +209,20 @@ func (s *service) ForkSandbox(ctx context.Context, req *connect.Request[nodev1.F
 		resp.Forks = append(resp.Forks, &nodev1.ForkResult{Sandbox: s.n.toProto(f.Sandbox), MemoryPreserved: f.MemoryPreserved})
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// acceleratorProto is the accelerator decision for Info (nil if none).
+func acceleratorProto(r *Accelerator) *nodev1.Accelerator {
+	if r == nil {
+		return nil
+	}
+	return &nodev1.Accelerator{
+		Accel:             r.Accel,
+		Kind:              r.Kind,
+		Module:            r.Module,
+		Reason:            r.Reason,
+		ProbeInstructions: r.ProbeInstructions,
+		ProbeDurationUs:   r.ProbeDuration.Microseconds(),
+		DetectedAt:        timestamppb.New(r.DetectedAt),
+	}
 }

@@ -1830,7 +1830,10 @@ type InfoResponse struct {
 	// released); of two readings of used, the one with the larger used_seq
 	// is the later. It starts at the node's start time in nanoseconds, so it
 	// keeps growing across node restarts.
-	UsedSeq       uint64 `protobuf:"varint,10,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
+	UsedSeq uint64 `protobuf:"varint,10,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
+	// The accelerator VM backends use on this node, and why (detected once
+	// per host boot; see docs/operations.md).
+	Accelerator   *Accelerator `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1935,6 +1938,111 @@ func (x *InfoResponse) GetUsedSeq() uint64 {
 	return 0
 }
 
+func (x *InfoResponse) GetAccelerator() *Accelerator {
+	if x != nil {
+		return x.Accelerator
+	}
+	return nil
+}
+
+// Accelerator is the node's accelerator decision (internal/runtime/kvmprobe).
+type Accelerator struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "kvm" or "tcg": what QEMU gets as -accel; Firecracker runs only on kvm.
+	Accel string `protobuf:"bytes,1,opt,name=accel,proto3" json:"accel,omitempty"`
+	// "hardware", "pvm" or "none".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The KVM vendor module: kvm_intel, kvm_amd, kvm_pvm or empty.
+	Module string `protobuf:"bytes,3,opt,name=module,proto3" json:"module,omitempty"`
+	// One sentence: why this accel.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The timed real-mode probe: instructions run and their CPU time.
+	ProbeInstructions int64                  `protobuf:"varint,5,opt,name=probe_instructions,json=probeInstructions,proto3" json:"probe_instructions,omitempty"`
+	ProbeDurationUs   int64                  `protobuf:"varint,6,opt,name=probe_duration_us,json=probeDurationUs,proto3" json:"probe_duration_us,omitempty"`
+	DetectedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=detected_at,json=detectedAt,proto3" json:"detected_at,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Accelerator) Reset() {
+	*x = Accelerator{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Accelerator) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Accelerator) ProtoMessage() {}
+
+func (x *Accelerator) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Accelerator.ProtoReflect.Descriptor instead.
+func (*Accelerator) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *Accelerator) GetAccel() string {
+	if x != nil {
+		return x.Accel
+	}
+	return ""
+}
+
+func (x *Accelerator) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Accelerator) GetModule() string {
+	if x != nil {
+		return x.Module
+	}
+	return ""
+}
+
+func (x *Accelerator) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Accelerator) GetProbeInstructions() int64 {
+	if x != nil {
+		return x.ProbeInstructions
+	}
+	return 0
+}
+
+func (x *Accelerator) GetProbeDurationUs() int64 {
+	if x != nil {
+		return x.ProbeDurationUs
+	}
+	return 0
+}
+
+func (x *Accelerator) GetDetectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DetectedAt
+	}
+	return nil
+}
+
 type PauseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1945,7 +2053,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2065,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2078,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -1997,7 +2105,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2117,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2130,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -2049,7 +2157,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2169,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2182,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -2100,7 +2208,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2220,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2233,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2144,7 +2252,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2264,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2277,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -2188,7 +2296,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2308,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2321,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -2241,7 +2349,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2361,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2374,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2315,7 +2423,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +2435,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +2448,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -2369,7 +2477,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2489,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2502,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2570,7 +2678,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xe3\x02\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xa4\x03\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -2582,7 +2690,17 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\aversion\x18\b \x01(\tR\aversion\x12\x16\n" +
 	"\x06images\x18\t \x03(\tR\x06images\x12\x19\n" +
 	"\bused_seq\x18\n" +
-	" \x01(\x04R\ausedSeq\"N\n" +
+	" \x01(\x04R\ausedSeq\x12?\n" +
+	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\"\xff\x01\n" +
+	"\vAccelerator\x12\x14\n" +
+	"\x05accel\x18\x01 \x01(\tR\x05accel\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06module\x18\x03 \x01(\tR\x06module\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12-\n" +
+	"\x12probe_instructions\x18\x05 \x01(\x03R\x11probeInstructions\x12*\n" +
+	"\x11probe_duration_us\x18\x06 \x01(\x03R\x0fprobeDurationUs\x12;\n" +
+	"\vdetected_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"detectedAt\"N\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -2657,7 +2775,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -2687,35 +2805,36 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),               // 25: opendsec.node.v1.InfoRequest
 	(*Capacity)(nil),                  // 26: opendsec.node.v1.Capacity
 	(*InfoResponse)(nil),              // 27: opendsec.node.v1.InfoResponse
-	(*PauseSandboxRequest)(nil),       // 28: opendsec.node.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 29: opendsec.node.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 30: opendsec.node.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 31: opendsec.node.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 32: opendsec.node.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 33: opendsec.node.v1.GetSandboxMetricsResponse
-	(*ForkSandboxRequest)(nil),        // 34: opendsec.node.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 35: opendsec.node.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                // 36: opendsec.node.v1.ForkResult
-	nil,                               // 37: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 38: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 39: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 40: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 41: google.protobuf.Timestamp
+	(*Accelerator)(nil),               // 28: opendsec.node.v1.Accelerator
+	(*PauseSandboxRequest)(nil),       // 29: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 30: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 31: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 32: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 33: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 34: opendsec.node.v1.GetSandboxMetricsResponse
+	(*ForkSandboxRequest)(nil),        // 35: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 36: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 37: opendsec.node.v1.ForkResult
+	nil,                               // 38: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 39: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 40: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 41: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	37, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	38, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	38, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	39, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	39, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	40, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	41, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	41, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	41, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	41, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	42, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	42, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	42, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	40, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	41, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
@@ -2734,43 +2853,45 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	4,  // 28: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	26, // 29: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	26, // 30: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	41, // 31: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	4,  // 32: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 33: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 34: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	36, // 35: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 36: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	13, // 37: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	15, // 38: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	17, // 39: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	19, // 40: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	21, // 41: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	23, // 42: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	25, // 43: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	28, // 44: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	30, // 45: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	32, // 46: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 47: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	11, // 48: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	34, // 49: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	14, // 50: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	16, // 51: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	18, // 52: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	20, // 53: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	22, // 54: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	24, // 55: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	27, // 56: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	29, // 57: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	31, // 58: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	33, // 59: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	10, // 60: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	12, // 61: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	35, // 62: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	50, // [50:63] is the sub-list for method output_type
-	37, // [37:50] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	42, // 31: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	28, // 32: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
+	42, // 33: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
+	4,  // 34: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 35: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 36: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	37, // 37: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 38: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 39: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 40: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	17, // 41: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	19, // 42: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	21, // 43: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	23, // 44: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	25, // 45: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	29, // 46: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	31, // 47: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	33, // 48: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 49: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 50: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	35, // 51: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 52: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 53: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	18, // 54: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	20, // 55: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	22, // 56: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	24, // 57: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	27, // 58: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	30, // 59: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	32, // 60: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	34, // 61: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 62: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 63: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	36, // 64: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	52, // [52:65] is the sub-list for method output_type
+	39, // [39:52] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -2785,7 +2906,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

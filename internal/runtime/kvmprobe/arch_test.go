@@ -1,0 +1,5 @@
+package kvmprobe
+
+import "runtime"
+
+var isAMD64 = runtime.GOARCH == "amd64"
