@@ -164,6 +164,11 @@ def test_info_list_and_filters(sandbox, test_id):
     assert sandbox.commands.run("echo $SBX_WIDE").stdout == "everywhere\n"
 
 
+def test_internet_by_default(sandbox):
+    # E2B's default: no network option reaches the (public) internet.
+    assert sandbox.get_info().allow_internet_access is True
+
+
 def test_network_policy_and_update(test_id):
     sbx = Sandbox.create(allow_internet_access=False, metadata={"sandbox_test_id": test_id})
     try:
