@@ -33,6 +33,9 @@ type fakeAPI struct {
 	bearers []string
 	// forks are the ForkSandbox requests.
 	forks []*v1.ForkSandboxRequest
+	// networkOff refuses any network policy, as a node whose
+	// node.network.enabled is false does.
+	networkOff bool
 }
 
 // seen records the token the call in ctx carries; f.mu is held.
@@ -48,6 +51,9 @@ func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.Creat
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seen(ctx)
+	if f.networkOff && r.Msg.GetSpec().GetNetwork() != nil {
+		return nil, errdefs.ToConnect(errdefs.Invalid("network", "node n001 has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset"))
+	}
 	if r.Msg.GetSpec().GetImage() != "root/py:3.11" {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))
 	}

@@ -343,3 +343,23 @@ func TestTrafficAccessToken(t *testing.T) {
 		t.Fatalf("private traffic without secure: %d", w.Code)
 	}
 }
+
+// On a node whose network policy is off, E2B's default internet cannot be
+// had: a create that asked for nothing still succeeds (with no network),
+// one that asked for a network is refused naming it.
+func TestDefaultInternetOnNodeWithoutNetwork(t *testing.T) {
+	h := newHarness(t)
+	h.api.networkOff = true
+	w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create with no network option: %d %s", w.Code, w.Body)
+	}
+	if pol := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetNetwork(); pol != nil {
+		t.Fatalf("policy %v on a node without network", pol)
+	}
+	n := len(h.api.sbs)
+	w, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","allow_internet_access":true}`)
+	if w.Code != http.StatusBadRequest || !strings.Contains(m["message"].(string), "node.network.enabled") || len(h.api.sbs) != n {
+		t.Fatalf("explicit internet on a node without network: %d %s", w.Code, w.Body)
+	}
+}
