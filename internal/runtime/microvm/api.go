@@ -312,4 +312,3 @@ func faultCategory(status int, msg string) error {
 		return errdefs.ErrInvalidArgument
 	}
 }
-
