@@ -64,8 +64,8 @@ func (c *Config) defaults() {
 
 func (c Config) validate() error {
 	const f = "node.backends.microvm."
-	for name, p := range map[string]string{"firecracker_path": c.FirecrackerPath, "jailer_path": c.JailerPath, "chroot_base": c.ChrootBase, "guest_dir": c.GuestDir, "kvm_device": c.KVMDevice} {
-		if !filepath.IsAbs(p) {
+	for _, nf := range [][2]string{{"firecracker_path", c.FirecrackerPath}, {"jailer_path", c.JailerPath}, {"chroot_base", c.ChrootBase}, {"guest_dir", c.GuestDir}, {"kvm_device", c.KVMDevice}} {
+		if name, p := nf[0], nf[1]; !filepath.IsAbs(p) {
 			return errdefs.Invalid(f+name, "is %q; give an absolute path", p)
 		}
 	}
@@ -87,7 +87,8 @@ func parseConfig(raw json.RawMessage) (Config, error) {
 
 // checkBinaries reports a missing or non-executable firecracker or jailer.
 func checkBinaries(c Config) error {
-	for name, p := range map[string]string{"firecracker_path": c.FirecrackerPath, "jailer_path": c.JailerPath} {
+	for _, nf := range [][2]string{{"firecracker_path", c.FirecrackerPath}, {"jailer_path", c.JailerPath}} {
+		name, p := nf[0], nf[1]
 		st, err := os.Stat(p)
 		if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
 			why := "is not an executable file"
@@ -126,13 +127,6 @@ func (u *uids) put(uid int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	delete(u.used, uid)
-}
-
-// take marks uid used (Recover).
-func (u *uids) take(uid int) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.used[uid] = true
 }
 
 // jailID is what the jailer accepts as --id.

@@ -47,7 +47,14 @@ func TestOpenRefusesWithoutBinaries(t *testing.T) {
 // KVM (this project's machines) Open fails quoting its reason.
 func TestOpenOnThisHost(t *testing.T) {
 	ctx := context.Background()
-	res, err := kvmprobe.Detect(ctx, kvmprobe.Options{CacheDir: t.TempDir()})
+	cache := t.TempDir() // not the node's /run/opendsec
+	old := detect
+	detect = func(ctx context.Context, o kvmprobe.Options) (kvmprobe.Result, error) {
+		o.CacheDir = cache
+		return kvmprobe.Detect(ctx, o)
+	}
+	t.Cleanup(func() { detect = old })
+	res, err := detect(ctx, kvmprobe.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
