@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -267,4 +268,41 @@ func linkOrCopy(src, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, b, 0o640)
+}
+
+// PlanFor is the VM plan of spec on the host: vCPUs are the CPU limit
+// rounded up, the guest assets come from GuestDir, every layer must be an
+// EROFS file (a disk), and a tap attachment becomes the VM's NIC. The
+// guest's kernel command line is left to the guest assets' contract.
+func (c Config) PlanFor(spec runtime.Spec, writable string) (Plan, error) {
+	p := Plan{
+		VCPUs:    int(math.Ceil(spec.Resources.CPU)),
+		MemoryMB: spec.Resources.MemoryMB,
+		Kernel:   filepath.Join(c.GuestDir, "vmlinux"),
+		Initrd:   filepath.Join(c.GuestDir, "initrd.cpio"),
+		Writable: writable,
+	}
+	if p.VCPUs == 0 {
+		p.VCPUs = 1
+	}
+	for i, l := range spec.Rootfs.Layers {
+		if l.Format != runtime.LayerEROFS {
+			return Plan{}, errdefs.Invalid(fmt.Sprintf("rootfs.layers[%d]", i), "is a %s layer; the microvm backend attaches layers as disks and needs EROFS files from the image store", l.Format)
+		}
+		p.Layers = append(p.Layers, l.Path)
+	}
+	switch spec.Network.Mode {
+	case runtime.NetworkNone:
+	case runtime.NetworkTap:
+		if spec.Network.Device == "" {
+			return Plan{}, errdefs.Invalid("network.device", "is empty; a tap attachment names its tap")
+		}
+		p.Tap = spec.Network.Device
+		if spec.Network.MAC != nil {
+			p.MAC = spec.Network.MAC.String()
+		}
+	default:
+		return Plan{}, errdefs.Invalid("network.mode", "is %q; the microvm backend takes a tap attachment or none", spec.Network.Mode)
+	}
+	return p, nil
 }

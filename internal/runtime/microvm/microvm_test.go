@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 )
 
 // TestRequestsMatchSchema marshals every typed request and checks it
@@ -457,5 +458,39 @@ func TestDialVsock(t *testing.T) {
 	}
 	if _, err := DialVsock(ctx, filepath.Join(dir, "none"), 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("no socket: %v", err)
+	}
+}
+
+func TestPlanFor(t *testing.T) {
+	cfg := Config{GuestDir: "/g"}
+	mac, _ := net.ParseMAC("02:fc:00:00:00:01")
+	spec := runtime.Spec{Resources: runtime.Resources{CPU: 1.5, MemoryMB: 512},
+		Rootfs:  runtime.Rootfs{Layers: []runtime.Layer{{Format: runtime.LayerEROFS, Path: "/l0"}}},
+		Network: runtime.NetworkAttachment{Mode: runtime.NetworkTap, Device: "tap0", MAC: mac}}
+	p, err := cfg.PlanFor(spec, "/rw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.VCPUs != 2 || p.MemoryMB != 512 || p.Kernel != "/g/vmlinux" || p.Initrd != "/g/initrd.cpio" ||
+		!slices.Equal(p.Layers, []string{"/l0"}) || p.Tap != "tap0" || p.MAC != "02:fc:00:00:00:01" || p.Writable != "/rw" {
+		t.Fatalf("plan %+v", p)
+	}
+	spec.Rootfs.Layers[0].Format = runtime.LayerDir
+	if _, err := cfg.PlanFor(spec, ""); err == nil || !strings.Contains(err.Error(), "rootfs.layers[0]") {
+		t.Fatalf("dir layer: %v", err)
+	}
+	spec.Rootfs.Layers = nil
+	spec.Network.Mode = runtime.NetworkVeth
+	if _, err := cfg.PlanFor(spec, ""); err == nil || !strings.Contains(err.Error(), "network.mode") {
+		t.Fatalf("veth: %v", err)
+	}
+	spec.Network = runtime.NetworkAttachment{}
+	spec.Resources.MemoryMB = 0
+	p, err = cfg.PlanFor(spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Validate(2); err == nil || !strings.Contains(err.Error(), "resources.memory_mb") {
+		t.Fatalf("0 MiB: %v", err)
 	}
 }
