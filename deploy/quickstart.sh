@@ -150,6 +150,38 @@ else
   note "accelerator detection failed (run: opendsec accel); VMs would run under TCG"
 fi
 
+# --- firecracker (microvm backend) --------------------------------------
+# Only where the detector above says hardware KVM. The release is pinned by
+# version and sha256; with no checksum pinned, or no way to download it,
+# nothing is installed and this says so.
+FIRECRACKER_VERSION=v1.16.1
+FIRECRACKER_SHA256="${OPENDSEC_FIRECRACKER_SHA256:-}" # sha256 of firecracker-$FIRECRACKER_VERSION-x86_64.tgz
+say "firecracker (microvm backend)"
+if [ "$(printf '%s\n' "${accel:-}" | sed -n 's/^kind: *//p')" != hardware ]; then
+  note "not installed: no hardware KVM here, so the microvm backend is not offered"
+elif [ -x /usr/local/bin/firecracker ] && [ -x /usr/local/bin/jailer ]; then
+  note "present: $(/usr/local/bin/firecracker --version 2>/dev/null | head -1)"
+elif [ -z "$FIRECRACKER_SHA256" ]; then
+  note "not installed: no sha256 pinned for Firecracker $FIRECRACKER_VERSION (set OPENDSEC_FIRECRACKER_SHA256); an unchecked binary is never installed"
+else
+  fc_url="https://github.com/firecracker-microvm/firecracker/releases/download/$FIRECRACKER_VERSION/firecracker-$FIRECRACKER_VERSION-x86_64.tgz"
+  fc_tmp=$(mktemp -d)
+  if curl -fsSL --max-time 120 -o "$fc_tmp/fc.tgz" "$fc_url" 2>/dev/null; then
+    if echo "$FIRECRACKER_SHA256  $fc_tmp/fc.tgz" | sha256sum -c --quiet - >/dev/null 2>&1; then
+      tar -xzf "$fc_tmp/fc.tgz" -C "$fc_tmp"
+      install -m 0755 "$fc_tmp/release-$FIRECRACKER_VERSION-x86_64/firecracker-$FIRECRACKER_VERSION-x86_64" /usr/local/bin/firecracker
+      install -m 0755 "$fc_tmp/release-$FIRECRACKER_VERSION-x86_64/jailer-$FIRECRACKER_VERSION-x86_64" /usr/local/bin/jailer
+      note "installed Firecracker $FIRECRACKER_VERSION (sha256 checked) to /usr/local/bin"
+    else
+      note "not installed: the download's sha256 is not the pinned $FIRECRACKER_SHA256"
+    fi
+  else
+    note "not installed: cannot download $fc_url from this machine"
+  fi
+  rm -rf "$fc_tmp"
+fi
+# --- end firecracker ----------------------------------------------------
+
 say "swap for task pause with reclaim"
 # A paused task's memory goes to swap (pause_task(reclaim=True)); without
 # swap only page cache can go. Existing swap is left as it is.
