@@ -5,4 +5,5 @@ package daemon
 // to the build is one import here.
 import (
 	_ "github.com/kernflux/opendsec/internal/runtime/container" // "container": runc
+	_ "github.com/kernflux/opendsec/internal/runtime/gvisor"    // "gvisor": runsc
 )

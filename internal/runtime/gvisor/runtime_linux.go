@@ -64,10 +64,20 @@ type sandbox struct {
 	network runtime.NetworkMode
 	op      sync.Mutex
 	started bool
+	deleted bool
 	// done is closed when init has ended; exit is then set.
 	done     chan struct{}
 	doneOnce sync.Once
 	exit     runtime.ExitStatus
+}
+
+func (sb *sandbox) ended() bool {
+	select {
+	case <-sb.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (sb *sandbox) finish(es runtime.ExitStatus) {
@@ -138,6 +148,8 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("resources.cpu", "must be more than 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
 	case s.Resources.DiskMB != 0:
 		return errdefs.Invalid("resources.disk_mb", "the gvisor backend keeps the writable layer in the sandbox's memory (counted in memory_mb); give 0")
+	case s.Resources.PidsLimit < 0:
+		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default 1024) or a number of processes, got %d", s.Resources.PidsLimit)
 	case len(s.Guest.Hostname) > 64:
 		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
 	}
@@ -362,8 +374,8 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
-	if sb.started {
-		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was started already", id)
+	if sb.started || sb.ended() {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was started or stopped already; create a new one", id)
 	}
 	args := []string{"run", "--detach", "--bundle", sb.st.Bundle, id}
 	if sb.st.RestoreFrom != "" {
@@ -404,6 +416,12 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, erro
 	}
 	select {
 	case <-sb.done:
+		sb.op.Lock()
+		deleted := sb.deleted
+		sb.op.Unlock()
+		if deleted {
+			return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q was deleted", id)
+		}
 		return sb.exit, nil
 	case <-ctx.Done():
 		return runtime.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
@@ -459,10 +477,30 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if err != nil {
+		// Unknown to this instance (a node restart without Recover): what
+		// runsc still knows of it goes.
+		out, err := r.runscOut(ctx, runtime.NetworkNone, "state", id)
+		if err != nil {
+			return nil
+		}
+		var s struct {
+			Bundle string `json:"bundle"`
+		}
+		_ = json.Unmarshal(out, &s)
+		if _, err := r.runscOut(ctx, runtime.NetworkNone, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+		if s.Bundle != "" {
+			r.cleanup(&sandbox{st: handleState{Bundle: s.Bundle}})
+		}
 		return nil
 	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
+	if !sb.started && !sb.deleted {
+		sb.deleted = true
+		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+	}
 	if _, err := r.runscOut(ctx, sb.network, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
@@ -578,8 +616,8 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !sb.started {
-		return nil, errdefs.New(errdefs.ErrUnavailable, "sandbox %q is not started", id)
+	if !sb.started || sb.ended() {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "sandbox %q is not running", id)
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
