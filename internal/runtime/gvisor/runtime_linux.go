@@ -37,6 +37,7 @@ const (
 	agentInSandbox = "/.opendsec/agent"
 	rootfsDir      = "rootfs"
 	imageDir       = "checkpoint"
+	exitFile       = "exit.json"
 	defaultPath    = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -405,6 +406,11 @@ func (r *Runtime) watch(sb *sandbox) {
 	} else if err != nil {
 		es.Reason = "sandbox gone: " + err.Error()
 	}
+	// For a Recover after a node restart: runsc may go on reporting a
+	// sandbox whose init ended as running.
+	if b, err := json.Marshal(es); err == nil {
+		_ = os.WriteFile(filepath.Join(sb.st.Bundle, exitFile), b, 0o600)
+	}
 	sb.finish(es)
 }
 
@@ -521,7 +527,7 @@ func (r *Runtime) cleanup(sb *sandbox) {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
 	}
-	for _, n := range []string{rootfsDir, "config.json", imageDir} {
+	for _, n := range []string{rootfsDir, "config.json", imageDir, exitFile} {
 		_ = os.RemoveAll(filepath.Join(sb.st.Bundle, n))
 	}
 }
@@ -586,7 +592,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	out, err := r.runscOut(ctx, sb.network, "state", h.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Prepared, never started.
-		if _, serr := os.Stat(filepath.Join(st.Bundle, "config.json")); serr != nil {
+		if spec.Annotations["org.opendsec.sandbox.id"] != h.ID {
 			return errdefs.New(errdefs.ErrNotFound, "sandbox %q is gone", h.ID)
 		}
 	} else if err != nil {
@@ -595,6 +601,14 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		var s runscState
 		_ = json.Unmarshal(out, &s)
 		sb.started = true
+		// runsc may still say running for a sandbox whose init was
+		// killed: its sandbox process is the truth.
+		var es runtime.ExitStatus
+		if b, err := os.ReadFile(filepath.Join(st.Bundle, exitFile)); err == nil && json.Unmarshal(b, &es) == nil {
+			sb.finish(es)
+		} else if s.Status == "stopped" || s.Pid <= 0 || unix.Kill(s.Pid, 0) != nil {
+			sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "stopped before the node restarted", At: time.Now()})
+		}
 	}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[h.ID]; ok {
@@ -603,7 +617,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sandboxes[h.ID] = sb
 	r.mu.Unlock()
-	if sb.started {
+	if sb.started && !sb.ended() {
 		go r.watch(sb)
 	}
 	return nil
