@@ -125,6 +125,8 @@ say "installing what is missing"
 bash "$REPO/scripts/install-deps.sh"
 export PATH=/usr/local/go/bin:$PATH
 gov=$(go env GOVERSION 2>/dev/null || true); note "go: ${gov:-missing}"
+if [ -x /var/cache/opendsec/gvisor/runsc ]; then note "runsc: $(cat /var/cache/opendsec/gvisor/runsc.version) at /var/cache/opendsec/gvisor/runsc (gvisor backend, systrap platform, no KVM needed)";
+else note "runsc: not built (OPENDSEC_SKIP_RUNSC=1?): the gvisor backend is unavailable"; fi
 
 say "building"
 make -C "$REPO" build >/dev/null

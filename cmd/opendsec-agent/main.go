@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -43,6 +44,7 @@ func run() error {
 		seccompF  = flag.String("seccomp-filter", "", "install this seccomp BPF program (no_new_privs, all threads) before anything else; the agent exits if it cannot")
 		listenFD  = flag.Int("listen-fd", -1, "serve on this inherited listening socket (from opendsec-init) instead of --listen; makes the agent a child subreaper")
 		idleExit  = flag.Duration("idle-exit", 0, "exit cleanly after this long without requests, child processes or watchers (0: never); needs --listen-fd")
+		dial      = flag.String("dial", "", "proxy mode: connect to this tcp:HOST:PORT, copy stdin to it and it to stdout, then exit (the gvisor backend reaches the agent this way through `runsc exec`)")
 	)
 	flag.StringVar(&cfg.DefaultUser, "default-user", agent.DefaultUser, "user for requests that name none")
 	flag.StringVar(&cfg.DefaultWorkdir, "default-workdir", "", "cwd for processes started without one (default: the user's home)")
@@ -53,6 +55,9 @@ func run() error {
 	if *showVer {
 		fmt.Println(version.Version)
 		return nil
+	}
+	if *dial != "" {
+		return proxyStdio(*dial)
 	}
 	// First: nothing the agent starts, nor the agent once it serves
 	// requests, may run without the sandbox's filter.
@@ -205,4 +210,26 @@ func listenOn(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	return ln, nil
+}
+
+// proxyStdio connects to addr (tcp:HOST:PORT) and copies stdin to it and
+// its replies to stdout until the agent closes the connection.
+func proxyStdio(addr string) error {
+	hostPort, ok := strings.CutPrefix(addr, "tcp:")
+	if !ok {
+		return fmt.Errorf("--dial: %q must be tcp:HOST:PORT", addr)
+	}
+	c, err := net.Dial("tcp", hostPort)
+	if err != nil {
+		return fmt.Errorf("dial agent: %w", err)
+	}
+	defer c.Close()
+	go func() {
+		_, _ = io.Copy(c, os.Stdin)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+	}()
+	_, err = io.Copy(os.Stdout, c)
+	return err
 }

@@ -5,5 +5,6 @@ package daemon
 // to the build is one import here.
 import (
 	_ "github.com/kernflux/opendsec/internal/runtime/container" // "container": runc
+	_ "github.com/kernflux/opendsec/internal/runtime/gvisor"    // "gvisor": runsc
 	_ "github.com/kernflux/opendsec/internal/runtime/microvm"   // "microvm": Firecracker + jailer
 )
