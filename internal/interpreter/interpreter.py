@@ -80,6 +80,8 @@ class _Stream(io.TextIOBase):
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        if not s:
+            return 0
         self.buf.append(s)
         if "\n" in s or sum(len(b) for b in self.buf) > 8192:
             self.flush()
@@ -1072,8 +1074,8 @@ def main(argv):
     if "--worker" in argv:
         worker_main()
         return
-    if "--transform" in argv:  # IPython syntax of stdin as plain Python, for tests
-        sys.stdout.write(transform_cell(sys.stdin.read()))
+    if "--transform" in argv:  # a JSON list of cells in IPython syntax -> plain Python, for tests
+        json.dump([transform_cell(c) for c in json.load(sys.stdin)], sys.stdout)
         return
     host, port = "127.0.0.1", 49999
     args = list(argv)

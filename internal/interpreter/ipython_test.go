@@ -1,6 +1,8 @@
 package interpreter
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,26 +10,31 @@ import (
 	"testing"
 )
 
-// transform runs interpreter.py --transform: the cell as the worker compiles it.
-func transform(t *testing.T, cell string) string {
+// transform runs interpreter.py --transform: the cells as the worker compiles them.
+func transform(t *testing.T, cells []string) []string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "interpreter.py")
 	if err := os.WriteFile(p, Source, 0o444); err != nil {
 		t.Fatal(err)
 	}
+	in, _ := json.Marshal(cells)
 	cmd := exec.Command("python3", p, "--transform")
-	cmd.Stdin = strings.NewReader(cell)
+	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("transform %q: %v", cell, err)
+		t.Fatalf("transform: %v", err)
 	}
-	return string(out)
+	var got []string
+	if err := json.Unmarshal(out, &got); err != nil || len(got) != len(cells) {
+		t.Fatalf("transform output %s: %v", out, err)
+	}
+	return got
 }
 
 // The expected outputs are what IPython 8.12's TransformerManager.transform_cell
 // gives for the same cells (checked side by side when this table was written).
 func TestTransformCell(t *testing.T) {
-	for _, tc := range []struct{ name, in, want string }{
+	cases := []struct{ name, in, want string }{
 		{"shell", "!echo hi", "get_ipython().system('echo hi')\n"},
 		{"capture", "x = !ls -la", "x = get_ipython().getoutput('ls -la')\n"},
 		{"capture tuple target", "a[0] = !pwd", "a[0] = get_ipython().getoutput('pwd')\n"},
@@ -54,8 +61,13 @@ func TestTransformCell(t *testing.T) {
 			"get_ipython().run_cell_magic('writefile', 'f.py', \"print('hi')\\n!x\\n\")\n"},
 		{"%% not first is a line magic", "x = 1\n%%bash\n", "x = 1\nget_ipython().run_line_magic('%bash', '')\n"},
 		{"return ! stays python", "def f():\n    return !ls\n", "def f():\n    return !ls\n"},
-	} {
-		if got := transform(t, tc.in); got != tc.want {
+	}
+	var in []string
+	for _, tc := range cases {
+		in = append(in, tc.in)
+	}
+	for i, got := range transform(t, in) {
+		if tc := cases[i]; got != tc.want {
 			t.Errorf("%s: transform(%q)\n got %q\nwant %q", tc.name, tc.in, got, tc.want)
 		}
 	}
