@@ -22,7 +22,8 @@ E2B_CI_PY_VERSION=2.11.5 # e2b-code-interpreter
 E2B_JS_VERSION=2.51.0
 E2B_CI_JS_VERSION=2.8.0 # @e2b/code-interpreter
 NPM_DIR=${OPENDSEC_E2B_NPM:-/var/cache/opendsec/test/e2b-npm}
-PY_PINS=("e2b==$E2B_PY_VERSION" "e2b-code-interpreter==$E2B_CI_PY_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
+SMOLAGENTS_VERSION=1.26.0
+PY_PINS=("e2b==$E2B_PY_VERSION" "e2b-code-interpreter==$E2B_CI_PY_VERSION" "smolagents==$SMOLAGENTS_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
 
 bash deploy/images/build.sh --no-import
 
@@ -30,7 +31,7 @@ VENV=${OPENDSEC_E2B_VENV:-/var/cache/opendsec/test/e2b-venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('e2b') != '$E2B_PY_VERSION' or m.version('e2b-code-interpreter') != '$E2B_CI_PY_VERSION')" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('e2b') != '$E2B_PY_VERSION' or m.version('e2b-code-interpreter') != '$E2B_CI_PY_VERSION' or m.version('smolagents') != '$SMOLAGENTS_VERSION')" 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PINS[@]}"
 fi
 
@@ -41,7 +42,7 @@ cleanup() {
   if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
 }
 trap cleanup EXIT
-start_system "$BIN" "$DD" busybox py -- --stop-sandboxes
+start_system "$BIN" "$DD" busybox py py-sci -- --stop-sandboxes
 
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
 # A key of another principal, for the isolation tests (not an SDK variable).

@@ -4,13 +4,17 @@
 #   root/busybox   Debian's busybox-static in an otherwise empty root
 #   root/py:3.11   Debian 12 (bookworm) minbase + python3 (3.11),
 #                  ca-certificates, procps
+#   root/py-sci:3.11  root/py:3.11 + Debian's python3-pip, python3-numpy and
+#                  python3-pil: what smolagents' E2B executor imports in the
+#                  sandbox (test/e2b/python/test_smolagents.py); pip is
+#                  not marked externally managed
 # Both have a user "user" (uid 1000, home /home/user), as E2B images do.
 #
 # Root filesystems are cached under ${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 # and rebuilt only when missing or when BUILD_VERSION below changes. Safe to
 # run twice, and concurrently (a lock serializes runs). Runs as root.
 #
-# Usage: build.sh [--data-dir DIR] [--only busybox|py] [--no-import]
+# Usage: build.sh [--data-dir DIR] [--only busybox|py|py-sci] [--no-import]
 #                 [--mirror URL] [--opendsec PATH]
 set -euo pipefail
 
@@ -32,7 +36,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--data-dir) DATA_DIR="${2:?--data-dir needs a directory}"; shift 2 ;;
 	--data-dir=*) DATA_DIR="${1#*=}"; shift ;;
-	--only) ONLY="${2:?--only needs busybox or py}"; shift 2 ;;
+	--only) ONLY="${2:?--only needs busybox, py or py-sci}"; shift 2 ;;
 	--only=*) ONLY="${1#*=}"; shift ;;
 	--no-import) DO_IMPORT=0; shift ;;
 	--mirror) MIRROR="${2:?--mirror needs a URL}"; shift 2 ;;
@@ -45,8 +49,8 @@ while [ $# -gt 0 ]; do
 done
 
 case "$ONLY" in
-""|busybox|py) ;;
-*) echo "build.sh: --only must be busybox or py, not '$ONLY'" >&2; exit 2 ;;
+""|busybox|py|py-sci) ;;
+*) echo "build.sh: --only must be busybox, py or py-sci, not '$ONLY'" >&2; exit 2 ;;
 esac
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -265,6 +269,41 @@ build_py() {
 	log "py-3.11: done in $((SECONDS - start))s, $(du -sh "$CACHE/py-3.11" | cut -f1) at $CACHE/py-3.11 (python $got)"
 }
 
+# build_py_sci adds Debian's pip, numpy and pillow to a copy of py-3.11.
+build_py_sci() {
+	if stamp_ok py-sci-3.11; then
+		log "py-sci-3.11: cached at $CACHE/py-sci-3.11 (version $BUILD_VERSION)"
+		return 0
+	fi
+	build_py
+	[ -n "$MIRROR" ] || MIRROR="$(detect_mirror)"
+	local tmp="$CACHE/py-sci-3.11.tmp" start=$SECONDS
+	cleanup_dir "$tmp"
+	cp -a "$CACHE/py-3.11" "$tmp"
+	log "py-sci-3.11: apt-get install python3-pip python3-numpy python3-pil from $MIRROR"
+	echo "deb $MIRROR $SUITE main" >"$tmp/etc/apt/sources.list"
+	cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+	if ! { chroot "$tmp" /usr/bin/apt-get -q update &&
+		DEBIAN_FRONTEND=noninteractive chroot "$tmp" /usr/bin/apt-get -q install -y --no-install-recommends \
+			python3-pip python3-numpy python3-pil; } 2>&1 | while IFS= read -r line; do
+		case "$line" in Get:* | Hit:* | Selecting* | Preparing* | Unpacking* | Setting\ up*) ;; *) log "apt: $line" ;; esac
+	done; then
+		cleanup_dir "$tmp"
+		echo "build.sh: apt-get in the py-sci root failed (mirror $MIRROR; pass --mirror URL to use another)" >&2
+		exit 1
+	fi
+	chroot "$tmp" /usr/bin/apt-get clean
+	rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin "$tmp"/var/log/*.log "$tmp"/var/log/apt/* \
+		"$tmp"/usr/share/doc/* "$tmp"/usr/share/man/*
+	: >"$tmp/etc/resolv.conf"
+	# As in E2B's images, `pip install` installs (Debian marks its python
+	# externally managed, which turns every install into an error).
+	rm -f "$tmp"/usr/lib/python3*/EXTERNALLY-MANAGED
+	chroot "$tmp" /usr/bin/python3 -c 'import numpy, PIL, pip' || { echo "build.sh: numpy, PIL or pip missing in py-sci" >&2; exit 1; }
+	publish py-sci-3.11 "$tmp"
+	log "py-sci-3.11: done in $((SECONDS - start))s, $(du -sh "$CACHE/py-sci-3.11" | cut -f1) at $CACHE/py-sci-3.11"
+}
+
 # opendsec_cmd finds the binary with `image import-rootfs`: --opendsec,
 # $OPENDSEC_BIN, PATH, else `go run` from this checkout.
 opendsec_cmd() {
@@ -291,6 +330,7 @@ PATH_ENV="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 if [ -z "$ONLY" ] || [ "$ONLY" = busybox ]; then build_busybox; fi
 if [ -z "$ONLY" ] || [ "$ONLY" = py ]; then build_py; fi
+if [ -z "$ONLY" ] || [ "$ONLY" = py-sci ]; then build_py_sci; fi
 
 if [ "$DO_IMPORT" -eq 1 ]; then
 	OPENDSEC="$(opendsec_cmd)"
@@ -299,6 +339,10 @@ if [ "$DO_IMPORT" -eq 1 ]; then
 	fi
 	if [ -z "$ONLY" ] || [ "$ONLY" = py ]; then
 		import_one root/py:3.11 "$CACHE/py-3.11" --env "$PATH_ENV" --env LANG=C.UTF-8 \
+			--env PYTHONUNBUFFERED=1 --workdir /home/user --user user
+	fi
+	if [ -z "$ONLY" ] || [ "$ONLY" = py-sci ]; then
+		import_one root/py-sci:3.11 "$CACHE/py-sci-3.11" --env "$PATH_ENV" --env LANG=C.UTF-8 \
 			--env PYTHONUNBUFFERED=1 --workdir /home/user --user user
 	fi
 fi

@@ -6,7 +6,8 @@
 #   start_system BIN DD [IMAGE...] [-- UP_FLAGS...]
 #     BIN: dir with opendsec, opendsec-agent and opendsec-init (next to
 #     the agent: the node finds it there); DD: an empty data dir;
-#     IMAGE: busybox or py (imported as root/busybox, root/py:3.11).
+#     IMAGE: busybox, py or py-sci (imported as root/busybox, root/py:3.11,
+#     root/py-sci:3.11).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).
 #     SYSTEM_NETWORK_EXTRA and SYSTEM_NODE_EXTRA are JSON members added to
@@ -57,7 +58,8 @@ JSON
     case "$img" in
       busybox) name=root/busybox dir=$cache/busybox ;;
       py) name=root/py:3.11 dir=$cache/py-3.11 ;;
-      *) echo "start_system: unknown image $img (busybox or py)" >&2; return 2 ;;
+      py-sci) name=root/py-sci:3.11 dir=$cache/py-sci-3.11 ;;
+      *) echo "start_system: unknown image $img (busybox, py or py-sci)" >&2; return 2 ;;
     esac
     "$bin/opendsec" image import-rootfs -q --config "$dd/opendsec.json" --data-dir "$dd" \
       --name "$name" --rootfs "$dir" --user root >/dev/null 2>"$dd/import.log" \

@@ -173,3 +173,51 @@ async def test_async_code_interpreter_full(test_id):
         assert out == ["streamed\n"]
     finally:
         await sbx.kill()
+
+
+def test_run_code_ipython_shell_lines(ci):
+    # E2B's interpreter is Jupyter: IPython's escapes work, output streamed.
+    ex = ci.run_code("!echo hi")
+    assert ex.error is None, ex.error
+    assert ex.logs.stdout == ["hi\n"]
+    ex = ci.run_code("n = 2\nfor i in range(n):\n    !echo line $i {i * 10}\nlines = !printf 'a\\nb\\n'\nlines")
+    assert ex.error is None, ex.error
+    assert "".join(ex.logs.stdout) == "line 0 0\nline 1 10\n"
+    assert ex.text == "['a', 'b']"
+    ex = ci.run_code("!exit 3\n_exit_code")
+    assert ex.error is None and ex.text == "3"
+    ex = ci.run_code("%%bash\necho from bash\necho oops >&2")
+    assert ex.error is None, ex.error
+    assert ex.logs.stdout == ["from bash\n"] and ex.logs.stderr == ["oops\n"]
+    ex = ci.run_code("%cd /tmp\n%env CI_K=v\nimport os\n(os.getcwd(), os.environ['CI_K'])")
+    assert ex.error is None, ex.error
+    assert ex.text == "('/tmp', 'v')"
+    ex = ci.run_code("%nosuchmagic x")
+    assert ex.error is not None and ex.error.name == "UsageError"
+    assert ex.error.value == "Line magic function `%nosuchmagic` not found."
+
+
+SCI = "root/py-sci:3.11"  # root/py:3.11 + Debian's pip, numpy, pillow (deploy/images/build.sh)
+
+
+def test_run_code_pip_install_without_network(ci, test_id):
+    # Sandboxes reach no index by default: pip fails with its own message,
+    # streamed as the cell's output (IPython sets no error for a failing
+    # shell line, only _exit_code).
+    sci = Sandbox.create(template=SCI, metadata={"sandbox_test_id": test_id})
+    try:
+        ex = sci.run_code("%pip install nosuchpkg-xyz", timeout=300)
+        out = "".join(ex.logs.stdout + ex.logs.stderr)
+        assert ex.error is None, ex.error
+        assert "No matching distribution found for nosuchpkg-xyz" in out, out
+        assert sci.run_code("_exit_code").text == "1"
+        # What is installed satisfies pip without an index (smolagents' line).
+        ex = sci.run_code("!pip install pillow numpy", timeout=300)
+        assert "Requirement already satisfied: numpy" in "".join(ex.logs.stdout), ex.logs
+        assert sci.run_code("_exit_code").text == "0"
+    finally:
+        sci.kill()
+    # root/py:3.11 has no pip: python's own message, still no SyntaxError.
+    ex = ci.run_code("%pip install nosuchpkg-xyz")
+    assert ex.error is None, ex.error
+    assert "No module named pip" in "".join(ex.logs.stderr), ex.logs
