@@ -44,8 +44,8 @@ func makeCgroup(path string, vcpus int, memMB int64) error {
 		}
 	}
 	if err := writeAll(map[string]string{
-		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_period_us"):       strconv.Itoa(period),
-		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_quota_us"):        quota,
+		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_period_us"):        strconv.Itoa(period),
+		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_quota_us"):         quota,
 		filepath.Join(cgroupRoot, "memory", path, "memory.limit_in_bytes"): mem,
 	}); err != nil {
 		removeCgroup(path)

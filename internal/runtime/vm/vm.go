@@ -121,11 +121,11 @@ type handleState struct {
 	Pid int `json:"pid"`
 	// StartTime is field 22 of /proc/<pid>/stat, so a reused pid is not
 	// taken for the sandbox's QEMU.
-	StartTime uint64 `json:"start_time"`
-	StateDir  string `json:"state_dir"`
-	Cgroup    string `json:"cgroup"`
-	Accel     string `json:"accel"`
-	MemoryMB  int64  `json:"memory_mb"`
-	VCPUs     int    `json:"vcpus"`
+	StartTime uint64   `json:"start_time"`
+	StateDir  string   `json:"state_dir"`
+	Cgroup    string   `json:"cgroup"`
+	Accel     string   `json:"accel"`
+	MemoryMB  int64    `json:"memory_mb"`
+	VCPUs     int      `json:"vcpus"`
 	Args      []string `json:"args"`
 }

@@ -417,7 +417,7 @@ func (r *Runtime) scanLogs(sb *sandbox) error {
 		b, _ := os.ReadFile(filepath.Join(sb.st.StateDir, f))
 		for _, m := range accelFatal {
 			if bytes.Contains(b, []byte(m)) {
-				return fmt.Errorf("vm %s: %w: accelerator mismatch: %q in %s with -accel %s (%s); use accel \"tcg\" on this host",
+				return fmt.Errorf("vm %s: %w: accelerator mismatch: %q in %s: the guest cannot run under -accel %s (%s); set node.backends.vm.accel to \"tcg\" or give a kernel for this accelerator",
 					sb.id, errdefs.ErrFailedPrecondition, m, f, sb.st.Accel, r.why)
 			}
 		}
