@@ -6,4 +6,5 @@ package daemon
 import (
 	_ "github.com/kernflux/opendsec/internal/runtime/container" // "container": runc
 	_ "github.com/kernflux/opendsec/internal/runtime/microvm"   // "microvm": Firecracker + jailer
+	_ "github.com/kernflux/opendsec/internal/runtime/vm"        // "vm": QEMU
 )
