@@ -20,7 +20,7 @@ import (
 // pvhHaltKernel writes an ELF64 with a PVH entry note whose code is
 // `hlt; jmp hlt`: a guest that QEMU boots and that runs until killed.
 // It stands in for the guest kernel until the guest assets are merged.
-func pvhHaltKernel(t *testing.T, path string) {
+func pvhHaltKernel(t testing.TB, path string) {
 	t.Helper()
 	const base = 0x100000
 	const ehsize, phsize = 64, 56
@@ -83,8 +83,15 @@ func rootOnly(t *testing.T) {
 	}
 }
 
-func newTestRuntime(t *testing.T) (*Runtime, string) {
+func newTestRuntime(t *testing.T) (*Runtime, string) { return newBenchRuntime(t) }
+
+func newBenchRuntime(t testing.TB) (*Runtime, string) {
 	t.Helper()
+	if os.Getenv("OPENDSEC_ROOT_TESTS") != "1" {
+		if _, ok := t.(*testing.B); ok {
+			t.Skip("OPENDSEC_ROOT_TESTS=1 runs the vm benchmarks")
+		}
+	}
 	assets := t.TempDir()
 	pvhHaltKernel(t, filepath.Join(assets, "vmlinux"))
 	if err := os.WriteFile(filepath.Join(assets, "initrd.cpio"), []byte("07070100"), 0o644); err != nil {
