@@ -40,6 +40,7 @@ type sandbox struct {
 	spec runtime.Spec
 	st   handleState
 
+	startMu sync.Mutex // serialises Start; mu is held only for the fields
 	mu      sync.Mutex
 	started bool
 	qmp     *qmpClient
@@ -301,9 +302,12 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	sb.startMu.Lock()
+	defer sb.startMu.Unlock()
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.started {
+	started := sb.started
+	sb.mu.Unlock()
+	if started {
 		return nil
 	}
 	name, args := r.cfg.QEMUPath, sb.st.Args
@@ -324,8 +328,10 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
+	sb.mu.Lock()
 	sb.st.Pid = pid
 	sb.started = true
+	sb.mu.Unlock()
 	close(sb.startedC)
 	go func() {
 		err := cmd.Wait() // QEMU is reaped before Wait reports, so its cgroup can go
@@ -346,13 +352,18 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
 		return fail(err)
 	}
-	sb.st.StartTime = procStartTime(pid)
+	stime := procStartTime(pid)
+	sb.mu.Lock()
+	sb.st.StartTime = stime
+	sb.mu.Unlock()
 	go r.watchLogs(sb)
 	q, err := r.connectQMP(ctx, sb)
 	if err != nil {
 		return fail(err)
 	}
+	sb.mu.Lock()
 	sb.qmp = q
+	sb.mu.Unlock()
 	if st, err := q.Status(ctx); err != nil {
 		return fail(err)
 	} else if st != "running" {

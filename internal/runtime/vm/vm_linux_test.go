@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -252,3 +253,28 @@ func TestQEMUAccelMismatchIsFatal(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// A kernel QEMU cannot load: Start fails with QEMU's own words, and no
+// QEMU is left.
+func TestQEMUStartFailsOnBadKernel(t *testing.T) {
+	rootOnly(t)
+	r, assets := newTestRuntime(t)
+	if err := os.WriteFile(filepath.Join(assets, "vmlinux"), []byte("not a kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-badkernel", StateDir: t.TempDir(), Resources: runtime.Resources{DiskMB: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Delete(context.Background(), h.ID) }()
+	err = r.Start(ctx, h.ID)
+	if err == nil || !strings.Contains(err.Error(), "qemu exited") {
+		t.Fatalf("start error %v, want qemu's exit", err)
+	}
+	if st, _ := r.Status(ctx, h.ID); st.State != runtime.StateStopped {
+		t.Fatalf("status %+v after a failed start", st)
+	}
+	t.Log(err)
+}
