@@ -7,4 +7,5 @@ import (
 	_ "github.com/kernflux/opendsec/internal/runtime/container" // "container": runc
 	_ "github.com/kernflux/opendsec/internal/runtime/gvisor"    // "gvisor": runsc
 	_ "github.com/kernflux/opendsec/internal/runtime/microvm"   // "microvm": Firecracker + jailer
+	_ "github.com/kernflux/opendsec/internal/runtime/vm"        // "vm": QEMU
 )

@@ -411,12 +411,12 @@ func (n *Node) prepare(ctx context.Context, rec *record, img runtime.Image, phas
 		if rec.Spec.Network != nil {
 			rules = *rec.Spec.Network
 		}
-		plan := n.cfg.Network.Planned(rec.ID)
+		plan := n.netPlanned(rt, rec.ID)
 		netAttach, nameservers = attachment(plan), []string{plan.DNS.String()}
 		netDone = make(chan error, 1)
 		go func() {
 			tNet := time.Now()
-			nw, err := n.cfg.Network.Setup(ctx, rec.ID, rules)
+			nw, err := n.netSetup(ctx, rt, rec.ID, rules)
 			if phases != nil {
 				phases.net = time.Since(tNet)
 			}

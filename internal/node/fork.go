@@ -360,11 +360,11 @@ func (n *Node) doFork(ctx context.Context, forker runtime.Forker, src *sandbox, 
 			if rec.Spec.Network != nil {
 				rules = *rec.Spec.Network
 			}
-			plan := n.cfg.Network.Planned(rec.ID)
+			plan := n.netPlanned(rt, rec.ID)
 			nw, nameservers = attachment(plan), []string{plan.DNS.String()}
 			netPending++
 			go func(id string) {
-				got, err := n.cfg.Network.Setup(ctx, id, rules)
+				got, err := n.netSetup(ctx, rt, id, rules)
 				if err == nil && (got.NetNSPath != plan.NetNSPath || got.DNS != plan.DNS) {
 					err = errdefs.New(errdefs.ErrInternal, "network of sandbox %s is %s (resolver %s), not the planned %s (%s)",
 						id, got.NetNSPath, got.DNS, plan.NetNSPath, plan.DNS)

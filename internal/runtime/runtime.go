@@ -381,3 +381,19 @@ type Stats struct {
 type StatsReader interface {
 	Stats(ctx context.Context, id string) (Stats, error)
 }
+
+// NetworkModer is implemented by backends whose guests need a network
+// attachment other than a veth (VM backends say NetworkTap); the node
+// reads it to make the sandbox's network. Without it a backend gets a veth.
+type NetworkModer interface {
+	NetworkMode() NetworkMode
+}
+
+// NetworkModeOf is rt's network attachment mode (NetworkVeth unless it
+// says otherwise).
+func NetworkModeOf(rt Runtime) NetworkMode {
+	if m, ok := rt.(NetworkModer); ok {
+		return m.NetworkMode()
+	}
+	return NetworkVeth
+}

@@ -1,0 +1,131 @@
+// Package vm is the QEMU backend: one qemu-system-x86_64 per sandbox, run
+// in the sandbox's network namespace with its tap as a virtio-net NIC, the
+// image's EROFS layers as read-only virtio-blk disks and a sparse ext4 disk
+// in the sandbox's StateDir as its writable layer. QEMU is driven through
+// QMP on a unix socket in StateDir; the agent is reached over a
+// virtio-serial port named "agent" whose chardev socket is in StateDir; the
+// serial console goes to console.log and QEMU's stderr to qemu.log there.
+//
+// The accelerator is always passed explicitly (-accel tcg or kvm): "auto"
+// asks kvmprobe, because on a PVM host `-accel kvm` does not fail but the
+// guest dies in KVM's instruction emulator. "KVM internal error" or
+// "emulation failure" in qemu.log or console.log is a fatal accelerator
+// mismatch: the QEMU process is killed and the error says so.
+//
+// QEMU processes are not the node's: they keep running when the node
+// restarts, and Recover finds them again from the pid (checked against
+// /proc/<pid>/cmdline and its start time) and the QMP socket in the Handle.
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// Name is the backend's name in the registry and in specs.
+const Name = "vm"
+
+// Defaults used when the config or the Spec leaves them at zero.
+const (
+	DefaultVCPUs    = 1
+	DefaultMemoryMB = 512
+	// DefaultDiskMB is the writable disk's size when Resources.DiskMB is 0.
+	DefaultDiskMB = 2048
+	// MemoryOverheadMB is added to the guest's RAM for the QEMU process's
+	// cgroup memory limit: TCG's code buffer (32 MiB with tb-size=32),
+	// QEMU's own heap and the device state.
+	MemoryOverheadMB = 128
+	// DefaultAssetsDir is where `make guest-assets` puts the guest kernel
+	// and initramfs (one subdirectory per version, "current" the newest).
+	DefaultAssetsDir = "/var/cache/opendsec/guest/current"
+)
+
+func init() { runtime.Register(Name, open) }
+
+// Config is node.backends.vm.
+type Config struct {
+	// QEMUPath is the qemu-system-x86_64 binary; empty means it is looked up in PATH.
+	QEMUPath string `json:"qemu_path,omitempty"`
+	// AssetsDir holds vmlinux and initrd.cpio; empty means DefaultAssetsDir.
+	AssetsDir string `json:"assets_dir,omitempty"`
+	// Accel is "auto" (default: kvmprobe decides), "tcg" or "kvm".
+	Accel string `json:"accel,omitempty"`
+	// Machine is "microvm" (default) or "q35".
+	Machine string `json:"machine,omitempty"`
+	// VCPUs and MemoryMB are used when a sandbox's Resources leave them 0.
+	VCPUs    int   `json:"vcpus,omitempty"`
+	MemoryMB int64 `json:"memory_mb,omitempty"`
+
+	// NodeID and NodeStateDir come from runtime.Env.
+	NodeID       string `json:"-"`
+	NodeStateDir string `json:"-"`
+}
+
+func (c *Config) defaults() error {
+	if c.QEMUPath == "" {
+		c.QEMUPath = "qemu-system-x86_64"
+	}
+	if c.AssetsDir == "" {
+		c.AssetsDir = DefaultAssetsDir
+	}
+	switch c.Accel {
+	case "":
+		c.Accel = "auto"
+	case "auto", "tcg", "kvm":
+	default:
+		return fmt.Errorf("node.backends.vm.accel %q: %w: use \"auto\", \"tcg\" or \"kvm\"", c.Accel, errdefs.ErrInvalidArgument)
+	}
+	switch c.Machine {
+	case "":
+		c.Machine = "microvm"
+	case "microvm", "q35":
+	default:
+		return fmt.Errorf("node.backends.vm.machine %q: %w: use \"microvm\" or \"q35\"", c.Machine, errdefs.ErrInvalidArgument)
+	}
+	if c.VCPUs < 0 {
+		return fmt.Errorf("node.backends.vm.vcpus %d: %w: use 0 (default %d) or more", c.VCPUs, errdefs.ErrInvalidArgument, DefaultVCPUs)
+	}
+	if c.MemoryMB < 0 {
+		return fmt.Errorf("node.backends.vm.memory_mb %d: %w: use 0 (default %d) or more", c.MemoryMB, errdefs.ErrInvalidArgument, DefaultMemoryMB)
+	}
+	if c.VCPUs == 0 {
+		c.VCPUs = DefaultVCPUs
+	}
+	if c.MemoryMB == 0 {
+		c.MemoryMB = DefaultMemoryMB
+	}
+	return nil
+}
+
+// kernelPath and initrdPath are the guest assets.
+func (c *Config) kernelPath() string { return filepath.Join(c.AssetsDir, "vmlinux") }
+func (c *Config) initrdPath() string { return filepath.Join(c.AssetsDir, "initrd.cpio") }
+
+func open(ctx context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
+	var cfg Config
+	if err := runtime.DecodeConfig(Name, raw, &cfg); err != nil {
+		return nil, err
+	}
+	cfg.NodeID = env.NodeID
+	cfg.NodeStateDir = env.StateDir
+	return New(ctx, cfg)
+}
+
+// handleState is the Handle's State blob.
+type handleState struct {
+	Pid int `json:"pid"`
+	// StartTime is field 22 of /proc/<pid>/stat, so a reused pid is not
+	// taken for the sandbox's QEMU.
+	StartTime uint64   `json:"start_time"`
+	StateDir  string   `json:"state_dir"`
+	Cgroup    string   `json:"cgroup"`
+	Accel     string   `json:"accel"`
+	MemoryMB  int64    `json:"memory_mb"`
+	VCPUs     int      `json:"vcpus"`
+	Args      []string `json:"args"`
+}

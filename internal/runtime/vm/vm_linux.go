@@ -1,0 +1,761 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+)
+
+// Runtime is the vm backend.
+type Runtime struct {
+	cfg   Config
+	accel string
+	why   string // why this accelerator
+
+	mu  sync.Mutex
+	sbs map[string]*sandbox
+}
+
+type sandbox struct {
+	id   string
+	spec runtime.Spec
+	st   handleState
+
+	startMu sync.Mutex // serialises Start; mu is held only for the fields
+	mu      sync.Mutex
+	started bool
+	qmp     *qmpClient
+	fatal   error // accelerator mismatch seen in the logs
+
+	done     chan struct{} // closed when QEMU has exited
+	doneOnce sync.Once
+	exit     runtime.ExitStatus
+	stopping bool
+	gone     chan struct{} // closed at Delete
+	goneOnce sync.Once
+	startedC chan struct{}
+}
+
+var cgroupControllers = []string{"cpu", "memory", "pids"}
+
+// New builds the backend: it checks the QEMU binary and decides the
+// accelerator (explicit, or kvmprobe for "auto").
+func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	p, err := exec.LookPath(cfg.QEMUPath)
+	if err != nil {
+		return nil, fmt.Errorf("node.backends.vm.qemu_path %q: %w: install qemu-system-x86 or set qemu_path: %w", cfg.QEMUPath, errdefs.ErrFailedPrecondition, err)
+	}
+	cfg.QEMUPath = p
+	r := &Runtime{cfg: cfg, sbs: map[string]*sandbox{}, accel: cfg.Accel, why: "configured"}
+	if cfg.Accel == "auto" {
+		res, err := kvmprobe.Detect(ctx, kvmprobe.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("vm accelerator detection: %w", err)
+		}
+		r.accel, r.why = string(res.Accel), res.Reason
+	}
+	slog.Info("vm backend", "qemu", p, "accel", r.accel, "why", r.why, "machine", cfg.Machine)
+	return r, nil
+}
+
+// Accel is the accelerator every VM of this backend gets, and why.
+func (r *Runtime) Accel() (string, string) { return r.accel, r.why }
+
+// Info implements runtime.Runtime.
+func (r *Runtime) Info() runtime.Info {
+	out, _ := exec.Command(r.cfg.QEMUPath, "--version").Output()
+	v, _, _ := strings.Cut(string(out), "\n")
+	return runtime.Info{Name: Name, Version: strings.TrimPrefix(v, "QEMU emulator version "), Capabilities: runtime.CapabilitiesOf(r, false)}
+}
+
+// NetworkMode says the node must give this backend's sandboxes a tap.
+func (r *Runtime) NetworkMode() runtime.NetworkMode { return runtime.NetworkTap }
+
+// ValidateOptions implements runtime.Runtime: the vm backend has none.
+func (r *Runtime) ValidateOptions(opts map[string]string) error {
+	for k := range opts {
+		return fmt.Errorf("option %q: %w: the vm backend takes no options", k, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (r *Runtime) get(id string) (*sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sbs[id]
+	if sb == nil {
+		return nil, fmt.Errorf("vm sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// validate checks spec against the host and the assets; it makes nothing.
+func (r *Runtime) validate(spec runtime.Spec) (vcpus int, memMB int64, err error) {
+	if spec.ID == "" || strings.ContainsAny(spec.ID, "/ ,=") {
+		return 0, 0, fmt.Errorf("sandbox id %q: %w: use a non-empty id without '/', ' ', ',' or '='", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if spec.StateDir == "" {
+		return 0, 0, fmt.Errorf("spec.StateDir: %w: the node must give the sandbox a state directory", errdefs.ErrInvalidArgument)
+	}
+	memMB = spec.Resources.MemoryMB
+	switch {
+	case memMB < 0:
+		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
+	case memMB == 0:
+		memMB = r.cfg.MemoryMB
+	case memMB < 64:
+		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
+	}
+	vcpus = r.cfg.VCPUs
+	if c := spec.Resources.CPU; c < 0 {
+		return 0, 0, fmt.Errorf("resources.cpu %g: %w: use 0 or more cores", c, errdefs.ErrInvalidArgument)
+	} else if c > 0 {
+		vcpus = int(c + 0.999)
+	}
+	if n := goruntime.NumCPU(); vcpus > n {
+		return 0, 0, fmt.Errorf("resources.cpu %g (%d vCPUs): %w: this host has %d CPUs; ask for at most %d", spec.Resources.CPU, vcpus, errdefs.ErrInvalidArgument, n, n)
+	}
+	if spec.Resources.DiskMB < 0 {
+		return 0, 0, fmt.Errorf("resources.disk_mb %d: %w: use 0 (default %d) or more", spec.Resources.DiskMB, errdefs.ErrInvalidArgument, DefaultDiskMB)
+	}
+	for _, p := range []string{r.cfg.kernelPath(), r.cfg.initrdPath()} {
+		if _, err := os.Stat(p); err != nil {
+			return 0, 0, fmt.Errorf("guest asset %s: %w: run `make guest-assets` or set node.backends.vm.assets_dir: %w", p, errdefs.ErrFailedPrecondition, err)
+		}
+	}
+	for i, l := range spec.Rootfs.Layers {
+		if l.Format != runtime.LayerEROFS {
+			return 0, 0, fmt.Errorf("rootfs layer %d (%s) format %q: %w: the vm backend needs EROFS layers", i, l.Digest, l.Format, errdefs.ErrInvalidArgument)
+		}
+	}
+	switch spec.Network.Mode {
+	case runtime.NetworkNone, runtime.NetworkTap:
+	default:
+		return 0, 0, fmt.Errorf("network mode %q: %w: the vm backend needs a tap (or no network)", spec.Network.Mode, errdefs.ErrInvalidArgument)
+	}
+	return vcpus, memMB, nil
+}
+
+func (r *Runtime) cgroupPath(id string) string {
+	node := r.cfg.NodeID
+	if node == "" {
+		node = "default"
+	}
+	return "opendsec-vm-" + node + "/" + id
+}
+
+// Create implements runtime.Runtime: it validates, makes the writable disk
+// and the cgroup, and builds QEMU's command line. Nothing runs yet.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
+	vcpus, memMB, err := r.validate(spec)
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	r.mu.Lock()
+	if r.sbs[spec.ID] != nil {
+		r.mu.Unlock()
+		return runtime.Handle{}, fmt.Errorf("vm sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	sb := &sandbox{id: spec.ID, spec: spec, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{})}
+	r.sbs[spec.ID] = sb
+	r.mu.Unlock()
+	cg := r.cgroupPath(spec.ID)
+	defer func() {
+		if err != nil {
+			removeCgroup(cg)
+			for _, f := range ownedFiles {
+				_ = os.Remove(filepath.Join(spec.StateDir, f))
+			}
+			r.mu.Lock()
+			delete(r.sbs, spec.ID)
+			r.mu.Unlock()
+		}
+	}()
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return runtime.Handle{}, fmt.Errorf("vm state dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	diskMB := spec.Resources.DiskMB
+	if diskMB == 0 {
+		diskMB = DefaultDiskMB
+	}
+	disk := filepath.Join(spec.StateDir, "rw.ext4")
+	if err := makeDisk(ctx, disk, diskMB); err != nil {
+		return runtime.Handle{}, err
+	}
+	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB); err != nil {
+		return runtime.Handle{}, err
+	}
+	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus}
+	sb.st.Args = r.args(spec, vcpus, memMB, disk)
+	return r.handle(sb), nil
+}
+
+// ownedFiles are what the backend makes in StateDir.
+var ownedFiles = []string{"rw.ext4", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid"}
+
+func (r *Runtime) handle(sb *sandbox) runtime.Handle {
+	b, _ := json.Marshal(sb.st)
+	return runtime.Handle{ID: sb.id, Version: 1, State: b}
+}
+
+func makeDisk(ctx context.Context, path string, mb int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("vm writable disk: %w: %w", errdefs.ErrInternal, err)
+	}
+	err = f.Truncate(mb << 20)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("vm writable disk size: %w: %w", errdefs.ErrInternal, err)
+	}
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-L", "opendsec-rw", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("vm writable disk mkfs.ext4: %w: %w: %s", errdefs.ErrInternal, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// args is QEMU's command line (after the binary).
+func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) []string {
+	sd := spec.StateDir
+	dev := func(kind string) string {
+		if r.cfg.Machine == "q35" {
+			return kind + "-pci"
+		}
+		return kind + "-device"
+	}
+	machine := "microvm,pic=on"
+	if r.cfg.Machine == "q35" {
+		machine = "q35"
+	}
+	accel := r.accel
+	if accel == "tcg" {
+		accel = "tcg,tb-size=32"
+	}
+	hostname := spec.Guest.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	cmdline := []string{"console=ttyS0", "quiet", "tsc_early_khz=2000000", "cryptomgr.notests", "mitigations=off",
+		"tsc=reliable", "no_timer_check", "i8042.noaux", "i8042.nokbd", "i8042.nopnp", "i8042.nomux", "8250.nr_uarts=1",
+		"nowatchdog", "audit=0", "panic=-1", "rcupdate.rcu_expedited=1",
+		"opendsec.layers=" + strconv.Itoa(len(spec.Rootfs.Layers)), "opendsec.rw=vd" + string(rune('a'+len(spec.Rootfs.Layers))),
+		"opendsec.hostname=" + hostname}
+	if spec.Network.Mode == runtime.NetworkTap {
+		cmdline = append(cmdline, "opendsec.ip="+spec.Network.GuestAddr.String(), "opendsec.gw="+spec.Network.Gateway.String(),
+			"opendsec.mac="+spec.Network.MAC.String())
+	}
+	a := []string{"-name", "opendsec-" + spec.ID, "-M", machine, "-accel", accel, "-cpu", "max",
+		"-smp", strconv.Itoa(vcpus), "-m", strconv.FormatInt(memMB, 10) + "M",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", r.cfg.kernelPath(), "-initrd", r.cfg.initrdPath(), "-append", strings.Join(cmdline, " "),
+		"-chardev", "file,id=ser0,path=" + filepath.Join(sd, "console.log"), "-serial", "chardev:ser0",
+		"-qmp", "unix:" + filepath.Join(sd, "qmp.sock") + ",server=on,wait=off",
+		"-pidfile", filepath.Join(sd, "qemu.pid"),
+	}
+	if r.cfg.Machine == "microvm" {
+		a = append(a, "-global", "virtio-mmio.force-legacy=false")
+	}
+	for i, l := range spec.Rootfs.Layers {
+		id := "layer" + strconv.Itoa(i)
+		a = append(a, "-drive", "file="+l.Path+",format=raw,if=none,readonly=on,id="+id, "-device", dev("virtio-blk")+",drive="+id)
+	}
+	a = append(a, "-drive", "file="+disk+",format=raw,if=none,cache=unsafe,id=rw", "-device", dev("virtio-blk")+",drive=rw",
+		"-device", dev("virtio-serial"),
+		"-chardev", "socket,id=agent,path="+filepath.Join(sd, "agent.sock")+",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=agent")
+	if spec.Network.Mode == runtime.NetworkTap {
+		a = append(a, "-netdev", "tap,id=net0,ifname="+spec.Network.Device+",script=no,downscript=no",
+			"-device", dev("virtio-net")+",netdev=net0,mac="+spec.Network.MAC.String())
+	}
+	return a
+}
+
+// Start implements runtime.Runtime: QEMU runs in the sandbox's netns and
+// cgroup; Start returns once QMP answers and the VM runs.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	sb.startMu.Lock()
+	defer sb.startMu.Unlock()
+	sb.mu.Lock()
+	started := sb.started
+	sb.mu.Unlock()
+	if started {
+		return nil
+	}
+	name, args := r.cfg.QEMUPath, sb.st.Args
+	if ns := sb.spec.Network.NetNS; ns != "" {
+		args = append([]string{"--net=" + ns, "--", name}, args...)
+		name = "nsenter"
+	}
+	logf, err := os.OpenFile(filepath.Join(sb.st.StateDir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("vm qemu log: %w: %w", errdefs.ErrInternal, err)
+	}
+	defer func() { _ = logf.Close() }()
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// QEMU is not the node's: its own session, so a node restart leaves it running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
+	}
+	pid := cmd.Process.Pid
+	sb.mu.Lock()
+	sb.st.Pid = pid
+	sb.started = true
+	sb.mu.Unlock()
+	close(sb.startedC)
+	go func() {
+		err := cmd.Wait() // QEMU is reaped before Wait reports, so its cgroup can go
+		code := -1
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err == nil {
+			code = 0
+		}
+		r.ended(sb, "", code)
+	}()
+	fail := func(err error) error {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		<-sb.done
+		return err
+	}
+	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
+		return fail(err)
+	}
+	stime := procStartTime(pid)
+	sb.mu.Lock()
+	sb.st.StartTime = stime
+	sb.mu.Unlock()
+	go r.watchLogs(sb)
+	q, err := r.connectQMP(ctx, sb)
+	if err != nil {
+		return fail(err)
+	}
+	sb.mu.Lock()
+	sb.qmp = q
+	sb.mu.Unlock()
+	if st, err := q.Status(ctx); err != nil {
+		return fail(err)
+	} else if st != "running" {
+		return fail(fmt.Errorf("vm %s: %w: qemu is %q after start, not running", id, errdefs.ErrInternal, st))
+	}
+	return nil
+}
+
+// connectQMP dials the QMP socket as soon as QEMU made it, until ctx ends or QEMU exits.
+func (r *Runtime) connectQMP(ctx context.Context, sb *sandbox) (*qmpClient, error) {
+	path := filepath.Join(sb.st.StateDir, "qmp.sock")
+	backoff := time.Millisecond
+	for {
+		q, err := dialQMP(ctx, path)
+		if err == nil {
+			return q, nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("vm %s qmp: %w: %w", sb.id, errdefs.ErrDeadlineExceeded, ctx.Err())
+		case <-sb.done:
+			t.Stop()
+			return nil, r.exitError(sb)
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}
+
+// exitError says why QEMU ended before it was ready.
+func (r *Runtime) exitError(sb *sandbox) error {
+	sb.mu.Lock()
+	fatal := sb.fatal
+	sb.mu.Unlock()
+	if fatal == nil {
+		fatal = r.scanLogs(sb)
+	}
+	if fatal != nil {
+		return fatal
+	}
+	log, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "qemu.log"))
+	return fmt.Errorf("vm %s: %w: qemu exited: %s", sb.id, errdefs.ErrInternal, lastLines(log, 5))
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// accelFatal are the messages of a guest the accelerator cannot run.
+var accelFatal = []string{"KVM internal error", "emulation failure"}
+
+// scanLogs returns the accelerator-mismatch error if qemu.log or
+// console.log says so.
+func (r *Runtime) scanLogs(sb *sandbox) error {
+	for _, f := range []string{"qemu.log", "console.log"} {
+		b, _ := os.ReadFile(filepath.Join(sb.st.StateDir, f))
+		for _, m := range accelFatal {
+			if bytes.Contains(b, []byte(m)) {
+				return fmt.Errorf("vm %s: %w: accelerator mismatch: %q in %s: the guest cannot run under -accel %s (%s); set node.backends.vm.accel to \"tcg\" or give a kernel for this accelerator",
+					sb.id, errdefs.ErrFailedPrecondition, m, f, sb.st.Accel, r.why)
+			}
+		}
+	}
+	return nil
+}
+
+// watchLogs looks at the logs while QEMU runs; an accelerator mismatch
+// kills it, so a guest stuck in the emulator never hangs its caller.
+func (r *Runtime) watchLogs(sb *sandbox) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-sb.done:
+			return
+		case <-t.C:
+		}
+		if err := r.scanLogs(sb); err != nil {
+			sb.mu.Lock()
+			sb.fatal = err
+			sb.mu.Unlock()
+			slog.Error("vm killed", "id", sb.id, "err", err)
+			_ = unix.Kill(sb.st.Pid, unix.SIGKILL)
+			return
+		}
+	}
+}
+
+// watch waits for QEMU's end through a pidfd (also for a QEMU found by Recover).
+func (r *Runtime) watch(sb *sandbox) {
+	pid := sb.st.Pid
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		r.ended(sb, "qemu was gone when the node looked", -1)
+		return
+	}
+	go func() {
+		defer func() { _ = unix.Close(fd) }()
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != nil && errors.Is(err, unix.EINTR) {
+				continue
+			}
+			break
+		}
+		r.ended(sb, "", -1)
+	}()
+}
+
+func (r *Runtime) ended(sb *sandbox, why string, code int) {
+	sb.doneOnce.Do(func() {
+		sb.mu.Lock()
+		st := runtime.ExitStatus{ExitCode: code, At: time.Now(), Reason: why}
+		switch {
+		case why != "":
+		case sb.fatal != nil:
+			st.Reason = "accelerator mismatch"
+		case sb.stopping:
+			st.Reason = "stopped"
+		default:
+			st.Reason = "qemu exited"
+		}
+		sb.exit = st
+		sb.mu.Unlock()
+		close(sb.done)
+	})
+}
+
+// Wait implements runtime.Runtime.
+func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.ExitStatus{}, err
+	}
+	select {
+	case <-sb.done:
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		return sb.exit, nil
+	case <-sb.gone:
+		return runtime.ExitStatus{}, fmt.Errorf("vm sandbox %q: %w: deleted", id, errdefs.ErrNotFound)
+	case <-ctx.Done():
+		return runtime.ExitStatus{}, fmt.Errorf("vm sandbox %q wait: %w: %w", id, errdefs.ErrCanceled, ctx.Err())
+	}
+}
+
+// Stop implements runtime.Runtime: an ACPI power-down for opts.Timeout,
+// then QMP quit, then SIGKILL.
+func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions) error {
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	started, q, pid := sb.started, sb.qmp, sb.st.Pid
+	sb.stopping = true
+	sb.mu.Unlock()
+	if !started {
+		return nil
+	}
+	waitFor := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-sb.done:
+			return true
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if q != nil && opts.Timeout > 0 {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, _ = q.Execute(qctx, "system_powerdown", nil)
+		cancel()
+		if waitFor(opts.Timeout) {
+			return nil
+		}
+		qctx, cancel = context.WithTimeout(ctx, time.Second)
+		_, _ = q.Execute(qctx, "quit", nil)
+		cancel()
+		if waitFor(time.Second) {
+			return nil
+		}
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("vm %s kill: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	select {
+	case <-sb.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("vm %s stop: %w: %w", id, errdefs.ErrDeadlineExceeded, ctx.Err())
+	}
+}
+
+// Delete implements runtime.Runtime: process, sockets, disks, cgroup.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	sb, err := r.get(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	if sb.qmp != nil {
+		_ = sb.qmp.Close()
+	}
+	sb.mu.Unlock()
+	removeCgroup(sb.st.Cgroup)
+	for _, f := range ownedFiles {
+		if err := os.Remove(filepath.Join(sb.st.StateDir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("vm %s delete %s: %w: %w", id, f, errdefs.ErrInternal, err)
+		}
+	}
+	r.mu.Lock()
+	delete(r.sbs, id)
+	r.mu.Unlock()
+	sb.goneOnce.Do(func() { close(sb.gone) })
+	return nil
+}
+
+// Status implements runtime.Runtime.
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	sb.mu.Lock()
+	started, q, pid := sb.started, sb.qmp, sb.st.Pid
+	sb.mu.Unlock()
+	select {
+	case <-sb.done:
+		return runtime.Status{State: runtime.StateStopped, ExitCode: -1}, nil
+	default:
+	}
+	if !started {
+		return runtime.Status{State: runtime.StateCreated}, nil
+	}
+	if q != nil {
+		if st, err := q.Status(ctx); err == nil && st == "paused" {
+			return runtime.Status{State: runtime.StatePaused, Pid: pid}, nil
+		}
+	}
+	return runtime.Status{State: runtime.StateRunning, Pid: pid}, nil
+}
+
+// Recover implements runtime.Runtime: it finds QEMU by the pid in the
+// Handle (its cmdline and start time must match) and re-attaches to QMP.
+func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
+	var st handleState
+	if err := json.Unmarshal(h.State, &st); err != nil {
+		return fmt.Errorf("vm handle %q: %w: %w", h.ID, errdefs.ErrInvalidArgument, err)
+	}
+	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: st.Pid > 0}
+	sb.spec.StateDir = st.StateDir
+	if sb.started {
+		close(sb.startedC)
+	}
+	r.mu.Lock()
+	if r.sbs[h.ID] != nil {
+		r.mu.Unlock()
+		return nil
+	}
+	r.sbs[h.ID] = sb
+	r.mu.Unlock()
+	if !sb.started {
+		return nil
+	}
+	if !r.isOurQEMU(st) {
+		r.ended(sb, "qemu was gone when the node looked", -1)
+		return nil
+	}
+	r.watch(sb)
+	go r.watchLogs(sb)
+	q, err := dialQMP(ctx, filepath.Join(st.StateDir, "qmp.sock"))
+	if err != nil {
+		return fmt.Errorf("vm %s recover: %w", h.ID, err)
+	}
+	sb.mu.Lock()
+	sb.qmp = q
+	sb.mu.Unlock()
+	return nil
+}
+
+// isOurQEMU checks that pid is still the QEMU of this sandbox.
+func (r *Runtime) isOurQEMU(st handleState) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/cmdline")
+	if err != nil || !bytes.Contains(b, []byte(filepath.Join(st.StateDir, "qmp.sock"))) {
+		return false
+	}
+	return st.StartTime == 0 || procStartTime(st.Pid) == st.StartTime
+}
+
+func procStartTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(f[19], 10, 64)
+	return v
+}
+
+// Handle returns the sandbox's current Handle (with QEMU's pid once started).
+func (r *Runtime) Handle(id string) (runtime.Handle, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return r.handle(sb), nil
+}
+
+// AgentConn implements runtime.Runtime. The agent's virtio-serial port is
+// multiplexed by internal/vmchan (wt-guest), not merged yet: until then
+// this is the raw chardev socket, which speaks nothing but the port's bytes.
+func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", filepath.Join(sb.st.StateDir, "agent.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("vm %s agent: %w: %w", id, errdefs.ErrUnavailable, err)
+	}
+	return c, nil
+}
+
+// Pause implements runtime.Pauser: QMP stop (memory kept).
+func (r *Runtime) Pause(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "stop") }
+
+// Resume implements runtime.Pauser: QMP cont.
+func (r *Runtime) Resume(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "cont") }
+
+func (r *Runtime) qmpRun(ctx context.Context, id, cmd string) error {
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	q := sb.qmp
+	sb.mu.Unlock()
+	if q == nil {
+		return fmt.Errorf("vm %s %s: %w: not running", id, cmd, errdefs.ErrFailedPrecondition)
+	}
+	_, err = q.Execute(ctx, cmd, nil)
+	return err
+}
+
+// Stats implements runtime.StatsReader from the cgroup and /proc.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	var s runtime.Stats
+	mem := filepath.Join(cgroupRoot, "memory", sb.st.Cgroup)
+	s.MemoryBytes, _ = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
+	s.MemoryLimitBytes, _ = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
+	s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(sb.st.Pid) + "/stat"); err == nil {
+		if i := bytes.LastIndexByte(b, ')'); i > 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 13 {
+				u, _ := strconv.ParseUint(f[11], 10, 64)
+				k, _ := strconv.ParseUint(f[12], 10, 64)
+				s.CPUNanos = (u + k) * uint64(time.Second/100)
+			}
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(sb.st.StateDir, "rw.ext4")); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			s.DiskUsedBytes = st.Blocks * 512
+		}
+		s.DiskTotalBytes = fi.Size()
+	}
+	return s, nil
+}
