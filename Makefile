@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERS
 GOLANGCI_LINT ?= $(shell $(GO) env GOPATH)/bin/golangci-lint
 CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent generate test test-go test-live test-e2b test-unit fuzz-short fuzz lint build-other-os clean
+.PHONY: help build agent guest-assets generate test test-go test-live test-e2b test-unit fuzz-short fuzz lint build-other-os clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -20,6 +20,9 @@ agent: ## build the static in-sandbox agent and its init (PID 1), side by side
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/opendsec-init ./cmd/opendsec-init
+
+guest-assets: ## VM guest kernel + initramfs from Debian packages, cached (docs/vm-guest.md)
+	scripts/build-guest-assets.sh
 
 test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...

@@ -130,6 +130,10 @@ else note "runsc: not built (OPENDSEC_SKIP_RUNSC=1?): the gvisor backend is unav
 
 say "building"
 make -C "$REPO" build >/dev/null
+# VM guest kernel + initramfs (docs/vm-guest.md); cached, so a rerun takes seconds.
+if gdir=$(make -s -C "$REPO" guest-assets 2>/dev/null | tail -1) && [ -f "$gdir/manifest.json" ]; then
+  note "vm guest assets: $gdir ($(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print(m["kernel_package"], m["kernel_package_version"], len(m["modules"]), "modules")' "$gdir/manifest.json"))"
+else note "vm guest assets: not built (make guest-assets failed; the vm backend needs them)"; fi
 install -d "$LIB_DIR" "$LOG_DIR" "$RUN_DIR" "$OPS_DIR"
 for b in $BINS; do install -m 0755 "$REPO/bin/$b" "/usr/local/bin/$b"; done
 # The agent and its init are replaced by rename so running sandboxes keep

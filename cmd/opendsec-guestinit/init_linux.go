@@ -1,0 +1,83 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+const agentSock = "/run/opendsec/agent.sock"
+
+func run() int {
+	for _, m := range []struct{ src, dst, fs string }{
+		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"}, {"tmpfs", "/run", "tmpfs"},
+	} {
+		_ = os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && err != unix.EBUSY {
+			logf("mount " + m.dst + ": " + err.Error())
+		}
+	}
+	cl, _ := os.ReadFile("/proc/cmdline")
+	args := parseCmdline(string(cl))
+	loadModules("/lib/modules")
+	if h := args["hostname"]; h != "" {
+		if err := unix.Sethostname([]byte(h)); err != nil {
+			logf("hostname: " + err.Error())
+		}
+	}
+	_ = os.MkdirAll("/run/opendsec", 0o755)
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGCHLD)
+	agent := exec.Command("/bin/opendsec-agent", "--listen", agentSock)
+	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
+	if err := agent.Start(); err != nil {
+		logf("agent: " + err.Error())
+	}
+	for s := range sig {
+		if s == unix.SIGCHLD {
+			reap()
+			continue
+		}
+		poweroff()
+	}
+	return 0
+}
+
+// loadModules loads dir/order's modules with finit_module(2), in order; one
+// that is already there (EEXIST) is fine.
+func loadModules(dir string) {
+	b, err := os.ReadFile(dir + "/order")
+	if err != nil {
+		logf("modules: " + err.Error())
+		return
+	}
+	for _, n := range strings.Fields(string(b)) {
+		f, err := os.Open(dir + "/" + n + ".ko")
+		if err != nil {
+			logf("module " + n + ": " + err.Error())
+			continue
+		}
+		if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && err != unix.EEXIST {
+			logf("module " + n + ": " + err.Error())
+		}
+		_ = f.Close()
+	}
+}
+
+func reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
+}
+
+func poweroff() {
+	unix.Sync()
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+}
