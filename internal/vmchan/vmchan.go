@@ -1,0 +1,220 @@
+// Package vmchan carries many agent connections over one VM serial port.
+//
+// A virtio-serial port is a single byte stream, and the agent speaks HTTP
+// with many concurrent connections, so a yamux session runs on the port: the
+// guest is the yamux server (Listen), the host the client (Dial, Open). See
+// docs/vm-guest.md.
+package vmchan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// Backoff between attempts to open the port (or the host socket) again.
+const (
+	minRetry = 20 * time.Millisecond
+	maxRetry = 500 * time.Millisecond
+)
+
+func yamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.LogOutput = io.Discard
+	c.KeepAliveInterval = 5 * time.Second
+	c.ConnectionWriteTimeout = 10 * time.Second
+	return c
+}
+
+// listener is the guest side: it opens the port, serves one yamux session on
+// it until the session breaks (the host went away: reads return EOF), and
+// opens it again.
+type listener struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	conns  chan net.Conn
+	addr   addr
+	done   chan struct{}
+}
+
+type addr string
+
+func (a addr) Network() string { return "vmchan" }
+func (a addr) String() string  { return string(a) }
+
+// Listen serves yamux sessions on the virtio-serial port devPath (e.g.
+// /dev/virtio-ports/agent) and returns their streams as connections. It
+// survives the host disconnecting and reconnecting: each host connection
+// gets a new session. Close (or ctx) stops it.
+func Listen(ctx context.Context, devPath string) (net.Listener, error) {
+	if devPath == "" {
+		return nil, fmt.Errorf("vmchan listen: %w: devPath is empty; give the virtio-serial port, e.g. /dev/virtio-ports/agent", errdefs.ErrInvalidArgument)
+	}
+	return listenOn(ctx, devPath, func() (io.ReadWriteCloser, error) { return openPort(devPath) }), nil
+}
+
+// listenOn is Listen over any way of opening the port (tests use a socket).
+func listenOn(ctx context.Context, name string, open func() (io.ReadWriteCloser, error)) *listener {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &listener{ctx: ctx, cancel: cancel, conns: make(chan net.Conn), addr: addr(name), done: make(chan struct{})}
+	go l.loop(open)
+	return l
+}
+
+func (l *listener) loop(open func() (io.ReadWriteCloser, error)) {
+	defer close(l.done)
+	wait := minRetry
+	for l.ctx.Err() == nil {
+		rw, err := open()
+		if err != nil {
+			if !l.pause(wait) {
+				return
+			}
+			wait = min(2*wait, maxRetry)
+			continue
+		}
+		start := time.Now()
+		l.serve(rw)
+		if time.Since(start) > time.Second {
+			wait = minRetry
+		}
+		// The port reads EOF at once while no host is connected: back off.
+		if !l.pause(wait) {
+			return
+		}
+		wait = min(2*wait, maxRetry)
+	}
+}
+
+func (l *listener) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
+}
+
+// serve runs one session on rw until it breaks or the listener closes.
+func (l *listener) serve(rw io.ReadWriteCloser) {
+	s, err := yamux.Server(rw, yamuxConfig())
+	if err != nil {
+		_ = rw.Close()
+		return
+	}
+	stop := context.AfterFunc(l.ctx, func() { _ = s.Close() })
+	defer stop()
+	defer func() { _ = s.Close() }()
+	for {
+		c, err := s.Accept()
+		if err != nil {
+			return
+		}
+		select {
+		case l.conns <- c:
+		case <-l.ctx.Done():
+			_ = c.Close()
+			return
+		}
+	}
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.ctx.Done():
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops the listener; it does not wait for an open of the port in
+// progress (the loop ends when that open returns).
+func (l *listener) Close() error {
+	l.cancel()
+	return nil
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
+
+// Client is the host side: one yamux session on QEMU's chardev unix socket,
+// redialled when it breaks.
+type Client struct {
+	path string
+	mu   sync.Mutex
+	sess *yamux.Session
+}
+
+// Dial connects to the guest's agent port through QEMU's chardev socket.
+func Dial(ctx context.Context, unixSocketPath string) (*Client, error) {
+	if unixSocketPath == "" {
+		return nil, fmt.Errorf("vmchan dial: %w: the socket path is empty; give the chardev socket's path", errdefs.ErrInvalidArgument)
+	}
+	c := &Client{path: unixSocketPath}
+	if _, err := c.session(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != nil && !c.sess.IsClosed() {
+		return c.sess, nil
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.path)
+	if err != nil {
+		return nil, fmt.Errorf("vmchan dial %s: %w: %w", c.path, errdefs.ErrUnavailable, err)
+	}
+	s, err := yamux.Client(conn, yamuxConfig())
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("vmchan session: %w", err)
+	}
+	c.sess = s
+	return s, nil
+}
+
+// Open opens one stream to the guest's agent, redialling once when the
+// session broke (the VM restarted, was restored, or the guest's end reset).
+func (c *Client) Open(ctx context.Context) (net.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("vmchan open: %w", err)
+		}
+		s, err := c.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, err := s.OpenStream()
+		if err == nil {
+			return st, nil
+		}
+		_ = s.Close()
+		if attempt > 0 || !errors.Is(err, yamux.ErrSessionShutdown) && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("vmchan open: %w: %w", errdefs.ErrUnavailable, err)
+		}
+	}
+}
+
+// Close ends the session; a later Open dials again.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != nil {
+		return c.sess.Close()
+	}
+	return nil
+}
