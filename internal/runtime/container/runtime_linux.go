@@ -903,8 +903,11 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	}
 	sb.exit.stopping.Store(true)
 	// Kill first: `runc delete --force` of a running container sleeps 100 ms
-	// before it looks again; ours polls /proc.
-	if s, err := r.runcState(ctx, sb.st.StateRoot, sb.id); err == nil && s.Status != "stopped" {
+	// before it looks again; ours polls /proc. When init is known to be gone
+	// (a Stop ended it), runc would answer "stopped": no `runc state`.
+	if initGone(sb) {
+		log.G(ctx).Debug("init gone, no runc state before delete", "sandbox.id", sb.id)
+	} else if s, err := r.runcState(ctx, sb.st.StateRoot, sb.id); err == nil && s.Status != "stopped" {
 		if s.Status == "paused" {
 			if _, err := r.runcOut(ctx, sb.st.StateRoot, "resume", sb.id); err != nil {
 				return fmt.Errorf("resume before delete: %w", err)
@@ -969,6 +972,24 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// initGone reports whether sb's init is known to have ended: its watcher saw
+// its pidfd turn readable, or its pid is gone or a zombie. runc's state of
+// such a container is "stopped" (runc, too, looks only at init), so the
+// caller needs no `runc state` to learn it. With no pid on record (never
+// launched, or recovered stopped) it reports false: only runc knows then.
+func initGone(sb *sandbox) bool {
+	pid := int(sb.pid.Load())
+	if pid <= 0 || sb.phase.Load() != phaseLaunched {
+		return false
+	}
+	select {
+	case <-sb.exit.done:
+		return true
+	default:
+	}
+	return !pidAlive(pid)
 }
 
 // intentPath is where Create records what it is about to make for id, so a

@@ -2,6 +2,7 @@ package container
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,4 +95,64 @@ func TestStartedRootLeavesTheHostMountTable(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(sb.st.upper(), "written")); err != nil || string(b) != "hi\n" {
 		t.Fatalf("the write in the upper layer on the host: %q, %v", b, err)
 	}
+}
+
+// TestRuncInvocationsPerCreateAndStop counts the runc processes a cold
+// create and a node stop run (through a wrapper that logs each one's
+// arguments and execs the real runc): a create is one `runc run --detach`;
+// Stop (pidfd kill) and Delete of the stopped sandbox are one `runc delete
+// --force`, with no `runc state` (init's end is already known).
+func TestRuncInvocationsPerCreateAndStop(t *testing.T) {
+	real, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatalf("runc: %v", err)
+	}
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "runc-calls.log")
+	wrapper := filepath.Join(dir, "runc")
+	script := "#!/bin/sh\necho \"$*\" >>" + logf + "\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil { //nolint:gosec // an executable
+		t.Fatal(err)
+	}
+	calls := func() []string {
+		b, err := os.ReadFile(logf)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if l != "" && l != "--version" {
+				out = append(out, l)
+			}
+		}
+		if err := os.Truncate(logf, 0); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		return out
+	}
+	f := newFactoryWith(t, func(c *Config) { c.RuncPath = wrapper })
+	rt, tmpl := f(t)
+	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	if got := calls(); len(got) != 1 || !strings.Contains(got[0], " run --detach ") {
+		t.Fatalf("runc calls of a create: %q; want one `runc run --detach`", got)
+	}
+	ctx := t.Context()
+	if err := rt.Stop(ctx, spec.ID, runtime.StopOptions{}); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if got := calls(); len(got) != 1 || !strings.Contains(got[0], " delete --force ") {
+		t.Fatalf("runc calls of stop and delete: %q; want one `runc delete --force`", got)
+	}
+	if _, err := os.Stat(filepath.Join(rt.(*Runtime).cfg.StateRoot, spec.ID)); !os.IsNotExist(err) {
+		t.Fatalf("runc state dir of %s after delete: %v; want it gone", spec.ID, err)
+	}
+	for _, d := range rt.(*Runtime).CgroupDirs(spec.ID) {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s after delete: %v; want it gone", d, err)
+		}
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
 }
