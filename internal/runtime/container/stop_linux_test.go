@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -152,6 +153,27 @@ func TestRuncInvocationsPerCreateAndStop(t *testing.T) {
 	for _, d := range rt.(*Runtime).CgroupDirs(spec.ID) {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s after delete: %v; want it gone", d, err)
+		}
+	}
+	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
+
+	// A stop with a grace period signals through runc; once init is gone
+	// no `runc state` confirms it.
+	spec, _ = runtimetest.StartSandbox(t, rt, tmpl)
+	calls()
+	if err := rt.Stop(ctx, spec.ID, runtime.StopOptions{Timeout: 10 * time.Second}); err != nil {
+		t.Fatalf("stop with a grace period: %v", err)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	got := calls()
+	if len(got) < 3 || !strings.Contains(got[0], " state ") || !strings.Contains(got[len(got)-1], " delete --force ") {
+		t.Fatalf("runc calls of a graceful stop and delete: %q; want state, kill, delete", got)
+	}
+	for _, c := range got[1 : len(got)-1] {
+		if !strings.Contains(c, " kill --all ") {
+			t.Fatalf("runc calls of a graceful stop and delete: %q; want only kills between the first state and the delete", got)
 		}
 	}
 	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
