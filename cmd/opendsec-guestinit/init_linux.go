@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -31,10 +34,14 @@ func run() int {
 	_ = os.MkdirAll("/run/opendsec", 0o755)
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGCHLD)
-	agent := exec.Command("/bin/opendsec-agent", "--listen", agentSock)
-	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
-	if err := agent.Start(); err != nil {
+	if err := startAgent(); err != nil {
 		logf("agent: " + err.Error())
+	} else {
+		go func() {
+			if err := serveAgentPort(context.Background(), agentSock); err != nil {
+				logf("agent port: " + err.Error())
+			}
+		}()
 	}
 	for s := range sig {
 		if s == unix.SIGCHLD {
@@ -44,6 +51,31 @@ func run() int {
 		poweroff()
 	}
 	return 0
+}
+
+// startAgent makes the agent's listening socket and starts the agent on it
+// (--listen-fd), so connections made before the agent serves wait in the
+// socket's queue rather than fail.
+func startAgent() error {
+	_ = os.Remove(agentSock)
+	l, err := net.Listen("unix", agentSock)
+	if err != nil {
+		return fmt.Errorf("agent socket: %w", err)
+	}
+	ul := l.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	f, err := ul.File()
+	if err != nil {
+		return fmt.Errorf("agent socket: %w", err)
+	}
+	_ = l.Close() // f is a dup; the socket stays open through it
+	agent := exec.Command("/bin/opendsec-agent", "--listen-fd", "3", "--default-user", "root")
+	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
+	agent.ExtraFiles = []*os.File{f}
+	agent.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	err = agent.Start()
+	_ = f.Close()
+	return err
 }
 
 // loadModules loads dir/order's modules with finit_module(2), in order; one

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/vmchan"
+)
+
+// agentPortName is the virtio-serial port the host's vm backend reaches the agent on.
+const agentPortName = "agent"
+
+// findPort returns the device node (/dev/vportNpM) of the virtio-serial port
+// called name, waiting until the driver has probed it or ctx ends.
+func findPort(ctx context.Context, sysDir, devDir, name string) (string, error) {
+	wait := 5 * time.Millisecond
+	for {
+		if p := portNode(sysDir, devDir, name); p != "" {
+			return p, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("virtio-serial port %q: %w: not under %s (is virtio_console loaded and the port on the qemu command line?): %w",
+				name, errdefs.ErrNotFound, sysDir, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// portNode is the device of the port called name under sysDir
+// (/sys/class/virtio-ports/<vportNpM>/name), or "".
+func portNode(sysDir, devDir, name string) string {
+	ms, _ := filepath.Glob(filepath.Join(sysDir, "*", "name"))
+	for _, m := range ms {
+		b, err := os.ReadFile(m)
+		if err == nil && strings.TrimSpace(string(b)) == name {
+			dev := filepath.Join(devDir, filepath.Base(filepath.Dir(m)))
+			if _, err := os.Stat(dev); err == nil {
+				return dev
+			}
+		}
+	}
+	return ""
+}
+
+// waitHealthy does GET /health on the agent's unix socket until it answers
+// 204 or ctx ends.
+func waitHealthy(ctx context.Context, sock string) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		DisableKeepAlives: true,
+	}}
+	wait := 5 * time.Millisecond
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
+		if err != nil {
+			return fmt.Errorf("agent health: %w: %w", errdefs.ErrInternal, err)
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("agent health on %s: %w: %w (last: %w)", sock, errdefs.ErrUnavailable, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// bridge accepts streams on l and proxies each to the agent's unix socket
+// until l is closed.
+func bridge(l net.Listener, sock string) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("agent port accept: %w", err)
+		}
+		go proxy(c, sock)
+	}
+}
+
+// proxy copies between one host stream and one agent connection, passing on
+// each direction's end as a half close.
+func proxy(c net.Conn, sock string) {
+	defer func() { _ = c.Close() }()
+	a, err := net.Dial("unix", sock)
+	if err != nil {
+		logf("agent dial: " + err.Error())
+		return
+	}
+	defer func() { _ = a.Close() }()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = io.Copy(a, c)
+		if cw, ok := a.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+	}()
+	_, _ = io.Copy(c, a)
+	// The agent is done: yamux's Close is a FIN, the host sees EOF.
+	_ = c.Close()
+	wg.Wait()
+}
+
+// serveAgentPort finds the "agent" port, waits until the agent answers on
+// sock, serves the bridge and prints the ready line on the console.
+func serveAgentPort(ctx context.Context, sock string) error {
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dev, err := findPort(fctx, "/sys/class/virtio-ports", "/dev", agentPortName)
+	if err != nil {
+		return err
+	}
+	if err := waitHealthy(fctx, sock); err != nil {
+		return err
+	}
+	l, err := vmchan.Listen(ctx, dev)
+	if err != nil {
+		return err
+	}
+	logf("agent ready")
+	return bridge(l, sock)
+}
