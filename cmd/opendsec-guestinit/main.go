@@ -1,7 +1,8 @@
 // Command opendsec-guestinit is PID 1 of a VM sandbox's guest (the initramfs's
 // /init). It mounts the kernel filesystems, loads the virtio modules in the
 // order the asset build resolved, sets the hostname from the kernel command
-// line and starts the agent. The contract is docs/vm-guest.md.
+// line, starts the agent and bridges the virtio-serial port "agent" (yamux,
+// internal/vmchan) to it. The contract is docs/vm-guest.md.
 package main
 
 import (

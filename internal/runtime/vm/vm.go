@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
@@ -43,6 +44,9 @@ const (
 	// DefaultAssetsDir is where `make guest-assets` puts the guest kernel
 	// and initramfs (one subdirectory per version, "current" the newest).
 	DefaultAssetsDir = "/var/cache/opendsec/guest/current"
+	// DefaultBootTimeout bounds Start's wait for the agent: a TCG boot takes
+	// ~2 s on an idle machine and many times that on a busy one.
+	DefaultBootTimeout = 120 * time.Second
 )
 
 func init() { runtime.Register(Name, open) }
@@ -60,6 +64,13 @@ type Config struct {
 	// VCPUs and MemoryMB are used when a sandbox's Resources leave them 0.
 	VCPUs    int   `json:"vcpus,omitempty"`
 	MemoryMB int64 `json:"memory_mb,omitempty"`
+
+	// BootTimeoutSec bounds Start's wait for the guest's agent (0: DefaultBootTimeout).
+	BootTimeoutSec int `json:"boot_timeout_sec,omitempty"`
+
+	// noAgentWait makes Start return at QMP "running" (tests with the
+	// halting stand-in kernel, which has no agent).
+	noAgentWait bool
 
 	// NodeID and NodeStateDir come from runtime.Env.
 	NodeID       string `json:"-"`
@@ -93,6 +104,9 @@ func (c *Config) defaults() error {
 	if c.MemoryMB < 0 {
 		return fmt.Errorf("node.backends.vm.memory_mb %d: %w: use 0 (default %d) or more", c.MemoryMB, errdefs.ErrInvalidArgument, DefaultMemoryMB)
 	}
+	if c.BootTimeoutSec < 0 {
+		return fmt.Errorf("node.backends.vm.boot_timeout_sec %d: %w: use 0 (default %s) or more", c.BootTimeoutSec, errdefs.ErrInvalidArgument, DefaultBootTimeout)
+	}
 	if c.VCPUs == 0 {
 		c.VCPUs = DefaultVCPUs
 	}
@@ -100,6 +114,13 @@ func (c *Config) defaults() error {
 		c.MemoryMB = DefaultMemoryMB
 	}
 	return nil
+}
+
+func (c *Config) bootTimeout() time.Duration {
+	if c.BootTimeoutSec == 0 {
+		return DefaultBootTimeout
+	}
+	return time.Duration(c.BootTimeoutSec) * time.Second
 }
 
 // kernelPath and initrdPath are the guest assets.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
 // Runtime is the vm backend.
@@ -53,6 +55,9 @@ type sandbox struct {
 	gone     chan struct{} // closed at Delete
 	goneOnce sync.Once
 	startedC chan struct{}
+
+	agentMu sync.Mutex // guards agent; held while dialling
+	agent   *vmchan.Client
 }
 
 var cgroupControllers = []string{"cpu", "memory", "pids"}
@@ -296,7 +301,8 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) [
 }
 
 // Start implements runtime.Runtime: QEMU runs in the sandbox's netns and
-// cgroup; Start returns once QMP answers and the VM runs.
+// cgroup; Start returns once QMP says the VM runs and the guest's agent
+// answers GET /health through AgentConn (within ctx and the boot timeout).
 func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if err != nil {
@@ -369,7 +375,64 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	} else if st != "running" {
 		return fail(fmt.Errorf("vm %s: %w: qemu is %q after start, not running", id, errdefs.ErrInternal, st))
 	}
+	if r.cfg.noAgentWait {
+		return nil
+	}
+	if err := r.waitAgent(ctx, sb); err != nil {
+		return fail(err)
+	}
 	return nil
+}
+
+// waitAgent does GET /health through the agent channel until the agent
+// answers 204, QEMU exits, ctx ends or the boot timeout passes; the error
+// of a timeout carries the end of the console log.
+func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.bootTimeout())
+	defer cancel()
+	go func() {
+		select {
+		case <-sb.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
+		DisableKeepAlives: true,
+	}}
+	wait := 5 * time.Millisecond
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
+		if err != nil {
+			return fmt.Errorf("vm %s agent health: %w: %w", sb.id, errdefs.ErrInternal, err)
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent {
+				return nil
+			}
+			err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
+		}
+		last = err
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			select {
+			case <-sb.done:
+				return r.exitError(sb)
+			default:
+			}
+			console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
+			return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
+				sb.id, errdefs.ErrDeadlineExceeded, r.cfg.bootTimeout(), last, lastLines(console, 15))
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
 }
 
 // connectQMP dials the QMP socket as soon as QEMU made it, until ctx ends or QEMU exits.
@@ -581,6 +644,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		_ = sb.qmp.Close()
 	}
 	sb.mu.Unlock()
+	sb.closeAgent()
 	removeCgroup(sb.st.Cgroup)
 	for _, f := range ownedFiles {
 		if err := os.Remove(filepath.Join(sb.st.StateDir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -694,20 +758,46 @@ func (r *Runtime) Handle(id string) (runtime.Handle, error) {
 	return r.handle(sb), nil
 }
 
-// AgentConn implements runtime.Runtime. The agent's virtio-serial port is
-// multiplexed by internal/vmchan (wt-guest), not merged yet: until then
-// this is the raw chardev socket, which speaks nothing but the port's bytes.
+// AgentConn implements runtime.Runtime: one yamux stream (internal/vmchan)
+// over the agent's virtio-serial port, whose chardev socket is in StateDir.
 func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	sb, err := r.get(id)
 	if err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", filepath.Join(sb.st.StateDir, "agent.sock"))
+	c, err := sb.agentClient(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("vm %s agent: %w: %w", id, errdefs.ErrUnavailable, err)
+		return nil, fmt.Errorf("vm %s agent: %w", id, err)
 	}
+	conn, err := c.Open(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("vm %s agent: %w", id, err)
+	}
+	return conn, nil
+}
+
+// agentClient is the sandbox's vmchan client, dialled on first use.
+func (sb *sandbox) agentClient(ctx context.Context) (*vmchan.Client, error) {
+	sb.agentMu.Lock()
+	defer sb.agentMu.Unlock()
+	if sb.agent != nil {
+		return sb.agent, nil
+	}
+	c, err := vmchan.Dial(ctx, filepath.Join(sb.st.StateDir, "agent.sock"))
+	if err != nil {
+		return nil, err
+	}
+	sb.agent = c
 	return c, nil
+}
+
+func (sb *sandbox) closeAgent() {
+	sb.agentMu.Lock()
+	defer sb.agentMu.Unlock()
+	if sb.agent != nil {
+		_ = sb.agent.Close()
+		sb.agent = nil
+	}
 }
 
 // Pause implements runtime.Pauser: QMP stop (memory kept).

@@ -102,7 +102,9 @@ func newBenchRuntime(t testing.TB) (*Runtime, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rt.(*Runtime), assets
+	r := rt.(*Runtime)
+	r.cfg.noAgentWait = true // the stand-in kernel has no agent
+	return r, assets
 }
 
 func TestQEMULifecycle(t *testing.T) {
