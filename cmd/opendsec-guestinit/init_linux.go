@@ -31,10 +31,19 @@ func run() int {
 			logf("hostname: " + err.Error())
 		}
 	}
+	agentBin := "/bin/opendsec-agent"
+	if n := args["layers"]; n != "" && n != "0" {
+		if err := switchRoot(args); err != nil {
+			// Without its image the sandbox is useless: say why and stop.
+			logf("rootfs: " + err.Error())
+			poweroff()
+		}
+		agentBin = agentInRoot
+	}
 	_ = os.MkdirAll("/run/opendsec", 0o755)
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGCHLD)
-	if err := startAgent(); err != nil {
+	if err := startAgent(agentBin); err != nil {
 		logf("agent: " + err.Error())
 	} else {
 		go func() {
@@ -56,7 +65,7 @@ func run() int {
 // startAgent makes the agent's listening socket and starts the agent on it
 // (--listen-fd), so connections made before the agent serves wait in the
 // socket's queue rather than fail.
-func startAgent() error {
+func startAgent(bin string) error {
 	_ = os.Remove(agentSock)
 	l, err := net.Listen("unix", agentSock)
 	if err != nil {
@@ -69,7 +78,7 @@ func startAgent() error {
 		return fmt.Errorf("agent socket: %w", err)
 	}
 	_ = l.Close() // f is a dup; the socket stays open through it
-	agent := exec.Command("/bin/opendsec-agent", "--listen-fd", "3", "--default-user", "root")
+	agent := exec.Command(bin, "--listen-fd", "3", "--default-user", "root")
 	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
 	agent.ExtraFiles = []*os.File{f}
 	agent.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
