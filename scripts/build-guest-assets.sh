@@ -27,6 +27,7 @@ hash=$(cat scripts/build-guest-assets.sh "$work/bin/opendsec-guestinit" "$work/b
 OUT="$CACHE/$KVER-$hash"
 if [ -f "$OUT/manifest.json" ] && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS >/dev/null 2>&1); then
   echo "guest assets: cached ($KPKG)" >&2
+  ln -sfn "$(basename "$OUT")" "$CACHE/current"   # the vm backend's default assets_dir
   echo "$OUT"; exit 0
 fi
 
@@ -93,5 +94,6 @@ json.dump({'kernel_package': pkg, 'kernel_package_version': debver, 'kernel_vers
 PY
 (cd "$tmp" && sha256sum vmlinux initrd.cpio manifest.json > SHA256SUMS)
 rm -rf "$OUT"; mv "$tmp" "$OUT"
+ln -sfn "$(basename "$OUT")" "$CACHE/current"
 echo "guest assets: built $KPKG ($KDEBVER) into $OUT" >&2
 echo "$OUT"
