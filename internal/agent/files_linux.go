@@ -113,6 +113,22 @@ func (a *Agent) serveDownload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotAcceptable, "Accept-Encoding: no supported encoding; accept gzip or identity")
 		return
 	}
+	if st.Size() == 0 {
+		// Empty, or a file whose size the kernel does not report
+		// (/proc, /sys: stat says 0, and seq files cannot seek to their
+		// end, which ServeContent needs): stream what a read gives.
+		ct := mime.TypeByExtension(filepath.Ext(name))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Last-Modified", st.ModTime().UTC().Format(http.TimeFormat))
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			io.Copy(w, f)
+		}
+		return
+	}
 	http.ServeContent(w, r, name, st.ModTime(), f)
 }
 

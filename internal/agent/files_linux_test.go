@@ -106,6 +106,24 @@ func TestFilesWriteRead(t *testing.T) {
 		t.Fatalf("unsupported encoding: %s", resp.Status)
 	}
 
+	// Files whose size stat does not report (/proc seq files cannot seek
+	// to their end) are read whole; an empty file is empty.
+	resp, b = e.do(t, "GET", filesURL("/proc/self/mounts"), nil, nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), " / ") {
+		t.Fatalf("read /proc/self/mounts: %s %q", resp.Status, b)
+	}
+	resp, b = e.do(t, "GET", filesURL("/proc/self/status"), nil, nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "Name:") {
+		t.Fatalf("read /proc/self/status: %s %q", resp.Status, b)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if resp, b = e.do(t, "GET", filesURL(empty), nil, nil); resp.StatusCode != 200 || len(b) != 0 {
+		t.Fatalf("read empty: %s %q", resp.Status, b)
+	}
+
 	// relative path resolves under the user's home (root → /root), ranged read.
 	resp, b = e.do(t, "GET", filesURL(target), nil, map[string]string{"Range": "bytes=1-3"})
 	if resp.StatusCode != 206 || string(b) != "ell" {
