@@ -30,6 +30,22 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) 
 	return resp.Msg.GetSandbox(), nil
 }
 
+// PauseSandboxReclaim is PauseSandbox that then pushes the sandbox's memory
+// out of RAM (to swap where the node has it; page cache is dropped either
+// way), as PauseTask does for a whole task. It returns the bytes freed. A
+// backend that cannot reclaim refuses (failed precondition) and the sandbox
+// stays as it was.
+func (c *Client) PauseSandboxReclaim(ctx context.Context, id string) (*Sandbox, int64, error) {
+	if id == "" {
+		return nil, 0, invalid("id", "is required; pass the sandbox ID")
+	}
+	resp, err := c.sandboxes.PauseSandbox(ctx, connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: id, Reclaim: true}))
+	if err != nil {
+		return nil, 0, convertError(err)
+	}
+	return resp.Msg.GetSandbox(), resp.Msg.GetBytesFreed(), nil
+}
+
 // ResumeSandbox thaws a paused sandbox. With timeout 0 its lifetime
 // continues with what was left at the pause; otherwise it ends timeout from
 // now (rounded up to whole seconds). Resuming a running sandbox succeeds.

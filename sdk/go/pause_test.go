@@ -52,6 +52,13 @@ func TestPauseResumeMetrics(t *testing.T) {
 	if _, err := c.PauseSandbox(ctx, "nosuch"); !opendsec.IsNotFound(err) {
 		t.Fatalf("unknown sandbox: %v", err)
 	}
+	sb, freed, err := c.PauseSandboxReclaim(ctx, job[2])
+	if err != nil || sb.GetState() != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED || freed != 1<<20-64<<10 {
+		t.Fatalf("pause with reclaim: %v %d %v", sb.GetState(), freed, err)
+	}
+	if _, _, err := c.PauseSandboxReclaim(ctx, ""); !opendsec.IsInvalidArgument(err) {
+		t.Fatalf("empty id: %v", err)
+	}
 }
 
 func TestPauseTaskReclaim(t *testing.T) {

@@ -29,12 +29,19 @@ func (s *Server) setState(id string, st opendsecv1.SandboxState) (*opendsecv1.Sa
 	return proto.Clone(sb).(*opendsecv1.Sandbox), nil
 }
 
+// fakeReclaimBytes is what a PauseSandbox with reclaim reports freed.
+const fakeReclaimBytes = 1<<20 - 64<<10
+
 func (h sandboxService) PauseSandbox(ctx context.Context, req *connect.Request[opendsecv1.PauseSandboxRequest]) (*connect.Response[opendsecv1.PauseSandboxResponse], error) {
 	sb, err := h.s.setState(req.Msg.GetId(), paused)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&opendsecv1.PauseSandboxResponse{Sandbox: sb}), nil
+	var freed int64
+	if req.Msg.GetReclaim() {
+		freed = fakeReclaimBytes
+	}
+	return connect.NewResponse(&opendsecv1.PauseSandboxResponse{Sandbox: sb, BytesFreed: freed}), nil
 }
 
 func (h sandboxService) ResumeSandbox(ctx context.Context, req *connect.Request[opendsecv1.ResumeSandboxRequest]) (*connect.Response[opendsecv1.ResumeSandboxResponse], error) {
