@@ -56,7 +56,10 @@ type proc struct {
 	end    *process.ProcessEvent_EndEvent
 	subs   int
 	timer  *time.Timer
-	done   chan struct{} // closed once end is set
+	// timedOut is set, before the kill, when the Connect-Timeout-Ms timer
+	// killed the process.
+	timedOut bool
+	done     chan struct{} // closed once end is set
 }
 
 func (p *proc) ended() *process.ProcessEvent_EndEvent {
@@ -69,6 +72,27 @@ func (p *proc) ended() *process.ProcessEvent_EndEvent {
 func (p *proc) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.signalLocked(sig)
+}
+
+// expire kills the process at the end of its Connect-Timeout-Ms lifetime.
+func (p *proc) expire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end == nil {
+		p.timedOut = true
+		_ = p.signalLocked(unix.SIGKILL)
+	}
+}
+
+// expired reports whether the lifetime timer killed the process.
+func (p *proc) expired() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.timedOut
+}
+
+func (p *proc) signalLocked(sig syscall.Signal) error {
 	if p.end != nil {
 		return errdefs.New(errdefs.ErrNotFound, "process %d has already exited", p.pid)
 	}
@@ -415,6 +439,12 @@ func (s *processes) follow(ctx context.Context, p *proc, c cursor, owner *outRea
 		}
 		if done {
 			<-p.done
+			if owner != nil && p.expired() {
+				// The lifetime timer and the stream's deadline are two
+				// timers: when the kill wins, the stream still ends as
+				// the deadline it is (see the ctx.Done case below).
+				return errdefs.ToConnect(errdefs.New(errdefs.ErrDeadlineExceeded, "process %d was killed at the end of its Connect-Timeout-Ms lifetime", p.pid))
+			}
 			return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: p.ended()}})
 		}
 		if len(evs) > 0 || dropped > 0 {
@@ -572,7 +602,7 @@ func (s *processes) start(ctx context.Context, req *process.StartRequest, h inte
 		_ = os.WriteFile("/proc/"+itoa(int(p.pid))+"/oom_score_adj", []byte(childOOMScoreAdj), 0)
 	}
 	if lifetime > 0 {
-		p.timer = time.AfterFunc(lifetime, func() { _ = p.signal(unix.SIGKILL) })
+		p.timer = time.AfterFunc(lifetime, p.expire)
 	}
 	s.register(p)
 	log.G(ctx).Debug("process started", "pid", p.pid, "cmd", pc.Cmd, "user", usr.Name, "pty", p.isPTY)
