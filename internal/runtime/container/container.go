@@ -107,6 +107,9 @@ type Config struct {
 	// so a create interrupted before the upgrade that put node IDs in them
 	// may have left its state under the old ones.
 	legacyDefaults bool
+	// runcInNodeNS runs runc in the node's mount namespace, as before
+	// runcns_linux.go (tests compare the two).
+	runcInNodeNS bool
 
 	// The node's limits (node.max_pids_limit, node.total_pids_limit,
 	// node.nofile_limit), from runtime.Env: not settable in the backend's

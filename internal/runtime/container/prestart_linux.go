@@ -44,7 +44,7 @@ func (r *Runtime) Prestart(ctx context.Context, id string) error {
 			return errdefs.Invalid("network.netns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
 		}
 	}
-	pid, err := r.runcInit(ctx, id, sb.st.Bundle, true)
+	pid, err := r.runcInit(ctx, id, sb.st.Bundle, sb.netNS, true)
 	if err != nil {
 		// runc removes what it made of a container that failed; make sure.
 		if _, derr := r.runcOut(context.WithoutCancel(ctx), sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {

@@ -127,6 +127,8 @@ type Runtime struct {
 	// images and projects are the disk quota mechanisms (disk_linux.go).
 	images   *imageQuota
 	projects *projectQuota
+	// runcNS is the mount namespace runc runs in (runcns_linux.go).
+	runcNS runcNamespace
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
@@ -518,14 +520,16 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 // ours (exec.Cmd.Wait would otherwise wait for the container to exit). stdin and stdout are /dev/null;
 // stderr (the agent's log) goes to a file on a 1 MiB tmpfs, so neither the
 // agent nor anything that gets hold of its stderr can fill the disk.
-func (r *Runtime) runcRun(ctx context.Context, id, bundle string) (int, error) {
-	return r.runcInit(ctx, id, bundle, false)
+func (r *Runtime) runcRun(ctx context.Context, id, bundle, netNS string) (int, error) {
+	return r.runcInit(ctx, id, bundle, netNS, false)
 }
 
 // runcInit runs `runc run --detach` (or, with prestart, `runc create` at
 // CPU niceness prestartNice: everything but the exec of init) and returns
-// init's host pid. See runcRun for its stdio and the agent socket.
-func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool) (int, error) {
+// init's host pid. See runcRun for its stdio and the agent socket. runc
+// runs in a mount namespace holding only this sandbox's mounts
+// (runcns_linux.go); netNS is the network namespace it joins.
+func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, prestart bool) (int, error) {
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, fmt.Errorf("open /dev/null: %w", err)
@@ -559,15 +563,22 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle string, prestart bool
 	// the container.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("runc %s: %w", sub[0], err)
+	var startErr error
+	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), func() error {
+		if startErr = cmd.Start(); startErr != nil {
+			return startErr
+		}
+		if prestart {
+			// runc forks its init a few milliseconds into its run; the
+			// children inherit this.
+			_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
+		}
+		return cmd.Wait()
+	})
+	if startErr != nil {
+		return 0, fmt.Errorf("runc %s: %w", sub[0], startErr)
 	}
-	if prestart {
-		// runc forks its init a few milliseconds into its run; the
-		// children inherit this.
-		_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, prestartNice)
-	}
-	if err := cmd.Wait(); err != nil {
+	if err := runErr; err != nil {
 		if cur, limit, full := r.parentPidsFull(); full {
 			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (runc %s: %v: %s)", cur, limit, sub[0], err, runcLogError(rlog))
 		}
@@ -635,7 +646,14 @@ func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]b
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.Output()
+	var out []byte
+	// In the runc namespace: no runc command but run and create needs a
+	// sandbox's mount, and none should read the node's mount table.
+	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, func() error {
+		var err error
+		out, err = cmd.Output()
+		return err
+	})
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not exist") {
@@ -707,7 +725,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 				return errdefs.Invalid("network.netns", "network namespace of sandbox %s: %v; set it up before Start", id, err)
 			}
 		}
-		pid, err := r.runcRun(ctx, id, sb.st.Bundle)
+		pid, err := r.runcRun(ctx, id, sb.st.Bundle, sb.netNS)
 		if err != nil {
 			// runc removes what it made of a container that failed to
 			// run; make sure, so that Start can be retried.

@@ -1,0 +1,183 @@
+package container
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+)
+
+// runcMountsWrapper returns a runc wrapper that logs, for every call, its
+// subcommand and how many mounts /proc/self/mountinfo has where it runs,
+// and a function returning (and clearing) those lines.
+func runcMountsWrapper(t *testing.T) (string, func() []string) {
+	t.Helper()
+	real, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatalf("runc: %v", err)
+	}
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "runc-mounts.log")
+	wrapper := filepath.Join(dir, "runc")
+	script := "#!/bin/sh\necho \"$(wc -l </proc/self/mountinfo) $*\" >>" + logf + "\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil { //nolint:gosec // an executable
+		t.Fatal(err)
+	}
+	return wrapper, func() []string {
+		b, err := os.ReadFile(logf)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(logf, 0); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if l != "" && !strings.HasSuffix(l, " --version") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+}
+
+// mountsOf returns the mount counts of the logged calls whose arguments
+// contain sub.
+func mountsOf(t *testing.T, lines []string, sub string) []int {
+	t.Helper()
+	var out []int
+	for _, l := range lines {
+		n, args, _ := strings.Cut(l, " ")
+		if !strings.Contains(" "+args+" ", sub) {
+			continue
+		}
+		v, err := strconv.Atoi(n)
+		if err != nil {
+			t.Fatalf("wrapper log line %q: %v", l, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func nodeMounts(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// pinNetNS makes a network namespace pinned by a bind mount at a new file,
+// as netpolicy does for a sandbox, and returns the file.
+func pinNetNS(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(p, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread ends in the new namespace
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- err
+			return
+		}
+		done <- unix.Mount("/proc/thread-self/ns/net", p, "", unix.MS_BIND, "")
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("pin a network namespace: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
+	return p
+}
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestRuncSeesOnlyItsSandboxMounts checks that runc runs in a mount
+// namespace without the other sandboxes' mounts: the mount table each
+// `runc run` sees stays the same size while the node's grows by every
+// sandbox's layer and tmpfs (and its network namespace pin), also in a
+// runtime started after them (a node restart). In the node's namespace
+// (the code before) it grows with them. Each sandbox joins the network
+// namespace pinned for it.
+func TestRuncSeesOnlyItsSandboxMounts(t *testing.T) {
+	const n = 5
+	for _, tc := range []struct {
+		name   string
+		nodeNS bool
+	}{{"RuncNamespace", false}, {"NodeNamespace", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			wrapper, calls := runcMountsWrapper(t)
+			f := newFactoryWith(t, func(c *Config) { c.RuncPath = wrapper; c.runcInNodeNS = tc.nodeNS })
+			rt, tmpl := f(t)
+			before := nodeMounts(t)
+			var ids []string
+			for range n {
+				spec := tmpl
+				pin := pinNetNS(t)
+				spec.Network = runtime.NetworkAttachment{Mode: runtime.NetworkVeth, NetNS: pin, Device: "eth0"}
+				spec, _ = runtimetest.StartSandbox(t, rt, spec)
+				ids = append(ids, spec.ID)
+				st, err := rt.Status(t.Context(), spec.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := inode(t, fmt.Sprintf("/proc/%d/ns/net", st.Pid)), inode(t, pin); got != want {
+					t.Fatalf("sandbox %s is in network namespace %d, want the pinned %d", spec.ID, got, want)
+				}
+			}
+			grown := nodeMounts(t) - before
+			if grown < 3*n {
+				t.Fatalf("node's mount table grew by %d with %d sandboxes; want at least %d (layer, tmpfs, netns pin each)", grown, n, 3*n)
+			}
+			lines := calls()
+			runs := mountsOf(t, lines, " run --detach ")
+			if len(runs) != n {
+				t.Fatalf("runc run calls: %q; want %d", lines, n)
+			}
+			growth := runs[n-1] - runs[0]
+			if tc.nodeNS {
+				if growth < 3*(n-1) {
+					t.Fatalf("in the node's namespace runc run saw %v mounts; want it to grow by 3 a sandbox (the test measures nothing)", runs)
+				}
+				return
+			}
+			if growth != 0 || runs[0] >= nodeMounts(t) {
+				t.Fatalf("runc run saw %v mounts (node: %d); want the same small table every time", runs, nodeMounts(t))
+			}
+			// The other runc commands run in the runc namespace too.
+			if _, err := rt.Status(t.Context(), ids[0]); err != nil {
+				t.Fatal(err)
+			}
+			if states := mountsOf(t, calls(), " state "); len(states) != 1 || states[0] >= runs[0] {
+				t.Fatalf("runc state saw %v mounts; want one call with fewer than runc run's %d", states, runs[0])
+			}
+
+			// A runtime made while the sandboxes run (a node restart)
+			// leaves their mounts out of its runc namespace.
+			rt2, tmpl2 := f(t)
+			spec, _ := runtimetest.StartSandbox(t, rt2, tmpl2)
+			if got := mountsOf(t, calls(), " run --detach "); len(got) != 1 || got[0] > runs[0] {
+				t.Fatalf("after a restart with %d sandboxes, runc run of %s saw %v mounts; want at most %d", n, spec.ID, got, runs[0])
+			}
+		})
+	}
+}
