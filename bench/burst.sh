@@ -9,6 +9,12 @@
 #      after KILL_AFTER (default 300) results; the system is started again
 #      and the same request sent again: exactly COUNT sandboxes, distinct,
 #      all running.
+# Every create of part 1 is cold: the batch has skip_warm_pool and the warm
+# pool is off (size 0), so no prestart refill competes with it either.
+# BASE_REV=<git rev> runs part 1 first with opendsec built from that
+# revision ("before") and then with the work tree ("after"), each on a fresh
+# system and each with its own runc loop right before its batch: before and
+# after side by side in one run.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -21,7 +27,7 @@ DD=$(mktemp -d /tmp/odbench-burstdd.XXXXXX)
 COUNT=${COUNT:-1000} RUNC_N=${RUNC_N:-100} KILL_AFTER=${KILL_AFTER:-300}
 cleanup() {
   stop_system # up runs with --stop-sandboxes: nothing of this run outlives it
-  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$BIN"; fi
+  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD.base" "$BIN"; fi
 }
 trap cleanup EXIT
 
@@ -30,13 +36,37 @@ VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 go build -o "$BIN/" ./bench/burst ./cmd/opendsec
 CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
 CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+if [ -n "${BASE_REV:-}" ]; then
+  # The same agent and init: only the node and apiserver differ.
+  mkdir "$BIN/base" "$BIN/src"
+  git archive "$BASE_REV" | tar -x -C "$BIN/src"
+  (cd "$BIN/src" && go build -o "$BIN/base/" ./cmd/opendsec)
+  cp "$BIN/opendsec-agent" "$BIN/opendsec-init" "$BIN/base/"
+  rm -rf "$BIN/src"
+fi
 CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 [ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
 
 # 1000 × (cpu 0.1, 128 MiB) is more than this machine has: the overcommits let
 # the limits add up past it (docs/operations.md, "Capacity").
-SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8'}
+# The warm pool is off: its refills would be cold creates competing with
+# the batch, and its takes warm ones (docs/operations.md, "Warm pool").
+SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8, "warm_pool": {"size": 0}'}
 export SYSTEM_NODE_EXTRA
+ARGS=(-rootfs "$CACHE/busybox" -count "$COUNT" "$@")
+MAINS=()
+if [ -n "${BASE_REV:-}" ]; then
+  DDB=$DD.base
+  mkdir "$DDB"
+  echo "== before: opendsec of $BASE_REV up (data dir $DDB)" >&2
+  start_system "$BIN/base" "$DDB" busybox -- --stop-sandboxes
+  echo "== before: runc loop, batch create, stop" >&2
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main \
+    -name "before ($BASE_REV)" -runc-n "$RUNC_N" -node-log "$DDB/up.log" -out-json "$DD/before.json"
+  stop_system
+  UP_PID=
+  MAINS+=("$DD/before.json")
+fi
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 
@@ -57,11 +87,13 @@ restart_system() {
   return 1
 }
 
-B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" -rootfs "$CACHE/busybox" -count "$COUNT" "$@")
+B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
-"${B[@]}" -mode main -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+"${B[@]}" -mode main -name "after ($VERSION)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+MAINS+=("$DD/main.json")
+CMD="${BASE_REV:+BASE_REV=$BASE_REV }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${SKIP_KILL:-}" = 1 ]; then
-  "$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "$DD/main.json"
+  "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "${MAINS[@]}"
   exit 0
 fi
 echo "== batch, kill -9 after $KILL_AFTER results" >&2

@@ -6,7 +6,9 @@
 //
 // Modes:
 //
-//	-mode main     runc loop, batch create, stop all; writes -out-json
+//	-mode main     runc loop, batch create, stop all; writes -out-json.
+//	               The batch skips the warm pool (-skip-warm-pool, default
+//	               true): every create is cold; -name labels the run
 //	-mode kill     batch create with -request-id; SIGKILL -kill-pid after
 //	               -kill-after results; writes -out-json
 //	-mode retry    the same batch again with -request-id; then lists the
@@ -41,15 +43,17 @@ import (
 )
 
 type config struct {
-	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command string
-	count, runcN, killAfter, killPid, stopConcurrency, restartMS                              int
-	cpu                                                                                       float64
-	memoryMB                                                                                  int64
+	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command, name string
+	skipWarmPool                                                                                    bool
+	count, runcN, killAfter, killPid, stopConcurrency, restartMS                                    int
+	cpu                                                                                             float64
+	memoryMB                                                                                        int64
 }
 
 // result is what one mode measured (the report's input).
 type result struct {
 	Mode  string  `json:"mode"`
+	Name  string  `json:"name,omitempty"` // main: which system (before, after)
 	Count int     `json:"count"`
 	CPU   float64 `json:"cpu"`
 	MemMB int64   `json:"memory_mb"`
@@ -61,6 +65,13 @@ type result struct {
 	BatchTotalMS float64   `json:"batch_total_ms,omitempty"`
 	ArrivalMS    []float64 `json:"arrival_ms,omitempty"`    // since the batch's start, per sandbox
 	NodeTotalMS  []float64 `json:"node_total_ms,omitempty"` // the node's own create time per sandbox (its log)
+	// The node's phases of the cold creates (its log): network, prepare
+	// (layer, bundle, network), start (`runc run`).
+	NodeNetMS    []float64 `json:"node_net_ms,omitempty"`
+	NodeCreateMS []float64 `json:"node_create_ms,omitempty"`
+	NodeStartMS  []float64 `json:"node_start_ms,omitempty"`
+	FromPool     int       `json:"from_warm_pool"` // creates the node took from its warm pool
+	SkipWarmPool bool      `json:"skip_warm_pool"`
 	Failed       int       `json:"failed"`
 	FirstError   string    `json:"first_error,omitempty"`
 
@@ -96,6 +107,8 @@ func main() {
 	flag.StringVar(&c.outJSON, "out-json", "", "where a mode writes its result")
 	flag.StringVar(&c.out, "out", "", "report: the markdown file")
 	flag.StringVar(&c.command, "command", "", "report: the command line to record")
+	flag.StringVar(&c.name, "name", "", "main: the name of this run in the report (e.g. before, after)")
+	flag.BoolVar(&c.skipWarmPool, "skip-warm-pool", true, "main: make every sandbox of the batch from scratch (cold), never from the node's warm pool")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -163,6 +176,7 @@ func batch(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c con
 	start := time.Now()
 	st, err := cl.BatchCreateSandboxes(ctx, connect.NewRequest(&v1.BatchCreateSandboxesRequest{
 		Spec: c.spec(label), Count: int32(c.count), RequestId: rid, //nolint:gosec // flag-bounded
+		SkipWarmPool: c.skipWarmPool && c.mode == "main",
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("batch create: %w", err)
@@ -230,30 +244,47 @@ func stopAll(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c c
 	return errors.Join(errs...)
 }
 
-var runningRE = regexp.MustCompile(`sandbox running"? sandbox\.id=(\S+) .*total_ms=([0-9.]+)`)
+var (
+	runningRE = regexp.MustCompile(`sandbox running"? sandbox\.id=(\S+) (.*)`)
+	fieldRE   = regexp.MustCompile(`(\w+)=("[^"]*"|\S+)`)
+)
 
-// nodeTimes reads the node's create time of each of ids from its log.
-func nodeTimes(path string, ids []string) []float64 {
+// nodeTimes reads the node's create times of ids from its log ("sandbox
+// running" lines) into r: total, and the phases of the cold ones.
+func nodeTimes(path string, ids []string, r *result) {
 	if path == "" {
-		return nil
+		return
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return
 	}
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
-	var out []float64
 	for _, m := range runningRE.FindAllStringSubmatch(string(b), -1) {
-		if want[m[1]] {
-			if v, err := strconv.ParseFloat(m[2], 64); err == nil {
-				out = append(out, v)
+		if !want[m[1]] {
+			continue
+		}
+		f := map[string]float64{}
+		for _, kv := range fieldRE.FindAllStringSubmatch(m[2], -1) {
+			if kv[1] == "from_warm_pool" && kv[2] == "true" {
+				r.FromPool++
+			}
+			if v, err := strconv.ParseFloat(kv[2], 64); err == nil {
+				f[kv[1]] = v
 			}
 		}
+		if v, ok := f["total_ms"]; ok {
+			r.NodeTotalMS = append(r.NodeTotalMS, v)
+		}
+		if v, ok := f["start_ms"]; ok {
+			r.NodeNetMS = append(r.NodeNetMS, f["net_ms"])
+			r.NodeCreateMS = append(r.NodeCreateMS, f["create_ms"])
+			r.NodeStartMS = append(r.NodeStartMS, v)
+		}
 	}
-	return out
 }
 
 func writeJSON(path string, r *result) error {
@@ -275,7 +306,7 @@ func runMain(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	r := &result{Mode: "main", Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RuncN: c.runcN}
+	r := &result{Mode: "main", Name: c.name, Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RuncN: c.runcN, SkipWarmPool: c.skipWarmPool}
 	fmt.Fprintf(os.Stderr, "== runc run loop of %d\n", c.runcN)
 	if err := runcLoop(ctx, c, r); err != nil {
 		return err
@@ -285,7 +316,7 @@ func runMain(ctx context.Context, c config) error {
 	label := fmt.Sprintf("burst-%d", os.Getpid())
 	ids, berr := batch(ctx, cl, c, label, fmt.Sprintf("burst-%d", time.Now().UnixNano()), nil, r)
 	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
-	r.NodeTotalMS = nodeTimes(c.nodeLog, ids)
+	nodeTimes(c.nodeLog, ids, r)
 	fmt.Fprintf(os.Stderr, "== stop all %d\n", len(ids))
 	serr := stopAll(ctx, cl, c, ids, r)
 	fmt.Fprintf(os.Stderr, "   stopped in %.0f ms\n", r.StopTotalMS)

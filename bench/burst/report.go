@@ -14,6 +14,7 @@ func writeReport(c config, paths []string) error {
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "# Burst: one batch of small sandboxes vs a `runc run` loop\n\n")
 	fmt.Fprintf(&b, "%s, host %s, %d CPUs. Command: `%s`\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, goruntime.NumCPU(), c.command)
+	var mains []*result
 	for _, p := range paths {
 		r, err := readResult(p)
 		if err != nil {
@@ -26,7 +27,11 @@ func writeReport(c config, paths []string) error {
 			created := len(r.ArrivalMS)
 			rate := float64(created) / (r.BatchTotalMS / 1000)
 			stopRate := float64(len(r.StopMS)) / (r.StopTotalMS / 1000)
-			fmt.Fprintf(&b, "## Create and stop (cpu %g, %d MiB each), side by side\n\n", r.CPU, r.MemMB)
+			title := ""
+			if r.Name != "" {
+				title = ": " + r.Name
+			}
+			fmt.Fprintf(&b, "## Create and stop (cpu %g, %d MiB each), side by side%s\n\n", r.CPU, r.MemMB, title)
 			fmt.Fprintf(&b, "| | count | total | throughput | per sandbox p50 / p95 |\n|---|---|---|---|---|\n")
 			fmt.Fprintf(&b, "| `runc run --detach` loop, sequential | %d | %.0f ms | %.1f /s | %.1f / %.1f ms |\n",
 				len(r.RuncRunMS), r.RuncTotalMS, runcRate, runcEach, pct(r.RuncRunMS, 95))
@@ -35,9 +40,15 @@ func writeReport(c config, paths []string) error {
 			fmt.Fprintf(&b, "| StopSandbox of all, %d in flight | %d | %.0f ms | %.1f /s | %.1f / %.1f ms |\n\n",
 				c.stopConcurrency, len(r.StopMS), r.StopTotalMS, stopRate, pct(r.StopMS, 50), pct(r.StopMS, 95))
 			fmt.Fprintf(&b, "Batch create throughput / sequential runc run: **%.2fx**. Stop throughput / create throughput: **%.2fx**.\n\n", rate/runcRate, stopRate/rate)
+			fmt.Fprintf(&b, "Cold: skip_warm_pool %v; %d of %d creates came from the warm pool (node log). ", r.SkipWarmPool, r.FromPool, len(r.NodeTotalMS))
+			fmt.Fprintf(&b, "Node phases of the cold creates, p50 (first tenth / last tenth of the batch): net %.1f (%.1f / %.1f) ms, prepare %.1f (%.1f / %.1f) ms, start (`runc run`) %.1f (%.1f / %.1f) ms.\n\n",
+				pct(r.NodeNetMS, 50), pctPart(r.NodeNetMS, false), pctPart(r.NodeNetMS, true),
+				pct(r.NodeCreateMS, 50), pctPart(r.NodeCreateMS, false), pctPart(r.NodeCreateMS, true),
+				pct(r.NodeStartMS, 50), pctPart(r.NodeStartMS, false), pctPart(r.NodeStartMS, true))
 			if r.FirstError != "" {
 				fmt.Fprintf(&b, "First failure: `%s`\n\n", r.FirstError)
 			}
+			mains = append(mains, r)
 		case "kill":
 			fmt.Fprintf(&b, "## Kill -9 mid-batch, then the same request again\n\n")
 			fmt.Fprintf(&b, "Batch of %d with request_id `%s`: `opendsec up` (apiserver, and the node with it) got SIGKILL after %d results (%.0f ms into the call).\n\n",
@@ -51,6 +62,15 @@ func writeReport(c config, paths []string) error {
 			}
 		}
 	}
+	if len(mains) > 1 {
+		fmt.Fprintf(&b, "## Side by side\n\n| run | runc loop p50 | batch | batch throughput | batch / runc loop | node start p50 | stop |\n|---|---|---|---|---|---|---|\n")
+		for _, r := range mains {
+			rate := float64(len(r.ArrivalMS)) / (r.BatchTotalMS / 1000)
+			fmt.Fprintf(&b, "| %s | %.1f ms (%.1f /s) | %d in %.0f ms | %.1f /s | **%.2fx** | %.1f ms | %.1f /s |\n", r.Name, pct(r.RuncRunMS, 50), 1000/pct(r.RuncRunMS, 50),
+				len(r.ArrivalMS), r.BatchTotalMS, rate, rate*pct(r.RuncRunMS, 50)/1000, pct(r.NodeStartMS, 50), float64(len(r.StopMS))/(r.StopTotalMS/1000))
+		}
+		fmt.Fprintln(&b)
+	}
 	fmt.Print(b.String())
 	if c.out == "" {
 		return nil
@@ -59,4 +79,17 @@ func writeReport(c config, paths []string) error {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return nil
+}
+
+// pctPart is the p50 of the first (last: the last) tenth of v, in batch
+// order: how a phase grows with the sandboxes already running.
+func pctPart(v []float64, last bool) float64 {
+	n := len(v) / 10
+	if n == 0 {
+		return pct(v, 50)
+	}
+	if last {
+		return pct(v[len(v)-n:], 50)
+	}
+	return pct(v[:n], 50)
 }
