@@ -73,6 +73,12 @@ type Manager struct {
 
 	nftMu sync.Mutex // serialises nft batches
 	nft   *nftState  // guarded by nftMu
+	// nftQueue holds the sandboxes whose rules wait for nftMu: whoever
+	// gets it applies all of them in one transaction (apply).
+	nftQueueMu sync.Mutex
+	nftQueue   []*nftApply // guarded by nftQueueMu
+	// nftCommits counts the transactions apply made (tests).
+	nftCommits atomic.Int64
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox     // guarded by mu
@@ -583,17 +589,76 @@ func waitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
 	}
 }
 
+// nftApply is one sandbox's rules waiting for an nft transaction.
+type nftApply struct {
+	spec sandboxSpec
+	now  time.Time
+	// done and err are set under nftMu by the apply that ran it.
+	done bool
+	err  error
+}
+
 // apply installs sb's rules; sb.mu is held.
+//
+// Applies that wait for each other go in one transaction (group commit):
+// every nftables commit that adds a jump validates the whole table, all
+// sandboxes' chains (nft_chain_validate), so a burst of creates paid that
+// once per sandbox. Now the apply that gets nftMu takes every apply
+// queued behind it as well; if that transaction fails, each is applied
+// alone, so one bad sandbox fails only itself.
 func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
 	now := time.Now()
 	m.learnedTotal.Add(-int64(sb.learned.prune(now)))
 	live := sb.learned.list(now)
-	m.nftMu.Lock()
-	defer m.nftMu.Unlock()
-	return m.nft.applySandbox(sandboxSpec{
+	req := &nftApply{spec: sandboxSpec{
 		id: sb.st.ID, hostIf: sb.net.HostIf, addr: sb.net.HostAddr, rules: sb.rules,
 		oldDomainSets: oldSets, flushSets: flush, seed: live,
-	}, now)
+	}, now: now}
+	m.nftQueueMu.Lock()
+	m.nftQueue = append(m.nftQueue, req)
+	m.nftQueueMu.Unlock()
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	if req.done {
+		return req.err // another apply took it
+	}
+	m.nftQueueMu.Lock()
+	batch := m.nftQueue
+	m.nftQueue = nil
+	m.nftQueueMu.Unlock()
+	m.applyBatch(batch)
+	return req.err
+}
+
+// applyBatch applies batch (which is not empty) in one transaction;
+// nftMu is held.
+func (m *Manager) applyBatch(batch []*nftApply) {
+	defer func() {
+		for _, r := range batch {
+			r.done = true
+		}
+	}()
+	if len(batch) == 1 {
+		m.nftCommits.Add(1)
+		batch[0].err = m.nft.applySandbox(batch[0].spec, batch[0].now)
+		return
+	}
+	var queued []*nftApply
+	for _, r := range batch {
+		if r.err = m.nft.addSandbox(r.spec, r.now); r.err == nil {
+			queued = append(queued, r)
+		}
+	}
+	m.nftCommits.Add(1)
+	err := m.nft.c.Flush()
+	if err == nil {
+		return
+	}
+	// The transaction changed nothing: each alone, so the error is its own.
+	for _, r := range queued {
+		m.nftCommits.Add(1)
+		r.err = m.nft.applySandbox(r.spec, r.now)
+	}
 }
 
 // SetRules replaces a running sandbox's rules in one nftables transaction.

@@ -212,6 +212,18 @@ func domainRules(rs []rule) []rule {
 // applySandbox installs or replaces a sandbox's chains, sets and map
 // entries in one batch.
 func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
+	if err := n.addSandbox(s, now); err != nil {
+		return err
+	}
+	if err := n.c.Flush(); err != nil {
+		return fmt.Errorf("apply nft rules of sandbox %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// addSandbox queues applySandbox's messages on the connection; the next
+// Flush sends them, with whatever else is queued, as one transaction.
+func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
 	c := n.c
 	o := c.AddChain(&nftables.Chain{Name: outChain(s.id), Table: n.table})
 	i := c.AddChain(&nftables.Chain{Name: inChain(s.id), Table: n.table})
@@ -319,9 +331,6 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 	}
 	if err := c.SetAddElements(n.vmap(inMapName), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: i.Name}}}); err != nil {
 		return fmt.Errorf("add nft map element: %w", err)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("apply nft rules of sandbox %s: %w", s.id, err)
 	}
 	return nil
 }
