@@ -11,8 +11,8 @@
 #      all running.
 # Every create of part 1 is cold: the batch has skip_warm_pool and the warm
 # pool is off (size 0), so no prestart refill competes with it either.
-# BASE_REV=<git rev> runs part 1 first with opendsec built from that
-# revision ("before") and then with the work tree ("after"), each on a fresh
+# BASE_REV="<git rev>..." runs part 1 first with opendsec built from each
+# revision in turn ("before") and then with the work tree ("after"), each on a fresh
 # system and each with its own runc loop right before its batch: before and
 # after side by side in one run.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
@@ -27,7 +27,7 @@ DD=$(mktemp -d /tmp/odbench-burstdd.XXXXXX)
 COUNT=${COUNT:-1000} RUNC_N=${RUNC_N:-100} KILL_AFTER=${KILL_AFTER:-300}
 cleanup() {
   stop_system # up runs with --stop-sandboxes: nothing of this run outlives it
-  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD.base" "$BIN"; fi
+  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD".base-* "$BIN"; fi
 }
 trap cleanup EXIT
 
@@ -36,14 +36,14 @@ VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 go build -o "$BIN/" ./bench/burst ./cmd/opendsec
 CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
 CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
-if [ -n "${BASE_REV:-}" ]; then
+for rev in ${BASE_REV:-}; do
   # The same agent and init: only the node and apiserver differ.
-  mkdir "$BIN/base" "$BIN/src"
-  git archive "$BASE_REV" | tar -x -C "$BIN/src"
-  (cd "$BIN/src" && go build -o "$BIN/base/" ./cmd/opendsec)
-  cp "$BIN/opendsec-agent" "$BIN/opendsec-init" "$BIN/base/"
-  rm -rf "$BIN/src"
-fi
+  mkdir -p "$BIN/base-$rev" "$BIN/src-$rev"
+  git archive "$rev" | tar -x -C "$BIN/src-$rev"
+  (cd "$BIN/src-$rev" && go build -o "$BIN/base-$rev/" ./cmd/opendsec)
+  cp "$BIN/opendsec-agent" "$BIN/opendsec-init" "$BIN/base-$rev/"
+  rm -rf "$BIN/src-$rev"
+done
 CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 [ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
 
@@ -55,18 +55,19 @@ SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit":
 export SYSTEM_NODE_EXTRA
 ARGS=(-rootfs "$CACHE/busybox" -count "$COUNT" "$@")
 MAINS=()
-if [ -n "${BASE_REV:-}" ]; then
-  DDB=$DD.base
+for rev in ${BASE_REV:-}; do
+  DDB=$DD.base-$rev
   mkdir "$DDB"
-  echo "== before: opendsec of $BASE_REV up (data dir $DDB)" >&2
-  start_system "$BIN/base" "$DDB" busybox -- --stop-sandboxes
+  echo "== before: opendsec of $rev up (data dir $DDB)" >&2
+  start_system "$BIN/base-$rev" "$DDB" busybox -- --stop-sandboxes
   echo "== before: runc loop, batch create, stop" >&2
   "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main \
-    -name "before ($BASE_REV)" -runc-n "$RUNC_N" -node-log "$DDB/up.log" -out-json "$DD/before.json"
+    -name "$rev" -runc-n "$RUNC_N" -node-log "$DDB/up.log" -out-json "$DD/before-$rev.json"
   stop_system
   UP_PID=
-  MAINS+=("$DD/before.json")
-fi
+  MAINS+=("$DD/before-$rev.json")
+  [ "${KEEP:-}" = 1 ] || rm -rf "$DDB"
+done
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 
@@ -89,9 +90,9 @@ restart_system() {
 
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
-"${B[@]}" -mode main -name "after ($VERSION)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+"${B[@]}" -mode main -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 MAINS+=("$DD/main.json")
-CMD="${BASE_REV:+BASE_REV=$BASE_REV }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+CMD="${BASE_REV:+BASE_REV='$BASE_REV' }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${SKIP_KILL:-}" = 1 ]; then
   "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "${MAINS[@]}"
   exit 0
