@@ -816,7 +816,10 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 		errs = append(errs, removeNetNS(p))
 	}
 	if sb.net.HostAddr.IsValid() {
-		m.flushConntrack(ctx, sb.net.HostAddr, func(netip.Addr, uint8, uint16) bool { return true })
+		// Filtered in the kernel: not a dump of the node's whole table.
+		if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, sb.net.HostAddr); err != nil {
+			log.G(ctx).Warn("flush conntrack of sandbox", "addr", sb.net.HostAddr.String(), "error", err)
+		}
 	}
 	if sb.st.Index > 0 {
 		errs = append(errs, m.alloc.release(sb.st.Index, id))
