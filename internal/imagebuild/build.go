@@ -395,7 +395,7 @@ func (bd *builder) command(ctx context.Context, st *stageState, c instructions.C
 			v, set := bd.req.BuildArgs[a.Key]
 			if !set {
 				if gv, ok := global[a.Key]; ok && a.Value == nil {
-					v, set = gv, true
+					v = gv
 				} else if a.Value != nil {
 					v = *a.Value
 				}
