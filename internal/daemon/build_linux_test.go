@@ -67,7 +67,8 @@ RUN echo ran-builder && echo "$GREETING $BUILD_ENV" > out.txt && cat data/a.txt 
 FROM root/busybox
 LABEL team=rl
 EXPOSE 8080
-ENV APP_HOME=/opt/app
+ARG FLAVOR=plain
+ENV APP_HOME=/opt/app FLAVOR=${FLAVOR}-x
 WORKDIR /opt/app
 COPY --from=builder /src/out.txt ./out.txt
 COPY app.sh /usr/local/bin/app
@@ -106,7 +107,7 @@ func TestBuildImageMultiStage(t *testing.T) {
 		return img, rec, time.Since(t0)
 	}
 	img, first, d1 := build(map[string]string{"GREETING": "hi"})
-	if cfg := img.GetConfig(); cfg.GetUser() != "user" || cfg.GetWorkdir() != "/opt/app" || !slices.Contains(cfg.GetEnv(), "APP_HOME=/opt/app") ||
+	if cfg := img.GetConfig(); cfg.GetUser() != "user" || cfg.GetWorkdir() != "/opt/app" || !slices.Contains(cfg.GetEnv(), "APP_HOME=/opt/app") || !slices.Contains(cfg.GetEnv(), "FLAVOR=plain-x") ||
 		slices.Contains(cfg.GetEnv(), "BUILD_ENV=b1") || !slices.Equal(cfg.GetCmd(), []string{"/usr/local/bin/app"}) ||
 		cfg.GetLabels()["team"] != "rl" || !slices.Contains(cfg.GetExposedPorts(), "8080/tcp") {
 		t.Fatalf("image config %v", cfg)
@@ -199,6 +200,9 @@ func TestBuildImageBadInput(t *testing.T) {
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "ctx")
 	writeFiles(t, parent, map[string]string{"secret": "s3cret", "ctx/ok.txt": "ok"})
+	if err := os.Symlink(filepath.Join(parent, "secret"), filepath.Join(dir, "leak")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, dockerfile string
 		timeout          time.Duration
@@ -209,6 +213,8 @@ func TestBuildImageBadInput(t *testing.T) {
 			[]string{"dockerfile", "line 3", "FROBNICATE"}},
 		{"copy outside context", "FROM root/busybox\nRUN echo one > /one\nCOPY ../secret /secret\n", 0, opendsec.CodeInvalidArgument,
 			[]string{"line 3", "../secret", "outside the build context"}},
+		{"copy through a symlink out of the context", "FROM root/busybox\nCOPY leak /leak\n", 0, opendsec.CodeInvalidArgument,
+			[]string{"line 2", "leak: no such file or directory in the build context"}},
 		{"never-ending step", "FROM root/busybox\nRUN echo one > /one\nRUN echo started && sleep 100000\n", 3 * time.Second, opendsec.CodeDeadlineExceeded,
 			[]string{"timed out after 3s", "RUN echo started", "started"}},
 		{"failing step", "FROM root/busybox\nCOPY ok.txt /ok.txt\nRUN echo boom >&2; exit 3\n", 0, opendsec.CodeInvalidArgument,

@@ -190,6 +190,9 @@ func Build(ctx context.Context, store *image.Store, run Runner, req Request, emi
 		}
 	}
 	final := bd.stages[len(bd.stages)-1]
+	if len(final.layers) == 0 {
+		return image.Image{}, errdefs.Invalid("dockerfile", "the image has no files: its last stage is FROM scratch with no COPY, ADD or WORKDIR; copy something in or start FROM an image")
+	}
 	cfg := final.cfg
 	if req.StartCmd != "" {
 		cfg.StartCmd = req.StartCmd
@@ -215,6 +218,9 @@ func dfError(err error) string {
 	var le *parser.LocationError
 	if errors.As(err, &le) && len(le.Locations) > 0 && len(le.Locations[0]) > 0 && !strings.Contains(msg, "line ") {
 		msg = fmt.Sprintf("line %d: %s", le.Locations[0][0].Start.Line, msg)
+	}
+	if i := strings.Index(msg, "no build stage in current context"); i >= 0 {
+		msg = msg[:i] + "an instruction comes before the first FROM; start the Dockerfile with FROM IMAGE or FROM scratch (only ARG may come before it)"
 	}
 	return msg
 }
