@@ -99,6 +99,7 @@ func (b *Build) AddUpper(ctx context.Context, upper string, bottom bool, skip []
 		if err := applyLayer(ctx, upper, dst, bottom, skip); err != nil {
 			return fmt.Errorf("pack build step: %w", err)
 		}
+		pruneEmptyParents(dst, skip)
 		return nil
 	})
 }

@@ -65,6 +65,9 @@ class ImageConfig:
             entrypoint=self.entrypoint,
             cmd=self.cmd,
             labels=self.labels,
+            start_cmd=self.start_cmd,
+            ready_cmd=self.ready_cmd,
+            exposed_ports=self.exposed_ports,
         )
 
 
