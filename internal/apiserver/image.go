@@ -156,3 +156,68 @@ func namingSandbox(err error) error {
 	}
 	return err
 }
+
+// UploadBuildContext relays a streamed build context to a healthy node,
+// which bounds it (node.build.max_context_mb) and keeps it for the build:
+// the ID it answers starts with that node's ID, so BuildImage finds it.
+func (s *Server) UploadBuildContext(ctx context.Context, stream *connect.ClientStream[v1.UploadBuildContextRequest]) (*connect.Response[v1.UploadBuildContextResponse], error) {
+	c, err := s.anyImageNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	up := c.UploadBuildContext(ctx)
+	for stream.Receive() {
+		if err := up.Send(stream.Msg()); err != nil {
+			break // the node refused: CloseAndReceive says why
+		}
+	}
+	if err := stream.Err(); err != nil {
+		_, _ = up.CloseAndReceive()
+		return nil, err
+	}
+	resp, err := up.CloseAndReceive()
+	if err != nil {
+		return nil, remoteErr(ctx, "upload build context", err)
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+// BuildImage goes to the node that holds the build context (any healthy
+// node without one) and relays its steps and output. It needs an admin
+// token when the name names an image already.
+func (s *Server) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest], stream *connect.ServerStream[v1.BuildImageResponse]) error {
+	m := req.Msg
+	if strings.TrimSpace(m.GetName()) == "" {
+		return errdefs.Invalid("name", "is empty; name the image to build, e.g. team/app:v1")
+	}
+	var c nodev1connect.NodeImageServiceClient
+	if id := m.GetContextId(); id != "" {
+		n, err := s.nodeFor(ctx, "context_id", id)
+		if err != nil {
+			return err
+		}
+		c = n.Images()
+	} else {
+		var err error
+		if c, err = s.anyImageNode(ctx); err != nil {
+			return err
+		}
+	}
+	if err := requireAdminToReplace(ctx, c, "name", m.GetName()); err != nil {
+		return err
+	}
+	up, err := c.BuildImage(ctx, connect.NewRequest(m))
+	if err != nil {
+		return remoteErr(ctx, "build image", err)
+	}
+	defer up.Close()
+	for up.Receive() {
+		if err := stream.Send(up.Msg()); err != nil {
+			return err
+		}
+	}
+	if err := up.Err(); err != nil {
+		return remoteErr(ctx, "build image", err)
+	}
+	return nil
+}

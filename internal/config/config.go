@@ -188,7 +188,35 @@ type Node struct {
 	// WarmPool keeps prestarted sandboxes of recently created shapes
 	// (docs/concepts.md, "Warm pool").
 	WarmPool WarmPool `json:"warm_pool"`
+	// Build configures image builds (docs/images.md, "Building images").
+	Build NodeBuild `json:"build"`
 }
+
+// NodeBuild configures image builds on a node: every RUN step runs in a
+// build sandbox of this size, with this network policy.
+type NodeBuild struct {
+	// TimeoutSec bounds one build when the request gives no timeout.
+	TimeoutSec int64 `json:"timeout_sec"`
+	// MaxTimeoutSec is the longest timeout a request may ask for.
+	MaxTimeoutSec int64 `json:"max_timeout_sec"`
+	// MaxContextMB bounds an uploaded build context.
+	MaxContextMB int64 `json:"max_context_mb"`
+	// RuleSets are the named rule sets (node.network.rule_sets) a build
+	// sandbox may reach, e.g. a package mirror; empty is no network.
+	RuleSets []string `json:"rule_sets,omitempty"`
+	// CPU, MemoryMB and DiskMB size each build sandbox (0: the defaults
+	// of a sandbox; disk: node.disk.default_mb).
+	CPU      float64 `json:"cpu"`
+	MemoryMB int64   `json:"memory_mb"`
+	DiskMB   int64   `json:"disk_mb"`
+}
+
+// Build defaults.
+const (
+	DefaultBuildTimeoutSec    = 1800
+	DefaultBuildMaxTimeoutSec = 6 * 3600
+	DefaultBuildMaxContextMB  = 512
+)
 
 // NodeDisk configures the quota of every sandbox's writable layer (bytes,
 // and inodes one per 16 KiB; docs/security.md) and the free space the
@@ -295,6 +323,7 @@ func Default(dataDir string) Config {
 			MaxUploadMB:      1024,
 			Disk:             NodeDisk{DefaultMB: DefaultDiskMB, MaxMB: DefaultDiskMaxMB, ReserveMB: DefaultDiskReserveMB},
 			MaxPaused:        DefaultMaxPaused,
+			Build:            NodeBuild{TimeoutSec: DefaultBuildTimeoutSec, MaxTimeoutSec: DefaultBuildMaxTimeoutSec, MaxContextMB: DefaultBuildMaxContextMB, CPU: 2, MemoryMB: 2048},
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
 		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
@@ -356,6 +385,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.MaxUploadMB <= 0 {
 		return errdefs.Invalid("node.max_upload_mb", "must be positive")
+	}
+	if b := c.Node.Build; b.TimeoutSec <= 0 {
+		return errdefs.Invalid("node.build.timeout_sec", "is %d; give seconds, e.g. %d", b.TimeoutSec, DefaultBuildTimeoutSec)
+	} else if b.MaxTimeoutSec < b.TimeoutSec {
+		return errdefs.Invalid("node.build.max_timeout_sec", "is %d, below node.build.timeout_sec %d; give at least that", b.MaxTimeoutSec, b.TimeoutSec)
+	} else if b.MaxContextMB <= 0 {
+		return errdefs.Invalid("node.build.max_context_mb", "is %d; give a positive size in MiB, e.g. %d", b.MaxContextMB, DefaultBuildMaxContextMB)
+	} else if b.CPU < 0 || b.MemoryMB < 0 || b.DiskMB < 0 {
+		return errdefs.Invalid("node.build", "cpu, memory_mb and disk_mb must not be negative")
 	}
 	if c.Node.MaxSandboxes <= 0 {
 		return errdefs.Invalid("node.max_sandboxes", "must be positive")

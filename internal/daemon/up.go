@@ -139,8 +139,17 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		DiskReserveMB:    cfg.Node.Disk.ReserveMB,
 		MaxPaused:        maxPaused,
 		MaxUploadBytes:   cfg.Node.MaxUploadMB << 20,
-		DeferTeardown:    true,
-		Accelerator:      accel,
+		Build: node.BuildConfig{
+			Timeout:         time.Duration(cfg.Node.Build.TimeoutSec) * time.Second,
+			MaxTimeout:      time.Duration(cfg.Node.Build.MaxTimeoutSec) * time.Second,
+			MaxContextBytes: cfg.Node.Build.MaxContextMB << 20,
+			RuleSets:        cfg.Node.Build.RuleSets,
+			CPU:             cfg.Node.Build.CPU,
+			MemoryMB:        cfg.Node.Build.MemoryMB,
+			DiskMB:          cfg.Node.Build.DiskMB,
+		},
+		DeferTeardown: true,
+		Accelerator:   accel,
 	}
 	if nw != nil {
 		ncfg.Network = nw

@@ -63,6 +63,13 @@ type Config struct {
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	Cmd        []string          `json:"cmd,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
+	// StartCmd is a shell command run when a sandbox of the image starts
+	// (E2B templates' start command); ReadyCmd is run until it exits 0 to
+	// say the started command is ready. Both are kept from a build.
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// ExposedPorts are the ports EXPOSE named ("8080/tcp"), for people.
+	ExposedPorts []string `json:"exposed_ports,omitempty"`
 }
 
 // Image describes one imported image.
@@ -184,6 +191,10 @@ func cloneConfig(c Config) Config {
 		User:       c.User,
 		Entrypoint: slices.Clone(c.Entrypoint),
 		Cmd:        slices.Clone(c.Cmd),
+		StartCmd:   c.StartCmd,
+		ReadyCmd:   c.ReadyCmd,
+
+		ExposedPorts: slices.Clone(c.ExposedPorts),
 	}
 	if c.Labels != nil {
 		out.Labels = make(map[string]string, len(c.Labels))

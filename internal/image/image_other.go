@@ -48,3 +48,5 @@ func unmount(string) error                                             { return 
 // opaqueXattr marks an OverlayFS opaque directory (tests build such upper
 // directories by hand).
 const opaqueXattr = "trusted.overlay.opaque"
+
+func pruneEmptyParents(string, []string) {}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -219,4 +220,22 @@ func lgetxattr(p, name string) ([]byte, error) {
 		return nil, err
 	}
 	return buf[:n], nil
+}
+
+// pruneEmptyParents removes, in a layer being built at dst, the
+// directories above each skipped path that are left empty (and are not
+// opaque): a sandbox's upper has them only as the parents of its own mount
+// points (run/ of run/opendsec), which are not the step's work.
+func pruneEmptyParents(dst string, skip []string) {
+	for _, s := range skip {
+		for p := path.Dir(s); p != "." && p != "/"; p = path.Dir(p) {
+			dir := filepath.Join(dst, filepath.FromSlash(p))
+			if v, err := lgetxattr(dir, opaqueXattr); err == nil && len(v) > 0 {
+				break
+			}
+			if os.Remove(dir) != nil { // not empty, or not there
+				break
+			}
+		}
+	}
 }

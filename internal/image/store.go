@@ -92,7 +92,7 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	if s.mountDir, err = filepath.Abs(s.mountDir); err != nil {
 		return nil, fmt.Errorf("image mount dir: %w", err)
 	}
-	for _, d := range []string{s.dir, s.path("layers"), s.path("manifests"), s.path("refs"), s.path("holds"), s.path("tmp")} {
+	for _, d := range []string{s.dir, s.path("layers"), s.path("manifests"), s.path("refs"), s.path("holds"), s.path("tmp"), s.path("buildcache")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("create image store: %w", err)
 		}
@@ -194,6 +194,20 @@ type stagedLayer struct {
 // already known, as for a verified OCI diff_id) and converts it to the
 // store's format.
 func (s *Store) stageLayer(ctx context.Context, st *staging, digest string, fill func(ctx context.Context, dir string) error) (stagedLayer, error) {
+	sl, err := s.stageTree(ctx, st, digest, fill)
+	if err != nil {
+		return stagedLayer{}, err
+	}
+	if err := s.finishStaged(ctx, &sl); err != nil {
+		return stagedLayer{}, err
+	}
+	return sl, nil
+}
+
+// stageTree fills a fresh directory in st with fill and digests it (unless
+// digest is known); the layer stays a plain directory (sl.dir/dir) until
+// finishStaged.
+func (s *Store) stageTree(ctx context.Context, st *staging, digest string, fill func(ctx context.Context, dir string) error) (stagedLayer, error) {
 	ldir, err := os.MkdirTemp(st.dir, "layer-")
 	if err != nil {
 		return stagedLayer{}, fmt.Errorf("stage layer: %w", err)
@@ -214,29 +228,40 @@ func (s *Store) stageLayer(ctx context.Context, st *staging, digest string, fill
 	} else {
 		size = treeSize(tree)
 	}
-	info := layerInfo{Digest: digest, Format: s.format, Size: size}
+	info := layerInfo{Digest: digest, Format: FormatDir, Size: size}
 	if s.format != FormatEROFS && known {
 		if info.TreeDigest, _, err = digestTree(ctx, tree); err != nil {
 			return stagedLayer{}, err
 		}
 	}
+	return stagedLayer{dir: ldir, info: info}, nil
+}
+
+// finishStaged converts a layer stageTree made to the store's format and
+// writes its layer.json: it is then ready for commit.
+func (s *Store) finishStaged(ctx context.Context, sl *stagedLayer) error {
+	ldir, tree := sl.dir, filepath.Join(sl.dir, "dir")
+	info := sl.info
+	info.Format = s.format
 	if s.format == FormatEROFS {
 		img := filepath.Join(ldir, "layer.erofs")
 		if err := mkfsEROFS(ctx, img, tree); err != nil {
-			return stagedLayer{}, fmt.Errorf("build erofs layer: %w", err)
+			return fmt.Errorf("build erofs layer: %w", err)
 		}
+		var err error
 		if info.FileDigest, info.FileSize, err = fileDigest(img); err != nil {
-			return stagedLayer{}, err
+			return err
 		}
 		if err := removeTree(tree); err != nil {
-			return stagedLayer{}, fmt.Errorf("stage layer: %w", err)
+			return fmt.Errorf("stage layer: %w", err)
 		}
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	if err := writeFileAtomic(filepath.Join(ldir, "layer.json"), b); err != nil {
-		return stagedLayer{}, err
+		return err
 	}
-	return stagedLayer{dir: ldir, info: info}, nil
+	sl.info = info
+	return nil
 }
 
 // manifest is manifests/<hex>.json; <hex> is the sha256 of these bytes.

@@ -29,6 +29,10 @@ type CreateRequest struct {
 	SkipPool bool
 	// Owner and Project are recorded as the sandbox's owner (owner.go).
 	Owner, Project string
+	// prebuilt, when set, is the sandbox's image instead of Spec.Image
+	// from the store: a build sandbox's layers (build.go). Such a sandbox
+	// is torn down before Stop returns.
+	prebuilt *runtime.Image
 }
 
 // Create admits and creates a sandbox (or takes one from the warm pool),
@@ -82,6 +86,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		}
 	}
 	sb := newSandbox(n.newRecord(req, spec, req.ID, sandboxDir(n.cfg.StateDir, req.ID)), req.ID)
+	sb.syncTeardown = req.prebuilt != nil
 	var (
 		img      runtime.Image
 		holdDur  time.Duration
@@ -91,6 +96,10 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		{
 			name: "hold image",
 			do: func(ctx context.Context) error {
+				if req.prebuilt != nil {
+					img = *req.prebuilt
+					return nil
+				}
 				t := time.Now()
 				name := spec.Image
 				if restore != nil {

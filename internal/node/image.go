@@ -288,6 +288,7 @@ func ImageToProto(im image.Image) *opendsecv1.Image {
 		Config: &opendsecv1.ImageConfig{
 			Env: im.Config.Env, Workdir: im.Config.Workdir, User: im.Config.User,
 			Entrypoint: im.Config.Entrypoint, Cmd: im.Config.Cmd, Labels: im.Config.Labels,
+			StartCmd: im.Config.StartCmd, ReadyCmd: im.Config.ReadyCmd, ExposedPorts: im.Config.ExposedPorts,
 		},
 	}
 	if !im.Created.IsZero() {
@@ -303,6 +304,7 @@ func configFromProto(c *opendsecv1.ImageConfig) image.Config {
 	return image.Config{
 		Env: c.GetEnv(), Workdir: c.GetWorkdir(), User: c.GetUser(),
 		Entrypoint: c.GetEntrypoint(), Cmd: c.GetCmd(), Labels: c.GetLabels(),
+		StartCmd: c.GetStartCmd(), ReadyCmd: c.GetReadyCmd(), ExposedPorts: c.GetExposedPorts(),
 	}
 }
 

@@ -136,7 +136,7 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 	deferred := false
 	if derr == nil {
 		if derr = n.kill(ctx, &rec); derr == nil {
-			deferred = n.teardownLater(&rec)
+			deferred = !sb.syncTeardown && n.teardownLater(&rec)
 			if !deferred {
 				derr = n.teardown(ctx, &rec)
 			}

@@ -95,6 +95,8 @@ type Config struct {
 	// proxy applies to POST /files before any data moves; 0 leaves it to
 	// the agent.
 	MaxUploadBytes int64
+	// Build configures image builds (build.go).
+	Build BuildConfig
 	// Disk: the writable-layer quota of a sandbox that asks for none
 	// (DiskDefaultMB), the largest one may ask for (DiskMaxMB), and the free
 	// space the state dir's filesystem keeps: a create is refused when
@@ -206,6 +208,10 @@ type sandbox struct {
 	// stopDone nil, and the reaper tries again. Guarded by Node.mu.
 	stopDone chan struct{}
 	stopErr  error
+
+	// syncTeardown: Stop tears the sandbox down before it returns (build
+	// sandboxes, whose layers the build removes next). Set before admission.
+	syncTeardown bool
 
 	// alias is the ID the create asked for when the sandbox came from the
 	// warm pool with its own (Node.aliases maps it back for Stop).

@@ -30,3 +30,17 @@ func Bytes(b int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }
+
+// stepWidth is the length of a step bar.
+const stepWidth = 20
+
+// Step is one line of a multi-step job (an image build): a bar filled to
+// index of total, the count, and text ("RUN make", "COPY . /app (cached)").
+func Step(index, total int, text string) string {
+	n := 0
+	if total > 0 {
+		n = min(stepWidth, index*stepWidth/total)
+	}
+	w := len(fmt.Sprint(total))
+	return fmt.Sprintf("[%s%s] %*d/%d %s", strings.Repeat("=", n), strings.Repeat(" ", stepWidth-n), w, index, total, text)
+}

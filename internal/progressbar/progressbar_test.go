@@ -16,3 +16,19 @@ func TestLine(t *testing.T) {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 }
+
+func TestStep(t *testing.T) {
+	for _, tc := range []struct {
+		i, n int
+		want string
+	}{
+		{0, 4, "[                    ] 0/4 FROM x"},
+		{2, 4, "[==========          ] 2/4 FROM x"},
+		{4, 4, "[====================] 4/4 FROM x"},
+		{3, 12, "[=====               ]  3/12 FROM x"},
+	} {
+		if got := Step(tc.i, tc.n, "FROM x"); got != tc.want {
+			t.Errorf("Step(%d, %d) = %q, want %q", tc.i, tc.n, got, tc.want)
+		}
+	}
+}

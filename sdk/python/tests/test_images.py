@@ -184,3 +184,84 @@ async def test_sandbox_pack_diff(images_env: Any) -> None:
     assert ei.value.field == "name"
     with pytest.raises(ConfigError):
         await sb.pack_diff("x", scrub_paths="/tmp")  # type: ignore[arg-type]
+
+
+class FakeBuilds(FakeImages):
+    """FakeImages plus a build service that records the context it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.context = b""
+        self.sizes: list[int] = []
+
+    async def UploadBuildContext(self, request_iterator: Any, context: Any) -> ipb.UploadBuildContextResponse:
+        async for m in request_iterator:
+            self.sizes.append(m.size)
+            self.context += m.data
+        if self.sizes and self.sizes[0] > 1 << 20:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "build context: too big (node.build.max_context_mb)")
+        return ipb.UploadBuildContextResponse(context_id="n001" + "c" * 16, size=len(self.context))
+
+    async def BuildImage(self, request: ipb.BuildImageRequest, context: Any) -> AsyncIterator[ipb.BuildImageResponse]:
+        await self._check(request, context)
+        if "FROBNICATE" in request.dockerfile:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "dockerfile: line 2: unknown instruction: FROBNICATE")
+        yield ipb.BuildImageResponse(step=ipb.BuildStep(index=1, total=2, instruction="FROM root/busybox", done=True))
+        yield ipb.BuildImageResponse(step=ipb.BuildStep(index=2, total=2, instruction="RUN make"))
+        yield ipb.BuildImageResponse(log=ipb.BuildLog(step=2, stream="stdout", data=b"built\n"))
+        yield ipb.BuildImageResponse(step=ipb.BuildStep(index=2, total=2, instruction="RUN make", done=True, duration_ms=5))
+        img = _image(request.name, DIGEST)
+        img.config.start_cmd = request.start_cmd
+        yield ipb.BuildImageResponse(image=img)
+
+
+@pytest.fixture
+async def builds_env() -> AsyncIterator[tuple[DSecClient, FakeBuilds]]:
+    builds = FakeBuilds()
+    server = grpc.aio.server()
+    ipbg.add_ImageServiceServicer_to_server(builds, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with DSecClient(f"127.0.0.1:{port}", GOOD_TOKEN, timeout=10, retry_backoff=0.001) as c:
+            yield c, builds
+    finally:
+        await server.stop(None)
+
+
+async def test_build_uploads_context_and_streams_steps(builds_env: Any, tmp_path: Any) -> None:
+    import io
+    import tarfile
+
+    from opendsec import BuildEvent
+
+    client, builds = builds_env
+    (tmp_path / "Dockerfile").write_text("FROM root/busybox\nRUN make\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.sh").write_text("echo hi\n")
+    events: list[BuildEvent] = []
+    img = await client.images.build(
+        "team/app:v1", str(tmp_path), build_args={"V": "2"}, start_cmd="serve", progress=events.append
+    )
+    assert img.name == "team/app:v1" and img.config.start_cmd == "serve"
+    req = builds.requests[-1]
+    assert req.dockerfile.startswith("FROM root/busybox") and req.context_id.startswith("n001")
+    assert dict(req.build_args) == {"V": "2"}
+    assert builds.sizes[0] == len(builds.context) > 0
+    names = tarfile.open(fileobj=io.BytesIO(builds.context)).getnames()
+    assert "./src/main.sh" in names and "./Dockerfile" in names
+    assert [(e.step, e.done) for e in events if not e.stream] == [(1, True), (2, False), (2, True)]
+    assert [e.data for e in events if e.stream] == [b"built\n"]
+
+
+async def test_build_errors(builds_env: Any, tmp_path: Any) -> None:
+    client, builds = builds_env
+    with pytest.raises(ConfigError):
+        await client.images.build("team/app:v1")
+    with pytest.raises(InvalidArgumentError, match="line 2"):
+        await client.images.build("team/app:v1", dockerfile="FROM x\nFROBNICATE\n")
+    (tmp_path / "big").write_bytes(b"\0" * (2 << 20))
+    from opendsec import QuotaExceededError
+
+    with pytest.raises(QuotaExceededError, match="max_context_mb"):
+        await client.images.build("team/app:v1", str(tmp_path), dockerfile="FROM x\n")

@@ -81,13 +81,19 @@ func (x *ImageLayer) GetSize() int64 {
 }
 
 type ImageConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Env           []string               `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
-	Workdir       string                 `protobuf:"bytes,2,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	User          string                 `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
-	Entrypoint    []string               `protobuf:"bytes,4,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
-	Cmd           []string               `protobuf:"bytes,5,rep,name=cmd,proto3" json:"cmd,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Env        []string               `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	Workdir    string                 `protobuf:"bytes,2,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	User       string                 `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
+	Entrypoint []string               `protobuf:"bytes,4,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Cmd        []string               `protobuf:"bytes,5,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Labels     map[string]string      `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// start_cmd runs when a sandbox of the image starts; ready_cmd says when
+	// it is ready (E2B templates). Set by BuildImage.
+	StartCmd string `protobuf:"bytes,7,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	ReadyCmd string `protobuf:"bytes,8,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
+	// exposed_ports are the Dockerfile's EXPOSE ports ("8080/tcp").
+	ExposedPorts  []string `protobuf:"bytes,9,rep,name=exposed_ports,json=exposedPorts,proto3" json:"exposed_ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -160,6 +166,27 @@ func (x *ImageConfig) GetCmd() []string {
 func (x *ImageConfig) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *ImageConfig) GetStartCmd() string {
+	if x != nil {
+		return x.StartCmd
+	}
+	return ""
+}
+
+func (x *ImageConfig) GetReadyCmd() string {
+	if x != nil {
+		return x.ReadyCmd
+	}
+	return ""
+}
+
+func (x *ImageConfig) GetExposedPorts() []string {
+	if x != nil {
+		return x.ExposedPorts
 	}
 	return nil
 }
@@ -1370,6 +1397,478 @@ func (x *PackDiffResponse) GetImage() *Image {
 	return nil
 }
 
+type UploadBuildContextRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data is the next piece of the context tar (plain, entries relative to
+	// the context directory); pieces of at most 1 MiB.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// size is the total size in bytes if known (first message), so a context
+	// over the limit is refused before it is sent; 0 is unknown.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadBuildContextRequest) Reset() {
+	*x = UploadBuildContextRequest{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadBuildContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadBuildContextRequest) ProtoMessage() {}
+
+func (x *UploadBuildContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadBuildContextRequest.ProtoReflect.Descriptor instead.
+func (*UploadBuildContextRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *UploadBuildContextRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *UploadBuildContextRequest) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type UploadBuildContextResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// context_id names the upload for BuildImage.
+	ContextId     string `protobuf:"bytes,1,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	Size          int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadBuildContextResponse) Reset() {
+	*x = UploadBuildContextResponse{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadBuildContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadBuildContextResponse) ProtoMessage() {}
+
+func (x *UploadBuildContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadBuildContextResponse.ProtoReflect.Descriptor instead.
+func (*UploadBuildContextResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UploadBuildContextResponse) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *UploadBuildContextResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type BuildImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the image to make ("team/app:v1"); an existing name is
+	// replaced (which needs an admin token).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// dockerfile is the Dockerfile's text (at most 1 MiB).
+	Dockerfile string `protobuf:"bytes,2,opt,name=dockerfile,proto3" json:"dockerfile,omitempty"`
+	// context_id is an UploadBuildContext answer; empty is no context.
+	ContextId string            `protobuf:"bytes,3,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	BuildArgs map[string]string `protobuf:"bytes,4,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// target is the stage to build; empty means the last.
+	Target string `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
+	// no_cache runs every step even when the build cache has it.
+	NoCache bool `protobuf:"varint,6,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
+	// timeout_seconds bounds the whole build; 0 means node.build.timeout_sec.
+	TimeoutSeconds int64 `protobuf:"varint,7,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// start_cmd and ready_cmd are kept in the image's config.
+	StartCmd      string `protobuf:"bytes,8,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	ReadyCmd      string `protobuf:"bytes,9,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageRequest) Reset() {
+	*x = BuildImageRequest{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageRequest) ProtoMessage() {}
+
+func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
+func (*BuildImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BuildImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetDockerfile() string {
+	if x != nil {
+		return x.Dockerfile
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetBuildArgs() map[string]string {
+	if x != nil {
+		return x.BuildArgs
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetNoCache() bool {
+	if x != nil {
+		return x.NoCache
+	}
+	return false
+}
+
+func (x *BuildImageRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *BuildImageRequest) GetStartCmd() string {
+	if x != nil {
+		return x.StartCmd
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetReadyCmd() string {
+	if x != nil {
+		return x.ReadyCmd
+	}
+	return ""
+}
+
+// BuildStep is a step's start (done false) or end.
+type BuildStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is 1-based over total.
+	Index       int32  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Total       int32  `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Instruction string `protobuf:"bytes,3,opt,name=instruction,proto3" json:"instruction,omitempty"`
+	Done        bool   `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	// cached: the step's result came from the build cache.
+	Cached        bool  `protobuf:"varint,5,opt,name=cached,proto3" json:"cached,omitempty"`
+	DurationMs    int64 `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BuildStep) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *BuildStep) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *BuildStep) GetInstruction() string {
+	if x != nil {
+		return x.Instruction
+	}
+	return ""
+}
+
+func (x *BuildStep) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *BuildStep) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
+}
+
+func (x *BuildStep) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+type BuildLog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Step  int32                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	// stream is "stdout" or "stderr".
+	Stream        string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildLog) Reset() {
+	*x = BuildLog{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildLog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildLog) ProtoMessage() {}
+
+func (x *BuildLog) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildLog.ProtoReflect.Descriptor instead.
+func (*BuildLog) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BuildLog) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *BuildLog) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *BuildLog) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type BuildImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*BuildImageResponse_Step
+	//	*BuildImageResponse_Log
+	//	*BuildImageResponse_Image
+	Event         isBuildImageResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageResponse) Reset() {
+	*x = BuildImageResponse{}
+	mi := &file_opendsec_v1_image_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageResponse) ProtoMessage() {}
+
+func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_image_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
+func (*BuildImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_image_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BuildImageResponse) GetEvent() isBuildImageResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *BuildImageResponse) GetStep() *BuildStep {
+	if x != nil {
+		if x, ok := x.Event.(*BuildImageResponse_Step); ok {
+			return x.Step
+		}
+	}
+	return nil
+}
+
+func (x *BuildImageResponse) GetLog() *BuildLog {
+	if x != nil {
+		if x, ok := x.Event.(*BuildImageResponse_Log); ok {
+			return x.Log
+		}
+	}
+	return nil
+}
+
+func (x *BuildImageResponse) GetImage() *Image {
+	if x != nil {
+		if x, ok := x.Event.(*BuildImageResponse_Image); ok {
+			return x.Image
+		}
+	}
+	return nil
+}
+
+type isBuildImageResponse_Event interface {
+	isBuildImageResponse_Event()
+}
+
+type BuildImageResponse_Step struct {
+	Step *BuildStep `protobuf:"bytes,1,opt,name=step,proto3,oneof"`
+}
+
+type BuildImageResponse_Log struct {
+	Log *BuildLog `protobuf:"bytes,2,opt,name=log,proto3,oneof"`
+}
+
+type BuildImageResponse_Image struct {
+	// image is the last message of a successful build.
+	Image *Image `protobuf:"bytes,3,opt,name=image,proto3,oneof"`
+}
+
+func (*BuildImageResponse_Step) isBuildImageResponse_Event() {}
+
+func (*BuildImageResponse_Log) isBuildImageResponse_Event() {}
+
+func (*BuildImageResponse_Image) isBuildImageResponse_Event() {}
+
 var File_opendsec_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_image_proto_rawDesc = "" +
@@ -1378,7 +1877,7 @@ const file_opendsec_v1_image_proto_rawDesc = "" +
 	"\n" +
 	"ImageLayer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x03R\x04size\"\xf8\x01\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\xd7\x02\n" +
 	"\vImageConfig\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x12\n" +
@@ -1387,7 +1886,10 @@ const file_opendsec_v1_image_proto_rawDesc = "" +
 	"entrypoint\x18\x04 \x03(\tR\n" +
 	"entrypoint\x12\x10\n" +
 	"\x03cmd\x18\x05 \x03(\tR\x03cmd\x12<\n" +
-	"\x06labels\x18\x06 \x03(\v2$.opendsec.v1.ImageConfig.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x06 \x03(\v2$.opendsec.v1.ImageConfig.LabelsEntryR\x06labels\x12\x1b\n" +
+	"\tstart_cmd\x18\a \x01(\tR\bstartCmd\x12\x1b\n" +
+	"\tready_cmd\x18\b \x01(\tR\breadyCmd\x12#\n" +
+	"\rexposed_ports\x18\t \x03(\tR\fexposedPorts\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -1460,7 +1962,48 @@ const file_opendsec_v1_image_proto_rawDesc = "" +
 	"\vscrub_paths\x18\x03 \x03(\tR\n" +
 	"scrubPaths\"<\n" +
 	"\x10PackDiffResponse\x12(\n" +
-	"\x05image\x18\x01 \x01(\v2\x12.opendsec.v1.ImageR\x05image2\xe3\x05\n" +
+	"\x05image\x18\x01 \x01(\v2\x12.opendsec.v1.ImageR\x05image\"C\n" +
+	"\x19UploadBuildContextRequest\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"O\n" +
+	"\x1aUploadBuildContextResponse\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x01 \x01(\tR\tcontextId\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\x88\x03\n" +
+	"\x11BuildImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
+	"\n" +
+	"dockerfile\x18\x02 \x01(\tR\n" +
+	"dockerfile\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x03 \x01(\tR\tcontextId\x12L\n" +
+	"\n" +
+	"build_args\x18\x04 \x03(\v2-.opendsec.v1.BuildImageRequest.BuildArgsEntryR\tbuildArgs\x12\x16\n" +
+	"\x06target\x18\x05 \x01(\tR\x06target\x12\x19\n" +
+	"\bno_cache\x18\x06 \x01(\bR\anoCache\x12'\n" +
+	"\x0ftimeout_seconds\x18\a \x01(\x03R\x0etimeoutSeconds\x12\x1b\n" +
+	"\tstart_cmd\x18\b \x01(\tR\bstartCmd\x12\x1b\n" +
+	"\tready_cmd\x18\t \x01(\tR\breadyCmd\x1a<\n" +
+	"\x0eBuildArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa6\x01\n" +
+	"\tBuildStep\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x05R\x05total\x12 \n" +
+	"\vinstruction\x18\x03 \x01(\tR\vinstruction\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\x12\x16\n" +
+	"\x06cached\x18\x05 \x01(\bR\x06cached\x12\x1f\n" +
+	"\vduration_ms\x18\x06 \x01(\x03R\n" +
+	"durationMs\"J\n" +
+	"\bBuildLog\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x05R\x04step\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\xa2\x01\n" +
+	"\x12BuildImageResponse\x12,\n" +
+	"\x04step\x18\x01 \x01(\v2\x16.opendsec.v1.BuildStepH\x00R\x04step\x12)\n" +
+	"\x03log\x18\x02 \x01(\v2\x15.opendsec.v1.BuildLogH\x00R\x03log\x12*\n" +
+	"\x05image\x18\x03 \x01(\v2\x12.opendsec.v1.ImageH\x00R\x05imageB\a\n" +
+	"\x05event2\x9d\a\n" +
 	"\fImageService\x12R\n" +
 	"\vImportImage\x12\x1f.opendsec.v1.ImportImageRequest\x1a .opendsec.v1.ImportImageResponse0\x01\x12M\n" +
 	"\n" +
@@ -1471,7 +2014,10 @@ const file_opendsec_v1_image_proto_rawDesc = "" +
 	"\fComposeImage\x12 .opendsec.v1.ComposeImageRequest\x1a!.opendsec.v1.ComposeImageResponse\x12Y\n" +
 	"\x0eGarbageCollect\x12\".opendsec.v1.GarbageCollectRequest\x1a#.opendsec.v1.GarbageCollectResponse\x12S\n" +
 	"\fVerifyImages\x12 .opendsec.v1.VerifyImagesRequest\x1a!.opendsec.v1.VerifyImagesResponse\x12G\n" +
-	"\bPackDiff\x12\x1c.opendsec.v1.PackDiffRequest\x1a\x1d.opendsec.v1.PackDiffResponseB=Z;github.com/kernflux/opendsec/api/gen/opendsec/v1;opendsecv1b\x06proto3"
+	"\bPackDiff\x12\x1c.opendsec.v1.PackDiffRequest\x1a\x1d.opendsec.v1.PackDiffResponse\x12g\n" +
+	"\x12UploadBuildContext\x12&.opendsec.v1.UploadBuildContextRequest\x1a'.opendsec.v1.UploadBuildContextResponse(\x01\x12O\n" +
+	"\n" +
+	"BuildImage\x12\x1e.opendsec.v1.BuildImageRequest\x1a\x1f.opendsec.v1.BuildImageResponse0\x01B=Z;github.com/kernflux/opendsec/api/gen/opendsec/v1;opendsecv1b\x06proto3"
 
 var (
 	file_opendsec_v1_image_proto_rawDescOnce sync.Once
@@ -1485,38 +2031,45 @@ func file_opendsec_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_v1_image_proto_rawDescData
 }
 
-var file_opendsec_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_opendsec_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_opendsec_v1_image_proto_goTypes = []any{
-	(*ImageLayer)(nil),             // 0: opendsec.v1.ImageLayer
-	(*ImageConfig)(nil),            // 1: opendsec.v1.ImageConfig
-	(*Image)(nil),                  // 2: opendsec.v1.Image
-	(*ImportImageRequest)(nil),     // 3: opendsec.v1.ImportImageRequest
-	(*ImportProgress)(nil),         // 4: opendsec.v1.ImportProgress
-	(*ImportImageResponse)(nil),    // 5: opendsec.v1.ImportImageResponse
-	(*ListImagesRequest)(nil),      // 6: opendsec.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),     // 7: opendsec.v1.ListImagesResponse
-	(*GetImageRequest)(nil),        // 8: opendsec.v1.GetImageRequest
-	(*GetImageResponse)(nil),       // 9: opendsec.v1.GetImageResponse
-	(*TagImageRequest)(nil),        // 10: opendsec.v1.TagImageRequest
-	(*TagImageResponse)(nil),       // 11: opendsec.v1.TagImageResponse
-	(*RemoveImageRequest)(nil),     // 12: opendsec.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),    // 13: opendsec.v1.RemoveImageResponse
-	(*ComposeLayer)(nil),           // 14: opendsec.v1.ComposeLayer
-	(*ComposeImageRequest)(nil),    // 15: opendsec.v1.ComposeImageRequest
-	(*ComposeImageResponse)(nil),   // 16: opendsec.v1.ComposeImageResponse
-	(*GarbageCollectRequest)(nil),  // 17: opendsec.v1.GarbageCollectRequest
-	(*GarbageCollectResponse)(nil), // 18: opendsec.v1.GarbageCollectResponse
-	(*VerifyImagesRequest)(nil),    // 19: opendsec.v1.VerifyImagesRequest
-	(*CorruptLayer)(nil),           // 20: opendsec.v1.CorruptLayer
-	(*VerifyImagesResponse)(nil),   // 21: opendsec.v1.VerifyImagesResponse
-	(*PackDiffRequest)(nil),        // 22: opendsec.v1.PackDiffRequest
-	(*PackDiffResponse)(nil),       // 23: opendsec.v1.PackDiffResponse
-	nil,                            // 24: opendsec.v1.ImageConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*ImageLayer)(nil),                 // 0: opendsec.v1.ImageLayer
+	(*ImageConfig)(nil),                // 1: opendsec.v1.ImageConfig
+	(*Image)(nil),                      // 2: opendsec.v1.Image
+	(*ImportImageRequest)(nil),         // 3: opendsec.v1.ImportImageRequest
+	(*ImportProgress)(nil),             // 4: opendsec.v1.ImportProgress
+	(*ImportImageResponse)(nil),        // 5: opendsec.v1.ImportImageResponse
+	(*ListImagesRequest)(nil),          // 6: opendsec.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 7: opendsec.v1.ListImagesResponse
+	(*GetImageRequest)(nil),            // 8: opendsec.v1.GetImageRequest
+	(*GetImageResponse)(nil),           // 9: opendsec.v1.GetImageResponse
+	(*TagImageRequest)(nil),            // 10: opendsec.v1.TagImageRequest
+	(*TagImageResponse)(nil),           // 11: opendsec.v1.TagImageResponse
+	(*RemoveImageRequest)(nil),         // 12: opendsec.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 13: opendsec.v1.RemoveImageResponse
+	(*ComposeLayer)(nil),               // 14: opendsec.v1.ComposeLayer
+	(*ComposeImageRequest)(nil),        // 15: opendsec.v1.ComposeImageRequest
+	(*ComposeImageResponse)(nil),       // 16: opendsec.v1.ComposeImageResponse
+	(*GarbageCollectRequest)(nil),      // 17: opendsec.v1.GarbageCollectRequest
+	(*GarbageCollectResponse)(nil),     // 18: opendsec.v1.GarbageCollectResponse
+	(*VerifyImagesRequest)(nil),        // 19: opendsec.v1.VerifyImagesRequest
+	(*CorruptLayer)(nil),               // 20: opendsec.v1.CorruptLayer
+	(*VerifyImagesResponse)(nil),       // 21: opendsec.v1.VerifyImagesResponse
+	(*PackDiffRequest)(nil),            // 22: opendsec.v1.PackDiffRequest
+	(*PackDiffResponse)(nil),           // 23: opendsec.v1.PackDiffResponse
+	(*UploadBuildContextRequest)(nil),  // 24: opendsec.v1.UploadBuildContextRequest
+	(*UploadBuildContextResponse)(nil), // 25: opendsec.v1.UploadBuildContextResponse
+	(*BuildImageRequest)(nil),          // 26: opendsec.v1.BuildImageRequest
+	(*BuildStep)(nil),                  // 27: opendsec.v1.BuildStep
+	(*BuildLog)(nil),                   // 28: opendsec.v1.BuildLog
+	(*BuildImageResponse)(nil),         // 29: opendsec.v1.BuildImageResponse
+	nil,                                // 30: opendsec.v1.ImageConfig.LabelsEntry
+	nil,                                // 31: opendsec.v1.BuildImageRequest.BuildArgsEntry
+	(*timestamppb.Timestamp)(nil),      // 32: google.protobuf.Timestamp
 }
 var file_opendsec_v1_image_proto_depIdxs = []int32{
-	24, // 0: opendsec.v1.ImageConfig.labels:type_name -> opendsec.v1.ImageConfig.LabelsEntry
-	25, // 1: opendsec.v1.Image.created:type_name -> google.protobuf.Timestamp
+	30, // 0: opendsec.v1.ImageConfig.labels:type_name -> opendsec.v1.ImageConfig.LabelsEntry
+	32, // 1: opendsec.v1.Image.created:type_name -> google.protobuf.Timestamp
 	0,  // 2: opendsec.v1.Image.layers:type_name -> opendsec.v1.ImageLayer
 	1,  // 3: opendsec.v1.Image.config:type_name -> opendsec.v1.ImageConfig
 	4,  // 4: opendsec.v1.ImportImageResponse.progress:type_name -> opendsec.v1.ImportProgress
@@ -1529,29 +2082,37 @@ var file_opendsec_v1_image_proto_depIdxs = []int32{
 	2,  // 11: opendsec.v1.ComposeImageResponse.image:type_name -> opendsec.v1.Image
 	20, // 12: opendsec.v1.VerifyImagesResponse.corrupt:type_name -> opendsec.v1.CorruptLayer
 	2,  // 13: opendsec.v1.PackDiffResponse.image:type_name -> opendsec.v1.Image
-	3,  // 14: opendsec.v1.ImageService.ImportImage:input_type -> opendsec.v1.ImportImageRequest
-	6,  // 15: opendsec.v1.ImageService.ListImages:input_type -> opendsec.v1.ListImagesRequest
-	8,  // 16: opendsec.v1.ImageService.GetImage:input_type -> opendsec.v1.GetImageRequest
-	10, // 17: opendsec.v1.ImageService.TagImage:input_type -> opendsec.v1.TagImageRequest
-	12, // 18: opendsec.v1.ImageService.RemoveImage:input_type -> opendsec.v1.RemoveImageRequest
-	15, // 19: opendsec.v1.ImageService.ComposeImage:input_type -> opendsec.v1.ComposeImageRequest
-	17, // 20: opendsec.v1.ImageService.GarbageCollect:input_type -> opendsec.v1.GarbageCollectRequest
-	19, // 21: opendsec.v1.ImageService.VerifyImages:input_type -> opendsec.v1.VerifyImagesRequest
-	22, // 22: opendsec.v1.ImageService.PackDiff:input_type -> opendsec.v1.PackDiffRequest
-	5,  // 23: opendsec.v1.ImageService.ImportImage:output_type -> opendsec.v1.ImportImageResponse
-	7,  // 24: opendsec.v1.ImageService.ListImages:output_type -> opendsec.v1.ListImagesResponse
-	9,  // 25: opendsec.v1.ImageService.GetImage:output_type -> opendsec.v1.GetImageResponse
-	11, // 26: opendsec.v1.ImageService.TagImage:output_type -> opendsec.v1.TagImageResponse
-	13, // 27: opendsec.v1.ImageService.RemoveImage:output_type -> opendsec.v1.RemoveImageResponse
-	16, // 28: opendsec.v1.ImageService.ComposeImage:output_type -> opendsec.v1.ComposeImageResponse
-	18, // 29: opendsec.v1.ImageService.GarbageCollect:output_type -> opendsec.v1.GarbageCollectResponse
-	21, // 30: opendsec.v1.ImageService.VerifyImages:output_type -> opendsec.v1.VerifyImagesResponse
-	23, // 31: opendsec.v1.ImageService.PackDiff:output_type -> opendsec.v1.PackDiffResponse
-	23, // [23:32] is the sub-list for method output_type
-	14, // [14:23] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	31, // 14: opendsec.v1.BuildImageRequest.build_args:type_name -> opendsec.v1.BuildImageRequest.BuildArgsEntry
+	27, // 15: opendsec.v1.BuildImageResponse.step:type_name -> opendsec.v1.BuildStep
+	28, // 16: opendsec.v1.BuildImageResponse.log:type_name -> opendsec.v1.BuildLog
+	2,  // 17: opendsec.v1.BuildImageResponse.image:type_name -> opendsec.v1.Image
+	3,  // 18: opendsec.v1.ImageService.ImportImage:input_type -> opendsec.v1.ImportImageRequest
+	6,  // 19: opendsec.v1.ImageService.ListImages:input_type -> opendsec.v1.ListImagesRequest
+	8,  // 20: opendsec.v1.ImageService.GetImage:input_type -> opendsec.v1.GetImageRequest
+	10, // 21: opendsec.v1.ImageService.TagImage:input_type -> opendsec.v1.TagImageRequest
+	12, // 22: opendsec.v1.ImageService.RemoveImage:input_type -> opendsec.v1.RemoveImageRequest
+	15, // 23: opendsec.v1.ImageService.ComposeImage:input_type -> opendsec.v1.ComposeImageRequest
+	17, // 24: opendsec.v1.ImageService.GarbageCollect:input_type -> opendsec.v1.GarbageCollectRequest
+	19, // 25: opendsec.v1.ImageService.VerifyImages:input_type -> opendsec.v1.VerifyImagesRequest
+	22, // 26: opendsec.v1.ImageService.PackDiff:input_type -> opendsec.v1.PackDiffRequest
+	24, // 27: opendsec.v1.ImageService.UploadBuildContext:input_type -> opendsec.v1.UploadBuildContextRequest
+	26, // 28: opendsec.v1.ImageService.BuildImage:input_type -> opendsec.v1.BuildImageRequest
+	5,  // 29: opendsec.v1.ImageService.ImportImage:output_type -> opendsec.v1.ImportImageResponse
+	7,  // 30: opendsec.v1.ImageService.ListImages:output_type -> opendsec.v1.ListImagesResponse
+	9,  // 31: opendsec.v1.ImageService.GetImage:output_type -> opendsec.v1.GetImageResponse
+	11, // 32: opendsec.v1.ImageService.TagImage:output_type -> opendsec.v1.TagImageResponse
+	13, // 33: opendsec.v1.ImageService.RemoveImage:output_type -> opendsec.v1.RemoveImageResponse
+	16, // 34: opendsec.v1.ImageService.ComposeImage:output_type -> opendsec.v1.ComposeImageResponse
+	18, // 35: opendsec.v1.ImageService.GarbageCollect:output_type -> opendsec.v1.GarbageCollectResponse
+	21, // 36: opendsec.v1.ImageService.VerifyImages:output_type -> opendsec.v1.VerifyImagesResponse
+	23, // 37: opendsec.v1.ImageService.PackDiff:output_type -> opendsec.v1.PackDiffResponse
+	25, // 38: opendsec.v1.ImageService.UploadBuildContext:output_type -> opendsec.v1.UploadBuildContextResponse
+	29, // 39: opendsec.v1.ImageService.BuildImage:output_type -> opendsec.v1.BuildImageResponse
+	29, // [29:40] is the sub-list for method output_type
+	18, // [18:29] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_image_proto_init() }
@@ -1567,13 +2128,18 @@ func file_opendsec_v1_image_proto_init() {
 		(*ComposeLayer_Digest)(nil),
 		(*ComposeLayer_Image)(nil),
 	}
+	file_opendsec_v1_image_proto_msgTypes[29].OneofWrappers = []any{
+		(*BuildImageResponse_Step)(nil),
+		(*BuildImageResponse_Log)(nil),
+		(*BuildImageResponse_Image)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_image_proto_rawDesc), len(file_opendsec_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -15,9 +15,9 @@ import (
 
 // imageCommand is `opendsecctl image ...`: the shared image store.
 func (a *app) imageCommand() *cobra.Command {
-	c := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Import, list, inspect, tag, compose, remove and garbage-collect images"}
+	c := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Build, import, list, inspect, tag, compose, remove and garbage-collect images"}
 	c.AddCommand(a.imageImportCommand(), a.imageListCommand(), a.imageInspectCommand(), a.imageTagCommand(),
-		a.imageRemoveCommand(), a.imageGCCommand(), a.imageComposeCommand(), a.imageVerifyCommand())
+		a.imageRemoveCommand(), a.imageGCCommand(), a.imageComposeCommand(), a.imageVerifyCommand(), a.imageBuildCommand())
 	return c
 }
 
@@ -53,6 +53,110 @@ func (a *app) imageImportCommand() *cobra.Command {
 	c.Flags().BoolVar(&opts.Insecure, "insecure", false, "use plain HTTP to a registry that is not on loopback")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	return c
+}
+
+func (a *app) imageBuildCommand() *cobra.Command {
+	var (
+		opts      opendsec.BuildOptions
+		tag       string
+		buildArgs []string
+		timeout   time.Duration
+		quiet     bool
+	)
+	c := &cobra.Command{
+		Use:   "build -t NAME[:TAG] [-f Dockerfile] DIR",
+		Short: "Build an image from a Dockerfile; DIR is the build context (uploaded to a node)",
+		Example: `  opendsecctl image build -t team/app:v1 .
+  opendsecctl image build -f docker/Dockerfile.gpu -t team/app:gpu --build-arg VERSION=2 --timeout 20m ./src`,
+		Args: exactArgs(1, "DIR"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tag == "" {
+				return fmt.Errorf("-t/--tag: give the image's name, e.g. -t team/app:v1")
+			}
+			opts.ContextDir = args[0]
+			opts.Timeout = timeout
+			opts.BuildArgs = map[string]string{}
+			for _, kv := range buildArgs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--build-arg %q: write it as NAME=value", kv)
+				}
+				opts.BuildArgs[k] = v
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			if !quiet {
+				opts.Progress = buildProgress(a.stderr)
+			}
+			img, err := c.BuildImage(cmd.Context(), tag, &opts)
+			if err != nil {
+				return err
+			}
+			return a.printImages([]*opendsec.Image{img})
+		},
+	}
+	c.Flags().StringVarP(&tag, "tag", "t", "", "name of the image to build (NAME[:TAG])")
+	c.Flags().StringVarP(&opts.DockerfilePath, "file", "f", "", "the Dockerfile (default: DIR/Dockerfile)")
+	c.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "NAME=value for an ARG (repeatable)")
+	c.Flags().StringVar(&opts.Target, "target", "", "build this stage (default: the last)")
+	c.Flags().BoolVar(&opts.NoCache, "no-cache", false, "run every step even when the build cache has it")
+	c.Flags().DurationVar(&timeout, "timeout", 0, "bound the whole build (default: the node's node.build.timeout_sec)")
+	c.Flags().StringVar(&opts.StartCmd, "start-cmd", "", "command a sandbox of the image runs at start (kept in the image)")
+	c.Flags().StringVar(&opts.ReadyCmd, "ready-cmd", "", "command that exits 0 once the start command is ready (kept in the image)")
+	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no step lines and no output of RUN steps")
+	return c
+}
+
+// buildProgress prints a progress line for each step of a build as it
+// ends, and the output of RUN steps, indented, under a line naming the
+// running step.
+func buildProgress(w io.Writer) func(*opendsec.BuildEvent) {
+	var running *opendsec.BuildStep // started, no line printed yet
+	atLineStart := true
+	endLine := func() {
+		if !atLineStart {
+			fmt.Fprintln(w)
+			atLineStart = true
+		}
+	}
+	return func(e *opendsec.BuildEvent) {
+		if s := e.GetStep(); s != nil {
+			if !s.GetDone() {
+				running = s
+				return
+			}
+			endLine()
+			running = nil
+			text := s.GetInstruction()
+			if s.GetCached() {
+				text += " (cached)"
+			} else if d := time.Duration(s.GetDurationMs()) * time.Millisecond; d >= time.Millisecond {
+				text += fmt.Sprintf(" (%s)", d.Round(time.Millisecond))
+			}
+			fmt.Fprintln(w, progressbar.Step(int(s.GetIndex()), int(s.GetTotal()), text))
+			return
+		}
+		l := e.GetLog()
+		if l == nil {
+			return
+		}
+		if running != nil {
+			fmt.Fprintln(w, progressbar.Step(int(running.GetIndex())-1, int(running.GetTotal()), running.GetInstruction()))
+			running = nil
+		}
+		for _, line := range strings.SplitAfter(string(l.GetData()), "\n") {
+			if line == "" {
+				continue
+			}
+			if atLineStart {
+				fmt.Fprint(w, "    | ")
+			}
+			fmt.Fprint(w, line)
+			atLineStart = strings.HasSuffix(line, "\n")
+		}
+	}
 }
 
 // importBar draws a one-line progress bar on w (like `opendsec image import`).

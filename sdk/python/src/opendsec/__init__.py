@@ -36,7 +36,7 @@ from opendsec.errors import (
 from opendsec.errors import (
     TimeoutError as TimeoutError,
 )
-from opendsec.images import GCResult, Image, ImageConfig, ImageLayer, Images, ImportProgress, VerifyResult
+from opendsec.images import BuildEvent, GCResult, Image, ImageConfig, ImageLayer, Images, ImportProgress, VerifyResult
 from opendsec.ports import PortStream
 from opendsec.sandbox import CHUNK_SIZE, OUTPUT_LIMIT, ExecProcess, Files, Sandbox
 from opendsec.snapshots import Snapshot
@@ -82,6 +82,7 @@ __all__ = [
     "FileInfo",
     "FileType",
     "Files",
+    "BuildEvent",
     "GCResult",
     "HTTPResponse",
     "Image",

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import IO
 
 import grpc.aio
 
 from opendsec._conn import Conn
 from opendsec._gen.opendsec.v1 import image_pb2 as ipb
 from opendsec._gen.opendsec.v1 import image_pb2_grpc as ipbg
-from opendsec.errors import ConfigError, UnavailableError, from_grpc_error
+from opendsec.errors import ConfigError, InternalError, UnavailableError, from_grpc_error
 
 __all__ = [
+    "BuildEvent",
     "GCResult",
     "Image",
     "ImageConfig",
@@ -48,6 +53,9 @@ class ImageConfig:
     entrypoint: list[str] = dataclasses.field(default_factory=list)
     cmd: list[str] = dataclasses.field(default_factory=list)
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    start_cmd: str = ""
+    ready_cmd: str = ""
+    exposed_ports: list[str] = dataclasses.field(default_factory=list)
 
     def to_proto(self) -> ipb.ImageConfig:
         return ipb.ImageConfig(
@@ -57,6 +65,9 @@ class ImageConfig:
             entrypoint=self.entrypoint,
             cmd=self.cmd,
             labels=self.labels,
+            start_cmd=self.start_cmd,
+            ready_cmd=self.ready_cmd,
+            exposed_ports=self.exposed_ports,
         )
 
 
@@ -98,9 +109,52 @@ class Image:
                 entrypoint=list(c.entrypoint),
                 cmd=list(c.cmd),
                 labels=dict(c.labels),
+                start_cmd=c.start_cmd,
+                ready_cmd=c.ready_cmd,
+                exposed_ports=list(c.exposed_ports),
             ),
             source=m.source,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildEvent:
+    """One message of :meth:`Images.build`: a step's start (``done`` false) or
+    end (``cached`` when it came from the build cache), or output of a RUN
+    step (``stream`` is ``"stdout"`` or ``"stderr"``, ``data`` its bytes)."""
+
+    step: int
+    total: int
+    instruction: str = ""
+    done: bool = False
+    cached: bool = False
+    duration_ms: int = 0
+    stream: str = ""
+    data: bytes = b""
+
+
+# Size of one UploadBuildContext message.
+_CHUNK = 1 << 20
+
+
+def _context_tar(context_dir: str) -> IO[bytes]:
+    """``context_dir`` as a tar in a temporary file (on disk past 8 MiB), rewound."""
+    f = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115 - returned to the caller
+    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        tf.add(context_dir, arcname=".", recursive=True, filter=_plain_entry)
+    f.seek(0)
+    return f
+
+
+def _plain_entry(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    if not (ti.isfile() or ti.isdir() or ti.issym()):
+        return None  # devices, fifos: left out
+    ti.uname = ti.gname = ""
+    if ti.name == ".":
+        ti.name = "./"
+    elif not ti.name.startswith("./"):
+        ti.name = "./" + ti.name
+    return ti
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +232,134 @@ class Images:
             raise from_grpc_error(e) from None
         if image is None:
             raise UnavailableError("import stream ended without the image; try again")
+        return image
+
+    async def upload_context(self, context_dir: str, *, timeout: float | None = None) -> str:
+        """Upload ``context_dir`` as a build context (a tar streamed in 1 MiB
+        pieces, from a temporary file, never all in memory) and return its ID
+        for one :meth:`build` within an hour. The node bounds its size
+        (``node.build.max_context_mb``)."""
+        if not os.path.isdir(context_dir):
+            raise ConfigError(f"context_dir {context_dir!r} is not a directory")
+        f = _context_tar(context_dir)
+        try:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(0)
+
+            async def pieces() -> AsyncIterator[ipb.UploadBuildContextRequest]:
+                first = True
+                while True:
+                    data = f.read(_CHUNK)
+                    if not data and not first:
+                        return
+                    yield ipb.UploadBuildContextRequest(data=data, size=size if first else 0)
+                    first = False
+                    if not data:
+                        return
+
+            async def only_size() -> AsyncIterator[ipb.UploadBuildContextRequest]:
+                yield ipb.UploadBuildContextRequest(size=size)
+
+            try:
+                resp = await self._stub.UploadBuildContext(pieces(), metadata=self._conn.metadata, timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                err = from_grpc_error(e)
+                if not isinstance(err, InternalError):
+                    raise err from None
+                # grpcio loses the status of a client stream the server
+                # ends early (grpc/grpc#36066): ask again with the size
+                # alone, which the server refuses the same way.
+                try:
+                    await self._stub.UploadBuildContext(only_size(), metadata=self._conn.metadata, timeout=timeout)
+                except grpc.aio.AioRpcError as e2:
+                    raise from_grpc_error(e2) from None
+                raise err from None
+            return str(resp.context_id)
+        finally:
+            f.close()
+
+    async def build(
+        self,
+        name: str,
+        context_dir: str | None = None,
+        *,
+        dockerfile: str | None = None,
+        dockerfile_path: str | None = None,
+        build_args: Mapping[str, str] | None = None,
+        target: str = "",
+        no_cache: bool = False,
+        timeout: float | None = None,
+        start_cmd: str = "",
+        ready_cmd: str = "",
+        progress: Callable[[BuildEvent], None] | None = None,
+    ) -> Image:
+        """Build the image ``name`` from a Dockerfile on a node.
+
+        Each RUN step runs in a build sandbox (no network unless the operator
+        allows some: ``node.build.rule_sets``); each step's layer is cached
+        by content, so a rebuild runs only the steps from the first changed
+        one on. A failed build changes no image.
+
+        Args:
+            name: the image to make, e.g. ``"team/app:v1"``.
+            context_dir: the build context (uploaded first); None is none.
+            dockerfile: the Dockerfile's text; default ``dockerfile_path``, or
+                ``context_dir/Dockerfile``.
+            build_args: values for ARGs.
+            target: build this stage (default the last).
+            no_cache: run every step even when the cache has it.
+            timeout: seconds for the whole build on the node (default the
+                node's ``node.build.timeout_sec``).
+            start_cmd, ready_cmd: kept in the image's config.
+            progress: called with each :class:`BuildEvent`.
+
+        Raises:
+            ConfigError: no Dockerfile (nothing is sent).
+            InvalidArgumentError: a bad Dockerfile (the message names the line) or a
+                failing step (with the end of its output).
+            TimeoutError: the build ran past its timeout.
+        """
+        if not name or not name.strip():
+            raise ConfigError("name is empty: name the image to build, e.g. team/app:v1")
+        if dockerfile is None:
+            path = dockerfile_path or (os.path.join(context_dir, "Dockerfile") if context_dir else None)
+            if path is None:
+                raise ConfigError("no Dockerfile: pass dockerfile=, dockerfile_path= or a context_dir with a Dockerfile")
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    dockerfile = fh.read()
+            except OSError as e:
+                raise ConfigError(f"dockerfile {path!r}: {e.strerror}") from None
+        context_id = await self.upload_context(context_dir) if context_dir else ""
+        req = ipb.BuildImageRequest(
+            name=name,
+            dockerfile=dockerfile,
+            context_id=context_id,
+            build_args=dict(build_args or {}),
+            target=target,
+            no_cache=no_cache,
+            timeout_seconds=int(timeout or 0),
+            start_cmd=start_cmd,
+            ready_cmd=ready_cmd,
+        )
+        call = self._stub.BuildImage(req, metadata=self._conn.metadata)
+        image: Image | None = None
+        try:
+            async for msg in call:
+                which = msg.WhichOneof("event")
+                if which == "image":
+                    image = Image.from_proto(msg.image)
+                elif progress is None:
+                    continue
+                elif which == "step":
+                    st = msg.step
+                    progress(BuildEvent(st.index, st.total, st.instruction, st.done, st.cached, st.duration_ms))
+                elif which == "log":
+                    progress(BuildEvent(msg.log.step, 0, stream=msg.log.stream, data=msg.log.data))
+        except grpc.aio.AioRpcError as e:
+            raise from_grpc_error(e) from None
+        if image is None:
+            raise UnavailableError("build stream ended without the image; try again")
         return image
 
     async def list(self) -> list[Image]:

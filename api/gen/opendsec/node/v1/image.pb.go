@@ -28,7 +28,7 @@ var File_opendsec_node_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x1copendsec/node/v1/image.proto\x12\x10opendsec.node.v1\x1a\x17opendsec/v1/image.proto2\xe7\x05\n" +
+	"\x1copendsec/node/v1/image.proto\x12\x10opendsec.node.v1\x1a\x17opendsec/v1/image.proto2\xa1\a\n" +
 	"\x10NodeImageService\x12R\n" +
 	"\vImportImage\x12\x1f.opendsec.v1.ImportImageRequest\x1a .opendsec.v1.ImportImageResponse0\x01\x12M\n" +
 	"\n" +
@@ -39,27 +39,34 @@ const file_opendsec_node_v1_image_proto_rawDesc = "" +
 	"\fComposeImage\x12 .opendsec.v1.ComposeImageRequest\x1a!.opendsec.v1.ComposeImageResponse\x12Y\n" +
 	"\x0eGarbageCollect\x12\".opendsec.v1.GarbageCollectRequest\x1a#.opendsec.v1.GarbageCollectResponse\x12S\n" +
 	"\fVerifyImages\x12 .opendsec.v1.VerifyImagesRequest\x1a!.opendsec.v1.VerifyImagesResponse\x12G\n" +
-	"\bPackDiff\x12\x1c.opendsec.v1.PackDiffRequest\x1a\x1d.opendsec.v1.PackDiffResponseB>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
+	"\bPackDiff\x12\x1c.opendsec.v1.PackDiffRequest\x1a\x1d.opendsec.v1.PackDiffResponse\x12g\n" +
+	"\x12UploadBuildContext\x12&.opendsec.v1.UploadBuildContextRequest\x1a'.opendsec.v1.UploadBuildContextResponse(\x01\x12O\n" +
+	"\n" +
+	"BuildImage\x12\x1e.opendsec.v1.BuildImageRequest\x1a\x1f.opendsec.v1.BuildImageResponse0\x01B>Z<github.com/kernflux/opendsec/api/gen/opendsec/node/v1;nodev1b\x06proto3"
 
 var file_opendsec_node_v1_image_proto_goTypes = []any{
-	(*v1.ImportImageRequest)(nil),     // 0: opendsec.v1.ImportImageRequest
-	(*v1.ListImagesRequest)(nil),      // 1: opendsec.v1.ListImagesRequest
-	(*v1.GetImageRequest)(nil),        // 2: opendsec.v1.GetImageRequest
-	(*v1.TagImageRequest)(nil),        // 3: opendsec.v1.TagImageRequest
-	(*v1.RemoveImageRequest)(nil),     // 4: opendsec.v1.RemoveImageRequest
-	(*v1.ComposeImageRequest)(nil),    // 5: opendsec.v1.ComposeImageRequest
-	(*v1.GarbageCollectRequest)(nil),  // 6: opendsec.v1.GarbageCollectRequest
-	(*v1.VerifyImagesRequest)(nil),    // 7: opendsec.v1.VerifyImagesRequest
-	(*v1.PackDiffRequest)(nil),        // 8: opendsec.v1.PackDiffRequest
-	(*v1.ImportImageResponse)(nil),    // 9: opendsec.v1.ImportImageResponse
-	(*v1.ListImagesResponse)(nil),     // 10: opendsec.v1.ListImagesResponse
-	(*v1.GetImageResponse)(nil),       // 11: opendsec.v1.GetImageResponse
-	(*v1.TagImageResponse)(nil),       // 12: opendsec.v1.TagImageResponse
-	(*v1.RemoveImageResponse)(nil),    // 13: opendsec.v1.RemoveImageResponse
-	(*v1.ComposeImageResponse)(nil),   // 14: opendsec.v1.ComposeImageResponse
-	(*v1.GarbageCollectResponse)(nil), // 15: opendsec.v1.GarbageCollectResponse
-	(*v1.VerifyImagesResponse)(nil),   // 16: opendsec.v1.VerifyImagesResponse
-	(*v1.PackDiffResponse)(nil),       // 17: opendsec.v1.PackDiffResponse
+	(*v1.ImportImageRequest)(nil),         // 0: opendsec.v1.ImportImageRequest
+	(*v1.ListImagesRequest)(nil),          // 1: opendsec.v1.ListImagesRequest
+	(*v1.GetImageRequest)(nil),            // 2: opendsec.v1.GetImageRequest
+	(*v1.TagImageRequest)(nil),            // 3: opendsec.v1.TagImageRequest
+	(*v1.RemoveImageRequest)(nil),         // 4: opendsec.v1.RemoveImageRequest
+	(*v1.ComposeImageRequest)(nil),        // 5: opendsec.v1.ComposeImageRequest
+	(*v1.GarbageCollectRequest)(nil),      // 6: opendsec.v1.GarbageCollectRequest
+	(*v1.VerifyImagesRequest)(nil),        // 7: opendsec.v1.VerifyImagesRequest
+	(*v1.PackDiffRequest)(nil),            // 8: opendsec.v1.PackDiffRequest
+	(*v1.UploadBuildContextRequest)(nil),  // 9: opendsec.v1.UploadBuildContextRequest
+	(*v1.BuildImageRequest)(nil),          // 10: opendsec.v1.BuildImageRequest
+	(*v1.ImportImageResponse)(nil),        // 11: opendsec.v1.ImportImageResponse
+	(*v1.ListImagesResponse)(nil),         // 12: opendsec.v1.ListImagesResponse
+	(*v1.GetImageResponse)(nil),           // 13: opendsec.v1.GetImageResponse
+	(*v1.TagImageResponse)(nil),           // 14: opendsec.v1.TagImageResponse
+	(*v1.RemoveImageResponse)(nil),        // 15: opendsec.v1.RemoveImageResponse
+	(*v1.ComposeImageResponse)(nil),       // 16: opendsec.v1.ComposeImageResponse
+	(*v1.GarbageCollectResponse)(nil),     // 17: opendsec.v1.GarbageCollectResponse
+	(*v1.VerifyImagesResponse)(nil),       // 18: opendsec.v1.VerifyImagesResponse
+	(*v1.PackDiffResponse)(nil),           // 19: opendsec.v1.PackDiffResponse
+	(*v1.UploadBuildContextResponse)(nil), // 20: opendsec.v1.UploadBuildContextResponse
+	(*v1.BuildImageResponse)(nil),         // 21: opendsec.v1.BuildImageResponse
 }
 var file_opendsec_node_v1_image_proto_depIdxs = []int32{
 	0,  // 0: opendsec.node.v1.NodeImageService.ImportImage:input_type -> opendsec.v1.ImportImageRequest
@@ -71,17 +78,21 @@ var file_opendsec_node_v1_image_proto_depIdxs = []int32{
 	6,  // 6: opendsec.node.v1.NodeImageService.GarbageCollect:input_type -> opendsec.v1.GarbageCollectRequest
 	7,  // 7: opendsec.node.v1.NodeImageService.VerifyImages:input_type -> opendsec.v1.VerifyImagesRequest
 	8,  // 8: opendsec.node.v1.NodeImageService.PackDiff:input_type -> opendsec.v1.PackDiffRequest
-	9,  // 9: opendsec.node.v1.NodeImageService.ImportImage:output_type -> opendsec.v1.ImportImageResponse
-	10, // 10: opendsec.node.v1.NodeImageService.ListImages:output_type -> opendsec.v1.ListImagesResponse
-	11, // 11: opendsec.node.v1.NodeImageService.GetImage:output_type -> opendsec.v1.GetImageResponse
-	12, // 12: opendsec.node.v1.NodeImageService.TagImage:output_type -> opendsec.v1.TagImageResponse
-	13, // 13: opendsec.node.v1.NodeImageService.RemoveImage:output_type -> opendsec.v1.RemoveImageResponse
-	14, // 14: opendsec.node.v1.NodeImageService.ComposeImage:output_type -> opendsec.v1.ComposeImageResponse
-	15, // 15: opendsec.node.v1.NodeImageService.GarbageCollect:output_type -> opendsec.v1.GarbageCollectResponse
-	16, // 16: opendsec.node.v1.NodeImageService.VerifyImages:output_type -> opendsec.v1.VerifyImagesResponse
-	17, // 17: opendsec.node.v1.NodeImageService.PackDiff:output_type -> opendsec.v1.PackDiffResponse
-	9,  // [9:18] is the sub-list for method output_type
-	0,  // [0:9] is the sub-list for method input_type
+	9,  // 9: opendsec.node.v1.NodeImageService.UploadBuildContext:input_type -> opendsec.v1.UploadBuildContextRequest
+	10, // 10: opendsec.node.v1.NodeImageService.BuildImage:input_type -> opendsec.v1.BuildImageRequest
+	11, // 11: opendsec.node.v1.NodeImageService.ImportImage:output_type -> opendsec.v1.ImportImageResponse
+	12, // 12: opendsec.node.v1.NodeImageService.ListImages:output_type -> opendsec.v1.ListImagesResponse
+	13, // 13: opendsec.node.v1.NodeImageService.GetImage:output_type -> opendsec.v1.GetImageResponse
+	14, // 14: opendsec.node.v1.NodeImageService.TagImage:output_type -> opendsec.v1.TagImageResponse
+	15, // 15: opendsec.node.v1.NodeImageService.RemoveImage:output_type -> opendsec.v1.RemoveImageResponse
+	16, // 16: opendsec.node.v1.NodeImageService.ComposeImage:output_type -> opendsec.v1.ComposeImageResponse
+	17, // 17: opendsec.node.v1.NodeImageService.GarbageCollect:output_type -> opendsec.v1.GarbageCollectResponse
+	18, // 18: opendsec.node.v1.NodeImageService.VerifyImages:output_type -> opendsec.v1.VerifyImagesResponse
+	19, // 19: opendsec.node.v1.NodeImageService.PackDiff:output_type -> opendsec.v1.PackDiffResponse
+	20, // 20: opendsec.node.v1.NodeImageService.UploadBuildContext:output_type -> opendsec.v1.UploadBuildContextResponse
+	21, // 21: opendsec.node.v1.NodeImageService.BuildImage:output_type -> opendsec.v1.BuildImageResponse
+	11, // [11:22] is the sub-list for method output_type
+	0,  // [0:11] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

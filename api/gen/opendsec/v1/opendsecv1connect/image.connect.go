@@ -60,6 +60,11 @@ const (
 	ImageServiceVerifyImagesProcedure = "/opendsec.v1.ImageService/VerifyImages"
 	// ImageServicePackDiffProcedure is the fully-qualified name of the ImageService's PackDiff RPC.
 	ImageServicePackDiffProcedure = "/opendsec.v1.ImageService/PackDiff"
+	// ImageServiceUploadBuildContextProcedure is the fully-qualified name of the ImageService's
+	// UploadBuildContext RPC.
+	ImageServiceUploadBuildContextProcedure = "/opendsec.v1.ImageService/UploadBuildContext"
+	// ImageServiceBuildImageProcedure is the fully-qualified name of the ImageService's BuildImage RPC.
+	ImageServiceBuildImageProcedure = "/opendsec.v1.ImageService/BuildImage"
 )
 
 // ImageServiceClient is a client for the opendsec.v1.ImageService service.
@@ -85,6 +90,14 @@ type ImageServiceClient interface {
 	// PackDiff saves a sandbox's writable layer as a new layer on top of its
 	// image's layers: a new image called name.
 	PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error)
+	// UploadBuildContext streams a build context (a tar of the context
+	// directory) to a node, bounded by node.build.max_context_mb; its answer
+	// names it for one BuildImage within an hour.
+	UploadBuildContext(context.Context) *connect.ClientStreamForClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse]
+	// BuildImage builds an image from a Dockerfile (and an uploaded context)
+	// and streams each step's start, output and end; the last message
+	// carries the image. A failed build changes nothing in the store.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the opendsec.v1.ImageService service. By default,
@@ -152,20 +165,34 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("PackDiff")),
 			connect.WithClientOptions(opts...),
 		),
+		uploadBuildContext: connect.NewClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse](
+			httpClient,
+			baseURL+ImageServiceUploadBuildContextProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("UploadBuildContext")),
+			connect.WithClientOptions(opts...),
+		),
+		buildImage: connect.NewClient[v1.BuildImageRequest, v1.BuildImageResponse](
+			httpClient,
+			baseURL+ImageServiceBuildImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // imageServiceClient implements ImageServiceClient.
 type imageServiceClient struct {
-	importImage    *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
-	listImages     *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
-	getImage       *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
-	tagImage       *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
-	removeImage    *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
-	composeImage   *connect.Client[v1.ComposeImageRequest, v1.ComposeImageResponse]
-	garbageCollect *connect.Client[v1.GarbageCollectRequest, v1.GarbageCollectResponse]
-	verifyImages   *connect.Client[v1.VerifyImagesRequest, v1.VerifyImagesResponse]
-	packDiff       *connect.Client[v1.PackDiffRequest, v1.PackDiffResponse]
+	importImage        *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
+	listImages         *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
+	getImage           *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
+	tagImage           *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
+	removeImage        *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
+	composeImage       *connect.Client[v1.ComposeImageRequest, v1.ComposeImageResponse]
+	garbageCollect     *connect.Client[v1.GarbageCollectRequest, v1.GarbageCollectResponse]
+	verifyImages       *connect.Client[v1.VerifyImagesRequest, v1.VerifyImagesResponse]
+	packDiff           *connect.Client[v1.PackDiffRequest, v1.PackDiffResponse]
+	uploadBuildContext *connect.Client[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse]
+	buildImage         *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 }
 
 // ImportImage calls opendsec.v1.ImageService.ImportImage.
@@ -213,6 +240,16 @@ func (c *imageServiceClient) PackDiff(ctx context.Context, req *connect.Request[
 	return c.packDiff.CallUnary(ctx, req)
 }
 
+// UploadBuildContext calls opendsec.v1.ImageService.UploadBuildContext.
+func (c *imageServiceClient) UploadBuildContext(ctx context.Context) *connect.ClientStreamForClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse] {
+	return c.uploadBuildContext.CallClientStream(ctx)
+}
+
+// BuildImage calls opendsec.v1.ImageService.BuildImage.
+func (c *imageServiceClient) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error) {
+	return c.buildImage.CallServerStream(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the opendsec.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ImportImage pulls an image from an OCI or Docker registry and streams
@@ -236,6 +273,14 @@ type ImageServiceHandler interface {
 	// PackDiff saves a sandbox's writable layer as a new layer on top of its
 	// image's layers: a new image called name.
 	PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error)
+	// UploadBuildContext streams a build context (a tar of the context
+	// directory) to a node, bounded by node.build.max_context_mb; its answer
+	// names it for one BuildImage within an hour.
+	UploadBuildContext(context.Context, *connect.ClientStream[v1.UploadBuildContextRequest]) (*connect.Response[v1.UploadBuildContextResponse], error)
+	// BuildImage builds an image from a Dockerfile (and an uploaded context)
+	// and streams each step's start, output and end; the last message
+	// carries the image. A failed build changes nothing in the store.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -299,6 +344,18 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("PackDiff")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceUploadBuildContextHandler := connect.NewClientStreamHandler(
+		ImageServiceUploadBuildContextProcedure,
+		svc.UploadBuildContext,
+		connect.WithSchema(imageServiceMethods.ByName("UploadBuildContext")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceBuildImageHandler := connect.NewServerStreamHandler(
+		ImageServiceBuildImageProcedure,
+		svc.BuildImage,
+		connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceImportImageProcedure:
@@ -319,6 +376,10 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceVerifyImagesHandler.ServeHTTP(w, r)
 		case ImageServicePackDiffProcedure:
 			imageServicePackDiffHandler.ServeHTTP(w, r)
+		case ImageServiceUploadBuildContextProcedure:
+			imageServiceUploadBuildContextHandler.ServeHTTP(w, r)
+		case ImageServiceBuildImageProcedure:
+			imageServiceBuildImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -362,4 +423,12 @@ func (UnimplementedImageServiceHandler) VerifyImages(context.Context, *connect.R
 
 func (UnimplementedImageServiceHandler) PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.ImageService.PackDiff is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) UploadBuildContext(context.Context, *connect.ClientStream[v1.UploadBuildContextRequest]) (*connect.Response[v1.UploadBuildContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.ImageService.UploadBuildContext is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.ImageService.BuildImage is not implemented"))
 }

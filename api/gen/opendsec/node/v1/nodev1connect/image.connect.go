@@ -64,6 +64,12 @@ const (
 	// NodeImageServicePackDiffProcedure is the fully-qualified name of the NodeImageService's PackDiff
 	// RPC.
 	NodeImageServicePackDiffProcedure = "/opendsec.node.v1.NodeImageService/PackDiff"
+	// NodeImageServiceUploadBuildContextProcedure is the fully-qualified name of the NodeImageService's
+	// UploadBuildContext RPC.
+	NodeImageServiceUploadBuildContextProcedure = "/opendsec.node.v1.NodeImageService/UploadBuildContext"
+	// NodeImageServiceBuildImageProcedure is the fully-qualified name of the NodeImageService's
+	// BuildImage RPC.
+	NodeImageServiceBuildImageProcedure = "/opendsec.node.v1.NodeImageService/BuildImage"
 )
 
 // NodeImageServiceClient is a client for the opendsec.node.v1.NodeImageService service.
@@ -78,6 +84,10 @@ type NodeImageServiceClient interface {
 	VerifyImages(context.Context, *connect.Request[v1.VerifyImagesRequest]) (*connect.Response[v1.VerifyImagesResponse], error)
 	// PackDiff must reach the node that runs (or ran) the sandbox.
 	PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error)
+	// UploadBuildContext stores a context on this node; BuildImage with its
+	// context_id must reach the same node (the ID starts with the node's).
+	UploadBuildContext(context.Context) *connect.ClientStreamForClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse]
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error)
 }
 
 // NewNodeImageServiceClient constructs a client for the opendsec.node.v1.NodeImageService service.
@@ -145,20 +155,34 @@ func NewNodeImageServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(nodeImageServiceMethods.ByName("PackDiff")),
 			connect.WithClientOptions(opts...),
 		),
+		uploadBuildContext: connect.NewClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse](
+			httpClient,
+			baseURL+NodeImageServiceUploadBuildContextProcedure,
+			connect.WithSchema(nodeImageServiceMethods.ByName("UploadBuildContext")),
+			connect.WithClientOptions(opts...),
+		),
+		buildImage: connect.NewClient[v1.BuildImageRequest, v1.BuildImageResponse](
+			httpClient,
+			baseURL+NodeImageServiceBuildImageProcedure,
+			connect.WithSchema(nodeImageServiceMethods.ByName("BuildImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeImageServiceClient implements NodeImageServiceClient.
 type nodeImageServiceClient struct {
-	importImage    *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
-	listImages     *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
-	getImage       *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
-	tagImage       *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
-	removeImage    *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
-	composeImage   *connect.Client[v1.ComposeImageRequest, v1.ComposeImageResponse]
-	garbageCollect *connect.Client[v1.GarbageCollectRequest, v1.GarbageCollectResponse]
-	verifyImages   *connect.Client[v1.VerifyImagesRequest, v1.VerifyImagesResponse]
-	packDiff       *connect.Client[v1.PackDiffRequest, v1.PackDiffResponse]
+	importImage        *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
+	listImages         *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
+	getImage           *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
+	tagImage           *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
+	removeImage        *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
+	composeImage       *connect.Client[v1.ComposeImageRequest, v1.ComposeImageResponse]
+	garbageCollect     *connect.Client[v1.GarbageCollectRequest, v1.GarbageCollectResponse]
+	verifyImages       *connect.Client[v1.VerifyImagesRequest, v1.VerifyImagesResponse]
+	packDiff           *connect.Client[v1.PackDiffRequest, v1.PackDiffResponse]
+	uploadBuildContext *connect.Client[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse]
+	buildImage         *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 }
 
 // ImportImage calls opendsec.node.v1.NodeImageService.ImportImage.
@@ -206,6 +230,16 @@ func (c *nodeImageServiceClient) PackDiff(ctx context.Context, req *connect.Requ
 	return c.packDiff.CallUnary(ctx, req)
 }
 
+// UploadBuildContext calls opendsec.node.v1.NodeImageService.UploadBuildContext.
+func (c *nodeImageServiceClient) UploadBuildContext(ctx context.Context) *connect.ClientStreamForClient[v1.UploadBuildContextRequest, v1.UploadBuildContextResponse] {
+	return c.uploadBuildContext.CallClientStream(ctx)
+}
+
+// BuildImage calls opendsec.node.v1.NodeImageService.BuildImage.
+func (c *nodeImageServiceClient) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error) {
+	return c.buildImage.CallServerStream(ctx, req)
+}
+
 // NodeImageServiceHandler is an implementation of the opendsec.node.v1.NodeImageService service.
 type NodeImageServiceHandler interface {
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest], *connect.ServerStream[v1.ImportImageResponse]) error
@@ -218,6 +252,10 @@ type NodeImageServiceHandler interface {
 	VerifyImages(context.Context, *connect.Request[v1.VerifyImagesRequest]) (*connect.Response[v1.VerifyImagesResponse], error)
 	// PackDiff must reach the node that runs (or ran) the sandbox.
 	PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error)
+	// UploadBuildContext stores a context on this node; BuildImage with its
+	// context_id must reach the same node (the ID starts with the node's).
+	UploadBuildContext(context.Context, *connect.ClientStream[v1.UploadBuildContextRequest]) (*connect.Response[v1.UploadBuildContextResponse], error)
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error
 }
 
 // NewNodeImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -281,6 +319,18 @@ func NewNodeImageServiceHandler(svc NodeImageServiceHandler, opts ...connect.Han
 		connect.WithSchema(nodeImageServiceMethods.ByName("PackDiff")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeImageServiceUploadBuildContextHandler := connect.NewClientStreamHandler(
+		NodeImageServiceUploadBuildContextProcedure,
+		svc.UploadBuildContext,
+		connect.WithSchema(nodeImageServiceMethods.ByName("UploadBuildContext")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeImageServiceBuildImageHandler := connect.NewServerStreamHandler(
+		NodeImageServiceBuildImageProcedure,
+		svc.BuildImage,
+		connect.WithSchema(nodeImageServiceMethods.ByName("BuildImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.node.v1.NodeImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeImageServiceImportImageProcedure:
@@ -301,6 +351,10 @@ func NewNodeImageServiceHandler(svc NodeImageServiceHandler, opts ...connect.Han
 			nodeImageServiceVerifyImagesHandler.ServeHTTP(w, r)
 		case NodeImageServicePackDiffProcedure:
 			nodeImageServicePackDiffHandler.ServeHTTP(w, r)
+		case NodeImageServiceUploadBuildContextProcedure:
+			nodeImageServiceUploadBuildContextHandler.ServeHTTP(w, r)
+		case NodeImageServiceBuildImageProcedure:
+			nodeImageServiceBuildImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -344,4 +398,12 @@ func (UnimplementedNodeImageServiceHandler) VerifyImages(context.Context, *conne
 
 func (UnimplementedNodeImageServiceHandler) PackDiff(context.Context, *connect.Request[v1.PackDiffRequest]) (*connect.Response[v1.PackDiffResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeImageService.PackDiff is not implemented"))
+}
+
+func (UnimplementedNodeImageServiceHandler) UploadBuildContext(context.Context, *connect.ClientStream[v1.UploadBuildContextRequest]) (*connect.Response[v1.UploadBuildContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeImageService.UploadBuildContext is not implemented"))
+}
+
+func (UnimplementedNodeImageServiceHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeImageService.BuildImage is not implemented"))
 }

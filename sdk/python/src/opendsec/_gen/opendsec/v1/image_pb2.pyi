@@ -18,7 +18,7 @@ class ImageLayer(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class ImageConfig(_message.Message):
-    __slots__ = ("env", "workdir", "user", "entrypoint", "cmd", "labels")
+    __slots__ = ("env", "workdir", "user", "entrypoint", "cmd", "labels", "start_cmd", "ready_cmd", "exposed_ports")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,13 +32,19 @@ class ImageConfig(_message.Message):
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     CMD_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    START_CMD_FIELD_NUMBER: _ClassVar[int]
+    READY_CMD_FIELD_NUMBER: _ClassVar[int]
+    EXPOSED_PORTS_FIELD_NUMBER: _ClassVar[int]
     env: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
     user: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
     cmd: _containers.RepeatedScalarFieldContainer[str]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, env: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., cmd: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    start_cmd: str
+    ready_cmd: str
+    exposed_ports: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., cmd: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., start_cmd: _Optional[str] = ..., ready_cmd: _Optional[str] = ..., exposed_ports: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Image(_message.Message):
     __slots__ = ("name", "id", "created", "size", "layers", "config", "source")
@@ -211,3 +217,84 @@ class PackDiffResponse(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     image: Image
     def __init__(self, image: _Optional[_Union[Image, _Mapping]] = ...) -> None: ...
+
+class UploadBuildContextRequest(_message.Message):
+    __slots__ = ("data", "size")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    size: int
+    def __init__(self, data: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class UploadBuildContextResponse(_message.Message):
+    __slots__ = ("context_id", "size")
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    context_id: str
+    size: int
+    def __init__(self, context_id: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class BuildImageRequest(_message.Message):
+    __slots__ = ("name", "dockerfile", "context_id", "build_args", "target", "no_cache", "timeout_seconds", "start_cmd", "ready_cmd")
+    class BuildArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOCKERFILE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    BUILD_ARGS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    NO_CACHE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    START_CMD_FIELD_NUMBER: _ClassVar[int]
+    READY_CMD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dockerfile: str
+    context_id: str
+    build_args: _containers.ScalarMap[str, str]
+    target: str
+    no_cache: bool
+    timeout_seconds: int
+    start_cmd: str
+    ready_cmd: str
+    def __init__(self, name: _Optional[str] = ..., dockerfile: _Optional[str] = ..., context_id: _Optional[str] = ..., build_args: _Optional[_Mapping[str, str]] = ..., target: _Optional[str] = ..., no_cache: bool = ..., timeout_seconds: _Optional[int] = ..., start_cmd: _Optional[str] = ..., ready_cmd: _Optional[str] = ...) -> None: ...
+
+class BuildStep(_message.Message):
+    __slots__ = ("index", "total", "instruction", "done", "cached", "duration_ms")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    total: int
+    instruction: str
+    done: bool
+    cached: bool
+    duration_ms: int
+    def __init__(self, index: _Optional[int] = ..., total: _Optional[int] = ..., instruction: _Optional[str] = ..., done: bool = ..., cached: bool = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class BuildLog(_message.Message):
+    __slots__ = ("step", "stream", "data")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    stream: str
+    data: bytes
+    def __init__(self, step: _Optional[int] = ..., stream: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BuildImageResponse(_message.Message):
+    __slots__ = ("step", "log", "image")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    step: BuildStep
+    log: BuildLog
+    image: Image
+    def __init__(self, step: _Optional[_Union[BuildStep, _Mapping]] = ..., log: _Optional[_Union[BuildLog, _Mapping]] = ..., image: _Optional[_Union[Image, _Mapping]] = ...) -> None: ...

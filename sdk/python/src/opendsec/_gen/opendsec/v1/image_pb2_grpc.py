@@ -80,6 +80,16 @@ class ImageServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_image__pb2.PackDiffRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_image__pb2.PackDiffResponse.FromString,
                 _registered_method=True)
+        self.UploadBuildContext = channel.stream_unary(
+                '/opendsec.v1.ImageService/UploadBuildContext',
+                request_serializer=opendsec_dot_v1_dot_image__pb2.UploadBuildContextRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_image__pb2.UploadBuildContextResponse.FromString,
+                _registered_method=True)
+        self.BuildImage = channel.unary_stream(
+                '/opendsec.v1.ImageService/BuildImage',
+                request_serializer=opendsec_dot_v1_dot_image__pb2.BuildImageRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_image__pb2.BuildImageResponse.FromString,
+                _registered_method=True)
 
 
 class ImageServiceServicer(object):
@@ -152,6 +162,24 @@ class ImageServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadBuildContext(self, request_iterator, context):
+        """UploadBuildContext streams a build context (a tar of the context
+        directory) to a node, bounded by node.build.max_context_mb; its answer
+        names it for one BuildImage within an hour.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildImage(self, request, context):
+        """BuildImage builds an image from a Dockerfile (and an uploaded context)
+        and streams each step's start, output and end; the last message
+        carries the image. A failed build changes nothing in the store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ImageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +227,16 @@ def add_ImageServiceServicer_to_server(servicer, server):
                     servicer.PackDiff,
                     request_deserializer=opendsec_dot_v1_dot_image__pb2.PackDiffRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_image__pb2.PackDiffResponse.SerializeToString,
+            ),
+            'UploadBuildContext': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadBuildContext,
+                    request_deserializer=opendsec_dot_v1_dot_image__pb2.UploadBuildContextRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_image__pb2.UploadBuildContextResponse.SerializeToString,
+            ),
+            'BuildImage': grpc.unary_stream_rpc_method_handler(
+                    servicer.BuildImage,
+                    request_deserializer=opendsec_dot_v1_dot_image__pb2.BuildImageRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_image__pb2.BuildImageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +483,60 @@ class ImageService(object):
             '/opendsec.v1.ImageService/PackDiff',
             opendsec_dot_v1_dot_image__pb2.PackDiffRequest.SerializeToString,
             opendsec_dot_v1_dot_image__pb2.PackDiffResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadBuildContext(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/opendsec.v1.ImageService/UploadBuildContext',
+            opendsec_dot_v1_dot_image__pb2.UploadBuildContextRequest.SerializeToString,
+            opendsec_dot_v1_dot_image__pb2.UploadBuildContextResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/opendsec.v1.ImageService/BuildImage',
+            opendsec_dot_v1_dot_image__pb2.BuildImageRequest.SerializeToString,
+            opendsec_dot_v1_dot_image__pb2.BuildImageResponse.FromString,
             options,
             channel_credentials,
             insecure,
