@@ -57,6 +57,8 @@ type handleState struct {
 	RestoreFrom string `json:"restore_from,omitempty"`
 	// Overlay: rootfs is an overlay mount of several layers the backend made.
 	Overlay bool `json:"overlay,omitempty"`
+	// Network is the node's tap attachment, which Start wires.
+	Network *runtime.NetworkAttachment `json:"network,omitempty"`
 }
 
 type sandbox struct {
@@ -154,17 +156,8 @@ func validateSpec(s runtime.Spec) error {
 	case len(s.Guest.Hostname) > 64:
 		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
 	}
-	switch s.Network.Mode {
-	case runtime.NetworkNone:
-		if s.Network.NetNS != "" {
-			return errdefs.Invalid("network.mode", "is empty (no network) but network.netns is %q; give mode veth", s.Network.NetNS)
-		}
-	case runtime.NetworkVeth:
-		if !filepath.IsAbs(s.Network.NetNS) {
-			return errdefs.Invalid("network.netns", "must be an absolute path of a network namespace, got %q", s.Network.NetNS)
-		}
-	default:
-		return errdefs.Invalid("network.mode", "%q is not supported by the gvisor backend (it joins a namespace with a veth: use veth)", s.Network.Mode)
+	if err := validateNetwork(s.Network); err != nil {
+		return err
 	}
 	for i, l := range s.Rootfs.Layers {
 		fi, err := os.Stat(l.Path)
@@ -207,6 +200,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runsc state %s", spec.ID, r.cfg.StateRoot)
 	}
 	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom}
+	if spec.Network.Mode == runtime.NetworkTap {
+		n := spec.Network
+		sb.st.Network = &n
+	}
 	if _, err := os.Stat(spec.StateDir); errors.Is(err, os.ErrNotExist) {
 		sb.st.OwnsStateDir = true
 	}
@@ -270,7 +267,10 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	if pids == 0 {
 		pids = 1024
 	}
-	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.Network.NetNS}
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
+	if s.Network.Mode == runtime.NetworkTap {
+		netns.Path = filepath.Join(s.StateDir, guestNetNS)
+	}
 	return &specs.Spec{
 		Version:  specs.Version,
 		Hostname: hostname,
@@ -302,7 +302,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 // globalArgs are runsc's flags for every command on sandbox sb.
 func (r *Runtime) globalArgs(network runtime.NetworkMode) []string {
 	n := "none"
-	if network == runtime.NetworkVeth {
+	if network == runtime.NetworkTap {
 		n = "sandbox"
 	}
 	return []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", "root:memory"}
@@ -379,6 +379,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was started or stopped already; create a new one", id)
 	}
 	args := []string{"run", "--detach", "--bundle", sb.st.Bundle, id}
+	if sb.st.Network != nil {
+		if err := setupGuestNet(ctx, *sb.st.Network, filepath.Join(sb.st.Bundle, guestNetNS)); err != nil {
+			return fmt.Errorf("wire sandbox %s's network: %w", id, err)
+		}
+	}
 	if sb.st.RestoreFrom != "" {
 		args = []string{"restore", "--detach", "--image-path", sb.st.RestoreFrom, "--bundle", sb.st.Bundle, id}
 	}
@@ -523,6 +528,7 @@ func (r *Runtime) cleanup(sb *sandbox) {
 	if sb.st.Overlay {
 		_ = unix.Unmount(filepath.Join(sb.st.Bundle, rootfsDir), unix.MNT_DETACH)
 	}
+	_ = removeNetNS(filepath.Join(sb.st.Bundle, guestNetNS))
 	if sb.st.OwnsStateDir {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
@@ -581,11 +587,14 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return errdefs.New(errdefs.ErrInvalidArgument, "decode handle: %v", err)
 	}
 	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{})}
+	if st.Network != nil {
+		sb.network = runtime.NetworkTap
+	}
 	var spec specs.Spec
 	if b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
 			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
-				sb.network = runtime.NetworkVeth
+				sb.network = runtime.NetworkTap
 			}
 		}
 	}
