@@ -262,5 +262,3 @@ func inNS(path string, fn func() error) error {
 	}()
 	return <-done
 }
-
-
