@@ -176,3 +176,22 @@ func waitCounter(t testing.TB, rt runtime.Runtime, id string, n int) (string, in
 	t.Fatalf("counter of %s did not reach %d in 20 s (last %q)", id, n, last)
 	return "", 0
 }
+
+// TestDiskQuota: the root overlay holds at most disk_mb; a write past it
+// fails with ENOSPC and what fits stays readable.
+func TestDiskQuota(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	tmpl.Resources.DiskMB = 16
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "dd if=/dev/zero of=/big bs=1M count=32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left") {
+		t.Fatalf("writing 32 MiB with a 16 MiB quota: %+v; want ENOSPC", res)
+	}
+	res, err = runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "rm /big && dd if=/dev/zero of=/small bs=1M count=4 && echo ok")
+	if err != nil || res.ExitCode != 0 || !strings.Contains(res.Stdout, "ok") {
+		t.Fatalf("writing 4 MiB after freeing the space: %v %+v", err, res)
+	}
+}

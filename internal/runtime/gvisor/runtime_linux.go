@@ -36,6 +36,7 @@ const (
 	agentPort      = 7710
 	agentInSandbox = "/.opendsec/agent"
 	rootfsDir      = "rootfs"
+	stubDir        = "stub"
 	imageDir       = "checkpoint"
 	exitFile       = "exit.json"
 	defaultPath    = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -57,6 +58,8 @@ type handleState struct {
 	RestoreFrom string `json:"restore_from,omitempty"`
 	// Overlay: rootfs is an overlay mount of several layers the backend made.
 	Overlay bool `json:"overlay,omitempty"`
+	// DiskMB is the root overlay's size limit (0: none).
+	DiskMB int64 `json:"disk_mb,omitempty"`
 	// Network is the node's tap attachment, which Start wires.
 	Network *runtime.NetworkAttachment `json:"network,omitempty"`
 }
@@ -149,8 +152,8 @@ func validateSpec(s runtime.Spec) error {
 		return errdefs.Invalid("resources.memory_mb", "must be at least 32 (runsc's sentry and the agent need it), got %d", s.Resources.MemoryMB)
 	case s.Resources.CPU <= 0:
 		return errdefs.Invalid("resources.cpu", "must be more than 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
-	case s.Resources.DiskMB != 0:
-		return errdefs.Invalid("resources.disk_mb", "the gvisor backend keeps the writable layer in the sandbox's memory (counted in memory_mb); give 0")
+	case s.Resources.DiskMB < 0:
+		return errdefs.Invalid("resources.disk_mb", "must be 0 (no quota) or a size in MiB, got %d", s.Resources.DiskMB)
 	case s.Resources.PidsLimit < 0:
 		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default 1024) or a number of processes, got %d", s.Resources.PidsLimit)
 	case len(s.Guest.Hostname) > 64:
@@ -199,7 +202,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 		r.forget(spec.ID)
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runsc state %s", spec.ID, r.cfg.StateRoot)
 	}
-	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom}
+	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom, DiskMB: spec.Resources.DiskMB}
 	if spec.Network.Mode == runtime.NetworkTap {
 		n := spec.Network
 		sb.st.Network = &n
@@ -220,15 +223,22 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
 	}
-	root := lower[0]
-	if len(lower) > 1 {
-		root = filepath.Join(spec.StateDir, rootfsDir)
-		// A read-only overlay (no upper): runsc's memory overlay takes the writes.
-		if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
-			return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
-		}
-		sb.st.Overlay = true
+	// The layers are read-only and shared, and runsc's gofer needs the
+	// agent's mount point in the root: the lowest layer of a read-only
+	// overlay (no upper: runsc's memory overlay takes the writes) is a stub
+	// of the backend's with it.
+	stub := filepath.Join(spec.StateDir, stubDir)
+	if err := os.MkdirAll(filepath.Join(stub, filepath.Dir(agentInSandbox)), 0o755); err != nil {
+		return runtime.Handle{}, fmt.Errorf("make agent mount point: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(stub, agentInSandbox), nil, 0o755); err != nil {
+		return runtime.Handle{}, fmt.Errorf("make agent mount point: %w", err)
+	}
+	root := filepath.Join(spec.StateDir, rootfsDir)
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(append(lower, stub), ":")); err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
+	}
+	sb.st.Overlay = true
 	b, err := json.Marshal(r.ociSpec(spec, root))
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
@@ -299,17 +309,26 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	}
 }
 
-// globalArgs are runsc's flags for every command on sandbox sb.
-func (r *Runtime) globalArgs(network runtime.NetworkMode) []string {
-	n := "none"
-	if network == runtime.NetworkTap {
+// globalArgs are runsc's flags for every command on sandbox sb
+// (nil: a sandbox this instance does not know). The root overlay is in
+// memory, at most the disk quota.
+func (r *Runtime) globalArgs(sb *sandbox) []string {
+	n, overlay := "none", "root:memory"
+	if sb != nil && sb.network == runtime.NetworkTap {
 		n = "sandbox"
 	}
-	return []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", "root:memory"}
+	if sb != nil && sb.st.DiskMB > 0 {
+		overlay += fmt.Sprintf(",size=%dm", sb.st.DiskMB)
+	}
+	args := []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", overlay}
+	if r.cfg.DebugLogDir != "" {
+		args = append(args, "--debug", "--debug-log", filepath.Clean(r.cfg.DebugLogDir)+"/")
+	}
+	return args
 }
 
-func (r *Runtime) runscOut(ctx context.Context, network runtime.NetworkMode, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.runsc, append(r.globalArgs(network), args...)...)
+func (r *Runtime) runscOut(ctx context.Context, sb *sandbox, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.runsc, append(r.globalArgs(sb), args...)...)
 	// Files, never pipes: a detached sandbox inherits runsc's stdio and
 	// would hold a pipe open (exec.Cmd.Wait would wait for it).
 	outf, err := os.CreateTemp("", "runsc-out-")
@@ -387,7 +406,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if sb.st.RestoreFrom != "" {
 		args = []string{"restore", "--detach", "--image-path", sb.st.RestoreFrom, "--bundle", sb.st.Bundle, id}
 	}
-	if _, err := r.runscOut(ctx, sb.network, args...); err != nil {
+	if _, err := r.runscOut(ctx, sb, args...); err != nil {
 		return err
 	}
 	sb.started = true
@@ -397,7 +416,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 
 // watch waits for the sandbox's init to end (`runsc wait`).
 func (r *Runtime) watch(sb *sandbox) {
-	out, err := r.runscOut(context.Background(), sb.network, "wait", sb.id)
+	out, err := r.runscOut(context.Background(), sb, "wait", sb.id)
 	es := runtime.ExitStatus{ExitCode: -1, Reason: "init exited", At: time.Now()}
 	var w struct {
 		ExitStatus int `json:"exitStatus"`
@@ -452,9 +471,9 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		return nil
 	}
 	// A paused sandbox must run to take the signal.
-	_, _ = r.runscOut(ctx, sb.network, "resume", id)
+	_, _ = r.runscOut(ctx, sb, "resume", id)
 	if opts.Timeout > 0 {
-		if _, err := r.runscOut(ctx, sb.network, "kill", "--all", id, "TERM"); err == nil {
+		if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "TERM"); err == nil {
 			t := time.NewTimer(opts.Timeout)
 			select {
 			case <-sb.done:
@@ -467,7 +486,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 			}
 		}
 	}
-	if _, err := r.runscOut(ctx, sb.network, "kill", "--all", id, "KILL"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "KILL"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		select {
 		case <-sb.done:
 			return nil
@@ -490,7 +509,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		// Unknown to this instance (a node restart without Recover): what
 		// runsc still knows of it goes.
-		out, err := r.runscOut(ctx, runtime.NetworkNone, "state", id)
+		out, err := r.runscOut(ctx, nil, "state", id)
 		if err != nil {
 			return nil
 		}
@@ -498,7 +517,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 			Bundle string `json:"bundle"`
 		}
 		_ = json.Unmarshal(out, &s)
-		if _, err := r.runscOut(ctx, runtime.NetworkNone, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := r.runscOut(ctx, nil, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("delete sandbox %s: %w", id, err)
 		}
 		if s.Bundle != "" {
@@ -512,7 +531,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		sb.deleted = true
 		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
 	}
-	if _, err := r.runscOut(ctx, sb.network, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := r.runscOut(ctx, sb, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
@@ -533,7 +552,7 @@ func (r *Runtime) cleanup(sb *sandbox) {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
 	}
-	for _, n := range []string{rootfsDir, "config.json", imageDir, exitFile} {
+	for _, n := range []string{rootfsDir, stubDir, "config.json", imageDir, exitFile} {
 		_ = os.RemoveAll(filepath.Join(sb.st.Bundle, n))
 	}
 }
@@ -557,7 +576,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	if !sb.started {
 		return runtime.Status{State: runtime.StateCreated}, nil
 	}
-	out, err := r.runscOut(ctx, sb.network, "state", id)
+	out, err := r.runscOut(ctx, sb, "state", id)
 	if err != nil {
 		return runtime.Status{}, err
 	}
@@ -598,7 +617,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			}
 		}
 	}
-	out, err := r.runscOut(ctx, sb.network, "state", h.ID)
+	out, err := r.runscOut(ctx, sb, "state", h.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Prepared, never started.
 		if spec.Annotations["org.opendsec.sandbox.id"] != h.ID {
@@ -648,7 +667,7 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "agent"), os.NewFile(uintptr(fds[1]), "agent-proxy")
 	defer theirs.Close()
-	cmd := exec.Command(r.runsc, append(r.globalArgs(sb.network), "exec", id,
+	cmd := exec.Command(r.runsc, append(r.globalArgs(sb), "exec", id,
 		agentInSandbox, "--dial", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort))...)
 	cmd.Stdin, cmd.Stdout = theirs, theirs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -687,7 +706,7 @@ func (r *Runtime) pauseResume(ctx context.Context, id, verb string, want runtime
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s; only a started sandbox can %s", id, st.State, verb)
 	}
 	sb, _ := r.get(id)
-	_, err = r.runscOut(ctx, sb.network, verb, id)
+	_, err = r.runscOut(ctx, sb, verb, id)
 	return err
 }
 
@@ -703,7 +722,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	if !sb.started {
 		return runtime.SnapshotInfo{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q never started; the gvisor backend snapshots running sandboxes", id)
 	}
-	if _, err := r.runscOut(ctx, sb.network, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
+	if _, err := r.runscOut(ctx, sb, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	var n int64
