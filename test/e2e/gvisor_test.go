@@ -72,7 +72,9 @@ func TestGvisorForkWithMemory(t *testing.T) {
 	inet := harness.MakeInternet(t, s.NodeNS())
 	addr := harness.InetIP + ":8080"
 	l := harness.ListenIn(t, inet, addr)
-	go func() { _ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello "+addr) })) }()
+	go func() {
+		_ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello "+addr) }))
+	}()
 	s.Start()
 	src := s.create(t, &opendsecv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Network: &opendsecv1.NetworkPolicy{
 		Allow: []*opendsecv1.NetworkRule{{Cidr: harness.InetIP, Protocol: "tcp", Ports: "8080"}},
