@@ -544,9 +544,9 @@ func (r *Runtime) cleanup(sb *sandbox) {
 	if sb.st.Bundle == "" {
 		return
 	}
-	if sb.st.Overlay {
-		_ = unix.Unmount(filepath.Join(sb.st.Bundle, rootfsDir), unix.MNT_DETACH)
-	}
+	// Also for a sandbox this instance does not know (no handle state):
+	// the root is always an overlay now.
+	_ = unix.Unmount(filepath.Join(sb.st.Bundle, rootfsDir), unix.MNT_DETACH)
 	_ = removeNetNS(filepath.Join(sb.st.Bundle, guestNetNS))
 	if sb.st.OwnsStateDir {
 		_ = os.RemoveAll(sb.st.Bundle)
