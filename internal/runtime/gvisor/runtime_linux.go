@@ -37,6 +37,7 @@ const (
 	agentInSandbox = "/.opendsec/agent"
 	rootfsDir      = "rootfs"
 	stubDir        = "stub"
+	defaultPids    = 1024
 	imageDir       = "checkpoint"
 	exitFile       = "exit.json"
 	defaultPath    = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -58,6 +59,9 @@ type handleState struct {
 	RestoreFrom string `json:"restore_from,omitempty"`
 	// Overlay: rootfs is an overlay mount of several layers the backend made.
 	Overlay bool `json:"overlay,omitempty"`
+	// MemoryMB and PidsLimit are the sandbox's limits, for Stats.
+	MemoryMB  int64 `json:"memory_mb,omitempty"`
+	PidsLimit int64 `json:"pids_limit,omitempty"`
 	// DiskMB is the root overlay's size limit (0: none).
 	DiskMB int64 `json:"disk_mb,omitempty"`
 	// Network is the node's tap attachment, which Start wires.
@@ -202,7 +206,8 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 		r.forget(spec.ID)
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runsc state %s", spec.ID, r.cfg.StateRoot)
 	}
-	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom, DiskMB: spec.Resources.DiskMB}
+	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom, DiskMB: spec.Resources.DiskMB,
+		MemoryMB: spec.Resources.MemoryMB, PidsLimit: spec.Resources.PidsLimit}
 	if spec.Network.Mode == runtime.NetworkTap {
 		n := spec.Network
 		sb.st.Network = &n
@@ -275,7 +280,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	period := uint64(100000)
 	pids := s.Resources.PidsLimit
 	if pids == 0 {
-		pids = 1024
+		pids = defaultPids
 	}
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
 	if s.Network.Mode == runtime.NetworkTap {
