@@ -195,3 +195,35 @@ func TestDiskQuota(t *testing.T) {
 		t.Fatalf("writing 4 MiB after freeing the space: %v %+v", err, res)
 	}
 }
+
+// TestDiffRootfsWhiteouts: a file deleted from the image is a 0/0
+// character device in the diff, a replaced directory is opaque.
+func TestDiffRootfsWhiteouts(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "rm /bin/ls && rm -rf /usr/sbin && mkdir /usr/sbin && echo n > /usr/sbin/new"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("change the root: %v %+v", err, res)
+	}
+	err := rt.(runtime.RootfsDiffer).DiffRootfs(t.Context(), sb.ID, func(_ context.Context, d runtime.RootfsDiff) error {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(d.Dir, "bin", "ls"), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("deleted /bin/ls in the diff: %+v %v; want a 0/0 character device", st, err)
+		}
+		buf := make([]byte, 8)
+		n, err := syscall.Getxattr(filepath.Join(d.Dir, "usr", "sbin"), "trusted.overlay.opaque", buf)
+		if err != nil || string(buf[:n]) != "y" {
+			t.Errorf("replaced /usr/sbin: opaque %q %v; want y", buf[:max(n, 0)], err)
+		}
+		if b, err := os.ReadFile(filepath.Join(d.Dir, "usr", "sbin", "new")); err != nil || string(b) != "n\n" {
+			t.Errorf("new file: %q %v", b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox runs on after the diff paused it.
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "cat", "/usr/sbin/new"); err != nil || res.Stdout != "n\n" {
+		t.Fatalf("after the diff: %v %+v", err, res)
+	}
+}
