@@ -47,20 +47,13 @@ const (
 // namespace (see above).
 func (r *Runtime) NetworkMode() runtime.NetworkMode { return runtime.NetworkTap }
 
+// validateNetwork checks what a tap attachment needs on top of
+// runtime.ValidateSpec's checks: the guest configuration Start wires.
 func validateNetwork(n runtime.NetworkAttachment) error {
-	switch n.Mode {
-	case runtime.NetworkNone:
-		if n.NetNS != "" {
-			return errdefs.Invalid("network.mode", "is empty (no network) but network.netns is %q; give mode tap", n.NetNS)
-		}
+	if n.Mode != runtime.NetworkTap {
 		return nil
-	case runtime.NetworkTap:
-	default:
-		return errdefs.Invalid("network.mode", "%q is not supported by the gvisor backend: it needs a tap attachment (its namespace routes for the guest, whose packets runsc sends past the namespace's netfilter); give mode tap", n.Mode)
 	}
 	switch {
-	case n.NetNS == "" || n.NetNS[0] != '/':
-		return errdefs.Invalid("network.netns", "must be an absolute path of a network namespace, got %q", n.NetNS)
 	case n.Device == "":
 		return errdefs.Invalid("network.device", "is empty; give the tap in network.netns the gvisor backend takes the place of (tap0)")
 	case !n.GuestAddr.IsValid() || !n.GuestAddr.Addr().Is4():

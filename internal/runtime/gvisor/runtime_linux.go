@@ -143,44 +143,14 @@ func (r *Runtime) ValidateOptions(opts map[string]string) error {
 }
 
 func validateSpec(s runtime.Spec) error {
-	switch {
-	case s.ID == "" || len(s.ID) > 64 || strings.ContainsFunc(s.ID, func(c rune) bool {
-		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_')
-	}):
-		return errdefs.Invalid("id", "%q must be 1-64 characters of [a-zA-Z0-9_-]", s.ID)
-	case len(s.Rootfs.Layers) == 0:
-		return errdefs.Invalid("rootfs.layers", "must list at least one layer")
-	case !filepath.IsAbs(s.StateDir):
-		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
-	case s.Resources.MemoryMB < 32:
-		return errdefs.Invalid("resources.memory_mb", "must be at least 32 (runsc's sentry and the agent need it), got %d", s.Resources.MemoryMB)
-	case s.Resources.CPU <= 0:
-		return errdefs.Invalid("resources.cpu", "must be more than 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
-	case s.Resources.DiskMB < 0:
-		return errdefs.Invalid("resources.disk_mb", "must be 0 (no quota) or a size in MiB, got %d", s.Resources.DiskMB)
-	case s.Resources.PidsLimit < 0:
-		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default 1024) or a number of processes, got %d", s.Resources.PidsLimit)
-	case len(s.Guest.Hostname) > 64:
-		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
-	}
-	if err := validateNetwork(s.Network); err != nil {
+	if err := runtime.ValidateSpec(s, runtime.SpecRules{
+		Backend: Name, MinMemoryMB: 32, MemoryWhy: "runsc's sentry and the agent need it", MinCPU: 0.01,
+		MinPids: 1, DefaultPids: defaultPids,
+		Networks: []runtime.NetworkMode{runtime.NetworkTap}, NetworkHint: "it needs a tap attachment (its namespace routes for the guest, whose packets runsc sends past the namespace's netfilter): give mode tap",
+	}); err != nil {
 		return err
 	}
-	for i, l := range s.Rootfs.Layers {
-		fi, err := os.Stat(l.Path)
-		if l.Format == runtime.LayerDir && (err != nil || !fi.IsDir()) {
-			return errdefs.Invalid(fmt.Sprintf("rootfs.layers[%d]", i), "%q is not a directory", l.Path)
-		}
-		if l.Format == runtime.LayerEROFS && s.Rootfs.Mounter == nil {
-			return errdefs.Invalid("rootfs.mounter", "is missing: EROFS layers need the image store to mount them")
-		}
-	}
-	for i, e := range s.Guest.Env {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return errdefs.Invalid("guest.env", "entry %d %q must be KEY=VALUE", i, e)
-		}
-	}
-	return nil
+	return validateNetwork(s.Network)
 }
 
 // Create prepares the bundle: config.json and, for several layers, a
