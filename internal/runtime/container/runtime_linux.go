@@ -926,7 +926,7 @@ func initGone(sb *sandbox) bool {
 		return false
 	}
 	select {
-	case <-sb.exit.done:
+	case <-sb.exit.Done():
 		return true
 	default:
 	}

@@ -75,24 +75,13 @@ type sandbox struct {
 	op      sync.Mutex
 	started bool
 	deleted bool
-	// done is closed when init has ended; exit is then set.
-	done     chan struct{}
-	doneOnce sync.Once
-	exit     runtime.ExitStatus
+	// exit keeps init's end for Wait.
+	exit *runtime.ExitLatch
 }
 
-func (sb *sandbox) ended() bool {
-	select {
-	case <-sb.done:
-		return true
-	default:
-		return false
-	}
-}
+func (sb *sandbox) ended() bool { return sb.exit.Ended() }
 
-func (sb *sandbox) finish(es runtime.ExitStatus) {
-	sb.doneOnce.Do(func() { sb.exit = es; close(sb.done) })
-}
+func (sb *sandbox) finish(es runtime.ExitStatus) { sb.exit.Finish(es) }
 
 // Runtime is the gvisor backend.
 type Runtime struct {
@@ -164,7 +153,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID, network: spec.Network.Mode, done: make(chan struct{})}
+	sb := &sandbox{id: spec.ID, network: spec.Network.Mode, exit: runtime.NewExitLatch()}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok {
 		r.mu.Unlock()
@@ -419,18 +408,11 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, erro
 	if err != nil {
 		return runtime.ExitStatus{}, err
 	}
-	select {
-	case <-sb.done:
+	return sb.exit.Wait(ctx, id, func() bool {
 		sb.op.Lock()
-		deleted := sb.deleted
-		sb.op.Unlock()
-		if deleted {
-			return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q was deleted", id)
-		}
-		return sb.exit, nil
-	case <-ctx.Done():
-		return runtime.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
-	}
+		defer sb.op.Unlock()
+		return sb.started
+	})
 }
 
 // Stop sends SIGTERM to every process, then SIGKILL after the timeout.
@@ -451,7 +433,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "TERM"); err == nil {
 			t := time.NewTimer(opts.Timeout)
 			select {
-			case <-sb.done:
+			case <-sb.exit.Done():
 				t.Stop()
 				return nil
 			case <-t.C:
@@ -463,14 +445,14 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	}
 	if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "KILL"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			return nil
 		default:
 		}
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
@@ -503,13 +485,17 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	if !sb.started && !sb.deleted {
+		// Never ran: waiters get not found.
 		sb.deleted = true
-		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+		sb.exit.Gone()
 	}
 	if _, err := r.runscOut(ctx, sb, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+	if sb.started {
+		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+	}
+	sb.exit.Gone()
 	r.cleanup(sb)
 	r.forget(id)
 	return nil
@@ -544,8 +530,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{}, err
 	}
 	select {
-	case <-sb.done:
-		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.ExitCode}, nil
+	case <-sb.exit.Done():
+		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.Status().ExitCode}, nil
 	default:
 	}
 	if !sb.started {
@@ -580,7 +566,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := json.Unmarshal(h.State, &st); err != nil {
 		return errdefs.New(errdefs.ErrInvalidArgument, "decode handle: %v", err)
 	}
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{})}
+	sb := &sandbox{id: h.ID, st: st, exit: runtime.NewExitLatch()}
 	if st.Network != nil {
 		sb.network = runtime.NetworkTap
 	}
