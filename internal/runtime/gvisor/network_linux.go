@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	goruntime "runtime"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/runtime"
 )
 
@@ -179,95 +178,32 @@ func setupGuestNet(ctx context.Context, n runtime.NetworkAttachment, path string
 		return fmt.Errorf("add guest default route: %w", err)
 	}
 	// A veth drops what it sends until its carrier is seen on both ends.
-	if err := waitOperUp(ctx, gh, guestIf); err != nil {
+	if err := netpolicy.WaitOperUp(ctx, gh, guestIf); err != nil {
 		return err
 	}
-	return waitOperUp(ctx, rh, n.Device)
-}
-
-func waitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, 5*time.Second, errors.New("veth carrier did not come up within 5s"))
-	defer cancel()
-	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
-		l, err := h.LinkByName(name)
-		if err != nil {
-			return fmt.Errorf("find %s: %w", name, err)
-		}
-		if l.Attrs().OperState == netlink.OperUp {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for %s carrier: %w", name, context.Cause(ctx))
-		case <-time.After(delay):
-		}
-	}
+	return netpolicy.WaitOperUp(ctx, rh, n.Device)
 }
 
 // createNetNS makes a new network namespace with lo up and IPv6 off (as
-// the node's sandbox namespaces) and bind-mounts it at path; an existing
-// one there is replaced.
+// the node's sandbox namespaces) bind-mounted at path; an existing one
+// there is replaced.
 func createNetNS(path string) error {
-	_ = removeNetNS(path)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
-	if err != nil {
-		return fmt.Errorf("create guest netns file: %w", err)
-	}
-	f.Close()
-	done := make(chan error, 1)
-	// A goroutine whose thread is discarded if it cannot return to its
-	// namespace.
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- fmt.Errorf("open current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("unshare netns: %w", err)
-			return
-		}
-		err = unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "none", unix.MS_BIND, "")
-		if err != nil {
-			err = fmt.Errorf("bind-mount guest netns: %w", err)
-		}
+	_ = netpolicy.RemoveNetNS(path)
+	return netpolicy.CreateNetNS(path, func() error {
 		for _, k := range []string{"all", "default"} {
-			if err == nil {
-				if werr := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0o644); werr != nil {
-					err = fmt.Errorf("disable ipv6 in guest netns: %w", werr)
-				}
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0o644); err != nil {
+				return fmt.Errorf("disable ipv6 in guest netns: %w", err)
 			}
 		}
-		if err == nil {
-			if lo, lerr := netlink.LinkByName("lo"); lerr != nil {
-				err = fmt.Errorf("find lo: %w", lerr)
-			} else if lerr := netlink.LinkSetUp(lo); lerr != nil {
-				err = fmt.Errorf("set lo up: %w", lerr)
-			}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return fmt.Errorf("find lo: %w", err)
 		}
-		if serr := netns.Set(orig); serr != nil {
-			done <- errors.Join(err, fmt.Errorf("return to original netns: %w", serr))
-			return
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("set lo up: %w", err)
 		}
-		goruntime.UnlockOSThread()
-		done <- err
-	}()
-	if err := <-done; err != nil {
-		_ = removeNetNS(path)
-		return err
-	}
-	return nil
+		return nil
+	})
 }
 
-// removeNetNS unmounts and removes a namespace file; a missing one is fine.
-func removeNetNS(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount guest netns: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove guest netns file: %w", err)
-	}
-	return nil
-}
+func removeNetNS(path string) error { return netpolicy.RemoveNetNS(path) }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,7 +200,7 @@ func link(t *testing.T, node, inet string) {
 	h, err := netlink.NewHandleAt(mustNS(t, node))
 	must(err)
 	defer h.Close()
-	must(waitOperUp(t.Context(), h, "uplink"))
+	must(netpolicy.WaitOperUp(t.Context(), h, "uplink"))
 }
 
 func mustNS(t *testing.T, path string) netns.NsHandle {
@@ -232,33 +231,4 @@ func serveHTTP(t *testing.T, ns, addr, body string) {
 	t.Cleanup(func() { _ = srv.Close() })
 }
 
-// inNS runs fn on a thread in the namespace at path.
-func inNS(path string, fn func() error) error {
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	done := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- err
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(target), unix.CLONE_NEWNET); err != nil {
-			done <- err
-			return
-		}
-		err = fn()
-		if serr := netns.Set(orig); serr != nil {
-			done <- serr
-			return // the thread stays locked and is discarded
-		}
-		goruntime.UnlockOSThread()
-		done <- err
-	}()
-	return <-done
-}
+func inNS(path string, fn func() error) error { return netpolicy.InNetNS(path, fn) }
