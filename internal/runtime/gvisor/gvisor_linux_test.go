@@ -227,3 +227,19 @@ func TestDiffRootfsWhiteouts(t *testing.T) {
 		t.Fatalf("after the diff: %v %+v", err, res)
 	}
 }
+
+// TestSeccomp: Docker's default profile holds inside the sandbox (gVisor
+// enforces it on the guest's syscalls): unshare, which needs no capability
+// for a user namespace but is refused without CAP_SYS_ADMIN by the
+// profile, fails; ordinary work runs.
+func TestSeccomp(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "unshare -U true")
+	if err != nil || res.ExitCode == 0 || !strings.Contains(res.Stderr, "not permitted") {
+		t.Fatalf("unshare -U in the sandbox: %v %+v; want EPERM from the seccomp profile", err, res)
+	}
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "echo ok | cat"); err != nil || res.Stdout != "ok\n" {
+		t.Fatalf("a pipe under the profile: %v %+v", err, res)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -89,6 +90,10 @@ type Runtime struct {
 	runsc   string
 	version string
 
+	// seccomp is Docker's default profile for defaultCaps, which the
+	// Sentry enforces on the guest's syscalls (--oci-seccomp).
+	seccomp *specs.LinuxSeccomp
+
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 }
@@ -115,7 +120,13 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		return nil, fmt.Errorf("create runsc state root: %w", err)
 	}
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	return &Runtime{cfg: cfg, runsc: path, version: version, sandboxes: map[string]*sandbox{}}, nil
+	prof, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{
+		Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps},
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("default seccomp profile: %w", err)
+	}
+	return &Runtime{cfg: cfg, runsc: path, version: version, seccomp: prof, sandboxes: map[string]*sandbox{}}, nil
 }
 
 // Info describes the backend.
@@ -259,6 +270,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
 		Linux: &specs.Linux{
+			Seccomp:     r.seccomp,
 			CgroupsPath: filepath.Join(r.cfg.CgroupParent, s.ID),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.UTSNamespace},
@@ -284,7 +296,7 @@ func (r *Runtime) globalArgs(sb *sandbox) []string {
 	if sb != nil && sb.st.DiskMB > 0 {
 		overlay += fmt.Sprintf(",size=%dm", sb.st.DiskMB)
 	}
-	args := []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", overlay}
+	args := []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", overlay, "--oci-seccomp"}
 	if r.cfg.DebugLogDir != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Clean(r.cfg.DebugLogDir)+"/")
 	}
