@@ -38,6 +38,12 @@ const (
 	agentInSandbox = "/.opendsec/agent"
 	rootfsDir      = "rootfs"
 	stubDir        = "stub"
+	// launchDir (in the state dir) is bind-mounted read-only at
+	// launchInSandbox: Launch writes the agent's env file there before
+	// `runsc start`.
+	launchDir       = "launch"
+	launchInSandbox = "/.opendsec/launch"
+	launchEnvFile   = "env"
 	defaultPids    = 1024
 	imageDir       = "checkpoint"
 	exitFile       = "exit.json"
@@ -74,7 +80,9 @@ type sandbox struct {
 	st      handleState
 	network runtime.NetworkMode
 	op      sync.Mutex
-	started bool
+	// prestarted: `runsc create` made it (Prestart); started: it runs.
+	prestarted bool
+	started    bool
 	deleted bool
 	// exit keeps init's end for Wait.
 	exit *runtime.ExitLatch
@@ -209,6 +217,11 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 	if err := os.WriteFile(filepath.Join(stub, agentInSandbox), nil, 0o755); err != nil {
 		return runtime.Handle{}, fmt.Errorf("make agent mount point: %w", err)
 	}
+	for _, d := range []string{filepath.Join(stub, launchInSandbox), filepath.Join(spec.StateDir, launchDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return runtime.Handle{}, fmt.Errorf("make launch dir: %w", err)
+		}
+	}
 	root := filepath.Join(spec.StateDir, rootfsDir)
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(append(lower, stub), ":")); err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
@@ -237,7 +250,8 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	if hostname == "" {
 		hostname = s.ID
 	}
-	args := []string{agentInSandbox, "--listen", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort), "--log-level", "warn"}
+	args := []string{agentInSandbox, "--listen", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort), "--log-level", "warn",
+		"--env-file", filepath.Join(launchInSandbox, launchEnvFile)}
 	if s.Guest.User != "" {
 		args = append(args, "--default-user", s.Guest.User)
 	}
@@ -267,6 +281,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: agentInSandbox, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
+			{Destination: launchInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, launchDir), Options: []string{"bind", "ro"}},
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
 		Linux: &specs.Linux{
@@ -373,6 +388,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if sb.started || sb.ended() {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was started or stopped already; create a new one", id)
 	}
+	if sb.prestarted {
+		return r.launch(ctx, sb, nil)
+	}
 	args := []string{"run", "--detach", "--bundle", sb.st.Bundle, id}
 	if sb.st.Network != nil {
 		if err := setupGuestNet(ctx, *sb.st.Network, filepath.Join(sb.st.Bundle, guestNetNS)); err != nil {
@@ -436,6 +454,12 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	if !sb.started {
+		if sb.prestarted {
+			// Made by runsc create and never run: nothing to signal.
+			if _, err := r.runscOut(ctx, sb, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("stop sandbox %s: %w", id, err)
+			}
+		}
 		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "stopped", At: time.Now()})
 		return nil
 	}
@@ -525,7 +549,7 @@ func (r *Runtime) cleanup(sb *sandbox) {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
 	}
-	for _, n := range []string{rootfsDir, stubDir, "config.json", imageDir, exitFile} {
+	for _, n := range []string{rootfsDir, stubDir, launchDir, "config.json", imageDir, exitFile} {
 		_ = os.RemoveAll(filepath.Join(sb.st.Bundle, n))
 	}
 }
@@ -546,7 +570,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.Status().ExitCode}, nil
 	default:
 	}
-	if !sb.started {
+	if !sb.started && !sb.prestarted {
 		return runtime.Status{State: runtime.StateCreated}, nil
 	}
 	out, err := r.runscOut(ctx, sb, "state", id)
