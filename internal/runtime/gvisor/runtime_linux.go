@@ -44,10 +44,10 @@ const (
 	launchDir       = "launch"
 	launchInSandbox = "/.opendsec/launch"
 	launchEnvFile   = "env"
-	defaultPids    = 1024
-	imageDir       = "checkpoint"
-	exitFile       = "exit.json"
-	defaultPath    = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	defaultPids     = 1024
+	imageDir        = "checkpoint"
+	exitFile        = "exit.json"
+	defaultPath     = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
 // defaultCaps is Docker's default capability set (as the container
@@ -83,7 +83,7 @@ type sandbox struct {
 	// prestarted: `runsc create` made it (Prestart); started: it runs.
 	prestarted bool
 	started    bool
-	deleted bool
+	deleted    bool
 	// exit keeps init's end for Wait.
 	exit *runtime.ExitLatch
 }
