@@ -18,6 +18,13 @@ fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -e "./sdk/python[test]"
 
 . scripts/lib/system.sh
+# The gvisor backend too (runsc from scripts/install-deps.sh), for the fork
+# example with memory.
+RUNSC=${OPENDSEC_RUNSC:-/var/cache/opendsec/gvisor/runsc}
+if [ "${OPENDSEC_SKIP_RUNSC:-0}" != 1 ]; then
+  [ -x "$RUNSC" ] || { echo "no runsc at $RUNSC: run scripts/install-deps.sh (or OPENDSEC_SKIP_RUNSC=1 to leave gvisor out)" >&2; exit 1; }
+  export SYSTEM_NODE_EXTRA='"backends": {"container": {}, "gvisor": {"runsc_path": "'"$RUNSC"'", "agent_path": "'"$BIN"'/opendsec-agent"}}'
+fi
 DD=$(mktemp -d /tmp/odlive.XXXXXX)
 cleanup() {
   stop_system
@@ -43,6 +50,13 @@ out=$("$VENV/bin/python" sdk/python/examples/fork.py) || rc=1
 echo "$out"
 [ "$(echo "$out" | head -n1)" = "42" ] && [ "$(echo "$out" | grep -c '^fork .*: 4[2-5] (memory_preserved=False)$')" = 4 ] ||
   { echo "fork example printed '$out', want 42 then 4 forks printing 42..45" >&2; rc=1; }
+if [ "${OPENDSEC_SKIP_RUNSC:-0}" != 1 ]; then
+  echo "== fork example on gvisor (forks keep their memory)"
+  out=$(OPENDSEC_BACKEND=gvisor "$VENV/bin/python" sdk/python/examples/fork.py) || rc=1
+  echo "$out"
+  [ "$(echo "$out" | head -n1)" = "42" ] && [ "$(echo "$out" | grep -c '^fork .*: 4[2-5] (memory_preserved=True)$')" = 4 ] ||
+    { echo "fork example on gvisor printed '$out', want 42 then 4 forks printing 42..45 with memory_preserved=True" >&2; rc=1; }
+fi
 echo "== cli"
 id=$("$BIN/opendsecctl" sandbox create --image root/busybox -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])') || rc=1
 if [ -n "${id:-}" ]; then

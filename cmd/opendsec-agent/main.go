@@ -44,6 +44,7 @@ func run() error {
 		seccompF  = flag.String("seccomp-filter", "", "install this seccomp BPF program (no_new_privs, all threads) before anything else; the agent exits if it cannot")
 		listenFD  = flag.Int("listen-fd", -1, "serve on this inherited listening socket (from opendsec-init) instead of --listen; makes the agent a child subreaper")
 		idleExit  = flag.Duration("idle-exit", 0, "exit cleanly after this long without requests, child processes or watchers (0: never); needs --listen-fd")
+		envFile   = flag.String("env-file", "", "KEY=VALUE lines set in the agent's environment (and so every process's) at start, over what it was given; a missing file sets nothing (the gvisor backend's Launch writes it)")
 		dial      = flag.String("dial", "", "proxy mode: connect to this tcp:HOST:PORT, copy stdin to it and it to stdout, then exit (the gvisor backend reaches the agent this way through `runsc exec`)")
 	)
 	flag.StringVar(&cfg.DefaultUser, "default-user", agent.DefaultUser, "user for requests that name none")
@@ -63,6 +64,11 @@ func run() error {
 	// requests, may run without the sandbox's filter.
 	if *seccompF != "" {
 		if err := seccompbpf.Install(*seccompF); err != nil {
+			return err
+		}
+	}
+	if *envFile != "" {
+		if err := loadEnvFile(*envFile); err != nil {
 			return err
 		}
 	}
@@ -232,4 +238,29 @@ func proxyStdio(addr string) error {
 	}()
 	_, err = io.Copy(os.Stdout, c)
 	return err
+}
+
+// loadEnvFile sets the KEY=VALUE lines of path in the environment; a
+// missing file sets nothing.
+func loadEnvFile(path string) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("--env-file: %w", err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if l == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--env-file %s: line %d %q is not KEY=VALUE", path, i+1, l)
+		}
+		if err := os.Setenv(k, v); err != nil {
+			return fmt.Errorf("--env-file %s: set %s: %w", path, k, err)
+		}
+	}
+	return nil
 }

@@ -1,12 +1,14 @@
 package netpolicy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -115,4 +117,21 @@ func writeSysctl(key, value string) error {
 		return fmt.Errorf("set sysctl %s: %w", key, err)
 	}
 	return nil
+}
+
+// CreateNetNS makes a network namespace bind-mounted at path (which must
+// not exist) and runs setup inside it, for backends that make namespaces
+// of their own (gvisor's guest namespace).
+func CreateNetNS(path string, setup func() error) error { return createNetNS(path, setup) }
+
+// RemoveNetNS unmounts and removes a namespace file; a missing one is fine.
+func RemoveNetNS(path string) error { return removeNetNS(path) }
+
+// InNetNS runs fn on a thread inside the namespace at path.
+func InNetNS(path string, fn func() error) error { return inNetNS(path, fn) }
+
+// WaitOperUp waits until the link name of h has its carrier (a veth drops
+// what it sends until then), at most 5 s.
+func WaitOperUp(ctx context.Context, h *netlink.Handle, name string) error {
+	return waitOperUp(ctx, h, name)
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -272,73 +271,11 @@ func hasCapability(c int) bool {
 }
 
 func validateSpec(s runtime.Spec, maxPids int64) error {
-	switch {
-	case s.ID == "":
-		return errdefs.Invalid("id", "must not be empty")
-	case len(s.ID) > 64 || strings.ContainsAny(s.ID, "/\\ \t\n.:") || !isIDChars(s.ID):
-		return errdefs.Invalid("id", "%q must be 1-64 characters of [a-zA-Z0-9_-]", s.ID)
-	case len(s.Rootfs.Layers) == 0:
-		return errdefs.Invalid("rootfs.layers", "must list at least one layer")
-	case s.StateDir == "" || !filepath.IsAbs(s.StateDir):
-		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
-	case s.Resources.MemoryMB < minMemoryMB:
-		return errdefs.Invalid("resources.memory_mb", "must be at least %d (the agent alone needs a few MiB), got %d", minMemoryMB, s.Resources.MemoryMB)
-	case s.Resources.CPU < minCPU:
-		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", minCPU, s.Resources.CPU)
-	case s.Resources.DiskMB < 0:
-		return errdefs.Invalid("resources.disk_mb", "must be 0 (no quota) or a size in MiB, got %d", s.Resources.DiskMB)
-	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < minPids:
-		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default %d) or at least %d (the agent's own threads count), got %d", defaultPidsLimit, minPids, s.Resources.PidsLimit)
-	case s.Resources.PidsLimit > maxPids:
-		return errdefs.Invalid("resources.pids_limit", "%d processes exceeds the %d one sandbox may have on this node (node.max_pids_limit); ask for at most %d", s.Resources.PidsLimit, maxPids, maxPids)
-	case len(s.Guest.Hostname) > 64:
-		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
-	}
-	switch s.Network.Mode {
-	case runtime.NetworkNone:
-		if s.Network.NetNS != "" {
-			return errdefs.Invalid("network.mode", "is empty (no network) but network.netns is %q; give mode veth", s.Network.NetNS)
-		}
-	case runtime.NetworkVeth:
-		if !filepath.IsAbs(s.Network.NetNS) {
-			return errdefs.Invalid("network.netns", "must be an absolute path of a network namespace, got %q", s.Network.NetNS)
-		}
-	default:
-		return errdefs.Invalid("network.mode", "%q is not supported by the container backend (it joins a namespace with a veth: use veth)", s.Network.Mode)
-	}
-	for i, ns := range s.Guest.Nameservers {
-		if _, err := netip.ParseAddr(ns); err != nil {
-			return errdefs.Invalid(fmt.Sprintf("guest.nameservers[%d]", i), "%q is not an IP address", ns)
-		}
-	}
-	for i, l := range s.Rootfs.Layers {
-		field := fmt.Sprintf("rootfs.layers[%d]", i)
-		if !filepath.IsAbs(l.Path) || strings.ContainsAny(l.Path, ":,") {
-			return errdefs.Invalid(field, "must be an absolute path without ':' or ',', got %q", l.Path)
-		}
-		fi, err := os.Stat(l.Path)
-		switch l.Format {
-		case runtime.LayerDir:
-			if err != nil || !fi.IsDir() {
-				return errdefs.Invalid(field, "%q is not a directory", l.Path)
-			}
-		case runtime.LayerEROFS:
-			if err != nil || !fi.Mode().IsRegular() {
-				return errdefs.Invalid(field, "%q is not an EROFS file", l.Path)
-			}
-			if s.Rootfs.Mounter == nil {
-				return errdefs.Invalid("rootfs.mounter", "is missing: EROFS layers need the image store to mount them")
-			}
-		default:
-			return errdefs.Invalid(field, "format %q is unknown (want %s or %s)", l.Format, runtime.LayerDir, runtime.LayerEROFS)
-		}
-	}
-	for i, e := range s.Guest.Env {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.ContainsRune(e, 0) {
-			return errdefs.Invalid("guest.env", "entry %d %q must be KEY=VALUE", i, e)
-		}
-	}
-	return nil
+	return runtime.ValidateSpec(s, runtime.SpecRules{
+		Backend: Name, MinMemoryMB: minMemoryMB, MemoryWhy: "the agent alone needs a few MiB", MinCPU: minCPU,
+		MinPids: minPids, DefaultPids: defaultPidsLimit, MaxPids: maxPids,
+		Networks: []runtime.NetworkMode{runtime.NetworkVeth}, NetworkHint: "it joins a namespace with a veth: give mode veth",
+	})
 }
 
 // ValidateOptions refuses every option: the container backend has none.
@@ -1007,7 +944,7 @@ func initGone(sb *sandbox) bool {
 		return false
 	}
 	select {
-	case <-sb.exit.done:
+	case <-sb.exit.Done():
 		return true
 	default:
 	}

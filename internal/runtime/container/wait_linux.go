@@ -3,7 +3,6 @@ package container
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,18 +19,16 @@ import (
 
 // exitWatch is how a sandbox's end is seen and kept for Wait.
 type exitWatch struct {
-	once     sync.Once     // starts the watcher for one pid
-	done     chan struct{} // closed when init has ended; status is set then
-	gone     chan struct{} // closed when the sandbox is deleted
-	goneOnce sync.Once
-	status   runtime.ExitStatus
+	once sync.Once // starts the watcher for one pid
+	// latch keeps the end for Wait (runtime.ExitLatch, as every backend).
+	*runtime.ExitLatch
 	// stopping is set once Stop ends the sandbox, so its end reads as
 	// asked for, not as a crash.
 	stopping atomic.Bool
 }
 
 func newExitWatch() exitWatch {
-	return exitWatch{done: make(chan struct{}), gone: make(chan struct{})}
+	return exitWatch{ExitLatch: runtime.NewExitLatch()}
 }
 
 // watch starts, once per sandbox, the watcher of init's pid: a pidfd the
@@ -65,8 +62,7 @@ func (r *Runtime) ended(sb *sandbox, why string) {
 	default:
 		st.Reason = "init exited or was killed from outside the sandbox"
 	}
-	sb.exit.status = st
-	close(sb.exit.done)
+	sb.exit.Finish(st)
 }
 
 // Wait blocks until sb's init has ended (or ctx ends, or the sandbox is
@@ -78,37 +74,12 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, erro
 	if !ok {
 		return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
-	select {
-	case <-sb.exit.done:
-		return sb.exit.status, nil
-	default:
-	}
-	select {
-	case <-sb.exit.done:
-		return sb.exit.status, nil
-	case <-sb.exit.gone:
-		if sb.pid.Load() > 0 {
-			// It ran: its watcher records the end (Delete killed init).
-			select {
-			case <-sb.exit.done:
-				return sb.exit.status, nil
-			case <-ctx.Done():
-				return runtime.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, context.Cause(ctx))
-			}
-		}
-		select {
-		case <-sb.exit.done:
-			return sb.exit.status, nil
-		default:
-		}
-		return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q was deleted before it ran", id)
-	case <-ctx.Done():
-		return runtime.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, context.Cause(ctx))
-	}
+	// One that ran has its end recorded by its watcher (Delete killed init).
+	return sb.exit.Wait(ctx, id, func() bool { return sb.pid.Load() > 0 })
 }
 
 // markGone wakes the Waits of a deleted sandbox.
-func (sb *sandbox) markGone() { sb.exit.goneOnce.Do(func() { close(sb.exit.gone) }) }
+func (sb *sandbox) markGone() { sb.exit.Gone() }
 
 // oomKilled reports whether the kernel's OOM killer killed a task of the
 // cgroup (v2 memory.events, v1 memory.oom_control "oom_kill").

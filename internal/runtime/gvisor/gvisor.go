@@ -41,6 +41,9 @@ type Config struct {
 	// AgentPath is the static opendsec-agent binary, bind-mounted
 	// read-only into every sandbox as its PID 1. Required.
 	AgentPath string `json:"agent_path"`
+	// DebugLogDir, when set, gets runsc's debug logs (one file per runsc
+	// command and sandbox process: runsc --debug --debug-log=DIR/).
+	DebugLogDir string `json:"debug_log_dir,omitempty"`
 	// NodeID is from runtime.Env.
 	NodeID string `json:"-"`
 }

@@ -176,3 +176,70 @@ func waitCounter(t testing.TB, rt runtime.Runtime, id string, n int) (string, in
 	t.Fatalf("counter of %s did not reach %d in 20 s (last %q)", id, n, last)
 	return "", 0
 }
+
+// TestDiskQuota: the root overlay holds at most disk_mb; a write past it
+// fails with ENOSPC and what fits stays readable.
+func TestDiskQuota(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	tmpl.Resources.DiskMB = 16
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "dd if=/dev/zero of=/big bs=1M count=32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left") {
+		t.Fatalf("writing 32 MiB with a 16 MiB quota: %+v; want ENOSPC", res)
+	}
+	res, err = runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "rm /big && dd if=/dev/zero of=/small bs=1M count=4 && echo ok")
+	if err != nil || res.ExitCode != 0 || !strings.Contains(res.Stdout, "ok") {
+		t.Fatalf("writing 4 MiB after freeing the space: %v %+v", err, res)
+	}
+}
+
+// TestDiffRootfsWhiteouts: a file deleted from the image is a 0/0
+// character device in the diff, a replaced directory is opaque.
+func TestDiffRootfsWhiteouts(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "rm /bin/ls && rm -rf /usr/sbin && mkdir /usr/sbin && echo n > /usr/sbin/new"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("change the root: %v %+v", err, res)
+	}
+	err := rt.(runtime.RootfsDiffer).DiffRootfs(t.Context(), sb.ID, func(_ context.Context, d runtime.RootfsDiff) error {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(d.Dir, "bin", "ls"), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("deleted /bin/ls in the diff: %+v %v; want a 0/0 character device", st, err)
+		}
+		buf := make([]byte, 8)
+		n, err := syscall.Getxattr(filepath.Join(d.Dir, "usr", "sbin"), "trusted.overlay.opaque", buf)
+		if err != nil || string(buf[:n]) != "y" {
+			t.Errorf("replaced /usr/sbin: opaque %q %v; want y", buf[:max(n, 0)], err)
+		}
+		if b, err := os.ReadFile(filepath.Join(d.Dir, "usr", "sbin", "new")); err != nil || string(b) != "n\n" {
+			t.Errorf("new file: %q %v", b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox runs on after the diff paused it.
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "cat", "/usr/sbin/new"); err != nil || res.Stdout != "n\n" {
+		t.Fatalf("after the diff: %v %+v", err, res)
+	}
+}
+
+// TestSeccomp: Docker's default profile holds inside the sandbox (gVisor
+// enforces it on the guest's syscalls): unshare, which needs no capability
+// for a user namespace but is refused without CAP_SYS_ADMIN by the
+// profile, fails; ordinary work runs.
+func TestSeccomp(t *testing.T) {
+	rt, tmpl := newFactory(t)(t)
+	sb, _ := runtimetest.StartSandbox(t, rt, tmpl)
+	res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "unshare -U true")
+	if err != nil || res.ExitCode == 0 || !strings.Contains(res.Stderr, "not permitted") {
+		t.Fatalf("unshare -U in the sandbox: %v %+v; want EPERM from the seccomp profile", err, res)
+	}
+	if res, err := runtimetest.Run(t.Context(), rt, sb.ID, "", "/bin/sh", "-c", "echo ok | cat"); err != nil || res.Stdout != "ok\n" {
+		t.Fatalf("a pipe under the profile: %v %+v", err, res)
+	}
+}

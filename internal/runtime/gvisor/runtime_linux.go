@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -36,9 +37,17 @@ const (
 	agentPort      = 7710
 	agentInSandbox = "/.opendsec/agent"
 	rootfsDir      = "rootfs"
-	imageDir       = "checkpoint"
-	exitFile       = "exit.json"
-	defaultPath    = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	stubDir        = "stub"
+	// launchDir (in the state dir) is bind-mounted read-only at
+	// launchInSandbox: Launch writes the agent's env file there before
+	// `runsc start`.
+	launchDir       = "launch"
+	launchInSandbox = "/.opendsec/launch"
+	launchEnvFile   = "env"
+	defaultPids     = 1024
+	imageDir        = "checkpoint"
+	exitFile        = "exit.json"
+	defaultPath     = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
 // defaultCaps is Docker's default capability set (as the container
@@ -57,6 +66,13 @@ type handleState struct {
 	RestoreFrom string `json:"restore_from,omitempty"`
 	// Overlay: rootfs is an overlay mount of several layers the backend made.
 	Overlay bool `json:"overlay,omitempty"`
+	// MemoryMB and PidsLimit are the sandbox's limits, for Stats.
+	MemoryMB  int64 `json:"memory_mb,omitempty"`
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// DiskMB is the root overlay's size limit (0: none).
+	DiskMB int64 `json:"disk_mb,omitempty"`
+	// Network is the node's tap attachment, which Start wires.
+	Network *runtime.NetworkAttachment `json:"network,omitempty"`
 }
 
 type sandbox struct {
@@ -64,32 +80,27 @@ type sandbox struct {
 	st      handleState
 	network runtime.NetworkMode
 	op      sync.Mutex
-	started bool
-	deleted bool
-	// done is closed when init has ended; exit is then set.
-	done     chan struct{}
-	doneOnce sync.Once
-	exit     runtime.ExitStatus
+	// prestarted: `runsc create` made it (Prestart); started: it runs.
+	prestarted bool
+	started    bool
+	deleted    bool
+	// exit keeps init's end for Wait.
+	exit *runtime.ExitLatch
 }
 
-func (sb *sandbox) ended() bool {
-	select {
-	case <-sb.done:
-		return true
-	default:
-		return false
-	}
-}
+func (sb *sandbox) ended() bool { return sb.exit.Ended() }
 
-func (sb *sandbox) finish(es runtime.ExitStatus) {
-	sb.doneOnce.Do(func() { sb.exit = es; close(sb.done) })
-}
+func (sb *sandbox) finish(es runtime.ExitStatus) { sb.exit.Finish(es) }
 
 // Runtime is the gvisor backend.
 type Runtime struct {
 	cfg     Config
 	runsc   string
 	version string
+
+	// seccomp is Docker's default profile for defaultCaps, which the
+	// Sentry enforces on the guest's syscalls (--oci-seccomp).
+	seccomp *specs.LinuxSeccomp
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -117,7 +128,13 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		return nil, fmt.Errorf("create runsc state root: %w", err)
 	}
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	return &Runtime{cfg: cfg, runsc: path, version: version, sandboxes: map[string]*sandbox{}}, nil
+	prof, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{
+		Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps},
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("default seccomp profile: %w", err)
+	}
+	return &Runtime{cfg: cfg, runsc: path, version: version, seccomp: prof, sandboxes: map[string]*sandbox{}}, nil
 }
 
 // Info describes the backend.
@@ -134,53 +151,14 @@ func (r *Runtime) ValidateOptions(opts map[string]string) error {
 }
 
 func validateSpec(s runtime.Spec) error {
-	switch {
-	case s.ID == "" || len(s.ID) > 64 || strings.ContainsFunc(s.ID, func(c rune) bool {
-		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_')
-	}):
-		return errdefs.Invalid("id", "%q must be 1-64 characters of [a-zA-Z0-9_-]", s.ID)
-	case len(s.Rootfs.Layers) == 0:
-		return errdefs.Invalid("rootfs.layers", "must list at least one layer")
-	case !filepath.IsAbs(s.StateDir):
-		return errdefs.Invalid("state_dir", "must be an absolute directory path, got %q", s.StateDir)
-	case s.Resources.MemoryMB < 32:
-		return errdefs.Invalid("resources.memory_mb", "must be at least 32 (runsc's sentry and the agent need it), got %d", s.Resources.MemoryMB)
-	case s.Resources.CPU <= 0:
-		return errdefs.Invalid("resources.cpu", "must be more than 0 cores (e.g. 0.5 or 2), got %v", s.Resources.CPU)
-	case s.Resources.DiskMB != 0:
-		return errdefs.Invalid("resources.disk_mb", "the gvisor backend keeps the writable layer in the sandbox's memory (counted in memory_mb); give 0")
-	case s.Resources.PidsLimit < 0:
-		return errdefs.Invalid("resources.pids_limit", "must be 0 (the default 1024) or a number of processes, got %d", s.Resources.PidsLimit)
-	case len(s.Guest.Hostname) > 64:
-		return errdefs.Invalid("guest.hostname", "must be at most 64 characters")
+	if err := runtime.ValidateSpec(s, runtime.SpecRules{
+		Backend: Name, MinMemoryMB: 32, MemoryWhy: "runsc's sentry and the agent need it", MinCPU: 0.01,
+		MinPids: 1, DefaultPids: defaultPids,
+		Networks: []runtime.NetworkMode{runtime.NetworkTap}, NetworkHint: "it needs a tap attachment (its namespace routes for the guest, whose packets runsc sends past the namespace's netfilter): give mode tap",
+	}); err != nil {
+		return err
 	}
-	switch s.Network.Mode {
-	case runtime.NetworkNone:
-		if s.Network.NetNS != "" {
-			return errdefs.Invalid("network.mode", "is empty (no network) but network.netns is %q; give mode veth", s.Network.NetNS)
-		}
-	case runtime.NetworkVeth:
-		if !filepath.IsAbs(s.Network.NetNS) {
-			return errdefs.Invalid("network.netns", "must be an absolute path of a network namespace, got %q", s.Network.NetNS)
-		}
-	default:
-		return errdefs.Invalid("network.mode", "%q is not supported by the gvisor backend (it joins a namespace with a veth: use veth)", s.Network.Mode)
-	}
-	for i, l := range s.Rootfs.Layers {
-		fi, err := os.Stat(l.Path)
-		if l.Format == runtime.LayerDir && (err != nil || !fi.IsDir()) {
-			return errdefs.Invalid(fmt.Sprintf("rootfs.layers[%d]", i), "%q is not a directory", l.Path)
-		}
-		if l.Format == runtime.LayerEROFS && s.Rootfs.Mounter == nil {
-			return errdefs.Invalid("rootfs.mounter", "is missing: EROFS layers need the image store to mount them")
-		}
-	}
-	for i, e := range s.Guest.Env {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return errdefs.Invalid("guest.env", "entry %d %q must be KEY=VALUE", i, e)
-		}
-	}
-	return nil
+	return validateNetwork(s.Network)
 }
 
 // Create prepares the bundle: config.json and, for several layers, a
@@ -194,7 +172,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 	if err := validateSpec(spec); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID, network: spec.Network.Mode, done: make(chan struct{})}
+	sb := &sandbox{id: spec.ID, network: spec.Network.Mode, exit: runtime.NewExitLatch()}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok {
 		r.mu.Unlock()
@@ -206,7 +184,12 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 		r.forget(spec.ID)
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q already exists in runsc state %s", spec.ID, r.cfg.StateRoot)
 	}
-	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom}
+	sb.st = handleState{Bundle: spec.StateDir, RestoreFrom: restoreFrom, DiskMB: spec.Resources.DiskMB,
+		MemoryMB: spec.Resources.MemoryMB, PidsLimit: spec.Resources.PidsLimit}
+	if spec.Network.Mode == runtime.NetworkTap {
+		n := spec.Network
+		sb.st.Network = &n
+	}
 	if _, err := os.Stat(spec.StateDir); errors.Is(err, os.ErrNotExist) {
 		sb.st.OwnsStateDir = true
 	}
@@ -223,15 +206,27 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, restoreFrom str
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
 	}
-	root := lower[0]
-	if len(lower) > 1 {
-		root = filepath.Join(spec.StateDir, rootfsDir)
-		// A read-only overlay (no upper): runsc's memory overlay takes the writes.
-		if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
-			return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
-		}
-		sb.st.Overlay = true
+	// The layers are read-only and shared, and runsc's gofer needs the
+	// agent's mount point in the root: the lowest layer of a read-only
+	// overlay (no upper: runsc's memory overlay takes the writes) is a stub
+	// of the backend's with it.
+	stub := filepath.Join(spec.StateDir, stubDir)
+	if err := os.MkdirAll(filepath.Join(stub, filepath.Dir(agentInSandbox)), 0o755); err != nil {
+		return runtime.Handle{}, fmt.Errorf("make agent mount point: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(stub, agentInSandbox), nil, 0o755); err != nil {
+		return runtime.Handle{}, fmt.Errorf("make agent mount point: %w", err)
+	}
+	for _, d := range []string{filepath.Join(stub, launchInSandbox), filepath.Join(spec.StateDir, launchDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return runtime.Handle{}, fmt.Errorf("make launch dir: %w", err)
+		}
+	}
+	root := filepath.Join(spec.StateDir, rootfsDir)
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(append(lower, stub), ":")); err != nil {
+		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
+	}
+	sb.st.Overlay = true
 	b, err := json.Marshal(r.ociSpec(spec, root))
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
@@ -255,7 +250,8 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	if hostname == "" {
 		hostname = s.ID
 	}
-	args := []string{agentInSandbox, "--listen", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort), "--log-level", "warn"}
+	args := []string{agentInSandbox, "--listen", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort), "--log-level", "warn",
+		"--env-file", filepath.Join(launchInSandbox, launchEnvFile)}
 	if s.Guest.User != "" {
 		args = append(args, "--default-user", s.Guest.User)
 	}
@@ -268,9 +264,12 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	period := uint64(100000)
 	pids := s.Resources.PidsLimit
 	if pids == 0 {
-		pids = 1024
+		pids = defaultPids
 	}
-	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.Network.NetNS}
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
+	if s.Network.Mode == runtime.NetworkTap {
+		netns.Path = filepath.Join(s.StateDir, guestNetNS)
+	}
 	return &specs.Spec{
 		Version:  specs.Version,
 		Hostname: hostname,
@@ -282,9 +281,11 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: agentInSandbox, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
+			{Destination: launchInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, launchDir), Options: []string{"bind", "ro"}},
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
 		Linux: &specs.Linux{
+			Seccomp:     r.seccomp,
 			CgroupsPath: filepath.Join(r.cfg.CgroupParent, s.ID),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.UTSNamespace},
@@ -299,17 +300,26 @@ func (r *Runtime) ociSpec(s runtime.Spec, root string) *specs.Spec {
 	}
 }
 
-// globalArgs are runsc's flags for every command on sandbox sb.
-func (r *Runtime) globalArgs(network runtime.NetworkMode) []string {
-	n := "none"
-	if network == runtime.NetworkVeth {
+// globalArgs are runsc's flags for every command on sandbox sb
+// (nil: a sandbox this instance does not know). The root overlay is in
+// memory, at most the disk quota.
+func (r *Runtime) globalArgs(sb *sandbox) []string {
+	n, overlay := "none", "root:memory"
+	if sb != nil && sb.network == runtime.NetworkTap {
 		n = "sandbox"
 	}
-	return []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", "root:memory"}
+	if sb != nil && sb.st.DiskMB > 0 {
+		overlay += fmt.Sprintf(",size=%dm", sb.st.DiskMB)
+	}
+	args := []string{"--root", r.cfg.StateRoot, "--platform", r.cfg.Platform, "--network", n, "--overlay2", overlay, "--oci-seccomp"}
+	if r.cfg.DebugLogDir != "" {
+		args = append(args, "--debug", "--debug-log", filepath.Clean(r.cfg.DebugLogDir)+"/")
+	}
+	return args
 }
 
-func (r *Runtime) runscOut(ctx context.Context, network runtime.NetworkMode, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.runsc, append(r.globalArgs(network), args...)...)
+func (r *Runtime) runscOut(ctx context.Context, sb *sandbox, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.runsc, append(r.globalArgs(sb), args...)...)
 	// Files, never pipes: a detached sandbox inherits runsc's stdio and
 	// would hold a pipe open (exec.Cmd.Wait would wait for it).
 	outf, err := os.CreateTemp("", "runsc-out-")
@@ -378,11 +388,19 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if sb.started || sb.ended() {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was started or stopped already; create a new one", id)
 	}
+	if sb.prestarted {
+		return r.launch(ctx, sb, nil)
+	}
 	args := []string{"run", "--detach", "--bundle", sb.st.Bundle, id}
+	if sb.st.Network != nil {
+		if err := setupGuestNet(ctx, *sb.st.Network, filepath.Join(sb.st.Bundle, guestNetNS)); err != nil {
+			return fmt.Errorf("wire sandbox %s's network: %w", id, err)
+		}
+	}
 	if sb.st.RestoreFrom != "" {
 		args = []string{"restore", "--detach", "--image-path", sb.st.RestoreFrom, "--bundle", sb.st.Bundle, id}
 	}
-	if _, err := r.runscOut(ctx, sb.network, args...); err != nil {
+	if _, err := r.runscOut(ctx, sb, args...); err != nil {
 		return err
 	}
 	sb.started = true
@@ -392,7 +410,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 
 // watch waits for the sandbox's init to end (`runsc wait`).
 func (r *Runtime) watch(sb *sandbox) {
-	out, err := r.runscOut(context.Background(), sb.network, "wait", sb.id)
+	out, err := r.runscOut(context.Background(), sb, "wait", sb.id)
 	es := runtime.ExitStatus{ExitCode: -1, Reason: "init exited", At: time.Now()}
 	var w struct {
 		ExitStatus int `json:"exitStatus"`
@@ -420,18 +438,11 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, erro
 	if err != nil {
 		return runtime.ExitStatus{}, err
 	}
-	select {
-	case <-sb.done:
+	return sb.exit.Wait(ctx, id, func() bool {
 		sb.op.Lock()
-		deleted := sb.deleted
-		sb.op.Unlock()
-		if deleted {
-			return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q was deleted", id)
-		}
-		return sb.exit, nil
-	case <-ctx.Done():
-		return runtime.ExitStatus{}, fmt.Errorf("wait for sandbox %s: %w", id, ctx.Err())
-	}
+		defer sb.op.Unlock()
+		return sb.started
+	})
 }
 
 // Stop sends SIGTERM to every process, then SIGKILL after the timeout.
@@ -443,16 +454,22 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	if !sb.started {
+		if sb.prestarted {
+			// Made by runsc create and never run: nothing to signal.
+			if _, err := r.runscOut(ctx, sb, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("stop sandbox %s: %w", id, err)
+			}
+		}
 		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "stopped", At: time.Now()})
 		return nil
 	}
 	// A paused sandbox must run to take the signal.
-	_, _ = r.runscOut(ctx, sb.network, "resume", id)
+	_, _ = r.runscOut(ctx, sb, "resume", id)
 	if opts.Timeout > 0 {
-		if _, err := r.runscOut(ctx, sb.network, "kill", "--all", id, "TERM"); err == nil {
+		if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "TERM"); err == nil {
 			t := time.NewTimer(opts.Timeout)
 			select {
-			case <-sb.done:
+			case <-sb.exit.Done():
 				t.Stop()
 				return nil
 			case <-t.C:
@@ -462,16 +479,16 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 			}
 		}
 	}
-	if _, err := r.runscOut(ctx, sb.network, "kill", "--all", id, "KILL"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := r.runscOut(ctx, sb, "kill", "--all", id, "KILL"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			return nil
 		default:
 		}
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("stop sandbox %s: %w", id, ctx.Err())
@@ -485,7 +502,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		// Unknown to this instance (a node restart without Recover): what
 		// runsc still knows of it goes.
-		out, err := r.runscOut(ctx, runtime.NetworkNone, "state", id)
+		out, err := r.runscOut(ctx, nil, "state", id)
 		if err != nil {
 			return nil
 		}
@@ -493,7 +510,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 			Bundle string `json:"bundle"`
 		}
 		_ = json.Unmarshal(out, &s)
-		if _, err := r.runscOut(ctx, runtime.NetworkNone, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := r.runscOut(ctx, nil, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("delete sandbox %s: %w", id, err)
 		}
 		if s.Bundle != "" {
@@ -504,13 +521,17 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	if !sb.started && !sb.deleted {
+		// Never ran: waiters get not found.
 		sb.deleted = true
-		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+		sb.exit.Gone()
 	}
-	if _, err := r.runscOut(ctx, sb.network, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := r.runscOut(ctx, sb, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+	if sb.started {
+		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "deleted", At: time.Now()})
+	}
+	sb.exit.Gone()
 	r.cleanup(sb)
 	r.forget(id)
 	return nil
@@ -520,14 +541,15 @@ func (r *Runtime) cleanup(sb *sandbox) {
 	if sb.st.Bundle == "" {
 		return
 	}
-	if sb.st.Overlay {
-		_ = unix.Unmount(filepath.Join(sb.st.Bundle, rootfsDir), unix.MNT_DETACH)
-	}
+	// Also for a sandbox this instance does not know (no handle state):
+	// the root is always an overlay now.
+	_ = unix.Unmount(filepath.Join(sb.st.Bundle, rootfsDir), unix.MNT_DETACH)
+	_ = removeNetNS(filepath.Join(sb.st.Bundle, guestNetNS))
 	if sb.st.OwnsStateDir {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
 	}
-	for _, n := range []string{rootfsDir, "config.json", imageDir, exitFile} {
+	for _, n := range []string{rootfsDir, stubDir, launchDir, "config.json", imageDir, exitFile} {
 		_ = os.RemoveAll(filepath.Join(sb.st.Bundle, n))
 	}
 }
@@ -544,14 +566,14 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{}, err
 	}
 	select {
-	case <-sb.done:
-		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.ExitCode}, nil
+	case <-sb.exit.Done():
+		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.Status().ExitCode}, nil
 	default:
 	}
-	if !sb.started {
+	if !sb.started && !sb.prestarted {
 		return runtime.Status{State: runtime.StateCreated}, nil
 	}
-	out, err := r.runscOut(ctx, sb.network, "state", id)
+	out, err := r.runscOut(ctx, sb, "state", id)
 	if err != nil {
 		return runtime.Status{}, err
 	}
@@ -580,16 +602,19 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := json.Unmarshal(h.State, &st); err != nil {
 		return errdefs.New(errdefs.ErrInvalidArgument, "decode handle: %v", err)
 	}
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{})}
+	sb := &sandbox{id: h.ID, st: st, exit: runtime.NewExitLatch()}
+	if st.Network != nil {
+		sb.network = runtime.NetworkTap
+	}
 	var spec specs.Spec
 	if b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
 			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
-				sb.network = runtime.NetworkVeth
+				sb.network = runtime.NetworkTap
 			}
 		}
 	}
-	out, err := r.runscOut(ctx, sb.network, "state", h.ID)
+	out, err := r.runscOut(ctx, sb, "state", h.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Prepared, never started.
 		if spec.Annotations["org.opendsec.sandbox.id"] != h.ID {
@@ -639,7 +664,7 @@ func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "agent"), os.NewFile(uintptr(fds[1]), "agent-proxy")
 	defer theirs.Close()
-	cmd := exec.Command(r.runsc, append(r.globalArgs(sb.network), "exec", id,
+	cmd := exec.Command(r.runsc, append(r.globalArgs(sb), "exec", id,
 		agentInSandbox, "--dial", fmt.Sprintf("tcp:127.0.0.1:%d", agentPort))...)
 	cmd.Stdin, cmd.Stdout = theirs, theirs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -678,7 +703,7 @@ func (r *Runtime) pauseResume(ctx context.Context, id, verb string, want runtime
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s; only a started sandbox can %s", id, st.State, verb)
 	}
 	sb, _ := r.get(id)
-	_, err = r.runscOut(ctx, sb.network, verb, id)
+	_, err = r.runscOut(ctx, sb, verb, id)
 	return err
 }
 
@@ -694,7 +719,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	if !sb.started {
 		return runtime.SnapshotInfo{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q never started; the gvisor backend snapshots running sandboxes", id)
 	}
-	if _, err := r.runscOut(ctx, sb.network, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
+	if _, err := r.runscOut(ctx, sb, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	var n int64

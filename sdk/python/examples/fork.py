@@ -5,7 +5,8 @@ python sdk/python/examples/fork.py
 
 On the container backend a fork has its source's files, not its memory: each
 fork's processes start again (memory_preserved is False). Memory forks need
-the VM backends.
+the VM backends or gvisor (OPENDSEC_BACKEND=gvisor: runsc checkpoints the
+source and every fork restores it, memory_preserved is True).
 """
 
 import asyncio
