@@ -61,6 +61,10 @@ type snapshotManifest struct {
 	Args           []string            `json:"args"`
 	Layers         []manifestLayer     `json:"layers"`
 	Network        runtime.NetworkMode `json:"network"`
+	// IgnoreShared: the stream was written with x-ignore-shared (the RAM
+	// is in the memory file, not the stream); a restore loads it with the
+	// same capability, or the stream does not parse.
+	IgnoreShared bool `json:"ignore_shared"`
 	// MemoryFile is where the RAM file is when not in the directory
 	// (a fork's, in the memory dir); empty means snapMemFile.
 	MemoryFile string `json:"memory_file,omitempty"`
@@ -93,7 +97,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	if err != nil {
 		return runtime.SnapshotInfo{}, err
 	}
-	m, err := r.snapshotTo(ctx, sb, dir, "")
+	m, err := r.snapshotTo(ctx, sb, dir, "", r.privateSnapshots)
 	if err != nil {
 		return runtime.SnapshotInfo{}, err
 	}
@@ -105,8 +109,10 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 }
 
 // snapshotTo writes sb's snapshot into dir, its RAM file at memDst (""
-// means dir/memory). On error nothing it wrote is left.
-func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst string) (_ *snapshotManifest, err error) {
+// means dir/memory). With streamRAM the guest's RAM goes into the stream
+// and the memory file is empty (restores then get private copies: the
+// benchmark's comparison). On error nothing it wrote is left.
+func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst string, streamRAM bool) (_ *snapshotManifest, err error) {
 	sb.startMu.Lock()
 	defer sb.startMu.Unlock()
 	sb.mu.Lock()
@@ -134,7 +140,8 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 			}
 		}
 	}()
-	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+	ignoreShared := st.MemShared && !streamRAM
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}}}); err != nil {
 		return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
 	}
 	// QEMU's default cap is 128 MiB/s: it would stretch the pause.
@@ -170,7 +177,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 		if err := migrateToFile(ctx, q, filepath.Join(dir, snapStateFile)); err != nil {
 			return fmt.Errorf("vm %s snapshot: %w", sb.id, err)
 		}
-		if st.MemShared {
+		if ignoreShared {
 			if err := copySparse(st.MemPath, memDst); err != nil {
 				return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
 			}
@@ -191,7 +198,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	}
 	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
 		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
-		Files: map[string]fileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC()}
+		Files: map[string]fileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
 	if memDst != filepath.Join(dir, snapMemFile) {
 		m.MemoryFile = memDst
 	}
@@ -399,7 +406,7 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 	_, _ = rand.Read(rnd[:])
 	gold := r.memPath("fork-" + hex.EncodeToString(rnd[:]))
 	defer func() { _ = os.Remove(gold) }()
-	m, err := r.snapshotTo(ctx, sb, dir, gold)
+	m, err := r.snapshotTo(ctx, sb, dir, gold, r.privateSnapshots)
 	if err != nil {
 		return nil, err
 	}

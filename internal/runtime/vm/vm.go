@@ -166,6 +166,9 @@ type handleState struct {
 	MemShared bool   `json:"mem_shared,omitempty"`
 	// Incoming is the migration state file Start restores from ("" boots).
 	Incoming string `json:"incoming,omitempty"`
+	// IncomingStreamRAM: the state file has the guest's RAM (it was not
+	// a shared file at the snapshot), so it loads without x-ignore-shared.
+	IncomingStreamRAM bool `json:"incoming_stream_ram,omitempty"`
 	// Identity is what the guest is told after a restore.
 	Hostname string `json:"hostname,omitempty"`
 	MAC      string `json:"mac,omitempty"`

@@ -38,6 +38,10 @@ type Runtime struct {
 
 	mu  sync.Mutex
 	sbs map[string]*sandbox
+
+	// privateSnapshots puts guest RAM into the migration stream (restores
+	// get private copies): the benchmark's comparison with shared pages.
+	privateSnapshots bool
 }
 
 type sandbox struct {
@@ -257,6 +261,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 			return runtime.Handle{}, err
 		}
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
+		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
 	}
 	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB); err != nil {
 		return runtime.Handle{}, err
@@ -472,7 +477,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 // incoming loads the snapshot's state into the just started QEMU (it
 // waits in -incoming defer), and runs the guest on.
 func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient) error {
-	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": !sb.st.IncomingStreamRAM}}}); err != nil {
 		return fmt.Errorf("vm %s restore: %w", sb.id, err)
 	}
 	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(sb.st.Incoming)}); err != nil {
