@@ -95,10 +95,10 @@ func BenchmarkGuestFork(b *testing.B) {
 		}
 	}
 	var (
-		snapCall, snapFrozen, restore  []time.Duration
-		f1Call, f1Frozen, f1Start      []time.Duration
-		f4Call, f4Frozen, f4Start, f4W []time.Duration
-		p4Call, p4Frozen, p4Start, p4W []time.Duration
+		snapCall, snapFrozen, restore   []time.Duration
+		f1Call, f1Frozen, f1Start       []time.Duration
+		f4Call, f4Frozen, f4Start, f4W  []time.Duration
+		p4Call, p4Frozen, p4Start, p4W  []time.Duration
 		rss, pss, priv, srcRss, srcPriv []int64
 		prss, ppss, ppriv               []int64
 	)
