@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,10 +108,23 @@ func bridge(l net.Listener, sock string) error {
 	}
 }
 
+// identityReq is how a connection whose first request is the identity
+// route starts; it is as long as HTTP/2's preface, so a peek for it never
+// waits on a client that sent less.
+const identityReq = "POST " + vmchan.IdentityPath + " "
+
 // proxy copies between one host stream and one agent connection, passing on
-// each direction's end as a half close.
+// each direction's end as a half close. A stream whose first request is
+// POST vmchan.IdentityPath is the init's own (serveIdentity).
 func proxy(c net.Conn, sock string) {
 	defer func() { _ = c.Close() }()
+	br := bufio.NewReaderSize(c, 4096)
+	if head, err := br.Peek(len(identityReq)); err != nil {
+		return
+	} else if string(head) == identityReq {
+		serveIdentity(br, c)
+		return
+	}
 	a, err := net.Dial("unix", sock)
 	if err != nil {
 		logf("agent dial: " + err.Error())
@@ -120,7 +135,7 @@ func proxy(c net.Conn, sock string) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = io.Copy(a, c)
+		_, _ = io.Copy(a, br)
 		if cw, ok := a.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
@@ -129,6 +144,30 @@ func proxy(c net.Conn, sock string) {
 	// The agent is done: yamux's Close is a FIN, the host sees EOF.
 	_ = c.Close()
 	wg.Wait()
+}
+
+// serveIdentity answers one POST vmchan.IdentityPath: 204 once applied,
+// 400 for a body that is no Identity, 500 naming what failed.
+func serveIdentity(br *bufio.Reader, c net.Conn) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	var id vmchan.Identity
+	code, msg := http.StatusNoContent, ""
+	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&id); err != nil {
+		code, msg = http.StatusBadRequest, "identity body: "+err.Error()
+	} else if err := applyIdentity(id); err != nil {
+		code, msg = http.StatusInternalServerError, err.Error()
+		logf("identity: " + msg)
+	}
+	resp := &http.Response{StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Close: true, Header: http.Header{}}
+	if msg != "" {
+		resp.Header.Set("Content-Type", "text/plain; charset=utf-8")
+		resp.Body = io.NopCloser(strings.NewReader(msg + "\n"))
+		resp.ContentLength = int64(len(msg) + 1)
+	}
+	_ = resp.Write(c)
 }
 
 // serveAgentPort finds the "agent" port, waits until the agent answers on

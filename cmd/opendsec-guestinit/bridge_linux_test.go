@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -31,5 +36,60 @@ func TestFindPortByName(t *testing.T) {
 	defer cancel2()
 	if _, err := findPort(short, sys, dev, "missing"); err == nil {
 		t.Fatal("findPort of a missing port: no error")
+	}
+}
+
+// TestProxyDispatchesIdentity: a stream whose first request is POST
+// /opendsec/identity is answered by the init (a bad body: 400, and the
+// agent never sees it); any other stream goes to the agent byte for byte.
+func TestProxyDispatchesIdentity(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	seen := make(chan string, 4)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = c.Close() }()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				seen <- req.Method + " " + req.URL.Path
+				_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+			}()
+		}
+	}()
+	do := func(method, path, body string) int {
+		t.Helper()
+		host, guest := net.Pipe()
+		go proxy(guest, sock)
+		defer func() { _ = host.Close() }()
+		req, _ := http.NewRequest(method, "http://agent"+path, strings.NewReader(body))
+		if err := req.Write(host); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(host), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := do(http.MethodPost, "/opendsec/identity", "{broken"); code != http.StatusBadRequest {
+		t.Fatalf("identity with a broken body: %d, want 400", code)
+	}
+	if code := do(http.MethodGet, "/health", ""); code != http.StatusNoContent {
+		t.Fatalf("GET /health through the proxy: %d, want the agent's 204", code)
+	}
+	if got := <-seen; got != "GET /health" {
+		t.Fatalf("the agent saw %q first, want GET /health (the identity request is the init's)", got)
 	}
 }

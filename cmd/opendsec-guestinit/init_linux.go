@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
 const agentSock = "/run/opendsec/agent.sock"
@@ -31,6 +34,21 @@ func run() int {
 			logf("hostname: " + err.Error())
 		}
 	}
+	if err := setupLoopback(); err != nil {
+		logf("network: " + err.Error())
+	}
+	if args["ip"] != "" {
+		if err := configureNet(args["mac"], args["ip"], args["gw"]); err != nil {
+			logf("network: " + err.Error())
+		}
+	}
+	var cfg vmchan.GuestConfig
+	if d := args["config"]; d != "" {
+		var err error
+		if cfg, err = readConfig("/dev/" + d); err != nil {
+			logf(err.Error())
+		}
+	}
 	agentBin := "/bin/opendsec-agent"
 	if n := args["layers"]; n != "" && n != "0" {
 		if err := switchRoot(args); err != nil {
@@ -40,10 +58,13 @@ func run() int {
 		}
 		agentBin = agentInRoot
 	}
+	if err := writeResolvConf(cfg.Nameservers); err != nil {
+		logf("resolv.conf: " + err.Error())
+	}
 	_ = os.MkdirAll("/run/opendsec", 0o755)
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGCHLD)
-	if err := startAgent(agentBin); err != nil {
+	if err := startAgent(agentBin, cfg); err != nil {
 		logf("agent: " + err.Error())
 	} else {
 		go func() {
@@ -65,7 +86,7 @@ func run() int {
 // startAgent makes the agent's listening socket and starts the agent on it
 // (--listen-fd), so connections made before the agent serves wait in the
 // socket's queue rather than fail.
-func startAgent(bin string) error {
+func startAgent(bin string, cfg vmchan.GuestConfig) error {
 	_ = os.Remove(agentSock)
 	l, err := net.Listen("unix", agentSock)
 	if err != nil {
@@ -78,13 +99,33 @@ func startAgent(bin string) error {
 		return fmt.Errorf("agent socket: %w", err)
 	}
 	_ = l.Close() // f is a dup; the socket stays open through it
-	agent := exec.Command(bin, "--listen-fd", "3", "--default-user", "root")
+	user := cfg.User
+	if user == "" {
+		user = "root"
+	}
+	argv := []string{"--listen-fd", "3", "--default-user", user}
+	if cfg.Workdir != "" {
+		argv = append(argv, "--default-workdir", cfg.Workdir)
+	}
+	agent := exec.Command(bin, argv...)
 	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
 	agent.ExtraFiles = []*os.File{f}
-	agent.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	agent.Env = agentEnv(cfg.Env)
 	err = agent.Start()
 	_ = f.Close()
 	return err
+}
+
+// agentEnv is the agent's environment: env, with PATH and HOME defaulted.
+func agentEnv(env []string) []string {
+	out := append([]string(nil), env...)
+	for _, d := range []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"} {
+		k, _, _ := strings.Cut(d, "=")
+		if !slices.ContainsFunc(out, func(e string) bool { return strings.HasPrefix(e, k+"=") }) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // loadModules loads dir/order's modules with finit_module(2), in order; one

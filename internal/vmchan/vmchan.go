@@ -218,3 +218,34 @@ func (c *Client) Close() error {
 	}
 	return nil
 }
+
+// IdentityPath is the guest init's route on the agent port that gives a VM
+// restored from a snapshot its own identity (docs/vm-guest.md). The guest
+// init answers it itself, before the agent, on a connection whose first
+// request it is.
+const IdentityPath = "/opendsec/identity"
+
+// Identity is the body of POST IdentityPath. Empty fields are left as they
+// are; the guest answers 204 once everything given is applied.
+type Identity struct {
+	Hostname string `json:"hostname,omitempty"`
+	// MAC, Addr (with prefix) and Gateway are eth0's configuration.
+	MAC     string `json:"mac,omitempty"`
+	Addr    string `json:"ip,omitempty"`
+	Gateway string `json:"gateway,omitempty"`
+	// Entropy (32+ bytes) is mixed into the guest's RNG, which is then
+	// reseeded (RNDADDENTROPY + RNDRESEEDCRNG).
+	Entropy []byte `json:"entropy,omitempty"`
+	// TimeNS is the host's CLOCK_REALTIME in nanoseconds; the guest steps
+	// its clock to it.
+	TimeNS int64 `json:"time_ns,omitempty"`
+}
+
+// GuestConfig is the guest's configuration disk (JSON, NUL-padded): what
+// does not fit on the kernel command line.
+type GuestConfig struct {
+	Env         []string `json:"env,omitempty"`
+	User        string   `json:"user,omitempty"`
+	Workdir     string   `json:"workdir,omitempty"`
+	Nameservers []string `json:"nameservers,omitempty"`
+}

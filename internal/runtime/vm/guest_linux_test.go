@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +70,7 @@ var sharedGuest struct {
 	once    sync.Once
 	rt      *Runtime
 	id, dir string
+	ns      *tapNetNS
 	boot    time.Duration
 	err     error
 	skip    string
@@ -92,7 +94,10 @@ func guestVM(t *testing.T) (*Runtime, string) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), guestBootTimeout+10*time.Second)
 		defer cancel()
-		if _, g.err = g.rt.Create(ctx, runtime.Spec{ID: g.id, StateDir: g.dir, Resources: runtime.Resources{DiskMB: 16}}); g.err != nil {
+		if g.ns, g.err = newTapNetNS("odvmshared" + strconv.Itoa(os.Getpid())); g.err != nil {
+			return
+		}
+		if _, g.err = g.rt.Create(ctx, sharedGuestSpec(g.id, g.dir, g.ns)); g.err != nil {
 			return
 		}
 		start := time.Now()
@@ -115,6 +120,9 @@ func TestMain(m *testing.M) {
 		_ = g.rt.Delete(ctx, g.id)
 		cancel()
 		_ = os.RemoveAll(g.dir)
+		if g.ns != nil {
+			g.ns.close()
+		}
 	}
 	os.Exit(code)
 }

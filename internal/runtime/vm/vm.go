@@ -44,6 +44,9 @@ const (
 	// DefaultAssetsDir is where `make guest-assets` puts the guest kernel
 	// and initramfs (one subdirectory per version, "current" the newest).
 	DefaultAssetsDir = "/var/cache/opendsec/guest/current"
+	// DefaultMemoryDir holds the guests' RAM files (a tmpfs: guest RAM is
+	// a shared file mapping there, so a snapshot copies it without QEMU).
+	DefaultMemoryDir = "/dev/shm/opendsec-vm"
 	// DefaultBootTimeout bounds Start's wait for the agent: a TCG boot takes
 	// ~2 s on an idle machine and many times that on a busy one.
 	DefaultBootTimeout = 120 * time.Second
@@ -65,6 +68,10 @@ type Config struct {
 	VCPUs    int   `json:"vcpus,omitempty"`
 	MemoryMB int64 `json:"memory_mb,omitempty"`
 
+	// MemoryDir holds each VM's RAM file; empty means DefaultMemoryDir.
+	// It should be a tmpfs: the running guest writes its RAM there.
+	MemoryDir string `json:"memory_dir,omitempty"`
+
 	// BootTimeoutSec bounds Start's wait for the guest's agent (0: DefaultBootTimeout).
 	BootTimeoutSec int `json:"boot_timeout_sec,omitempty"`
 
@@ -80,6 +87,9 @@ type Config struct {
 func (c *Config) defaults() error {
 	if c.QEMUPath == "" {
 		c.QEMUPath = "qemu-system-x86_64"
+	}
+	if c.MemoryDir == "" {
+		c.MemoryDir = DefaultMemoryDir
 	}
 	if c.AssetsDir == "" {
 		c.AssetsDir = DefaultAssetsDir
@@ -149,4 +159,19 @@ type handleState struct {
 	MemoryMB  int64    `json:"memory_mb"`
 	VCPUs     int      `json:"vcpus"`
 	Args      []string `json:"args"`
+	// MemPath is the guest's RAM file; MemShared says QEMU maps it shared
+	// (a booted VM: a snapshot copies it) rather than private (a restored
+	// one: its pages are the snapshot's until written).
+	MemPath   string `json:"mem_path,omitempty"`
+	MemShared bool   `json:"mem_shared,omitempty"`
+	// Incoming is the migration state file Start restores from ("" boots).
+	Incoming string `json:"incoming,omitempty"`
+	// IncomingStreamRAM: the state file has the guest's RAM (it was not
+	// a shared file at the snapshot), so it loads without x-ignore-shared.
+	IncomingStreamRAM bool `json:"incoming_stream_ram,omitempty"`
+	// Identity is what the guest is told after a restore.
+	Hostname string `json:"hostname,omitempty"`
+	MAC      string `json:"mac,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	Gateway  string `json:"gateway,omitempty"`
 }

@@ -3,9 +3,11 @@ package vm
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +38,10 @@ type Runtime struct {
 
 	mu  sync.Mutex
 	sbs map[string]*sandbox
+
+	// privateSnapshots puts guest RAM into the migration stream (restores
+	// get private copies): the benchmark's comparison with shared pages.
+	privateSnapshots bool
 }
 
 type sandbox struct {
@@ -92,7 +99,7 @@ func (r *Runtime) Accel() (string, string) { return r.accel, r.why }
 func (r *Runtime) Info() runtime.Info {
 	out, _ := exec.Command(r.cfg.QEMUPath, "--version").Output()
 	v, _, _ := strings.Cut(string(out), "\n")
-	return runtime.Info{Name: Name, Version: strings.TrimPrefix(v, "QEMU emulator version "), Capabilities: runtime.CapabilitiesOf(r, false)}
+	return runtime.Info{Name: Name, Version: strings.TrimPrefix(v, "QEMU emulator version "), Capabilities: runtime.CapabilitiesOf(r, true)}
 }
 
 // NetworkMode says the node must give this backend's sandboxes a tap.
@@ -171,12 +178,33 @@ func (r *Runtime) cgroupPath(id string) string {
 	return "opendsec-vm-" + node + "/" + id
 }
 
-// Create implements runtime.Runtime: it validates, makes the writable disk
-// and the cgroup, and builds QEMU's command line. Nothing runs yet.
-func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
+// Create implements runtime.Runtime: it validates, makes the writable disk,
+// the configuration disk and the cgroup, and builds QEMU's command line.
+// Nothing runs yet.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle, error) {
+	return r.create(ctx, spec, nil)
+}
+
+// memPath is sandbox id's RAM file.
+func (r *Runtime) memPath(id string) string {
+	node := r.cfg.NodeID
+	if node == "" {
+		node = "default"
+	}
+	return filepath.Join(r.cfg.MemoryDir, node+"-"+id+".mem")
+}
+
+// create is Create, or with from the preparation of a restore from a snapshot.
+func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFrom) (h runtime.Handle, err error) {
 	vcpus, memMB, err := r.validate(spec)
 	if err != nil {
 		return runtime.Handle{}, err
+	}
+	if from != nil {
+		if err := from.check(r, spec, vcpus, memMB); err != nil {
+			return runtime.Handle{}, err
+		}
+		vcpus, memMB = from.m.VCPUs, from.m.MemoryMB
 	}
 	r.mu.Lock()
 	if r.sbs[spec.ID] != nil {
@@ -187,12 +215,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (h runtime.Hand
 	r.sbs[spec.ID] = sb
 	r.mu.Unlock()
 	cg := r.cgroupPath(spec.ID)
+	mem := r.memPath(spec.ID)
 	defer func() {
 		if err != nil {
 			removeCgroup(cg)
 			for _, f := range ownedFiles {
 				_ = os.Remove(filepath.Join(spec.StateDir, f))
 			}
+			_ = os.Remove(mem)
 			r.mu.Lock()
 			delete(r.sbs, spec.ID)
 			r.mu.Unlock()
@@ -201,24 +231,66 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (h runtime.Hand
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("vm state dir: %w: %w", errdefs.ErrInternal, err)
 	}
-	diskMB := spec.Resources.DiskMB
-	if diskMB == 0 {
-		diskMB = DefaultDiskMB
+	if err := os.MkdirAll(r.cfg.MemoryDir, 0o700); err != nil {
+		return runtime.Handle{}, fmt.Errorf("vm memory dir node.backends.vm.memory_dir %s: %w: %w", r.cfg.MemoryDir, errdefs.ErrInternal, err)
+	}
+	hostname := spec.Guest.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus, MemPath: mem, Hostname: hostname}
+	if spec.Network.Mode == runtime.NetworkTap {
+		sb.st.MAC, sb.st.Addr, sb.st.Gateway = spec.Network.MAC.String(), spec.Network.GuestAddr.String(), spec.Network.Gateway.String()
 	}
 	disk := filepath.Join(spec.StateDir, "rw.ext4")
-	if err := makeDisk(ctx, disk, diskMB); err != nil {
-		return runtime.Handle{}, err
+	if from == nil {
+		diskMB := spec.Resources.DiskMB
+		if diskMB == 0 {
+			diskMB = DefaultDiskMB
+		}
+		if err := makeDisk(ctx, disk, diskMB); err != nil {
+			return runtime.Handle{}, err
+		}
+		if err := writeConfigDisk(filepath.Join(spec.StateDir, "config.img"), spec); err != nil {
+			return runtime.Handle{}, err
+		}
+		sb.st.MemShared = true
+		sb.st.Args = r.args(spec, vcpus, memMB, disk, mem)
+	} else {
+		if sb.st.Args, err = from.prepare(ctx, spec, mem); err != nil {
+			return runtime.Handle{}, err
+		}
+		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
+		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
 	}
 	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus}
-	sb.st.Args = r.args(spec, vcpus, memMB, disk)
 	return r.handle(sb), nil
 }
 
+// writeConfigDisk writes the guest's configuration disk (vmchan.GuestConfig
+// as JSON, NUL-padded to whole 4 KiB).
+func writeConfigDisk(path string, spec runtime.Spec) error {
+	b, err := json.Marshal(vmchan.GuestConfig{Env: spec.Guest.Env, User: spec.Guest.User, Workdir: spec.Guest.Workdir, Nameservers: spec.Guest.Nameservers})
+	if err != nil {
+		return fmt.Errorf("vm config disk: %w: %w", errdefs.ErrInternal, err)
+	}
+	if len(b) > maxConfigBytes {
+		return fmt.Errorf("guest env, user, workdir and nameservers: %w: they take %d bytes; keep them under %d", errdefs.ErrInvalidArgument, len(b), maxConfigBytes)
+	}
+	b = append(b, make([]byte, (4096-len(b)%4096)%4096)...)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("vm config disk: %w: %w", errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
+// maxConfigBytes bounds the configuration disk (the guest reads 1 MiB).
+const maxConfigBytes = 1<<20 - 1
+
 // ownedFiles are what the backend makes in StateDir.
-var ownedFiles = []string{"rw.ext4", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid"}
+var ownedFiles = []string{"rw.ext4", "config.img", "state", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid"}
 
 func (r *Runtime) handle(sb *sandbox) runtime.Handle {
 	b, _ := json.Marshal(sb.st)
@@ -245,7 +317,7 @@ func makeDisk(ctx context.Context, path string, mb int64) error {
 }
 
 // args is QEMU's command line (after the binary).
-func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) []string {
+func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem string) []string {
 	sd := spec.StateDir
 	dev := func(kind string) string {
 		if r.cfg.Machine == "q35" {
@@ -253,9 +325,9 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) [
 		}
 		return kind + "-device"
 	}
-	machine := "microvm,pic=on"
+	machine := "microvm,pic=on,memory-backend=ram0"
 	if r.cfg.Machine == "q35" {
-		machine = "q35"
+		machine = "q35,memory-backend=ram0"
 	}
 	accel := r.accel
 	if accel == "tcg" {
@@ -269,6 +341,7 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) [
 		"tsc=reliable", "no_timer_check", "i8042.noaux", "i8042.nokbd", "i8042.nopnp", "i8042.nomux", "8250.nr_uarts=1",
 		"nowatchdog", "audit=0", "panic=-1", "rcupdate.rcu_expedited=1",
 		"opendsec.layers=" + strconv.Itoa(len(spec.Rootfs.Layers)), "opendsec.rw=vd" + string(rune('a'+len(spec.Rootfs.Layers))),
+		"opendsec.config=vd" + string(rune('a'+len(spec.Rootfs.Layers)+1)),
 		"opendsec.hostname=" + hostname}
 	if spec.Network.Mode == runtime.NetworkTap {
 		cmdline = append(cmdline, "opendsec.ip="+spec.Network.GuestAddr.String(), "opendsec.gw="+spec.Network.Gateway.String(),
@@ -276,6 +349,9 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) [
 	}
 	a := []string{"-name", "opendsec-" + spec.ID, "-M", machine, "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(vcpus), "-m", strconv.FormatInt(memMB, 10) + "M",
+		// Guest RAM is a shared mapping of a file in the memory dir: a
+		// snapshot (x-ignore-shared) copies the file instead of streaming it.
+		"-object", "memory-backend-file,id=ram0,size=" + strconv.FormatInt(memMB, 10) + "M,mem-path=" + mem + ",share=on",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", r.cfg.kernelPath(), "-initrd", r.cfg.initrdPath(), "-append", strings.Join(cmdline, " "),
 		"-chardev", "file,id=ser0,path=" + filepath.Join(sd, "console.log"), "-serial", "chardev:ser0",
@@ -290,6 +366,7 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk string) [
 		a = append(a, "-drive", "file="+l.Path+",format=raw,if=none,readonly=on,id="+id, "-device", dev("virtio-blk")+",drive="+id)
 	}
 	a = append(a, "-drive", "file="+disk+",format=raw,if=none,cache=unsafe,id=rw", "-device", dev("virtio-blk")+",drive=rw",
+		"-drive", "file="+filepath.Join(sd, "config.img")+",format=raw,if=none,readonly=on,id=config", "-device", dev("virtio-blk")+",drive=config",
 		"-device", dev("virtio-serial"),
 		"-chardev", "socket,id=agent,path="+filepath.Join(sd, "agent.sock")+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent")
@@ -317,6 +394,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return nil
 	}
 	name, args := r.cfg.QEMUPath, sb.st.Args
+	if sb.st.Incoming != "" {
+		args = append(slices.Clip(args), "-incoming", "defer")
+	}
 	if ns := sb.spec.Network.NetNS; ns != "" {
 		args = append([]string{"--net=" + ns, "--", name}, args...)
 		name = "nsenter"
@@ -370,6 +450,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb.mu.Lock()
 	sb.qmp = q
 	sb.mu.Unlock()
+	if sb.st.Incoming != "" {
+		if err := r.incoming(ctx, sb, q); err != nil {
+			return fail(err)
+		}
+	}
 	if st, err := q.Status(ctx); err != nil {
 		return fail(err)
 	} else if st != "running" {
@@ -381,8 +466,86 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err := r.waitAgent(ctx, sb); err != nil {
 		return fail(err)
 	}
+	if sb.st.Incoming != "" {
+		if err := r.setIdentity(ctx, sb); err != nil {
+			return fail(err)
+		}
+	}
 	return nil
 }
+
+// incoming loads the snapshot's state into the just started QEMU (it
+// waits in -incoming defer), and runs the guest on.
+func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient) error {
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": !sb.st.IncomingStreamRAM}}}); err != nil {
+		return fmt.Errorf("vm %s restore: %w", sb.id, err)
+	}
+	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(sb.st.Incoming)}); err != nil {
+		return fmt.Errorf("vm %s restore: %w", sb.id, err)
+	}
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		st, err := q.Status(ctx)
+		if err != nil {
+			select {
+			case <-sb.done:
+				return fmt.Errorf("vm %s restore from the snapshot: %w", sb.id, r.exitError(sb))
+			default:
+			}
+			return fmt.Errorf("vm %s restore: %w", sb.id, err)
+		}
+		if st != "inmigrate" {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-sb.done:
+			t.Stop()
+			return fmt.Errorf("vm %s restore from the snapshot: %w", sb.id, r.exitError(sb))
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("vm %s restore: %w: %w", sb.id, errdefs.ErrDeadlineExceeded, ctx.Err())
+		}
+	}
+	if _, err := q.Execute(ctx, "cont", nil); err != nil {
+		return fmt.Errorf("vm %s restore: %w", sb.id, err)
+	}
+	return nil
+}
+
+// setIdentity gives a restored guest its own identity (vmchan.Identity):
+// its hostname, its network attachment, fresh entropy for its RNG and the
+// host's clock.
+func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
+	id := vmchan.Identity{Hostname: sb.st.Hostname, MAC: sb.st.MAC, Addr: sb.st.Addr, Gateway: sb.st.Gateway, Entropy: make([]byte, 64)}
+	if _, err := rand.Read(id.Entropy); err != nil {
+		return fmt.Errorf("vm %s identity entropy: %w: %w", sb.id, errdefs.ErrInternal, err)
+	}
+	id.TimeNS = time.Now().UnixNano()
+	body, _ := json.Marshal(id)
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.IdentityPath, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrInternal, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrUnavailable, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusNoContent {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("vm %s identity: %w: the guest answered %d: %s (guest assets older than this backend?)", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// shellQuote quotes s for sh (QEMU runs exec: migration URIs with sh -c).
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'" }
 
 // waitAgent does GET /health through the agent channel until the agent
 // answers 204, QEMU exits, ctx ends or the boot timeout passes; the error
@@ -646,6 +809,11 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb.mu.Unlock()
 	sb.closeAgent()
 	removeCgroup(sb.st.Cgroup)
+	if sb.st.MemPath != "" {
+		if err := os.Remove(sb.st.MemPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("vm %s delete memory file: %w: %w", id, errdefs.ErrInternal, err)
+		}
+	}
 	for _, f := range ownedFiles {
 		if err := os.Remove(filepath.Join(sb.st.StateDir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("vm %s delete %s: %w: %w", id, f, errdefs.ErrInternal, err)

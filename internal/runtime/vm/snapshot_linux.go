@@ -1,0 +1,535 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+var (
+	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Forker      = (*Runtime)(nil)
+)
+
+// A snapshot directory holds:
+//
+//	vm-snapshot.json  the manifest (snapshotManifest)
+//	state             QEMU's migration stream: device state, and guest RAM
+//	                  only when it was not a shared file (x-ignore-shared)
+//	memory            the guest's RAM file as it was (sparse); restores map
+//	                  it private, so they share its pages until they write
+//	rw.ext4           the writable disk, config.img the configuration disk
+const (
+	manifestFile  = "vm-snapshot.json"
+	manifestV     = 1
+	snapStateFile = "state"
+	snapMemFile   = "memory"
+)
+
+// snapshotManifest describes a snapshot: what QEMU ran with and what the
+// files must be.
+type snapshotManifest struct {
+	Version int `json:"version"`
+	// Accel is the accelerator kind of the VM; a snapshot is refused by a
+	// node of another kind (a TCG guest's CPU state does not run under KVM
+	// and the other way round).
+	Accel    string `json:"accel"`
+	Machine  string `json:"machine"`
+	QEMU     string `json:"qemu"`
+	MemoryMB int64  `json:"memory_mb"`
+	VCPUs    int    `json:"vcpus"`
+	// SourceID, SourceStateDir, SourceMem and Args are the source's QEMU
+	// command line and the paths in it a restore replaces by its own.
+	SourceID       string              `json:"source_id"`
+	SourceStateDir string              `json:"source_state_dir"`
+	SourceMem      string              `json:"source_mem"`
+	Args           []string            `json:"args"`
+	Layers         []manifestLayer     `json:"layers"`
+	Network        runtime.NetworkMode `json:"network"`
+	// IgnoreShared: the stream was written with x-ignore-shared (the RAM
+	// is in the memory file, not the stream); a restore loads it with the
+	// same capability, or the stream does not parse.
+	IgnoreShared bool `json:"ignore_shared"`
+	// MemoryFile is where the RAM file is when not in the directory
+	// (a fork's, in the memory dir); empty means snapMemFile.
+	MemoryFile string `json:"memory_file,omitempty"`
+	// Files are the sizes (and, for the small ones, digests) the files
+	// had when written: a truncated or corrupted snapshot is refused
+	// before anything is made.
+	Files map[string]fileSum `json:"files"`
+	// Frozen is how long the source was paused for the snapshot.
+	FrozenNS int64     `json:"frozen_ns"`
+	Created  time.Time `json:"created"`
+}
+
+type manifestLayer struct {
+	Digest string `json:"digest"`
+	Path   string `json:"path"`
+}
+
+type fileSum struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256,omitempty"`
+}
+
+// Snapshot implements runtime.Snapshotter: QMP stop, migrate of the device
+// state into dir (guest RAM stays out of the stream: it is a shared file),
+// a copy of the RAM file and the disks, cont. The source is paused only
+// while these are written (tens of ms for the state, the copy of the RAM
+// it touched and of the writable disk's data).
+func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.SnapshotInfo, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	m, err := r.snapshotTo(ctx, sb, dir, "", r.privateSnapshots)
+	if err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	var n int64
+	for _, f := range m.Files {
+		n += f.Size
+	}
+	return runtime.SnapshotInfo{Memory: true, Bytes: n}, nil
+}
+
+// snapshotTo writes sb's snapshot into dir, its RAM file at memDst (""
+// means dir/memory). With streamRAM the guest's RAM goes into the stream
+// and the memory file is empty (restores then get private copies: the
+// benchmark's comparison). On error nothing it wrote is left.
+func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst string, streamRAM bool) (_ *snapshotManifest, err error) {
+	sb.startMu.Lock()
+	defer sb.startMu.Unlock()
+	sb.mu.Lock()
+	started, q, st := sb.started, sb.qmp, sb.st
+	sb.mu.Unlock()
+	select {
+	case <-sb.done:
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
+	default:
+	}
+	if !started || q == nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q never started; snapshot running or paused sandboxes", sb.id)
+	}
+	if st.MemPath == "" {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q was made by a backend version without a RAM file; it cannot be snapshotted", sb.id)
+	}
+	if memDst == "" {
+		memDst = filepath.Join(dir, snapMemFile)
+	}
+	written := []string{filepath.Join(dir, snapStateFile), memDst, filepath.Join(dir, "rw.ext4"), filepath.Join(dir, "config.img"), filepath.Join(dir, manifestFile)}
+	defer func() {
+		if err != nil {
+			for _, f := range written {
+				_ = os.Remove(f)
+			}
+		}
+	}()
+	ignoreShared := st.MemShared && !streamRAM
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}}}); err != nil {
+		return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+	}
+	// QEMU's default cap is 128 MiB/s: it would stretch the pause.
+	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(100) << 30}); err != nil {
+		return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+	}
+	status, err := q.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+	}
+	running := status == "running"
+	if !running && status != "paused" {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q is %q; snapshot running or paused sandboxes", sb.id, status)
+	}
+	t0 := time.Now()
+	if running {
+		if _, err := q.Execute(ctx, "stop", nil); err != nil {
+			return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+		}
+	}
+	var frozen time.Duration
+	err = func() error {
+		if running {
+			// Whatever happens, the source runs on.
+			defer func() {
+				_, cerr := q.Execute(context.WithoutCancel(ctx), "cont", nil)
+				frozen = time.Since(t0)
+				if cerr != nil {
+					log.G(ctx).Error("vm snapshot: resume of the source failed", log.SandboxID(sb.id), log.Err(cerr))
+				}
+			}()
+		}
+		if err := migrateToFile(ctx, q, filepath.Join(dir, snapStateFile)); err != nil {
+			return fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+		}
+		if ignoreShared {
+			if err := copySparse(st.MemPath, memDst); err != nil {
+				return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
+			}
+		} else if err := makeSparse(memDst, st.MemoryMB<<20); err != nil {
+			// RAM mapped private went into the stream; restores map an
+			// empty file of its size.
+			return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
+		}
+		for _, f := range []string{"rw.ext4", "config.img"} {
+			if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
+				return fmt.Errorf("vm %s snapshot of its disk: %w", sb.id, err)
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		return nil, err
+	}
+	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
+		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
+		Files: map[string]fileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
+	if memDst != filepath.Join(dir, snapMemFile) {
+		m.MemoryFile = memDst
+	}
+	for _, l := range sb.spec.Rootfs.Layers {
+		m.Layers = append(m.Layers, manifestLayer{Digest: l.Digest, Path: l.Path})
+	}
+	for name, path := range map[string]string{snapStateFile: filepath.Join(dir, snapStateFile), snapMemFile: memDst,
+		"rw.ext4": filepath.Join(dir, "rw.ext4"), "config.img": filepath.Join(dir, "config.img")} {
+		sum, err := sumFile(path, name == snapStateFile || name == "config.img")
+		if err != nil {
+			return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+		}
+		m.Files[name] = sum
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("vm %s snapshot manifest: %w: %w", sb.id, errdefs.ErrInternal, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, manifestFile), b, 0o600); err != nil {
+		return nil, fmt.Errorf("vm %s snapshot manifest: %w: %w", sb.id, errdefs.ErrInternal, err)
+	}
+	log.G(ctx).Debug("vm snapshot", log.SandboxID(sb.id), "frozen_ms", frozen.Milliseconds(), "state_bytes", m.Files[snapStateFile].Size)
+	return m, nil
+}
+
+// migrateToFile streams QEMU's state into path and waits for the end.
+func migrateToFile(ctx context.Context, q *qmpClient, path string) error {
+	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+		return err
+	}
+	for wait := 500 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+		raw, err := q.Execute(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var mi struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(raw, &mi); err != nil {
+			return fmt.Errorf("query-migrate reply: %w: %w", errdefs.ErrInternal, err)
+		}
+		switch mi.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration to %s: %w: %s %s", path, errdefs.ErrInternal, mi.Status, mi.ErrorDesc)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			_, _ = q.Execute(context.WithoutCancel(ctx), "migrate_cancel", nil)
+			return fmt.Errorf("migration to %s: %w: %w", path, errdefs.ErrDeadlineExceeded, ctx.Err())
+		}
+	}
+}
+
+// Restore implements runtime.Snapshotter: it checks the snapshot in dir
+// (manifest, accelerator kind, machine, sizes and digests) before it makes
+// anything, then prepares the sandbox; Start runs QEMU with -incoming, loads
+// the state, runs the guest on and gives it its own identity.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) (runtime.Handle, error) {
+	rf, err := loadSnapshot(dir)
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	return r.create(ctx, spec, rf)
+}
+
+// restoreFrom is a checked snapshot to restore.
+type restoreFrom struct {
+	dir string
+	m   snapshotManifest
+}
+
+func (rf *restoreFrom) memFile() string {
+	if rf.m.MemoryFile != "" {
+		return rf.m.MemoryFile
+	}
+	return filepath.Join(rf.dir, snapMemFile)
+}
+
+// loadSnapshot reads and checks dir's manifest and files.
+func loadSnapshot(dir string) (*restoreFrom, error) {
+	b, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return nil, errdefs.Invalid("snapshot", "%s holds no vm snapshot (%s): %v", dir, manifestFile, err)
+	}
+	rf := &restoreFrom{dir: dir}
+	if err := json.Unmarshal(b, &rf.m); err != nil {
+		return nil, errdefs.Invalid("snapshot", "%s: the manifest %s is corrupted: %v; take the snapshot again", dir, manifestFile, err)
+	}
+	if rf.m.Version != manifestV {
+		return nil, errdefs.Invalid("snapshot", "%s: manifest version %d, this backend reads %d; take the snapshot again", dir, rf.m.Version, manifestV)
+	}
+	for _, name := range []string{snapStateFile, snapMemFile, "rw.ext4", "config.img"} {
+		want, ok := rf.m.Files[name]
+		if !ok {
+			return nil, errdefs.Invalid("snapshot", "%s: the manifest lists no %s; take the snapshot again", dir, name)
+		}
+		path := filepath.Join(dir, name)
+		if name == snapMemFile {
+			path = rf.memFile()
+		}
+		got, err := sumFile(path, want.SHA256 != "")
+		switch {
+		case err != nil:
+			return nil, errdefs.Invalid("snapshot", "%s: file %s: %v; the snapshot is incomplete, take it again", dir, name, err)
+		case got.Size != want.Size:
+			return nil, errdefs.Invalid("snapshot", "%s: file %s is %d bytes, the snapshot wrote %d: it is truncated or was changed; take the snapshot again", dir, name, got.Size, want.Size)
+		case got.SHA256 != want.SHA256:
+			return nil, errdefs.Invalid("snapshot", "%s: file %s is corrupted (sha256 %s, the snapshot wrote %s); take the snapshot again", dir, name, got.SHA256, want.SHA256)
+		}
+	}
+	if rf.m.Files[snapMemFile].Size != rf.m.MemoryMB<<20 {
+		return nil, errdefs.Invalid("snapshot", "%s: the memory file is %d bytes for a %d MiB guest; take the snapshot again", dir, rf.m.Files[snapMemFile].Size, rf.m.MemoryMB)
+	}
+	return rf, nil
+}
+
+// check refuses a snapshot this backend cannot restore for spec.
+func (rf *restoreFrom) check(r *Runtime, spec runtime.Spec, vcpus int, memMB int64) error {
+	m := &rf.m
+	if m.Accel != r.accel {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s was taken under -accel %s and this node runs VMs under %s (%s): a guest's CPU state does not move between accelerator kinds; restore it on a %s node",
+			rf.dir, m.Accel, r.accel, r.why, m.Accel)
+	}
+	if m.Machine != r.cfg.Machine {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s is of a %s machine and this node makes %s ones (node.backends.vm.machine)", rf.dir, m.Machine, r.cfg.Machine)
+	}
+	if spec.Network.Mode != m.Network {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s has network mode %q and the new sandbox %q; restore it with the same kind of network", rf.dir, m.Network, spec.Network.Mode)
+	}
+	if len(spec.Rootfs.Layers) != len(m.Layers) {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s has %d image layers and the new sandbox %d; restore it on the snapshot's image", rf.dir, len(m.Layers), len(spec.Rootfs.Layers))
+	}
+	for i, l := range spec.Rootfs.Layers {
+		if l.Digest != m.Layers[i].Digest {
+			return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s layer %d is %s and the new sandbox's %s; restore it on the snapshot's image", rf.dir, i, m.Layers[i].Digest, l.Digest)
+		}
+	}
+	if n := vcpus; n < m.VCPUs && spec.Resources.CPU > 0 {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s has %d vCPUs and the new sandbox asks for %d; a restore keeps the snapshot's", rf.dir, m.VCPUs, n)
+	}
+	_ = memMB // a restore keeps the snapshot's RAM size
+	return nil
+}
+
+// prepare makes the restore's files in spec.StateDir and its RAM file at
+// mem, and returns its QEMU command line.
+func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem string) ([]string, error) {
+	src := rf.memFile()
+	// The same inode for every restore: QEMU maps it private, so they all
+	// share its page cache until they write.
+	if err := os.Link(src, mem); err != nil {
+		abs, _ := filepath.Abs(src)
+		if err := os.Symlink(abs, mem); err != nil {
+			return nil, fmt.Errorf("vm restore memory file: %w: %w", errdefs.ErrInternal, err)
+		}
+	}
+	for _, f := range []string{snapStateFile, "rw.ext4", "config.img"} {
+		if err := copySparse(filepath.Join(rf.dir, f), filepath.Join(spec.StateDir, f)); err != nil {
+			return nil, fmt.Errorf("vm restore: %w", err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("vm restore: %w: %w", errdefs.ErrCanceled, err)
+	}
+	m := &rf.m
+	args := make([]string, len(m.Args))
+	for i, a := range m.Args {
+		switch {
+		case a == "opendsec-"+m.SourceID:
+			a = "opendsec-" + spec.ID
+		case strings.HasPrefix(a, "memory-backend-file,"):
+			a = strings.ReplaceAll(a, "mem-path="+m.SourceMem, "mem-path="+mem)
+			a = strings.ReplaceAll(a, "share=on", "share=off")
+		default:
+			for j, l := range m.Layers {
+				a = strings.ReplaceAll(a, "file="+l.Path+",", "file="+spec.Rootfs.Layers[j].Path+",")
+			}
+			a = strings.ReplaceAll(a, m.SourceStateDir+"/", spec.StateDir+"/")
+		}
+		args[i] = a
+	}
+	return args, nil
+}
+
+// Fork implements runtime.Forker: one snapshot of the source (its RAM file
+// copied into the memory dir), then one restore per spec, each mapping
+// that copy private: the forks share its pages until they write.
+func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ []runtime.ForkResult, err error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(sb.st.StateDir, "fork-")
+	if err != nil {
+		return nil, fmt.Errorf("vm fork dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	gold := r.memPath("fork-" + hex.EncodeToString(rnd[:]))
+	defer func() { _ = os.Remove(gold) }()
+	m, err := r.snapshotTo(ctx, sb, dir, gold, r.privateSnapshots)
+	if err != nil {
+		return nil, err
+	}
+	rf, err := loadSnapshot(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.ForkResult, 0, len(specs))
+	for _, s := range specs {
+		h, err := r.create(ctx, s, rf)
+		if err != nil {
+			for _, f := range out {
+				_ = r.Delete(context.WithoutCancel(ctx), f.Handle.ID)
+			}
+			return nil, fmt.Errorf("fork %s: %w", s.ID, err)
+		}
+		out = append(out, runtime.ForkResult{Handle: h, MemoryPreserved: true, SourceFrozen: time.Duration(m.FrozenNS)})
+	}
+	return out, nil
+}
+
+// sumFile is path's size and, with digest, its sha256.
+func sumFile(path string, digest bool) (fileSum, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return fileSum{}, err
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return fileSum{}, err
+	}
+	s := fileSum{Size: fi.Size()}
+	if digest {
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return fileSum{}, err
+		}
+		s.SHA256 = hex.EncodeToString(h.Sum(nil))
+	}
+	return s, nil
+}
+
+// makeSparse makes an empty file of size bytes.
+func makeSparse(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
+// copySparse copies src to a new file dst, only src's data extents
+// (SEEK_DATA/SEEK_HOLE), with copy_file_range where the kernel can.
+func copySparse(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+	}
+	defer func() { _ = in.Close() }()
+	fi, err := in.Stat()
+	if err != nil {
+		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, cerr)
+		}
+		if err != nil {
+			_ = os.Remove(dst)
+		}
+	}()
+	size := fi.Size()
+	if err := out.Truncate(size); err != nil {
+		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+	}
+	ifd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		} else if err != nil {
+			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+		}
+		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+		}
+		if err := copyRange(in, out, data, hole-data); err != nil {
+			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
+		}
+		off = hole
+	}
+	return nil
+}
+
+// copyRange copies n bytes at off from in to the same offset of out.
+func copyRange(in, out *os.File, off, n int64) error {
+	roff, woff := off, off
+	for n > 0 {
+		k, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 1<<30)), 0)
+		if err != nil {
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+				_, err := io.Copy(io.NewOffsetWriter(out, woff), io.NewSectionReader(in, roff, n))
+				return err
+			}
+			return err
+		}
+		if k == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n -= int64(k)
+	}
+	return nil
+}
