@@ -56,8 +56,11 @@ func writeSandboxNotFound(w http.ResponseWriter, id string) {
 // sandboxSecure reports whether sandbox id takes traffic and which tokens
 // its traffic needs, using a short-lived cache unless probe. A running
 // sandbox takes traffic, and so does a paused one (its node resumes it for
-// the request), except for a probe: envd's /health, E2B's isRunning, which
-// must say a paused sandbox is not running (502) and not wake it.
+// the request), except for a probe — envd's /health, E2B's isRunning, which
+// must say a paused sandbox is not running (502) and not wake it — and
+// except for a sandbox created with autoResume {"enabled": false}, which
+// traffic must not wake either; its state is looked up on every request,
+// never cached, so traffic finds out as soon as it is paused.
 func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (live bool, c cachedSandbox, err error) {
 	g.cacheMu.Lock()
 	c, ok := g.cache[id]
@@ -76,14 +79,19 @@ func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (liv
 	}
 	sb := resp.Msg.GetSandbox()
 	st := sb.GetState()
-	takes := st == v1.SandboxState_SANDBOX_STATE_RUNNING || (st == v1.SandboxState_SANDBOX_STATE_PAUSED && !probe)
-	if !takes || sb.GetSpec().GetLabels()[labelTeam] == "" {
-		// Stopping, paused (for a probe), or not made through the gateway.
+	l := sb.GetSpec().GetLabels()
+	noResume := l[labelNoResume] == "true"
+	takes := st == v1.SandboxState_SANDBOX_STATE_RUNNING || (st == v1.SandboxState_SANDBOX_STATE_PAUSED && !probe && !noResume)
+	if !takes || l[labelTeam] == "" {
+		// Stopping, paused (for a probe, or with auto-resume off), or not
+		// made through the gateway.
 		g.forget(id)
 		return false, cachedSandbox{}, nil
 	}
-	l := sb.GetSpec().GetLabels()
-	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", at: time.Now()}
+	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", mask: l[labelMask], at: time.Now()}
+	if noResume {
+		return true, c, nil
+	}
 	g.cacheMu.Lock()
 	if len(g.cache) > 100000 {
 		clear(g.cache)
@@ -136,7 +144,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 			})
 			return
 		}
-		g.proxyPort(w, r, node, id, port)
+		g.proxyPort(w, r, node, id, port, sec.mask)
 		return
 	}
 	if sec.secure && !health {
@@ -218,7 +226,10 @@ func Signature(path, op, username, token, expiration string) string {
 
 // proxyPort forwards a request to a TCP port inside the sandbox through the
 // agent's tunnel (one tunnel per request; upgrades such as WebSocket work).
-func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodeclient.Client, id string, port int) {
+// The request keeps its Host header unless mask (the sandbox's
+// network.maskRequestHost) is set: then Host is mask with ${PORT} replaced
+// by port, as E2B's proxy does.
+func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodeclient.Client, id string, port int, mask string) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return node.DialPort(ctx, id, port)
@@ -232,6 +243,9 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodecl
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", port)
 			pr.Out.Host = pr.In.Host
+			if mask != "" {
+				pr.Out.Host = maskHost(mask, port)
+			}
 			pr.Out.Header.Del(auth.TokenHeader)
 			pr.Out.Header.Del(auth.OnBehalfHeader)
 			pr.Out.Header.Del("E2b-Sandbox-Id")
