@@ -332,7 +332,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			spec.Image, spec.Snapshot, spec.User, spec.Workdir = "", req.TemplateID, "", ""
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
-		if err != nil && implicitNetwork(req) && networkOff(errdefs.FromConnect(err)) {
+		if err != nil && implicitNetwork(req) && errdefs.IsNetworkOff(errdefs.FromConnect(err)) {
 			// E2B's default internet on a node whose network policy is
 			// off (its sandboxes have no network): the default cannot be
 			// had there, and the caller asked for nothing, so create
@@ -361,12 +361,6 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 // policy is the gateway's default).
 func implicitNetwork(req newSandboxJSON) bool {
 	return req.AllowInternetAccess == nil && (req.Network == nil || (req.Network.AllowOut == nil && req.Network.DenyOut == nil))
-}
-
-// networkOff reports whether err is a node's refusal of any network policy
-// because its network policy is turned off (node.network.enabled).
-func networkOff(err error) bool {
-	return errdefs.IsInvalidArgument(err) && strings.Contains(err.Error(), "network policy turned off (node.network.enabled)")
 }
 
 func homeOf(user string) string {

@@ -52,7 +52,7 @@ func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.Creat
 	defer f.mu.Unlock()
 	f.seen(ctx)
 	if f.networkOff && r.Msg.GetSpec().GetNetwork() != nil {
-		return nil, errdefs.ToConnect(errdefs.Invalid("network", "node n001 has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset"))
+		return nil, errdefs.ToConnect(errdefs.NetworkOff("n001"))
 	}
 	if !slices.Contains([]string{"root/py:3.11", DefaultImage, CodeInterpreterImage, "root/busybox"}, r.Msg.GetSpec().GetImage()) {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))
