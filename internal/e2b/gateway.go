@@ -153,7 +153,10 @@ type cachedSandbox struct {
 	// mask is the Host header of requests to user ports (network.
 	// maskRequestHost, ${PORT} not yet replaced); empty keeps the caller's.
 	mask string
-	at   time.Time
+	// noResume: created with autoResume false; calls ask the node not to
+	// resume it (nodeclient.NoAutoResumeHeader).
+	noResume bool
+	at       time.Time
 }
 
 // New checks cfg and returns a Gateway.

@@ -60,7 +60,8 @@ func writeSandboxNotFound(w http.ResponseWriter, id string) {
 // must say a paused sandbox is not running (502) and not wake it — and
 // except for a sandbox created with autoResume {"enabled": false}, which
 // traffic must not wake either; its state is looked up on every request,
-// never cached, so traffic finds out as soon as it is paused.
+// never cached, and its calls ask the node not to resume it (a pause between
+// the lookup and the call fails the call instead).
 func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (live bool, c cachedSandbox, err error) {
 	g.cacheMu.Lock()
 	c, ok := g.cache[id]
@@ -88,7 +89,7 @@ func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (liv
 		g.forget(id)
 		return false, cachedSandbox{}, nil
 	}
-	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", mask: l[labelMask], at: time.Now()}
+	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", mask: l[labelMask], noResume: noResume, at: time.Now()}
 	if noResume {
 		return true, c, nil
 	}
@@ -144,6 +145,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 			})
 			return
 		}
+		if sec.noResume {
+			r = r.WithContext(nodeclient.WithoutAutoResume(r.Context()))
+		}
 		g.proxyPort(w, r, node, id, port, sec.mask)
 		return
 	}
@@ -156,12 +160,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			g.rewrite(pr, node.AgentURL(id, pr.In.URL.Path))
+			if sec.noResume {
+				pr.Out.Header.Set(nodeclient.NoAutoResumeHeader, "1")
+			}
 		},
 		Transport:     node.HTTPClient().Transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
-			// The node answers for a sandbox that stopped after the lookup.
-			if health && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+			// The node answers for a sandbox that stopped after the lookup,
+			// or that was paused since and may not be resumed.
+			if health && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK ||
+				resp.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
 				return errSandboxGone
 			}
 			return nil
@@ -192,6 +201,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	pr.Out.Header.Del(auth.OnBehalfHeader)
 	pr.Out.Header.Del("E2b-Sandbox-Id")
 	pr.Out.Header.Del("E2b-Sandbox-Port")
+	pr.Out.Header.Del(nodeclient.NoAutoResumeHeader)
 	if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
 		pr.Out.Header.Del("Authorization")
 	}
@@ -257,6 +267,11 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodecl
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var re *nodeclient.ResponseError
+			if nodeclient.AutoResumeOff(r.Context()) && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// Paused since the lookup, and autoResume is off.
+				writeSandboxNotFound(w, id)
+				return
+			}
 			if port == CodeInterpreterPort && errors.As(err, &re) && re.StatusCode == http.StatusServiceUnavailable {
 				// The agent says why the interpreter cannot run (no python3
 				// in the image...): 503, not the SDK's "sandbox timeout" 502.

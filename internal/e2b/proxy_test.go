@@ -9,11 +9,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // trafficNode stands in for node n001's agent proxy over HTTP/1.1 and h2c
@@ -23,6 +25,10 @@ import (
 // 49999 answers the agent's 503 for a service that cannot start.
 type trafficNode struct {
 	url string
+	// paused makes the node's sandbox paused: a call with
+	// NoAutoResumeHeader is refused as the node refuses it, any other
+	// call resumes it.
+	paused atomic.Bool
 
 	mu   sync.Mutex
 	seen []string // "<proto> <path> <caller's token if it leaked>" of each request
@@ -50,8 +56,21 @@ func newTrafficNode(t *testing.T) (*trafficNode, auth.TokenSource) {
 		if strings.Contains(r.Header.Get("Authorization")+r.Header.Get(auth.TokenHeader), "the-callers-own") {
 			leak = "caller's token"
 		}
+		if r.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
+			leak += "no-resume"
+		}
 		n.seen = append(n.seen, fmt.Sprintf("%s %s %s", r.Proto, r.URL.Path, leak))
 		n.mu.Unlock()
+		if n.paused.Load() {
+			if r.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set(nodeclient.NoAutoResumeHeader, "paused")
+				w.WriteHeader(http.StatusBadRequest)
+				json.NewEncoder(w).Encode(map[string]any{"code": 400, "message": "sandbox is paused", "status": "failed_precondition"})
+				return
+			}
+			n.paused.Store(false) // resumed
+		}
 		_, sub, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/agent/"), "/")
 		switch sub {
 		case "health":
@@ -239,6 +258,28 @@ func TestProxyAutoResumeOff(t *testing.T) {
 	if got := node.requests(); len(got) != before {
 		t.Fatalf("traffic to a paused sandbox with autoResume off reached its node: %q", got[before:])
 	}
+	// Paused by its node after the gateway looked it up (the API still
+	// says running): the gateway's calls ask the node not to resume it,
+	// and the node's refusal is E2B's 502.
+	h.api.mu.Lock()
+	h.api.sbs[id].State = v1.SandboxState_SANDBOX_STATE_RUNNING
+	h.api.mu.Unlock()
+	node.paused.Store(true)
+	before = len(node.requests())
+	if w := send("api.opendsec.local", "49983", "/files?path=/x"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("envd traffic racing a pause, autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	if w := send("8000-"+id+".opendsec.local", "", "/hello"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("port traffic racing a pause, autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	got := node.requests()[before:]
+	if len(got) != 2 || !strings.HasSuffix(got[0], " no-resume") || !strings.HasSuffix(got[1], " no-resume") || !node.paused.Load() {
+		t.Fatalf("node saw %q (paused %v), want both calls marked no-resume and the sandbox still paused", got, node.paused.Load())
+	}
+	h.api.mu.Lock()
+	h.api.sbs[id].State = v1.SandboxState_SANDBOX_STATE_PAUSED
+	h.api.mu.Unlock()
+	node.paused.Store(false)
 	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes/"+id+"/connect", `{}`); w.Code != http.StatusCreated {
 		t.Fatalf("connect (resume): %d %v", w.Code, m)
 	}
