@@ -39,7 +39,7 @@ if [ "$(node -p "try{require('$NPM_DIR/node_modules/e2b/package.json').version}c
 fi
 
 echo "== opendsec up (data dir $DD)" >&2
-OPENDSEC_LOG_LEVEL=warn start_system "$BIN" "$DD" py -- --stop-sandboxes
+OPENDSEC_LOG_LEVEL=warn start_system "$BIN" "$DD" base -- --stop-sandboxes
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
 OUT=bench/results/$(date -u +%F)-e2b.md
 SDKPY=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("opendsec"))' 2>/dev/null || echo '?')

@@ -42,7 +42,10 @@ cleanup() {
   if [ "${KEEP:-}" != 1 ]; then rm -rf "$DD"; fi
 }
 trap cleanup EXIT
-start_system "$BIN" "$DD" busybox py py-sci -- --stop-sandboxes
+# base and code-interpreter back the templates base and code-interpreter-v1
+# (the SDKs' defaults); py (no pip) and busybox (no python) for the tests of
+# images without them.
+start_system "$BIN" "$DD" busybox py base code-interpreter -- --stop-sandboxes
 
 KEY=$("$BIN/opendsec" e2b key create --config "$DD/opendsec.json" --data-dir "$DD")
 # A key of another principal, for the isolation tests (not an SDK variable).

@@ -20,7 +20,7 @@ import time
 
 from opendsec import DSecClient, DSecRunArgs
 
-IMAGE = "root/py:3.11"  # what the gateway's "base" template maps to
+IMAGE = "root/base"  # what the gateway's "base" template maps to
 
 
 async def opendsec_once(client):

@@ -5,24 +5,32 @@
 #   root/py:3.11   Debian 12 (bookworm) minbase + python3 (3.11),
 #                  ca-certificates, procps
 #   root/py-sci:3.11  root/py:3.11 + Debian's python3-pip, python3-numpy and
-#                  python3-pil: what smolagents' E2B executor imports in the
-#                  sandbox (test/e2b/python/test_smolagents.py); pip is
-#                  not marked externally managed
-# Both have a user "user" (uid 1000, home /home/user), as E2B images do.
+#                  python3-pil; pip is not marked externally managed
+#   root/base      root/py:3.11 + python-is-python3, pip, nodejs, npm, git,
+#                  curl, wget, sudo (passwordless for user), iproute2,
+#                  netcat-openbsd: E2B's "base" template
+#   root/code-interpreter  root/base + Debian's python3-numpy, -pandas,
+#                  -matplotlib, -pil: E2B's "code-interpreter-v1" template
+# All have a user "user" (uid 1000, home /home/user), as E2B images do.
 #
 # Root filesystems are cached under ${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
-# and rebuilt only when missing or when BUILD_VERSION below changes. Safe to
+# and rebuilt only when missing or when their version below changes. Safe to
 # run twice, and concurrently (a lock serializes runs). Runs as root.
 #
-# Usage: build.sh [--data-dir DIR] [--only busybox|py|py-sci] [--no-import]
+# Usage: build.sh [--data-dir DIR] [--only IMAGE] [--no-import]
 #                 [--mirror URL] [--opendsec PATH]
+#   IMAGE: busybox, py, py-sci, base or code-interpreter
 set -euo pipefail
 
-# BUILD_VERSION: bump when the recipe changes so caches are rebuilt.
+# BUILD_VERSION: bump when the recipe of busybox, py or py-sci changes so
+# their caches are rebuilt; BASE_VERSION likewise for base and
+# code-interpreter (built on py-3.11, so a BUILD_VERSION bump rebuilds
+# them too).
 BUILD_VERSION=2
+BASE_VERSION=1
 
 usage() {
-	sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 DATA_DIR=/var/lib/opendsec
@@ -36,7 +44,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--data-dir) DATA_DIR="${2:?--data-dir needs a directory}"; shift 2 ;;
 	--data-dir=*) DATA_DIR="${1#*=}"; shift ;;
-	--only) ONLY="${2:?--only needs busybox, py or py-sci}"; shift 2 ;;
+	--only) ONLY="${2:?--only needs busybox, py, py-sci, base or code-interpreter}"; shift 2 ;;
 	--only=*) ONLY="${1#*=}"; shift ;;
 	--no-import) DO_IMPORT=0; shift ;;
 	--mirror) MIRROR="${2:?--mirror needs a URL}"; shift 2 ;;
@@ -49,8 +57,8 @@ while [ $# -gt 0 ]; do
 done
 
 case "$ONLY" in
-""|busybox|py|py-sci) ;;
-*) echo "build.sh: --only must be busybox, py or py-sci, not '$ONLY'" >&2; exit 2 ;;
+""|busybox|py|py-sci|base|code-interpreter) ;;
+*) echo "build.sh: --only must be busybox, py, py-sci, base or code-interpreter, not '$ONLY'" >&2; exit 2 ;;
 esac
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -95,19 +103,19 @@ apt_install() {
 		{ apt-get update && apt-get install -y --no-install-recommends "$@"; }
 }
 
-stamp_ok() { # name
+stamp_ok() { # name [version]
 	[ -d "$CACHE/$1" ] && [ -f "$CACHE/$1.stamp" ] &&
-		[ "$(cat "$CACHE/$1.stamp")" = "version=$BUILD_VERSION" ]
+		[ "$(cat "$CACHE/$1.stamp")" = "version=${2:-$BUILD_VERSION}" ]
 }
 
-write_stamp() { # name
-	printf 'version=%s\n' "$BUILD_VERSION" >"$CACHE/$1.stamp.tmp"
+write_stamp() { # name [version]
+	printf 'version=%s\n' "${2:-$BUILD_VERSION}" >"$CACHE/$1.stamp.tmp"
 	mv -f "$CACHE/$1.stamp.tmp" "$CACHE/$1.stamp"
 }
 
 # publish moves a finished build into place. The old copy (if any) is removed
 # only after the new one is in place.
-publish() { # name tmpdir
+publish() { # name tmpdir [version]
 	local name="$1" tmp="$2"
 	rm -f "$CACHE/$name.stamp"
 	if [ -e "$CACHE/$name" ]; then
@@ -115,7 +123,7 @@ publish() { # name tmpdir
 	fi
 	mv "$tmp" "$CACHE/$name"
 	cleanup_dir "$CACHE/$name.old.$$"
-	write_stamp "$name"
+	write_stamp "$name" "${3:-}"
 }
 
 # detect_mirror prints the Debian archive URI for $SUITE from apt's sources
@@ -269,6 +277,29 @@ build_py() {
 	log "py-3.11: done in $((SECONDS - start))s, $(du -sh "$CACHE/py-3.11" | cut -f1) at $CACHE/py-3.11 (python $got)"
 }
 
+# chroot_apt_install installs Debian packages into the root at $1 with
+# apt-get in a chroot (from $MIRROR), then removes apt's caches and indexes,
+# docs and man pages. On failure it removes the root and exits.
+chroot_apt_install() { # root label packages...
+	local tmp="$1" label="$2"
+	shift 2
+	log "$label: apt-get install $* from $MIRROR"
+	echo "deb $MIRROR $SUITE main" >"$tmp/etc/apt/sources.list"
+	cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+	if ! { chroot "$tmp" /usr/bin/apt-get -q update &&
+		DEBIAN_FRONTEND=noninteractive chroot "$tmp" /usr/bin/apt-get -q install -y --no-install-recommends "$@"; } 2>&1 | while IFS= read -r line; do
+		case "$line" in Get:* | Hit:* | Selecting* | Preparing* | Unpacking* | Setting\ up*) ;; *) log "apt: $line" ;; esac
+	done; then
+		cleanup_dir "$tmp"
+		echo "build.sh: apt-get in the $label root failed (mirror $MIRROR; pass --mirror URL to use another)" >&2
+		exit 1
+	fi
+	chroot "$tmp" /usr/bin/apt-get clean
+	rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin "$tmp"/var/log/*.log "$tmp"/var/log/apt/* \
+		"$tmp"/usr/share/doc/* "$tmp"/usr/share/man/*
+	: >"$tmp/etc/resolv.conf"
+}
+
 # build_py_sci adds Debian's pip, numpy and pillow to a copy of py-3.11.
 build_py_sci() {
 	if stamp_ok py-sci-3.11; then
@@ -280,28 +311,73 @@ build_py_sci() {
 	local tmp="$CACHE/py-sci-3.11.tmp" start=$SECONDS
 	cleanup_dir "$tmp"
 	cp -a "$CACHE/py-3.11" "$tmp"
-	log "py-sci-3.11: apt-get install python3-pip python3-numpy python3-pil from $MIRROR"
-	echo "deb $MIRROR $SUITE main" >"$tmp/etc/apt/sources.list"
-	cp /etc/resolv.conf "$tmp/etc/resolv.conf"
-	if ! { chroot "$tmp" /usr/bin/apt-get -q update &&
-		DEBIAN_FRONTEND=noninteractive chroot "$tmp" /usr/bin/apt-get -q install -y --no-install-recommends \
-			python3-pip python3-numpy python3-pil; } 2>&1 | while IFS= read -r line; do
-		case "$line" in Get:* | Hit:* | Selecting* | Preparing* | Unpacking* | Setting\ up*) ;; *) log "apt: $line" ;; esac
-	done; then
-		cleanup_dir "$tmp"
-		echo "build.sh: apt-get in the py-sci root failed (mirror $MIRROR; pass --mirror URL to use another)" >&2
-		exit 1
-	fi
-	chroot "$tmp" /usr/bin/apt-get clean
-	rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin "$tmp"/var/log/*.log "$tmp"/var/log/apt/* \
-		"$tmp"/usr/share/doc/* "$tmp"/usr/share/man/*
-	: >"$tmp/etc/resolv.conf"
+	chroot_apt_install "$tmp" py-sci-3.11 python3-pip python3-numpy python3-pil
 	# As in E2B's images, `pip install` installs (Debian marks its python
 	# externally managed, which turns every install into an error).
 	rm -f "$tmp"/usr/lib/python3*/EXTERNALLY-MANAGED
 	chroot "$tmp" /usr/bin/python3 -c 'import numpy, PIL, pip' || { echo "build.sh: numpy, PIL or pip missing in py-sci" >&2; exit 1; }
 	publish py-sci-3.11 "$tmp"
 	log "py-sci-3.11: done in $((SECONDS - start))s, $(du -sh "$CACHE/py-sci-3.11" | cut -f1) at $CACHE/py-sci-3.11"
+}
+
+# The base images' version: theirs and that of py-3.11 they are built on.
+BASE_STAMP="$BUILD_VERSION.$BASE_VERSION"
+
+# build_base makes E2B's "base" template from a copy of py-3.11: Debian's
+# python-is-python3, pip, nodejs and npm, git, curl, wget, sudo (user may
+# run anything as root without a password, as in E2B), iproute2 and
+# netcat-openbsd.
+build_base() {
+	if stamp_ok base "$BASE_STAMP"; then
+		log "base: cached at $CACHE/base (version $BASE_STAMP)"
+		return 0
+	fi
+	build_py
+	[ -n "$MIRROR" ] || MIRROR="$(detect_mirror)"
+	local tmp="$CACHE/base.tmp" start=$SECONDS
+	cleanup_dir "$tmp"
+	cp -a "$CACHE/py-3.11" "$tmp"
+	chroot_apt_install "$tmp" base python-is-python3 python3-pip python3-venv nodejs npm git curl wget \
+		sudo ca-certificates procps iproute2 netcat-openbsd
+	rm -f "$tmp"/usr/lib/python3*/EXTERNALLY-MANAGED
+	# npm's own docs and man pages (~10 MB), never read in a sandbox.
+	rm -rf "$tmp"/usr/share/nodejs/npm/docs "$tmp"/usr/share/nodejs/npm/man
+	printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' >"$tmp/etc/sudoers.d/user"
+	chmod 0440 "$tmp/etc/sudoers.d/user"
+	chroot "$tmp" /usr/sbin/usermod -aG sudo user
+	chroot "$tmp" /usr/sbin/visudo -cq || { cleanup_dir "$tmp"; echo "build.sh: sudoers of base do not parse" >&2; exit 1; }
+	local v
+	for v in "python --version" "python3 -m pip --version" "node --version" "npm --version" "git --version" \
+		"curl --version" "wget --version" "sudo --version" "ip -V" "command -v nc" "command -v ps"; do
+		chroot "$tmp" /bin/sh -c "$v" >/dev/null 2>&1 || { cleanup_dir "$tmp"; echo "build.sh: '$v' fails in base" >&2; exit 1; }
+	done
+	publish base "$tmp" "$BASE_STAMP"
+	log "base: done in $((SECONDS - start))s, $(du -sh "$CACHE/base" | cut -f1) at $CACHE/base ($(chroot "$CACHE/base" node --version), $(chroot "$CACHE/base" python --version))"
+}
+
+# build_code_interpreter makes E2B's "code-interpreter-v1" template from a
+# copy of base: Debian's numpy, pandas, matplotlib and pillow.
+build_code_interpreter() {
+	if stamp_ok code-interpreter "$BASE_STAMP"; then
+		log "code-interpreter: cached at $CACHE/code-interpreter (version $BASE_STAMP)"
+		return 0
+	fi
+	build_base
+	[ -n "$MIRROR" ] || MIRROR="$(detect_mirror)"
+	local tmp="$CACHE/code-interpreter.tmp" start=$SECONDS
+	cleanup_dir "$tmp"
+	cp -a "$CACHE/base" "$tmp"
+	# python3-munkres satisfies fonttools' "munkres or scipy": scipy would
+	# bring pythran, a C++ toolchain and boost (600 MB more).
+	chroot_apt_install "$tmp" code-interpreter python3-numpy python3-pandas python3-matplotlib python3-pil \
+		python3-munkres
+	# matplotlib's font cache, made once here instead of at every
+	# sandbox's first import (seconds).
+	chroot "$tmp" /usr/sbin/runuser -u user -- env HOME=/home/user MPLBACKEND=Agg \
+		/usr/bin/python3 -c 'import numpy, pandas, matplotlib.pyplot, PIL, pip' ||
+		{ cleanup_dir "$tmp"; echo "build.sh: numpy, pandas, matplotlib, PIL or pip missing in code-interpreter" >&2; exit 1; }
+	publish code-interpreter "$tmp" "$BASE_STAMP"
+	log "code-interpreter: done in $((SECONDS - start))s, $(du -sh "$CACHE/code-interpreter" | cut -f1) at $CACHE/code-interpreter"
 }
 
 # opendsec_cmd finds the binary with `image import-rootfs`: --opendsec,
@@ -331,6 +407,8 @@ PATH_ENV="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 if [ -z "$ONLY" ] || [ "$ONLY" = busybox ]; then build_busybox; fi
 if [ -z "$ONLY" ] || [ "$ONLY" = py ]; then build_py; fi
 if [ -z "$ONLY" ] || [ "$ONLY" = py-sci ]; then build_py_sci; fi
+if [ -z "$ONLY" ] || [ "$ONLY" = base ]; then build_base; fi
+if [ -z "$ONLY" ] || [ "$ONLY" = code-interpreter ]; then build_code_interpreter; fi
 
 if [ "$DO_IMPORT" -eq 1 ]; then
 	OPENDSEC="$(opendsec_cmd)"
@@ -344,6 +422,14 @@ if [ "$DO_IMPORT" -eq 1 ]; then
 	if [ -z "$ONLY" ] || [ "$ONLY" = py-sci ]; then
 		import_one root/py-sci:3.11 "$CACHE/py-sci-3.11" --env "$PATH_ENV" --env LANG=C.UTF-8 \
 			--env PYTHONUNBUFFERED=1 --workdir /home/user --user user
+	fi
+	if [ -z "$ONLY" ] || [ "$ONLY" = base ]; then
+		import_one root/base "$CACHE/base" --env "$PATH_ENV" --env LANG=C.UTF-8 \
+			--env PYTHONUNBUFFERED=1 --workdir /home/user --user user
+	fi
+	if [ -z "$ONLY" ] || [ "$ONLY" = code-interpreter ]; then
+		import_one root/code-interpreter "$CACHE/code-interpreter" --env "$PATH_ENV" --env LANG=C.UTF-8 \
+			--env PYTHONUNBUFFERED=1 --env MPLBACKEND=Agg --workdir /home/user --user user
 	fi
 fi
 log "done"

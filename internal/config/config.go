@@ -326,7 +326,7 @@ func Default(dataDir string) Config {
 			Build:            NodeBuild{TimeoutSec: DefaultBuildTimeoutSec, MaxTimeoutSec: DefaultBuildMaxTimeoutSec, MaxContextMB: DefaultBuildMaxContextMB, CPU: 2, MemoryMB: 2048},
 		},
 		Nodes: []NodeRef{{ID: "n001", Address: "http://127.0.0.1:7071"}},
-		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/py:3.11"}},
+		E2B:   E2B{Listen: "127.0.0.1:3000", Domain: "opendsec.local", Templates: map[string]string{"base": "root/base", "code-interpreter-v1": "root/code-interpreter"}},
 	}
 }
 

@@ -73,7 +73,14 @@ type detailJSON struct {
 	EnvdAccessToken     string            `json:"envdAccessToken,omitempty"`
 	AllowInternetAccess *bool             `json:"allowInternetAccess,omitempty"`
 	Domain              *string           `json:"domain,omitempty"`
+	Network             *networkInfoJSON  `json:"network,omitempty"`
 	Lifecycle           *lifecycleJSON    `json:"lifecycle,omitempty"`
+}
+
+// networkInfoJSON is the part of E2B's SandboxNetworkConfig a detail
+// reports back.
+type networkInfoJSON struct {
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 }
 
 // newSandboxJSON is NewSandbox (v1) and NewSandboxV2.
@@ -202,8 +209,11 @@ func (g *Gateway) imageFor(template string) string {
 	if img, ok := g.cfg.Templates[template]; ok {
 		return img
 	}
-	if template == CodeInterpreterTemplate {
-		return g.imageFor(DefaultTemplate)
+	switch template {
+	case DefaultTemplate:
+		return DefaultImage
+	case CodeInterpreterTemplate:
+		return CodeInterpreterImage
 	}
 	return template
 }
@@ -254,15 +264,29 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 				writeError(w, http.StatusBadRequest, "autoPauseMemory: only meaningful with autoPause: true")
 				return
 			}
+			if req.AutoResume != nil && req.AutoResume.Enabled {
+				writeError(w, http.StatusBadRequest, "autoResume: a filesystem-only pause (autoPauseMemory: false) cannot be resumed by traffic; set autoResume false or drop autoPauseMemory")
+				return
+			}
 			writeError(w, http.StatusBadRequest, "autoPauseMemory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
 			return
 		}
-		// autoResume is accepted either way: OpenDsec resumes a paused
-		// sandbox on any traffic to it (envd or a port), always.
 		secure := v2 || req.Secure == nil || *req.Secure
 		labels := map[string]string{
 			labelTeam:     principal(r.Context()),
 			labelTemplate: req.TemplateID,
+		}
+		// autoResume: traffic to a paused sandbox resumes it (the node's
+		// auto-resume) unless the create said {"enabled": false}.
+		if req.AutoResume != nil && !req.AutoResume.Enabled {
+			labels[labelNoResume] = "true"
+		}
+		if req.Network != nil && req.Network.MaskRequestHost != nil && *req.Network.MaskRequestHost != "" {
+			if err := checkMask("network.maskRequestHost", *req.Network.MaskRequestHost); err != nil {
+				writeErr(w, err)
+				return
+			}
+			labels[labelMask] = *req.Network.MaskRequestHost
 		}
 		if len(req.TemplateID) > 256 {
 			writeError(w, http.StatusBadRequest, "templateID: is longer than 256 bytes")
@@ -308,7 +332,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			spec.Image, spec.Snapshot, spec.User, spec.Workdir = "", req.TemplateID, "", ""
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
-		if err != nil && implicitNetwork(req) && networkOff(errdefs.FromConnect(err)) {
+		if err != nil && implicitNetwork(req) && errdefs.IsNetworkOff(errdefs.FromConnect(err)) {
 			// E2B's default internet on a node whose network policy is
 			// off (its sandboxes have no network): the default cannot be
 			// had there, and the caller asked for nothing, so create
@@ -337,12 +361,6 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 // policy is the gateway's default).
 func implicitNetwork(req newSandboxJSON) bool {
 	return req.AllowInternetAccess == nil && (req.Network == nil || (req.Network.AllowOut == nil && req.Network.DenyOut == nil))
-}
-
-// networkOff reports whether err is a node's refusal of any network policy
-// because its network policy is turned off (node.network.enabled).
-func networkOff(err error) bool {
-	return errdefs.IsInvalidArgument(err) && strings.Contains(err.Error(), "network policy turned off (node.network.enabled)")
 }
 
 func homeOf(user string) string {
@@ -404,9 +422,12 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		d := g.cfg.Domain
 		out.Domain = &d
 		out.AllowInternetAccess = internetAllowed(sb.GetSpec().GetNetwork())
-		// Traffic to a paused sandbox always resumes it (the node's
-		// auto-resume), whatever autoResume the create asked for.
-		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: true}
+		if m := l[labelMask]; m != "" {
+			out.Network = &networkInfoJSON{MaskRequestHost: m}
+		}
+		// Traffic to a paused sandbox resumes it (the node's auto-resume)
+		// unless the create asked for autoResume {"enabled": false}.
+		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: l[labelNoResume] != "true"}
 		if sp := sb.GetSpec(); sp.GetOnTimeout() == sandboxspec.OnTimeoutPause || sp.GetAutoPause() {
 			out.Lifecycle.OnTimeout = "pause"
 		}

@@ -52,9 +52,9 @@ func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.Creat
 	defer f.mu.Unlock()
 	f.seen(ctx)
 	if f.networkOff && r.Msg.GetSpec().GetNetwork() != nil {
-		return nil, errdefs.ToConnect(errdefs.Invalid("network", "node n001 has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset"))
+		return nil, errdefs.ToConnect(errdefs.NetworkOff("n001"))
 	}
-	if r.Msg.GetSpec().GetImage() != "root/py:3.11" {
+	if !slices.Contains([]string{"root/py:3.11", DefaultImage, CodeInterpreterImage, "root/busybox"}, r.Msg.GetSpec().GetImage()) {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))
 	}
 	f.clock = f.clock.Add(time.Second)
@@ -374,14 +374,34 @@ func TestProxyRefusesUnknownAndInternal(t *testing.T) {
 	}
 }
 
-func TestCodeInterpreterTemplateIsTheDefault(t *testing.T) {
+// base and code-interpreter-v1 start root/base and root/code-interpreter
+// unless e2b.templates maps them; any other template is an image name.
+func TestTemplateImages(t *testing.T) {
 	h := newHarness(t)
-	w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"`+CodeInterpreterTemplate+`"}`)
-	if w.Code != http.StatusCreated {
-		t.Fatalf("create: %d %s", w.Code, w.Body)
+	for _, c := range []struct{ template, image string }{
+		{DefaultTemplate, "root/base"},
+		{CodeInterpreterTemplate, "root/code-interpreter"},
+		{"root/busybox", "root/busybox"},
+	} {
+		w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"`+c.template+`"}`)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("create %s: %d %s", c.template, w.Code, w.Body)
+		}
+		if img := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetImage(); img != c.image || m["templateID"] != c.template {
+			t.Errorf("%s created image %q (template %v), want %q", c.template, img, m["templateID"], c.image)
+		}
 	}
-	if img := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetImage(); img != DefaultImage || m["templateID"] != CodeInterpreterTemplate {
-		t.Fatalf("%s created image %q (template %v), want %q", CodeInterpreterTemplate, img, m["templateID"], DefaultImage)
+	cfg := h.gw.cfg
+	cfg.Templates = map[string]string{CodeInterpreterTemplate: "team/jupyter:1"}
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := g.imageFor(CodeInterpreterTemplate); img != "team/jupyter:1" {
+		t.Errorf("mapped %s: image %q, want team/jupyter:1", CodeInterpreterTemplate, img)
+	}
+	if img := g.imageFor(DefaultTemplate); img != DefaultImage {
+		t.Errorf("unmapped %s: image %q, want %q", DefaultTemplate, img, DefaultImage)
 	}
 }
 

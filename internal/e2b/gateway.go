@@ -36,12 +36,15 @@ const (
 	DefaultDomain = "opendsec.local"
 	// DefaultTemplate is the template SDKs create when none is given.
 	DefaultTemplate = "base"
-	// DefaultImage backs the default template.
-	DefaultImage = "root/py:3.11"
+	// DefaultImage backs the default template unless Templates maps it:
+	// E2B's base tools (deploy/images/build.sh).
+	DefaultImage = "root/base"
 	// CodeInterpreterTemplate is the template the code-interpreter SDKs
-	// create by default; unless mapped in Templates it is the default
-	// template (whose image must have python3 for the interpreter).
+	// create by default.
 	CodeInterpreterTemplate = "code-interpreter-v1"
+	// CodeInterpreterImage backs CodeInterpreterTemplate unless Templates
+	// maps it: DefaultImage plus numpy, pandas, matplotlib and pillow.
+	CodeInterpreterImage = "root/code-interpreter"
 	// CodeInterpreterPort is where the code-interpreter SDKs send run_code
 	// and /contexts; the sandbox's agent starts the runner on demand.
 	CodeInterpreterPort = 49999
@@ -58,6 +61,12 @@ const (
 	labelTemplate = "e2b.sys/template"
 	labelSecure   = "e2b.sys/secure"
 	labelPrivate  = "e2b.sys/private"
+	// labelMask is network.maskRequestHost: the Host header of requests
+	// to the sandbox's user ports.
+	labelMask = "e2b.sys/mask-host"
+	// labelNoResume marks a sandbox created with autoResume
+	// {"enabled": false}: traffic to it while paused does not resume it.
+	labelNoResume = "e2b.sys/no-auto-resume"
 	labelMeta     = "e2b.meta/"
 )
 
@@ -141,7 +150,13 @@ type Gateway struct {
 type cachedSandbox struct {
 	secure  bool // envd needs the access token
 	private bool // user ports need the traffic access token
-	at      time.Time
+	// mask is the Host header of requests to user ports (network.
+	// maskRequestHost, ${PORT} not yet replaced); empty keeps the caller's.
+	mask string
+	// noResume: created with autoResume false; calls ask the node not to
+	// resume it (nodeclient.NoAutoResumeHeader).
+	noResume bool
+	at       time.Time
 }
 
 // New checks cfg and returns a Gateway.
@@ -169,9 +184,6 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.User == "" {
 		cfg.User = "user"
-	}
-	if cfg.Templates == nil {
-		cfg.Templates = map[string]string{DefaultTemplate: DefaultImage}
 	}
 	g := &Gateway{
 		cfg:   cfg,

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -56,8 +57,6 @@ func (n *networkJSON) unsupported(prefix string) error {
 		return errdefs.Invalid(prefix+"egressProxy", "is not supported by OpenDsec's E2B gateway; leave it unset")
 	case present(n.Rules):
 		return errdefs.Invalid(prefix+"rules", "(header transforms) are not supported by OpenDsec's E2B gateway; leave them unset")
-	case n.MaskRequestHost != nil && *n.MaskRequestHost != "":
-		return errdefs.Invalid(prefix+"maskRequestHost", "is not supported by OpenDsec's E2B gateway; leave it unset")
 	case len(n.DNSServers) > 0:
 		return errdefs.Invalid(prefix+"dns_servers", "cannot be chosen: sandboxes resolve through their node's DNS proxy, which enforces domain rules; leave it unset")
 	}
@@ -67,6 +66,30 @@ func (n *networkJSON) unsupported(prefix string) error {
 		}
 	}
 	return nil
+}
+
+// maxMaskLen bounds maskRequestHost (it is kept as a sandbox label).
+const maxMaskLen = 253
+
+// maskHostRe is what a maskRequestHost may hold once ${PORT} is replaced: a
+// Host header's host[:port] (names, IPv4, bracketed IPv6).
+var maskHostRe = regexp.MustCompile(`^[A-Za-z0-9._~\-]+(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$`)
+
+// checkMask validates network.maskRequestHost: the Host header requests to
+// the sandbox's user ports carry, with ${PORT} replaced by the port.
+func checkMask(field, mask string) error {
+	if len(mask) > maxMaskLen {
+		return errdefs.Invalid(field, "is %d bytes; at most %d are allowed", len(mask), maxMaskLen)
+	}
+	if !maskHostRe.MatchString(maskHost(mask, 1)) {
+		return errdefs.Invalid(field, "%q is not a host[:port] for a Host header (${PORT} stands for the port), e.g. \"app.example.com:${PORT}\"", mask)
+	}
+	return nil
+}
+
+// maskHost is mask with ${PORT} replaced by port.
+func maskHost(mask string, port int) string {
+	return strings.ReplaceAll(mask, "${PORT}", strconv.Itoa(port))
 }
 
 var domainRe = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -294,8 +317,8 @@ func (g *Gateway) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if body.AllowPublicTraffic != nil || body.HTTPSPorts != nil {
-		writeError(w, http.StatusBadRequest, "allowPublicTraffic and httpsPorts can only be set when the sandbox is created")
+	if body.AllowPublicTraffic != nil || body.HTTPSPorts != nil || body.MaskRequestHost != nil {
+		writeError(w, http.StatusBadRequest, "allowPublicTraffic, httpsPorts and maskRequestHost can only be set when the sandbox is created")
 		return
 	}
 	pol, err := egressPolicy("", body.AllowInternetAccess, body.AllowOut, body.DenyOut)

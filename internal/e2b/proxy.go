@@ -56,8 +56,12 @@ func writeSandboxNotFound(w http.ResponseWriter, id string) {
 // sandboxSecure reports whether sandbox id takes traffic and which tokens
 // its traffic needs, using a short-lived cache unless probe. A running
 // sandbox takes traffic, and so does a paused one (its node resumes it for
-// the request), except for a probe: envd's /health, E2B's isRunning, which
-// must say a paused sandbox is not running (502) and not wake it.
+// the request), except for a probe — envd's /health, E2B's isRunning, which
+// must say a paused sandbox is not running (502) and not wake it — and
+// except for a sandbox created with autoResume {"enabled": false}, which
+// traffic must not wake either; its state is looked up on every request,
+// never cached, and its calls ask the node not to resume it (a pause between
+// the lookup and the call fails the call instead).
 func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (live bool, c cachedSandbox, err error) {
 	g.cacheMu.Lock()
 	c, ok := g.cache[id]
@@ -76,14 +80,19 @@ func (g *Gateway) sandboxSecure(ctx context.Context, id string, probe bool) (liv
 	}
 	sb := resp.Msg.GetSandbox()
 	st := sb.GetState()
-	takes := st == v1.SandboxState_SANDBOX_STATE_RUNNING || (st == v1.SandboxState_SANDBOX_STATE_PAUSED && !probe)
-	if !takes || sb.GetSpec().GetLabels()[labelTeam] == "" {
-		// Stopping, paused (for a probe), or not made through the gateway.
+	l := sb.GetSpec().GetLabels()
+	noResume := l[labelNoResume] == "true"
+	takes := st == v1.SandboxState_SANDBOX_STATE_RUNNING || (st == v1.SandboxState_SANDBOX_STATE_PAUSED && !probe && !noResume)
+	if !takes || l[labelTeam] == "" {
+		// Stopping, paused (for a probe, or with auto-resume off), or not
+		// made through the gateway.
 		g.forget(id)
 		return false, cachedSandbox{}, nil
 	}
-	l := sb.GetSpec().GetLabels()
-	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", at: time.Now()}
+	c = cachedSandbox{secure: l[labelSecure] == "true", private: l[labelPrivate] == "true", mask: l[labelMask], noResume: noResume, at: time.Now()}
+	if noResume {
+		return true, c, nil
+	}
 	g.cacheMu.Lock()
 	if len(g.cache) > 100000 {
 		clear(g.cache)
@@ -136,7 +145,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 			})
 			return
 		}
-		g.proxyPort(w, r, node, id, port)
+		if sec.noResume {
+			r = r.WithContext(nodeclient.WithoutAutoResume(r.Context()))
+		}
+		g.proxyPort(w, r, node, id, port, sec.mask)
 		return
 	}
 	if sec.secure && !health {
@@ -148,12 +160,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			g.rewrite(pr, node.AgentURL(id, pr.In.URL.Path))
+			if sec.noResume {
+				pr.Out.Header.Set(nodeclient.NoAutoResumeHeader, "1")
+			}
 		},
 		Transport:     node.HTTPClient().Transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
-			// The node answers for a sandbox that stopped after the lookup.
-			if health && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+			// The node answers for a sandbox that stopped after the lookup,
+			// or that was paused since and may not be resumed.
+			if health && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK ||
+				resp.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
 				return errSandboxGone
 			}
 			return nil
@@ -184,6 +201,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, target *url.URL) {
 	pr.Out.Header.Del(auth.OnBehalfHeader)
 	pr.Out.Header.Del("E2b-Sandbox-Id")
 	pr.Out.Header.Del("E2b-Sandbox-Port")
+	pr.Out.Header.Del(nodeclient.NoAutoResumeHeader)
 	if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
 		pr.Out.Header.Del("Authorization")
 	}
@@ -218,7 +236,10 @@ func Signature(path, op, username, token, expiration string) string {
 
 // proxyPort forwards a request to a TCP port inside the sandbox through the
 // agent's tunnel (one tunnel per request; upgrades such as WebSocket work).
-func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodeclient.Client, id string, port int) {
+// The request keeps its Host header unless mask (the sandbox's
+// network.maskRequestHost) is set: then Host is mask with ${PORT} replaced
+// by port, as E2B's proxy does.
+func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodeclient.Client, id string, port int, mask string) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return node.DialPort(ctx, id, port)
@@ -232,6 +253,9 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodecl
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = fmt.Sprintf("localhost:%d", port)
 			pr.Out.Host = pr.In.Host
+			if mask != "" {
+				pr.Out.Host = maskHost(mask, port)
+			}
 			pr.Out.Header.Del(auth.TokenHeader)
 			pr.Out.Header.Del(auth.OnBehalfHeader)
 			pr.Out.Header.Del("E2b-Sandbox-Id")
@@ -243,6 +267,11 @@ func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, node *nodecl
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var re *nodeclient.ResponseError
+			if nodeclient.AutoResumeOff(r.Context()) && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// Paused since the lookup, and autoResume is off.
+				writeSandboxNotFound(w, id)
+				return
+			}
 			if port == CodeInterpreterPort && errors.As(err, &re) && re.StatusCode == http.StatusServiceUnavailable {
 				// The agent says why the interpreter cannot run (no python3
 				// in the image...): 503, not the SDK's "sandbox timeout" 502.

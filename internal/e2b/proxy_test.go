@@ -9,10 +9,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/auth"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 )
 
 // trafficNode stands in for node n001's agent proxy over HTTP/1.1 and h2c
@@ -22,6 +25,10 @@ import (
 // 49999 answers the agent's 503 for a service that cannot start.
 type trafficNode struct {
 	url string
+	// paused makes the node's sandbox paused: a call with
+	// NoAutoResumeHeader is refused as the node refuses it, any other
+	// call resumes it.
+	paused atomic.Bool
 
 	mu   sync.Mutex
 	seen []string // "<proto> <path> <caller's token if it leaked>" of each request
@@ -49,8 +56,21 @@ func newTrafficNode(t *testing.T) (*trafficNode, auth.TokenSource) {
 		if strings.Contains(r.Header.Get("Authorization")+r.Header.Get(auth.TokenHeader), "the-callers-own") {
 			leak = "caller's token"
 		}
+		if r.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
+			leak += "no-resume"
+		}
 		n.seen = append(n.seen, fmt.Sprintf("%s %s %s", r.Proto, r.URL.Path, leak))
 		n.mu.Unlock()
+		if n.paused.Load() {
+			if r.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set(nodeclient.NoAutoResumeHeader, "paused")
+				w.WriteHeader(http.StatusBadRequest)
+				json.NewEncoder(w).Encode(map[string]any{"code": 400, "message": "sandbox is paused", "status": "failed_precondition"})
+				return
+			}
+			n.paused.Store(false) // resumed
+		}
 		_, sub, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/agent/"), "/")
 		switch sub {
 		case "health":
@@ -191,5 +211,121 @@ func TestProxyTrafficToPausedSandboxGoesToItsNode(t *testing.T) {
 	w := send("8000-"+id+".opendsec.local", "", "/hello")
 	if w.Code != http.StatusOK || !strings.HasPrefix(w.Body.String(), "port 8000 got GET /hello") {
 		t.Fatalf("port traffic to a paused sandbox: %d %q, want it tunnelled", w.Code, w.Body)
+	}
+}
+
+// TestProxyAutoResumeOff: a sandbox created with autoResume
+// {"enabled": false} is not woken by traffic while paused: envd and user
+// ports answer E2B's 502 "sandbox not found" and nothing reaches its node;
+// once resumed (connect) traffic flows again. Its detail says
+// lifecycle.autoResume false; an unset or true autoResume says true.
+func TestProxyAutoResumeOff(t *testing.T) {
+	node, tokens := newTrafficNode(t)
+	h := newHarnessAt(t, node.url, tokens)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":false}}`)
+	id := m["sandboxID"].(string)
+	token, _ := m["envdAccessToken"].(string)
+	send := func(host, port, path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Host = host
+		if port != "" {
+			req.Header.Set("E2b-Sandbox-Id", id)
+			req.Header.Set("E2b-Sandbox-Port", port)
+		}
+		req.Header.Set("X-Access-Token", token)
+		w := httptest.NewRecorder()
+		h.gw.ServeHTTP(w, req)
+		return w
+	}
+	// Running: traffic flows (and a lookup made while it ran is not kept
+	// to let traffic through once it is paused).
+	if w := send("8000-"+id+".opendsec.local", "", "/up"); w.Code != http.StatusOK {
+		t.Fatalf("port traffic to a running sandbox: %d %s", w.Code, w.Body)
+	}
+	if _, d := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); d["lifecycle"].(map[string]any)["autoResume"] != false {
+		t.Fatalf("detail lifecycle %v, want autoResume false", d["lifecycle"])
+	}
+	h.api.mu.Lock()
+	h.api.sbs[id].State = v1.SandboxState_SANDBOX_STATE_PAUSED // paused by its node (timeout), not through the gateway
+	h.api.mu.Unlock()
+	before := len(node.requests())
+	if w := send("api.opendsec.local", "49983", "/files?path=/x"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("envd traffic to a paused sandbox with autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	if w := send("8000-"+id+".opendsec.local", "", "/hello"); w.Code != http.StatusBadGateway {
+		t.Fatalf("port traffic to a paused sandbox with autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	if got := node.requests(); len(got) != before {
+		t.Fatalf("traffic to a paused sandbox with autoResume off reached its node: %q", got[before:])
+	}
+	// Paused by its node after the gateway looked it up (the API still
+	// says running): the gateway's calls ask the node not to resume it,
+	// and the node's refusal is E2B's 502.
+	h.api.mu.Lock()
+	h.api.sbs[id].State = v1.SandboxState_SANDBOX_STATE_RUNNING
+	h.api.mu.Unlock()
+	node.paused.Store(true)
+	before = len(node.requests())
+	if w := send("api.opendsec.local", "49983", "/files?path=/x"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("envd traffic racing a pause, autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	if w := send("8000-"+id+".opendsec.local", "", "/hello"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("port traffic racing a pause, autoResume off: %d %s, want 502", w.Code, w.Body)
+	}
+	got := node.requests()[before:]
+	if len(got) != 2 || !strings.HasSuffix(got[0], " no-resume") || !strings.HasSuffix(got[1], " no-resume") || !node.paused.Load() {
+		t.Fatalf("node saw %q (paused %v), want both calls marked no-resume and the sandbox still paused", got, node.paused.Load())
+	}
+	h.api.mu.Lock()
+	h.api.sbs[id].State = v1.SandboxState_SANDBOX_STATE_PAUSED
+	h.api.mu.Unlock()
+	node.paused.Store(false)
+	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes/"+id+"/connect", `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("connect (resume): %d %v", w.Code, m)
+	}
+	if w := send("8000-"+id+".opendsec.local", "", "/again"); w.Code != http.StatusOK {
+		t.Fatalf("port traffic after connect: %d %s", w.Code, w.Body)
+	}
+
+	for _, body := range []string{`{"templateID":"base"}`, `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`} {
+		_, m := h.do(h.keyA, "POST", "/v2/sandboxes", body)
+		if _, d := h.do(h.keyA, "GET", "/sandboxes/"+m["sandboxID"].(string), ""); d["lifecycle"].(map[string]any)["autoResume"] != true {
+			t.Errorf("%s: detail lifecycle %v, want autoResume true", body, d["lifecycle"])
+		}
+	}
+}
+
+// TestProxyMaskRequestHost: with network.maskRequestHost the Host header
+// of requests to user ports is the mask with ${PORT} replaced (E2B's
+// proxy); the detail reports the mask; a bad mask is refused at create.
+func TestProxyMaskRequestHost(t *testing.T) {
+	node, tokens := newTrafficNode(t)
+	h := newHarnessAt(t, node.url, tokens)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":"custom-host.example.com:${PORT}"}}`)
+	id := m["sandboxID"].(string)
+	req := httptest.NewRequest("GET", "/hello", nil)
+	req.Host = "8000-" + id + ".opendsec.local"
+	w := httptest.NewRecorder()
+	h.gw.ServeHTTP(w, req)
+	if w.Code != http.StatusOK || w.Body.String() != "port 8000 got GET /hello host=custom-host.example.com:8000" {
+		t.Fatalf("masked port traffic: %d %q", w.Code, w.Body)
+	}
+	if _, d := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); d["network"] == nil || d["network"].(map[string]any)["maskRequestHost"] != "custom-host.example.com:${PORT}" {
+		t.Fatalf("detail network %v, want the mask", d["network"])
+	}
+	// Without a mask the caller's Host goes through (TestProxyReachesTheSandboxThroughItsNode).
+	before := len(h.api.sbs)
+	for _, bad := range []string{"has space:${PORT}", "a\r\nX-Evil: 1", "host/path", strings.Repeat("a", 300)} {
+		body, _ := json.Marshal(map[string]any{"templateID": "base", "network": map[string]any{"maskRequestHost": bad}})
+		w, m := h.do(h.keyA, "POST", "/v2/sandboxes", string(body))
+		if w.Code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["message"]), "network.maskRequestHost") {
+			t.Errorf("mask %q: %d %v, want 400 naming network.maskRequestHost", bad, w.Code, m)
+		}
+	}
+	if w, m := h.do(h.keyA, "PUT", "/sandboxes/"+id+"/network", `{"maskRequestHost":"x:${PORT}"}`); w.Code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["message"]), "maskRequestHost") {
+		t.Errorf("update with maskRequestHost: %d %v, want 400 naming it", w.Code, m)
+	}
+	if len(h.api.sbs) != before {
+		t.Fatalf("refused creates made sandboxes")
 	}
 }

@@ -179,7 +179,7 @@ func ToConnect(err error) error {
 		return ce
 	}
 	msg, _ := public(err)
-	return diedMeta(connect.NewError(Code(err), &edgeError{msg: msg, err: err}), err)
+	return networkOffMeta(diedMeta(connect.NewError(Code(err), &edgeError{msg: msg, err: err}), err), err)
 }
 
 // ToHTTP converts err for an HTTP answer, as the Interceptor does for
@@ -210,6 +210,9 @@ func FromConnect(err error) error {
 	causes := []error{ce}
 	if de, ok := diedFrom(ce); ok {
 		causes = append(causes, de)
+	}
+	if ne, ok := networkOffFrom(ce); ok {
+		causes = append(causes, ne)
 	}
 	for _, r := range table {
 		if r.code == ce.Code() {

@@ -246,3 +246,27 @@ func TestSecuritySandboxDiedMetadata(t *testing.T) {
 		t.Fatalf("paused answer has %s %q", DiedMetadataKey, m)
 	}
 }
+
+// A node's "network policy turned off" refusal travels as metadata through
+// each hop (node → apiserver → gateway), so callers test IsNetworkOff
+// instead of matching its text; other invalid-argument answers are not it.
+func TestNetworkOffMetadata(t *testing.T) {
+	err := fmt.Errorf("create sandbox: %w", NetworkOff("n001"))
+	ce := ToConnect(err).(*connect.Error)
+	if ce.Code() != connect.CodeInvalidArgument || ce.Meta().Get(NetworkOffMetadataKey) != "n001" ||
+		!strings.Contains(ce.Message(), "network: node n001 has network policy turned off") {
+		t.Fatalf("answer: %v meta %v", ce, ce.Meta())
+	}
+	back := FromConnect(ce)
+	if !IsNetworkOff(back) || !IsInvalidArgument(back) {
+		t.Fatalf("read back: %v (%T) is not network-off invalid-argument", back, back)
+	}
+	again := FromConnect(ToConnect(fmt.Errorf("place: %w", back)))
+	if !IsNetworkOff(again) {
+		t.Fatalf("second hop lost the mark: %v", again)
+	}
+	text := FromConnect(ToConnect(Invalid("network", "node n001 has network policy turned off (node.network.enabled)")))
+	if IsNetworkOff(text) {
+		t.Fatal("an invalid-argument answer with the same text but no mark reads as network-off")
+	}
+}

@@ -100,9 +100,16 @@ func (n *Node) stillRunning(sb *sandbox) bool {
 // /agent/<sandbox-id>/<rest> reaches <rest> on that sandbox's agent.
 const AgentPrefix = "/agent/"
 
+// NoAutoResumeHeader on a call through AgentProxy keeps a paused sandbox
+// paused: the call fails (failed precondition, the answer carrying the
+// header too) instead of resuming it. The E2B gateway sets it for sandboxes
+// created with autoResume false (nodeclient.NoAutoResumeHeader is the same).
+const NoAutoResumeHeader = "Opendsec-No-Auto-Resume"
+
 // AgentProxy forwards /agent/<id>/<rest> to the sandbox's agent, streaming
 // in both directions (including 101 upgrades for port tunnels). A paused
-// sandbox is resumed first (autoResume). Every request counts as activity
+// sandbox is resumed first (autoResume) unless the call carries
+// NoAutoResumeHeader. Every request counts as activity
 // for the idle timeout, and an open request keeps the sandbox from being
 // idle.
 func (n *Node) AgentProxy() http.Handler {
@@ -121,7 +128,14 @@ func (n *Node) AgentProxy() http.Handler {
 			sb.active.Add(1)
 			defer sb.active.Add(-1)
 			if n.needsResume(sb) {
-				err = n.autoResume(r.Context(), sb, r.Method+" /"+sub)
+				if r.Header.Get(NoAutoResumeHeader) != "" {
+					// Marked in the answer too, so a proxy in front
+					// tells it from the agent's own answers.
+					w.Header().Set(NoAutoResumeHeader, "paused")
+					err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is paused and the call asked not to resume it (%s)", id, NoAutoResumeHeader)
+				} else {
+					err = n.autoResume(r.Context(), sb, r.Method+" /"+sub)
+				}
 			}
 			if err == nil {
 				n.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimefake"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
@@ -310,5 +311,43 @@ func TestAutoResumeFailureReported(t *testing.T) {
 	}
 	if autoResumes(f.Node) != 1 {
 		t.Fatalf("metric = %v, want 1 (only the resume that happened)", autoResumes(f.Node))
+	}
+}
+
+// A call with NoAutoResumeHeader into a paused sandbox is refused (failed
+// precondition, the header in the answer) and leaves it paused; the same
+// call without it resumes the sandbox. The header is the one nodeclient
+// sends.
+func TestAutoResumeRefusedOnRequest(t *testing.T) {
+	if NoAutoResumeHeader != nodeclient.NoAutoResumeHeader {
+		t.Fatalf("node.NoAutoResumeHeader %q != nodeclient.NoAutoResumeHeader %q", NoAutoResumeHeader, nodeclient.NoAutoResumeHeader)
+	}
+	f := newFakeNode(t)
+	srv := httptest.NewServer(f.AgentProxy())
+	defer srv.Close()
+	rec := f.create(t, specRecord{TimeoutSec: 600})
+	if _, err := f.Pause(t.Context(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+AgentPrefix+rec.ID+"/health", nil)
+	req.Header.Set(NoAutoResumeHeader, "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != errdefs.HTTPStatus(errdefs.ErrFailedPrecondition) || resp.Header.Get(NoAutoResumeHeader) == "" ||
+		!strings.Contains(string(b), "failed_precondition") {
+		t.Fatalf("call asking not to resume: %d %v %s; want failed precondition with the header", resp.StatusCode, resp.Header, b)
+	}
+	if got := stateOf(t, f.Node, rec.ID); got != statePaused || f.rt.Calls(runtimefake.OpResume) != 0 {
+		t.Fatalf("state %s after %d backend resumes, want paused and none", got, f.rt.Calls(runtimefake.OpResume))
+	}
+	if code, _ := agentGet(t, srv, rec.ID, "health"); code != http.StatusOK && code != http.StatusNoContent {
+		t.Fatalf("call without the header: %d, want it resumed and answered", code)
+	}
+	if got := stateOf(t, f.Node, rec.ID); got != stateRunning {
+		t.Fatalf("state %s after a call without the header, want running", got)
 	}
 }

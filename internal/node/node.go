@@ -381,7 +381,7 @@ func (n *Node) normalize(s *specRecord) error {
 		return errdefs.Invalid(field, "the %s backend cannot pause sandboxes; leave %s unset (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend, field)
 	}
 	if ns.Network != nil && n.cfg.Network == nil {
-		return errdefs.Invalid("network", "node %s has network policy turned off (node.network.enabled), so its sandboxes have no network; leave network unset", n.cfg.ID)
+		return errdefs.NetworkOff(n.cfg.ID)
 	}
 	if n.cfg.Network != nil {
 		var rules netpolicy.Rules

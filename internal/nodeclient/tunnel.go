@@ -11,6 +11,25 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
+// NoAutoResumeHeader on a call through a node's agent path keeps a paused
+// sandbox paused: the node answers failed precondition, with the header,
+// instead of resuming it (node.NoAutoResumeHeader).
+const NoAutoResumeHeader = "Opendsec-No-Auto-Resume"
+
+type noAutoResumeKey struct{}
+
+// WithoutAutoResume returns ctx marked so that DialPort with it asks the
+// node not to resume a paused sandbox (NoAutoResumeHeader).
+func WithoutAutoResume(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noAutoResumeKey{}, true)
+}
+
+// AutoResumeOff reports whether ctx was made by WithoutAutoResume.
+func AutoResumeOff(ctx context.Context) bool {
+	off, _ := ctx.Value(noAutoResumeKey{}).(bool)
+	return off
+}
+
 // PortPath is the agent path of the tunnel to a port inside the sandbox
 // (HTTP/1.1 GET with Upgrade: tcp; the agent dials the port on loopback in
 // the sandbox's network namespace).
@@ -35,6 +54,9 @@ func (c *Client) DialPort(ctx context.Context, sandboxID string, port int) (net.
 	}
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "tcp")
+	if AutoResumeOff(ctx) {
+		req.Header.Set(NoAutoResumeHeader, "1")
+	}
 	resp, err := c.tr.tunnel.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -6,8 +6,9 @@
 #   start_system BIN DD [IMAGE...] [-- UP_FLAGS...]
 #     BIN: dir with opendsec, opendsec-agent and opendsec-init (next to
 #     the agent: the node finds it there); DD: an empty data dir;
-#     IMAGE: busybox, py or py-sci (imported as root/busybox, root/py:3.11,
-#     root/py-sci:3.11).
+#     IMAGE: busybox, py, py-sci, base or code-interpreter (imported as
+#     root/busybox, root/py:3.11, root/py-sci:3.11, root/base,
+#     root/code-interpreter).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).
 #     SYSTEM_NETWORK_EXTRA and SYSTEM_NODE_EXTRA are JSON members added to
@@ -53,18 +54,9 @@ start_system() {
   "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
 }
 JSON
-  local cache=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs img name dir
-  for img in "${images[@]}"; do
-    case "$img" in
-      busybox) name=root/busybox dir=$cache/busybox ;;
-      py) name=root/py:3.11 dir=$cache/py-3.11 ;;
-      py-sci) name=root/py-sci:3.11 dir=$cache/py-sci-3.11 ;;
-      *) echo "start_system: unknown image $img (busybox, py or py-sci)" >&2; return 2 ;;
-    esac
-    "$bin/opendsec" image import-rootfs -q --config "$dd/opendsec.json" --data-dir "$dd" \
-      --name "$name" --rootfs "$dir" --user root >/dev/null 2>"$dd/import.log" \
-      || { cat "$dd/import.log" >&2; return 1; }
-  done
+  if [ ${#images[@]} -gt 0 ]; then
+    cached_store "$bin" "$dd/images" "${images[@]}" || return 1
+  fi
   "$bin/opendsec" up --config "$dd/opendsec.json" --data-dir "$dd" --ready-file "$dd/ready" "${up_flags[@]}" \
     >"$dd/up.log" 2>&1 &
   UP_PID=$!
@@ -77,6 +69,65 @@ JSON
   tail -n 50 "$dd/up.log" >&2
   echo "opendsec up did not become ready in 60 s" >&2
   return 1
+}
+
+# image_of IMAGE sets name and dir: the image's name and its cached root
+# filesystem (deploy/images/build.sh).
+image_of() {
+  local cache=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
+  case "$1" in
+    busybox) name=root/busybox dir=$cache/busybox ;;
+    py) name=root/py:3.11 dir=$cache/py-3.11 ;;
+    py-sci) name=root/py-sci:3.11 dir=$cache/py-sci-3.11 ;;
+    base) name=root/base dir=$cache/base ;;
+    code-interpreter) name=root/code-interpreter dir=$cache/code-interpreter ;;
+    *) echo "start_system: unknown image $1 (busybox, py, py-sci, base or code-interpreter)" >&2; return 2 ;;
+  esac
+  [ -f "$dir.stamp" ] || { echo "start_system: $dir is not built; run deploy/images/build.sh --no-import" >&2; return 1; }
+}
+
+# cached_store BIN DEST IMAGE... makes DEST an image store holding the
+# images. Importing a root filesystem costs seconds to minutes (root/base:
+# ~400 MB, 37k files), so the imported store is kept under
+# $OPENDSEC_CACHE/test/stores/<key>, keyed by the images' builds and the
+# store's code (internal/image), and DEST is a hard-linked copy of it: the
+# store never changes a layer or manifest file once written and replaces
+# refs by rename, so a system's writes never reach the cache.
+cached_store() {
+  local bin=$1 dest=$2; shift 2
+  local name dir img src=""
+  for img in "$@"; do
+    image_of "$img" || return
+    src+="$name $(cat "$dir.stamp") $(stat -c %i.%Y "$dir")"$'\n'
+  done
+  local code
+  code=$(git -C "$(dirname "${BASH_SOURCE[0]}")/../.." rev-parse HEAD:internal/image 2>/dev/null) ||
+    code=$(sha256sum "$bin/opendsec" | cut -c1-64)
+  local key stores=${OPENDSEC_CACHE:-/var/cache/opendsec}/test/stores
+  key=$(printf '%s\n%s' "$code" "$src" | sha256sum | cut -c1-16)
+  mkdir -p "$stores"
+  (
+    flock 9
+    local st=$stores/$key
+    if [ ! -e "$st/done" ]; then
+      rm -rf "$st.tmp" "$st"
+      mkdir -p "$st.tmp"
+      printf '{"version": 1, "data_dir": "%s", "node": {"image_dir": "%s/images"}}\n' "$st.tmp" "$st.tmp" >"$st.tmp/opendsec.json"
+      for img in "$@"; do
+        image_of "$img" || exit 1
+        "$bin/opendsec" image import-rootfs -q --config "$st.tmp/opendsec.json" --data-dir "$st.tmp" \
+          --name "$name" --rootfs "$dir" --user root >/dev/null 2>"$st.tmp/import.log" \
+          || { cat "$st.tmp/import.log" >&2; rm -rf "$st.tmp"; exit 1; }
+      done
+      printf '%s' "$src" >"$st.tmp/done"
+      mv "$st.tmp" "$st"
+      # Keep the three newest stores.
+      ls -1dt "$stores"/*/ 2>/dev/null | tail -n +4 | xargs -r rm -rf
+    fi
+    touch "$st"
+    cp -al "$st/images" "$dest" 2>/dev/null || { rm -rf "$dest"; cp -a "$st/images" "$dest"; }
+    rm -f "$dest/lock" # the store's own, made again on use
+  ) 9>"$stores/.lock"
 }
 
 stop_system() {

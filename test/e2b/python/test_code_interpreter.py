@@ -197,27 +197,24 @@ def test_run_code_ipython_shell_lines(ci):
     assert ex.error.value == "Line magic function `%nosuchmagic` not found."
 
 
-SCI = "root/py-sci:3.11"  # root/py:3.11 + Debian's pip, numpy, pillow (deploy/images/build.sh)
-
-
 def test_run_code_pip_install_without_network(ci, test_id):
-    # Sandboxes reach no index by default: pip fails with its own message,
+    # The test's sandboxes reach no index: pip fails with its own message,
     # streamed as the cell's output (IPython sets no error for a failing
     # shell line, only _exit_code).
-    sci = Sandbox.create(template=SCI, metadata={"sandbox_test_id": test_id})
-    try:
-        ex = sci.run_code("%pip install nosuchpkg-xyz", timeout=300)
-        out = "".join(ex.logs.stdout + ex.logs.stderr)
-        assert ex.error is None, ex.error
-        assert "No matching distribution found for nosuchpkg-xyz" in out, out
-        assert sci.run_code("_exit_code").text == "1"
-        # What is installed satisfies pip without an index (smolagents' line).
-        ex = sci.run_code("!pip install pillow numpy", timeout=300)
-        assert "Requirement already satisfied: numpy" in "".join(ex.logs.stdout), ex.logs
-        assert sci.run_code("_exit_code").text == "0"
-    finally:
-        sci.kill()
-    # root/py:3.11 has no pip: python's own message, still no SyntaxError.
-    ex = ci.run_code("%pip install nosuchpkg-xyz")
+    ex = ci.run_code("%pip install nosuchpkg-xyz", timeout=300)
+    out = "".join(ex.logs.stdout + ex.logs.stderr)
     assert ex.error is None, ex.error
-    assert "No module named pip" in "".join(ex.logs.stderr), ex.logs
+    assert "No matching distribution found for nosuchpkg-xyz" in out, out
+    assert ci.run_code("_exit_code").text == "1"
+    # What is installed satisfies pip without an index (smolagents' line).
+    ex = ci.run_code("!pip install pillow numpy", timeout=300)
+    assert "Requirement already satisfied: numpy" in "".join(ex.logs.stdout), ex.logs
+    assert ci.run_code("_exit_code").text == "0"
+    # root/py:3.11 has no pip: python's own message, still no SyntaxError.
+    bare = Sandbox.create(template="root/py:3.11", metadata={"sandbox_test_id": test_id})
+    try:
+        ex = bare.run_code("%pip install nosuchpkg-xyz")
+        assert ex.error is None, ex.error
+        assert "No module named pip" in "".join(ex.logs.stderr), ex.logs
+    finally:
+        bare.kill()

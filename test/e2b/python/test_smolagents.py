@@ -11,9 +11,8 @@ from smolagents import CodeAgent
 from smolagents.models import ChatMessage, MessageRole, Model
 
 # smolagents defines its final_answer tool in the sandbox with `import numpy`
-# and `import PIL` at the top: without them no agent runs, so the sandbox is
-# root/py-sci:3.11 (root/py:3.11 + Debian's pip, numpy and pillow).
-SCI = "root/py-sci:3.11"
+# and `import PIL` at the top: without them no agent runs. Its default
+# template, code-interpreter-v1 (root/code-interpreter), has them.
 
 STEPS = [
     "Thought: compute it in the sandbox.\n<code>\nimport os\n!echo from-shell\nx = 6 * 7\nprint('x is', x)\n</code>",
@@ -41,7 +40,7 @@ def test_smolagents_code_agent_e2b(test_id):
     model = ScriptedModel(STEPS)
     sent = []
     with CodeAgent(tools=[], model=model, executor_type="e2b",
-                   executor_kwargs={"template": SCI, "metadata": {"sandbox_test_id": test_id}}, max_steps=4) as agent:
+                   executor_kwargs={"metadata": {"sandbox_test_id": test_id}}, max_steps=4) as agent:
         ex = agent.python_executor
         run_code = ex.sandbox.run_code
 
