@@ -95,8 +95,9 @@ func validID(id string) error {
 	return nil
 }
 
-// Log returns sandbox id's open log, loading or making it.
-func (s *Store) Log(id string) (*Log, error) {
+// Log returns sandbox id's open log, loading it, or making it headed by
+// init (its SandboxID and Created are set here).
+func (s *Store) Log(id string, init Meta) (*Log, error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
@@ -105,7 +106,8 @@ func (s *Store) Log(id string) (*Log, error) {
 	if l, ok := s.logs[id]; ok {
 		return l, nil
 	}
-	l, err := s.openLocked(id, Meta{SandboxID: id, Created: s.opts.Clock()})
+	init.SandboxID, init.Created = id, s.opts.Clock()
+	l, err := s.openLocked(id, init)
 	if err != nil {
 		return nil, err
 	}
@@ -177,11 +179,11 @@ func (s *Store) Read(id string) (Meta, []*Call, error) {
 // those still running marked interrupted (the child does not have their
 // processes). Each keeps its sequence number and names the sandbox it ran
 // in. A child that already has a log keeps it (a repeated fork).
-func (s *Store) Fork(parent, child string) error {
+func (s *Store) Fork(parent, child string, init Meta) error {
 	if err := validID(child); err != nil {
 		return err
 	}
-	meta, calls, err := s.Read(parent)
+	_, calls, err := s.Read(parent)
 	if errdefs.IsNotFound(err) {
 		calls = nil
 	} else if err != nil {
@@ -195,11 +197,11 @@ func (s *Store) Fork(parent, child string) error {
 	if _, err := os.Stat(s.path(child)); err == nil {
 		return nil
 	}
-	m := Meta{SandboxID: child, ParentID: parent, Created: s.opts.Clock()}
+	m := init
+	m.SandboxID, m.ParentID, m.Created = child, parent, s.opts.Clock()
 	if len(calls) > 0 {
 		m.ForkSeq = calls[len(calls)-1].Seq
 	}
-	_ = meta
 	l, err := s.openLocked(child, m)
 	if err != nil {
 		return err
@@ -492,8 +494,8 @@ func (e *MismatchError) Error() string {
 		e.CallID, e.Seq, e.Recorded, e.New)
 }
 
-// Is makes a MismatchError a failed precondition.
-func (e *MismatchError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+// Unwrap makes a MismatchError a failed precondition.
+func (e *MismatchError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
 // Begin records a new call and returns it, written before it returns (so
 // before the caller starts anything). A callID already in the log returns
@@ -606,7 +608,7 @@ func (l *Log) Finish(seq uint64, r Result) (*Call, error) {
 	}
 	c.Ended = l.store.opts.Clock().UTC()
 	c.Exited, c.ExitCode, c.Status, c.ExitErr = r.Exited, r.ExitCode, r.Status, r.ExitErr
-	c.ErrCode, c.ErrMsg = r.ErrCode, r.ErrMsg
+	c.End, c.ErrCode, c.ErrMsg = r.End, r.ErrCode, r.ErrMsg
 	c.HTTPStatus, c.Body = r.HTTPStatus, r.Body
 	if r.SHA256 != "" {
 		c.Req.SHA256, c.Req.Size = r.SHA256, r.Size
@@ -660,12 +662,10 @@ func (l *Log) Size() int64 {
 func (l *Log) compactLocked() error {
 	limit := l.store.opts.MaxBytes / 2
 	var total int64
-	sizes := make([]int64, len(l.calls))
-	for i, c := range l.calls {
-		sizes[i] = 8 + 256 + c.outputSize()*4/3 + int64(len(c.Req.String()))
-		total += sizes[i]
+	for _, c := range l.calls {
+		total += 8 + 256 + c.outputSize()*4/3 + int64(len(c.Req.String()))
 	}
-	for i, c := range l.calls {
+	for _, c := range l.calls {
 		if total <= limit {
 			break
 		}
@@ -675,7 +675,6 @@ func (l *Log) compactLocked() error {
 		total -= c.outputSize() * 4 / 3
 		c.Output, c.Body = nil, nil
 		c.Compacted = true
-		_ = i
 	}
 	tmp := l.store.path(l.id) + ".compact"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)

@@ -52,7 +52,7 @@ func run(t *testing.T, l *Log, callID string, req Request, out string, code int3
 func TestLogSurvivesReopen(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
-	l, err := s.Log("sb1")
+	l, err := s.Log("sb1", Meta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestLogSurvivesReopen(t *testing.T) {
 	}
 
 	s2 := openStore(t, dir)
-	l2, err := s2.Log("sb1")
+	l2, err := s2.Log("sb1", Meta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestLogSurvivesReopen(t *testing.T) {
 // precondition naming both requests.
 func TestBeginFindsPriorAndRefusesMismatch(t *testing.T) {
 	s := openStore(t, t.TempDir())
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	first := run(t, l, "r1/0", execReq("sh", "-c", "echo hi >> f"), "hi\n", 0)
 	c, prior, err := l.Begin("r1/0", execReq("sh", "-c", "echo hi >> f"), 0)
 	if err != nil || c != nil || prior == nil || prior.Seq != first.Seq || string(prior.Output[0].Data) != "hi\n" {
@@ -120,7 +120,7 @@ func TestBeginFindsPriorAndRefusesMismatch(t *testing.T) {
 // not UTF-8 are refused naming the field.
 func TestCallIDLimit(t *testing.T) {
 	s := openStore(t, t.TempDir())
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	for _, id := range []string{strings.Repeat("x", 10<<10), "a\nb", "\xff"} {
 		_, _, err := l.Begin(id, execReq("true"), 0)
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "call_id") {
@@ -137,7 +137,7 @@ func TestCallIDLimit(t *testing.T) {
 func TestTornTailCut(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	run(t, l, "a", execReq("echo", "a"), "a", 0)
 	run(t, l, "b", execReq("echo", "b"), "b", 0)
 	p := s.path("sb1")
@@ -147,7 +147,7 @@ func TestTornTailCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := openStore(t, dir)
-	l2, err := s2.Log("sb1")
+	l2, err := s2.Log("sb1", Meta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestTornTailCut(t *testing.T) {
 // truncated with the full byte count.
 func TestOutputCap(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) { o.MaxOutputBytes = 10 })
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	c, _, _ := l.Begin("", execReq("yes"), 0)
 	l.AddOutput(c.Seq, Stdout, []byte("0123456"))
 	l.AddOutput(c.Seq, Stdout, []byte("789abc"))
@@ -193,7 +193,7 @@ func TestOutputCap(t *testing.T) {
 func TestCompactionDropsOldestOutputOnly(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir, func(o *Options) { o.MaxBytes = 64 << 10 })
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	big := strings.Repeat("x", 8<<10)
 	for i := range 40 {
 		run(t, l, "s"+strings.Repeat("i", i%3)+string(rune('A'+i)), execReq("echo", string(rune('A'+i))), big, 0)
@@ -221,15 +221,15 @@ func TestCompactionDropsOldestOutputOnly(t *testing.T) {
 // (running ones interrupted), names the parent, and goes on numbering.
 func TestForkCarriesParentLog(t *testing.T) {
 	s := openStore(t, t.TempDir())
-	l, _ := s.Log("parent")
+	l, _ := s.Log("parent", Meta{})
 	run(t, l, "a", execReq("echo", "a"), "a", 0)
 	if _, _, err := l.Begin("b", execReq("sleep", "9"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Fork("parent", "child"); err != nil {
+	if err := s.Fork("parent", "child", Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	cl, _ := s.Log("child")
+	cl, _ := s.Log("child", Meta{})
 	m := cl.Meta()
 	if m.ParentID != "parent" || m.ForkSeq != 2 {
 		t.Fatalf("fork meta %+v", m)
@@ -256,9 +256,9 @@ func TestRetention(t *testing.T) {
 	clock := func() time.Time { return now }
 	dir := t.TempDir()
 	s := openStore(t, dir, func(o *Options) { o.Retention = time.Hour; o.Clock = clock })
-	l, _ := s.Log("gone")
+	l, _ := s.Log("gone", Meta{})
 	run(t, l, "a", execReq("true"), "", 0)
-	live, _ := s.Log("live")
+	live, _ := s.Log("live", Meta{})
 	run(t, live, "a", execReq("true"), "", 0)
 	if err := s.Close("gone"); err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func TestRetention(t *testing.T) {
 // output and by its end.
 func TestWatchSeesOutputAndEnd(t *testing.T) {
 	s := openStore(t, t.TempDir())
-	l, _ := s.Log("sb1")
+	l, _ := s.Log("sb1", Meta{})
 	c, _, _ := l.Begin("x", execReq("cat"), 0)
 	_, ch := l.Watch(c.Seq)
 	l.AddOutput(c.Seq, Stdout, []byte("a"))

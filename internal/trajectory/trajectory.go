@@ -181,6 +181,8 @@ type Call struct {
 	// ErrCode and ErrMsg: the call ended with an error instead of (or
 	// after) an end event, e.g. deadline_exceeded for a process its
 	// lifetime killed. Its replay ends with the same error.
+	// End: the agent sent the process's end event.
+	End     bool   `json:"end,omitempty"`
 	ErrCode string `json:"error_code,omitempty"`
 	ErrMsg  string `json:"error,omitempty"`
 	// HTTPStatus and Body: a file write's answer.
@@ -213,6 +215,7 @@ func (c *Call) outputSize() int64 {
 
 // Result is how a call ended.
 type Result struct {
+	End      bool
 	Exited   bool
 	ExitCode int32
 	Status   string
@@ -232,6 +235,10 @@ type Result struct {
 // Meta heads a log.
 type Meta struct {
 	SandboxID string `json:"sandbox_id"`
+	// Owner and Project own the sandbox: the log of a stopped sandbox is
+	// shown to them (and admins) only.
+	Owner   string `json:"owner,omitempty"`
+	Project string `json:"project,omitempty"`
 	// ParentID is the sandbox this one was forked or restored from;
 	// ForkSeq the last of the parent's calls the log starts with.
 	ParentID string    `json:"parent_id,omitempty"`
@@ -239,4 +246,34 @@ type Meta struct {
 	Created  time.Time `json:"created"`
 	// Closed is when the sandbox stopped (zero while it lives).
 	Closed time.Time `json:"closed,omitzero"`
+}
+
+// Headers of the trajectory log on the agent proxy's process.Process/Start
+// (docs/api.md "Trajectory log"). Any client of the node's agent path may
+// send them: the apiserver, the E2B gateway, envd SDKs.
+const (
+	// CallIDHeader carries the caller's call ID: a call whose ID is in the
+	// sandbox's log is answered from it (replayed) or joined, never run
+	// again.
+	CallIDHeader = "Opendsec-Call-Id"
+	// OutputLimitHeader is the call's output cap per stream in bytes; the
+	// log records at most this (and at most node.trajectory.max_output_kb).
+	OutputLimitHeader = "Opendsec-Output-Limit"
+	// The answer's headers: the call's sequence number in the log, and
+	// "true" in ReplayedHeader or JoinedHeader when the call did not start
+	// a process.
+	CallSeqHeader  = "Opendsec-Call-Seq"
+	ReplayedHeader = "Opendsec-Replayed"
+	JoinedHeader   = "Opendsec-Joined"
+)
+
+// Path is the node's route under /agent/<id>/ that streams the
+// sandbox's trajectory log as JSON lines: {"meta": Meta} then one
+// {"call": Call} per call. ?output=0 leaves the output out.
+const Path = "_opendsec/trajectory"
+
+// Line is one line of Path's answer.
+type Line struct {
+	Meta *Meta `json:"meta,omitempty"`
+	Call *Call `json:"call,omitempty"`
 }
