@@ -132,8 +132,10 @@ type trajCall struct {
 // JSON or proto).
 func (n *Node) trajStartHandler() http.Handler {
 	n.trajOnce.Do(func() {
+		// Events are small and the hop is to the apiserver or a local
+		// caller: compressing each costs more than it saves.
 		n.trajHandler = connect.NewServerStreamHandler(processconnect.ProcessStartProcedure, n.trajStart,
-			connect.WithInterceptors(errdefs.Interceptor()))
+			connect.WithInterceptors(errdefs.Interceptor()), connect.WithCompressMinBytes(64<<10))
 	})
 	return n.trajHandler
 }
@@ -293,7 +295,9 @@ func (n *Node) trajStart(ctx context.Context, req *connect.Request[process.Start
 }
 
 func (n *Node) agentProcessClient(sb *sandbox) processconnect.ProcessClient {
-	return processconnect.NewProcessClient(&http.Client{Transport: n.agentTransport(sb)}, "http://agent")
+	// A unix socket or vsock to the agent: nothing to gain from gzip.
+	return processconnect.NewProcessClient(&http.Client{Transport: n.agentTransport(sb)}, "http://agent",
+		connect.WithAcceptCompression("gzip", nil, nil))
 }
 
 func pumpKey(id string, seq uint64) string { return id + "/" + strconv.FormatUint(seq, 10) }
