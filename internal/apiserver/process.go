@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/trajectory"
 )
 
 // maxCommandArgs bounds an exec's argument count.
@@ -102,6 +104,9 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	if err := validateStart(st); err != nil {
 		return err
 	}
+	if err := trajectory.ValidateCallID(st.GetCallId()); err != nil {
+		return err
+	}
 
 	cfg := &process.ProcessConfig{Cmd: st.GetCommand()[0], Args: st.GetCommand()[1:], Envs: st.GetEnv()}
 	if st.GetCwd() != "" {
@@ -125,6 +130,12 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 		creq.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(timeout.Milliseconds(), 10))
 	}
 	creq.Header().Set("Keepalive-Ping-Interval", "50")
+	if id := st.GetCallId(); id != "" {
+		creq.Header().Set(trajectory.CallIDHeader, id)
+	}
+	if lim := st.GetOutputLimitBytes(); lim > 0 {
+		creq.Header().Set(trajectory.OutputLimitHeader, strconv.FormatInt(lim, 10))
+	}
 
 	// The caller's deadline must not reach the agent: connect would send it
 	// as Connect-Timeout-Ms, replacing the process lifetime set above. The
@@ -141,13 +152,21 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	defer out.Close()
 
 	var inputOnce sync.Once
+	replayed := false
 	outCap := outputCap{limit: st.GetOutputLimitBytes()}
 	for out.Receive() {
 		switch e := out.Msg().GetEvent().GetEvent().(type) {
 		case *process.ProcessEvent_Start:
 			pid := e.Start.GetPid()
-			if err := stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Started{Started: &v1.ExecStarted{Pid: pid}}}); err != nil {
+			h := out.ResponseHeader()
+			replayed = h.Get(trajectory.ReplayedHeader) == "true"
+			seq, _ := strconv.ParseUint(h.Get(trajectory.CallSeqHeader), 10, 64)
+			started := &v1.ExecStarted{Pid: pid, Seq: seq, Replayed: replayed, Joined: h.Get(trajectory.JoinedHeader) == "true"}
+			if err := stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Started{Started: started}}); err != nil {
 				return err
+			}
+			if replayed {
+				continue // nothing runs: no input to relay
 			}
 			inputOnce.Do(func() { go s.relayInput(pctx, cancel, a, stream, pid, isPty, st.GetStdin() || isPty) })
 		case *process.ProcessEvent_Data:
@@ -174,7 +193,12 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 			}
 		case *process.ProcessEvent_End:
 			x := exitOf(e.End, timeout, time.Since(started))
+			if replayed {
+				// The recorded run's own timing decided timed_out.
+				x.TimedOut = timeout > 0 && !e.End.GetExited() && x.ExitCode == -1 && strings.Contains(x.Status, "killed")
+			}
 			outCap.report(x)
+			x.Replayed = replayed
 			return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: x}})
 		}
 	}
@@ -186,6 +210,7 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[v1.ExecReq
 	if timeout > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded {
 		x := &v1.ExecExit{ExitCode: -1, Status: fmt.Sprintf("killed after timeout_seconds=%d", st.GetTimeoutSeconds()), TimedOut: true}
 		outCap.report(x)
+		x.Replayed = replayed
 		return stream.Send(&v1.ExecResponse{Event: &v1.ExecResponse_Exit{Exit: x}})
 	}
 	if err == nil {

@@ -190,6 +190,9 @@ type Node struct {
 	WarmPool WarmPool `json:"warm_pool"`
 	// Build configures image builds (docs/images.md, "Building images").
 	Build NodeBuild `json:"build"`
+	// Trajectory is every sandbox's trajectory log (docs/concepts.md,
+	// "Trajectory log").
+	Trajectory Trajectory `json:"trajectory"`
 }
 
 // NodeBuild configures image builds on a node: every RUN step runs in a
@@ -216,6 +219,33 @@ const (
 	DefaultBuildTimeoutSec    = 1800
 	DefaultBuildMaxTimeoutSec = 6 * 3600
 	DefaultBuildMaxContextMB  = 512
+)
+
+// Trajectory configures the trajectory log (node.trajectory). Zero values
+// take the defaults below.
+type Trajectory struct {
+	// Off turns the log and exactly-once calls off.
+	Off bool `json:"off,omitempty"`
+	// MaxLogMB bounds one sandbox's log file: past it the output of the
+	// oldest calls is dropped (marked output_compacted), never a call
+	// record.
+	MaxLogMB int64 `json:"max_log_mb,omitempty"`
+	// MaxOutputKB bounds the recorded output of each stream of one call
+	// (a call's own output_limit_bytes lowers it).
+	MaxOutputKB int64 `json:"max_output_kb,omitempty"`
+	// RetentionSec is how long a stopped sandbox's log stays readable;
+	// -1 removes it at the stop.
+	RetentionSec int64 `json:"retention_sec,omitempty"`
+	// Fsync makes every call's begin and end durable against a machine
+	// crash (~1 ms each); without it they survive a kill of the node.
+	Fsync bool `json:"fsync,omitempty"`
+}
+
+// Trajectory defaults (node.trajectory).
+const (
+	DefaultTrajectoryMaxLogMB     = 64
+	DefaultTrajectoryMaxOutputKB  = 1024
+	DefaultTrajectoryRetentionSec = 86400
 )
 
 // NodeDisk configures the quota of every sandbox's writable layer (bytes,
@@ -382,6 +412,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.ImportDir == "" || !filepath.IsAbs(c.Node.ImportDir) || filepath.Clean(c.Node.ImportDir) == "/" {
 		return errdefs.Invalid("node.import_dir", "%q must be an absolute directory other than /, e.g. /var/lib/opendsec/import", c.Node.ImportDir)
+	}
+	if tr := c.Node.Trajectory; tr.MaxLogMB < 0 || tr.MaxLogMB > 1<<20 {
+		return errdefs.Invalid("node.trajectory.max_log_mb", "is %d; give 1 to 1048576 MiB, or 0 for %d", tr.MaxLogMB, DefaultTrajectoryMaxLogMB)
+	} else if tr.MaxOutputKB < 0 || tr.MaxOutputKB > 1<<20 {
+		return errdefs.Invalid("node.trajectory.max_output_kb", "is %d; give 1 to 1048576 KiB, or 0 for %d", tr.MaxOutputKB, DefaultTrajectoryMaxOutputKB)
+	} else if tr.MaxOutputKB<<10 > tr.MaxLogMB<<20 && tr.MaxLogMB > 0 {
+		return errdefs.Invalid("node.trajectory.max_output_kb", "is %d KiB, more than node.trajectory.max_log_mb (%d MiB); one call's output must fit in a log", tr.MaxOutputKB, tr.MaxLogMB)
+	} else if tr.RetentionSec < -1 {
+		return errdefs.Invalid("node.trajectory.retention_sec", "is %d; give seconds, 0 for %d, or -1 to remove a log at its sandbox's stop", tr.RetentionSec, DefaultTrajectoryRetentionSec)
 	}
 	if c.Node.MaxUploadMB <= 0 {
 		return errdefs.Invalid("node.max_upload_mb", "must be positive")

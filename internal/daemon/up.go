@@ -149,6 +149,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 			DiskMB:          cfg.Node.Build.DiskMB,
 		},
 		DeferTeardown: true,
+		Trajectory:    trajectoryConfig(cfg.Node.Trajectory),
 		Accelerator:   accel,
 	}
 	if nw != nil {
@@ -412,4 +413,16 @@ func waitNodeSeen(ctx context.Context, cfg config.Config, iss *auth.Issuer) erro
 		case <-t.C:
 		}
 	}
+}
+
+// trajectoryConfig is node.trajectory for the node.
+func trajectoryConfig(t config.Trajectory) node.TrajectoryConfig {
+	c := node.TrajectoryConfig{Off: t.Off, MaxBytes: t.MaxLogMB << 20, MaxOutputBytes: t.MaxOutputKB << 10, Sync: t.Fsync}
+	switch {
+	case t.RetentionSec < 0:
+		c.Retention = -1
+	case t.RetentionSec > 0:
+		c.Retention = time.Duration(t.RetentionSec) * time.Second
+	}
+	return c
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
@@ -116,6 +117,11 @@ func (n *Node) AgentProxy() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := strings.TrimPrefix(r.URL.Path, AgentPrefix)
 		id, sub, _ := strings.Cut(rest, "/")
+		if sub == TrajectoryPath && r.Method == http.MethodGet {
+			// The node's own route: also for a stopped sandbox.
+			n.serveTrajectory(w, r, id)
+			return
+		}
 		sb, dead, err := n.getOrDeadFor(r.Context(), id)
 		// A sandbox that died: reported failed, still in the table while
 		// its cleanup runs, then a tombstone. Either way say why it is gone.
@@ -148,6 +154,12 @@ func (n *Node) AgentProxy() http.Handler {
 		}
 		if err != nil {
 			writeJSONError(w, err)
+			return
+		}
+		if n.traj != nil && r.Method == http.MethodPost && sub == strings.TrimPrefix(processconnect.ProcessStartProcedure, "/") {
+			sb.touch()
+			defer sb.touch()
+			n.serveTrajStart(w, r, sb)
 			return
 		}
 		if tooLargeUpload(w, r, sub, n.cfg.MaxUploadBytes) {

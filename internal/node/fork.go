@@ -17,6 +17,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/trajectory"
 )
 
 // MaxForkCount is the most sandboxes one fork makes.
@@ -167,6 +168,14 @@ func (n *Node) Fork(ctx context.Context, req ForkRequest) (_ *ForkOutcome, err e
 		return nil, err
 	}
 	out := &ForkOutcome{SourceFrozen: frozen}
+	if n.traj != nil {
+		// Each fork's log starts with the source's up to now.
+		for _, sb := range sbs {
+			if err := n.traj.Fork(srcRec.ID, sb.id, trajectory.Meta{Owner: sb.rec.Owner, Project: sb.rec.Project}); err != nil {
+				log.G(ctx).Warn("copy trajectory log to fork", log.SandboxID(sb.id), log.Err(err))
+			}
+		}
+	}
 	n.mu.Lock()
 	for _, sb := range sbs {
 		out.Forks = append(out.Forks, Forked{Sandbox: sb, MemoryPreserved: sb.rec.MemoryPreserved})

@@ -71,6 +71,12 @@ func (n *Node) teardown(ctx context.Context, rec *record) error {
 	if err := n.table.delete(rec); err != nil {
 		return fmt.Errorf("delete sandbox record: %w", err)
 	}
+	if n.traj != nil {
+		// Kept for node.trajectory.retention_sec, then swept.
+		if err := n.traj.Close(rec.ID); err != nil {
+			l.Warn("close trajectory log", log.Err(err))
+		}
+	}
 	return nil
 }
 

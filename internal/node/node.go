@@ -122,6 +122,8 @@ type Config struct {
 	// the rest of its teardown to a background worker (teardownLater);
 	// false tears down before Stop returns.
 	DeferTeardown bool
+	// Trajectory configures the trajectory log (node.trajectory).
+	Trajectory TrajectoryConfig
 }
 
 // Node runs sandboxes on one machine.
@@ -176,6 +178,8 @@ type Node struct {
 	snaps *snapshots
 
 	metrics *metrics
+
+	trajState
 }
 
 // sandbox is the in-memory view of one record.
@@ -290,6 +294,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		// time keep it off the creates' cores.
 		teardownSlots: make(chan struct{}, teardownWorkers),
 	}
+	if n.traj, err = openTrajectory(cfg.StateDir, cfg.Trajectory, cfg.Clock); err != nil {
+		t.close()
+		return nil, err
+	}
 	if n.snaps, err = openSnapshots(ctx, cfg.StateDir, cfg.Images); err != nil {
 		t.close()
 		return nil, err
@@ -311,6 +319,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		log.G(ctx).Info("sandbox networks recovered", "kept", len(rep.Kept), "removed", len(rep.Removed))
 	}
+	n.reattachTrajectories()
 	n.wg.Add(1)
 	go n.reapLoop()
 	if n.pool = newPool(n, cfg.Pool); n.pool != nil {

@@ -32,6 +32,7 @@ func (n *Node) reapLoop() {
 			now := n.now()
 			n.reap(now, slots)
 			n.forgetDead(now)
+			n.sweepTrajectories(now)
 		}
 	}
 }

@@ -43,6 +43,12 @@ type ExecOptions struct {
 	// the rest; the process still runs to its end and ExitStatus reports
 	// OutputTruncated and the full byte counts. 0 sends everything.
 	OutputLimit int64
+	// CallID makes the call exactly-once through the sandbox's trajectory
+	// log: a call whose ID is already in the log returns the recorded
+	// result (Process.Replayed) without running anything, one still
+	// running is joined (Process.Joined), and one whose request differs is
+	// refused with CodeFailedPrecondition naming both. At most 256 bytes.
+	CallID string
 
 	// Stdout and Stderr receive the process's output as it arrives. Exec
 	// keeps none of it: bound what your writers keep (RunShell keeps at
@@ -67,6 +73,9 @@ type ExitStatus struct {
 	// StdoutBytes and StderrBytes count what the process wrote to each
 	// stream, sent or dropped (0 from servers that do not count).
 	StdoutBytes, StderrBytes int64
+	// Replayed: the result is the trajectory log's record of an earlier
+	// call with the same CallID; nothing ran.
+	Replayed bool
 }
 
 // Process is a running process in a sandbox, started with Exec. Its output
@@ -76,6 +85,10 @@ type Process struct {
 	stream *connect.BidiStreamForClient[opendsecv1.ExecRequest, opendsecv1.ExecResponse]
 	opts   ExecOptions
 	pid    uint32
+	// seq is the call's number in the sandbox's trajectory log; replayed
+	// and joined say it did not start a process (see ExecOptions.CallID).
+	seq              uint64
+	replayed, joined bool
 
 	// sendMu serialises Send and CloseRequest on stream, which are not
 	// safe for concurrent use.
@@ -85,6 +98,18 @@ type Process struct {
 	exit *ExitStatus
 	err  error
 }
+
+// Seq is the call's number in the sandbox's trajectory log (0 when the
+// node keeps none).
+func (p *Process) Seq() uint64 { return p.seq }
+
+// Replayed reports that the call's ID was in the trajectory log with its
+// result: the events are the recorded ones and nothing ran.
+func (p *Process) Replayed() bool { return p.replayed }
+
+// Joined reports that the call's ID was in the log still running: this
+// follows that process instead of starting another.
+func (p *Process) Joined() bool { return p.joined }
 
 // Exec starts a process in sandbox id and returns once the sandbox has
 // started it. ctx bounds the whole process: cancelling it ends the stream.
@@ -102,6 +127,7 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions) (*Proces
 		TimeoutSeconds:   int64((opts.Timeout + time.Second - 1) / time.Second),
 		Tag:              opts.Tag,
 		OutputLimitBytes: max(opts.OutputLimit, 0),
+		CallId:           opts.CallID,
 	}
 	if opts.PTY != nil {
 		start.Pty = &opendsecv1.PtySize{Cols: opts.PTY.Cols, Rows: opts.PTY.Rows}
@@ -123,6 +149,7 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions) (*Proces
 		}
 		if s := resp.GetStarted(); s != nil {
 			p.pid = s.GetPid()
+			p.seq, p.replayed, p.joined = s.GetSeq(), s.GetReplayed(), s.GetJoined()
 			break
 		}
 		if p.handle(resp) {
@@ -174,6 +201,7 @@ func (p *Process) handle(resp *opendsecv1.ExecResponse) bool {
 			OutputTruncated: ev.Exit.GetOutputTruncated(),
 			StdoutBytes:     ev.Exit.GetStdoutTotalBytes(),
 			StderrBytes:     ev.Exit.GetStderrTotalBytes(),
+			Replayed:        ev.Exit.GetReplayed(),
 		}
 		return true
 	}
@@ -285,6 +313,11 @@ type Result struct {
 	// StdoutBytes and StderrBytes count every byte the process wrote to
 	// each stream, kept or not.
 	StdoutBytes, StderrBytes int64
+	// Replayed: the trajectory log's record of an earlier call with the
+	// same call ID (WithCallID); the command did not run again.
+	Replayed bool
+	// Seq is the call's number in the sandbox's trajectory log.
+	Seq uint64
 }
 
 // RunOption changes how RunShell runs its command.
@@ -293,7 +326,11 @@ type RunOption func(*runConfig)
 type runConfig struct {
 	limit   int64
 	timeout time.Duration
+	callID  string
 }
+
+// WithCallID makes the command exactly-once (see ExecOptions.CallID).
+func WithCallID(id string) RunOption { return func(c *runConfig) { c.callID = id } }
 
 // WithOutputLimit keeps at most n bytes of each output stream in the
 // Result (default DefaultOutputLimit); n < 0 keeps everything. The command
@@ -319,7 +356,7 @@ func (c *Client) RunShell(ctx context.Context, id, cmd string, opts ...RunOption
 	// The server enforces the limit too, so what is dropped never crosses
 	// the network; the buffers bound memory with servers that do not.
 	p, err := c.Exec(ctx, id, ExecOptions{Command: []string{"/bin/sh", "-c", cmd}, Stdout: stdout, Stderr: stderr,
-		Timeout: rc.timeout, OutputLimit: rc.limit})
+		Timeout: rc.timeout, OutputLimit: rc.limit, CallID: rc.callID})
 	if err != nil {
 		return nil, err
 	}
@@ -332,6 +369,7 @@ func (c *Client) RunShell(ctx context.Context, id, cmd string, opts ...RunOption
 		TimedOut:        st.TimedOut,
 		OutputTruncated: st.OutputTruncated || stdout.truncated() || stderr.truncated(),
 		StdoutBytes:     max(stdout.total, st.StdoutBytes), StderrBytes: max(stderr.total, st.StderrBytes),
+		Replayed: st.Replayed || p.replayed, Seq: p.seq,
 	}, nil
 }
 

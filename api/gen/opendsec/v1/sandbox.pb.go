@@ -2409,8 +2409,16 @@ type ExecStart struct {
 	// exit then has output_truncated and the full byte counts. 0 = no limit
 	// (the SDKs' run_shell / RunShell send 16 MiB).
 	OutputLimitBytes int64 `protobuf:"varint,10,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The caller's ID for this call (at most 256 bytes of printable UTF-8),
+	// for exactly-once calls through the sandbox's trajectory log: a call
+	// whose call_id is in the log is answered from it (ExecStarted.replayed)
+	// without running anything, one still running is joined
+	// (ExecStarted.joined), and one whose request differs from the recorded
+	// one is refused with failed_precondition naming both. Empty: the call
+	// is logged and always runs. See docs/concepts.md "Trajectory log".
+	CallId        string `protobuf:"bytes,11,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -2511,6 +2519,13 @@ func (x *ExecStart) GetOutputLimitBytes() int64 {
 		return x.OutputLimitBytes
 	}
 	return 0
+}
+
+func (x *ExecStart) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
 }
 
 type PtySize struct {
@@ -2827,8 +2842,17 @@ func (*ExecResponse_Pty) isExecResponse_Event() {}
 func (*ExecResponse_Exit) isExecResponse_Event() {}
 
 type ExecStarted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// The call's sequence number in the sandbox's trajectory log (0 when
+	// the node keeps no log).
+	Seq uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The call_id was in the log with its result: nothing ran, and the
+	// events that follow are the recorded ones (output up to the log's cap).
+	Replayed bool `protobuf:"varint,3,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// The call_id was in the log still running: this stream follows that
+	// process (from its recorded output) instead of starting another.
+	Joined        bool `protobuf:"varint,4,opt,name=joined,proto3" json:"joined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2870,6 +2894,27 @@ func (x *ExecStarted) GetPid() uint32 {
 	return 0
 }
 
+func (x *ExecStarted) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ExecStarted) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *ExecStarted) GetJoined() bool {
+	if x != nil {
+		return x.Joined
+	}
+	return false
+}
+
 type ExecExit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exit code; -1 when killed by a signal.
@@ -2884,8 +2929,10 @@ type ExecExit struct {
 	// stderr, sent or dropped.
 	StdoutTotalBytes int64 `protobuf:"varint,5,opt,name=stdout_total_bytes,json=stdoutTotalBytes,proto3" json:"stdout_total_bytes,omitempty"`
 	StderrTotalBytes int64 `protobuf:"varint,6,opt,name=stderr_total_bytes,json=stderrTotalBytes,proto3" json:"stderr_total_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// As ExecStarted.replayed: this exit is the recorded one.
+	Replayed      bool `protobuf:"varint,7,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecExit) Reset() {
@@ -2958,6 +3005,13 @@ func (x *ExecExit) GetStderrTotalBytes() int64 {
 		return x.StderrTotalBytes
 	}
 	return 0
+}
+
+func (x *ExecExit) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type ProcessInfo struct {
@@ -4864,6 +4918,347 @@ func (*ConnectPortConnected) Descriptor() ([]byte, []int) {
 	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
+type GetTrajectoryRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Leave out the recorded output (stdout/stderr/pty) of every call.
+	WithoutOutput bool `protobuf:"varint,2,opt,name=without_output,json=withoutOutput,proto3" json:"without_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTrajectoryRequest) Reset() {
+	*x = GetTrajectoryRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTrajectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTrajectoryRequest) ProtoMessage() {}
+
+func (x *GetTrajectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTrajectoryRequest.ProtoReflect.Descriptor instead.
+func (*GetTrajectoryRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *GetTrajectoryRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *GetTrajectoryRequest) GetWithoutOutput() bool {
+	if x != nil {
+		return x.WithoutOutput
+	}
+	return false
+}
+
+// TrajectoryEntry is one call of a sandbox's trajectory log; the first
+// entry of the stream also has the log's head (sandbox_id, parent_id).
+type TrajectoryEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox whose log this is, and the one it was forked from (its
+	// log starts with the parent's calls up to parent_seq).
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ParentId  string `protobuf:"bytes,2,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	ParentSeq uint64 `protobuf:"varint,3,opt,name=parent_seq,json=parentSeq,proto3" json:"parent_seq,omitempty"`
+	Seq       uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	CallId    string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// "exec" or "file_write".
+	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	// running | done | interrupted (the node lost the result; never re-run).
+	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
+	// The sandbox the call ran in when it is not this one (inherited from a
+	// fork's parent).
+	Origin  string            `protobuf:"bytes,8,opt,name=origin,proto3" json:"origin,omitempty"`
+	Command []string          `protobuf:"bytes,9,rep,name=command,proto3" json:"command,omitempty"`
+	Env     map[string]string `protobuf:"bytes,10,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd     string            `protobuf:"bytes,11,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	User    string            `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
+	// A file write's path, content sha256 (hex) and size.
+	Path     string                 `protobuf:"bytes,13,opt,name=path,proto3" json:"path,omitempty"`
+	Sha256   string                 `protobuf:"bytes,14,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Size     int64                  `protobuf:"varint,15,opt,name=size,proto3" json:"size,omitempty"`
+	Started  *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=started,proto3" json:"started,omitempty"`
+	Ended    *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=ended,proto3" json:"ended,omitempty"`
+	Pid      uint32                 `protobuf:"varint,18,opt,name=pid,proto3" json:"pid,omitempty"`
+	ExitCode int32                  `protobuf:"varint,19,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Status   string                 `protobuf:"bytes,20,opt,name=status,proto3" json:"status,omitempty"`
+	// The error the call ended with, if any (e.g. deadline_exceeded).
+	ErrorCode        string `protobuf:"bytes,21,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error            string `protobuf:"bytes,22,opt,name=error,proto3" json:"error,omitempty"`
+	Stdout           []byte `protobuf:"bytes,23,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr           []byte `protobuf:"bytes,24,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Pty              []byte `protobuf:"bytes,25,opt,name=pty,proto3" json:"pty,omitempty"`
+	StdoutTotalBytes int64  `protobuf:"varint,26,opt,name=stdout_total_bytes,json=stdoutTotalBytes,proto3" json:"stdout_total_bytes,omitempty"`
+	StderrTotalBytes int64  `protobuf:"varint,27,opt,name=stderr_total_bytes,json=stderrTotalBytes,proto3" json:"stderr_total_bytes,omitempty"`
+	// Output past the call's cap was not recorded.
+	OutputTruncated bool `protobuf:"varint,28,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
+	// The log's size bound dropped this call's recorded output.
+	OutputCompacted bool  `protobuf:"varint,29,opt,name=output_compacted,json=outputCompacted,proto3" json:"output_compacted,omitempty"`
+	TimeoutMs       int64 `protobuf:"varint,30,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TrajectoryEntry) Reset() {
+	*x = TrajectoryEntry{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryEntry) ProtoMessage() {}
+
+func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
+func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *TrajectoryEntry) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetParentId() string {
+	if x != nil {
+		return x.ParentId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetParentSeq() uint64 {
+	if x != nil {
+		return x.ParentSeq
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetStarted() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Started
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetEnded() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetPty() []byte {
+	if x != nil {
+		return x.Pty
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetStdoutTotalBytes() int64 {
+	if x != nil {
+		return x.StdoutTotalBytes
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetStderrTotalBytes() int64 {
+	if x != nil {
+		return x.StderrTotalBytes
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetOutputTruncated() bool {
+	if x != nil {
+		return x.OutputTruncated
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetOutputCompacted() bool {
+	if x != nil {
+		return x.OutputCompacted
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
@@ -5053,7 +5448,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\x84\x01\n" +
 	"\x17ResumeSandboxesResponse\x122\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x14.opendsec.v1.SandboxR\tsandboxes\x125\n" +
-	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"\xfc\x02\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.opendsec.v1.BatchFailureR\bfailures\"\x95\x03\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -5066,7 +5461,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x03pty\x18\b \x01(\v2\x14.opendsec.v1.PtySizeR\x03pty\x12\x10\n" +
 	"\x03tag\x18\t \x01(\tR\x03tag\x12,\n" +
 	"\x12output_limit_bytes\x18\n" +
-	" \x01(\x03R\x10outputLimitBytes\x1a6\n" +
+	" \x01(\x03R\x10outputLimitBytes\x12\x17\n" +
+	"\acall_id\x18\v \x01(\tR\x06callId\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
@@ -5087,16 +5483,20 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x12\x12\n" +
 	"\x03pty\x18\x04 \x01(\fH\x00R\x03pty\x12+\n" +
 	"\x04exit\x18\x05 \x01(\v2\x15.opendsec.v1.ExecExitH\x00R\x04exitB\a\n" +
-	"\x05event\"\x1f\n" +
+	"\x05event\"e\n" +
 	"\vExecStarted\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\rR\x03pid\"\xe3\x01\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x03 \x01(\bR\breplayed\x12\x16\n" +
+	"\x06joined\x18\x04 \x01(\bR\x06joined\"\xff\x01\n" +
 	"\bExecExit\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1b\n" +
 	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12)\n" +
 	"\x10output_truncated\x18\x04 \x01(\bR\x0foutputTruncated\x12,\n" +
 	"\x12stdout_total_bytes\x18\x05 \x01(\x03R\x10stdoutTotalBytes\x12,\n" +
-	"\x12stderr_total_bytes\x18\x06 \x01(\x03R\x10stderrTotalBytes\"]\n" +
+	"\x12stderr_total_bytes\x18\x06 \x01(\x03R\x10stderrTotalBytes\x12\x1a\n" +
+	"\breplayed\x18\a \x01(\bR\breplayed\"]\n" +
 	"\vProcessInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x10\n" +
@@ -5227,7 +5627,50 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12\x12\n" +
 	"\x03eof\x18\x03 \x01(\bH\x00R\x03eofB\a\n" +
 	"\x05event\"\x16\n" +
-	"\x14ConnectPortConnected*\xcf\x01\n" +
+	"\x14ConnectPortConnected\"\\\n" +
+	"\x14GetTrajectoryRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
+	"\x0ewithout_output\x18\x02 \x01(\bR\rwithoutOutput\"\xc1\a\n" +
+	"\x0fTrajectoryEntry\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tparent_id\x18\x02 \x01(\tR\bparentId\x12\x1d\n" +
+	"\n" +
+	"parent_seq\x18\x03 \x01(\x04R\tparentSeq\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x17\n" +
+	"\acall_id\x18\x05 \x01(\tR\x06callId\x12\x12\n" +
+	"\x04kind\x18\x06 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05state\x18\a \x01(\tR\x05state\x12\x16\n" +
+	"\x06origin\x18\b \x01(\tR\x06origin\x12\x18\n" +
+	"\acommand\x18\t \x03(\tR\acommand\x127\n" +
+	"\x03env\x18\n" +
+	" \x03(\v2%.opendsec.v1.TrajectoryEntry.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\v \x01(\tR\x03cwd\x12\x12\n" +
+	"\x04user\x18\f \x01(\tR\x04user\x12\x12\n" +
+	"\x04path\x18\r \x01(\tR\x04path\x12\x16\n" +
+	"\x06sha256\x18\x0e \x01(\tR\x06sha256\x12\x12\n" +
+	"\x04size\x18\x0f \x01(\x03R\x04size\x124\n" +
+	"\astarted\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x120\n" +
+	"\x05ended\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\x05ended\x12\x10\n" +
+	"\x03pid\x18\x12 \x01(\rR\x03pid\x12\x1b\n" +
+	"\texit_code\x18\x13 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06status\x18\x14 \x01(\tR\x06status\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x15 \x01(\tR\terrorCode\x12\x14\n" +
+	"\x05error\x18\x16 \x01(\tR\x05error\x12\x16\n" +
+	"\x06stdout\x18\x17 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x18 \x01(\fR\x06stderr\x12\x10\n" +
+	"\x03pty\x18\x19 \x01(\fR\x03pty\x12,\n" +
+	"\x12stdout_total_bytes\x18\x1a \x01(\x03R\x10stdoutTotalBytes\x12,\n" +
+	"\x12stderr_total_bytes\x18\x1b \x01(\x03R\x10stderrTotalBytes\x12)\n" +
+	"\x10output_truncated\x18\x1c \x01(\bR\x0foutputTruncated\x12)\n" +
+	"\x10output_compacted\x18\x1d \x01(\bR\x0foutputCompacted\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x1e \x01(\x03R\ttimeoutMs\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5257,13 +5700,14 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x11GetSandboxMetrics\x12%.opendsec.v1.GetSandboxMetricsRequest\x1a&.opendsec.v1.GetSandboxMetricsResponse\x12Y\n" +
 	"\x0ePauseSandboxes\x12\".opendsec.v1.PauseSandboxesRequest\x1a#.opendsec.v1.PauseSandboxesResponse\x12\\\n" +
 	"\x0fResumeSandboxes\x12#.opendsec.v1.ResumeSandboxesRequest\x1a$.opendsec.v1.ResumeSandboxesResponse\x12P\n" +
-	"\vForkSandbox\x12\x1f.opendsec.v1.ForkSandboxRequest\x1a .opendsec.v1.ForkSandboxResponse2\x99\x03\n" +
+	"\vForkSandbox\x12\x1f.opendsec.v1.ForkSandboxRequest\x1a .opendsec.v1.ForkSandboxResponse2\xed\x03\n" +
 	"\x0eProcessService\x12?\n" +
 	"\x04Exec\x12\x18.opendsec.v1.ExecRequest\x1a\x19.opendsec.v1.ExecResponse(\x010\x01\x12V\n" +
 	"\rListProcesses\x12!.opendsec.v1.ListProcessesRequest\x1a\".opendsec.v1.ListProcessesResponse\x12V\n" +
 	"\rSignalProcess\x12!.opendsec.v1.SignalProcessRequest\x1a\".opendsec.v1.SignalProcessResponse\x12J\n" +
 	"\tSendInput\x12\x1d.opendsec.v1.SendInputRequest\x1a\x1e.opendsec.v1.SendInputResponse\x12J\n" +
-	"\tResizePty\x12\x1d.opendsec.v1.ResizePtyRequest\x1a\x1e.opendsec.v1.ResizePtyResponse2\xef\x03\n" +
+	"\tResizePty\x12\x1d.opendsec.v1.ResizePtyRequest\x1a\x1e.opendsec.v1.ResizePtyResponse\x12R\n" +
+	"\rGetTrajectory\x12!.opendsec.v1.GetTrajectoryRequest\x1a\x1c.opendsec.v1.TrajectoryEntry0\x012\xef\x03\n" +
 	"\vFileService\x12I\n" +
 	"\bReadFile\x12\x1c.opendsec.v1.ReadFileRequest\x1a\x1d.opendsec.v1.ReadFileResponse0\x01\x12L\n" +
 	"\tWriteFile\x12\x1d.opendsec.v1.WriteFileRequest\x1a\x1e.opendsec.v1.WriteFileResponse(\x01\x12D\n" +
@@ -5289,7 +5733,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -5366,29 +5810,32 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*ConnectPortStart)(nil),             // 72: opendsec.v1.ConnectPortStart
 	(*ConnectPortResponse)(nil),          // 73: opendsec.v1.ConnectPortResponse
 	(*ConnectPortConnected)(nil),         // 74: opendsec.v1.ConnectPortConnected
-	nil,                                  // 75: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 76: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 77: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 78: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 79: opendsec.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 80: google.protobuf.Timestamp
+	(*GetTrajectoryRequest)(nil),         // 75: opendsec.v1.GetTrajectoryRequest
+	(*TrajectoryEntry)(nil),              // 76: opendsec.v1.TrajectoryEntry
+	nil,                                  // 77: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 78: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 79: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 80: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 81: opendsec.v1.ExecStart.EnvEntry
+	nil,                                  // 82: opendsec.v1.TrajectoryEntry.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 83: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	75, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	76, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	77, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	78, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	80, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	80, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	80, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	83, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	83, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	83, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	77, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	79, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
@@ -5397,10 +5844,10 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 20: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 21: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 22: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	80, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	83, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 24: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
 	28, // 25: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	78, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	80, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
 	30, // 27: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 28: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	31, // 29: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
@@ -5408,7 +5855,7 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	30, // 31: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 32: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	31, // 33: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	79, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	81, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
 	38, // 35: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
 	37, // 36: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
 	38, // 37: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
@@ -5417,7 +5864,7 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	43, // 40: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
 	38, // 41: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
 	1,  // 42: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	80, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	83, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
 	55, // 44: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
 	52, // 45: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
 	52, // 46: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
@@ -5428,65 +5875,70 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	68, // 51: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
 	72, // 52: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
 	74, // 53: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
-	6,  // 54: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 55: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 56: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 57: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 58: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 59: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 60: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	23, // 61: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	25, // 62: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	27, // 63: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	32, // 64: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	35, // 65: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	20, // 66: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
-	39, // 67: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	44, // 68: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	46, // 69: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	48, // 70: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	50, // 71: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	53, // 72: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	56, // 73: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	58, // 74: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	60, // 75: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	62, // 76: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	64, // 77: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	66, // 78: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	69, // 79: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	71, // 80: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
-	7,  // 81: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 82: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 83: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 84: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 85: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 86: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 87: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	24, // 88: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	26, // 89: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	29, // 90: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	34, // 91: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	36, // 92: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	21, // 93: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
-	40, // 94: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	45, // 95: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	47, // 96: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	49, // 97: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	51, // 98: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	54, // 99: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	57, // 100: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	59, // 101: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	61, // 102: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	63, // 103: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	65, // 104: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	67, // 105: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	70, // 106: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	73, // 107: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
-	81, // [81:108] is the sub-list for method output_type
-	54, // [54:81] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	82, // 54: opendsec.v1.TrajectoryEntry.env:type_name -> opendsec.v1.TrajectoryEntry.EnvEntry
+	83, // 55: opendsec.v1.TrajectoryEntry.started:type_name -> google.protobuf.Timestamp
+	83, // 56: opendsec.v1.TrajectoryEntry.ended:type_name -> google.protobuf.Timestamp
+	6,  // 57: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 58: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 59: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 60: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 61: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 62: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 63: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	23, // 64: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	25, // 65: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	27, // 66: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	32, // 67: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	35, // 68: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	20, // 69: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
+	39, // 70: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	44, // 71: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	46, // 72: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	48, // 73: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	50, // 74: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	75, // 75: opendsec.v1.ProcessService.GetTrajectory:input_type -> opendsec.v1.GetTrajectoryRequest
+	53, // 76: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	56, // 77: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	58, // 78: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	60, // 79: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	62, // 80: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	64, // 81: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	66, // 82: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	69, // 83: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	71, // 84: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 85: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 86: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 87: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 88: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 89: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 90: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 91: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	24, // 92: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	26, // 93: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	29, // 94: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	34, // 95: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	36, // 96: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	21, // 97: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
+	40, // 98: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	45, // 99: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	47, // 100: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	49, // 101: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	51, // 102: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	76, // 103: opendsec.v1.ProcessService.GetTrajectory:output_type -> opendsec.v1.TrajectoryEntry
+	54, // 104: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	57, // 105: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	59, // 106: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	61, // 107: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	63, // 108: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	65, // 109: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	67, // 110: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	70, // 111: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	73, // 112: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	85, // [85:113] is the sub-list for method output_type
+	57, // [57:85] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -5529,7 +5981,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   78,
+			NumMessages:   81,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

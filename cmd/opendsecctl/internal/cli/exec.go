@@ -22,6 +22,7 @@ func (a *app) execCommand() *cobra.Command {
 		env                []string
 		cwd, user, timeout string
 		outputLimit        string
+		callID             string
 		tty, stdin         bool
 	)
 	cmd := &cobra.Command{
@@ -63,6 +64,7 @@ func (a *app) execCommand() *cobra.Command {
 				Stdout:      a.stdout,
 				Stderr:      a.stderr,
 				OutputLimit: limit,
+				CallID:      callID,
 			}, tty)
 		},
 	}
@@ -74,6 +76,7 @@ func (a *app) execCommand() *cobra.Command {
 	f.BoolVarP(&stdin, "stdin", "i", false, "forward standard input")
 	f.StringVar(&timeout, "timeout", "", "kill the process after this long, e.g. 30s (default: no limit)")
 	f.StringVar(&outputLimit, "output-limit", "", "write at most this many bytes of each of stdout and stderr, e.g. 16MiB; the rest is read and dropped (default: no limit; nothing is buffered)")
+	f.StringVar(&callID, "call-id", "", "exactly-once: a call ID already in the sandbox's trajectory log prints the recorded result and runs nothing")
 	return cmd
 }
 

@@ -139,7 +139,7 @@ func (a *app) rootCommand() *cobra.Command {
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, list, inspect, run commands in and stop sandboxes"}
 	sandbox.AddCommand(a.createCommand(), a.listCommand(), a.getCommand(), a.execCommand(), a.stopCommand(), a.setTimeoutCommand(), a.setNetworkCommand())
 	sandbox.AddCommand(a.portForwardCommand(), a.packDiffCommand(), a.sandboxSnapshotCommand())
-	sandbox.AddCommand(a.pauseCommand(), a.resumeCommand(), a.metricsCommand(), a.forkCommand())
+	sandbox.AddCommand(a.pauseCommand(), a.resumeCommand(), a.metricsCommand(), a.forkCommand(), a.logCommand())
 	files := &cobra.Command{Use: "files", Short: "Copy files to and from sandboxes and list directories"}
 	files.AddCommand(a.cpCommand(), a.lsCommand())
 	root.AddCommand(sandbox, files, a.taskCommand(), a.imageCommand(), a.snapshotCommand(), a.versionCommand())

@@ -15,7 +15,16 @@ Quick start::
 """
 
 from opendsec import errors
-from opendsec.client import BatchFailure, BatchItem, BatchOutcome, BatchRun, DSecClient, SandboxReclaim
+from opendsec.client import (
+    BatchFailure,
+    BatchItem,
+    BatchOutcome,
+    BatchRun,
+    DSecClient,
+    ReplayDifference,
+    ReplayReport,
+    SandboxReclaim,
+)
 from opendsec.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -100,6 +109,8 @@ __all__ = [
     "PortStream",
     "ProcessInfo",
     "QuotaExceededError",
+    "ReplayDifference",
+    "ReplayReport",
     "Sandbox",
     "SandboxDiedError",
     "SandboxInfo",

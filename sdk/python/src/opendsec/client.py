@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import dataclasses
 import math
 import uuid
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -16,7 +18,7 @@ from opendsec._conn import Conn
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
 from opendsec.errors import ConfigError, DSecError, UnavailableError, from_code_name, from_grpc_error
 from opendsec.images import Images
-from opendsec.sandbox import Sandbox
+from opendsec.sandbox import Sandbox, _Trajectory, _trajectory
 from opendsec.snapshots import Snapshot, _Snapshots
 from opendsec.types import DSecRunArgs, SandboxInfo
 
@@ -169,6 +171,49 @@ def _batch_item(conn: Conn, msg: pb.BatchCreateSandboxesResponse) -> BatchItem:
         err = from_code_name(msg.error_code or "unknown", msg.error_message)
         return BatchItem(index=msg.index, sandbox=None, error=err)
     return BatchItem(index=msg.index, sandbox=Sandbox(conn, SandboxInfo.from_proto(msg.sandbox)), error=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayDifference:
+    """One call whose replay differed from its log entry.
+
+    Attributes:
+        seq / call_id / command: the call in the log.
+        field: what differed first: ``"exit_code"``, ``"stdout"`` or ``"stderr"``.
+        recorded / replayed: the two values.
+    """
+
+    seq: int
+    call_id: str
+    command: list[str]
+    field: str
+    recorded: Any
+    replayed: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayReport:
+    """What :meth:`DSecClient.replay` found.
+
+    Attributes:
+        sandbox_id: the sandbox the log was replayed in (stopped unless ``keep=True``).
+        calls: how many exec calls were replayed.
+        skipped: log entries not replayed (file writes, calls without a
+            recorded result, and calls whose output was truncated or compacted
+            are compared on their exit code only).
+        differences: the calls that differed, in order; empty when the
+            replay matched.
+    """
+
+    sandbox_id: str
+    calls: int
+    skipped: int
+    differences: list[ReplayDifference]
+
+    @property
+    def ok(self) -> bool:
+        """True when every replayed call matched its log entry."""
+        return not self.differences
 
 
 class DSecClient:
@@ -420,6 +465,97 @@ class DSecClient:
         """Delete one of your snapshots and its image. Sandboxes started from
         it keep running."""
         await _Snapshots(self._conn).delete(snapshot_id)
+
+    @contextlib.contextmanager
+    def trajectory(self, rollout_id: str) -> Iterator[None]:
+        """Number the calls in the block for exactly-once replay.
+
+        Inside ``with client.trajectory(rollout_id):`` every exec or
+        ``run_shell`` without its own ``call_id`` gets ``<rollout_id>/<n>``,
+        where n counts that sandbox's calls in the block from 0. A trainer
+        that is preempted and runs the same rollout again in a new block gets
+        the same IDs in the same order, so the calls already done return
+        their recorded results (``replayed=True``) instead of running twice.
+        Issue concurrent calls to one sandbox with explicit ``call_id`` s:
+        their order, and so their numbers, may differ between runs.
+        """
+        if not rollout_id:
+            raise ValueError("rollout_id must not be empty")
+        token = _trajectory.set(_Trajectory(rollout_id))
+        try:
+            yield
+        finally:
+            _trajectory.reset(token)
+
+    async def replay(
+        self,
+        log: str | Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+        *,
+        image: str | None = None,
+        snapshot: str | None = None,
+        args: DSecRunArgs | None = None,
+        keep: bool = False,
+    ) -> ReplayReport:
+        """Re-run a trajectory log's exec calls in a fresh sandbox, in order.
+
+        ``log`` is a sandbox ID (its log is read, so only its owner can
+        replay it) or the entries of :meth:`Sandbox.trajectory`. The new
+        sandbox is made from ``image`` or ``snapshot`` (or ``args``). Each
+        call's exit code, stdout and stderr are compared with the log's; the
+        report lists every call that differed (a determinism check). Calls
+        inherited from a fork's parent are replayed too. The sandbox is
+        stopped at the end unless ``keep``.
+        """
+        if isinstance(log, str):
+            entries = [e async for e in (await self.get_sandbox(log)).trajectory()]
+        elif isinstance(log, AsyncIterable):
+            entries = [e async for e in log]
+        else:
+            entries = list(log)
+        run_args = _run_args(args)
+        if image is not None and snapshot is not None:
+            raise ValueError("give image or snapshot, not both")
+        if image is not None:
+            run_args = dataclasses.replace(run_args, image=image)
+        if snapshot is not None:
+            run_args = dataclasses.replace(run_args, image="snapshot/" + snapshot)
+        sb = await self.run_sandbox(run_args)
+        diffs: list[ReplayDifference] = []
+        calls = skipped = 0
+        try:
+            for e in entries:
+                if e.get("kind", "exec") != "exec" or e.get("state") != "done" or not e.get("command"):
+                    skipped += 1
+                    continue
+                calls += 1
+                r = await sb.run_shell_argv(
+                    list(e["command"]), env=e.get("env"), cwd=e.get("cwd"), user=e.get("user")
+                )
+                rec_code = int(e.get("exit_code", 0))
+                full = not e.get("output_truncated") and not e.get("output_compacted")
+                rec_out = base64.b64decode(e.get("stdout", "")) if full else None
+                rec_err = base64.b64decode(e.get("stderr", "")) if full else None
+                for field, rec, got in (
+                    ("exit_code", rec_code, r.exit_code),
+                    ("stdout", rec_out, r.stdout_bytes),
+                    ("stderr", rec_err, r.stderr_bytes),
+                ):
+                    if rec is not None and rec != got:
+                        diffs.append(
+                            ReplayDifference(
+                                seq=int(e.get("seq", 0)),
+                                call_id=e.get("call_id", ""),
+                                command=list(e["command"]),
+                                field=field,
+                                recorded=rec,
+                                replayed=got,
+                            )
+                        )
+                        break
+        finally:
+            if not keep:
+                await sb.stop()
+        return ReplayReport(sandbox_id=sb.id, calls=calls, skipped=skipped, differences=diffs)
 
     async def stop_sandbox(self, sandbox_id: str) -> None:
         """Stop and delete the sandbox with this ID."""

@@ -4,6 +4,7 @@ ports and lifecycle (:class:`Sandbox`)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import math
 import uuid
@@ -13,6 +14,7 @@ from typing import Any, Self
 
 import grpc
 import grpc.aio
+from google.protobuf import json_format
 
 from opendsec._conn import Conn
 from opendsec._gen.opendsec.v1 import sandbox_pb2 as pb
@@ -82,6 +84,35 @@ def _to_bytes(data: bytes | bytearray | memoryview | str) -> bytes:
     raise TypeError(f"data must be bytes or str, got {type(data).__name__}")
 
 
+class _Trajectory:
+    """The state of a ``with client.trajectory(rollout_id):`` block."""
+
+    def __init__(self, rollout_id: str) -> None:
+        self.rollout_id = rollout_id
+        self.counts: dict[str, int] = {}
+
+
+_trajectory: contextvars.ContextVar[_Trajectory | None] = contextvars.ContextVar("opendsec_trajectory", default=None)
+
+
+def _call_id(sandbox_id: str, call_id: str | None) -> str:
+    """The call ID of a call: the caller's, or the next of the active trajectory block's."""
+    if call_id is not None:
+        if len(call_id.encode()) > MAX_CALL_ID_BYTES:
+            raise ValueError(f"call_id is {len(call_id.encode())} bytes; at most {MAX_CALL_ID_BYTES} are allowed")
+        return call_id
+    tr = _trajectory.get()
+    if tr is None:
+        return ""
+    n = tr.counts.get(sandbox_id, 0)
+    tr.counts[sandbox_id] = n + 1
+    return f"{tr.rollout_id}/{n}"
+
+
+#: The longest call ID the server accepts, in bytes.
+MAX_CALL_ID_BYTES = 256
+
+
 class ExecProcess:
     """A process started with :meth:`Sandbox.exec`, streaming its output.
 
@@ -118,6 +149,9 @@ class ExecProcess:
         self._give_up_at: float | None = None
         self._call: Any = None
         self._started = False
+        self._replayed = False
+        self._joined = False
+        self._seq = 0
         self._pid = 0
         self._exit: pb.ExecExit | None = None
         self._pending: list[ExecEvent] = []
@@ -217,6 +251,9 @@ class ExecProcess:
         if kind == "started":
             self._started = True
             self._pid = msg.started.pid
+            self._replayed = msg.started.replayed
+            self._joined = msg.started.joined
+            self._seq = msg.started.seq
             return None
         if kind == "exit":
             self._exit = msg.exit
@@ -295,6 +332,10 @@ class ExecProcess:
             stderr_bytes=err,
             stdout_total=max(self._stdout_total, self._exit.stdout_total_bytes),
             stderr_total=max(self._stderr_total, self._exit.stderr_total_bytes),
+            replayed=self._replayed or self._exit.replayed,
+            joined=self._joined,
+            seq=self._seq,
+            call_id=self._start_msg.call_id,
         )
         return self._result
 
@@ -787,6 +828,7 @@ class Sandbox:
         pty: tuple[int, int] | None = None,
         tag: str = "",
         output_limit: int | None = OUTPUT_LIMIT,
+        call_id: str | None = None,
     ) -> ExecProcess:
         """Start a process and stream its output.
 
@@ -805,6 +847,14 @@ class Sandbox:
                 (default :data:`OUTPUT_LIMIT`, 16 MiB; ``None`` = all). Past it
                 output is counted, not kept, and ``output_truncated`` is True;
                 the process still runs to its end. Iterating keeps nothing.
+            call_id: makes the call exactly-once through the sandbox's
+                trajectory log (at most 256 bytes): a call whose ID is in the
+                log returns the recorded result (``replayed=True``) without
+                running, one still running is joined (``joined=True``), and one
+                with a different request raises :class:`FailedPreconditionError`
+                naming both. Inside ``with client.trajectory(rollout_id):`` an
+                ID ``<rollout_id>/<n>`` is made for each call (n counts this
+                sandbox's calls in the block). See docs/concepts.md.
 
         Returns:
             An :class:`ExecProcess`; ``await`` it or use ``async with`` to start it.
@@ -819,6 +869,7 @@ class Sandbox:
             stdin=stdin,
             timeout_seconds=math.ceil(timeout) if timeout and timeout > 0 else int(timeout or 0),
             tag=tag,
+            call_id=_call_id(self.id, call_id),
         )
         if pty is not None:
             start.pty.CopyFrom(pb.PtySize(cols=pty[0], rows=pty[1]))
@@ -834,6 +885,7 @@ class Sandbox:
         user: str | None = None,
         stdin: bytes | str | None = None,
         output_limit: int | None = OUTPUT_LIMIT,
+        call_id: str | None = None,
     ) -> ExecResult:
         """Run ``cmd`` with ``/bin/sh -c`` and return its output and exit code.
 
@@ -844,9 +896,18 @@ class Sandbox:
         :data:`OUTPUT_LIMIT`, 16 MiB; ``None`` keeps all); past it the result
         has ``output_truncated=True`` and ``stdout_total``/``stderr_total``
         count all the bytes produced. The command still runs to its end.
+        ``call_id`` makes it exactly-once (see :meth:`exec`); a replayed
+        result has ``replayed=True`` and ran nothing.
         """
         proc = self.exec(
-            cmd, env=env, cwd=cwd, user=user, stdin=stdin is not None, timeout=timeout, output_limit=output_limit
+            cmd,
+            env=env,
+            cwd=cwd,
+            user=user,
+            stdin=stdin is not None,
+            timeout=timeout,
+            output_limit=output_limit,
+            call_id=call_id,
         )
         # The server enforces the limit too, so the dropped output never
         # crosses the network (exec cannot: the caller may stream all of it).
@@ -860,6 +921,42 @@ class Sandbox:
         except BaseException:
             await asyncio.shield(proc.close())
             raise
+
+    async def run_shell_argv(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        call_id: str | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` as is (no shell) and wait for it, like :meth:`run_shell`."""
+        proc = self.exec(argv, env=env, cwd=cwd, user=user, call_id=call_id)
+        proc._start_msg.output_limit_bytes = OUTPUT_LIMIT
+        async with proc:
+            return await proc.wait()
+
+    async def trajectory(self, *, output: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """Stream the sandbox's trajectory log, oldest call first.
+
+        Each item is one call as a JSON-ready dict (``json.dumps(item)`` is
+        one JSON line): ``seq``, ``call_id``, ``kind``, ``state``,
+        ``command``/``env``/``cwd``/``user`` or ``path``/``sha256``,
+        ``started``/``ended``, ``exit_code``, ``stdout``/``stderr`` (base64,
+        up to the log's cap; ``output=False`` leaves them out),
+        ``output_truncated``, ``output_compacted``, and ``origin`` for calls
+        inherited from a fork's parent. The first item also has
+        ``sandbox_id`` and, for a fork, ``parent_id``. A stopped sandbox's
+        log stays readable for its node's ``node.trajectory.retention_sec``.
+        """
+        req = pb.GetTrajectoryRequest(sandbox_id=self.id, without_output=not output)
+        call = self._conn.processes.GetTrajectory(req, metadata=self._conn.metadata, timeout=self._conn.timeout)
+        try:
+            async for msg in call:
+                yield json_format.MessageToDict(msg, preserving_proto_field_name=True)
+        except grpc.aio.AioRpcError as e:
+            raise from_grpc_error(e) from None
 
     async def processes(self) -> list[ProcessInfo]:
         """List the processes started through the agent that are still running."""

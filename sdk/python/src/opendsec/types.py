@@ -428,6 +428,13 @@ class ExecResult:
         stdout_total / stderr_total: bytes the process wrote to each stream,
             kept or not (more than ``len(stdout_bytes)`` when truncated, or
             when the caller iterated the output instead).
+        replayed: the sandbox's trajectory log had this call's ``call_id``
+            with its result: nothing ran, and the output is the recorded one
+            (up to the log's per-call cap, ``node.trajectory.max_output_kb``).
+        joined: the call's ``call_id`` was still running: this result is
+            that process's, followed instead of starting another.
+        seq: the call's sequence number in the sandbox's trajectory log.
+        call_id: the call ID sent ("" for none).
     """
 
     stdout: str
@@ -441,6 +448,10 @@ class ExecResult:
     stderr_bytes: bytes = b""
     stdout_total: int = 0
     stderr_total: int = 0
+    replayed: bool = False
+    joined: bool = False
+    seq: int = 0
+    call_id: str = ""
 
     @property
     def ok(self) -> bool:

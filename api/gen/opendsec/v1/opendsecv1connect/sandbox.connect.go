@@ -95,6 +95,9 @@ const (
 	// ProcessServiceResizePtyProcedure is the fully-qualified name of the ProcessService's ResizePty
 	// RPC.
 	ProcessServiceResizePtyProcedure = "/opendsec.v1.ProcessService/ResizePty"
+	// ProcessServiceGetTrajectoryProcedure is the fully-qualified name of the ProcessService's
+	// GetTrajectory RPC.
+	ProcessServiceGetTrajectoryProcedure = "/opendsec.v1.ProcessService/GetTrajectory"
 	// FileServiceReadFileProcedure is the fully-qualified name of the FileService's ReadFile RPC.
 	FileServiceReadFileProcedure = "/opendsec.v1.FileService/ReadFile"
 	// FileServiceWriteFileProcedure is the fully-qualified name of the FileService's WriteFile RPC.
@@ -563,6 +566,11 @@ type ProcessServiceClient interface {
 	SignalProcess(context.Context, *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error)
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
+	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
+	// every exec and file write with its call_id, request, times, exit and
+	// recorded output. A stopped sandbox's log is kept for
+	// node.trajectory.retention_sec.
+	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest]) (*connect.ServerStreamForClient[v1.TrajectoryEntry], error)
 }
 
 // NewProcessServiceClient constructs a client for the opendsec.v1.ProcessService service. By
@@ -606,6 +614,12 @@ func NewProcessServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(processServiceMethods.ByName("ResizePty")),
 			connect.WithClientOptions(opts...),
 		),
+		getTrajectory: connect.NewClient[v1.GetTrajectoryRequest, v1.TrajectoryEntry](
+			httpClient,
+			baseURL+ProcessServiceGetTrajectoryProcedure,
+			connect.WithSchema(processServiceMethods.ByName("GetTrajectory")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -616,6 +630,7 @@ type processServiceClient struct {
 	signalProcess *connect.Client[v1.SignalProcessRequest, v1.SignalProcessResponse]
 	sendInput     *connect.Client[v1.SendInputRequest, v1.SendInputResponse]
 	resizePty     *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
+	getTrajectory *connect.Client[v1.GetTrajectoryRequest, v1.TrajectoryEntry]
 }
 
 // Exec calls opendsec.v1.ProcessService.Exec.
@@ -643,6 +658,11 @@ func (c *processServiceClient) ResizePty(ctx context.Context, req *connect.Reque
 	return c.resizePty.CallUnary(ctx, req)
 }
 
+// GetTrajectory calls opendsec.v1.ProcessService.GetTrajectory.
+func (c *processServiceClient) GetTrajectory(ctx context.Context, req *connect.Request[v1.GetTrajectoryRequest]) (*connect.ServerStreamForClient[v1.TrajectoryEntry], error) {
+	return c.getTrajectory.CallServerStream(ctx, req)
+}
+
 // ProcessServiceHandler is an implementation of the opendsec.v1.ProcessService service.
 type ProcessServiceHandler interface {
 	// Exec starts a process and streams its output. The first request must be
@@ -653,6 +673,11 @@ type ProcessServiceHandler interface {
 	SignalProcess(context.Context, *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error)
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
+	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
+	// every exec and file write with its call_id, request, times, exit and
+	// recorded output. A stopped sandbox's log is kept for
+	// node.trajectory.retention_sec.
+	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest], *connect.ServerStream[v1.TrajectoryEntry]) error
 }
 
 // NewProcessServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -692,6 +717,12 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 		connect.WithSchema(processServiceMethods.ByName("ResizePty")),
 		connect.WithHandlerOptions(opts...),
 	)
+	processServiceGetTrajectoryHandler := connect.NewServerStreamHandler(
+		ProcessServiceGetTrajectoryProcedure,
+		svc.GetTrajectory,
+		connect.WithSchema(processServiceMethods.ByName("GetTrajectory")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.v1.ProcessService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ProcessServiceExecProcedure:
@@ -704,6 +735,8 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 			processServiceSendInputHandler.ServeHTTP(w, r)
 		case ProcessServiceResizePtyProcedure:
 			processServiceResizePtyHandler.ServeHTTP(w, r)
+		case ProcessServiceGetTrajectoryProcedure:
+			processServiceGetTrajectoryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -731,6 +764,10 @@ func (UnimplementedProcessServiceHandler) SendInput(context.Context, *connect.Re
 
 func (UnimplementedProcessServiceHandler) ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.ProcessService.ResizePty is not implemented"))
+}
+
+func (UnimplementedProcessServiceHandler) GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest], *connect.ServerStream[v1.TrajectoryEntry]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.ProcessService.GetTrajectory is not implemented"))
 }
 
 // FileServiceClient is a client for the opendsec.v1.FileService service.

@@ -429,7 +429,7 @@ class ResumeSandboxesResponse(_message.Message):
     def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BatchFailure, _Mapping]]] = ...) -> None: ...
 
 class ExecStart(_message.Message):
-    __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag", "output_limit_bytes")
+    __slots__ = ("sandbox_id", "command", "env", "cwd", "user", "stdin", "timeout_seconds", "pty", "tag", "output_limit_bytes", "call_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +447,7 @@ class ExecStart(_message.Message):
     PTY_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -457,7 +458,8 @@ class ExecStart(_message.Message):
     pty: PtySize
     tag: str
     output_limit_bytes: int
-    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., stdin: bool = ..., timeout_seconds: _Optional[int] = ..., pty: _Optional[_Union[PtySize, _Mapping]] = ..., tag: _Optional[str] = ..., output_limit_bytes: _Optional[int] = ...) -> None: ...
+    call_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., stdin: bool = ..., timeout_seconds: _Optional[int] = ..., pty: _Optional[_Union[PtySize, _Mapping]] = ..., tag: _Optional[str] = ..., output_limit_bytes: _Optional[int] = ..., call_id: _Optional[str] = ...) -> None: ...
 
 class PtySize(_message.Message):
     __slots__ = ("cols", "rows")
@@ -496,26 +498,34 @@ class ExecResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ExecStarted, _Mapping]] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., exit: _Optional[_Union[ExecExit, _Mapping]] = ...) -> None: ...
 
 class ExecStarted(_message.Message):
-    __slots__ = ("pid",)
+    __slots__ = ("pid", "seq", "replayed", "joined")
     PID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     pid: int
-    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+    seq: int
+    replayed: bool
+    joined: bool
+    def __init__(self, pid: _Optional[int] = ..., seq: _Optional[int] = ..., replayed: bool = ..., joined: bool = ...) -> None: ...
 
 class ExecExit(_message.Message):
-    __slots__ = ("exit_code", "status", "timed_out", "output_truncated", "stdout_total_bytes", "stderr_total_bytes")
+    __slots__ = ("exit_code", "status", "timed_out", "output_truncated", "stdout_total_bytes", "stderr_total_bytes", "replayed")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     status: str
     timed_out: bool
     output_truncated: bool
     stdout_total_bytes: int
     stderr_total_bytes: int
-    def __init__(self, exit_code: _Optional[int] = ..., status: _Optional[str] = ..., timed_out: bool = ..., output_truncated: bool = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, exit_code: _Optional[int] = ..., status: _Optional[str] = ..., timed_out: bool = ..., output_truncated: bool = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., replayed: bool = ...) -> None: ...
 
 class ProcessInfo(_message.Message):
     __slots__ = ("pid", "command", "tag", "cwd")
@@ -802,3 +812,82 @@ class ConnectPortResponse(_message.Message):
 class ConnectPortConnected(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetTrajectoryRequest(_message.Message):
+    __slots__ = ("sandbox_id", "without_output")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    without_output: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., without_output: bool = ...) -> None: ...
+
+class TrajectoryEntry(_message.Message):
+    __slots__ = ("sandbox_id", "parent_id", "parent_seq", "seq", "call_id", "kind", "state", "origin", "command", "env", "cwd", "user", "path", "sha256", "size", "started", "ended", "pid", "exit_code", "status", "error_code", "error", "stdout", "stderr", "pty", "stdout_total_bytes", "stderr_total_bytes", "output_truncated", "output_compacted", "timeout_ms")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    parent_id: str
+    parent_seq: int
+    seq: int
+    call_id: str
+    kind: str
+    state: str
+    origin: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    user: str
+    path: str
+    sha256: str
+    size: int
+    started: _timestamp_pb2.Timestamp
+    ended: _timestamp_pb2.Timestamp
+    pid: int
+    exit_code: int
+    status: str
+    error_code: str
+    error: str
+    stdout: bytes
+    stderr: bytes
+    pty: bytes
+    stdout_total_bytes: int
+    stderr_total_bytes: int
+    output_truncated: bool
+    output_compacted: bool
+    timeout_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., parent_seq: _Optional[int] = ..., seq: _Optional[int] = ..., call_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., origin: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., status: _Optional[str] = ..., error_code: _Optional[str] = ..., error: _Optional[str] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., output_truncated: bool = ..., output_compacted: bool = ..., timeout_ms: _Optional[int] = ...) -> None: ...

@@ -679,6 +679,11 @@ class ProcessServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResizePtyRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResizePtyResponse.FromString,
                 _registered_method=True)
+        self.GetTrajectory = channel.unary_stream(
+                '/opendsec.v1.ProcessService/GetTrajectory',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.GetTrajectoryRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.TrajectoryEntry.FromString,
+                _registered_method=True)
 
 
 class ProcessServiceServicer(object):
@@ -718,6 +723,16 @@ class ProcessServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTrajectory(self, request, context):
+        """GetTrajectory streams a sandbox's trajectory log, oldest call first:
+        every exec and file write with its call_id, request, times, exit and
+        recorded output. A stopped sandbox's log is kept for
+        node.trajectory.retention_sec.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProcessServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -745,6 +760,11 @@ def add_ProcessServiceServicer_to_server(servicer, server):
                     servicer.ResizePty,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.ResizePtyRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.ResizePtyResponse.SerializeToString,
+            ),
+            'GetTrajectory': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetTrajectory,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.GetTrajectoryRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.TrajectoryEntry.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -883,6 +903,33 @@ class ProcessService(object):
             '/opendsec.v1.ProcessService/ResizePty',
             opendsec_dot_v1_dot_sandbox__pb2.ResizePtyRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.ResizePtyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrajectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/opendsec.v1.ProcessService/GetTrajectory',
+            opendsec_dot_v1_dot_sandbox__pb2.GetTrajectoryRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.TrajectoryEntry.FromString,
             options,
             channel_credentials,
             insecure,
