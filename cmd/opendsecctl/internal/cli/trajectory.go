@@ -38,7 +38,7 @@ node's node.trajectory.retention_sec.`,
 				if err != nil {
 					return err
 				}
-				a.stdout.Write(append(b, '\n'))
+				_, _ = a.stdout.Write(append(b, '\n'))
 			}
 			return nil
 		},
