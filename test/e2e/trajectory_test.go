@@ -1,0 +1,168 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/test/harness"
+)
+
+type trainerStep struct {
+	Step     int    `json:"step"`
+	Stdout   string `json:"stdout"`
+	Exit     int    `json:"exit"`
+	Replayed bool   `json:"replayed"`
+	Seq      uint64 `json:"seq"`
+}
+
+// trainer runs test/e2e/trajtrainer against the system. With killAfter >
+// 0 it kills the trainer with SIGKILL as soon as it has printed that many
+// steps, and returns the steps it printed.
+func trainer(t *testing.T, s *system, bin, id string, killAfter, stopAfter int) []trainerStep {
+	t.Helper()
+	cmd := exec.Command(bin, "-endpoint", s.Endpoint(), "-token", s.Token(), "-sandbox", id, "-stop-after", strconv.Itoa(stopAfter))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var steps []trainerStep
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var st trainerStep
+		if err := json.Unmarshal(sc.Bytes(), &st); err != nil {
+			t.Fatalf("trainer line %q: %v", sc.Text(), err)
+		}
+		steps = append(steps, st)
+		if killAfter > 0 && len(steps) == killAfter {
+			cmd.Process.Signal(syscall.SIGKILL) // the trainer is preempted mid-rollout
+			break
+		}
+	}
+	err = cmd.Wait()
+	if killAfter == 0 && err != nil {
+		t.Fatalf("trainer: %v\n%s", err, stderr.String())
+	}
+	return steps
+}
+
+// TestTrajectoryRolloutExactlyOnce is issue 15's acceptance: a 20-step
+// rollout whose steps 5 and 15 append to a file; the trainer is killed -9
+// mid-rollout, a new one runs the rollout again with the same call IDs,
+// then the whole system (apiserver and node) is killed -9 in the middle of
+// a third run. In the end the file has exactly one line per append, every
+// call before a kill comes back replayed with its recorded output, and the
+// log holds 20 calls, one per call ID.
+func TestTrajectoryRolloutExactlyOnce(t *testing.T) {
+	s := newSystem(t)
+	s.Start()
+	bin := harness.BuildPackage(t, "./test/e2e/trajtrainer", "trajtrainer")
+	sb := s.Create(t, nil)
+
+	first := trainer(t, s, bin, sb.Id, 8, 0)
+	if len(first) != 8 {
+		t.Fatalf("first trainer printed %d steps before its kill", len(first))
+	}
+	// A second trainer stops after 12 steps; then apiserver and node die.
+	second := trainer(t, s, bin, sb.Id, 0, 12)
+	for i, st := range second {
+		if i < len(first) {
+			if !st.Replayed || st.Stdout != first[i].Stdout || st.Seq != first[i].Seq {
+				t.Fatalf("step %d after the trainer's kill: %+v; want the recorded %+v, replayed", i, st, first[i])
+			}
+		}
+	}
+	if second[5].Stdout != "1\n" {
+		t.Fatalf("append step output %q; want 1", second[5].Stdout)
+	}
+	s.Kill9()
+	s.Start()
+
+	third := trainer(t, s, bin, sb.Id, 0, 0)
+	if len(third) != 20 {
+		t.Fatalf("third trainer finished %d steps", len(third))
+	}
+	ran := 0
+	for i, st := range third {
+		if i < 12 {
+			if !st.Replayed || st.Stdout != second[i].Stdout {
+				t.Fatalf("step %d after the system's kill: %+v; want the recorded %+v, replayed", i, st, second[i])
+			}
+			continue
+		}
+		if st.Replayed {
+			t.Fatalf("step %d replayed, but no trainer ran it before", i)
+		}
+		ran++
+	}
+	if ran != 8 || third[15].Stdout != "2\n" {
+		t.Fatalf("%d steps ran in the third trainer (want 8); step 15 printed %q (want 2)", ran, third[15].Stdout)
+	}
+	if r := s.Shell(t, sb.Id, "cat /tmp/appends"); r.Stdout != "append-5\nappend-15\n" {
+		t.Fatalf("file after the rollouts: %q; want one line per append", r.Stdout)
+	}
+
+	// The log: 20 calls with the rollout's IDs (+ the cat above), in order.
+	stream, err := s.Processes().GetTrajectory(t.Context(), connect.NewRequest(&opendsecv1.GetTrajectoryRequest{SandboxId: sb.Id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []*opendsecv1.TrajectoryEntry
+	for stream.Receive() {
+		entries = append(entries, stream.Msg())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 21 || entries[0].SandboxId != sb.Id {
+		t.Fatalf("log has %d entries; want 21 (20 steps and the cat)", len(entries))
+	}
+	for i, e := range entries[:20] {
+		if e.CallId != fmt.Sprintf("r1/%d", i) || e.Seq != uint64(i+1) || e.State != "done" || e.ExitCode != 0 {
+			t.Fatalf("log entry %d: %+v", i, e)
+		}
+	}
+	if string(entries[15].Stdout) != "2\n" || entries[15].Command[2] != "echo append-15 >> /tmp/appends; wc -l < /tmp/appends" {
+		t.Fatalf("log entry 15: %q %q", entries[15].Stdout, entries[15].Command)
+	}
+}
+
+// TestTrajectoryBadCallIDs: a call ID reused with another command is
+// refused naming both; a 10 KB call ID is refused naming the field and
+// limit; neither runs anything.
+func TestTrajectoryBadCallIDs(t *testing.T) {
+	s := newSystem(t)
+	s.Start()
+	sb := s.Create(t, nil)
+	ctx := t.Context()
+	sh := func(line string) []string { return []string{"/bin/sh", "-c", line} }
+	if _, err := s.Exec(ctx, &opendsecv1.ExecStart{SandboxId: sb.Id, Command: sh("echo a >> /tmp/f"), CallId: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Exec(ctx, &opendsecv1.ExecStart{SandboxId: sb.Id, Command: sh("echo b >> /tmp/f"), CallId: "k"})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "echo a >> /tmp/f") || !strings.Contains(err.Error(), "echo b >> /tmp/f") {
+		t.Fatalf("reused call ID: %v; want failed_precondition naming both commands", err)
+	}
+	_, err = s.Exec(ctx, &opendsecv1.ExecStart{SandboxId: sb.Id, Command: sh("echo c >> /tmp/f"), CallId: strings.Repeat("x", 10<<10)})
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "call_id") || !strings.Contains(err.Error(), "256") {
+		t.Fatalf("10 KB call ID: %v; want invalid_argument naming call_id and its limit", err)
+	}
+	if r := s.Shell(t, sb.Id, "cat /tmp/f"); r.Stdout != "a\n" {
+		t.Fatalf("file %q; the refused calls must not run", r.Stdout)
+	}
+}
