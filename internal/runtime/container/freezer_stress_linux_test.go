@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/osthread"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/testutil"
@@ -391,10 +391,9 @@ func fuseWithoutServer(t *testing.T) (*fuseMount, string) {
 	mnt := t.TempDir()
 	fm := &fuseMount{fd: fd, reqs: make(chan fuseReq)}
 	ready := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread, with its namespace, ends with the
-		// goroutine.
-		goruntime.LockOSThread()
+	// The thread, with its namespace, ends with the function; never the
+	// main thread, whose mount namespace /proc/self/mountinfo shows.
+	osthread.Throwaway(func() {
 		err := unix.Unshare(unix.CLONE_NEWNS)
 		if err == nil {
 			err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, "")
@@ -410,7 +409,7 @@ func fuseWithoutServer(t *testing.T) (*fuseMount, string) {
 		for r := range fm.reqs {
 			r.errc <- r.cmd.Start()
 		}
-	}()
+	})
 	if err := <-ready; err != nil {
 		unix.Close(fd)
 		close(fm.reqs)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/osthread"
 )
 
 // runc runs in a mount namespace of its own, not in the node's.
@@ -107,7 +107,7 @@ func makeRuncNS(skip func(point, fstype string) bool) (int, int, error) {
 		err   error
 	}
 	c := make(chan result, 1)
-	onThrowawayThread(func() {
+	osthread.Throwaway(func() {
 		fd, n, err := func() (int, int, error) {
 			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 				return -1, 0, fmt.Errorf("unshare mount namespace: %w", err)
@@ -184,30 +184,6 @@ func unescapeMountPoint(s string) string {
 	return b.String()
 }
 
-// onThrowawayThread runs fn in a new goroutine locked to a thread that
-// ends with it (fn may leave it in another namespace). That thread is never
-// the main one: Go parks a main thread left locked instead of ending it, and
-// the main thread's namespaces are what /proc/<node pid>/ shows (mountinfo,
-// ns/mnt) to the node and to everyone else.
-func onThrowawayThread(fn func()) {
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with fn
-		if unix.Gettid() != unix.Getpid() {
-			fn()
-			return
-		}
-		// The main thread: held here, it cannot be the new goroutine's.
-		done := make(chan struct{})
-		go func() {
-			goruntime.LockOSThread()
-			defer close(done)
-			fn()
-		}()
-		<-done
-		goruntime.UnlockOSThread()
-	}()
-}
-
 // runcNSPlan is what a runc command needs of a mount namespace: mounts to
 // clone from the node's namespace (moved to the same paths), and paths
 // that must be the same files in both (else runc runs in the node's).
@@ -227,7 +203,7 @@ func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, fn func() error
 		return fn()
 	}
 	c := make(chan error, 1)
-	onThrowawayThread(func() {
+	osthread.Throwaway(func() {
 		if err := enterRuncNS(base, plan); err != nil {
 			c <- err
 			return

@@ -5,13 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/osthread"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 )
@@ -71,7 +71,7 @@ func mountsOf(t *testing.T, lines []string, sub string) []int {
 
 func nodeMounts(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/thread-self/mountinfo") // not the main thread's: a test may leave it elsewhere
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,14 +87,13 @@ func pinNetNS(t *testing.T) string {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends in the new namespace
+	osthread.Throwaway(func() { // the thread ends in the new namespace
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			done <- err
 			return
 		}
 		done <- unix.Mount("/proc/thread-self/ns/net", p, "", unix.MS_BIND, "")
-	}()
+	})
 	if err := <-done; err != nil {
 		t.Fatalf("pin a network namespace: %v", err)
 	}

@@ -8,13 +8,13 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
-	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/osthread"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/vmchan"
@@ -58,8 +58,7 @@ func (n *tapNetNS) attachment() runtime.NetworkAttachment {
 // listen opens a TCP listener inside the namespace.
 func (n *tapNetNS) listen(addr string) (net.Listener, error) {
 	ch := make(chan any, 1)
-	go func() {
-		goruntime.LockOSThread() // the thread is left in its netns and dies with the goroutine
+	osthread.Throwaway(func() { // the thread is left in its netns and ends with the function
 		fd, err := unix.Open(n.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			ch <- err
@@ -76,7 +75,7 @@ func (n *tapNetNS) listen(addr string) (net.Listener, error) {
 			return
 		}
 		ch <- l
-	}()
+	})
 	switch v := (<-ch).(type) {
 	case net.Listener:
 		return v, nil
