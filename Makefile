@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/kernflux/opendsec/internal/version.Version=$(VERS
 GOLANGCI_LINT ?= $(shell $(GO) env GOPATH)/bin/golangci-lint
 CMDS := opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl
 
-.PHONY: help build agent guest-assets generate test test-go test-live test-e2b test-unit fuzz-short fuzz lint build-other-os clean
+.PHONY: help build agent base-images guest-assets generate test test-go test-live test-e2b test-unit fuzz-short fuzz lint build-other-os clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -21,10 +21,13 @@ agent: ## build the static in-sandbox agent and its init (PID 1), side by side
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/opendsec-init ./cmd/opendsec-init
 
+base-images: ## the offline base root filesystems, built once and cached (the e2e tests and test-live start them)
+	bash deploy/images/build.sh --no-import
+
 guest-assets: ## VM guest kernel + initramfs from Debian packages, cached (docs/vm-guest.md)
 	scripts/build-guest-assets.sh
 
-test: build ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
+test: build base-images ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 	bash scripts/fuzz.sh
@@ -40,7 +43,7 @@ fuzz-short: ## each fuzz target for 10 s (their seed corpora run in every go tes
 fuzz: ## each fuzz target for FUZZTIME (default 5m), one at a time; record findings in bench/results
 	FUZZTIME=$${FUZZTIME:-5m} bash scripts/fuzz.sh
 
-test-go: ## Go tests only
+test-go: base-images ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
 
 test-live: build ## Python SDK, example and CLI against a live system

@@ -27,7 +27,7 @@ func pyRootfs(t *testing.T) string {
 	}
 	dir := filepath.Join(cache, "rootfs", "py-3.11")
 	if _, err := os.Stat(filepath.Join(dir, "usr", "bin", "python3")); err != nil {
-		t.Fatalf("the py-3.11 root filesystem is needed: %v; build it with `bash deploy/images/build.sh --only py --no-import`", err)
+		t.Fatalf("the py-3.11 root filesystem is needed: %v; build it with `make base-images` (make test does)", err)
 	}
 	return dir
 }
