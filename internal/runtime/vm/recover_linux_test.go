@@ -223,3 +223,47 @@ func TestQEMURecoverCreatedOnly(t *testing.T) {
 	delete(r.sbs, id) // the first instance died with the node
 	r.mu.Unlock()
 }
+
+// isQEMUOf's match: the sandbox's -name, its RAM file on this node and,
+// when asked, its pidfile in the state dir; as QEMU or as the nsenter
+// that execs it.
+func TestArgsOfMatchesOnlyThisSandbox(t *testing.T) {
+	r := &Runtime{cfg: Config{NodeID: "n1", MemoryDir: "/dev/shm/opendsec-vm"}}
+	other := &Runtime{cfg: Config{NodeID: "n2", MemoryDir: "/dev/shm/opendsec-vm"}}
+	spec := runtime.Spec{ID: "sb1", StateDir: "/var/lib/opendsec/sandboxes/sb1"}
+	args := r.args(spec, 1, 64, "/x/rw.ext4", r.memPath("sb1"))
+	nsenter := append([]string{"nsenter", "--net=/run/netns/x", "--", "/usr/bin/qemu-system-x86_64"}, args...)
+	for _, tc := range []struct {
+		name string
+		r    *Runtime
+		args []string
+		id   string
+		sd   string
+		want bool
+	}{
+		{"qemu", r, append([]string{"qemu"}, args...), "sb1", spec.StateDir, true},
+		{"nsenter", r, nsenter, "sb1", spec.StateDir, true},
+		{"any state dir", r, args, "sb1", "", true},
+		{"other id", r, args, "sb10", "", false},
+		{"other state dir", r, args, "sb1", "/var/lib/opendsec/sandboxes/sb2", false},
+		{"other node", other, args, "sb1", "", false},
+	} {
+		if got := tc.r.argsOf(tc.args, tc.id, tc.sd); got != tc.want {
+			t.Errorf("%s: argsOf = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRunStateRoundTrip(t *testing.T) {
+	sd := t.TempDir()
+	if err := writeRunState(sd, runState{ID: "a", Pid: 42, StartTime: 7}); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readRunState(sd)
+	if err != nil || rs != (runState{ID: "a", Pid: 42, StartTime: 7}) {
+		t.Fatalf("read %+v %v", rs, err)
+	}
+	if _, err := os.Stat(filepath.Join(sd, runFile+".tmp")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("temporary file left: %v", err)
+	}
+}
