@@ -174,4 +174,6 @@ type handleState struct {
 	MAC      string `json:"mac,omitempty"`
 	Addr     string `json:"addr,omitempty"`
 	Gateway  string `json:"gateway,omitempty"`
+	// NetNS is the network namespace QEMU runs in, for a Start after Recover.
+	NetNS string `json:"netns,omitempty"`
 }

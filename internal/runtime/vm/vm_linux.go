@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -231,6 +232,11 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("vm state dir: %w: %w", errdefs.ErrInternal, err)
 	}
+	// The directory is this sandbox's from now on: Recover and Delete
+	// tell it from another sandbox's by this file.
+	if err := writeRunState(spec.StateDir, runState{ID: spec.ID}); err != nil {
+		return runtime.Handle{}, err
+	}
 	if err := os.MkdirAll(r.cfg.MemoryDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("vm memory dir node.backends.vm.memory_dir %s: %w: %w", r.cfg.MemoryDir, errdefs.ErrInternal, err)
 	}
@@ -238,7 +244,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus, MemPath: mem, Hostname: hostname}
+	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus, MemPath: mem, Hostname: hostname, NetNS: spec.Network.NetNS}
 	if spec.Network.Mode == runtime.NetworkTap {
 		sb.st.MAC, sb.st.Addr, sb.st.Gateway = spec.Network.MAC.String(), spec.Network.GuestAddr.String(), spec.Network.Gateway.String()
 	}
@@ -290,7 +296,7 @@ func writeConfigDisk(path string, spec runtime.Spec) error {
 const maxConfigBytes = 1<<20 - 1
 
 // ownedFiles are what the backend makes in StateDir.
-var ownedFiles = []string{"rw.ext4", "config.img", "state", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid"}
+var ownedFiles = []string{"rw.ext4", "config.img", "state", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid", runFile, runFile + ".tmp"}
 
 func (r *Runtime) handle(sb *sandbox) runtime.Handle {
 	b, _ := json.Marshal(sb.st)
@@ -397,7 +403,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if sb.st.Incoming != "" {
 		args = append(slices.Clip(args), "-incoming", "defer")
 	}
-	if ns := sb.spec.Network.NetNS; ns != "" {
+	ns := sb.spec.Network.NetNS
+	if ns == "" {
+		ns = sb.st.NetNS // a sandbox found by Recover
+	}
+	if ns != "" {
 		args = append([]string{"--net=" + ns, "--", name}, args...)
 		name = "nsenter"
 	}
@@ -414,8 +424,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
+	stime := procStartTime(pid) // not reaped before cmd.Wait: the pid is QEMU's
 	sb.mu.Lock()
-	sb.st.Pid = pid
+	sb.st.Pid, sb.st.StartTime = pid, stime
 	sb.started = true
 	sb.mu.Unlock()
 	close(sb.startedC)
@@ -435,13 +446,14 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		<-sb.done
 		return err
 	}
+	// Recorded before anything else: a node killed from here on finds
+	// this QEMU again through the StateDir (Recover), whatever Handle it kept.
+	if err := writeRunState(sb.st.StateDir, runState{ID: id, Pid: pid, StartTime: stime}); err != nil {
+		return fail(err)
+	}
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
 		return fail(err)
 	}
-	stime := procStartTime(pid)
-	sb.mu.Lock()
-	sb.st.StartTime = stime
-	sb.mu.Unlock()
 	go r.watchLogs(sb)
 	q, err := r.connectQMP(ctx, sb)
 	if err != nil {
@@ -754,7 +766,9 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.stopping = true
 	sb.mu.Unlock()
 	if !started {
-		return nil
+		// Not started as far as this instance knows; a QEMU a node restart
+		// lost track of must not outlive its sandbox.
+		return r.killStrays(ctx, id, sb.st.StateDir)
 	}
 	waitFor := func(d time.Duration) bool {
 		t := time.NewTimer(d)
@@ -797,7 +811,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
+		return r.deleteUnknown(ctx, id)
 	}
 	if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
 		return err
@@ -844,23 +858,66 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{State: runtime.StateCreated}, nil
 	}
 	if q != nil {
-		if st, err := q.Status(ctx); err == nil && st == "paused" {
-			return runtime.Status{State: runtime.StatePaused, Pid: pid}, nil
+		if st, err := q.Status(ctx); err == nil {
+			switch st {
+			case "paused":
+				return runtime.Status{State: runtime.StatePaused, Pid: pid}, nil
+			case "prelaunch", "inmigrate":
+				// A restore whose Start never finished (the node died
+				// in it): the guest does not run yet.
+				return runtime.Status{State: runtime.StateCreated, Pid: pid}, nil
+			}
 		}
 	}
 	return runtime.Status{State: runtime.StateRunning, Pid: pid}, nil
 }
 
-// Recover implements runtime.Runtime: it finds QEMU by the pid in the
-// Handle (its cmdline and start time must match) and re-attaches to QMP.
+// Recover implements runtime.Runtime. The Handle the node keeps is the one
+// Create returned (no pid in it): QEMU's pid and start time come from the
+// run file Start wrote in the StateDir, or, for a node killed between
+// QEMU's exec and that write, from /proc. A running QEMU is watched through
+// a pidfd and re-attached through qmp.sock.
 func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	var st handleState
 	if err := json.Unmarshal(h.State, &st); err != nil {
 		return fmt.Errorf("vm handle %q: %w: %w", h.ID, errdefs.ErrInvalidArgument, err)
 	}
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: st.Pid > 0}
+	if st.StateDir == "" {
+		return fmt.Errorf("vm handle %q: %w: no state dir", h.ID, errdefs.ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	known := r.sbs[h.ID] != nil
+	r.mu.Unlock()
+	if known {
+		return nil
+	}
+	rs, err := readRunState(st.StateDir)
+	switch {
+	case err == nil && rs.ID != h.ID:
+		return fmt.Errorf("vm sandbox %q: %w: its state dir %s belongs to %q", h.ID, errdefs.ErrNotFound, st.StateDir, rs.ID)
+	case errors.Is(err, fs.ErrNotExist):
+		// A Handle made before run files, or a state dir that is gone.
+		if st.Pid == 0 && !hasDisk(st.StateDir) && len(r.findQEMU(h.ID, st.StateDir)) == 0 {
+			return fmt.Errorf("vm sandbox %q: %w: nothing of it in %s", h.ID, errdefs.ErrNotFound, st.StateDir)
+		}
+	case err != nil:
+		return fmt.Errorf("vm sandbox %q recover: %w", h.ID, err)
+	}
+	pid, stime := st.Pid, st.StartTime
+	if rs.Pid > 0 {
+		pid, stime = rs.Pid, rs.StartTime
+	}
+	started := pid > 0
+	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
+		pid, stime = 0, 0
+		if pids := r.findQEMU(h.ID, st.StateDir); len(pids) > 0 {
+			pid, stime, started = pids[0], procStartTime(pids[0]), true
+		}
+	}
+	st.Pid, st.StartTime = pid, stime
+	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started}
 	sb.spec.StateDir = st.StateDir
-	if sb.started {
+	if started {
 		close(sb.startedC)
 	}
 	r.mu.Lock()
@@ -870,32 +927,32 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sbs[h.ID] = sb
 	r.mu.Unlock()
-	if !sb.started {
+	if !started {
 		return nil
 	}
-	if !r.isOurQEMU(st) {
+	if pid == 0 {
 		r.ended(sb, "qemu was gone when the node looked", -1)
 		return nil
 	}
 	r.watch(sb)
 	go r.watchLogs(sb)
-	q, err := dialQMP(ctx, filepath.Join(st.StateDir, "qmp.sock"))
+	// QMP serves one client: bound the wait for its greeting, so one stuck
+	// VM does not hold up the node's start.
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := dialQMP(qctx, filepath.Join(st.StateDir, "qmp.sock"))
 	if err != nil {
+		select {
+		case <-sb.done:
+			return nil // it ended meanwhile: Wait and Status say so
+		default:
+		}
 		return fmt.Errorf("vm %s recover: %w", h.ID, err)
 	}
 	sb.mu.Lock()
 	sb.qmp = q
 	sb.mu.Unlock()
 	return nil
-}
-
-// isOurQEMU checks that pid is still the QEMU of this sandbox.
-func (r *Runtime) isOurQEMU(st handleState) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/cmdline")
-	if err != nil || !bytes.Contains(b, []byte(filepath.Join(st.StateDir, "qmp.sock"))) {
-		return false
-	}
-	return st.StartTime == 0 || procStartTime(st.Pid) == st.StartTime
 }
 
 func procStartTime(pid int) uint64 {
