@@ -516,9 +516,11 @@ class DSecClient:
         if image is not None and snapshot is not None:
             raise ValueError("give image or snapshot, not both")
         if image is not None:
-            run_args = dataclasses.replace(run_args, image=image)
+            run_args = dataclasses.replace(run_args, image=image, snapshot="")
         if snapshot is not None:
-            run_args = dataclasses.replace(run_args, image="snapshot/" + snapshot)
+            # A snapshot is started with spec.snapshot; its image name
+            # ("snapshot/<id>") is refused as an image.
+            run_args = dataclasses.replace(run_args, image="", snapshot=snapshot)
         sb = await self.run_sandbox(run_args)
         diffs: list[ReplayDifference] = []
         calls = skipped = 0
