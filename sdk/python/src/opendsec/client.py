@@ -198,9 +198,10 @@ class ReplayReport:
     Attributes:
         sandbox_id: the sandbox the log was replayed in (stopped unless ``keep=True``).
         calls: how many exec calls were replayed.
-        skipped: log entries not replayed (file writes, calls without a
-            recorded result, and calls whose output was truncated or compacted
-            are compared on their exit code only).
+        skipped: log entries not replayed (entries of another kind than
+            ``exec``, calls not ``done`` or without a command). Calls whose
+            output was truncated or compacted are replayed and compared on
+            their exit code only.
         differences: the calls that differed, in order; empty when the
             replay matched.
     """
