@@ -238,6 +238,19 @@ func (s *Store) Close(id string) error {
 	s.mu.Lock()
 	l, ok := s.logs[id]
 	delete(s.logs, id)
+	if !ok && s.opts.Retention >= 0 && validID(id) == nil {
+		// A log not opened since the node restarted: its stop is stamped
+		// too, so that its retention counts from the stop, not from its
+		// last call.
+		if _, err := os.Stat(s.path(id)); err == nil {
+			var oerr error
+			if l, oerr = s.openLocked(id, Meta{SandboxID: id, Created: s.opts.Clock()}); oerr != nil {
+				s.mu.Unlock()
+				return oerr
+			}
+			ok = true
+		}
+	}
 	s.mu.Unlock()
 	if !ok {
 		if s.opts.Retention < 0 {

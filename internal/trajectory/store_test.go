@@ -3,6 +3,7 @@ package trajectory
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -278,6 +279,34 @@ func TestRetention(t *testing.T) {
 	}
 	if _, calls, err := s.Read("live"); err != nil || len(calls) != 1 {
 		t.Fatalf("live log after sweep: %v", err)
+	}
+}
+
+// TestCloseAfterReopenStampsStop: a log the node did not open since its
+// restart is still stamped closed at its sandbox's stop, and its file
+// touched, so that its retention counts from the stop.
+func TestCloseAfterReopenStampsStop(t *testing.T) {
+	dir := t.TempDir()
+	s1 := openStore(t, dir)
+	l, _ := s1.Log("sb1", Meta{Owner: "alice"})
+	run(t, l, "a", execReq("true"), "", 0)
+	old := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, "sb1.log"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openStore(t, dir) // the node restarted
+	if err := s2.Close("sb1"); err != nil {
+		t.Fatal(err)
+	}
+	m, calls, err := s2.Read("sb1")
+	if err != nil || len(calls) != 1 || m.Closed.IsZero() || m.Owner != "alice" {
+		t.Fatalf("after close: meta %+v, %d calls, %v; want closed, alice's, 1 call", m, len(calls), err)
+	}
+	if n, _ := s2.Sweep(func(string) bool { return false }); n != 0 {
+		t.Fatalf("swept %d logs: the retention must count from the stop", n)
+	}
+	if err := s2.Close("never"); err != nil {
+		t.Fatalf("close of a sandbox without a log: %v", err)
 	}
 }
 

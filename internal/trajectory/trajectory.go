@@ -1,5 +1,5 @@
-// Package trajectory is a sandbox's trajectory log: every exec and file
-// write the node passed to the sandbox's agent, in order, with its request,
+// Package trajectory is a sandbox's trajectory log: every exec the node
+// passed to the sandbox's agent, in order, with its request,
 // its times, its exit and its output (up to a cap), so that a call carrying
 // a call ID already in the log is answered from the log instead of running
 // again (exactly-once calls; see docs/concepts.md "Trajectory log").
@@ -30,7 +30,8 @@ const MaxCallIDBytes = 256
 
 // Kinds of call.
 const (
-	KindExec      = "exec"
+	KindExec = "exec"
+	// KindFileWrite is reserved: the node does not log file writes yet.
 	KindFileWrite = "file_write"
 )
 

@@ -14,7 +14,7 @@ import (
 type TrajectoryEntry = opendsecv1.TrajectoryEntry
 
 // Trajectory returns sandbox id's trajectory log, oldest call first: every
-// exec and file write with its call ID, request, times, exit and recorded
+// exec (file writes are not logged) with its call ID, request, times, exit and recorded
 // output (withOutput false leaves the output out). A stopped sandbox's
 // log is kept for its node's node.trajectory.retention_sec.
 func (c *Client) Trajectory(ctx context.Context, id string, withOutput bool) ([]*TrajectoryEntry, error) {

@@ -4982,7 +4982,7 @@ type TrajectoryEntry struct {
 	ParentSeq uint64 `protobuf:"varint,3,opt,name=parent_seq,json=parentSeq,proto3" json:"parent_seq,omitempty"`
 	Seq       uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	CallId    string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	// "exec" or "file_write".
+	// "exec" ("file_write" is reserved: file writes are not logged yet).
 	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
 	// running | done | interrupted (the node lost the result; never re-run).
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
@@ -4993,7 +4993,7 @@ type TrajectoryEntry struct {
 	Env     map[string]string `protobuf:"bytes,10,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Cwd     string            `protobuf:"bytes,11,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	User    string            `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
-	// A file write's path, content sha256 (hex) and size.
+	// Reserved for a file write's path, content sha256 (hex) and size (empty).
 	Path     string                 `protobuf:"bytes,13,opt,name=path,proto3" json:"path,omitempty"`
 	Sha256   string                 `protobuf:"bytes,14,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	Size     int64                  `protobuf:"varint,15,opt,name=size,proto3" json:"size,omitempty"`

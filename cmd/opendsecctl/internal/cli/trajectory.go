@@ -9,7 +9,7 @@ func (a *app) logCommand() *cobra.Command {
 	var noOutput bool
 	cmd := &cobra.Command{
 		Use:   "log ID",
-		Short: "Print a sandbox's trajectory log: every exec and file write, in order, one JSON line each",
+		Short: "Print a sandbox's trajectory log: every exec, in order, one JSON line each",
 		Long: `Print a sandbox's trajectory log (docs/concepts.md "Trajectory log"): one JSON
 line per call, oldest first, with its seq, call_id, request, times, exit code
 and recorded output (base64 stdout/stderr). The first line also names the

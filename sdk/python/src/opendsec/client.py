@@ -198,9 +198,10 @@ class ReplayReport:
     Attributes:
         sandbox_id: the sandbox the log was replayed in (stopped unless ``keep=True``).
         calls: how many exec calls were replayed.
-        skipped: log entries not replayed (file writes, calls without a
-            recorded result, and calls whose output was truncated or compacted
-            are compared on their exit code only).
+        skipped: log entries not replayed (entries of another kind than
+            ``exec``, calls not ``done`` or without a command). Calls whose
+            output was truncated or compacted are replayed and compared on
+            their exit code only.
         differences: the calls that differed, in order; empty when the
             replay matched.
     """
@@ -516,9 +517,11 @@ class DSecClient:
         if image is not None and snapshot is not None:
             raise ValueError("give image or snapshot, not both")
         if image is not None:
-            run_args = dataclasses.replace(run_args, image=image)
+            run_args = dataclasses.replace(run_args, image=image, snapshot="")
         if snapshot is not None:
-            run_args = dataclasses.replace(run_args, image="snapshot/" + snapshot)
+            # A snapshot is started with spec.snapshot; its image name
+            # ("snapshot/<id>") is refused as an image.
+            run_args = dataclasses.replace(run_args, image="", snapshot=snapshot)
         sb = await self.run_sandbox(run_args)
         diffs: list[ReplayDifference] = []
         calls = skipped = 0

@@ -942,7 +942,8 @@ class Sandbox:
 
         Each item is one call as a JSON-ready dict (``json.dumps(item)`` is
         one JSON line): ``seq``, ``call_id``, ``kind``, ``state``,
-        ``command``/``env``/``cwd``/``user`` or ``path``/``sha256``,
+        ``command``/``env``/``cwd``/``user`` (exec calls only: file writes
+        are not logged),
         ``started``/``ended``, ``exit_code``, ``stdout``/``stderr`` (base64,
         up to the log's cap; ``output=False`` leaves them out),
         ``output_truncated``, ``output_compacted``, and ``origin`` for calls

@@ -567,7 +567,7 @@ type ProcessServiceClient interface {
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
-	// every exec and file write with its call_id, request, times, exit and
+	// every exec (file writes are not logged) with its call_id, request, times, exit and
 	// recorded output. A stopped sandbox's log is kept for
 	// node.trajectory.retention_sec.
 	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest]) (*connect.ServerStreamForClient[v1.TrajectoryEntry], error)
@@ -674,7 +674,7 @@ type ProcessServiceHandler interface {
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
-	// every exec and file write with its call_id, request, times, exit and
+	// every exec (file writes are not logged) with its call_id, request, times, exit and
 	// recorded output. A stopped sandbox's log is kept for
 	// node.trajectory.retention_sec.
 	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest], *connect.ServerStream[v1.TrajectoryEntry]) error

@@ -725,7 +725,7 @@ class ProcessServiceServicer(object):
 
     def GetTrajectory(self, request, context):
         """GetTrajectory streams a sandbox's trajectory log, oldest call first:
-        every exec and file write with its call_id, request, times, exit and
+        every exec (file writes are not logged) with its call_id, request, times, exit and
         recorded output. A stopped sandbox's log is kept for
         node.trajectory.retention_sec.
         """
