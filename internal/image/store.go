@@ -635,6 +635,9 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 	} else if err != nil {
 		return fmt.Errorf("remove image %s: %w", n, err)
 	}
+	if err := s.removeFiles(n); err != nil {
+		return err
+	}
 	return syncDir(s.path("refs"))
 }
 

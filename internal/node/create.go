@@ -81,7 +81,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 		if k, ok := n.pool.key(ctx, spec); ok {
 			if slot := n.pool.take(k, spec); slot != nil {
 				path = createPathWarm
-				return n.createFromPool(ctx, req, spec, k, slot)
+				rec, err := n.createFromPool(ctx, req, spec, k, slot)
+				n.startLogFromSnapshot(ctx, rec, err, spec)
+				return rec, err
 			}
 		}
 	}
@@ -139,7 +141,24 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (_ *record, err er
 			},
 		},
 	})
-	return n.finishCreate(ctx, sb, err)
+	rec, err := n.finishCreate(ctx, sb, err)
+	n.startLogFromSnapshot(ctx, rec, err, spec)
+	return rec, err
+}
+
+// startLogFromSnapshot starts the trajectory log of a sandbox a create
+// made from a snapshot with the snapshot's copy of its source's log (a
+// create that repeated an earlier one finds its log there already).
+func (n *Node) startLogFromSnapshot(ctx context.Context, rec *record, err error, spec specRecord) {
+	if err != nil || rec == nil || spec.Snapshot == "" || n.traj == nil {
+		return
+	}
+	n.mu.Lock()
+	sb := n.sandboxes[rec.ID]
+	n.mu.Unlock()
+	if sb != nil {
+		n.restoreSnapshotLog(ctx, sb, spec)
+	}
 }
 
 // createFromPool runs the create pipeline with the prestarted sandbox slot

@@ -19,6 +19,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/trajectory"
 )
 
 // Snapshots. A snapshot saves a running or paused sandbox under a name
@@ -120,16 +121,23 @@ func openSnapshots(ctx context.Context, stateDir string, imgs ImageResolver) (*s
 		s.byID[r.ID] = r
 		s.names[nameKey(r.Owner, r.Project, r.Name)] = r.ID
 	}
-	// Directories of backend snapshots without a record are leftovers.
+	// Directories of backend snapshots and log copies without a record are
+	// leftovers.
 	for _, e := range ents {
 		if id, ok := strings.CutSuffix(e.Name(), ".d"); ok && e.IsDir() && s.byID[id] == nil {
 			_ = os.RemoveAll(filepath.Join(s.dir, e.Name()))
+		}
+		if id, ok := strings.CutSuffix(e.Name(), ".trajectory.log"); ok && !e.IsDir() && s.byID[id] == nil {
+			_ = os.Remove(filepath.Join(s.dir, e.Name()))
 		}
 	}
 	return s, nil
 }
 
 func (s *snapshots) recordPath(id string) string { return filepath.Join(s.dir, id+".json") }
+
+// logPath is snapshot id's copy of its source's trajectory log.
+func (s *snapshots) logPath(id string) string { return filepath.Join(s.dir, id+".trajectory.log") }
 
 // dataDir is where a backend snapshot id is written.
 func (s *snapshots) dataDir(id string) string { return filepath.Join(s.dir, id+".d") }
@@ -186,6 +194,9 @@ func (s *snapshots) discard(ctx context.Context, imgs ImageResolver, r *snapshot
 	}
 	if err := os.RemoveAll(s.dataDir(r.ID)); err != nil {
 		return fmt.Errorf("remove snapshot %s: %w", r.ID, err)
+	}
+	if err := os.Remove(s.logPath(r.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove trajectory log of snapshot %s: %w", r.ID, err)
 	}
 	if err := os.Remove(s.recordPath(r.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove snapshot record %s: %w", r.ID, err)
@@ -288,7 +299,14 @@ func (n *Node) CreateSnapshot(ctx context.Context, sandboxID, name string) (*sna
 		return nil, err
 	}
 	t0 := time.Now()
-	if err := n.saveSnapshot(ctx, snap, src); err != nil {
+	err = n.exportSnapshotLog(snap)
+	if err == nil {
+		err = n.saveSnapshot(ctx, snap, src)
+	}
+	if err == nil {
+		err = n.shareSnapshotLog(ctx, snap)
+	}
+	if err != nil {
 		if derr := n.snaps.discard(context.WithoutCancel(ctx), n.cfg.Images, snap); derr != nil {
 			log.G(ctx).Error("remove failed snapshot; the next node start retries", "snapshot_id", id, log.Err(derr))
 		}
@@ -434,4 +452,79 @@ func (n *Node) resolveSnapshot(ctx context.Context, spec specRecord) (_ specReco
 		restore = r
 	}
 	return spec, restore, nil
+}
+
+// The trajectory log and snapshots. A snapshot keeps a copy of its
+// source's log as it was just before the snapshot was taken (calls still
+// running then are marked interrupted): <state dir>/snapshots/<id>.trajectory.log
+// on the node that keeps the record, and, for a container snapshot
+// (pack_diff, startable on any node sharing the image store), the same
+// copy kept with its image in the store (imageFiles). A sandbox started
+// from the snapshot starts its log with that copy, its parent the source.
+
+// snapshotLogKey names the log copy among an image's files.
+const snapshotLogKey = "trajectory.log"
+
+// imageFiles is an image store that keeps files with an image, seen by
+// every node sharing it; *image.Store implements it.
+type imageFiles interface {
+	PutFile(ctx context.Context, name, key, src string) error
+	File(name, key string) (string, error)
+}
+
+// exportSnapshotLog writes snap's copy of its source's log.
+func (n *Node) exportSnapshotLog(snap *snapshotRecord) error {
+	if n.traj == nil {
+		return nil
+	}
+	if err := n.traj.Export(snap.Source, n.snaps.logPath(snap.ID)); err != nil {
+		return fmt.Errorf("copy the trajectory log of sandbox %s into snapshot %s: %w", snap.Source, snap.ID, err)
+	}
+	return nil
+}
+
+// shareSnapshotLog keeps the log copy of a container snapshot with its
+// image, for sandboxes other nodes start from it.
+func (n *Node) shareSnapshotLog(ctx context.Context, snap *snapshotRecord) error {
+	if n.traj == nil || snap.Image == "" {
+		return nil
+	}
+	st, ok := n.cfg.Images.(imageFiles)
+	if !ok {
+		return nil // a store only this node sees: the local copy serves
+	}
+	if err := st.PutFile(ctx, snap.Image, snapshotLogKey, n.snaps.logPath(snap.ID)); err != nil {
+		return fmt.Errorf("keep the trajectory log of snapshot %s with its image: %w", snap.ID, err)
+	}
+	return nil
+}
+
+// restoreSnapshotLog starts the log of sb, made from snapshot spec.Snapshot,
+// with the snapshot's copy of its source's log: the node's own copy when it
+// keeps the snapshot, else the one kept with the snapshot's image. A
+// snapshot without a copy (taken with the log off) starts an empty log.
+func (n *Node) restoreSnapshotLog(ctx context.Context, sb *sandbox, spec specRecord) {
+	if n.traj == nil || spec.Snapshot == "" {
+		return
+	}
+	p := n.snaps.logPath(spec.Snapshot)
+	if _, err := os.Stat(p); err != nil {
+		p = ""
+		if st, ok := n.cfg.Images.(imageFiles); ok && spec.Image != "" {
+			if fp, err := st.File(spec.Image, snapshotLogKey); err == nil {
+				p = fp
+			} else if !errdefs.IsNotFound(err) {
+				log.G(ctx).Warn("find the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(sb.id), log.Err(err))
+			}
+		}
+	}
+	if p == "" {
+		return
+	}
+	n.mu.Lock()
+	owner, project := sb.rec.Owner, sb.rec.Project
+	n.mu.Unlock()
+	if err := n.traj.Restore(p, sb.id, trajectory.Meta{Owner: owner, Project: project}); err != nil {
+		log.G(ctx).Warn("copy the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(sb.id), log.Err(err))
+	}
 }

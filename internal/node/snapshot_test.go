@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,12 +43,36 @@ type snapImages struct {
 	smu    *sync.Mutex
 	packed map[string]map[string][]byte // name → files; guarded by smu
 	holds  map[string]string            // holder → name; guarded by smu
+	// files keeps the files kept with images (imageFiles), as a store
+	// shared by nodes would.
+	files string
+}
+
+func (s snapImages) PutFile(_ context.Context, name, key, src string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.files, url.PathEscape(name))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, key), b, 0o600)
+}
+
+func (s snapImages) File(name, key string) (string, error) {
+	p := filepath.Join(s.files, url.PathEscape(name), key)
+	if _, err := os.Stat(p); err != nil {
+		return "", errdefs.New(errdefs.ErrNotFound, "image %s has no file %s", name, key)
+	}
+	return p, nil
 }
 
 func newSnapImages(t *testing.T) snapImages {
 	return snapImages{
 		images: images{layer: t.TempDir(), mu: new(sync.Mutex), holds: map[string]bool{}},
 		smu:    new(sync.Mutex), packed: map[string]map[string][]byte{}, holds: map[string]string{},
+		files: t.TempDir(),
 	}
 }
 

@@ -202,9 +202,11 @@ type trajFixture struct {
 	agent *procAgent
 	n     *Node
 	srv   *httptest.Server
+	// wrap, when set, wraps the backend (e.g. diffOnly).
+	wrap func(runtime.Runtime) runtime.Runtime
 }
 
-func newTrajFixture(t *testing.T) *trajFixture {
+func newTrajFixture(t *testing.T, mutate ...func(*trajFixture)) *trajFixture {
 	f := &trajFixture{root: t.Name() + "-" + sandboxid.New("fake"), agent: newProcAgent(t)}
 	f.cfg = Config{
 		ID:             "t001",
@@ -214,6 +216,9 @@ func newTrajFixture(t *testing.T) *trajFixture {
 		CPU:            4,
 		MemoryMB:       4096,
 		ReapInterval:   20 * time.Millisecond,
+	}
+	for _, m := range mutate {
+		m(f)
 	}
 	f.start(t)
 	t.Cleanup(func() {
@@ -227,7 +232,11 @@ func newTrajFixture(t *testing.T) *trajFixture {
 // start opens the node (again), with a fresh backend over the same state.
 func (f *trajFixture) start(t *testing.T) {
 	t.Helper()
-	rt := agentRuntime{Runtime: runtimefake.New(runtimefake.Config{StateRoot: f.root}), agent: f.agent}
+	fake := runtimefake.New(runtimefake.Config{StateRoot: f.root})
+	var rt runtime.Runtime = agentRuntime{Runtime: fake, agent: f.agent}
+	if f.wrap != nil {
+		rt = f.wrap(rt)
+	}
 	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: rt}
 	n, err := New(t.Context(), f.cfg)
 	if err != nil {

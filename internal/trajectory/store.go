@@ -189,6 +189,116 @@ func (s *Store) Fork(parent, child string, init Meta) error {
 	} else if err != nil {
 		return err
 	}
+	return s.startFrom(parent, calls, child, init, "forked")
+}
+
+// Export writes sandbox id's log as it is now to a new file at path (a
+// snapshot's copy of it, which Restore starts other logs from): its head
+// names id, and calls still running are marked interrupted, as a fork
+// marks them. The file is written whole (temporary file, fsync, rename)
+// or not at all. A sandbox without a log exports an empty one.
+func (s *Store) Export(id, path string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	meta, calls, err := s.Read(id)
+	if errdefs.IsNotFound(err) {
+		meta, calls = Meta{SandboxID: id, Created: s.opts.Clock()}, nil
+	} else if err != nil {
+		return err
+	}
+	meta.Closed = time.Time{}
+	for i, c := range calls {
+		if c.Origin == "" {
+			c.Origin = id
+		}
+		if c.State == StateRunning {
+			c.State = StateInterrupted
+			c.ErrCode = "aborted"
+			c.ErrMsg = "the call was running in sandbox " + c.Origin + " when it was snapshotted; sandboxes started from the snapshot did not run it"
+		}
+		calls[i] = c
+	}
+	return writeLogFile(path, meta, calls)
+}
+
+// writeLogFile writes a log file of meta and calls at path atomically.
+func writeLogFile(path string, meta Meta, calls []*Call) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write trajectory copy: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 256<<10)
+	write := func(e entry) error {
+		b, err := frame(e)
+		if err == nil {
+			_, err = w.Write(b)
+		}
+		return err
+	}
+	err = write(entry{Meta: &meta})
+	for _, c := range calls {
+		if err != nil {
+			break
+		}
+		err = write(entry{Call: c})
+	}
+	if err == nil {
+		err = w.Flush()
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write trajectory copy: %w", err)
+	}
+	return nil
+}
+
+// ReadFile reads a log file written by Export (or any log file).
+func ReadFile(path string) (Meta, []*Call, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Meta{}, nil, fmt.Errorf("open trajectory copy: %w", err)
+	}
+	defer f.Close()
+	r := &Log{byID: map[string]*Call{}, bySeq: map[uint64]*Call{}}
+	if _, err := r.load(f); err != nil {
+		return Meta{}, nil, err
+	}
+	return r.meta, r.calls, nil
+}
+
+// Restore starts child's log with the calls of the log file at path (a
+// snapshot's, from Export), its parent the sandbox the file was exported
+// from: as Fork, but from a copy that may come from another node. A child
+// that already has a log keeps it.
+func (s *Store) Restore(path, child string, init Meta) error {
+	if err := validID(child); err != nil {
+		return err
+	}
+	meta, calls, err := ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if meta.SandboxID == "" {
+		return fmt.Errorf("trajectory copy %s has no head", path)
+	}
+	return s.startFrom(meta.SandboxID, calls, child, init, "snapshotted")
+}
+
+// startFrom makes child's log, headed by init with parent as its parent,
+// starting with calls (see Fork); how says what the parent went through
+// (for calls still running: the child did not run them).
+func (s *Store) startFrom(parent string, calls []*Call, child string, init Meta, how string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.logs[child]; ok {
@@ -214,7 +324,7 @@ func (s *Store) Fork(parent, child string, init Meta) error {
 		if c.State == StateRunning {
 			c.State = StateInterrupted
 			c.ErrCode = "aborted"
-			c.ErrMsg = "the call was running in sandbox " + c.Origin + " when it was forked; the fork did not run it"
+			c.ErrMsg = "the call was running in sandbox " + c.Origin + " when it was " + how + "; this sandbox did not run it"
 		}
 		l.addLocked(c)
 		if err := l.appendLocked(entry{Call: c}, false); err != nil {

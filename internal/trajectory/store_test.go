@@ -250,6 +250,57 @@ func TestForkCarriesParentLog(t *testing.T) {
 	}
 }
 
+// TestExportRestore: a snapshot's copy of a log (Export) starts the logs
+// of sandboxes restored from it in another store (another node): the
+// source's calls up to the copy, running ones interrupted, the source as
+// parent; calls after the copy are not in it.
+func TestExportRestore(t *testing.T) {
+	src := openStore(t, t.TempDir())
+	l, _ := src.Log("source", Meta{})
+	run(t, l, "a", execReq("echo", "a"), "a", 0)
+	if _, _, err := l.Begin("b", execReq("sleep", "9"), 0); err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(t.TempDir(), "snap.log")
+	if err := src.Export("source", copyPath); err != nil {
+		t.Fatal(err)
+	}
+	run(t, l, "late", execReq("echo", "late"), "late", 0)
+
+	other := openStore(t, t.TempDir())
+	if err := other.Restore(copyPath, "restored", Meta{Owner: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	rl, _ := other.Log("restored", Meta{})
+	m := rl.Meta()
+	if m.ParentID != "source" || m.ForkSeq != 2 || m.Owner != "alice" || m.SandboxID != "restored" {
+		t.Fatalf("restored meta %+v", m)
+	}
+	calls := rl.Calls()
+	if len(calls) != 2 || calls[0].Origin != "source" || calls[0].State != StateDone ||
+		calls[1].State != StateInterrupted || !strings.Contains(calls[1].ErrMsg, "snapshotted") {
+		t.Fatalf("restored calls %+v", calls)
+	}
+	if rl.Find("late") != nil {
+		t.Fatal("a call after the snapshot is in the restored log")
+	}
+	if c := run(t, rl, "c", execReq("true"), "", 0); c.Seq != 3 {
+		t.Fatalf("restored log's first own call is %d; want 3", c.Seq)
+	}
+	// A repeated restore keeps the log.
+	if err := other.Restore(copyPath, "restored", Meta{}); err != nil || len(rl.Calls()) != 3 {
+		t.Fatalf("repeated restore: %v, %d calls", err, len(rl.Calls()))
+	}
+	// A sandbox that never logged a call exports an empty log naming it.
+	empty := filepath.Join(t.TempDir(), "empty.log")
+	if err := src.Export("quiet", empty); err != nil {
+		t.Fatal(err)
+	}
+	if m, calls, err := ReadFile(empty); err != nil || m.SandboxID != "quiet" || len(calls) != 0 {
+		t.Fatalf("empty export: %+v %d %v", m, len(calls), err)
+	}
+}
+
 // TestRetention: a stopped sandbox's log is readable until its retention
 // passes, then Sweep removes it; a live one stays.
 func TestRetention(t *testing.T) {
