@@ -20,6 +20,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/nodeclient"
+	"github.com/kernflux/opendsec/internal/trajectory"
 )
 
 func fileInfo(e *filesystem.EntryInfo) *v1.FileInfo {
@@ -156,6 +157,9 @@ func (s *Server) upload(ctx context.Context, a *agent, h *v1.WriteFileHeader, st
 			return
 		}
 		hreq.Header.Set("Content-Type", "application/octet-stream")
+		// The node's trajectory log records the write under the path
+		// the caller asked for, not the temporary file.
+		hreq.Header.Set(trajectory.FilePathHeader, h.GetPath())
 		resp, err := a.node.HTTPClient().Do(hreq)
 		// The agent may answer before reading everything (an error):
 		// unblock the writer.

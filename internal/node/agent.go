@@ -165,59 +165,68 @@ func (n *Node) AgentProxy() http.Handler {
 		if tooLargeUpload(w, r, sub, n.cfg.MaxUploadBytes) {
 			return
 		}
-		// An upload without a Content-Length over the limit: the agent
-		// answers 413 once it has read the limit, and the proxy, still
-		// sending, sees a broken pipe instead of that answer. Counting
-		// what went to the agent tells the two apart.
-		var sent atomic.Int64
-		upload := r.Method == http.MethodPost && sub == "files" && n.cfg.MaxUploadBytes > 0 && r.Body != nil && r.Body != http.NoBody
-		if upload {
-			r.Body = &countingBody{ReadCloser: r.Body, n: &sent}
+		if n.traj != nil && r.Method == http.MethodPost && sub == "files" {
+			n.serveTrajWrite(w, r, sb, func(w http.ResponseWriter, r *http.Request) { n.forwardToAgent(w, r, sb, id, sub) })
+			return
 		}
-		sb.touch()
-		defer sb.touch()
-		proxy := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.Out.URL.Scheme = "http"
-				pr.Out.URL.Host = "agent"
-				pr.Out.URL.Path = "/" + sub
-				pr.Out.URL.RawPath = ""
-				pr.Out.Host = "agent"
-				// The node's token is for the node, not the agent; a Basic
-				// Authorization (envd user selection) goes through.
-				if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
-					pr.Out.Header.Del("Authorization")
-				}
-				pr.Out.Header.Del(auth.TokenHeader)
-				pr.Out.Header.Del(auth.OnBehalfHeader)
-				if upload {
-					// The agent refuses a write from its path or
-					// Content-Length without reading the body; the proxy,
-					// still sending it, got a broken pipe instead of the
-					// agent's 403 or 413.
-					pr.Out.Header.Set("Expect", "100-continue")
-				}
-
-			},
-			Transport:     n.agentTransport(sb),
-			FlushInterval: -1,
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if limit := n.cfg.MaxUploadBytes; upload && sent.Load() > limit {
-					writeTooLarge(w, fmt.Sprintf("upload of more than %d bytes exceeds the limit of %d bytes (node.max_upload_mb)", limit, limit))
-					return
-				}
-				log.G(r.Context()).Warn("agent request failed", log.SandboxID(id), log.Err(err))
-				writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %w", id, err))
-			},
-		}
-		if upload && r.Header.Get("Expect") == "" {
-			// The 100 Continue the agent answers to the proxy's Expect is
-			// the proxy's own: ReverseProxy would pass it on to a client
-			// that never asked (undici, E2B's JS SDK, fails the fetch).
-			w = no1xxWriter{w}
-		}
-		proxy.ServeHTTP(w, r)
+		n.forwardToAgent(w, r, sb, id, sub)
 	})
+}
+
+// forwardToAgent proxies r to /sub on sandbox id's agent (sb).
+func (n *Node) forwardToAgent(w http.ResponseWriter, r *http.Request, sb *sandbox, id, sub string) {
+	// An upload without a Content-Length over the limit: the agent
+	// answers 413 once it has read the limit, and the proxy, still
+	// sending, sees a broken pipe instead of that answer. Counting
+	// what went to the agent tells the two apart.
+	var sent atomic.Int64
+	upload := r.Method == http.MethodPost && sub == "files" && n.cfg.MaxUploadBytes > 0 && r.Body != nil && r.Body != http.NoBody
+	if upload {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &sent}
+	}
+	sb.touch()
+	defer sb.touch()
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "agent"
+			pr.Out.URL.Path = "/" + sub
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = "agent"
+			// The node's token is for the node, not the agent; a Basic
+			// Authorization (envd user selection) goes through.
+			if a := pr.Out.Header.Get("Authorization"); len(a) >= 7 && strings.EqualFold(a[:7], "bearer ") {
+				pr.Out.Header.Del("Authorization")
+			}
+			pr.Out.Header.Del(auth.TokenHeader)
+			pr.Out.Header.Del(auth.OnBehalfHeader)
+			if upload {
+				// The agent refuses a write from its path or
+				// Content-Length without reading the body; the proxy,
+				// still sending it, got a broken pipe instead of the
+				// agent's 403 or 413.
+				pr.Out.Header.Set("Expect", "100-continue")
+			}
+
+		},
+		Transport:     n.agentTransport(sb),
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if limit := n.cfg.MaxUploadBytes; upload && sent.Load() > limit {
+				writeTooLarge(w, fmt.Sprintf("upload of more than %d bytes exceeds the limit of %d bytes (node.max_upload_mb)", limit, limit))
+				return
+			}
+			log.G(r.Context()).Warn("agent request failed", log.SandboxID(id), log.Err(err))
+			writeJSONError(w, errdefs.New(errdefs.ErrUnavailable, "agent of sandbox %s unreachable: %w", id, err))
+		},
+	}
+	if upload && r.Header.Get("Expect") == "" {
+		// The 100 Continue the agent answers to the proxy's Expect is
+		// the proxy's own: ReverseProxy would pass it on to a client
+		// that never asked (undici, E2B's JS SDK, fails the fetch).
+		w = no1xxWriter{w}
+	}
+	proxy.ServeHTTP(w, r)
 }
 
 // tooLargeUpload answers 413 to a POST /files (E2B's upload route) whose

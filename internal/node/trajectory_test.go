@@ -3,6 +3,10 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -39,6 +43,8 @@ type procAgent struct {
 	nextPid uint32
 	procs   map[uint32]*fakeProc
 	release map[string]chan struct{}
+	writes  int               // uploads written
+	files   map[string]string // path → content of the last write
 	conns   chan net.Conn
 	closed  chan struct{}
 	srv     *http.Server
@@ -50,10 +56,11 @@ type fakeProc struct {
 }
 
 func newProcAgent(t *testing.T) *procAgent {
-	a := &procAgent{nextPid: 100, procs: map[uint32]*fakeProc{}, release: map[string]chan struct{}{}, conns: make(chan net.Conn), closed: make(chan struct{})}
+	a := &procAgent{nextPid: 100, procs: map[uint32]*fakeProc{}, release: map[string]chan struct{}{}, files: map[string]string{}, conns: make(chan net.Conn), closed: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.Handle(processconnect.NewProcessHandler(a))
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("POST /files", a.serveUpload)
 	a.srv = &http.Server{Handler: mux}
 	go a.srv.Serve(chanListener{a.conns, a.closed})
 	t.Cleanup(func() {
@@ -79,6 +86,49 @@ func (l chanListener) Accept() (net.Conn, error) {
 }
 func (l chanListener) Close() error   { return nil }
 func (l chanListener) Addr() net.Addr { return &net.UnixAddr{Name: "fake", Net: "unix"} }
+
+// serveUpload is the agent's POST /files: a plain or multipart body to
+// ?path= (or the part's filename); a path under /forbidden is refused
+// before the body is read.
+func (a *procAgent) serveUpload(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	if strings.HasPrefix(p, "/forbidden") {
+		http.Error(w, `{"code":403,"message":"permission denied"}`, http.StatusForbidden)
+		return
+	}
+	var content []byte
+	var err error
+	if ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "multipart/form-data" {
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		part, perr := mr.NextPart()
+		if perr != nil {
+			http.Error(w, perr.Error(), http.StatusBadRequest)
+			return
+		}
+		if p == "" {
+			p = part.FileName()
+		}
+		content, err = io.ReadAll(part)
+	} else {
+		content, err = io.ReadAll(r.Body)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.writes++
+	a.files[p] = string(content)
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `[{"path":%q,"name":"x","type":"file"}]`, p)
+}
+
+func (a *procAgent) writeCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.writes
+}
 
 func (a *procAgent) gate(tag string) chan struct{} {
 	a.mu.Lock()

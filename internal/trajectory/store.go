@@ -736,6 +736,9 @@ func (l *Log) Finish(seq uint64, r Result) (*Call, error) {
 	if r.SHA256 != "" {
 		c.Req.SHA256, c.Req.Size = r.SHA256, r.Size
 	}
+	if len(r.Files) > 0 {
+		c.Req.Files = r.Files
+	}
 	delete(l.caps, seq)
 	defer l.notifyLocked(seq)
 	if err := l.appendLocked(entry{Call: c}, true); err != nil {

@@ -1,5 +1,5 @@
-// Package trajectory is a sandbox's trajectory log: every exec the node
-// passed to the sandbox's agent, in order, with its request,
+// Package trajectory is a sandbox's trajectory log: every exec and file
+// write the node passed to the sandbox's agent, in order, with its request,
 // its times, its exit and its output (up to a cap), so that a call carrying
 // a call ID already in the log is answered from the log instead of running
 // again (exactly-once calls; see docs/concepts.md "Trajectory log").
@@ -31,7 +31,9 @@ const MaxCallIDBytes = 256
 // Kinds of call.
 const (
 	KindExec = "exec"
-	// KindFileWrite is reserved: the node does not log file writes yet.
+	// KindFileWrite is an upload through the node's POST /files (the
+	// apiserver's WriteFile, E2B's files.write): the target path, the
+	// content's sha256 and size, and the agent's answer.
 	KindFileWrite = "file_write"
 )
 
@@ -78,10 +80,29 @@ type Request struct {
 	Tag     string            `json:"tag,omitempty"`
 	// TimeoutMs is the process lifetime asked for (0: none).
 	TimeoutMs int64 `json:"timeout_ms,omitempty"`
-	// Path, SHA256 and Size describe a file write (the content's hash).
-	Path   string `json:"path,omitempty"`
-	SHA256 string `json:"sha256,omitempty"`
-	Size   int64  `json:"size,omitempty"`
+	// Path, SHA256 and Size describe a file write (the content's hash,
+	// known once the whole body went through). A multipart upload lists
+	// its files in Files instead (Path is then its ?path=, if any).
+	Path   string    `json:"path,omitempty"`
+	SHA256 string    `json:"sha256,omitempty"`
+	Size   int64     `json:"size,omitempty"`
+	Files  []FileRef `json:"files,omitempty"`
+}
+
+// FileRef is one file of a multipart upload.
+type FileRef struct {
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// HasContent reports whether the content of a file write is known.
+func (r Request) HasContent() bool { return r.SHA256 != "" || len(r.Files) > 0 }
+
+// SameContent reports whether two file writes whose content is known
+// wrote the same bytes.
+func (r Request) SameContent(o Request) bool {
+	return r.SHA256 == o.SHA256 && r.Size == o.Size && slices.Equal(r.Files, o.Files)
 }
 
 // Same reports whether r and o ask for the same thing. A file write's
@@ -99,7 +120,7 @@ func (r Request) Same(o Request) bool {
 			return false
 		}
 	}
-	if r.SHA256 != "" && o.SHA256 != "" && (r.SHA256 != o.SHA256 || r.Size != o.Size) {
+	if r.HasContent() && o.HasContent() && !r.SameContent(o) {
 		return false
 	}
 	return true
@@ -112,6 +133,16 @@ func (r Request) String() string {
 		s := "file write " + quote(r.Path)
 		if r.SHA256 != "" {
 			s += fmt.Sprintf(" (%d bytes, sha256 %s)", r.Size, short(r.SHA256))
+		}
+		if len(r.Files) > 0 {
+			parts := make([]string, len(r.Files))
+			for i, f := range r.Files {
+				parts[i] = fmt.Sprintf("%s (%d bytes, sha256 %s)", quote(f.Path), f.Size, short(f.SHA256))
+			}
+			if r.Path == "" {
+				s = "file write"
+			}
+			s += " of " + strings.Join(parts, ", ")
 		}
 		return s
 	default:
@@ -227,10 +258,11 @@ type Result struct {
 	Interrupted bool
 	HTTPStatus  int
 	Body        []byte
-	// SHA256 and Size complete a file write's request once its body was
-	// read.
+	// SHA256 and Size (or Files) complete a file write's request once its
+	// body was read.
 	SHA256 string
 	Size   int64
+	Files  []FileRef
 }
 
 // Meta heads a log.
@@ -250,7 +282,7 @@ type Meta struct {
 }
 
 // Headers of the trajectory log on the agent proxy's process.Process/Start
-// (docs/api.md "Trajectory log"). Any client of the node's agent path may
+// and POST /files (docs/api.md "Trajectory log"). Any client of the node's agent path may
 // send them: the apiserver, the E2B gateway, envd SDKs.
 const (
 	// CallIDHeader carries the caller's call ID: a call whose ID is in the
@@ -266,6 +298,10 @@ const (
 	CallSeqHeader  = "Opendsec-Call-Seq"
 	ReplayedHeader = "Opendsec-Replayed"
 	JoinedHeader   = "Opendsec-Joined"
+	// FilePathHeader on a POST /files names the path a write is logged
+	// under when the caller writes elsewhere first (the apiserver uploads
+	// to a temporary file it then moves over this path).
+	FilePathHeader = "Opendsec-File-Path"
 )
 
 // Path is the node's route under /agent/<id>/ that streams the
