@@ -88,6 +88,13 @@ func TrajectoryEntryOf(c *trajectory.Call) *v1.TrajectoryEntry {
 		StdoutTotalBytes: c.StdoutBytes, StderrTotalBytes: c.StderrBytes,
 		OutputTruncated: c.Truncated, OutputCompacted: c.Compacted,
 	}
+	if c.Req.Kind == trajectory.KindFileWrite {
+		e.HttpStatus = int32(c.HTTPStatus)
+		e.Stdout = append(e.Stdout, c.Body...)
+		for _, f := range c.Req.Files {
+			e.Files = append(e.Files, &v1.TrajectoryFile{Path: f.Path, Sha256: f.SHA256, Size: f.Size})
+		}
+	}
 	if !c.Started.IsZero() {
 		e.Started = timestamppb.New(c.Started)
 	}

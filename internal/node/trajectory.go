@@ -50,7 +50,7 @@ func (n *Node) serveTrajectory(w http.ResponseWriter, r *http.Request, id string
 	noOutput := r.URL.Query().Get("output") == "0"
 	for _, c := range calls {
 		if noOutput {
-			c.Output = nil
+			c.Output, c.Body = nil, nil
 		}
 		if err := enc.Encode(TrajectoryLine{Call: c}); err != nil {
 			return

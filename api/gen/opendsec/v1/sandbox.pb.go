@@ -4975,25 +4975,28 @@ func (x *GetTrajectoryRequest) GetWithoutOutput() bool {
 // entry of the stream also has the log's head (sandbox_id, parent_id).
 type TrajectoryEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The sandbox whose log this is, and the one it was forked from (its
-	// log starts with the parent's calls up to parent_seq).
+	// The sandbox whose log this is, and the one it was forked or started
+	// from (a snapshot's source): its log starts with the parent's calls up
+	// to parent_seq.
 	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	ParentId  string `protobuf:"bytes,2,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	ParentSeq uint64 `protobuf:"varint,3,opt,name=parent_seq,json=parentSeq,proto3" json:"parent_seq,omitempty"`
 	Seq       uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	CallId    string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	// "exec" ("file_write" is reserved: file writes are not logged yet).
+	// "exec" or "file_write".
 	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
 	// running | done | interrupted (the node lost the result; never re-run).
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
 	// The sandbox the call ran in when it is not this one (inherited from a
-	// fork's parent).
+	// fork's parent or a snapshot's source).
 	Origin  string            `protobuf:"bytes,8,opt,name=origin,proto3" json:"origin,omitempty"`
 	Command []string          `protobuf:"bytes,9,rep,name=command,proto3" json:"command,omitempty"`
 	Env     map[string]string `protobuf:"bytes,10,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Cwd     string            `protobuf:"bytes,11,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	User    string            `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
-	// Reserved for a file write's path, content sha256 (hex) and size (empty).
+	// A file write's path, and its content's sha256 (hex) and size once the
+	// whole body went through (empty for a write the agent refused before
+	// reading it). A multipart upload of several files lists them in files.
 	Path     string                 `protobuf:"bytes,13,opt,name=path,proto3" json:"path,omitempty"`
 	Sha256   string                 `protobuf:"bytes,14,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	Size     int64                  `protobuf:"varint,15,opt,name=size,proto3" json:"size,omitempty"`
@@ -5015,8 +5018,11 @@ type TrajectoryEntry struct {
 	// The log's size bound dropped this call's recorded output.
 	OutputCompacted bool  `protobuf:"varint,29,opt,name=output_compacted,json=outputCompacted,proto3" json:"output_compacted,omitempty"`
 	TimeoutMs       int64 `protobuf:"varint,30,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A file write's answer: the agent's HTTP status (its body is in stdout).
+	HttpStatus    int32             `protobuf:"varint,31,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
+	Files         []*TrajectoryFile `protobuf:"bytes,32,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrajectoryEntry) Reset() {
@@ -5255,6 +5261,81 @@ func (x *TrajectoryEntry) GetOutputCompacted() bool {
 func (x *TrajectoryEntry) GetTimeoutMs() int64 {
 	if x != nil {
 		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetHttpStatus() int32 {
+	if x != nil {
+		return x.HttpStatus
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetFiles() []*TrajectoryFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// TrajectoryFile is one file of a multipart file write.
+type TrajectoryFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Sha256        string                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryFile) Reset() {
+	*x = TrajectoryFile{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryFile) ProtoMessage() {}
+
+func (x *TrajectoryFile) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryFile.ProtoReflect.Descriptor instead.
+func (*TrajectoryFile) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *TrajectoryFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *TrajectoryFile) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *TrajectoryFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
 	}
 	return 0
 }
@@ -5631,7 +5712,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x14GetTrajectoryRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
-	"\x0ewithout_output\x18\x02 \x01(\bR\rwithoutOutput\"\xc1\a\n" +
+	"\x0ewithout_output\x18\x02 \x01(\bR\rwithoutOutput\"\x95\b\n" +
 	"\x0fTrajectoryEntry\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -5667,10 +5748,17 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x10output_truncated\x18\x1c \x01(\bR\x0foutputTruncated\x12)\n" +
 	"\x10output_compacted\x18\x1d \x01(\bR\x0foutputCompacted\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x1e \x01(\x03R\ttimeoutMs\x1a6\n" +
+	"timeout_ms\x18\x1e \x01(\x03R\ttimeoutMs\x12\x1f\n" +
+	"\vhttp_status\x18\x1f \x01(\x05R\n" +
+	"httpStatus\x121\n" +
+	"\x05files\x18  \x03(\v2\x1b.opendsec.v1.TrajectoryFileR\x05files\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xcf\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\x0eTrajectoryFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5733,7 +5821,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -5812,30 +5900,31 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*ConnectPortConnected)(nil),         // 74: opendsec.v1.ConnectPortConnected
 	(*GetTrajectoryRequest)(nil),         // 75: opendsec.v1.GetTrajectoryRequest
 	(*TrajectoryEntry)(nil),              // 76: opendsec.v1.TrajectoryEntry
-	nil,                                  // 77: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 78: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 79: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 80: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 81: opendsec.v1.ExecStart.EnvEntry
-	nil,                                  // 82: opendsec.v1.TrajectoryEntry.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 83: google.protobuf.Timestamp
+	(*TrajectoryFile)(nil),               // 77: opendsec.v1.TrajectoryFile
+	nil,                                  // 78: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 79: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 80: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 81: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 82: opendsec.v1.ExecStart.EnvEntry
+	nil,                                  // 83: opendsec.v1.TrajectoryEntry.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 84: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	77, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	78, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	78, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	79, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	83, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	83, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	83, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	84, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	84, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	84, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	79, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	80, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
 	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
 	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
@@ -5844,10 +5933,10 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 20: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 21: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	5,  // 22: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	83, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	84, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 24: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
 	28, // 25: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	80, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	81, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
 	30, // 27: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 28: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	31, // 29: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
@@ -5855,7 +5944,7 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	30, // 31: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
 	5,  // 32: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
 	31, // 33: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	81, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	82, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
 	38, // 35: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
 	37, // 36: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
 	38, // 37: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
@@ -5864,7 +5953,7 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	43, // 40: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
 	38, // 41: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
 	1,  // 42: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	83, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	84, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
 	55, // 44: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
 	52, // 45: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
 	52, // 46: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
@@ -5875,70 +5964,71 @@ var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
 	68, // 51: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
 	72, // 52: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
 	74, // 53: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
-	82, // 54: opendsec.v1.TrajectoryEntry.env:type_name -> opendsec.v1.TrajectoryEntry.EnvEntry
-	83, // 55: opendsec.v1.TrajectoryEntry.started:type_name -> google.protobuf.Timestamp
-	83, // 56: opendsec.v1.TrajectoryEntry.ended:type_name -> google.protobuf.Timestamp
-	6,  // 57: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 58: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 59: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 60: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 61: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 62: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 63: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	23, // 64: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	25, // 65: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	27, // 66: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	32, // 67: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	35, // 68: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	20, // 69: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
-	39, // 70: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	44, // 71: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	46, // 72: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	48, // 73: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	50, // 74: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	75, // 75: opendsec.v1.ProcessService.GetTrajectory:input_type -> opendsec.v1.GetTrajectoryRequest
-	53, // 76: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	56, // 77: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	58, // 78: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	60, // 79: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	62, // 80: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	64, // 81: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	66, // 82: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	69, // 83: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	71, // 84: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
-	7,  // 85: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 86: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 87: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 88: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 89: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 90: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 91: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	24, // 92: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	26, // 93: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	29, // 94: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	34, // 95: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	36, // 96: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	21, // 97: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
-	40, // 98: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	45, // 99: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	47, // 100: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	49, // 101: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	51, // 102: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	76, // 103: opendsec.v1.ProcessService.GetTrajectory:output_type -> opendsec.v1.TrajectoryEntry
-	54, // 104: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	57, // 105: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	59, // 106: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	61, // 107: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	63, // 108: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	65, // 109: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	67, // 110: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	70, // 111: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	73, // 112: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
-	85, // [85:113] is the sub-list for method output_type
-	57, // [57:85] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	83, // 54: opendsec.v1.TrajectoryEntry.env:type_name -> opendsec.v1.TrajectoryEntry.EnvEntry
+	84, // 55: opendsec.v1.TrajectoryEntry.started:type_name -> google.protobuf.Timestamp
+	84, // 56: opendsec.v1.TrajectoryEntry.ended:type_name -> google.protobuf.Timestamp
+	77, // 57: opendsec.v1.TrajectoryEntry.files:type_name -> opendsec.v1.TrajectoryFile
+	6,  // 58: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 59: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 60: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	12, // 61: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	14, // 62: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	16, // 63: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	17, // 64: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	23, // 65: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	25, // 66: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	27, // 67: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	32, // 68: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	35, // 69: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	20, // 70: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
+	39, // 71: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	44, // 72: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	46, // 73: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	48, // 74: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	50, // 75: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	75, // 76: opendsec.v1.ProcessService.GetTrajectory:input_type -> opendsec.v1.GetTrajectoryRequest
+	53, // 77: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	56, // 78: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	58, // 79: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	60, // 80: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	62, // 81: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	64, // 82: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	66, // 83: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	69, // 84: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	71, // 85: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 86: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 87: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 88: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	13, // 89: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	15, // 90: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	19, // 91: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	18, // 92: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	24, // 93: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	26, // 94: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	29, // 95: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	34, // 96: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	36, // 97: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	21, // 98: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
+	40, // 99: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	45, // 100: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	47, // 101: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	49, // 102: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	51, // 103: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	76, // 104: opendsec.v1.ProcessService.GetTrajectory:output_type -> opendsec.v1.TrajectoryEntry
+	54, // 105: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	57, // 106: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	59, // 107: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	61, // 108: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	63, // 109: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	65, // 110: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	67, // 111: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	70, // 112: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	73, // 113: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	86, // [86:114] is the sub-list for method output_type
+	58, // [58:86] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -5981,7 +6071,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   81,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

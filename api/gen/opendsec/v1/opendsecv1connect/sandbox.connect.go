@@ -567,9 +567,10 @@ type ProcessServiceClient interface {
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
-	// every exec (file writes are not logged) with its call_id, request, times, exit and
-	// recorded output. A stopped sandbox's log is kept for
-	// node.trajectory.retention_sec.
+	// every exec and every file write (WriteFile, E2B files.write) with its
+	// call_id, request, times, exit (or the write's answer) and recorded
+	// output. Code-interpreter calls (E2B run_code) are not logged. A stopped
+	// sandbox's log is kept for node.trajectory.retention_sec.
 	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest]) (*connect.ServerStreamForClient[v1.TrajectoryEntry], error)
 }
 
@@ -674,9 +675,10 @@ type ProcessServiceHandler interface {
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// GetTrajectory streams a sandbox's trajectory log, oldest call first:
-	// every exec (file writes are not logged) with its call_id, request, times, exit and
-	// recorded output. A stopped sandbox's log is kept for
-	// node.trajectory.retention_sec.
+	// every exec and every file write (WriteFile, E2B files.write) with its
+	// call_id, request, times, exit (or the write's answer) and recorded
+	// output. Code-interpreter calls (E2B run_code) are not logged. A stopped
+	// sandbox's log is kept for node.trajectory.retention_sec.
 	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest], *connect.ServerStream[v1.TrajectoryEntry]) error
 }
 

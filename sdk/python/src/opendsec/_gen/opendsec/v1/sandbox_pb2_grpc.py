@@ -725,9 +725,10 @@ class ProcessServiceServicer(object):
 
     def GetTrajectory(self, request, context):
         """GetTrajectory streams a sandbox's trajectory log, oldest call first:
-        every exec (file writes are not logged) with its call_id, request, times, exit and
-        recorded output. A stopped sandbox's log is kept for
-        node.trajectory.retention_sec.
+        every exec and every file write (WriteFile, E2B files.write) with its
+        call_id, request, times, exit (or the write's answer) and recorded
+        output. Code-interpreter calls (E2B run_code) are not logged. A stopped
+        sandbox's log is kept for node.trajectory.retention_sec.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
