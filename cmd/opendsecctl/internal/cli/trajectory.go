@@ -9,11 +9,12 @@ func (a *app) logCommand() *cobra.Command {
 	var noOutput bool
 	cmd := &cobra.Command{
 		Use:   "log ID",
-		Short: "Print a sandbox's trajectory log: every exec, in order, one JSON line each",
+		Short: "Print a sandbox's trajectory log: every exec and file write, in order, one JSON line each",
 		Long: `Print a sandbox's trajectory log (docs/concepts.md "Trajectory log"): one JSON
 line per call, oldest first, with its seq, call_id, request, times, exit code
-and recorded output (base64 stdout/stderr). The first line also names the
-sandbox and, for a fork, its parent. A stopped sandbox's log is kept for its
+and recorded output (base64 stdout/stderr); a file write has its path,
+sha256, size and http_status. The first line also names the sandbox and,
+for a fork or a sandbox started from a snapshot, its parent. A stopped sandbox's log is kept for its
 node's node.trajectory.retention_sec.`,
 		Example: `  opendsecctl sandbox log n001sb0001
   opendsecctl sandbox log n001sb0001 --no-output | jq -r '[.seq, .call_id, (.command|join(" ")), .exit_code] | @tsv'`,

@@ -942,13 +942,16 @@ class Sandbox:
 
         Each item is one call as a JSON-ready dict (``json.dumps(item)`` is
         one JSON line): ``seq``, ``call_id``, ``kind``, ``state``,
-        ``command``/``env``/``cwd``/``user`` (exec calls only: file writes
-        are not logged),
+        ``command``/``env``/``cwd``/``user`` for an ``exec``;
+        ``path``/``sha256``/``size`` (or ``files``) and ``http_status`` for
+        a ``file_write`` (a file upload; its answer is in ``stdout``),
         ``started``/``ended``, ``exit_code``, ``stdout``/``stderr`` (base64,
         up to the log's cap; ``output=False`` leaves them out),
         ``output_truncated``, ``output_compacted``, and ``origin`` for calls
-        inherited from a fork's parent. The first item also has
-        ``sandbox_id`` and, for a fork, ``parent_id``. A stopped sandbox's
+        inherited from a fork's parent or a snapshot's source. The first
+        item also has ``sandbox_id`` and, for a fork or a sandbox started
+        from a snapshot, ``parent_id``. Code-interpreter calls are not
+        logged. A stopped sandbox's
         log stays readable for its node's ``node.trajectory.retention_sec``.
         """
         req = pb.GetTrajectoryRequest(sandbox_id=self.id, without_output=not output)
