@@ -82,6 +82,15 @@ func (n *Node) teardown(ctx context.Context, rec *record) error {
 
 // Stop stops and deletes a sandbox. reason is logged.
 func (n *Node) Stop(ctx context.Context, id, reason string) error {
+	return n.stopIf(ctx, id, reason, nil)
+}
+
+// stopIf is Stop that first runs check (when not nil) under the node's
+// lock, right before the sandbox moves to stopping: an error from it
+// stops nothing and is returned. The reaper checks there that the timeout
+// that chose the sandbox still holds (a set_timeout or a pause may have
+// come in since).
+func (n *Node) stopIf(ctx context.Context, id, reason string, check func(*sandbox, *record) error) error {
 	end, err := n.begin("stop sandbox " + id)
 	if err != nil {
 		return err
@@ -121,6 +130,12 @@ func (n *Node) Stop(ctx context.Context, id, reason string) error {
 		err := sb.stopErr
 		n.mu.Unlock()
 		return err
+	}
+	if check != nil {
+		if err := check(sb, sb.rec); err != nil {
+			n.mu.Unlock()
+			return err
+		}
 	}
 	rec, err := transition(sb.rec, stateStopping) // allowed from every state
 	if err != nil {

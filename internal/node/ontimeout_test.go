@@ -176,3 +176,50 @@ func TestOnTimeoutPauseRechecksBeforeFreezing(t *testing.T) {
 		t.Fatalf("state = %s, want paused", got)
 	}
 }
+
+// The reaper's stop re-checks, under the node's lock, that the timeout it
+// acts on still holds: a lifetime extended by set_timeout, a call in flight
+// (idle), or a pause since the reaper chose the sandbox puts the stop off.
+// The test plays the reaper that chose each sandbox before the change.
+func TestOnTimeoutStopRechecksBeforeStopping(t *testing.T) {
+	clk := &testClock{}
+	f := newFakeNode(t, func(cfg *Config) {
+		cfg.Clock = clk.now
+		cfg.ReapInterval = time.Hour // the test plays the reaper
+		cfg.MaxPaused = time.Hour
+	})
+	reap := func(id, reason string) {
+		t.Helper()
+		f.wg.Add(1)
+		f.reapOne(id, reason, false, make(chan struct{}, 1))
+	}
+	extended := f.create(t, specRecord{TimeoutSec: 60})
+	idle := f.create(t, specRecord{TimeoutSec: 3600, IdleSec: 10})
+	paused := f.create(t, specRecord{TimeoutSec: 60})
+	due := f.create(t, specRecord{TimeoutSec: 60})
+	clk.advance(61 * time.Second) // every lifetime of 60 s and the idle timeout are over
+	if _, err := f.SetTimeout(t.Context(), extended.ID, 600); err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := f.get(idle.ID)
+	sb.active.Add(1) // a call arrived after the reaper chose the sandbox
+	if _, err := f.Pause(t.Context(), paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	reap(extended.ID, "timeout")
+	reap(idle.ID, "idle")
+	reap(paused.ID, "timeout")
+	reap(paused.ID, "paused too long") // paused for 0 s of its hour
+	for id, want := range map[string]string{extended.ID: stateRunning, idle.ID: stateRunning, paused.ID: statePaused} {
+		if got := stateOf(t, f.Node, id); got != want {
+			t.Errorf("%s: state %s after the reaper's stop, want %s (put off)", id, got, want)
+		}
+	}
+	if n := f.rt.Calls(runtimefake.OpStop); n != 0 {
+		t.Fatalf("backend stopped %d sandboxes; want none", n)
+	}
+	// Still due: the reaper stops it.
+	reap(due.ID, "timeout")
+	waitGone(t, f.Node, due.ID, 10*time.Second)
+	sb.active.Add(-1)
+}

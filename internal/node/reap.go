@@ -119,7 +119,8 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 		log.G(ctx).Warn("auto-pause of expired sandbox failed; stopping it instead", log.SandboxID(id), "reason", reason, log.Err(err))
 		reason += " (auto-pause failed)"
 	}
-	if err := n.Stop(ctx, id, reason); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !n.shuttingDown(err) {
+	if err := n.stopIf(ctx, id, reason, n.stillDueStop(reason)); err != nil && !errors.Is(err, errdefs.ErrNotFound) &&
+		!errors.Is(err, errNotDue) && !n.shuttingDown(err) {
 		log.G(ctx).Error("stop expired sandbox", log.SandboxID(id), log.Err(err))
 	}
 }
@@ -143,6 +144,30 @@ func (n *Node) stillDue(reason string) func(*sandbox, *record) error {
 			}
 		case "timeout":
 			if !now.After(rec.ExpiresAt) {
+				return errNotDue
+			}
+		}
+		return nil
+	}
+}
+
+// stillDueStop is stillDue for the reaper's stops, checked under the node's
+// lock right before the sandbox moves to stopping: a lifetime or idle
+// timeout holds only for a sandbox still running (a paused one's clock
+// stands still) whose timeout has not been put off meanwhile, and
+// "paused too long" only for a sandbox still paused that long. Other
+// reasons (a retry of a failed stop, a failed auto-pause) always stop.
+func (n *Node) stillDueStop(reason string) func(*sandbox, *record) error {
+	due := n.stillDue(reason)
+	return func(sb *sandbox, rec *record) error {
+		switch reason {
+		case "timeout", "idle":
+			if rec.State != stateRunning {
+				return errNotDue
+			}
+			return due(sb, rec)
+		case "paused too long":
+			if rec.State != statePaused || n.cfg.MaxPaused <= 0 || n.now().Sub(rec.PausedAt) <= n.cfg.MaxPaused {
 				return errNotDue
 			}
 		}
