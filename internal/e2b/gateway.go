@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,6 +130,17 @@ type Config struct {
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.
 	Images ImageAPI
+	// Builder runs the native image builds of E2B template builds
+	// (NewImageBuilder of the image service); nil answers the template
+	// build routes 501.
+	Builder ImageBuilder
+	// StateDir keeps the templates built through the gateway and their
+	// uploaded files (the data dir's e2b/); empty keeps templates in
+	// memory and files in a temporary directory.
+	StateDir string
+	// MaxTemplateUpload bounds one uploaded COPY archive (and its unpacked
+	// size); 0 means DefaultMaxTemplateUpload.
+	MaxTemplateUpload int64
 }
 
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.
@@ -136,6 +149,7 @@ type Gateway struct {
 	nodes *nodeclient.Pool
 	api   http.Handler
 	prom  *promMetrics
+	tpls  *tplStore
 
 	tokMu sync.Mutex
 	// toks are the principals' renewing tokens; guarded by tokMu.
@@ -185,7 +199,23 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.User == "" {
 		cfg.User = "user"
 	}
+	if cfg.Builder != nil && cfg.StateDir == "" {
+		d, err := os.MkdirTemp("", "opendsec-e2b-")
+		if err != nil {
+			return nil, err
+		}
+		cfg.StateDir = d
+	}
+	tplPath := ""
+	if cfg.StateDir != "" {
+		tplPath = filepath.Join(cfg.StateDir, "templates.json")
+	}
+	tpls, err := newTplStore(tplPath)
+	if err != nil {
+		return nil, err
+	}
 	g := &Gateway{
+		tpls:  tpls,
 		cfg:   cfg,
 		nodes: nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
 		toks:  map[string]*auth.ServiceToken{},
