@@ -32,6 +32,7 @@ var (
 	envKeyRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	userRe    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$`)
 	modeRe    = regexp.MustCompile(`^[0-7]{3,4}$`)
+	dfLineRe  = regexp.MustCompile(`^(dockerfile: )?line \d+: `)
 )
 
 // templateBuildRequest is E2B's TemplateBuildRequestV3.
@@ -146,6 +147,7 @@ type plannedBuild struct {
 	stepOf []string
 	// archives are the COPY uploads by hash (their files on this host).
 	archives      map[string]string
+	base          string
 	user, workdir string
 }
 
@@ -165,7 +167,7 @@ func jsonArgs(args ...string) string {
 // base (the image FROM names) whose user and workdir are user and workdir
 // (empty: E2B's defaults "user" and /home/user are set first).
 func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdir string) (*plannedBuild, error) {
-	pb := &plannedBuild{archives: map[string]string{}}
+	pb := &plannedBuild{archives: map[string]string{}, base: base}
 	var df strings.Builder
 	add := func(step, line string) {
 		df.WriteString(line + "\n")
@@ -373,17 +375,31 @@ func (g *Gateway) startTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
+// shownInstr is a generated instruction as the caller wrote the step:
+// RUN ["/bin/sh","-c","cmd"] is RUN cmd.
+func shownInstr(s string) string {
+	const run = `RUN ["/bin/sh","-c",`
+	if strings.HasPrefix(s, run) {
+		var args []string
+		if json.Unmarshal([]byte(strings.TrimPrefix(s, "RUN ")), &args) == nil && len(args) == 3 {
+			return "RUN " + args[2]
+		}
+	}
+	return s
+}
+
 func noNewline(s string) bool { return !strings.ContainsAny(s, "\n\r\x00") }
 
 // buildLog collects a build's log entries (guarded by the store's lock).
 type buildLog struct {
-	g      *Gateway
-	b      *tplBuild
-	plan   *plannedBuild
-	step   string // the E2B step running
-	nstep  int    // its native step
-	line   map[string]*bytes.Buffer
-	failed string // the E2B step that failed
+	g     *Gateway
+	b     *tplBuild
+	plan  *plannedBuild
+	step  string // the E2B step running
+	nstep int    // its native step
+	line  map[string]*bytes.Buffer
+	raw   string // the running instruction
+	instr string // raw as the caller wrote it
 }
 
 func (l *buildLog) addLocked(level, step, msg string) {
@@ -433,9 +449,10 @@ func (l *buildLog) event(e BuildEvent) {
 	switch {
 	case !e.Done:
 		l.step, l.nstep = step, e.Step
-		l.addLocked("info", step, fmt.Sprintf("[%d/%d] %s", e.Step, e.Steps, e.Instruction))
+		l.raw, l.instr = e.Instruction, shownInstr(e.Instruction)
+		l.addLocked("info", step, fmt.Sprintf("[%d/%d] %s", e.Step, e.Steps, l.instr))
 	case e.Cached:
-		l.addLocked("info", step, fmt.Sprintf("[%d/%d] CACHED %s", e.Step, e.Steps, e.Instruction))
+		l.addLocked("info", step, fmt.Sprintf("[%d/%d] CACHED %s", e.Step, e.Steps, shownInstr(e.Instruction)))
 	}
 }
 
@@ -496,11 +513,20 @@ func (g *Gateway) runTemplateBuild(ctx context.Context, t *tplRecord, b *tplBuil
 	}, l.event)
 	if err != nil {
 		g.tpls.mu.Lock()
-		step := l.step
+		step, nstep, instr, raw := l.step, l.nstep, l.instr, l.raw
 		g.tpls.mu.Unlock()
-		msg := errdefs.PublicMessage(err)
-		if step == stepBase && errdefs.IsNotFound(err) {
-			msg = fmt.Sprintf("the base image is not in OpenDsec's image store (%s); OpenDsec does not pull from registries: build from a template here or ask the operator to import the image", msg)
+		// The Dockerfile is ours, not the caller's: no line numbers, and
+		// the step as the caller wrote it.
+		msg := dfLineRe.ReplaceAllString(errdefs.PublicMessage(err), "")
+		switch {
+		case raw != "" && strings.HasPrefix(msg, raw+": "):
+			msg = instr + strings.TrimPrefix(msg, raw)
+		case instr != "" && strings.HasPrefix(msg, "RUN: "):
+			msg = instr + strings.TrimPrefix(msg, "RUN")
+		}
+		if nstep <= 1 && (errdefs.IsNotFound(err) || strings.Contains(msg, "no such image")) {
+			fail(stepBase, fmt.Sprintf("the base image %s is not in OpenDsec's image store; OpenDsec does not pull from registries: build from a template here (fromTemplate) or ask the operator to import the image", plan.base))
+			return
 		}
 		fail(step, fmt.Sprintf("build step %s failed: %s", step, msg))
 		return

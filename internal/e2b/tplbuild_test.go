@@ -48,14 +48,14 @@ func (f *fakeBuilder) BuildImage(_ context.Context, req ImageBuildRequest, emit 
 	lines := strings.Split(strings.TrimSpace(req.Dockerfile), "\n")
 	if strings.Contains(lines[0], "no-such-image") {
 		emit(BuildEvent{Step: 1, Steps: len(lines), Instruction: lines[0]})
-		return errdefs.New(errdefs.ErrNotFound, "image %q not found", "no-such-image:latest")
+		return errdefs.Invalid("dockerfile", "line 1: FROM no-such-image: no such image in the store and no earlier stage of that name; import it first (`opendsecctl image import`)")
 	}
 	for i, l := range lines {
 		emit(BuildEvent{Step: i + 1, Steps: len(lines), Instruction: l})
 		if strings.HasPrefix(l, "RUN") && strings.Contains(l, "exit 3") {
 			emit(BuildEvent{Step: i + 1, Stream: "stderr", Data: []byte("bo")})
 			emit(BuildEvent{Step: i + 1, Stream: "stderr", Data: []byte("om\n")})
-			return errdefs.New(errdefs.ErrFailedPrecondition, "line %d: %s: exit code 3", i+1, l)
+			return errdefs.Invalid("dockerfile", "line %d: %s: the command exited with code 3; its output ended with:\nboom", i+1, l)
 		}
 		emit(BuildEvent{Step: i + 1, Steps: len(lines), Instruction: l, Done: true})
 	}
@@ -521,8 +521,8 @@ func TestTemplateBuildFailingStep(t *testing.T) {
 	}
 	st, logs := h.waitBuild(h.keyA, tid, bid)
 	reason, _ := st["reason"].(map[string]any)
-	if st["status"] != buildError || reason == nil || reason["step"] != "2" || !strings.Contains(reason["message"].(string), "build step 2 failed") ||
-		!strings.Contains(reason["message"].(string), "exit code 3") {
+	if st["status"] != buildError || reason == nil || reason["step"] != "2" || !strings.HasPrefix(reason["message"].(string), "build step 2 failed: RUN echo no; exit 3: the command exited") ||
+		!strings.Contains(reason["message"].(string), "exited with code 3") || strings.Contains(reason["message"].(string), "line ") {
 		t.Fatalf("status %v", st)
 	}
 	var boom bool
@@ -549,7 +549,8 @@ func TestTemplateBuildFailingStep(t *testing.T) {
 	tid, bid, _, _ = h.startBuild("nobase", `{"fromImage":"no-such-image"}`)
 	st, _ = h.waitBuild(h.keyA, tid, bid)
 	reason, _ = st["reason"].(map[string]any)
-	if st["status"] != buildError || reason["step"] != stepBase || !strings.Contains(reason["message"].(string), "not in OpenDsec's image store") {
+	if st["status"] != buildError || reason["step"] != stepBase || !strings.Contains(reason["message"].(string), "not in OpenDsec's image store") ||
+		strings.Contains(reason["message"].(string), "`") {
 		t.Fatalf("status %v", st)
 	}
 }
