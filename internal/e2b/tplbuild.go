@@ -221,8 +221,7 @@ func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdi
 			if _, err := os.Stat(file); err != nil {
 				return nil, bad(i, "COPY %s: its files (hash %s) were not uploaded; upload them to the URL GET /templates/{templateID}/files/{hash} gives", src, st.FilesHash)
 			}
-			got, err := filesHash(func() (io.ReadCloser, error) { return os.Open(file) }, src, dest)
-			if err != nil || got != st.FilesHash {
+			if !checkFilesHash(func() (io.ReadCloser, error) { return os.Open(file) }, src, dest, st.FilesHash) {
 				// Not what the SDK said it sent: drop it, so a correct
 				// upload can replace it.
 				_ = os.Remove(file)

@@ -97,6 +97,13 @@ func newBuildHarness(t *testing.T) (*harness, *fakeBuilder) {
 // context), for the files under src: an independent copy of its rules.
 func sdkFilesHash(t *testing.T, dir, src, dest string) string {
 	t.Helper()
+	return sdkFilesHashDirSize(t, dir, src, dest, -1)
+}
+
+// sdkFilesHashDirSize is the JS SDK's rule when dirSize >= 0: directories'
+// sizes are hashed too.
+func sdkFilesHashDirSize(t *testing.T, dir, src, dest string, dirSize int64) string {
+	t.Helper()
 	h := sha256.New()
 	fmt.Fprintf(h, "COPY %s %s", src, dest)
 	var files []string
@@ -119,6 +126,9 @@ func sdkFilesHash(t *testing.T, dir, src, dest string) string {
 		switch {
 		case fi.IsDir():
 			h.Write([]byte(fmt.Sprint(0o040000 | mode)))
+			if dirSize >= 0 {
+				h.Write([]byte(fmt.Sprint(dirSize)))
+			}
 		case fi.Mode()&os.ModeSymlink != 0:
 			target, _ := os.Readlink(f)
 			h.Write([]byte(fmt.Sprint(0o120000 | 0o777)))
@@ -582,5 +592,34 @@ func TestTemplateStorePersists(t *testing.T) {
 	}
 	if b := s2.all["tpl-1"].Builds["b2"]; b.Status != buildError || b.Reason == nil {
 		t.Fatalf("interrupted build: %+v", b)
+	}
+}
+
+// Both SDKs' rules verify; anything else does not.
+func TestCheckFilesHash(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "d", "e"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "d", "e", "x"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	arch := filepath.Join(t.TempDir(), "a.tar")
+	if err := os.WriteFile(arch, sdkTar(t, dir, "d"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := func() (io.ReadCloser, error) { return os.Open(arch) }
+	for _, c := range []struct {
+		hash string
+		ok   bool
+	}{
+		{sdkFilesHash(t, dir, "d", "/x/"), true},
+		{sdkFilesHashDirSize(t, dir, "d", "/x/", 4096), true},
+		{sdkFilesHashDirSize(t, dir, "d", "/x/", 17), false},
+		{sdkFilesHash(t, dir, "d", "/y/"), false},
+	} {
+		if got := checkFilesHash(open, "d", "/x/", c.hash); got != c.ok {
+			t.Fatalf("hash %s: %v, want %v", c.hash, got, c.ok)
+		}
 	}
 }

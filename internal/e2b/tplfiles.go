@@ -231,12 +231,31 @@ func checkArchive(r io.Reader, limit int64) error {
 	return nil
 }
 
+// jsDirSizes are the directory sizes tried for the JS SDK's files hash,
+// which hashes a directory's st_size (not in the archive): ext4's.
+var jsDirSizes = []int64{4096}
+
+// checkFilesHash reports whether want is the files hash of a COPY step
+// (src, dest) over its uploaded archive, by the Python SDK's rule or the
+// JS SDK's (which also hashes directories' sizes).
+func checkFilesHash(open func() (io.ReadCloser, error), src, dest, want string) bool {
+	if got, err := filesHash(open, src, dest, -1); err == nil && got == want {
+		return true
+	}
+	for _, size := range jsDirSizes {
+		if got, err := filesHash(open, src, dest, size); err == nil && got == want {
+			return true
+		}
+	}
+	return false
+}
+
 // filesHash computes the E2B SDKs' files hash of a COPY step (src, dest)
 // from its uploaded archive: sha256 of "COPY src dest", then for each
-// entry in order its relative path, st_mode in decimal, size (not for
-// directories; a symlink's is its target's length), and then a file's
-// content or a symlink's target.
-func filesHash(open func() (io.ReadCloser, error), src, dest string) (string, error) {
+// entry in order its relative path, st_mode in decimal, size (for
+// directories only when dirSize >= 0, as dirSize; a symlink's is its
+// target's length), and then a file's content or a symlink's target.
+func filesHash(open func() (io.ReadCloser, error), src, dest string, dirSize int64) (string, error) {
 	f, err := open()
 	if err != nil {
 		return "", err
@@ -265,6 +284,9 @@ func filesHash(open func() (io.ReadCloser, error), src, dest string) (string, er
 		switch hd.Typeflag {
 		case tar.TypeDir:
 			h.Write([]byte(strconv.FormatInt(0o040000|perm, 10)))
+			if dirSize >= 0 {
+				h.Write([]byte(strconv.FormatInt(dirSize, 10)))
+			}
 		case tar.TypeSymlink:
 			h.Write([]byte(strconv.FormatInt(0o120000|perm, 10)))
 			h.Write([]byte(strconv.Itoa(len(hd.Linkname))))
