@@ -344,12 +344,14 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Network:        network,
 			OnTimeout:      onTimeout(autoPause),
 		}
+		var startCmd, readyCmd string
 		if t, tb, ok := g.tpls.resolve(principal(r.Context()), req.TemplateID); ok {
 			// A template built through this gateway: its image, and the
 			// user and workdir its steps ended with.
 			spec.Image = tb.Image
 			spec.User = cmpOr(tb.User, spec.User)
 			spec.Workdir = cmpOr(tb.Workdir, spec.Workdir)
+			startCmd, readyCmd = tb.StartCmd, tb.ReadyCmd
 			g.tpls.spawned(t.ID)
 		} else if t != nil || strings.HasPrefix(spec.Image, tplImagePrefix) {
 			// The caller's template with no finished build of that tag,
@@ -383,7 +385,18 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeErr(w, fmt.Errorf("create sandbox: %w", err))
 			return
 		}
-		writeJSON(w, http.StatusCreated, g.sandboxOf(resp.Msg.GetSandbox()))
+		sb := resp.Msg.GetSandbox()
+		if startCmd != "" {
+			if err := g.startTemplateCmd(r.Context(), sb.GetId(), spec.GetUser(), spec.GetWorkdir(), startCmd, readyCmd); err != nil {
+				// Not the sandbox the template promises: none.
+				if _, serr := g.cfg.API.StopSandbox(context.WithoutCancel(r.Context()), connect.NewRequest(&v1.StopSandboxRequest{Id: sb.GetId()})); serr != nil {
+					log.G(r.Context()).Warn("e2b create: stop a sandbox whose start command failed", log.SandboxID(sb.GetId()), log.Err(serr))
+				}
+				writeErr(w, err)
+				return
+			}
+		}
+		writeJSON(w, http.StatusCreated, g.sandboxOf(sb))
 	}
 }
 

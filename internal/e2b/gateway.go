@@ -141,6 +141,9 @@ type Config struct {
 	// MaxTemplateUpload bounds one uploaded COPY archive (and its unpacked
 	// size); 0 means DefaultMaxTemplateUpload.
 	MaxTemplateUpload int64
+	// ReadyTimeout bounds the wait of a create from a template with a
+	// start command for its ready command; 0 means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
 }
 
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.

@@ -535,6 +535,7 @@ func (g *Gateway) runTemplateBuild(ctx context.Context, t *tplRecord, b *tplBuil
 	l.flushLocked(stepFinalize)
 	now := time.Now().UTC()
 	b.Status, b.Updated, b.Image, b.User, b.Workdir = buildReady, now, image, plan.user, plan.workdir
+	b.StartCmd, b.ReadyCmd = req.StartCmd, req.ReadyCmd
 	for _, tag := range b.Tags {
 		t.Tags[tag] = tagRecord{BuildID: b.ID, Created: now}
 	}

@@ -266,8 +266,7 @@ func TestTemplateBuildEndToEnd(t *testing.T) {
 		{"type":"COPY","args":["app","/opt/app/","",""],"filesHash":%q,"force":false},
 		{"type":"ENV","args":["GREETING","hello \"world\" $HOME","B","2"],"force":false},
 		{"type":"WORKDIR","args":["/opt/app"],"force":false},
-		{"type":"USER","args":["root"],"force":false}],
-		"startCmd":"sleep infinity","readyCmd":"true"}`, hash)
+		{"type":"USER","args":["root"],"force":false}]}`, hash)
 	if w, _ := h.do(h.keyB, "POST", "/v2/templates/"+tid+"/builds/"+bid, body); w.Code != 404 {
 		t.Fatalf("start as B: %d %s", w.Code, w.Body)
 	}
@@ -285,7 +284,7 @@ func TestTemplateBuildEndToEnd(t *testing.T) {
 		t.Fatalf("build: %v %v", st, logs)
 	}
 	req, ctxTar := fb.last()
-	if req.Name != tplImagePrefix+tid+":"+bid || req.StartCmd != "sleep infinity" || req.ReadyCmd != "true" {
+	if req.Name != tplImagePrefix+tid+":"+bid || req.StartCmd != "" {
 		t.Fatalf("build request %+v", req)
 	}
 	// The generated Dockerfile parses with BuildKit's parser into what the

@@ -53,18 +53,21 @@ type reasonJSON struct {
 
 // tplBuild is one build of a template.
 type tplBuild struct {
-	ID      string         `json:"id"`
-	Status  string         `json:"status"`
-	Created time.Time      `json:"created"`
-	Updated time.Time      `json:"updated"`
-	Tags    []string       `json:"tags"` // assigned when it is ready
-	Image   string         `json:"image,omitempty"`
-	User    string         `json:"user,omitempty"`
-	Workdir string         `json:"workdir,omitempty"`
-	Logs    []logEntryJSON `json:"logs,omitempty"`
-	Reason  *reasonJSON    `json:"reason,omitempty"`
-	CPU     int            `json:"cpu,omitempty"`
-	MemMB   int            `json:"memMB,omitempty"`
+	ID      string    `json:"id"`
+	Status  string    `json:"status"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	Tags    []string  `json:"tags"` // assigned when it is ready
+	Image   string    `json:"image,omitempty"`
+	User    string    `json:"user,omitempty"`
+	Workdir string    `json:"workdir,omitempty"`
+	// StartCmd and ReadyCmd run in each sandbox of the build at its start.
+	StartCmd string         `json:"startCmd,omitempty"`
+	ReadyCmd string         `json:"readyCmd,omitempty"`
+	Logs     []logEntryJSON `json:"logs,omitempty"`
+	Reason   *reasonJSON    `json:"reason,omitempty"`
+	CPU      int            `json:"cpu,omitempty"`
+	MemMB    int            `json:"memMB,omitempty"`
 }
 
 type tagRecord struct {

@@ -8,7 +8,7 @@ import uuid
 
 import httpx
 import pytest
-from e2b import Sandbox, Template
+from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException
 
 API = os.environ["E2B_API_URL"].rstrip("/")
@@ -79,6 +79,31 @@ def test_template_build_and_start(context_dir):
     finally:
         _delete(info.template_id)
     assert Template.exists(name) is False
+
+
+def test_template_start_cmd(context_dir):
+    # E2B runs the start command when it builds the template and snapshots
+    # the running sandbox; OpenDsec runs it in each sandbox of the template
+    # and waits for the ready command before the create returns.
+    name = "sdk-start-" + uuid.uuid4().hex[:8]
+    tpl = (
+        Template(file_context_path=str(context_dir))
+        .from_template("base")
+        .copy("hello.txt", "/home/user/site/index.html")
+        .set_workdir("/home/user/site")
+        .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
+    )
+    info = Template.build(tpl, name)
+    try:
+        sbx = Sandbox.create(name)
+        try:
+            # Ready before create returned: no retry needed.
+            r = sbx.commands.run("curl -sf http://127.0.0.1:8000/index.html")
+            assert r.stdout == "hello from the build context\n", (r.stdout, r.stderr)
+        finally:
+            sbx.kill()
+    finally:
+        _delete(info.template_id)
 
 
 def test_template_build_failing_step():
