@@ -22,6 +22,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
@@ -352,6 +353,14 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			spec.User = cmpOr(tb.User, spec.User)
 			spec.Workdir = cmpOr(tb.Workdir, spec.Workdir)
 			startCmd, readyCmd = tb.StartCmd, tb.ReadyCmd
+			// The build's cpuCount and memoryMB, as E2B gives its
+			// template's sandboxes.
+			if tb.CPU > 0 {
+				spec.Cpu = float64(tb.CPU)
+			}
+			if tb.MemMB > 0 {
+				spec.MemoryMb = proto.Int64(int64(tb.MemMB))
+			}
 			g.tpls.spawned(t.ID)
 		} else if t != nil || strings.HasPrefix(spec.Image, tplImagePrefix) {
 			// The caller's template with no finished build of that tag,

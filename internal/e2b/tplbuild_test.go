@@ -351,7 +351,7 @@ func TestTemplateBuildEndToEnd(t *testing.T) {
 			t.Fatalf("create from %s: %d %s", ref, w.Code, w.Body)
 		}
 		spec := h.api.sbs[m["sandboxID"].(string)].GetSpec()
-		if spec.GetImage() != req.Name || spec.GetWorkdir() != "/opt/app" || spec.GetUser() != "root" {
+		if spec.GetImage() != req.Name || spec.GetWorkdir() != "/opt/app" || spec.GetUser() != "root" || spec.GetCpu() != 2 || spec.GetMemoryMb() != 1024 {
 			t.Fatalf("spec %v", spec)
 		}
 	}
