@@ -36,6 +36,9 @@ const (
 	ClientID = "6532622b"
 	// DefaultDomain is the domain in sandbox host names when none is set.
 	DefaultDomain = "opendsec.local"
+	// MaxConcurrentBuilds bounds the template builds a gateway runs at
+	// once; more wait for a slot.
+	MaxConcurrentBuilds = 2
 	// DefaultTemplate is the template SDKs create when none is given.
 	DefaultTemplate = "base"
 	// DefaultImage backs the default template unless Templates maps it:
@@ -153,6 +156,8 @@ type Gateway struct {
 	api   http.Handler
 	prom  *promMetrics
 	tpls  *tplStore
+	// buildSlots bounds the template builds running at once.
+	buildSlots chan struct{}
 
 	tokMu sync.Mutex
 	// toks are the principals' renewing tokens; guarded by tokMu.
@@ -218,12 +223,13 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		tpls:  tpls,
-		cfg:   cfg,
-		nodes: nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
-		toks:  map[string]*auth.ServiceToken{},
-		cache: map[string]cachedSandbox{},
-		prom:  newPromMetrics(),
+		tpls:       tpls,
+		buildSlots: make(chan struct{}, MaxConcurrentBuilds),
+		cfg:        cfg,
+		nodes:      nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
+		toks:       map[string]*auth.ServiceToken{},
+		cache:      map[string]cachedSandbox{},
+		prom:       newPromMetrics(),
 	}
 	g.api = g.apiMux()
 	return g, nil

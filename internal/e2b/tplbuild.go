@@ -114,15 +114,28 @@ func (g *Gateway) requestTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	t, ok := s.getLocked(p, name)
 	if !ok {
+		n := 0
+		for _, o := range s.all {
+			if o.Owner == p {
+				n++
+			}
+		}
+		if n >= maxTemplatesPerPrincipal {
+			s.mu.Unlock()
+			writeError(w, http.StatusTooManyRequests, "you have %d templates, the most allowed; delete some (DELETE /templates/{id})", n)
+			return
+		}
 		t = &tplRecord{ID: newTemplateID(), Owner: p, Name: name, Created: now, Builds: map[string]*tplBuild{}, Tags: map[string]tagRecord{}}
 		s.all[t.ID] = t
 	}
 	b := &tplBuild{ID: newBuildID(), Status: buildWaiting, Created: now, Updated: now, Tags: tags, CPU: req.CPUCount, MemMB: req.MemoryMB}
+	stale := t.pruneLocked()
 	t.Builds[b.ID] = b
 	t.Updated = now
 	err := s.saveLocked()
 	id := t.ID
 	s.mu.Unlock()
+	g.removeImages(stale)
 	if err != nil {
 		writeErr(w, fmt.Errorf("save templates: %w", err))
 		return
@@ -228,6 +241,8 @@ func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdi
 				return nil, bad(i, "COPY %s %s: filesHash %s does not match the uploaded files; the upload was discarded, upload them again", src, dest, st.FilesHash)
 			}
 			pb.archives[st.FilesHash] = file
+			now := time.Now()
+			_ = os.Chtimes(file, now, now) // used: kept (sweepFiles)
 			flags := ""
 			owner := user
 			if len(st.Args) > 2 && st.Args[2] != "" {
@@ -507,6 +522,13 @@ func (g *Gateway) runTemplateBuild(ctx context.Context, t *tplRecord, b *tplBuil
 	if len(plan.archives) > 0 {
 		rd = ctxFile
 	}
+	select {
+	case g.buildSlots <- struct{}{}:
+	default:
+		l.add("info", stepBase, "Waiting for a build slot (other builds are running)")
+		g.buildSlots <- struct{}{}
+	}
+	defer func() { <-g.buildSlots }()
 	err = g.cfg.Builder.BuildImage(ctx, ImageBuildRequest{
 		Name: image, Dockerfile: plan.dockerfile, Context: rd, ContextSize: size, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd,
 	}, l.event)

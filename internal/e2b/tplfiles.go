@@ -151,7 +151,25 @@ func (g *Gateway) uploadTemplateFile(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("template files: %w", err))
 		return
 	}
+	sweepFiles(dir)
 	w.WriteHeader(http.StatusOK)
+}
+
+// uploadTTL is how long an uploaded archive no build used is kept.
+const uploadTTL = 7 * 24 * time.Hour
+
+// sweepFiles removes a principal's uploads and stale partial uploads no
+// build used for uploadTTL (a build's use renews them).
+func sweepFiles(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > uploadTTL {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 func (g *Gateway) maxUpload() int64 {

@@ -38,6 +38,13 @@ const maxLogEntries = 20000
 // names (the oldest go first).
 const maxBuildsKept = 10
 
+// maxTemplatesPerPrincipal bounds the templates one principal may have.
+const maxTemplatesPerPrincipal = 500
+
+// waitingBuildTTL is how long a requested build may wait for its start
+// before it is forgotten.
+const waitingBuildTTL = 24 * time.Hour
+
 type logEntryJSON struct {
 	Timestamp time.Time `json:"timestamp"`
 	Level     string    `json:"level"`
@@ -240,6 +247,11 @@ func (t *tplRecord) pruneLocked() (images []string) {
 		}
 	}
 	slices.SortFunc(old, func(a, b *tplBuild) int { return b.Created.Compare(a.Created) })
+	for id, b := range t.Builds {
+		if b.Status == buildWaiting && time.Since(b.Created) > waitingBuildTTL {
+			delete(t.Builds, id)
+		}
+	}
 	for i, b := range old {
 		if b.Image != "" {
 			// Its image is no longer started by any name.
