@@ -22,6 +22,7 @@ import (
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
+	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
@@ -619,6 +620,32 @@ func TestCheckFilesHash(t *testing.T) {
 	} {
 		if got := checkFilesHash(open, "d", "/x/", c.hash); got != c.ok {
 			t.Fatalf("hash %s: %v, want %v", c.hash, got, c.ok)
+		}
+	}
+}
+
+// ENV values and WORKDIR paths come out of the builder's expansion as the
+// caller wrote them.
+func TestDockerfileQuoting(t *testing.T) {
+	lex := shell.NewLex('\\')
+	for _, v := range []string{`plain`, `a "b" $c`, `back\slash\\`, `${X:-y}`, "tab\there", `'single'`, ``, `\`} {
+		res, err := parser.Parse(strings.NewReader("FROM x\nENV K=" + dfQuote(v) + "\nWORKDIR " + dfQuote("/w/"+v) + "\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stages, _, err := instructions.Parse(res.AST, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		env := stages[0].Commands[0].(*instructions.EnvCommand)
+		got, _, err := lex.ProcessWord(env.Env[0].Value, shell.EnvsFromSlice([]string{"c=C", "X=Z"}))
+		if err != nil || got != v {
+			t.Fatalf("ENV %q came out as %q (%v)", v, got, err)
+		}
+		wd := stages[0].Commands[1].(*instructions.WorkdirCommand)
+		got, _, err = lex.ProcessWord(wd.Path, shell.EnvsFromSlice(nil))
+		if err != nil || got != "/w/"+v {
+			t.Fatalf("WORKDIR %q came out as %q (%v)", "/w/"+v, got, err)
 		}
 	}
 }
