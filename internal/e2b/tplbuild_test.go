@@ -497,7 +497,7 @@ func TestTemplateBuildBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	wrong := sdkFilesHash(t, dir, "f.txt", "/elsewhere")
-	w, m = h.do(h.keyA, "POST", "/v3/templates", `{"name":"hashy"}`)
+	_, m = h.do(h.keyA, "POST", "/v3/templates", `{"name":"hashy"}`)
 	tid, bid := m["templateID"].(string), m["buildID"].(string)
 	_, m = h.do(h.keyA, "GET", "/templates/"+tid+"/files/"+wrong, "")
 	if pw := h.put(m["url"].(string), sdkTar(t, dir, "f.txt")); pw.Code != 200 {

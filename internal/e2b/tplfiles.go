@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"os"
@@ -328,7 +329,7 @@ func filesHash(open func() (io.ReadCloser, error), src, dest string, dirSize int
 
 // linkedContent writes the mode, size and content of the regular file
 // entry target (of the archive open reads) to h.
-func linkedContent(open func() (io.ReadCloser, error), target string, h io.Writer, perm int64) (int64, error) {
+func linkedContent(open func() (io.ReadCloser, error), target string, h hash.Hash, perm int64) (int64, error) {
 	f, err := open()
 	if err != nil {
 		return 0, err
