@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -537,8 +538,14 @@ func (g *Gateway) runTemplateBuild(ctx context.Context, t *tplRecord, b *tplBuil
 		step, nstep, instr, raw := l.step, l.nstep, l.instr, l.raw
 		g.tpls.mu.Unlock()
 		// The Dockerfile is ours, not the caller's: no line numbers, and
-		// the step as the caller wrote it.
+		// the step as the caller wrote it. What is not about the build
+		// (the API or node unreachable, ...) is logged, not shown.
 		msg := dfLineRe.ReplaceAllString(errdefs.PublicMessage(err), "")
+		if !slices.ContainsFunc([]error{errdefs.ErrInvalidArgument, errdefs.ErrDeadlineExceeded, errdefs.ErrResourceExhausted,
+			errdefs.ErrNotFound, errdefs.ErrFailedPrecondition, errdefs.ErrPermissionDenied}, func(c error) bool { return errors.Is(err, c) }) {
+			log.G(ctx).Warn("e2b: template build failed", "image", image, log.Err(err))
+			msg = "the build could not run (a server error); try again"
+		}
 		switch {
 		case raw != "" && strings.HasPrefix(msg, raw+": "):
 			msg = instr + strings.TrimPrefix(msg, raw)

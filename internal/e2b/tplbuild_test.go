@@ -47,6 +47,9 @@ func (f *fakeBuilder) BuildImage(_ context.Context, req ImageBuildRequest, emit 
 	f.context = append(f.context, ctxb)
 	f.mu.Unlock()
 	lines := strings.Split(strings.TrimSpace(req.Dockerfile), "\n")
+	if strings.Contains(lines[0], "unreachable") {
+		return fmt.Errorf("dial tcp 10.1.2.3:7001: connection refused")
+	}
 	if strings.Contains(lines[0], "no-such-image") {
 		emit(BuildEvent{Step: 1, Steps: len(lines), Instruction: lines[0]})
 		return errdefs.Invalid("dockerfile", "line 1: FROM no-such-image: no such image in the store and no earlier stage of that name; import it first (`opendsecctl image import`)")
@@ -553,6 +556,13 @@ func TestTemplateBuildFailingStep(t *testing.T) {
 	}
 	if w, _ := h.do(h.keyA, "GET", "/templates/aliases/failing", ""); w.Code != 404 {
 		t.Fatalf("alias of a failed build: %d", w.Code)
+	}
+	// A failure that is not the build's: no internals.
+	tid, bid, _, _ = h.startBuild("unreach", `{"fromImage":"unreachable"}`)
+	st, _ = h.waitBuild(h.keyA, tid, bid)
+	reason, _ = st["reason"].(map[string]any)
+	if st["status"] != buildError || !strings.Contains(reason["message"].(string), "server error") || strings.Contains(reason["message"].(string), "10.1.2.3") {
+		t.Fatalf("status %v", st)
 	}
 	// A base image the store lacks: the base step, a message without the
 	// node's internals.
