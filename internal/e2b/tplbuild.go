@@ -530,8 +530,12 @@ func (g *Gateway) runTemplateBuild(ctx context.Context, t *tplRecord, b *tplBuil
 		g.buildSlots <- struct{}{}
 	}
 	defer func() { <-g.buildSlots }()
+	// skip_cache / skipCache (force) and a step's force: the native
+	// builder bypasses its cache for the whole build.
+	noCache := req.Force || slices.ContainsFunc(req.Steps, func(s templateStep) bool { return s.Force })
 	err = g.cfg.Builder.BuildImage(ctx, ImageBuildRequest{
 		Name: image, Dockerfile: plan.dockerfile, Context: rd, ContextSize: size, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd,
+		NoCache: noCache,
 	}, l.event)
 	if err != nil {
 		g.tpls.mu.Lock()

@@ -421,6 +421,9 @@ func TestTemplateBuildEndToEnd(t *testing.T) {
 		t.Fatalf("build 2: %v %v", st, logs)
 	}
 	req2, _ := fb.last()
+	if req.NoCache || req2.NoCache {
+		t.Fatal("no step asked for force, yet the cache was bypassed")
+	}
 	if !strings.HasPrefix(req2.Dockerfile, "FROM "+req.Name+"\nRUN") {
 		t.Fatalf("from a template of the caller's: its image, its user and workdir kept:\n%s", req2.Dockerfile)
 	}
@@ -528,11 +531,14 @@ func TestTemplateBuildBadInput(t *testing.T) {
 func TestTemplateBuildFailingStep(t *testing.T) {
 	h, fb := newBuildHarness(t)
 	tid, bid, w, _ := h.startBuild("failing", `{"fromImage":"root/busybox","steps":[
-		{"type":"RUN","args":["echo ok"]},{"type":"RUN","args":["echo no; exit 3"]},{"type":"RUN","args":["echo never"]}]}`)
+		{"type":"RUN","args":["echo ok"],"force":true},{"type":"RUN","args":["echo no; exit 3"]},{"type":"RUN","args":["echo never"]}]}`)
 	if w.Code != 202 {
 		t.Fatalf("start: %d %s", w.Code, w.Body)
 	}
 	st, logs := h.waitBuild(h.keyA, tid, bid)
+	if req, _ := fb.last(); !req.NoCache {
+		t.Fatal("a step's force did not bypass the build cache")
+	}
 	reason, _ := st["reason"].(map[string]any)
 	if st["status"] != buildError || reason == nil || reason["step"] != "2" || !strings.HasPrefix(reason["message"].(string), "build step 2 failed: RUN echo no; exit 3: the command exited") ||
 		!strings.Contains(reason["message"].(string), "exited with code 3") || strings.Contains(reason["message"].(string), "line ") {

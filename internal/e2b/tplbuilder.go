@@ -25,6 +25,8 @@ type ImageBuildRequest struct {
 	ContextSize int64
 	// StartCmd and ReadyCmd are kept in the image's config.
 	StartCmd, ReadyCmd string
+	// NoCache runs every step even when the build cache has it.
+	NoCache bool
 }
 
 // BuildEvent is one progress report of a native build: a step's start or
@@ -90,7 +92,7 @@ func (s serviceBuilder) BuildImage(ctx context.Context, req ImageBuildRequest, e
 		ctxID = resp.Msg.GetContextId()
 	}
 	st, err := s.c.BuildImage(ctx, connect.NewRequest(&v1.BuildImageRequest{
-		Name: req.Name, Dockerfile: req.Dockerfile, ContextId: ctxID, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd,
+		Name: req.Name, Dockerfile: req.Dockerfile, ContextId: ctxID, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, NoCache: req.NoCache,
 	}))
 	if err != nil {
 		return errdefs.FromConnect(err)
