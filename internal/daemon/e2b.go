@@ -57,6 +57,8 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		API:                   api,
 		Snapshots:             snaps,
 		Images:                images,
+		Builder:               e2b.NewImageBuilder(images),
+		StateDir:              filepath.Join(cfg.DataDir, "e2b"),
 		Keys:                  e2bKeys(cfg),
 		Nodes:                 nodes,
 		NodeHTTPClient:        hc,

@@ -22,6 +22,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
@@ -120,7 +121,23 @@ func (g *Gateway) apiMux() http.Handler {
 	h("GET /sandboxes/metrics", g.metricsMany)
 	h("PUT /sandboxes/{id}/network", g.updateNetwork)
 	h("POST /sandboxes/{id}/fork", g.fork)
-	h("GET /templates/aliases/{alias}", g.templateAlias)
+	if g.cfg.Builder != nil {
+		// E2B's template builds (tplbuild.go).
+		h("POST /v3/templates", g.requestTemplateBuild)
+		h("GET /templates/{id}/files/{hash}", g.templateFile)
+		// The signed upload URL: no API key, like E2B's storage URLs.
+		mux.HandleFunc("PUT /templates/{id}/files/{hash}", g.uploadTemplateFile)
+		h("POST /v2/templates/{id}/builds/{buildID}", g.startTemplateBuild)
+		h("GET /templates/{id}/builds/{buildID}/status", g.templateBuildStatus)
+		h("POST /templates/tags", g.assignTemplateTags)
+		h("DELETE /templates/tags", g.deleteTemplateTags)
+		h("GET /templates", g.listTemplates)
+		// aliases/{alias} and {templateID}/tags.
+		h("GET /templates/{id}/{sub}", g.templateSubroute)
+		h("DELETE /templates/{id}", g.deleteBuiltTemplate)
+	} else {
+		h("GET /templates/aliases/{alias}", g.templateAlias)
+	}
 	// Sandbox routes not served yet: 404 for an unknown sandbox, else 501.
 	h("GET /sandboxes/{id}/logs", g.notYet)
 	h("GET /v2/sandboxes/{id}/logs", g.notYet)
@@ -131,7 +148,9 @@ func (g *Gateway) apiMux() http.Handler {
 	if g.cfg.Snapshots != nil {
 		h("POST /sandboxes/{id}/snapshots", g.createSnapshot)
 		h("GET /snapshots", g.listSnapshots)
-		h("DELETE /templates/{id}", g.deleteTemplate)
+		if g.cfg.Builder == nil {
+			h("DELETE /templates/{id}", g.deleteTemplate)
+		}
 	} else {
 		h("POST /sandboxes/{id}/snapshots", g.notYet)
 		unsupported = append(unsupported, "GET /snapshots")
@@ -326,7 +345,29 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Network:        network,
 			OnTimeout:      onTimeout(autoPause),
 		}
-		if g.isSnapshotTemplate(req.TemplateID) {
+		var startCmd, readyCmd string
+		if t, tb, ok := g.tpls.resolve(principal(r.Context()), req.TemplateID); ok {
+			// A template built through this gateway: its image, and the
+			// user and workdir its steps ended with.
+			spec.Image = tb.Image
+			spec.User = cmpOr(tb.User, spec.User)
+			spec.Workdir = cmpOr(tb.Workdir, spec.Workdir)
+			startCmd, readyCmd = tb.StartCmd, tb.ReadyCmd
+			// The build's cpuCount and memoryMB, as E2B gives its
+			// template's sandboxes.
+			if tb.CPU > 0 {
+				spec.Cpu = float64(tb.CPU)
+			}
+			if tb.MemMB > 0 {
+				spec.MemoryMb = proto.Int64(int64(tb.MemMB))
+			}
+			g.tpls.spawned(t.ID)
+		} else if t != nil || strings.HasPrefix(spec.Image, tplImagePrefix) {
+			// The caller's template with no finished build of that tag,
+			// or another principal's template image.
+			g.templateNotFound(w, req.TemplateID)
+			return
+		} else if g.isSnapshotTemplate(req.TemplateID) {
 			// A snapshot: its source's image, user, workdir and env are
 			// the defaults (the API resolves them).
 			spec.Image, spec.Snapshot, spec.User, spec.Workdir = "", req.TemplateID, "", ""
@@ -353,7 +394,18 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			writeErr(w, fmt.Errorf("create sandbox: %w", err))
 			return
 		}
-		writeJSON(w, http.StatusCreated, g.sandboxOf(resp.Msg.GetSandbox()))
+		sb := resp.Msg.GetSandbox()
+		if startCmd != "" {
+			if err := g.startTemplateCmd(r.Context(), sb.GetId(), spec.GetUser(), spec.GetWorkdir(), startCmd, readyCmd); err != nil {
+				// Not the sandbox the template promises: none.
+				if _, serr := g.cfg.API.StopSandbox(context.WithoutCancel(r.Context()), connect.NewRequest(&v1.StopSandboxRequest{Id: sb.GetId()})); serr != nil {
+					log.G(r.Context()).Warn("e2b create: stop a sandbox whose start command failed", log.SandboxID(sb.GetId()), log.Err(serr))
+				}
+				writeErr(w, err)
+				return
+			}
+		}
+		writeJSON(w, http.StatusCreated, g.sandboxOf(sb))
 	}
 }
 

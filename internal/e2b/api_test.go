@@ -36,6 +36,8 @@ type fakeAPI struct {
 	// networkOff refuses any network policy, as a node whose
 	// node.network.enabled is false does.
 	networkOff bool
+	// extraImages are images besides the default ones that creates find.
+	extraImages []string
 }
 
 // seen records the token the call in ctx carries; f.mu is held.
@@ -54,7 +56,7 @@ func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.Creat
 	if f.networkOff && r.Msg.GetSpec().GetNetwork() != nil {
 		return nil, errdefs.ToConnect(errdefs.NetworkOff("n001"))
 	}
-	if !slices.Contains([]string{"root/py:3.11", DefaultImage, CodeInterpreterImage, "root/busybox"}, r.Msg.GetSpec().GetImage()) {
+	if !slices.Contains(append([]string{"root/py:3.11", DefaultImage, CodeInterpreterImage, "root/busybox"}, f.extraImages...), r.Msg.GetSpec().GetImage()) {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))
 	}
 	f.clock = f.clock.Add(time.Second)

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +36,9 @@ const (
 	ClientID = "6532622b"
 	// DefaultDomain is the domain in sandbox host names when none is set.
 	DefaultDomain = "opendsec.local"
+	// MaxConcurrentBuilds bounds the template builds a gateway runs at
+	// once; more wait for a slot.
+	MaxConcurrentBuilds = 2
 	// DefaultTemplate is the template SDKs create when none is given.
 	DefaultTemplate = "base"
 	// DefaultImage backs the default template unless Templates maps it:
@@ -128,6 +133,20 @@ type Config struct {
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.
 	Images ImageAPI
+	// Builder runs the native image builds of E2B template builds
+	// (NewImageBuilder of the image service); nil answers the template
+	// build routes 501.
+	Builder ImageBuilder
+	// StateDir keeps the templates built through the gateway and their
+	// uploaded files (the data dir's e2b/); empty keeps templates in
+	// memory and files in a temporary directory.
+	StateDir string
+	// MaxTemplateUpload bounds one uploaded COPY archive (and its unpacked
+	// size); 0 means DefaultMaxTemplateUpload.
+	MaxTemplateUpload int64
+	// ReadyTimeout bounds the wait of a create from a template with a
+	// start command for its ready command; 0 means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
 }
 
 // Gateway serves the E2B REST API and sandbox traffic. Create it with New.
@@ -136,6 +155,9 @@ type Gateway struct {
 	nodes *nodeclient.Pool
 	api   http.Handler
 	prom  *promMetrics
+	tpls  *tplStore
+	// buildSlots bounds the template builds running at once.
+	buildSlots chan struct{}
 
 	tokMu sync.Mutex
 	// toks are the principals' renewing tokens; guarded by tokMu.
@@ -185,12 +207,29 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.User == "" {
 		cfg.User = "user"
 	}
+	if cfg.Builder != nil && cfg.StateDir == "" {
+		d, err := os.MkdirTemp("", "opendsec-e2b-")
+		if err != nil {
+			return nil, err
+		}
+		cfg.StateDir = d
+	}
+	tplPath := ""
+	if cfg.StateDir != "" {
+		tplPath = filepath.Join(cfg.StateDir, "templates.json")
+	}
+	tpls, err := newTplStore(tplPath)
+	if err != nil {
+		return nil, err
+	}
 	g := &Gateway{
-		cfg:   cfg,
-		nodes: nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
-		toks:  map[string]*auth.ServiceToken{},
-		cache: map[string]cachedSandbox{},
-		prom:  newPromMetrics(),
+		tpls:       tpls,
+		buildSlots: make(chan struct{}, MaxConcurrentBuilds),
+		cfg:        cfg,
+		nodes:      nodeclient.NewPool(cfg.Nodes, nodeclient.Options{HTTPClient: cfg.NodeHTTPClient, Tokens: cfg.NodeTokens}),
+		toks:       map[string]*auth.ServiceToken{},
+		cache:      map[string]cachedSandbox{},
+		prom:       newPromMetrics(),
 	}
 	g.api = g.apiMux()
 	return g, nil

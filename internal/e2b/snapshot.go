@@ -116,12 +116,13 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// deleteTemplate is DELETE /templates/{id}: E2B deletes snapshots this
-// way. Only snapshots are templates here; other IDs are not found.
+// deleteTemplate is DELETE /templates/{id} of a snapshot: E2B deletes
+// snapshots this way (deleteBuiltTemplate deletes built templates); other
+// IDs are not found.
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !snapshotIDRe.MatchString(id) {
-		writeError(w, http.StatusNotFound, "template %q not found: only snapshots can be deleted through OpenDsec's E2B gateway (templates are OpenDsec images; remove those with `opendsecctl image rm`)", id)
+		writeError(w, http.StatusNotFound, "template %q not found: the gateway deletes your snapshots and the templates you built, not the templates it maps to images", id)
 		return
 	}
 	if _, err := g.cfg.Snapshots.DeleteSnapshot(r.Context(), connect.NewRequest(&v1.DeleteSnapshotRequest{Id: id})); err != nil {

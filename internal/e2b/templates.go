@@ -70,6 +70,13 @@ func (g *Gateway) templateExists(ctx context.Context, template string) (found, p
 	if slices.Contains(g.templateNames(), template) {
 		return true, true, nil
 	}
+	if _, _, ok := g.tpls.resolve(principal(ctx), template); ok {
+		return true, false, nil
+	}
+	if strings.HasPrefix(g.imageFor(template), tplImagePrefix) {
+		// Another principal's template image.
+		return false, false, nil
+	}
 	if g.isSnapshotTemplate(template) {
 		_, err := g.cfg.Snapshots.GetSnapshot(ctx, connect.NewRequest(&v1.GetSnapshotRequest{Id: template}))
 		switch err := errdefs.FromConnect(err); {
