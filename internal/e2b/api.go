@@ -325,6 +325,9 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Workdir:        homeOf(g.cfg.User),
 			Network:        network,
 			OnTimeout:      onTimeout(autoPause),
+			// E2B's sandboxes let user sudo; ours keep the capability set
+			// and seccomp filter either way.
+			AllowPrivilegeEscalation: !g.cfg.NoPrivilegeEscalation,
 		}
 		if g.isSnapshotTemplate(req.TemplateID) {
 			// A snapshot: its source's image, user, workdir and env are
