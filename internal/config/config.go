@@ -92,6 +92,10 @@ type E2B struct {
 	// private, link-local, loopback or sandbox-pool addresses); false, the
 	// node's default rule sets (by default no network), as the native API.
 	DefaultInternetAccess *bool `json:"default_internet_access,omitempty"`
+	// AllowPrivilegeEscalation: E2B sandboxes run setuid programs (sudo as
+	// "user", as in E2B) when true (unset); false keeps no_new_privs, as
+	// the native API does by default (allow_privilege_escalation).
+	AllowPrivilegeEscalation *bool `json:"allow_privilege_escalation,omitempty"`
 }
 
 // Log configures logging.

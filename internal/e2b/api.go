@@ -344,6 +344,9 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			Workdir:        homeOf(g.cfg.User),
 			Network:        network,
 			OnTimeout:      onTimeout(autoPause),
+			// E2B's sandboxes let user sudo; ours keep the capability set
+			// and seccomp filter either way.
+			AllowPrivilegeEscalation: !g.cfg.NoPrivilegeEscalation,
 		}
 		var startCmd, readyCmd string
 		if t, tb, ok := g.tpls.resolve(principal(r.Context()), req.TemplateID); ok {

@@ -437,3 +437,30 @@ func TestCallsActAsPrincipal(t *testing.T) {
 		t.Fatalf("API calls made as %q, want %q", got, want)
 	}
 }
+
+// E2B sandboxes let user sudo, as E2B's do: creates ask for privilege
+// escalation unless e2b.allow_privilege_escalation is false.
+func TestCreateAllowsPrivilegeEscalation(t *testing.T) {
+	h := newHarness(t)
+	w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", w.Code, w.Body)
+	}
+	if !h.api.sbs[m["sandboxID"].(string)].GetSpec().GetAllowPrivilegeEscalation() {
+		t.Fatal("E2B create did not allow privilege escalation (sudo as user)")
+	}
+	cfg := h.gw.cfg
+	cfg.NoPrivilegeEscalation = true
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.gw = g
+	w, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", w.Code, w.Body)
+	}
+	if h.api.sbs[m["sandboxID"].(string)].GetSpec().GetAllowPrivilegeEscalation() {
+		t.Fatal("with e2b.allow_privilege_escalation false the create still allowed privilege escalation")
+	}
+}

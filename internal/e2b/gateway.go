@@ -129,6 +129,10 @@ type Config struct {
 	// E2B's default, the public internet (config
 	// e2b.default_internet_access: false).
 	DenyInternetByDefault bool
+	// NoPrivilegeEscalation keeps no_new_privs in E2B sandboxes (config
+	// e2b.allow_privilege_escalation: false); by default they allow it,
+	// so sudo works as in E2B.
+	NoPrivilegeEscalation bool
 	// Images is OpenDsec's image service, for template lookups
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.

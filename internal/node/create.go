@@ -511,6 +511,8 @@ func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAtt
 		StateDir: rec.StateDir,
 		Labels:   rec.Spec.Labels,
 		Options:  rec.Spec.BackendOptions,
+
+		AllowPrivilegeEscalation: rec.Spec.AllowPrivilegeEscalation,
 	}
 }
 

@@ -171,6 +171,10 @@ type Spec struct {
 	// removes it after Delete.
 	StateDir string
 	Labels   map[string]string
+	// AllowPrivilegeEscalation lets the sandbox's processes gain
+	// privileges through setuid programs (sudo): no no_new_privs. The
+	// capability set, seccomp filter and namespaces stay the same.
+	AllowPrivilegeEscalation bool
 	// Options are backend-owned settings from the create request; the
 	// backend validates them (ValidateOptions) before the node admits the
 	// sandbox.

@@ -77,7 +77,8 @@ func BothImageAndSnapshot(image string) error {
 // whose record keeps the source's spec src: the snapshot's image becomes
 // the image, and every field s leaves unset takes src's value (cpu,
 // memory_mb, pids_limit, disk_mb, env, user, workdir, network, labels,
-// backend and its options); env and labels are merged, s's keys winning.
+// backend and its options, allow_privilege_escalation); env and labels are
+// merged, s's keys winning.
 // Lifetimes, task and auto-pause are the new sandbox's own. s must not
 // name an image too. The result is for Normalize.
 func FromSnapshot(s, src Spec) (Spec, error) {
@@ -112,6 +113,9 @@ func FromSnapshot(s, src Spec) (Spec, error) {
 	if s.Network == nil {
 		s.Network = src.Network
 	}
+	// A bool has no "unset": the source's setting holds unless this one
+	// asks for it (its files may need sudo to work as they did).
+	s.AllowPrivilegeEscalation = s.AllowPrivilegeEscalation || src.AllowPrivilegeEscalation
 	s.Env = mergeMaps(src.Env, s.Env)
 	s.Labels = mergeMaps(src.Labels, s.Labels)
 	if len(s.BackendOptions) == 0 && s.Backend == src.Backend {

@@ -165,6 +165,9 @@ type Spec struct {
 	// OnTimeout is what a lifetime or idle timeout does: OnTimeoutStop or
 	// OnTimeoutPause; empty means stop (or pause with AutoPause).
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// AllowPrivilegeEscalation runs the sandbox without no_new_privs, so
+	// setuid programs (sudo) work inside it (see the API's field).
+	AllowPrivilegeEscalation bool `json:"allow_privilege_escalation,omitempty"`
 	// BackendOptions are backend-specific settings. Normalize checks only
 	// their shape; the backend that runs the sandbox validates their meaning
 	// (and refuses keys it does not know).

@@ -506,3 +506,75 @@ func TestAgentFailsClosedWithoutFilter(t *testing.T) {
 	}
 	runtimetest.AssertNoLeftovers(t, spec.StateDir, 0)
 }
+
+// euidBinary builds a static program that prints its effective uid.
+func euidBinary(t *testing.T) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "euid.go")
+	if err := os.WriteFile(src, []byte("package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() { fmt.Println(os.Geteuid()) }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "euid")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, src)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build euid: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A setuid-root program run by user gains root only in a sandbox that
+// allows privilege escalation; either way every process runs under the
+// seccomp filter with Docker's capabilities at most (init gets them from
+// runc's filter then, not its own), and no_new_privs is set exactly when
+// escalation is not allowed.
+func TestPrivilegeEscalation(t *testing.T) {
+	euid := euidBinary(t)
+	f := newFactory(t)
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow=%v", allow), func(t *testing.T) {
+			rt, tmpl := f(t)
+			tmpl.AllowPrivilegeEscalation = allow
+			spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+			id := spec.ID
+			if err := runtimetest.WriteFile(t.Context(), rt, id, "/tmp/euid", euid); err != nil {
+				t.Fatal(err)
+			}
+			if res := sh(t, rt, id, "mv /tmp/euid /euid && chown 0:0 /euid && chmod 4755 /euid"); res.ExitCode != 0 {
+				t.Fatalf("install setuid program: %+v", res)
+			}
+			res, err := runtimetest.Run(t.Context(), rt, id, "user", "/euid")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "1000\n"
+			if allow {
+				want = "0\n"
+			}
+			if res.ExitCode != 0 || res.Stdout != want {
+				t.Fatalf("setuid-root program as user: exit %d, stdout %q, stderr %q; want %q", res.ExitCode, res.Stdout, res.Stderr, want)
+			}
+			nnp := "NoNewPrivs:\t1"
+			if allow {
+				nnp = "NoNewPrivs:\t0"
+			}
+			for _, who := range []string{"self", "1"} {
+				st := sh(t, rt, id, "cat /proc/"+who+"/status").Stdout
+				for _, w := range []string{"Seccomp:\t2", nnp, "CapBnd:\t00000000a80425fb"} {
+					if !strings.Contains(st, w) {
+						t.Errorf("/proc/%s/status has no %q", who, w)
+					}
+				}
+			}
+			// The filter holds for root too: unshare is refused.
+			if res := sh(t, rt, id, "unshare -m true"); res.ExitCode == 0 || !strings.Contains(res.Stderr, "not permitted") {
+				t.Errorf("unshare -m as root: exit %d stderr %q; want operation not permitted", res.ExitCode, res.Stderr)
+			}
+		})
+	}
+}

@@ -119,3 +119,10 @@ async def test_pause_task_bad_input(client: DSecClient, server: FakeServer) -> N
     with pytest.raises(ConfigError, match="task_id"):
         await client.resume_task("")
     assert len(server.pause_batch_requests) == n
+
+
+def test_allow_privilege_escalation_round_trips() -> None:
+    spec = DSecRunArgs(image="root/base", allow_privilege_escalation=True).to_proto()
+    assert spec.allow_privilege_escalation is True
+    assert DSecRunArgs.from_proto(spec).allow_privilege_escalation is True
+    assert DSecRunArgs(image="x").to_proto().allow_privilege_escalation is False

@@ -188,9 +188,19 @@ type SandboxSpec struct {
 	// What a lifetime or idle timeout does: "stop" (stop and delete it) or
 	// "pause" (freeze it, keeping memory and files; any later call resumes
 	// it). Empty means "stop", or "pause" when auto_pause is set.
-	OnTimeout     string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnTimeout string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	// Let processes gain privileges through setuid and file-capability
+	// programs (sudo, su, ping): the sandbox then runs without no_new_privs,
+	// so `user` can become root inside it where the image allows (root/base's
+	// passwordless sudo). Root inside is no stronger than with exec as
+	// "root": the same capability set, seccomp filter and namespaces hold.
+	// Off by default; the E2B gateway turns it on, as E2B's sandboxes allow
+	// sudo (e2b.allow_privilege_escalation). A create from a snapshot of a
+	// sandbox that had it keeps it. Backends: container (vm and gvisor
+	// guests do not use no_new_privs).
+	AllowPrivilegeEscalation bool `protobuf:"varint,19,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -340,6 +350,13 @@ func (x *SandboxSpec) GetOnTimeout() string {
 		return x.OnTimeout
 	}
 	return ""
+}
+
+func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
+	if x != nil {
+		return x.AllowPrivilegeEscalation
+	}
+	return false
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the node's
@@ -5344,7 +5361,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x05\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\x06\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -5366,7 +5383,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1a\n" +
 	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
-	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x1a6\n" +
+	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x12<\n" +
+	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

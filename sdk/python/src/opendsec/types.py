@@ -83,6 +83,12 @@ class DSecRunArgs:
             snapshot's source (cpu, memory, env, user, workdir, network, labels...),
             set fields override (env and labels are merged). Give either
             ``image`` or ``snapshot``, not both.
+        allow_privilege_escalation: let setuid programs (``sudo``) raise a
+            process's privileges inside the sandbox (no ``no_new_privs``), so
+            ``user`` can ``sudo`` where the image allows it (``root/base``).
+            Root inside keeps the same capabilities, seccomp filter and
+            namespaces. Default ``False``; E2B sandboxes have it. See
+            docs/security.md.
     """
 
     backend: str = ""
@@ -103,6 +109,7 @@ class DSecRunArgs:
     skip_warm_pool: bool = False
     on_timeout: str = ""
     snapshot: str = ""
+    allow_privilege_escalation: bool = False
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -122,6 +129,7 @@ class DSecRunArgs:
             disk_mb=int(self.disk_mb or 0),
             on_timeout=self.on_timeout or "",
             snapshot=self.snapshot or "",
+            allow_privilege_escalation=bool(self.allow_privilege_escalation),
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -150,6 +158,7 @@ class DSecRunArgs:
             disk_mb=spec.disk_mb,
             on_timeout=spec.on_timeout,
             snapshot=spec.snapshot,
+            allow_privilege_escalation=spec.allow_privilege_escalation,
         )
 
 

@@ -133,9 +133,11 @@ type SandboxSpec struct {
 	// of its own and no image resolves it itself.
 	Snapshot string `protobuf:"bytes,17,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// "stop" or "pause"; empty means "stop" (or "pause" with auto_pause).
-	OnTimeout     string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnTimeout string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	// See opendsec.v1.SandboxSpec.allow_privilege_escalation.
+	AllowPrivilegeEscalation bool `protobuf:"varint,19,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -292,6 +294,13 @@ func (x *SandboxSpec) GetOnTimeout() string {
 		return x.OnTimeout
 	}
 	return ""
+}
+
+func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
+	if x != nil {
+		return x.AllowPrivilegeEscalation
+	}
+	return false
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the
@@ -2523,7 +2532,7 @@ var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x06\n" +
+	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\a\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -2546,7 +2555,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\adisk_mb\x18\x10 \x01(\x03R\x06diskMb\x12\x1a\n" +
 	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
-	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x1a6\n" +
+	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x12<\n" +
+	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
