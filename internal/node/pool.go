@@ -70,6 +70,9 @@ type poolKey struct {
 	MemoryMB, PidsLimit     int64
 	DiskMB                  int64
 	User, Workdir, Rules    string
+	// AllowPrivilegeEscalation is fixed at prestart (no_new_privs is set
+	// on init before anything runs).
+	AllowPrivilegeEscalation bool
 }
 
 type poolShape struct {
@@ -137,7 +140,8 @@ func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 		return poolKey{}, false // the create reports the image error itself
 	}
 	k := poolKey{Backend: spec.Backend, Image: spec.Image, ImageID: id, CPU: spec.CPU,
-		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, DiskMB: spec.DiskMB, User: spec.User, Workdir: spec.Workdir}
+		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, DiskMB: spec.DiskMB, User: spec.User, Workdir: spec.Workdir,
+		AllowPrivilegeEscalation: spec.AllowPrivilegeEscalation}
 	if spec.Network != nil {
 		b, err := json.Marshal(spec.Network)
 		if err != nil {

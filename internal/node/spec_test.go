@@ -119,6 +119,23 @@ func TestPoolKeyRefusesBackendOptions(t *testing.T) {
 	}
 }
 
+// A sandbox prestarted with no_new_privs must never serve a create that
+// allows privilege escalation, nor the other way round: the two are
+// different shapes.
+func TestPoolKeySeparatesPrivilegeEscalation(t *testing.T) {
+	p := &pool{n: &Node{cfg: Config{Backends: map[string]runtime.Runtime{"fake": &prestartFake{}}}}, ids: fixedImageID("sha256:1")}
+	spec := specRecord{Backend: "fake", Image: "root/base", CPU: 1, MemoryMB: 512}
+	plain, ok := p.key(t.Context(), spec)
+	spec.AllowPrivilegeEscalation = true
+	esc, ok2 := p.key(t.Context(), spec)
+	if !ok || !ok2 {
+		t.Fatal("a plain spec has no pool shape; the test does not reach the check")
+	}
+	if plain == esc {
+		t.Fatal("allow_privilege_escalation true and false share a warm-pool shape")
+	}
+}
+
 // TestSecurityPidsLimitNode: a pids_limit above the node's max_pids_limit
 // is refused by the node before the backend runs, naming pids_limit, the
 // limit and node.max_pids_limit; nothing is made. At the limit it runs.
