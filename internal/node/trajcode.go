@@ -120,6 +120,8 @@ func (n *Node) serveCodeTunnel(w http.ResponseWriter, r *http.Request, sb *sandb
 		writeJSONError(w, errdefs.New(errdefs.ErrInternal, "hijack connection: %w", err))
 		return
 	}
+	// The server's header deadline is not the tunnel's.
+	_ = conn.SetDeadline(time.Time{})
 	var buffered []byte
 	if k := brw.Reader.Buffered(); k > 0 {
 		b, _ := brw.Reader.Peek(k)

@@ -347,3 +347,32 @@ func TestTrajectoryCodeCallJoined(t *testing.T) {
 		t.Fatalf("executions %q", ex)
 	}
 }
+
+// TestTrajectoryCodeCallOneShot: a caller that sends one request with
+// Connection: close and half-closes (the E2B gateway, HTTPRequest,
+// ConnectPort) gets the whole answer, then the end of the stream.
+func TestTrajectoryCodeCallOneShot(t *testing.T) {
+	f := newTrajFixture(t)
+	id := f.create(t)
+	conn, br, _ := f.codeTunnel(t, id, interpreter.Port)
+	req := executeReq(t, "print(6*7)", "", nil)
+	req.Close = true
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); !strings.Contains(body, `"42\n"`) || !strings.Contains(body, "end_of_execution") {
+		t.Fatalf("answer %q", body)
+	}
+	if rest, err := io.ReadAll(br); len(rest) != 0 || err != nil {
+		t.Fatalf("after the answer: %q, %v", rest, err)
+	}
+	_, calls, err := f.n.Trajectory(t.Context(), id)
+	if err != nil || len(calls) != 1 || calls[0].Req.Code != "print(6*7)" || calls[0].State != trajectory.StateDone {
+		t.Fatalf("log: %+v, %v", calls, err)
+	}
+}
