@@ -56,6 +56,7 @@ rc=0
 env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
   E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
   E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_TEST_OTHER_KEY="$OTHER_KEY" \
+  E2B_TEST_OPENDSEC_API="http://127.0.0.1:$API" E2B_TEST_OPENDSEC_TOKEN="$(cat "$DD/bootstrap.token")" \
   "$VENV/bin/python" -m pytest -q -c test/e2b/python/pytest.ini test/e2b/python "$@" || rc=$?
 if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
   echo "== e2b npm sdk $E2B_JS_VERSION, @e2b/code-interpreter $E2B_CI_JS_VERSION"

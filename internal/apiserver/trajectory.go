@@ -88,6 +88,13 @@ func TrajectoryEntryOf(c *trajectory.Call) *v1.TrajectoryEntry {
 		StdoutTotalBytes: c.StdoutBytes, StderrTotalBytes: c.StderrBytes,
 		OutputTruncated: c.Truncated, OutputCompacted: c.Compacted,
 	}
+	if c.Req.Kind == trajectory.KindCode {
+		e.Code, e.Language, e.ContextId, e.HttpStatus = c.Req.Code, c.Req.Language, c.Req.ContextID, int32(c.HTTPStatus)
+		if c.Status == "error" {
+			e.CodeError = c.ExitErr
+		}
+		e.Stdout = append(e.Stdout, c.Body...)
+	}
 	if c.Req.Kind == trajectory.KindFileWrite {
 		e.HttpStatus = int32(c.HTTPStatus)
 		e.Stdout = append(e.Stdout, c.Body...)
@@ -101,7 +108,7 @@ func TrajectoryEntryOf(c *trajectory.Call) *v1.TrajectoryEntry {
 	if !c.Ended.IsZero() {
 		e.Ended = timestamppb.New(c.Ended)
 	}
-	if c.ExitErr != "" && e.Status == "" {
+	if c.ExitErr != "" && e.Status == "" && c.Req.Kind != trajectory.KindCode {
 		e.Status = c.ExitErr
 	}
 	for _, ch := range c.Output {

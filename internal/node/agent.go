@@ -162,6 +162,10 @@ func (n *Node) AgentProxy() http.Handler {
 			n.serveTrajStart(w, r, sb)
 			return
 		}
+		if n.traj != nil && r.Method == http.MethodGet && sub == codeTunnelPath && isTCPUpgrade(r.Header) {
+			n.serveCodeTunnel(w, r, sb, sub)
+			return
+		}
 		if tooLargeUpload(w, r, sub, n.cfg.MaxUploadBytes) {
 			return
 		}

@@ -48,6 +48,7 @@ type procAgent struct {
 	conns   chan net.Conn
 	closed  chan struct{}
 	srv     *http.Server
+	interp  *fakeInterp // the code interpreter behind the port tunnel
 }
 
 type fakeProc struct {
@@ -61,6 +62,8 @@ func newProcAgent(t *testing.T) *procAgent {
 	mux.Handle(processconnect.NewProcessHandler(a))
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("POST /files", a.serveUpload)
+	a.interp = newFakeInterp(t)
+	mux.HandleFunc("GET /_opendsec/port/{port}", a.interp.serveTunnel)
 	a.srv = &http.Server{Handler: mux}
 	go a.srv.Serve(chanListener{a.conns, a.closed})
 	t.Cleanup(func() {

@@ -382,3 +382,26 @@ func TestWatchSeesOutputAndEnd(t *testing.T) {
 		t.Fatalf("watch after end: %+v", cur)
 	}
 }
+
+// TestCodeRequest: code calls with other code, language, context or env
+// vars are different requests, and their errors name the code.
+func TestCodeRequest(t *testing.T) {
+	a := Request{Kind: KindCode, Code: "print(1)", Language: "python", Env: map[string]string{"A": "1"}}
+	if !a.Same(a) {
+		t.Fatal("a request is not the same as itself")
+	}
+	for _, b := range []Request{
+		{Kind: KindCode, Code: "print(2)", Language: "python", Env: map[string]string{"A": "1"}},
+		{Kind: KindCode, Code: "print(1)", Env: map[string]string{"A": "1"}},
+		{Kind: KindCode, Code: "print(1)", Language: "python", ContextID: "c", Env: map[string]string{"A": "1"}},
+		{Kind: KindCode, Code: "print(1)", Language: "python"},
+		{Kind: KindExec, Command: []string{"print(1)"}, Env: map[string]string{"A": "1"}},
+	} {
+		if a.Same(b) {
+			t.Fatalf("%s is the same as %s", a, b)
+		}
+	}
+	if s := a.String(); s != `code "print(1)" (python) with 1 env vars` {
+		t.Fatalf("String: %s", s)
+	}
+}

@@ -1,5 +1,5 @@
-// Package trajectory is a sandbox's trajectory log: every exec and file
-// write the node passed to the sandbox's agent, in order, with its request,
+// Package trajectory is a sandbox's trajectory log: every exec, file
+// write and code-interpreter execution the node passed to the sandbox's agent, in order, with its request,
 // its times, its exit and its output (up to a cap), so that a call carrying
 // a call ID already in the log is answered from the log instead of running
 // again (exactly-once calls; see docs/concepts.md "Trajectory log").
@@ -35,6 +35,13 @@ const (
 	// apiserver's WriteFile, E2B's files.write): the target path, the
 	// content's sha256 and size, and the agent's answer.
 	KindFileWrite = "file_write"
+	// KindCode is a code-interpreter execution (POST /execute on the
+	// interpreter's port, through a port tunnel the node serves as HTTP):
+	// the code, its language or context and env vars; the interpreter's
+	// result lines (NDJSON) are its output, the interpreter's answer status
+	// its HTTPStatus, and an error line its Status "error" with ExitErr
+	// "Name: value".
+	KindCode = "code"
 )
 
 // States of a call.
@@ -87,6 +94,11 @@ type Request struct {
 	SHA256 string    `json:"sha256,omitempty"`
 	Size   int64     `json:"size,omitempty"`
 	Files  []FileRef `json:"files,omitempty"`
+	// Code, Language and ContextID describe a code-interpreter execution
+	// (its env vars are in Env).
+	Code      string `json:"code,omitempty"`
+	Language  string `json:"language,omitempty"`
+	ContextID string `json:"context_id,omitempty"`
 }
 
 // FileRef is one file of a multipart upload.
@@ -109,7 +121,8 @@ func (r Request) SameContent(o Request) bool {
 // content hash is compared only when both are known.
 func (r Request) Same(o Request) bool {
 	if r.Kind != o.Kind || !slices.Equal(r.Command, o.Command) || r.Cwd != o.Cwd || r.User != o.User ||
-		r.Stdin != o.Stdin || r.Pty != o.Pty || r.Tag != o.Tag || r.TimeoutMs != o.TimeoutMs || r.Path != o.Path {
+		r.Stdin != o.Stdin || r.Pty != o.Pty || r.Tag != o.Tag || r.TimeoutMs != o.TimeoutMs || r.Path != o.Path ||
+		r.Code != o.Code || r.Language != o.Language || r.ContextID != o.ContextID {
 		return false
 	}
 	if len(r.Env) != len(o.Env) {
@@ -143,6 +156,18 @@ func (r Request) String() string {
 				s = "file write"
 			}
 			s += " of " + strings.Join(parts, ", ")
+		}
+		return s
+	case KindCode:
+		s := "code " + quote(r.Code)
+		if r.Language != "" {
+			s += " (" + r.Language + ")"
+		}
+		if r.ContextID != "" {
+			s += " in context " + quote(r.ContextID)
+		}
+		if len(r.Env) > 0 {
+			s += fmt.Sprintf(" with %d env vars", len(r.Env))
 		}
 		return s
 	default:
@@ -217,7 +242,8 @@ type Call struct {
 	End     bool   `json:"end,omitempty"`
 	ErrCode string `json:"error_code,omitempty"`
 	ErrMsg  string `json:"error,omitempty"`
-	// HTTPStatus and Body: a file write's answer.
+	// HTTPStatus and Body: a file write's answer; a code call's answer
+	// status (and its body when not 200: the interpreter refused it).
 	HTTPStatus int    `json:"http_status,omitempty"`
 	Body       []byte `json:"body,omitempty"`
 
@@ -281,9 +307,10 @@ type Meta struct {
 	Closed time.Time `json:"closed,omitzero"`
 }
 
-// Headers of the trajectory log on the agent proxy's process.Process/Start
-// and POST /files (docs/api.md "Trajectory log"). Any client of the node's agent path may
-// send them: the apiserver, the E2B gateway, envd SDKs.
+// Headers of the trajectory log on the agent proxy's process.Process/Start,
+// POST /files and the code interpreter's POST /execute (docs/api.md
+// "Trajectory log"). Any client of the node's agent path may send them:
+// the apiserver, the E2B gateway, envd SDKs.
 const (
 	// CallIDHeader carries the caller's call ID: a call whose ID is in the
 	// sandbox's log is answered from it (replayed) or joined, never run
@@ -302,6 +329,10 @@ const (
 	// under when the caller writes elsewhere first (the apiserver uploads
 	// to a temporary file it then moves over this path).
 	FilePathHeader = "Opendsec-File-Path"
+	// OutputTruncatedHeader is "true" on a replayed code call whose
+	// recorded output was cut at its cap (or dropped by compaction): the
+	// replay ends at the last whole line recorded.
+	OutputTruncatedHeader = "Opendsec-Output-Truncated"
 )
 
 // Path is the node's route under /agent/<id>/ that streams the

@@ -14,9 +14,9 @@ import (
 type TrajectoryEntry = opendsecv1.TrajectoryEntry
 
 // Trajectory returns sandbox id's trajectory log, oldest call first: every
-// exec and file write (Kind "exec" or "file_write"; code-interpreter calls
-// are not logged) with its call ID, request, times, exit (a write's
-// HttpStatus) and recorded output (withOutput false leaves the output out). A stopped sandbox's
+// exec, file write and code-interpreter execution (Kind "exec",
+// "file_write" or "code": Code, Language, ContextId, CodeError) with its
+// call ID, request, times, exit (a write's or code call's HttpStatus) and recorded output (withOutput false leaves the output out). A stopped sandbox's
 // log is kept for its node's node.trajectory.retention_sec.
 func (c *Client) Trajectory(ctx context.Context, id string, withOutput bool) ([]*TrajectoryEntry, error) {
 	stream, err := c.processes.GetTrajectory(ctx, connect.NewRequest(&opendsecv1.GetTrajectoryRequest{SandboxId: id, WithoutOutput: !withOutput}))

@@ -5000,7 +5000,8 @@ type TrajectoryEntry struct {
 	ParentSeq uint64 `protobuf:"varint,3,opt,name=parent_seq,json=parentSeq,proto3" json:"parent_seq,omitempty"`
 	Seq       uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	CallId    string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	// "exec" or "file_write".
+	// "exec", "file_write" or "code" (a code-interpreter execution: POST
+	// /execute on port 49999, e.g. E2B's run_code).
 	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
 	// running | done | interrupted (the node lost the result; never re-run).
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
@@ -5036,8 +5037,19 @@ type TrajectoryEntry struct {
 	OutputCompacted bool  `protobuf:"varint,29,opt,name=output_compacted,json=outputCompacted,proto3" json:"output_compacted,omitempty"`
 	TimeoutMs       int64 `protobuf:"varint,30,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// A file write's answer: the agent's HTTP status (its body is in stdout).
-	HttpStatus    int32             `protobuf:"varint,31,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
-	Files         []*TrajectoryFile `protobuf:"bytes,32,rep,name=files,proto3" json:"files,omitempty"`
+	// A code call's: the interpreter's HTTP status; its result lines (JSON
+	// lines) are in stdout, or, when it refused the execution (not 200),
+	// its answer's body.
+	HttpStatus int32             `protobuf:"varint,31,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
+	Files      []*TrajectoryFile `protobuf:"bytes,32,rep,name=files,proto3" json:"files,omitempty"`
+	// A code call: the code, its language or context (context_id), its env
+	// vars in env. status is "ok", or "error" with code_error the
+	// interpreter's error ("Name: value", e.g. "ZeroDivisionError: division
+	// by zero").
+	Code          string `protobuf:"bytes,33,opt,name=code,proto3" json:"code,omitempty"`
+	Language      string `protobuf:"bytes,34,opt,name=language,proto3" json:"language,omitempty"`
+	ContextId     string `protobuf:"bytes,35,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	CodeError     string `protobuf:"bytes,36,opt,name=code_error,json=codeError,proto3" json:"code_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5294,6 +5306,34 @@ func (x *TrajectoryEntry) GetFiles() []*TrajectoryFile {
 		return x.Files
 	}
 	return nil
+}
+
+func (x *TrajectoryEntry) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetCodeError() string {
+	if x != nil {
+		return x.CodeError
+	}
+	return ""
 }
 
 // TrajectoryFile is one file of a multipart file write.
@@ -5730,7 +5770,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x14GetTrajectoryRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
-	"\x0ewithout_output\x18\x02 \x01(\bR\rwithoutOutput\"\x95\b\n" +
+	"\x0ewithout_output\x18\x02 \x01(\bR\rwithoutOutput\"\x83\t\n" +
 	"\x0fTrajectoryEntry\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -5769,7 +5809,13 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"timeout_ms\x18\x1e \x01(\x03R\ttimeoutMs\x12\x1f\n" +
 	"\vhttp_status\x18\x1f \x01(\x05R\n" +
 	"httpStatus\x121\n" +
-	"\x05files\x18  \x03(\v2\x1b.opendsec.v1.TrajectoryFileR\x05files\x1a6\n" +
+	"\x05files\x18  \x03(\v2\x1b.opendsec.v1.TrajectoryFileR\x05files\x12\x12\n" +
+	"\x04code\x18! \x01(\tR\x04code\x12\x1a\n" +
+	"\blanguage\x18\" \x01(\tR\blanguage\x12\x1d\n" +
+	"\n" +
+	"context_id\x18# \x01(\tR\tcontextId\x12\x1d\n" +
+	"\n" +
+	"code_error\x18$ \x01(\tR\tcodeError\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +

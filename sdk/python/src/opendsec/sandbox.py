@@ -945,13 +945,15 @@ class Sandbox:
         ``command``/``env``/``cwd``/``user`` for an ``exec``;
         ``path``/``sha256``/``size`` (or ``files``) and ``http_status`` for
         a ``file_write`` (a file upload; its answer is in ``stdout``),
+        ``code``/``language``/``context_id``/``env``, ``http_status`` and
+        ``code_error`` for a ``code`` call (a code-interpreter execution,
+        e.g. E2B's ``run_code``; its result lines, JSON, are in ``stdout``),
         ``started``/``ended``, ``exit_code``, ``stdout``/``stderr`` (base64,
         up to the log's cap; ``output=False`` leaves them out),
         ``output_truncated``, ``output_compacted``, and ``origin`` for calls
         inherited from a fork's parent or a snapshot's source. The first
         item also has ``sandbox_id`` and, for a fork or a sandbox started
-        from a snapshot, ``parent_id``. Code-interpreter calls are not
-        logged. A stopped sandbox's
+        from a snapshot, ``parent_id``. A stopped sandbox's
         log stays readable for its node's ``node.trajectory.retention_sec``.
         """
         req = pb.GetTrajectoryRequest(sandbox_id=self.id, without_output=not output)

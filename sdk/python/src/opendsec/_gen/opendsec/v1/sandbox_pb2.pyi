@@ -824,7 +824,7 @@ class GetTrajectoryRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., without_output: bool = ...) -> None: ...
 
 class TrajectoryEntry(_message.Message):
-    __slots__ = ("sandbox_id", "parent_id", "parent_seq", "seq", "call_id", "kind", "state", "origin", "command", "env", "cwd", "user", "path", "sha256", "size", "started", "ended", "pid", "exit_code", "status", "error_code", "error", "stdout", "stderr", "pty", "stdout_total_bytes", "stderr_total_bytes", "output_truncated", "output_compacted", "timeout_ms", "http_status", "files")
+    __slots__ = ("sandbox_id", "parent_id", "parent_seq", "seq", "call_id", "kind", "state", "origin", "command", "env", "cwd", "user", "path", "sha256", "size", "started", "ended", "pid", "exit_code", "status", "error_code", "error", "stdout", "stderr", "pty", "stdout_total_bytes", "stderr_total_bytes", "output_truncated", "output_compacted", "timeout_ms", "http_status", "files", "code", "language", "context_id", "code_error")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -864,6 +864,10 @@ class TrajectoryEntry(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_ERROR_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     parent_id: str
     parent_seq: int
@@ -896,7 +900,11 @@ class TrajectoryEntry(_message.Message):
     timeout_ms: int
     http_status: int
     files: _containers.RepeatedCompositeFieldContainer[TrajectoryFile]
-    def __init__(self, sandbox_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., parent_seq: _Optional[int] = ..., seq: _Optional[int] = ..., call_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., origin: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., status: _Optional[str] = ..., error_code: _Optional[str] = ..., error: _Optional[str] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., output_truncated: bool = ..., output_compacted: bool = ..., timeout_ms: _Optional[int] = ..., http_status: _Optional[int] = ..., files: _Optional[_Iterable[_Union[TrajectoryFile, _Mapping]]] = ...) -> None: ...
+    code: str
+    language: str
+    context_id: str
+    code_error: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., parent_seq: _Optional[int] = ..., seq: _Optional[int] = ..., call_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., origin: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., status: _Optional[str] = ..., error_code: _Optional[str] = ..., error: _Optional[str] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., output_truncated: bool = ..., output_compacted: bool = ..., timeout_ms: _Optional[int] = ..., http_status: _Optional[int] = ..., files: _Optional[_Iterable[_Union[TrajectoryFile, _Mapping]]] = ..., code: _Optional[str] = ..., language: _Optional[str] = ..., context_id: _Optional[str] = ..., code_error: _Optional[str] = ...) -> None: ...
 
 class TrajectoryFile(_message.Message):
     __slots__ = ("path", "sha256", "size")
