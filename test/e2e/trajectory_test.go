@@ -166,3 +166,46 @@ func TestTrajectoryBadCallIDs(t *testing.T) {
 		t.Fatalf("file %q; the refused calls must not run", r.Stdout)
 	}
 }
+
+// TestTrajectoryLogOfStoppedSandbox: `opendsecctl sandbox log` reads a
+// sandbox's log after the sandbox is stopped (kept for
+// node.trajectory.retention_sec), one JSON line per call in order, with
+// the call IDs, exit codes and output; --no-output leaves the output out.
+func TestTrajectoryLogOfStoppedSandbox(t *testing.T) {
+	s := newSystem(t)
+	s.Start()
+	sb := s.Create(t, nil)
+	ctx := t.Context()
+	for i, line := range []string{"echo first", "echo second >&2; exit 3"} {
+		if _, err := s.Exec(ctx, &opendsecv1.ExecStart{SandboxId: sb.Id, Command: []string{"/bin/sh", "-c", line}, CallId: fmt.Sprintf("r/%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Sandboxes().StopSandbox(ctx, connect.NewRequest(&opendsecv1.StopSandboxRequest{Id: sb.Id})); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := s.ctl(t, "sandbox", "log", sb.Id)
+	if code != 0 {
+		t.Fatalf("opendsecctl sandbox log of a stopped sandbox: exit %d: %s", code, errOut)
+	}
+	var calls []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if _, ok := m["call_id"]; ok {
+			calls = append(calls, m)
+		}
+	}
+	if len(calls) != 2 || calls[0]["call_id"] != "r/0" || calls[1]["call_id"] != "r/1" || calls[1]["exit_code"] != float64(3) {
+		t.Fatalf("calls in the stopped sandbox's log: %v; want r/0 then r/1\n%s", calls, out)
+	}
+	if calls[0]["stdout"] != "Zmlyc3QK" { // "first\n", base64 in protojson
+		t.Fatalf("the log has no output of r/0:\n%s", out)
+	}
+	noOut, _, code := s.ctl(t, "sandbox", "log", "--no-output", sb.Id)
+	if code != 0 || strings.Contains(noOut, "Zmlyc3QK") || strings.Count(noOut, `"call_id"`) != 2 {
+		t.Fatalf("sandbox log --no-output: exit %d\n%s", code, noOut)
+	}
+}
