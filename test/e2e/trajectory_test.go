@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	opendsec "github.com/kernflux/opendsec/sdk/go"
 	"github.com/kernflux/opendsec/test/harness"
 )
 
@@ -207,5 +208,53 @@ func TestTrajectoryLogOfStoppedSandbox(t *testing.T) {
 	noOut, _, code := s.ctl(t, "sandbox", "log", "--no-output", sb.Id)
 	if code != 0 || strings.Contains(noOut, "Zmlyc3QK") || strings.Count(noOut, `"call_id"`) != 2 {
 		t.Fatalf("sandbox log --no-output: exit %d\n%s", code, noOut)
+	}
+}
+
+// TestTrajectoryReplayGo: the Go client's Replay re-runs a log in a fresh
+// sandbox of the same image: a deterministic rollout reports no
+// differences; one with a call that reads a random value names that call
+// (and only it) as the first difference, on stdout.
+func TestTrajectoryReplayGo(t *testing.T) {
+	s := newSystem(t)
+	s.Start()
+	c := s.Client(t)
+	ctx := t.Context()
+	rollout := func(lines ...string) []*opendsec.TrajectoryEntry {
+		t.Helper()
+		sb := s.Create(t, nil)
+		for i, l := range lines {
+			if _, err := c.RunShell(ctx, sb.Id, l, opendsec.WithCallID(fmt.Sprintf("rep/%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		log, err := c.Trajectory(ctx, sb.Id, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return log
+	}
+	spec := &opendsecv1.SandboxSpec{Image: "root/busybox"}
+	det := rollout("echo 42 > /tmp/x", "cat /tmp/x; echo err >&2", "sh -c 'exit 3'")
+	rep, err := c.Replay(ctx, det, opendsec.ReplayOptions{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Calls != 3 || len(rep.Differences) != 0 {
+		t.Fatalf("replay of a deterministic log: %+v; want 3 calls, no differences", rep)
+	}
+	random := rollout("echo same", "cat /proc/sys/kernel/random/uuid", "echo same again")
+	rep, err = c.Replay(ctx, random, opendsec.ReplayOptions{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Differences) != 1 || rep.Differences[0].CallID != "rep/1" || rep.Differences[0].Field != "stdout" {
+		t.Fatalf("replay of a log with a random read: %+v; want exactly rep/1 on stdout", rep.Differences)
+	}
+	if _, err := c.GetSandbox(ctx, rep.SandboxID); err == nil {
+		t.Fatalf("replay sandbox %s still there after Replay without Keep", rep.SandboxID)
+	}
+	if _, err := c.Replay(ctx, det, opendsec.ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "spec") {
+		t.Fatalf("replay without a spec: %v; want an error naming spec", err)
 	}
 }
