@@ -8,8 +8,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
+	v1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
 	"github.com/kernflux/opendsec/internal/errdefs"
 )
 
