@@ -105,7 +105,9 @@ async def test_prewarm_bad_image_names_the_field(client: DSecClient, server: Fak
 
 
 @pytest.mark.parametrize(("count", "ttl"), [("3", None), (True, None), (1, -1), (1, 86401)])
-async def test_prewarm_bad_types_send_nothing(client: DSecClient, server: FakeServer, count: object, ttl: object) -> None:
+async def test_prewarm_bad_types_send_nothing(
+    client: DSecClient, server: FakeServer, count: object, ttl: object
+) -> None:
     with pytest.raises(ConfigError):
         await client.prewarm(DSecRunArgs(), count, ttl=ttl)  # type: ignore[arg-type]
     assert server.prewarm_requests == []

@@ -395,7 +395,8 @@ class DSecClient:
         req = pb.PrewarmSandboxesRequest(spec=args.to_proto(), count=count, ttl_seconds=ttl_seconds, wait=bool(wait))
         resp = await self._conn.unary(self._conn.sandboxes.PrewarmSandboxes, req, timeout=timeout, retry=True)
         if resp.held < count:
-            logging.getLogger("opendsec").warning("prewarm: the warm pool holds %d of %d: %s", resp.held, count, resp.reason)
+            log = logging.getLogger("opendsec")
+            log.warning("prewarm: the warm pool holds %d of %d: %s", resp.held, count, resp.reason)
         return int(resp.held)
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
