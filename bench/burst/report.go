@@ -42,10 +42,14 @@ func writeReport(c config, paths []string) error {
 				c.stopConcurrency, len(r.StopMS), r.StopTotalMS, stopRate, pct(r.StopMS, 50), pct(r.StopMS, 95))
 			fmt.Fprintf(&b, "Batch create throughput / sequential runc run: **%.2fx**. Stop throughput / create throughput: **%.2fx**.\n\n", rate/runcRate, stopRate/rate)
 			fmt.Fprintf(&b, "Cold: skip_warm_pool %v; %d of %d creates came from the warm pool (node log). ", r.SkipWarmPool, r.FromPool, len(r.NodeTotalMS))
-			fmt.Fprintf(&b, "Node phases of the cold creates, p50 (first tenth / last tenth of the batch): net %.1f (%.1f / %.1f) ms, prepare %.1f (%.1f / %.1f) ms, start (`runc run`) %.1f (%.1f / %.1f) ms.\n\n",
-				pct(r.NodeNetMS, 50), pctPart(r.NodeNetMS, false), pctPart(r.NodeNetMS, true),
-				pct(r.NodeCreateMS, 50), pctPart(r.NodeCreateMS, false), pctPart(r.NodeCreateMS, true),
-				pct(r.NodeStartMS, 50), pctPart(r.NodeStartMS, false), pctPart(r.NodeStartMS, true))
+			if len(r.NodeStartMS) == 0 {
+				fmt.Fprintf(&b, "No cold creates.\n\n")
+			} else {
+				fmt.Fprintf(&b, "Node phases of the cold creates, p50 (first tenth / last tenth of the batch): net %.1f (%.1f / %.1f) ms, prepare %.1f (%.1f / %.1f) ms, start (`runc run`) %.1f (%.1f / %.1f) ms.\n\n",
+					pct(r.NodeNetMS, 50), pctPart(r.NodeNetMS, false), pctPart(r.NodeNetMS, true),
+					pct(r.NodeCreateMS, 50), pctPart(r.NodeCreateMS, false), pctPart(r.NodeCreateMS, true),
+					pct(r.NodeStartMS, 50), pctPart(r.NodeStartMS, false), pctPart(r.NodeStartMS, true))
+			}
 			if r.Prewarm {
 				total := r.PrewarmMS + r.BatchTotalMS
 				totalRate := float64(created) / (total / 1000)

@@ -215,6 +215,9 @@ func (p *pool) giveBack(k poolKey, rec *record) {
 	defer p.mu.Unlock()
 	if s, ok := p.shapes[k]; ok {
 		s.ready = append([]*record{rec}, s.ready...)
+		if time.Now().Before(s.prewarmUntil) {
+			s.prewarm++ // the refused create did not consume the prewarm
+		}
 		return
 	}
 	p.orphan(rec)
