@@ -224,3 +224,28 @@ func TestPrewarmTTL(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestPrewarmGivesWay: prestarted sandboxes never hold back a create of
+// another shape (admission does not count them), and when running and
+// pooled sandboxes together exceed node.max_sandboxes the pool removes
+// the extra ones, so that the node is never overcommitted.
+func TestPrewarmGivesWay(t *testing.T) {
+	f := newPrewarmNode(t, func(c *Config) { c.MaxSandboxes = 10 })
+	if res, err := f.Prewarm(t.Context(), PrewarmRequest{Spec: smallShape, Count: 8, Wait: true}); err != nil || res.Ready != 8 {
+		t.Fatalf("prewarm 8: %+v %v", res, err)
+	}
+	other := specRecord{Image: "root/busybox", MemoryMB: 64}
+	for i := range 5 {
+		if _, err := f.Create(t.Context(), CreateRequest{ID: sandboxid.New(f.cfg.ID), Spec: other}); err != nil {
+			t.Fatalf("create %d of another shape with 8 prewarmed on a node of 10: %v", i, err)
+		}
+	}
+	f.pool.expire(time.Now())
+	if got := poolReady(f.Node); got > 5 {
+		t.Fatalf("pool holds %d with 5 of 10 running, want at most 5", got)
+	}
+	// What is left still serves the prewarmed shape.
+	if rec := f.create(t, smallShape); !rec.FromPool {
+		t.Fatal("a create of the prewarmed shape was made from scratch")
+	}
+}
