@@ -15,6 +15,12 @@
 # revision in turn ("before") and then with the work tree ("after"), each on a fresh
 # system and each with its own runc loop right before its batch: before and
 # after side by side in one run.
+# PREWARM=1 runs part 1 (cold, as above) and then, on a fresh system whose
+# warm pool is on (node.warm_pool.max_sandboxes >= COUNT), its own runc loop
+# and PrewarmSandboxes of COUNT (waiting until the pool holds them, timed)
+# followed by the same batch without skip_warm_pool: cold and prewarmed side
+# by side, with the prewarm's time and the total (prewarm + batch); part 2
+# is skipped.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -27,7 +33,7 @@ DD=$(mktemp -d /tmp/odbench-burstdd.XXXXXX)
 COUNT=${COUNT:-1000} RUNC_N=${RUNC_N:-100} KILL_AFTER=${KILL_AFTER:-300}
 cleanup() {
   stop_system # up runs with --stop-sandboxes: nothing of this run outlives it
-  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD".base-* "$BIN"; fi
+  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD".base-* "$DD".prewarm "$BIN"; fi
 }
 trap cleanup EXIT
 
@@ -92,7 +98,25 @@ B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${
 echo "== runc loop, batch create, stop" >&2
 "${B[@]}" -mode main -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 MAINS+=("$DD/main.json")
-CMD="${BASE_REV:+BASE_REV='$BASE_REV' }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+if [ "${PREWARM:-}" = 1 ]; then
+  stop_system
+  UP_PID=
+  DDP=$DD.prewarm
+  mkdir "$DDP"
+  # The pool on, bounded to hold the whole batch (and prestarting at most
+  # its normal size, 2, for any other shape).
+  POOL_MAX=$(( COUNT > 8 ? COUNT : 8 ))
+  SYSTEM_NODE_EXTRA='"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8, "warm_pool": {"size": 2, "max_sandboxes": '$POOL_MAX'}'
+  echo "== prewarm: opendsec up with the warm pool on (data dir $DDP)" >&2
+  start_system "$BIN" "$DDP" busybox -- --stop-sandboxes
+  echo "== prewarm: runc loop, prewarm, batch create, stop" >&2
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDP/bootstrap.token" "${ARGS[@]}" -mode main \
+    -name "$VERSION prewarmed" -prewarm -skip-warm-pool=false -runc-n "$RUNC_N" -node-log "$DDP/up.log" -out-json "$DD/prewarm.json"
+  MAINS+=("$DD/prewarm.json")
+  "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst-prewarm.md}" "${MAINS[@]}"
+  exit 0
+fi
 if [ "${SKIP_KILL:-}" = 1 ]; then
   "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" "${MAINS[@]}"
   exit 0

@@ -8,7 +8,10 @@
 //
 //	-mode main     runc loop, batch create, stop all; writes -out-json.
 //	               The batch skips the warm pool (-skip-warm-pool, default
-//	               true): every create is cold; -name labels the run
+//	               true): every create is cold; -name labels the run.
+//	               With -prewarm, PrewarmSandboxes of -count (wait) runs
+//	               before the batch (timed) and the batch takes from the
+//	               pool (give -skip-warm-pool=false)
 //	-mode kill     batch create with -request-id; SIGKILL -kill-pid after
 //	               -kill-after results; writes -out-json
 //	-mode retry    the same batch again with -request-id; then lists the
@@ -44,7 +47,7 @@ import (
 
 type config struct {
 	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command, name string
-	skipWarmPool                                                                                    bool
+	skipWarmPool, prewarm                                                                           bool
 	count, runcN, killAfter, killPid, stopConcurrency, restartMS                                    int
 	cpu                                                                                             float64
 	memoryMB                                                                                        int64
@@ -71,9 +74,16 @@ type result struct {
 	NodeCreateMS []float64 `json:"node_create_ms,omitempty"`
 	NodeStartMS  []float64 `json:"node_start_ms,omitempty"`
 	FromPool     int       `json:"from_warm_pool"` // creates the node took from its warm pool
-	SkipWarmPool bool      `json:"skip_warm_pool"`
-	Failed       int       `json:"failed"`
-	FirstError   string    `json:"first_error,omitempty"`
+	// Prewarm (main with -prewarm): PrewarmSandboxes of Count with wait,
+	// right before the batch.
+	Prewarm       bool    `json:"prewarm,omitempty"`
+	PrewarmMS     float64 `json:"prewarm_ms,omitempty"`
+	PrewarmHeld   int     `json:"prewarm_held,omitempty"`
+	PrewarmReady  int     `json:"prewarm_ready,omitempty"`
+	PrewarmReason string  `json:"prewarm_reason,omitempty"`
+	SkipWarmPool  bool    `json:"skip_warm_pool"`
+	Failed        int     `json:"failed"`
+	FirstError    string  `json:"first_error,omitempty"`
 
 	StopTotalMS float64   `json:"stop_total_ms,omitempty"`
 	StopMS      []float64 `json:"stop_ms,omitempty"`
@@ -109,6 +119,7 @@ func main() {
 	flag.StringVar(&c.command, "command", "", "report: the command line to record")
 	flag.StringVar(&c.name, "name", "", "main: the name of this run in the report (e.g. before, after)")
 	flag.BoolVar(&c.skipWarmPool, "skip-warm-pool", true, "main: make every sandbox of the batch from scratch (cold), never from the node's warm pool")
+	flag.BoolVar(&c.prewarm, "prewarm", false, "main: PrewarmSandboxes of -count (waiting until the pool holds them) before the batch")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -312,8 +323,22 @@ func runMain(ctx context.Context, c config) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "   %.1f ms each (p50)\n", pct(r.RuncRunMS, 50))
-	fmt.Fprintf(os.Stderr, "== batch create of %d\n", c.count)
 	label := fmt.Sprintf("burst-%d", os.Getpid())
+	if c.prewarm {
+		fmt.Fprintf(os.Stderr, "== prewarm %d\n", c.count)
+		r.Prewarm = true
+		t := time.Now()
+		resp, err := cl.PrewarmSandboxes(ctx, connect.NewRequest(&v1.PrewarmSandboxesRequest{
+			Spec: c.spec(label), Count: int32(c.count), TtlSeconds: 600, Wait: true, //nolint:gosec // flag-bounded
+		}))
+		if err != nil {
+			return fmt.Errorf("prewarm: %w", err)
+		}
+		r.PrewarmMS = ms(time.Since(t))
+		r.PrewarmHeld, r.PrewarmReady, r.PrewarmReason = int(resp.Msg.GetHeld()), int(resp.Msg.GetReady()), resp.Msg.GetReason()
+		fmt.Fprintf(os.Stderr, "   held %d, ready %d in %.0f ms %s\n", r.PrewarmHeld, r.PrewarmReady, r.PrewarmMS, r.PrewarmReason)
+	}
+	fmt.Fprintf(os.Stderr, "== batch create of %d\n", c.count)
 	ids, berr := batch(ctx, cl, c, label, fmt.Sprintf("burst-%d", time.Now().UnixNano()), nil, r)
 	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
 	nodeTimes(c.nodeLog, ids, r)

@@ -56,12 +56,34 @@ type fakeNode struct {
 	// reclaimDelay holds a pause with reclaim this long (or until its
 	// context ends).
 	reclaimDelay time.Duration
+	// poolRoom is how many sandboxes a prewarm may hold (its pool bound
+	// is twice that); prewarms records each one's count.
+	poolRoom int32
+	prewarms []int32
+}
+
+func (n *fakeNode) PrewarmSandboxes(_ context.Context, req *connect.Request[nodev1.PrewarmSandboxesRequest]) (*connect.Response[nodev1.PrewarmSandboxesResponse], error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := req.Msg
+	if m.GetCount() < 1 || m.GetCount() > 2*n.poolRoom {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("count: %d must be between 1 and %d (node.warm_pool.max_sandboxes of node %s)", m.GetCount(), 2*n.poolRoom, n.id))
+	}
+	if !slices.Contains(n.images, m.GetSpec().GetImage()) {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("image: %q not found", m.GetSpec().GetImage()))
+	}
+	n.prewarms = append(n.prewarms, m.GetCount())
+	held, reason := min(m.GetCount(), n.poolRoom), ""
+	if held < m.GetCount() {
+		reason = fmt.Sprintf("capacity: node %s has room for %d more sandboxes", n.id, held)
+	}
+	return connect.NewResponse(&nodev1.PrewarmSandboxesResponse{Held: held, Ready: held, Reason: reason, TtlSeconds: max(m.GetTtlSeconds(), 600)}), nil
 }
 
 func newFakeNode(t testing.TB, key *auth.Issuer, id string) *fakeNode {
 	t.Helper()
 	n := &fakeNode{id: id, sbs: map[string]*nodev1.Sandbox{}, byRequest: map[string]string{}, maxSbs: 100,
-		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent(), snaps: map[string]*nodev1.Snapshot{}}
+		images: []string{"root/busybox", "root/py:3.11"}, agent: newFakeAgent(), snaps: map[string]*nodev1.Snapshot{}, poolRoom: 8}
 	v := auth.NewVerifier(key.PublicKey(), auth.ScopeNode)
 	mux := http.NewServeMux()
 	mux.Handle(nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor())))

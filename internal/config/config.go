@@ -300,13 +300,18 @@ func (n Node) Overcommit() (cpu, mem float64, err error) {
 	return cpu, mem, nil
 }
 
+// MaxWarmPoolSandboxes is the largest node.warm_pool.max_sandboxes: room
+// for a prewarm of a batch of a few thousand.
+const MaxWarmPoolSandboxes = 4096
+
 // WarmPool configures a node's warm pool.
 type WarmPool struct {
 	// Size is how many prestarted sandboxes each shape (backend, image,
 	// cpu, memory, pids limit, user, workdir, network rules) keeps ready;
 	// 0 turns the pool off.
 	Size int `json:"size"`
-	// MaxSandboxes bounds the prestarted sandboxes of all shapes together.
+	// MaxSandboxes bounds the prestarted sandboxes of all shapes together,
+	// those a prewarm asks for included (1 to MaxWarmPoolSandboxes).
 	MaxSandboxes int `json:"max_sandboxes"`
 	// IdleTTLSec: a shape nobody created for this long loses its sandboxes.
 	IdleTTLSec int64 `json:"idle_ttl_sec"`
@@ -403,8 +408,8 @@ func (c *Config) Validate() error {
 	}
 	if wp := c.Node.WarmPool; wp.Size < 0 || wp.Size > 64 {
 		return errdefs.Invalid("node.warm_pool.size", "is %d; give 0 (off) to 64 prestarted sandboxes per shape", wp.Size)
-	} else if wp.Size > 0 && (wp.MaxSandboxes < 1 || wp.MaxSandboxes > 1024) {
-		return errdefs.Invalid("node.warm_pool.max_sandboxes", "is %d; give 1 to 1024", wp.MaxSandboxes)
+	} else if wp.Size > 0 && (wp.MaxSandboxes < 1 || wp.MaxSandboxes > MaxWarmPoolSandboxes) {
+		return errdefs.Invalid("node.warm_pool.max_sandboxes", "is %d; give 1 to %d (a prewarm holds at most this many)", wp.MaxSandboxes, MaxWarmPoolSandboxes)
 	} else if wp.Size > 0 && (wp.IdleTTLSec < 1 || wp.IdleTTLSec > 7*24*3600) {
 		return errdefs.Invalid("node.warm_pool.idle_ttl_sec", "is %d; give 1 to 604800 seconds", wp.IdleTTLSec)
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -82,6 +83,30 @@ type poolShape struct {
 	lastUsed time.Time
 	creates  int       // creates of this shape since it was first seen
 	retryAt  time.Time // after a failed prestart
+	// prewarm is how many prestarted sandboxes a prewarm still asks the
+	// shape to hold (each create of the shape consumes one) until
+	// prewarmUntil; the shape is wanted regardless of poolMinCreates.
+	prewarm      int
+	prewarmUntil time.Time
+}
+
+// prewarming reports whether a prewarm still asks s for sandboxes.
+func (s *poolShape) prewarming(now time.Time) bool {
+	return s.prewarm > 0 && now.Before(s.prewarmUntil)
+}
+
+// want is how many prestarted sandboxes s should hold: an active
+// prewarm's target, else Size once the shape was created poolMinCreates
+// times, else none.
+func (p *pool) want(s *poolShape, now time.Time) int {
+	w := 0
+	if s.creates >= poolMinCreates {
+		w = p.cfg.Size
+	}
+	if s.prewarming(now) {
+		w = max(w, s.prewarm)
+	}
+	return w
 }
 
 // pool is the node's warm pool. Its fills and expiries run in one goroutine,
@@ -169,7 +194,10 @@ func (p *pool) take(k poolKey, spec specRecord) *record {
 	s.lastUsed = time.Now()
 	p.lastTake = s.lastUsed
 	s.creates++
-	if s.creates >= poolMinCreates {
+	if s.prewarm > 0 {
+		s.prewarm-- // a prewarm is consumed by the creates it was for
+	}
+	if s.creates >= poolMinCreates || s.prewarming(s.lastUsed) {
 		p.nudge()
 	}
 	if len(s.ready) == 0 {
@@ -187,6 +215,9 @@ func (p *pool) giveBack(k poolKey, rec *record) {
 	defer p.mu.Unlock()
 	if s, ok := p.shapes[k]; ok {
 		s.ready = append([]*record{rec}, s.ready...)
+		if time.Now().Before(s.prewarmUntil) {
+			s.prewarm++ // the refused create did not consume the prewarm
+		}
 		return
 	}
 	p.orphan(rec)
@@ -200,7 +231,7 @@ func (p *pool) evictLocked() {
 	var at time.Time
 	once := false
 	for k, s := range p.shapes {
-		o := s.creates < poolMinCreates
+		o := s.creates < poolMinCreates && !s.prewarming(time.Now())
 		if at.IsZero() || o && !once || o == once && s.lastUsed.Before(at) {
 			oldest, at, once = k, s.lastUsed, o
 		}
@@ -260,18 +291,53 @@ func (p *pool) loop() {
 		case <-t.C:
 		}
 		p.expire(time.Now())
-		for {
-			select {
-			case <-p.n.closed:
-				return
-			default:
-			}
-			k, s, ok := p.next(time.Now())
-			if !ok {
-				break
-			}
-			p.fill(k, s)
+		if !p.fillAll() {
+			return
 		}
+	}
+}
+
+// poolPrewarmParallel bounds the prestarts that run at once while a
+// prewarm is being filled; other fills run one at a time.
+const poolPrewarmParallel = 4
+
+// fillAll fills shapes until none needs a sandbox (or the node has no
+// room); false when the node closes meanwhile. Fills of a shape being
+// prewarmed run up to poolPrewarmParallel at once.
+func (p *pool) fillAll() bool {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, poolPrewarmParallel)
+	inflight := new(atomic.Int32)
+	for {
+		select {
+		case <-p.n.closed:
+			return false
+		case sem <- struct{}{}:
+		}
+		now := time.Now()
+		k, s, ok := p.next(now)
+		if !ok {
+			<-sem
+			if inflight.Load() == 0 {
+				return true
+			}
+			wg.Wait() // what is in flight may leave room or change need
+			continue
+		}
+		p.mu.Lock()
+		par := s.prewarming(now)
+		p.mu.Unlock()
+		if !par {
+			p.fill(k, s)
+			<-sem
+			continue
+		}
+		inflight.Add(1)
+		wg.Go(func() {
+			defer func() { inflight.Add(-1); <-sem }()
+			p.fill(k, s)
+		})
 	}
 }
 
@@ -315,14 +381,52 @@ func (p *pool) expire(now time.Time) {
 			stale[k] = true
 		}
 	}
+	n := p.n
+	n.mu.Lock()
+	room := n.cfg.MaxSandboxes - int64(len(n.sandboxes)+n.tearing)
+	n.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	total := 0
 	for k, s := range p.shapes {
-		if stale[k] || now.Sub(s.lastUsed) > p.cfg.IdleTTL {
+		if stale[k] || now.Sub(s.lastUsed) > p.cfg.IdleTTL && !s.prewarming(now) {
 			for _, rec := range s.ready {
 				p.orphan(rec)
 			}
 			delete(p.shapes, k)
+			continue
+		}
+		if !s.prewarming(now) {
+			s.prewarm = 0
+		}
+		// A prewarm that ended (consumed or past its ttl) leaves the
+		// shape its normal size.
+		if w := p.want(s, now); len(s.ready) > w {
+			for _, rec := range s.ready[w:] {
+				p.orphan(rec)
+			}
+			s.ready = s.ready[:w]
+		}
+		total += len(s.ready)
+	}
+	// Creates are admitted without counting prestarted sandboxes; when
+	// they and the pool together exceed node.max_sandboxes, the pool
+	// gives way (largest shape first) so that it never overcommits.
+	for over := int64(total) - max(room, 0); over > 0; over-- {
+		var big *poolShape
+		for _, s := range p.shapes {
+			if len(s.ready) > 0 && (big == nil || len(s.ready) > len(big.ready)) {
+				big = s
+			}
+		}
+		if big == nil {
+			break
+		}
+		last := len(big.ready) - 1
+		p.orphan(big.ready[last])
+		big.ready = big.ready[:last]
+		if big.prewarm > last {
+			big.prewarm = last
 		}
 	}
 }
@@ -337,9 +441,14 @@ func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 	n.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	total := 0
+	// owed is what active prewarms still wait for: the room they were
+	// promised is not given to other shapes' normal fills.
+	total, owed := 0, 0
 	for _, s := range p.shapes {
 		total += len(s.ready) + s.filling
+		if s.prewarming(now) {
+			owed += max(s.prewarm-len(s.ready)-s.filling, 0)
+		}
 	}
 	if total >= p.cfg.Max || count+int64(total) >= n.cfg.MaxSandboxes {
 		return poolKey{}, nil, false
@@ -348,9 +457,13 @@ func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 	for k := range p.shapes {
 		keys = append(keys, k)
 	}
-	// The emptiest shape first, then the most recently used.
+	// Prewarmed shapes first, then the emptiest shape, then the most
+	// recently used.
 	sort.Slice(keys, func(i, j int) bool {
 		a, b := p.shapes[keys[i]], p.shapes[keys[j]]
+		if pa, pb := a.prewarming(now), b.prewarming(now); pa != pb {
+			return pa
+		}
 		if na, nb := len(a.ready)+a.filling, len(b.ready)+b.filling; na != nb {
 			return na < nb
 		}
@@ -358,7 +471,10 @@ func (p *pool) next(now time.Time) (poolKey, *poolShape, bool) {
 	})
 	for _, k := range keys {
 		s := p.shapes[k]
-		if s.creates >= poolMinCreates && len(s.ready)+s.filling < p.cfg.Size && !now.Before(s.retryAt) && s.spec.MemoryMB <= freeMem {
+		if !s.prewarming(now) && (total+owed >= p.cfg.Max || count+int64(total+owed) >= n.cfg.MaxSandboxes) {
+			continue
+		}
+		if len(s.ready)+s.filling < p.want(s, now) && !now.Before(s.retryAt) && s.spec.MemoryMB <= freeMem {
 			s.filling++
 			return k, s, true
 		}

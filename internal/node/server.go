@@ -226,3 +226,28 @@ func acceleratorProto(r *Accelerator) *nodev1.Accelerator {
 		DetectedAt:        timestamppb.New(r.DetectedAt),
 	}
 }
+
+func (s *service) PrewarmSandboxes(ctx context.Context, req *connect.Request[nodev1.PrewarmSandboxesRequest]) (*connect.Response[nodev1.PrewarmSandboxesResponse], error) {
+	if ttl := req.Msg.GetTtlSeconds(); ttl < 0 || ttl > int64(MaxPrewarmTTL/time.Second) {
+		return nil, errdefs.Invalid("ttl_seconds", "%d must be between 0 (the pool's idle TTL) and %d seconds", ttl, int64(MaxPrewarmTTL/time.Second))
+	}
+	spec, err := specpb.FromNode(req.Msg.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.n.Prewarm(ctx, PrewarmRequest{
+		Spec:  spec,
+		Count: int(req.Msg.GetCount()),
+		TTL:   time.Duration(req.Msg.GetTtlSeconds()) * time.Second,
+		Wait:  req.Msg.GetWait(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nodev1.PrewarmSandboxesResponse{
+		Held:       int32(res.Held),  //nolint:gosec // at most node.warm_pool.max_sandboxes
+		Ready:      int32(res.Ready), //nolint:gosec // at most Held
+		Reason:     res.Reason,
+		TtlSeconds: int64(res.TTL / time.Second),
+	}), nil
+}

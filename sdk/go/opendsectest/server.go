@@ -53,28 +53,31 @@ type Server struct {
 	// always holds a match: every create without skip_warm_pool reports
 	// from_warm_pool. When false, no create does.
 	WarmPool bool
+	// PoolRoom, when above 0, is the most a PrewarmSandboxes holds.
+	PoolRoom int
 
 	srv *httptest.Server
 
 	mu            sync.Mutex
-	seq           int                            // guarded by mu
-	sandboxes     map[string]*opendsecv1.Sandbox // guarded by mu
-	byRequest     map[string]string              // request_id → sandbox ID; guarded by mu
-	files         map[string]map[string][]byte   // sandbox ID → path → data; guarded by mu
-	dirs          map[string]map[string]bool     // sandbox ID → directory paths; guarded by mu
-	calls         []Call                         // guarded by mu
-	createIDs     []string                       // request IDs of every CreateSandbox; guarded by mu
-	createSkips   []bool                         // skip_warm_pool of every CreateSandbox; guarded by mu
-	batchIDs      []string                       // request IDs of every BatchCreateSandboxes; guarded by mu
-	batchSkips    []bool                         // skip_warm_pool of every BatchCreateSandboxes; guarded by mu
-	failCreates   int                            // guarded by mu
-	failCode      connect.Code                   // guarded by mu
-	failAfterSave bool                           // guarded by mu
-	halfClosedGot []byte                         // what port 2 received after its half-close; guarded by mu
-	writeChunks   []int                          // data chunk sizes of the last WriteFile; guarded by mu
-	resizes       []*opendsecv1.PtySize          // guarded by mu
-	execStarts    []*opendsecv1.ExecStart        // guarded by mu
-	snapshots     map[string]*snapshot           // guarded by mu
+	seq           int                                   // guarded by mu
+	sandboxes     map[string]*opendsecv1.Sandbox        // guarded by mu
+	byRequest     map[string]string                     // request_id → sandbox ID; guarded by mu
+	files         map[string]map[string][]byte          // sandbox ID → path → data; guarded by mu
+	dirs          map[string]map[string]bool            // sandbox ID → directory paths; guarded by mu
+	calls         []Call                                // guarded by mu
+	createIDs     []string                              // request IDs of every CreateSandbox; guarded by mu
+	createSkips   []bool                                // skip_warm_pool of every CreateSandbox; guarded by mu
+	batchIDs      []string                              // request IDs of every BatchCreateSandboxes; guarded by mu
+	batchSkips    []bool                                // skip_warm_pool of every BatchCreateSandboxes; guarded by mu
+	prewarms      []*opendsecv1.PrewarmSandboxesRequest // guarded by mu
+	failCreates   int                                   // guarded by mu
+	failCode      connect.Code                          // guarded by mu
+	failAfterSave bool                                  // guarded by mu
+	halfClosedGot []byte                                // what port 2 received after its half-close; guarded by mu
+	writeChunks   []int                                 // data chunk sizes of the last WriteFile; guarded by mu
+	resizes       []*opendsecv1.PtySize                 // guarded by mu
+	execStarts    []*opendsecv1.ExecStart               // guarded by mu
+	snapshots     map[string]*snapshot                  // guarded by mu
 }
 
 // New starts a fake server on loopback requiring token and stops it when
@@ -150,6 +153,13 @@ func (s *Server) BatchRequestIDs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.batchIDs...)
+}
+
+// Prewarms returns every PrewarmSandboxes request received, in order.
+func (s *Server) Prewarms() []*opendsecv1.PrewarmSandboxesRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*opendsecv1.PrewarmSandboxesRequest(nil), s.prewarms...)
 }
 
 // BatchSkipWarmPool returns the skip_warm_pool flag of every

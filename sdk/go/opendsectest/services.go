@@ -51,6 +51,33 @@ func (h sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[
 	return connect.NewResponse(&opendsecv1.CreateSandboxResponse{Sandbox: sb}), nil
 }
 
+// PrewarmSandboxes records the request (Prewarms) and holds min(count,
+// PoolRoom) (all when PoolRoom is 0), all ready.
+func (h sandboxService) PrewarmSandboxes(_ context.Context, req *connect.Request[opendsecv1.PrewarmSandboxesRequest]) (*connect.Response[opendsecv1.PrewarmSandboxesResponse], error) {
+	n := req.Msg.GetCount()
+	if n < 1 || n > 1024 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("count: %d must be between 1 and 1024 (node.warm_pool.max_sandboxes)", n))
+	}
+	if err := validateSpec(req.Msg.GetSpec()); err != nil {
+		return nil, err
+	}
+	s := h.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prewarms = append(s.prewarms, proto.Clone(req.Msg).(*opendsecv1.PrewarmSandboxesRequest))
+	held, reason := n, ""
+	if s.PoolRoom > 0 && int32(s.PoolRoom) < n { //nolint:gosec // a test's small number
+		held = int32(s.PoolRoom) //nolint:gosec // as above
+		reason = fmt.Sprintf("capacity: node has room for %d more sandboxes", held)
+	}
+	ttl := req.Msg.GetTtlSeconds()
+	if ttl == 0 {
+		ttl = 600
+	}
+	return connect.NewResponse(&opendsecv1.PrewarmSandboxesResponse{Held: held, Ready: held, Reason: reason, TtlSeconds: ttl,
+		Nodes: []*opendsecv1.PrewarmNodeResult{{NodeId: "fake", Held: held, Ready: held, Reason: reason}}}), nil
+}
+
 func (h sandboxService) BatchCreateSandboxes(ctx context.Context, req *connect.Request[opendsecv1.BatchCreateSandboxesRequest], stream *connect.ServerStream[opendsecv1.BatchCreateSandboxesResponse]) error {
 	n := int(req.Msg.GetCount())
 	if n < 1 || n > 32768 {

@@ -60,6 +60,9 @@ class FakeServer(
         self.pause_requests: list[pb.PauseSandboxRequest] = []
         # Prestarted sandboxes a create may take, unless it sets skip_warm_pool.
         self.warm_pool = 0
+        # PrewarmSandboxes: every request, and the most one holds.
+        self.prewarm_requests: list[pb.PrewarmSandboxesRequest] = []
+        self.pool_room = 64
 
     async def _auth(self, context: grpc.aio.ServicerContext, method: str) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -89,6 +92,25 @@ class FakeServer(
         s = self._make(request.spec, sid)
         s.from_warm_pool = self._take_warm(request.skip_warm_pool)
         return pb.CreateSandboxResponse(sandbox=s)
+
+    async def PrewarmSandboxes(
+        self, request: pb.PrewarmSandboxesRequest, context: Any
+    ) -> pb.PrewarmSandboxesResponse:
+        await self._auth(context, "PrewarmSandboxes")
+        self.prewarm_requests.append(request)
+        if request.count < 1 or request.count > 1024:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"count: {request.count} must be between 1 and 1024 (node.warm_pool.max_sandboxes of node node1)",
+            )
+        if request.spec.image == "bad":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'image: "bad" is not a known image; list images')
+        held = min(request.count, self.pool_room)
+        reason = f"capacity: node node1 has room for {held} more sandboxes" if held < request.count else ""
+        self.warm_pool += held
+        return pb.PrewarmSandboxesResponse(
+            held=held, ready=held, reason=reason, ttl_seconds=request.ttl_seconds or 600
+        )
 
     def _take_warm(self, skip: bool) -> bool:
         if skip or self.warm_pool <= 0:

@@ -67,3 +67,47 @@ def test_sandbox_info_defaults_to_cold() -> None:
 
     assert SandboxInfo.from_proto(pb.Sandbox(id="x")).from_warm_pool is False
     assert SandboxInfo.from_proto(pb.Sandbox(id="x", from_warm_pool=True)).from_warm_pool is True
+
+
+async def test_prewarm_returns_the_held_count(client: DSecClient, server: FakeServer) -> None:
+    held = await client.prewarm(DSecRunArgs(image="root/busybox", cpu=0.1, memory_mb=128), 5, ttl=90, wait=True)
+    assert held == 5
+    req = server.prewarm_requests[-1]
+    assert (req.count, req.ttl_seconds, req.wait) == (5, 90, True)
+    assert req.spec.image == "root/busybox" and req.spec.cpu == 0.1 and req.spec.memory_mb == 128
+    # The batch that follows takes them.
+    items = await client.run_sandboxes(DSecRunArgs(image="root/busybox"), 3)
+    assert all(i.sandbox.from_warm_pool for i in items if i.sandbox is not None)
+
+
+async def test_prewarm_may_hold_fewer(client: DSecClient, server: FakeServer, caplog: pytest.LogCaptureFixture) -> None:
+    server.pool_room = 2
+    assert await client.prewarm(DSecRunArgs(), 10) == 2
+    assert server.prewarm_requests[-1].ttl_seconds == 0
+    assert "capacity: node node1 has room for 2" in caplog.text
+
+
+@pytest.mark.parametrize("count", [0, 5000])
+async def test_prewarm_bad_count_names_the_field(client: DSecClient, server: FakeServer, count: int) -> None:
+    from opendsec import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as e:
+        await client.prewarm(DSecRunArgs(), count)
+    assert e.value.field == "count"
+
+
+async def test_prewarm_bad_image_names_the_field(client: DSecClient, server: FakeServer) -> None:
+    from opendsec import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as e:
+        await client.prewarm(DSecRunArgs(image="bad"), 1)
+    assert e.value.field == "image"
+
+
+@pytest.mark.parametrize(("count", "ttl"), [("3", None), (True, None), (1, -1), (1, 86401)])
+async def test_prewarm_bad_types_send_nothing(
+    client: DSecClient, server: FakeServer, count: object, ttl: object
+) -> None:
+    with pytest.raises(ConfigError):
+        await client.prewarm(DSecRunArgs(), count, ttl=ttl)  # type: ignore[arg-type]
+    assert server.prewarm_requests == []

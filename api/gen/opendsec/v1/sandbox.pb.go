@@ -876,6 +876,231 @@ func (x *BatchCreateSandboxesResponse) GetErrorMessage() string {
 	return ""
 }
 
+type PrewarmSandboxesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The spec of the creates to come: only its shape counts (backend,
+	// image, cpu, memory, disk, pids limit, user, workdir, network,
+	// allow_privilege_escalation); env, labels and timeouts may differ.
+	Spec *SandboxSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// 1 to the node's node.warm_pool.max_sandboxes.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// How long the pool holds them if no create takes them; 0: the pool's
+	// idle TTL (node.warm_pool.idle_ttl_sec). At most 86400.
+	TtlSeconds int64 `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// Answer only once the pool holds them (or the call's deadline passes;
+	// ready says how many then).
+	Wait          bool `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmSandboxesRequest) Reset() {
+	*x = PrewarmSandboxesRequest{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmSandboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmSandboxesRequest) ProtoMessage() {}
+
+func (x *PrewarmSandboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmSandboxesRequest.ProtoReflect.Descriptor instead.
+func (*PrewarmSandboxesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PrewarmSandboxesRequest) GetSpec() *SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *PrewarmSandboxesRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+type PrewarmSandboxesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many prestarted sandboxes the pool will hold for the shape.
+	Held int32 `protobuf:"varint,1,opt,name=held,proto3" json:"held,omitempty"`
+	// How many of them are prestarted already.
+	Ready int32 `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Why held is below count: "capacity: ..." or "bound: ...".
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The ttl in effect.
+	TtlSeconds int64 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// Per node when several were used (placement's order).
+	Nodes         []*PrewarmNodeResult `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmSandboxesResponse) Reset() {
+	*x = PrewarmSandboxesResponse{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmSandboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmSandboxesResponse) ProtoMessage() {}
+
+func (x *PrewarmSandboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmSandboxesResponse.ProtoReflect.Descriptor instead.
+func (*PrewarmSandboxesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PrewarmSandboxesResponse) GetHeld() int32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesResponse) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PrewarmSandboxesResponse) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesResponse) GetNodes() []*PrewarmNodeResult {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type PrewarmNodeResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Held          int32                  `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	Ready         int32                  `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmNodeResult) Reset() {
+	*x = PrewarmNodeResult{}
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmNodeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmNodeResult) ProtoMessage() {}
+
+func (x *PrewarmNodeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmNodeResult.ProtoReflect.Descriptor instead.
+func (*PrewarmNodeResult) Descriptor() ([]byte, []int) {
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PrewarmNodeResult) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *PrewarmNodeResult) GetHeld() int32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *PrewarmNodeResult) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *PrewarmNodeResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type GetSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -885,7 +1110,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +1122,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +1135,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSandboxRequest) GetId() string {
@@ -929,7 +1154,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1166,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1179,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -976,7 +1201,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1213,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1226,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSandboxesRequest) GetLabels() map[string]string {
@@ -1034,7 +1259,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1271,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1284,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1078,7 +1303,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1315,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1328,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StopSandboxRequest) GetId() string {
@@ -1121,7 +1346,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1358,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1371,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 type SetTimeoutRequest struct {
@@ -1159,7 +1384,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1396,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1409,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetTimeoutRequest) GetId() string {
@@ -1212,7 +1437,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1449,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1462,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetNetworkRequest) GetId() string {
@@ -1263,7 +1488,7 @@ type SetNetworkResponse struct {
 
 func (x *SetNetworkResponse) Reset() {
 	*x = SetNetworkResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1500,7 @@ func (x *SetNetworkResponse) String() string {
 func (*SetNetworkResponse) ProtoMessage() {}
 
 func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1513,7 @@ func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetNetworkResponse) GetSandbox() *Sandbox {
@@ -1307,7 +1532,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1544,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1557,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1359,7 +1584,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1596,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1609,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1433,7 +1658,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1670,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1683,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -1487,7 +1712,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1724,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1737,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1541,7 +1766,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1778,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1791,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -1594,7 +1819,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1831,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1844,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1649,7 +1874,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1886,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1899,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -1700,7 +1925,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1937,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1950,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1744,7 +1969,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1981,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1994,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSandboxMetricsRequest) GetId() string {
@@ -1808,7 +2033,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2045,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2058,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SandboxMetrics) GetTimestamp() *timestamppb.Timestamp {
@@ -1929,7 +2154,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2166,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2179,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -1978,7 +2203,7 @@ type SandboxSelector struct {
 
 func (x *SandboxSelector) Reset() {
 	*x = SandboxSelector{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2215,7 @@ func (x *SandboxSelector) String() string {
 func (*SandboxSelector) ProtoMessage() {}
 
 func (x *SandboxSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2228,7 @@ func (x *SandboxSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSelector.ProtoReflect.Descriptor instead.
 func (*SandboxSelector) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SandboxSelector) GetLabels() map[string]string {
@@ -2040,7 +2265,7 @@ type BatchFailure struct {
 
 func (x *BatchFailure) Reset() {
 	*x = BatchFailure{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2277,7 @@ func (x *BatchFailure) String() string {
 func (*BatchFailure) ProtoMessage() {}
 
 func (x *BatchFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2290,7 @@ func (x *BatchFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchFailure.ProtoReflect.Descriptor instead.
 func (*BatchFailure) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *BatchFailure) GetSandboxId() string {
@@ -2106,7 +2331,7 @@ type PauseSandboxesRequest struct {
 
 func (x *PauseSandboxesRequest) Reset() {
 	*x = PauseSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2343,7 @@ func (x *PauseSandboxesRequest) String() string {
 func (*PauseSandboxesRequest) ProtoMessage() {}
 
 func (x *PauseSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2356,7 @@ func (x *PauseSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PauseSandboxesRequest) GetSelector() *SandboxSelector {
@@ -2165,7 +2390,7 @@ type SandboxReclaim struct {
 
 func (x *SandboxReclaim) Reset() {
 	*x = SandboxReclaim{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2402,7 @@ func (x *SandboxReclaim) String() string {
 func (*SandboxReclaim) ProtoMessage() {}
 
 func (x *SandboxReclaim) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2415,7 @@ func (x *SandboxReclaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxReclaim.ProtoReflect.Descriptor instead.
 func (*SandboxReclaim) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SandboxReclaim) GetSandboxId() string {
@@ -2242,7 +2467,7 @@ type PauseSandboxesResponse struct {
 
 func (x *PauseSandboxesResponse) Reset() {
 	*x = PauseSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2479,7 @@ func (x *PauseSandboxesResponse) String() string {
 func (*PauseSandboxesResponse) ProtoMessage() {}
 
 func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2492,7 @@ func (x *PauseSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PauseSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2309,7 +2534,7 @@ type ResumeSandboxesRequest struct {
 
 func (x *ResumeSandboxesRequest) Reset() {
 	*x = ResumeSandboxesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2546,7 @@ func (x *ResumeSandboxesRequest) String() string {
 func (*ResumeSandboxesRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2559,7 @@ func (x *ResumeSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResumeSandboxesRequest) GetSelector() *SandboxSelector {
@@ -2361,7 +2586,7 @@ type ResumeSandboxesResponse struct {
 
 func (x *ResumeSandboxesResponse) Reset() {
 	*x = ResumeSandboxesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2598,7 @@ func (x *ResumeSandboxesResponse) String() string {
 func (*ResumeSandboxesResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2611,7 @@ func (x *ResumeSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResumeSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2440,7 +2665,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2677,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2690,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -2555,7 +2780,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2792,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2805,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PtySize) GetCols() uint32 {
@@ -2613,7 +2838,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2625,7 +2850,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2638,7 +2863,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2744,7 +2969,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +2981,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +2994,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -2876,7 +3101,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +3113,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3126,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecStarted) GetPid() uint32 {
@@ -2954,7 +3179,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3191,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +3204,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -3043,7 +3268,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3280,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3293,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -3108,7 +3333,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3120,7 +3345,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3133,7 +3358,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3152,7 +3377,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3164,7 +3389,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3177,7 +3402,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3199,7 +3424,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3211,7 +3436,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3224,7 +3449,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -3256,7 +3481,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3493,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3506,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 type SendInputRequest struct {
@@ -3297,7 +3522,7 @@ type SendInputRequest struct {
 
 func (x *SendInputRequest) Reset() {
 	*x = SendInputRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3534,7 @@ func (x *SendInputRequest) String() string {
 func (*SendInputRequest) ProtoMessage() {}
 
 func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[46]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3547,7 @@ func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
 func (*SendInputRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SendInputRequest) GetSandboxId() string {
@@ -3361,7 +3586,7 @@ type SendInputResponse struct {
 
 func (x *SendInputResponse) Reset() {
 	*x = SendInputResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3598,7 @@ func (x *SendInputResponse) String() string {
 func (*SendInputResponse) ProtoMessage() {}
 
 func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[47]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3611,7 @@ func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
 func (*SendInputResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 type ResizePtyRequest struct {
@@ -3400,7 +3625,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3637,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[48]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3650,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ResizePtyRequest) GetSandboxId() string {
@@ -3457,7 +3682,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3694,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[49]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3707,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 type FileInfo struct {
@@ -3502,7 +3727,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +3739,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[50]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +3752,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3604,7 +3829,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +3841,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[51]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +3854,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3662,7 +3887,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3899,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[52]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3912,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3710,7 +3935,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3722,7 +3947,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[53]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3735,7 +3960,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -3779,7 +4004,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +4016,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[54]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +4029,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -3857,7 +4082,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3869,7 +4094,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[55]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3882,7 +4107,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -3905,7 +4130,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3917,7 +4142,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[56]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3930,7 +4155,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3970,7 +4195,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4207,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[57]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4220,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4016,7 +4241,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4028,7 +4253,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[58]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4041,7 +4266,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4074,7 +4299,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4086,7 +4311,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[59]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4099,7 +4324,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StatResponse) GetFile() *FileInfo {
@@ -4120,7 +4345,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4357,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[60]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4370,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -4177,7 +4402,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4189,7 +4414,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[61]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4202,7 +4427,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 type MakeDirRequest struct {
@@ -4216,7 +4441,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4453,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[62]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4466,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4276,7 +4501,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4288,7 +4513,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[63]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4301,7 +4526,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *MakeDirResponse) GetFile() *FileInfo {
@@ -4330,7 +4555,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4342,7 +4567,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[64]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4355,7 +4580,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -4395,7 +4620,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4632,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[65]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4645,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *MoveResponse) GetFile() *FileInfo {
@@ -4440,7 +4665,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4452,7 +4677,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[66]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4465,7 +4690,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *Header) GetName() string {
@@ -4498,7 +4723,7 @@ type HTTPRequestRequest struct {
 
 func (x *HTTPRequestRequest) Reset() {
 	*x = HTTPRequestRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4510,7 +4735,7 @@ func (x *HTTPRequestRequest) String() string {
 func (*HTTPRequestRequest) ProtoMessage() {}
 
 func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[67]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4523,7 +4748,7 @@ func (x *HTTPRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestRequest.ProtoReflect.Descriptor instead.
 func (*HTTPRequestRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *HTTPRequestRequest) GetSandboxId() string {
@@ -4586,7 +4811,7 @@ type HTTPRequestResponse struct {
 
 func (x *HTTPRequestResponse) Reset() {
 	*x = HTTPRequestResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4598,7 +4823,7 @@ func (x *HTTPRequestResponse) String() string {
 func (*HTTPRequestResponse) ProtoMessage() {}
 
 func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[68]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4611,7 +4836,7 @@ func (x *HTTPRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRequestResponse.ProtoReflect.Descriptor instead.
 func (*HTTPRequestResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *HTTPRequestResponse) GetStatus() int32 {
@@ -4649,7 +4874,7 @@ type ConnectPortRequest struct {
 
 func (x *ConnectPortRequest) Reset() {
 	*x = ConnectPortRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4661,7 +4886,7 @@ func (x *ConnectPortRequest) String() string {
 func (*ConnectPortRequest) ProtoMessage() {}
 
 func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[69]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4674,7 +4899,7 @@ func (x *ConnectPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortRequest.ProtoReflect.Descriptor instead.
 func (*ConnectPortRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ConnectPortRequest) GetMsg() isConnectPortRequest_Msg {
@@ -4748,7 +4973,7 @@ type ConnectPortStart struct {
 
 func (x *ConnectPortStart) Reset() {
 	*x = ConnectPortStart{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4760,7 +4985,7 @@ func (x *ConnectPortStart) String() string {
 func (*ConnectPortStart) ProtoMessage() {}
 
 func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[70]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4773,7 +4998,7 @@ func (x *ConnectPortStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortStart.ProtoReflect.Descriptor instead.
 func (*ConnectPortStart) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ConnectPortStart) GetSandboxId() string {
@@ -4811,7 +5036,7 @@ type ConnectPortResponse struct {
 
 func (x *ConnectPortResponse) Reset() {
 	*x = ConnectPortResponse{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4823,7 +5048,7 @@ func (x *ConnectPortResponse) String() string {
 func (*ConnectPortResponse) ProtoMessage() {}
 
 func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[71]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4836,7 +5061,7 @@ func (x *ConnectPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortResponse.ProtoReflect.Descriptor instead.
 func (*ConnectPortResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ConnectPortResponse) GetEvent() isConnectPortResponse_Event {
@@ -4907,7 +5132,7 @@ type ConnectPortConnected struct {
 
 func (x *ConnectPortConnected) Reset() {
 	*x = ConnectPortConnected{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5144,7 @@ func (x *ConnectPortConnected) String() string {
 func (*ConnectPortConnected) ProtoMessage() {}
 
 func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[72]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5157,7 @@ func (x *ConnectPortConnected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectPortConnected.ProtoReflect.Descriptor instead.
 func (*ConnectPortConnected) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 type GetTrajectoryRequest struct {
@@ -4946,7 +5171,7 @@ type GetTrajectoryRequest struct {
 
 func (x *GetTrajectoryRequest) Reset() {
 	*x = GetTrajectoryRequest{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5183,7 @@ func (x *GetTrajectoryRequest) String() string {
 func (*GetTrajectoryRequest) ProtoMessage() {}
 
 func (x *GetTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[73]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5196,7 @@ func (x *GetTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*GetTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetTrajectoryRequest) GetSandboxId() string {
@@ -5056,7 +5281,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5068,7 +5293,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[74]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5081,7 +5306,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *TrajectoryEntry) GetSandboxId() string {
@@ -5348,7 +5573,7 @@ type TrajectoryFile struct {
 
 func (x *TrajectoryFile) Reset() {
 	*x = TrajectoryFile{}
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5360,7 +5585,7 @@ func (x *TrajectoryFile) String() string {
 func (*TrajectoryFile) ProtoMessage() {}
 
 func (x *TrajectoryFile) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_v1_sandbox_proto_msgTypes[75]
+	mi := &file_opendsec_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5373,7 +5598,7 @@ func (x *TrajectoryFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryFile.ProtoReflect.Descriptor instead.
 func (*TrajectoryFile) Descriptor() ([]byte, []int) {
-	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_opendsec_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *TrajectoryFile) GetPath() string {
@@ -5475,7 +5700,25 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\asandbox\x18\x02 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x92\x01\n" +
+	"\x17PrewarmSandboxesRequest\x12,\n" +
+	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1f\n" +
+	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
+	"ttlSeconds\x12\x12\n" +
+	"\x04wait\x18\x04 \x01(\bR\x04wait\"\xb3\x01\n" +
+	"\x18PrewarmSandboxesResponse\x12\x12\n" +
+	"\x04held\x18\x01 \x01(\x05R\x04held\x12\x14\n" +
+	"\x05ready\x18\x02 \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vttl_seconds\x18\x04 \x01(\x03R\n" +
+	"ttlSeconds\x124\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x1e.opendsec.v1.PrewarmNodeResultR\x05nodes\"n\n" +
+	"\x11PrewarmNodeResult\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\x05R\x04held\x12\x14\n" +
+	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"#\n" +
 	"\x11GetSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"D\n" +
 	"\x12GetSandboxResponse\x12.\n" +
@@ -5835,10 +6078,11 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
-	"\x11FILE_TYPE_SYMLINK\x10\x032\x8a\t\n" +
+	"\x11FILE_TYPE_SYMLINK\x10\x032\xeb\t\n" +
 	"\x0eSandboxService\x12V\n" +
 	"\rCreateSandbox\x12!.opendsec.v1.CreateSandboxRequest\x1a\".opendsec.v1.CreateSandboxResponse\x12m\n" +
-	"\x14BatchCreateSandboxes\x12(.opendsec.v1.BatchCreateSandboxesRequest\x1a).opendsec.v1.BatchCreateSandboxesResponse0\x01\x12M\n" +
+	"\x14BatchCreateSandboxes\x12(.opendsec.v1.BatchCreateSandboxesRequest\x1a).opendsec.v1.BatchCreateSandboxesResponse0\x01\x12_\n" +
+	"\x10PrewarmSandboxes\x12$.opendsec.v1.PrewarmSandboxesRequest\x1a%.opendsec.v1.PrewarmSandboxesResponse\x12M\n" +
 	"\n" +
 	"GetSandbox\x12\x1e.opendsec.v1.GetSandboxRequest\x1a\x1f.opendsec.v1.GetSandboxResponse\x12V\n" +
 	"\rListSandboxes\x12!.opendsec.v1.ListSandboxesRequest\x1a\".opendsec.v1.ListSandboxesResponse\x12P\n" +
@@ -5885,7 +6129,7 @@ func file_opendsec_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_opendsec_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: opendsec.v1.SandboxState
 	(FileType)(0),                        // 1: opendsec.v1.FileType
@@ -5897,202 +6141,209 @@ var file_opendsec_v1_sandbox_proto_goTypes = []any{
 	(*CreateSandboxResponse)(nil),        // 7: opendsec.v1.CreateSandboxResponse
 	(*BatchCreateSandboxesRequest)(nil),  // 8: opendsec.v1.BatchCreateSandboxesRequest
 	(*BatchCreateSandboxesResponse)(nil), // 9: opendsec.v1.BatchCreateSandboxesResponse
-	(*GetSandboxRequest)(nil),            // 10: opendsec.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 11: opendsec.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 12: opendsec.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 13: opendsec.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),           // 14: opendsec.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),          // 15: opendsec.v1.StopSandboxResponse
-	(*SetTimeoutRequest)(nil),            // 16: opendsec.v1.SetTimeoutRequest
-	(*SetNetworkRequest)(nil),            // 17: opendsec.v1.SetNetworkRequest
-	(*SetNetworkResponse)(nil),           // 18: opendsec.v1.SetNetworkResponse
-	(*SetTimeoutResponse)(nil),           // 19: opendsec.v1.SetTimeoutResponse
-	(*ForkSandboxRequest)(nil),           // 20: opendsec.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),          // 21: opendsec.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                   // 22: opendsec.v1.ForkResult
-	(*PauseSandboxRequest)(nil),          // 23: opendsec.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 24: opendsec.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 25: opendsec.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 26: opendsec.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),     // 27: opendsec.v1.GetSandboxMetricsRequest
-	(*SandboxMetrics)(nil),               // 28: opendsec.v1.SandboxMetrics
-	(*GetSandboxMetricsResponse)(nil),    // 29: opendsec.v1.GetSandboxMetricsResponse
-	(*SandboxSelector)(nil),              // 30: opendsec.v1.SandboxSelector
-	(*BatchFailure)(nil),                 // 31: opendsec.v1.BatchFailure
-	(*PauseSandboxesRequest)(nil),        // 32: opendsec.v1.PauseSandboxesRequest
-	(*SandboxReclaim)(nil),               // 33: opendsec.v1.SandboxReclaim
-	(*PauseSandboxesResponse)(nil),       // 34: opendsec.v1.PauseSandboxesResponse
-	(*ResumeSandboxesRequest)(nil),       // 35: opendsec.v1.ResumeSandboxesRequest
-	(*ResumeSandboxesResponse)(nil),      // 36: opendsec.v1.ResumeSandboxesResponse
-	(*ExecStart)(nil),                    // 37: opendsec.v1.ExecStart
-	(*PtySize)(nil),                      // 38: opendsec.v1.PtySize
-	(*ExecRequest)(nil),                  // 39: opendsec.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 40: opendsec.v1.ExecResponse
-	(*ExecStarted)(nil),                  // 41: opendsec.v1.ExecStarted
-	(*ExecExit)(nil),                     // 42: opendsec.v1.ExecExit
-	(*ProcessInfo)(nil),                  // 43: opendsec.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),         // 44: opendsec.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 45: opendsec.v1.ListProcessesResponse
-	(*SignalProcessRequest)(nil),         // 46: opendsec.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 47: opendsec.v1.SignalProcessResponse
-	(*SendInputRequest)(nil),             // 48: opendsec.v1.SendInputRequest
-	(*SendInputResponse)(nil),            // 49: opendsec.v1.SendInputResponse
-	(*ResizePtyRequest)(nil),             // 50: opendsec.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),            // 51: opendsec.v1.ResizePtyResponse
-	(*FileInfo)(nil),                     // 52: opendsec.v1.FileInfo
-	(*ReadFileRequest)(nil),              // 53: opendsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 54: opendsec.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 55: opendsec.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 56: opendsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 57: opendsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),               // 58: opendsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),              // 59: opendsec.v1.ListDirResponse
-	(*StatRequest)(nil),                  // 60: opendsec.v1.StatRequest
-	(*StatResponse)(nil),                 // 61: opendsec.v1.StatResponse
-	(*RemoveRequest)(nil),                // 62: opendsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 63: opendsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),               // 64: opendsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),              // 65: opendsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                  // 66: opendsec.v1.MoveRequest
-	(*MoveResponse)(nil),                 // 67: opendsec.v1.MoveResponse
-	(*Header)(nil),                       // 68: opendsec.v1.Header
-	(*HTTPRequestRequest)(nil),           // 69: opendsec.v1.HTTPRequestRequest
-	(*HTTPRequestResponse)(nil),          // 70: opendsec.v1.HTTPRequestResponse
-	(*ConnectPortRequest)(nil),           // 71: opendsec.v1.ConnectPortRequest
-	(*ConnectPortStart)(nil),             // 72: opendsec.v1.ConnectPortStart
-	(*ConnectPortResponse)(nil),          // 73: opendsec.v1.ConnectPortResponse
-	(*ConnectPortConnected)(nil),         // 74: opendsec.v1.ConnectPortConnected
-	(*GetTrajectoryRequest)(nil),         // 75: opendsec.v1.GetTrajectoryRequest
-	(*TrajectoryEntry)(nil),              // 76: opendsec.v1.TrajectoryEntry
-	(*TrajectoryFile)(nil),               // 77: opendsec.v1.TrajectoryFile
-	nil,                                  // 78: opendsec.v1.SandboxSpec.EnvEntry
-	nil,                                  // 79: opendsec.v1.SandboxSpec.LabelsEntry
-	nil,                                  // 80: opendsec.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 81: opendsec.v1.SandboxSelector.LabelsEntry
-	nil,                                  // 82: opendsec.v1.ExecStart.EnvEntry
-	nil,                                  // 83: opendsec.v1.TrajectoryEntry.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 84: google.protobuf.Timestamp
+	(*PrewarmSandboxesRequest)(nil),      // 10: opendsec.v1.PrewarmSandboxesRequest
+	(*PrewarmSandboxesResponse)(nil),     // 11: opendsec.v1.PrewarmSandboxesResponse
+	(*PrewarmNodeResult)(nil),            // 12: opendsec.v1.PrewarmNodeResult
+	(*GetSandboxRequest)(nil),            // 13: opendsec.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 14: opendsec.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 15: opendsec.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 16: opendsec.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),           // 17: opendsec.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),          // 18: opendsec.v1.StopSandboxResponse
+	(*SetTimeoutRequest)(nil),            // 19: opendsec.v1.SetTimeoutRequest
+	(*SetNetworkRequest)(nil),            // 20: opendsec.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),           // 21: opendsec.v1.SetNetworkResponse
+	(*SetTimeoutResponse)(nil),           // 22: opendsec.v1.SetTimeoutResponse
+	(*ForkSandboxRequest)(nil),           // 23: opendsec.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),          // 24: opendsec.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                   // 25: opendsec.v1.ForkResult
+	(*PauseSandboxRequest)(nil),          // 26: opendsec.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 27: opendsec.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 28: opendsec.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 29: opendsec.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),     // 30: opendsec.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),               // 31: opendsec.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),    // 32: opendsec.v1.GetSandboxMetricsResponse
+	(*SandboxSelector)(nil),              // 33: opendsec.v1.SandboxSelector
+	(*BatchFailure)(nil),                 // 34: opendsec.v1.BatchFailure
+	(*PauseSandboxesRequest)(nil),        // 35: opendsec.v1.PauseSandboxesRequest
+	(*SandboxReclaim)(nil),               // 36: opendsec.v1.SandboxReclaim
+	(*PauseSandboxesResponse)(nil),       // 37: opendsec.v1.PauseSandboxesResponse
+	(*ResumeSandboxesRequest)(nil),       // 38: opendsec.v1.ResumeSandboxesRequest
+	(*ResumeSandboxesResponse)(nil),      // 39: opendsec.v1.ResumeSandboxesResponse
+	(*ExecStart)(nil),                    // 40: opendsec.v1.ExecStart
+	(*PtySize)(nil),                      // 41: opendsec.v1.PtySize
+	(*ExecRequest)(nil),                  // 42: opendsec.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 43: opendsec.v1.ExecResponse
+	(*ExecStarted)(nil),                  // 44: opendsec.v1.ExecStarted
+	(*ExecExit)(nil),                     // 45: opendsec.v1.ExecExit
+	(*ProcessInfo)(nil),                  // 46: opendsec.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),         // 47: opendsec.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 48: opendsec.v1.ListProcessesResponse
+	(*SignalProcessRequest)(nil),         // 49: opendsec.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 50: opendsec.v1.SignalProcessResponse
+	(*SendInputRequest)(nil),             // 51: opendsec.v1.SendInputRequest
+	(*SendInputResponse)(nil),            // 52: opendsec.v1.SendInputResponse
+	(*ResizePtyRequest)(nil),             // 53: opendsec.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),            // 54: opendsec.v1.ResizePtyResponse
+	(*FileInfo)(nil),                     // 55: opendsec.v1.FileInfo
+	(*ReadFileRequest)(nil),              // 56: opendsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 57: opendsec.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 58: opendsec.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 59: opendsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 60: opendsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),               // 61: opendsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),              // 62: opendsec.v1.ListDirResponse
+	(*StatRequest)(nil),                  // 63: opendsec.v1.StatRequest
+	(*StatResponse)(nil),                 // 64: opendsec.v1.StatResponse
+	(*RemoveRequest)(nil),                // 65: opendsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 66: opendsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),               // 67: opendsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),              // 68: opendsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                  // 69: opendsec.v1.MoveRequest
+	(*MoveResponse)(nil),                 // 70: opendsec.v1.MoveResponse
+	(*Header)(nil),                       // 71: opendsec.v1.Header
+	(*HTTPRequestRequest)(nil),           // 72: opendsec.v1.HTTPRequestRequest
+	(*HTTPRequestResponse)(nil),          // 73: opendsec.v1.HTTPRequestResponse
+	(*ConnectPortRequest)(nil),           // 74: opendsec.v1.ConnectPortRequest
+	(*ConnectPortStart)(nil),             // 75: opendsec.v1.ConnectPortStart
+	(*ConnectPortResponse)(nil),          // 76: opendsec.v1.ConnectPortResponse
+	(*ConnectPortConnected)(nil),         // 77: opendsec.v1.ConnectPortConnected
+	(*GetTrajectoryRequest)(nil),         // 78: opendsec.v1.GetTrajectoryRequest
+	(*TrajectoryEntry)(nil),              // 79: opendsec.v1.TrajectoryEntry
+	(*TrajectoryFile)(nil),               // 80: opendsec.v1.TrajectoryFile
+	nil,                                  // 81: opendsec.v1.SandboxSpec.EnvEntry
+	nil,                                  // 82: opendsec.v1.SandboxSpec.LabelsEntry
+	nil,                                  // 83: opendsec.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 84: opendsec.v1.SandboxSelector.LabelsEntry
+	nil,                                  // 85: opendsec.v1.ExecStart.EnvEntry
+	nil,                                  // 86: opendsec.v1.TrajectoryEntry.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 87: google.protobuf.Timestamp
 }
 var file_opendsec_v1_sandbox_proto_depIdxs = []int32{
-	78, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
-	79, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
+	81, // 0: opendsec.v1.SandboxSpec.env:type_name -> opendsec.v1.SandboxSpec.EnvEntry
+	82, // 1: opendsec.v1.SandboxSpec.labels:type_name -> opendsec.v1.SandboxSpec.LabelsEntry
 	3,  // 2: opendsec.v1.SandboxSpec.network:type_name -> opendsec.v1.NetworkPolicy
 	4,  // 3: opendsec.v1.NetworkPolicy.allow:type_name -> opendsec.v1.NetworkRule
 	2,  // 4: opendsec.v1.Sandbox.spec:type_name -> opendsec.v1.SandboxSpec
 	0,  // 5: opendsec.v1.Sandbox.state:type_name -> opendsec.v1.SandboxState
-	84, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	84, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	84, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	87, // 6: opendsec.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	87, // 7: opendsec.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	87, // 8: opendsec.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.v1.CreateSandboxRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 10: opendsec.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
 	2,  // 11: opendsec.v1.BatchCreateSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
 	5,  // 12: opendsec.v1.BatchCreateSandboxesResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 13: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	80, // 14: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
-	5,  // 15: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	3,  // 16: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
-	5,  // 17: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 18: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	22, // 19: opendsec.v1.ForkSandboxResponse.forks:type_name -> opendsec.v1.ForkResult
-	5,  // 20: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 21: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	5,  // 22: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
-	84, // 23: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
-	0,  // 24: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
-	28, // 25: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
-	81, // 26: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
-	30, // 27: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
-	5,  // 28: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	31, // 29: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	33, // 30: opendsec.v1.PauseSandboxesResponse.reclaimed:type_name -> opendsec.v1.SandboxReclaim
-	30, // 31: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
-	5,  // 32: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
-	31, // 33: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
-	82, // 34: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
-	38, // 35: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
-	37, // 36: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
-	38, // 37: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
-	41, // 38: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
-	42, // 39: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
-	43, // 40: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
-	38, // 41: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
-	1,  // 42: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
-	84, // 43: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	55, // 44: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
-	52, // 45: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
-	52, // 46: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
-	52, // 47: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
-	52, // 48: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
-	52, // 49: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
-	68, // 50: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
-	68, // 51: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
-	72, // 52: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
-	74, // 53: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
-	83, // 54: opendsec.v1.TrajectoryEntry.env:type_name -> opendsec.v1.TrajectoryEntry.EnvEntry
-	84, // 55: opendsec.v1.TrajectoryEntry.started:type_name -> google.protobuf.Timestamp
-	84, // 56: opendsec.v1.TrajectoryEntry.ended:type_name -> google.protobuf.Timestamp
-	77, // 57: opendsec.v1.TrajectoryEntry.files:type_name -> opendsec.v1.TrajectoryFile
-	6,  // 58: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
-	8,  // 59: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
-	10, // 60: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
-	12, // 61: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
-	14, // 62: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
-	16, // 63: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
-	17, // 64: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
-	23, // 65: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
-	25, // 66: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
-	27, // 67: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
-	32, // 68: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
-	35, // 69: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
-	20, // 70: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
-	39, // 71: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
-	44, // 72: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
-	46, // 73: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
-	48, // 74: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
-	50, // 75: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
-	75, // 76: opendsec.v1.ProcessService.GetTrajectory:input_type -> opendsec.v1.GetTrajectoryRequest
-	53, // 77: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
-	56, // 78: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
-	58, // 79: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
-	60, // 80: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
-	62, // 81: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
-	64, // 82: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
-	66, // 83: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
-	69, // 84: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
-	71, // 85: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
-	7,  // 86: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
-	9,  // 87: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
-	11, // 88: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
-	13, // 89: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
-	15, // 90: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
-	19, // 91: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
-	18, // 92: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
-	24, // 93: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
-	26, // 94: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
-	29, // 95: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
-	34, // 96: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
-	36, // 97: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
-	21, // 98: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
-	40, // 99: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
-	45, // 100: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
-	47, // 101: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
-	49, // 102: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
-	51, // 103: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
-	76, // 104: opendsec.v1.ProcessService.GetTrajectory:output_type -> opendsec.v1.TrajectoryEntry
-	54, // 105: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
-	57, // 106: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
-	59, // 107: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
-	61, // 108: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
-	63, // 109: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
-	65, // 110: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
-	67, // 111: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
-	70, // 112: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
-	73, // 113: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
-	86, // [86:114] is the sub-list for method output_type
-	58, // [58:86] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	2,  // 13: opendsec.v1.PrewarmSandboxesRequest.spec:type_name -> opendsec.v1.SandboxSpec
+	12, // 14: opendsec.v1.PrewarmSandboxesResponse.nodes:type_name -> opendsec.v1.PrewarmNodeResult
+	5,  // 15: opendsec.v1.GetSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	83, // 16: opendsec.v1.ListSandboxesRequest.labels:type_name -> opendsec.v1.ListSandboxesRequest.LabelsEntry
+	5,  // 17: opendsec.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	3,  // 18: opendsec.v1.SetNetworkRequest.network:type_name -> opendsec.v1.NetworkPolicy
+	5,  // 19: opendsec.v1.SetNetworkResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 20: opendsec.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	25, // 21: opendsec.v1.ForkSandboxResponse.forks:type_name -> opendsec.v1.ForkResult
+	5,  // 22: opendsec.v1.ForkResult.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 23: opendsec.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	5,  // 24: opendsec.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.v1.Sandbox
+	87, // 25: opendsec.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 26: opendsec.v1.SandboxMetrics.state:type_name -> opendsec.v1.SandboxState
+	31, // 27: opendsec.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.v1.SandboxMetrics
+	84, // 28: opendsec.v1.SandboxSelector.labels:type_name -> opendsec.v1.SandboxSelector.LabelsEntry
+	33, // 29: opendsec.v1.PauseSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 30: opendsec.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	34, // 31: opendsec.v1.PauseSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	36, // 32: opendsec.v1.PauseSandboxesResponse.reclaimed:type_name -> opendsec.v1.SandboxReclaim
+	33, // 33: opendsec.v1.ResumeSandboxesRequest.selector:type_name -> opendsec.v1.SandboxSelector
+	5,  // 34: opendsec.v1.ResumeSandboxesResponse.sandboxes:type_name -> opendsec.v1.Sandbox
+	34, // 35: opendsec.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.v1.BatchFailure
+	85, // 36: opendsec.v1.ExecStart.env:type_name -> opendsec.v1.ExecStart.EnvEntry
+	41, // 37: opendsec.v1.ExecStart.pty:type_name -> opendsec.v1.PtySize
+	40, // 38: opendsec.v1.ExecRequest.start:type_name -> opendsec.v1.ExecStart
+	41, // 39: opendsec.v1.ExecRequest.resize:type_name -> opendsec.v1.PtySize
+	44, // 40: opendsec.v1.ExecResponse.started:type_name -> opendsec.v1.ExecStarted
+	45, // 41: opendsec.v1.ExecResponse.exit:type_name -> opendsec.v1.ExecExit
+	46, // 42: opendsec.v1.ListProcessesResponse.processes:type_name -> opendsec.v1.ProcessInfo
+	41, // 43: opendsec.v1.ResizePtyRequest.size:type_name -> opendsec.v1.PtySize
+	1,  // 44: opendsec.v1.FileInfo.type:type_name -> opendsec.v1.FileType
+	87, // 45: opendsec.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	58, // 46: opendsec.v1.WriteFileRequest.header:type_name -> opendsec.v1.WriteFileHeader
+	55, // 47: opendsec.v1.WriteFileResponse.file:type_name -> opendsec.v1.FileInfo
+	55, // 48: opendsec.v1.ListDirResponse.entries:type_name -> opendsec.v1.FileInfo
+	55, // 49: opendsec.v1.StatResponse.file:type_name -> opendsec.v1.FileInfo
+	55, // 50: opendsec.v1.MakeDirResponse.file:type_name -> opendsec.v1.FileInfo
+	55, // 51: opendsec.v1.MoveResponse.file:type_name -> opendsec.v1.FileInfo
+	71, // 52: opendsec.v1.HTTPRequestRequest.headers:type_name -> opendsec.v1.Header
+	71, // 53: opendsec.v1.HTTPRequestResponse.headers:type_name -> opendsec.v1.Header
+	75, // 54: opendsec.v1.ConnectPortRequest.start:type_name -> opendsec.v1.ConnectPortStart
+	77, // 55: opendsec.v1.ConnectPortResponse.connected:type_name -> opendsec.v1.ConnectPortConnected
+	86, // 56: opendsec.v1.TrajectoryEntry.env:type_name -> opendsec.v1.TrajectoryEntry.EnvEntry
+	87, // 57: opendsec.v1.TrajectoryEntry.started:type_name -> google.protobuf.Timestamp
+	87, // 58: opendsec.v1.TrajectoryEntry.ended:type_name -> google.protobuf.Timestamp
+	80, // 59: opendsec.v1.TrajectoryEntry.files:type_name -> opendsec.v1.TrajectoryFile
+	6,  // 60: opendsec.v1.SandboxService.CreateSandbox:input_type -> opendsec.v1.CreateSandboxRequest
+	8,  // 61: opendsec.v1.SandboxService.BatchCreateSandboxes:input_type -> opendsec.v1.BatchCreateSandboxesRequest
+	10, // 62: opendsec.v1.SandboxService.PrewarmSandboxes:input_type -> opendsec.v1.PrewarmSandboxesRequest
+	13, // 63: opendsec.v1.SandboxService.GetSandbox:input_type -> opendsec.v1.GetSandboxRequest
+	15, // 64: opendsec.v1.SandboxService.ListSandboxes:input_type -> opendsec.v1.ListSandboxesRequest
+	17, // 65: opendsec.v1.SandboxService.StopSandbox:input_type -> opendsec.v1.StopSandboxRequest
+	19, // 66: opendsec.v1.SandboxService.SetTimeout:input_type -> opendsec.v1.SetTimeoutRequest
+	20, // 67: opendsec.v1.SandboxService.SetNetwork:input_type -> opendsec.v1.SetNetworkRequest
+	26, // 68: opendsec.v1.SandboxService.PauseSandbox:input_type -> opendsec.v1.PauseSandboxRequest
+	28, // 69: opendsec.v1.SandboxService.ResumeSandbox:input_type -> opendsec.v1.ResumeSandboxRequest
+	30, // 70: opendsec.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.v1.GetSandboxMetricsRequest
+	35, // 71: opendsec.v1.SandboxService.PauseSandboxes:input_type -> opendsec.v1.PauseSandboxesRequest
+	38, // 72: opendsec.v1.SandboxService.ResumeSandboxes:input_type -> opendsec.v1.ResumeSandboxesRequest
+	23, // 73: opendsec.v1.SandboxService.ForkSandbox:input_type -> opendsec.v1.ForkSandboxRequest
+	42, // 74: opendsec.v1.ProcessService.Exec:input_type -> opendsec.v1.ExecRequest
+	47, // 75: opendsec.v1.ProcessService.ListProcesses:input_type -> opendsec.v1.ListProcessesRequest
+	49, // 76: opendsec.v1.ProcessService.SignalProcess:input_type -> opendsec.v1.SignalProcessRequest
+	51, // 77: opendsec.v1.ProcessService.SendInput:input_type -> opendsec.v1.SendInputRequest
+	53, // 78: opendsec.v1.ProcessService.ResizePty:input_type -> opendsec.v1.ResizePtyRequest
+	78, // 79: opendsec.v1.ProcessService.GetTrajectory:input_type -> opendsec.v1.GetTrajectoryRequest
+	56, // 80: opendsec.v1.FileService.ReadFile:input_type -> opendsec.v1.ReadFileRequest
+	59, // 81: opendsec.v1.FileService.WriteFile:input_type -> opendsec.v1.WriteFileRequest
+	61, // 82: opendsec.v1.FileService.ListDir:input_type -> opendsec.v1.ListDirRequest
+	63, // 83: opendsec.v1.FileService.Stat:input_type -> opendsec.v1.StatRequest
+	65, // 84: opendsec.v1.FileService.Remove:input_type -> opendsec.v1.RemoveRequest
+	67, // 85: opendsec.v1.FileService.MakeDir:input_type -> opendsec.v1.MakeDirRequest
+	69, // 86: opendsec.v1.FileService.Move:input_type -> opendsec.v1.MoveRequest
+	72, // 87: opendsec.v1.PortService.HTTPRequest:input_type -> opendsec.v1.HTTPRequestRequest
+	74, // 88: opendsec.v1.PortService.ConnectPort:input_type -> opendsec.v1.ConnectPortRequest
+	7,  // 89: opendsec.v1.SandboxService.CreateSandbox:output_type -> opendsec.v1.CreateSandboxResponse
+	9,  // 90: opendsec.v1.SandboxService.BatchCreateSandboxes:output_type -> opendsec.v1.BatchCreateSandboxesResponse
+	11, // 91: opendsec.v1.SandboxService.PrewarmSandboxes:output_type -> opendsec.v1.PrewarmSandboxesResponse
+	14, // 92: opendsec.v1.SandboxService.GetSandbox:output_type -> opendsec.v1.GetSandboxResponse
+	16, // 93: opendsec.v1.SandboxService.ListSandboxes:output_type -> opendsec.v1.ListSandboxesResponse
+	18, // 94: opendsec.v1.SandboxService.StopSandbox:output_type -> opendsec.v1.StopSandboxResponse
+	22, // 95: opendsec.v1.SandboxService.SetTimeout:output_type -> opendsec.v1.SetTimeoutResponse
+	21, // 96: opendsec.v1.SandboxService.SetNetwork:output_type -> opendsec.v1.SetNetworkResponse
+	27, // 97: opendsec.v1.SandboxService.PauseSandbox:output_type -> opendsec.v1.PauseSandboxResponse
+	29, // 98: opendsec.v1.SandboxService.ResumeSandbox:output_type -> opendsec.v1.ResumeSandboxResponse
+	32, // 99: opendsec.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.v1.GetSandboxMetricsResponse
+	37, // 100: opendsec.v1.SandboxService.PauseSandboxes:output_type -> opendsec.v1.PauseSandboxesResponse
+	39, // 101: opendsec.v1.SandboxService.ResumeSandboxes:output_type -> opendsec.v1.ResumeSandboxesResponse
+	24, // 102: opendsec.v1.SandboxService.ForkSandbox:output_type -> opendsec.v1.ForkSandboxResponse
+	43, // 103: opendsec.v1.ProcessService.Exec:output_type -> opendsec.v1.ExecResponse
+	48, // 104: opendsec.v1.ProcessService.ListProcesses:output_type -> opendsec.v1.ListProcessesResponse
+	50, // 105: opendsec.v1.ProcessService.SignalProcess:output_type -> opendsec.v1.SignalProcessResponse
+	52, // 106: opendsec.v1.ProcessService.SendInput:output_type -> opendsec.v1.SendInputResponse
+	54, // 107: opendsec.v1.ProcessService.ResizePty:output_type -> opendsec.v1.ResizePtyResponse
+	79, // 108: opendsec.v1.ProcessService.GetTrajectory:output_type -> opendsec.v1.TrajectoryEntry
+	57, // 109: opendsec.v1.FileService.ReadFile:output_type -> opendsec.v1.ReadFileResponse
+	60, // 110: opendsec.v1.FileService.WriteFile:output_type -> opendsec.v1.WriteFileResponse
+	62, // 111: opendsec.v1.FileService.ListDir:output_type -> opendsec.v1.ListDirResponse
+	64, // 112: opendsec.v1.FileService.Stat:output_type -> opendsec.v1.StatResponse
+	66, // 113: opendsec.v1.FileService.Remove:output_type -> opendsec.v1.RemoveResponse
+	68, // 114: opendsec.v1.FileService.MakeDir:output_type -> opendsec.v1.MakeDirResponse
+	70, // 115: opendsec.v1.FileService.Move:output_type -> opendsec.v1.MoveResponse
+	73, // 116: opendsec.v1.PortService.HTTPRequest:output_type -> opendsec.v1.HTTPRequestResponse
+	76, // 117: opendsec.v1.PortService.ConnectPort:output_type -> opendsec.v1.ConnectPortResponse
+	89, // [89:118] is the sub-list for method output_type
+	60, // [60:89] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_v1_sandbox_proto_init() }
@@ -6101,30 +6352,30 @@ func file_opendsec_v1_sandbox_proto_init() {
 		return
 	}
 	file_opendsec_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_opendsec_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[40].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[41].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Pty)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[54].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[57].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[69].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[72].OneofWrappers = []any{
 		(*ConnectPortRequest_Start)(nil),
 		(*ConnectPortRequest_Data)(nil),
 		(*ConnectPortRequest_CloseWrite)(nil),
 	}
-	file_opendsec_v1_sandbox_proto_msgTypes[71].OneofWrappers = []any{
+	file_opendsec_v1_sandbox_proto_msgTypes[74].OneofWrappers = []any{
 		(*ConnectPortResponse_Connected)(nil),
 		(*ConnectPortResponse_Data)(nil),
 		(*ConnectPortResponse_Eof)(nil),
@@ -6135,7 +6386,7 @@ func file_opendsec_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_v1_sandbox_proto_rawDesc), len(file_opendsec_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   82,
+			NumMessages:   85,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -137,7 +137,7 @@ func (a *app) rootCommand() *cobra.Command {
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create, list, inspect, run commands in and stop sandboxes"}
-	sandbox.AddCommand(a.createCommand(), a.listCommand(), a.getCommand(), a.execCommand(), a.stopCommand(), a.setTimeoutCommand(), a.setNetworkCommand())
+	sandbox.AddCommand(a.createCommand(), a.prewarmCommand(), a.listCommand(), a.getCommand(), a.execCommand(), a.stopCommand(), a.setTimeoutCommand(), a.setNetworkCommand())
 	sandbox.AddCommand(a.portForwardCommand(), a.packDiffCommand(), a.sandboxSnapshotCommand())
 	sandbox.AddCommand(a.pauseCommand(), a.resumeCommand(), a.metricsCommand(), a.forkCommand(), a.logCommand())
 	files := &cobra.Command{Use: "files", Short: "Copy files to and from sandboxes and list directories"}

@@ -84,3 +84,34 @@ func TestBatchCreateSkipWarmPool(t *testing.T) {
 		t.Fatalf("single creates sent = %v, want none (--count 3 is one batch)", got)
 	}
 }
+
+func TestPrewarm(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	srv.PoolRoom = 5
+	r := mustRun(t, srv, "", "sandbox", "prewarm", "--image", "root/busybox", "--cpu", "0.1", "--memory-mb", "128", "--count", "3", "--ttl", "2m", "--wait")
+	if r.stdout != "held 3 of 3 (3 ready) for 120s\n" {
+		t.Fatalf("prewarm 3: %q", r.stdout)
+	}
+	r = mustRun(t, srv, "", "sandbox", "prewarm", "--image", "root/busybox", "-n", "9")
+	if !strings.HasPrefix(r.stdout, "held 5 of 9 (5 ready) for 600s\nfewer: capacity:") {
+		t.Fatalf("prewarm 9 with room for 5: %q", r.stdout)
+	}
+	got := srv.Prewarms()
+	if len(got) != 2 || got[0].GetCount() != 3 || got[0].GetTtlSeconds() != 120 || !got[0].GetWait() ||
+		got[0].GetSpec().GetCpu() != 0.1 || got[0].GetSpec().GetMemoryMb() != 128 || got[1].GetSpec().MemoryMb != nil {
+		t.Fatalf("server got %v", got)
+	}
+	for _, args := range [][]string{
+		{"--image", "root/busybox"},
+		{"--image", "root/busybox", "--count", "0"},
+		{"--count", "3"},
+		{"--image", "root/busybox", "--count", "3", "--ttl", "soon"},
+	} {
+		if r := run(t, srv, "", append([]string{"sandbox", "prewarm"}, args...)...); r.code == 0 {
+			t.Errorf("prewarm %v: exit 0", args)
+		}
+	}
+	if len(srv.Prewarms()) != 2 {
+		t.Fatal("a refused prewarm reached the server")
+	}
+}

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import logging
 import math
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Iterator, Mapping
@@ -347,6 +348,56 @@ class DSecClient:
             skip_warm_pool=args.skip_warm_pool,
         )
         return BatchRun(self._conn, req, timeout)
+
+    async def prewarm(
+        self,
+        args: DSecRunArgs | None,
+        count: int,
+        *,
+        ttl: float | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> int:
+        """Ask the warm pool to hold ``count`` prestarted sandboxes of ``args``'s
+        shape; return how many it will hold.
+
+        Call it while the trainer computes, before the burst: the creates of
+        that shape that follow (``run_sandboxes(args, count)``) each take a
+        prestarted sandbox instead of starting from scratch. Only the shape
+        counts (backend, image, cpu, memory, disk, pids limit, user, workdir,
+        network, allow_privilege_escalation); env, labels and timeouts may
+        differ. Each create of the shape consumes one of the count; after
+        that, or after ``ttl`` seconds (default: the pool's idle TTL, node
+        ``warm_pool.idle_ttl_sec``; at most 86400), the pool goes back to
+        its normal size.
+
+        The answer may be below ``count`` when the node's capacity or its
+        ``node.warm_pool.max_sandboxes`` does not allow more; the reason is
+        logged (logger ``opendsec``) at WARNING. Filling runs in the
+        background; with ``wait`` the call returns once the pool holds them
+        (or ``timeout`` passes).
+
+        Raises:
+            ConfigError: ``args`` or ``count`` has the wrong type, or ``ttl``
+                is out of range (nothing is sent).
+            InvalidArgumentError: ``count`` is 0 or above the node's bound, or
+                a field of ``args`` is wrong (``err.field`` names it).
+            FailedPreconditionError: the node has no warm pool.
+        """
+        args = _run_args(args)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ConfigError(f"count: must be an int, got {count!r} ({type(count).__name__})")
+        ttl_seconds = 0
+        if ttl is not None:
+            if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 <= ttl <= 86400:
+                raise ConfigError(f"ttl: must be between 0 and 86400 seconds, got {ttl!r}")
+            ttl_seconds = math.ceil(ttl)
+        req = pb.PrewarmSandboxesRequest(spec=args.to_proto(), count=count, ttl_seconds=ttl_seconds, wait=bool(wait))
+        resp = await self._conn.unary(self._conn.sandboxes.PrewarmSandboxes, req, timeout=timeout, retry=True)
+        if resp.held < count:
+            log = logging.getLogger("opendsec")
+            log.warning("prewarm: the warm pool holds %d of %d: %s", resp.held, count, resp.reason)
+        return int(resp.held)
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
         """Return the sandbox with this ID (NotFoundError if there is none)."""

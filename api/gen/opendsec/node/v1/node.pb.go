@@ -1268,6 +1268,142 @@ func (x *CreateSandboxResponse) GetUsedSeq() uint64 {
 	return 0
 }
 
+type PrewarmSandboxesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Spec          *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Count         int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	TtlSeconds    int64                  `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	Wait          bool                   `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmSandboxesRequest) Reset() {
+	*x = PrewarmSandboxesRequest{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmSandboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmSandboxesRequest) ProtoMessage() {}
+
+func (x *PrewarmSandboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmSandboxesRequest.ProtoReflect.Descriptor instead.
+func (*PrewarmSandboxesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PrewarmSandboxesRequest) GetSpec() *SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *PrewarmSandboxesRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+type PrewarmSandboxesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Held          int32                  `protobuf:"varint,1,opt,name=held,proto3" json:"held,omitempty"`
+	Ready         int32                  `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	TtlSeconds    int64                  `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmSandboxesResponse) Reset() {
+	*x = PrewarmSandboxesResponse{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmSandboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmSandboxesResponse) ProtoMessage() {}
+
+func (x *PrewarmSandboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmSandboxesResponse.ProtoReflect.Descriptor instead.
+func (*PrewarmSandboxesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PrewarmSandboxesResponse) GetHeld() int32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesResponse) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *PrewarmSandboxesResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PrewarmSandboxesResponse) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
 type GetSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1277,7 +1413,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1425,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[14]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1438,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -1321,7 +1457,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1469,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[15]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1482,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1364,7 +1500,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1512,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[16]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1525,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 type ListSandboxesResponse struct {
@@ -1401,7 +1537,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1549,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[17]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1562,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1445,7 +1581,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1593,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[18]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1606,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopSandboxRequest) GetSandboxId() string {
@@ -1492,7 +1628,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1640,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[19]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1653,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StopSandboxResponse) GetUsed() *Capacity {
@@ -1544,7 +1680,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1692,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[20]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1705,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1595,7 +1731,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1743,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[21]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1756,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1640,7 +1776,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1788,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[22]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1801,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetNetworkRequest) GetSandboxId() string {
@@ -1691,7 +1827,7 @@ type SetNetworkResponse struct {
 
 func (x *SetNetworkResponse) Reset() {
 	*x = SetNetworkResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1839,7 @@ func (x *SetNetworkResponse) String() string {
 func (*SetNetworkResponse) ProtoMessage() {}
 
 func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[23]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1852,7 @@ func (x *SetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetNetworkResponse) GetSandbox() *Sandbox {
@@ -1734,7 +1870,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1882,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[24]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1895,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 type Capacity struct {
@@ -1773,7 +1909,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1921,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[25]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1934,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Capacity) GetCpu() float64 {
@@ -1849,7 +1985,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +1997,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[26]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2010,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -1975,7 +2111,7 @@ type Accelerator struct {
 
 func (x *Accelerator) Reset() {
 	*x = Accelerator{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2123,7 @@ func (x *Accelerator) String() string {
 func (*Accelerator) ProtoMessage() {}
 
 func (x *Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[27]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2136,7 @@ func (x *Accelerator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accelerator.ProtoReflect.Descriptor instead.
 func (*Accelerator) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Accelerator) GetAccel() string {
@@ -2062,7 +2198,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2210,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[28]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2223,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -2114,7 +2250,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2262,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2275,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -2166,7 +2302,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2314,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2327,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -2217,7 +2353,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2365,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2378,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2261,7 +2397,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2409,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2422,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -2305,7 +2441,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2453,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2466,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -2358,7 +2494,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2506,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2519,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2432,7 +2568,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2580,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2593,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -2486,7 +2622,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2634,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2647,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2657,7 +2793,19 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x15CreateSandboxResponse\x123\n" +
 	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\x12.\n" +
 	"\x04used\x18\x02 \x01(\v2\x1a.opendsec.node.v1.CapacityR\x04used\x12\x19\n" +
-	"\bused_seq\x18\x03 \x01(\x04R\ausedSeq\"2\n" +
+	"\bused_seq\x18\x03 \x01(\x04R\ausedSeq\"\x97\x01\n" +
+	"\x17PrewarmSandboxesRequest\x121\n" +
+	"\x04spec\x18\x01 \x01(\v2\x1d.opendsec.node.v1.SandboxSpecR\x04spec\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1f\n" +
+	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
+	"ttlSeconds\x12\x12\n" +
+	"\x04wait\x18\x04 \x01(\bR\x04wait\"}\n" +
+	"\x18PrewarmSandboxesResponse\x12\x12\n" +
+	"\x04held\x18\x01 \x01(\x05R\x04held\x12\x14\n" +
+	"\x05ready\x18\x02 \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vttl_seconds\x18\x04 \x01(\x03R\n" +
+	"ttlSeconds\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"I\n" +
@@ -2753,9 +2901,11 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x05\x12\x18\n" +
-	"\x14SANDBOX_STATE_FAILED\x10\x062\xd7\t\n" +
+	"\x14SANDBOX_STATE_FAILED\x10\x062\xc2\n" +
+	"\n" +
 	"\vNodeService\x12`\n" +
-	"\rCreateSandbox\x12&.opendsec.node.v1.CreateSandboxRequest\x1a'.opendsec.node.v1.CreateSandboxResponse\x12W\n" +
+	"\rCreateSandbox\x12&.opendsec.node.v1.CreateSandboxRequest\x1a'.opendsec.node.v1.CreateSandboxResponse\x12i\n" +
+	"\x10PrewarmSandboxes\x12).opendsec.node.v1.PrewarmSandboxesRequest\x1a*.opendsec.node.v1.PrewarmSandboxesResponse\x12W\n" +
 	"\n" +
 	"GetSandbox\x12#.opendsec.node.v1.GetSandboxRequest\x1a$.opendsec.node.v1.GetSandboxResponse\x12`\n" +
 	"\rListSandboxes\x12&.opendsec.node.v1.ListSandboxesRequest\x1a'.opendsec.node.v1.ListSandboxesResponse\x12Z\n" +
@@ -2785,7 +2935,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -2802,49 +2952,51 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*ResumeSandboxesResponse)(nil),   // 12: opendsec.node.v1.ResumeSandboxesResponse
 	(*CreateSandboxRequest)(nil),      // 13: opendsec.node.v1.CreateSandboxRequest
 	(*CreateSandboxResponse)(nil),     // 14: opendsec.node.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 15: opendsec.node.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 16: opendsec.node.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 17: opendsec.node.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 18: opendsec.node.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 19: opendsec.node.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 20: opendsec.node.v1.StopSandboxResponse
-	(*SetTimeoutRequest)(nil),         // 21: opendsec.node.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),        // 22: opendsec.node.v1.SetTimeoutResponse
-	(*SetNetworkRequest)(nil),         // 23: opendsec.node.v1.SetNetworkRequest
-	(*SetNetworkResponse)(nil),        // 24: opendsec.node.v1.SetNetworkResponse
-	(*InfoRequest)(nil),               // 25: opendsec.node.v1.InfoRequest
-	(*Capacity)(nil),                  // 26: opendsec.node.v1.Capacity
-	(*InfoResponse)(nil),              // 27: opendsec.node.v1.InfoResponse
-	(*Accelerator)(nil),               // 28: opendsec.node.v1.Accelerator
-	(*PauseSandboxRequest)(nil),       // 29: opendsec.node.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 30: opendsec.node.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 31: opendsec.node.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 32: opendsec.node.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 33: opendsec.node.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 34: opendsec.node.v1.GetSandboxMetricsResponse
-	(*ForkSandboxRequest)(nil),        // 35: opendsec.node.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 36: opendsec.node.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                // 37: opendsec.node.v1.ForkResult
-	nil,                               // 38: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 39: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 40: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 41: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*PrewarmSandboxesRequest)(nil),   // 15: opendsec.node.v1.PrewarmSandboxesRequest
+	(*PrewarmSandboxesResponse)(nil),  // 16: opendsec.node.v1.PrewarmSandboxesResponse
+	(*GetSandboxRequest)(nil),         // 17: opendsec.node.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 18: opendsec.node.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 19: opendsec.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 20: opendsec.node.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 21: opendsec.node.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 22: opendsec.node.v1.StopSandboxResponse
+	(*SetTimeoutRequest)(nil),         // 23: opendsec.node.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 24: opendsec.node.v1.SetTimeoutResponse
+	(*SetNetworkRequest)(nil),         // 25: opendsec.node.v1.SetNetworkRequest
+	(*SetNetworkResponse)(nil),        // 26: opendsec.node.v1.SetNetworkResponse
+	(*InfoRequest)(nil),               // 27: opendsec.node.v1.InfoRequest
+	(*Capacity)(nil),                  // 28: opendsec.node.v1.Capacity
+	(*InfoResponse)(nil),              // 29: opendsec.node.v1.InfoResponse
+	(*Accelerator)(nil),               // 30: opendsec.node.v1.Accelerator
+	(*PauseSandboxRequest)(nil),       // 31: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 32: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 33: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 34: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 35: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 36: opendsec.node.v1.GetSandboxMetricsResponse
+	(*ForkSandboxRequest)(nil),        // 37: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 38: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 39: opendsec.node.v1.ForkResult
+	nil,                               // 40: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 41: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 42: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 43: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 44: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	38, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	39, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	40, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	41, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	40, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	42, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	42, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	42, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	42, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	42, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	44, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	44, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	44, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	41, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	43, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
@@ -2854,54 +3006,57 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	7,  // 19: opendsec.node.v1.ResumeSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
 	1,  // 20: opendsec.node.v1.CreateSandboxRequest.spec:type_name -> opendsec.node.v1.SandboxSpec
 	4,  // 21: opendsec.node.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	26, // 22: opendsec.node.v1.CreateSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
-	4,  // 23: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 24: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
-	26, // 25: opendsec.node.v1.StopSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
-	4,  // 26: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	2,  // 27: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
-	4,  // 28: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	26, // 29: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
-	26, // 30: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	42, // 31: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	28, // 32: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
-	42, // 33: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
-	4,  // 34: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 35: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 36: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	37, // 37: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 38: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	13, // 39: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	15, // 40: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	17, // 41: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	19, // 42: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	21, // 43: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	23, // 44: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	25, // 45: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	29, // 46: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	31, // 47: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	33, // 48: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 49: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	11, // 50: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	35, // 51: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	14, // 52: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	16, // 53: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	18, // 54: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	20, // 55: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	22, // 56: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	24, // 57: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	27, // 58: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	30, // 59: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	32, // 60: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	34, // 61: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	10, // 62: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	12, // 63: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	36, // 64: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	52, // [52:65] is the sub-list for method output_type
-	39, // [39:52] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	28, // 22: opendsec.node.v1.CreateSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	1,  // 23: opendsec.node.v1.PrewarmSandboxesRequest.spec:type_name -> opendsec.node.v1.SandboxSpec
+	4,  // 24: opendsec.node.v1.GetSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 25: opendsec.node.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
+	28, // 26: opendsec.node.v1.StopSandboxResponse.used:type_name -> opendsec.node.v1.Capacity
+	4,  // 27: opendsec.node.v1.SetTimeoutResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	2,  // 28: opendsec.node.v1.SetNetworkRequest.network:type_name -> opendsec.node.v1.NetworkPolicy
+	4,  // 29: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	28, // 30: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
+	28, // 31: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
+	44, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	30, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
+	44, // 34: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
+	4,  // 35: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 36: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 37: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	39, // 38: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 39: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 40: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 41: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
+	17, // 42: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	19, // 43: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	21, // 44: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	23, // 45: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	25, // 46: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	27, // 47: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	31, // 48: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	33, // 49: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	35, // 50: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 51: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 52: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	37, // 53: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 54: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 55: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
+	18, // 56: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	20, // 57: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	22, // 58: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	24, // 59: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	26, // 60: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	29, // 61: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	32, // 62: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	34, // 63: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	36, // 64: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 65: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 66: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	38, // 67: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	54, // [54:68] is the sub-list for method output_type
+	40, // [40:54] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -2916,7 +3071,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

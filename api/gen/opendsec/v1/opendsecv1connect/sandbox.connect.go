@@ -48,6 +48,9 @@ const (
 	// SandboxServiceBatchCreateSandboxesProcedure is the fully-qualified name of the SandboxService's
 	// BatchCreateSandboxes RPC.
 	SandboxServiceBatchCreateSandboxesProcedure = "/opendsec.v1.SandboxService/BatchCreateSandboxes"
+	// SandboxServicePrewarmSandboxesProcedure is the fully-qualified name of the SandboxService's
+	// PrewarmSandboxes RPC.
+	SandboxServicePrewarmSandboxesProcedure = "/opendsec.v1.SandboxService/PrewarmSandboxes"
 	// SandboxServiceGetSandboxProcedure is the fully-qualified name of the SandboxService's GetSandbox
 	// RPC.
 	SandboxServiceGetSandboxProcedure = "/opendsec.v1.SandboxService/GetSandbox"
@@ -126,6 +129,14 @@ type SandboxServiceClient interface {
 	// BatchCreateSandboxes makes up to 32768 sandboxes from one spec, streamed
 	// back as each becomes ready or fails (failures are per item).
 	BatchCreateSandboxes(context.Context, *connect.Request[v1.BatchCreateSandboxesRequest]) (*connect.ServerStreamForClient[v1.BatchCreateSandboxesResponse], error)
+	// PrewarmSandboxes asks the node's warm pool to hold count prestarted
+	// sandboxes of spec's shape for ttl_seconds (0: the pool's idle TTL), so
+	// that the creates of that shape that follow (a batch) each take one
+	// instead of starting from scratch. Each create of the shape consumes one
+	// of the count. The answer says how many will be held: fewer than count
+	// when the node's capacity or node.warm_pool.max_sandboxes does not allow
+	// more (reason says which). Filling runs in the background unless wait.
+	PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error)
 	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	// StopSandbox stops and deletes a sandbox: processes, mounts, cgroups, files.
@@ -184,6 +195,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceBatchCreateSandboxesProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("BatchCreateSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
+		prewarmSandboxes: connect.NewClient[v1.PrewarmSandboxesRequest, v1.PrewarmSandboxesResponse](
+			httpClient,
+			baseURL+SandboxServicePrewarmSandboxesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PrewarmSandboxes")),
 			connect.WithClientOptions(opts...),
 		),
 		getSandbox: connect.NewClient[v1.GetSandboxRequest, v1.GetSandboxResponse](
@@ -259,6 +276,7 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 type sandboxServiceClient struct {
 	createSandbox        *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
 	batchCreateSandboxes *connect.Client[v1.BatchCreateSandboxesRequest, v1.BatchCreateSandboxesResponse]
+	prewarmSandboxes     *connect.Client[v1.PrewarmSandboxesRequest, v1.PrewarmSandboxesResponse]
 	getSandbox           *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
 	listSandboxes        *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
 	stopSandbox          *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
@@ -280,6 +298,11 @@ func (c *sandboxServiceClient) CreateSandbox(ctx context.Context, req *connect.R
 // BatchCreateSandboxes calls opendsec.v1.SandboxService.BatchCreateSandboxes.
 func (c *sandboxServiceClient) BatchCreateSandboxes(ctx context.Context, req *connect.Request[v1.BatchCreateSandboxesRequest]) (*connect.ServerStreamForClient[v1.BatchCreateSandboxesResponse], error) {
 	return c.batchCreateSandboxes.CallServerStream(ctx, req)
+}
+
+// PrewarmSandboxes calls opendsec.v1.SandboxService.PrewarmSandboxes.
+func (c *sandboxServiceClient) PrewarmSandboxes(ctx context.Context, req *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error) {
+	return c.prewarmSandboxes.CallUnary(ctx, req)
 }
 
 // GetSandbox calls opendsec.v1.SandboxService.GetSandbox.
@@ -345,6 +368,14 @@ type SandboxServiceHandler interface {
 	// BatchCreateSandboxes makes up to 32768 sandboxes from one spec, streamed
 	// back as each becomes ready or fails (failures are per item).
 	BatchCreateSandboxes(context.Context, *connect.Request[v1.BatchCreateSandboxesRequest], *connect.ServerStream[v1.BatchCreateSandboxesResponse]) error
+	// PrewarmSandboxes asks the node's warm pool to hold count prestarted
+	// sandboxes of spec's shape for ttl_seconds (0: the pool's idle TTL), so
+	// that the creates of that shape that follow (a batch) each take one
+	// instead of starting from scratch. Each create of the shape consumes one
+	// of the count. The answer says how many will be held: fewer than count
+	// when the node's capacity or node.warm_pool.max_sandboxes does not allow
+	// more (reason says which). Filling runs in the background unless wait.
+	PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error)
 	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	// StopSandbox stops and deletes a sandbox: processes, mounts, cgroups, files.
@@ -399,6 +430,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceBatchCreateSandboxesProcedure,
 		svc.BatchCreateSandboxes,
 		connect.WithSchema(sandboxServiceMethods.ByName("BatchCreateSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServicePrewarmSandboxesHandler := connect.NewUnaryHandler(
+		SandboxServicePrewarmSandboxesProcedure,
+		svc.PrewarmSandboxes,
+		connect.WithSchema(sandboxServiceMethods.ByName("PrewarmSandboxes")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceGetSandboxHandler := connect.NewUnaryHandler(
@@ -473,6 +510,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCreateSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceBatchCreateSandboxesProcedure:
 			sandboxServiceBatchCreateSandboxesHandler.ServeHTTP(w, r)
+		case SandboxServicePrewarmSandboxesProcedure:
+			sandboxServicePrewarmSandboxesHandler.ServeHTTP(w, r)
 		case SandboxServiceGetSandboxProcedure:
 			sandboxServiceGetSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxesProcedure:
@@ -510,6 +549,10 @@ func (UnimplementedSandboxServiceHandler) CreateSandbox(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) BatchCreateSandboxes(context.Context, *connect.Request[v1.BatchCreateSandboxesRequest], *connect.ServerStream[v1.BatchCreateSandboxesResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.BatchCreateSandboxes is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.v1.SandboxService.PrewarmSandboxes is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {

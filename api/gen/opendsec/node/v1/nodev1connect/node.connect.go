@@ -49,6 +49,9 @@ const (
 	// NodeServiceCreateSandboxProcedure is the fully-qualified name of the NodeService's CreateSandbox
 	// RPC.
 	NodeServiceCreateSandboxProcedure = "/opendsec.node.v1.NodeService/CreateSandbox"
+	// NodeServicePrewarmSandboxesProcedure is the fully-qualified name of the NodeService's
+	// PrewarmSandboxes RPC.
+	NodeServicePrewarmSandboxesProcedure = "/opendsec.node.v1.NodeService/PrewarmSandboxes"
 	// NodeServiceGetSandboxProcedure is the fully-qualified name of the NodeService's GetSandbox RPC.
 	NodeServiceGetSandboxProcedure = "/opendsec.node.v1.NodeService/GetSandbox"
 	// NodeServiceListSandboxesProcedure is the fully-qualified name of the NodeService's ListSandboxes
@@ -86,6 +89,9 @@ type NodeServiceClient interface {
 	// CreateSandbox admits (or refuses with resource_exhausted) and creates a
 	// sandbox with the given id. Idempotent on request_id.
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
+	// PrewarmSandboxes asks the warm pool to hold prestarted sandboxes of a
+	// spec's shape (opendsec.v1.PrewarmSandboxes).
+	PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error)
 	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
@@ -123,6 +129,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+NodeServiceCreateSandboxProcedure,
 			connect.WithSchema(nodeServiceMethods.ByName("CreateSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		prewarmSandboxes: connect.NewClient[v1.PrewarmSandboxesRequest, v1.PrewarmSandboxesResponse](
+			httpClient,
+			baseURL+NodeServicePrewarmSandboxesProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PrewarmSandboxes")),
 			connect.WithClientOptions(opts...),
 		),
 		getSandbox: connect.NewClient[v1.GetSandboxRequest, v1.GetSandboxResponse](
@@ -203,6 +215,7 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
 	createSandbox     *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	prewarmSandboxes  *connect.Client[v1.PrewarmSandboxesRequest, v1.PrewarmSandboxesResponse]
 	getSandbox        *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
 	listSandboxes     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
 	stopSandbox       *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
@@ -220,6 +233,11 @@ type nodeServiceClient struct {
 // CreateSandbox calls opendsec.node.v1.NodeService.CreateSandbox.
 func (c *nodeServiceClient) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	return c.createSandbox.CallUnary(ctx, req)
+}
+
+// PrewarmSandboxes calls opendsec.node.v1.NodeService.PrewarmSandboxes.
+func (c *nodeServiceClient) PrewarmSandboxes(ctx context.Context, req *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error) {
+	return c.prewarmSandboxes.CallUnary(ctx, req)
 }
 
 // GetSandbox calls opendsec.node.v1.NodeService.GetSandbox.
@@ -287,6 +305,9 @@ type NodeServiceHandler interface {
 	// CreateSandbox admits (or refuses with resource_exhausted) and creates a
 	// sandbox with the given id. Idempotent on request_id.
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
+	// PrewarmSandboxes asks the warm pool to hold prestarted sandboxes of a
+	// spec's shape (opendsec.v1.PrewarmSandboxes).
+	PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error)
 	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
@@ -320,6 +341,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		NodeServiceCreateSandboxProcedure,
 		svc.CreateSandbox,
 		connect.WithSchema(nodeServiceMethods.ByName("CreateSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServicePrewarmSandboxesHandler := connect.NewUnaryHandler(
+		NodeServicePrewarmSandboxesProcedure,
+		svc.PrewarmSandboxes,
+		connect.WithSchema(nodeServiceMethods.ByName("PrewarmSandboxes")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeServiceGetSandboxHandler := connect.NewUnaryHandler(
@@ -398,6 +425,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		switch r.URL.Path {
 		case NodeServiceCreateSandboxProcedure:
 			nodeServiceCreateSandboxHandler.ServeHTTP(w, r)
+		case NodeServicePrewarmSandboxesProcedure:
+			nodeServicePrewarmSandboxesHandler.ServeHTTP(w, r)
 		case NodeServiceGetSandboxProcedure:
 			nodeServiceGetSandboxHandler.ServeHTTP(w, r)
 		case NodeServiceListSandboxesProcedure:
@@ -433,6 +462,10 @@ type UnimplementedNodeServiceHandler struct{}
 
 func (UnimplementedNodeServiceHandler) CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.CreateSandbox is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PrewarmSandboxes(context.Context, *connect.Request[v1.PrewarmSandboxesRequest]) (*connect.Response[v1.PrewarmSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.node.v1.NodeService.PrewarmSandboxes is not implemented"))
 }
 
 func (UnimplementedNodeServiceHandler) GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {

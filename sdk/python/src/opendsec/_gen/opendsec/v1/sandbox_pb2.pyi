@@ -180,6 +180,44 @@ class BatchCreateSandboxesResponse(_message.Message):
     error_message: str
     def __init__(self, index: _Optional[int] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
+class PrewarmSandboxesRequest(_message.Message):
+    __slots__ = ("spec", "count", "ttl_seconds", "wait")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    spec: SandboxSpec
+    count: int
+    ttl_seconds: int
+    wait: bool
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., count: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., wait: bool = ...) -> None: ...
+
+class PrewarmSandboxesResponse(_message.Message):
+    __slots__ = ("held", "ready", "reason", "ttl_seconds", "nodes")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    held: int
+    ready: int
+    reason: str
+    ttl_seconds: int
+    nodes: _containers.RepeatedCompositeFieldContainer[PrewarmNodeResult]
+    def __init__(self, held: _Optional[int] = ..., ready: _Optional[int] = ..., reason: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[PrewarmNodeResult, _Mapping]]] = ...) -> None: ...
+
+class PrewarmNodeResult(_message.Message):
+    __slots__ = ("node_id", "held", "ready", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    held: int
+    ready: int
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., held: _Optional[int] = ..., ready: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class GetSandboxRequest(_message.Message):
     __slots__ = ("id",)
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class SandboxServiceStub(object):
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesRequest.SerializeToString,
                 response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesResponse.FromString,
                 _registered_method=True)
+        self.PrewarmSandboxes = channel.unary_unary(
+                '/opendsec.v1.SandboxService/PrewarmSandboxes',
+                request_serializer=opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesRequest.SerializeToString,
+                response_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesResponse.FromString,
+                _registered_method=True)
         self.GetSandbox = channel.unary_unary(
                 '/opendsec.v1.SandboxService/GetSandbox',
                 request_serializer=opendsec_dot_v1_dot_sandbox__pb2.GetSandboxRequest.SerializeToString,
@@ -117,6 +122,19 @@ class SandboxServiceServicer(object):
     def BatchCreateSandboxes(self, request, context):
         """BatchCreateSandboxes makes up to 32768 sandboxes from one spec, streamed
         back as each becomes ready or fails (failures are per item).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrewarmSandboxes(self, request, context):
+        """PrewarmSandboxes asks the node's warm pool to hold count prestarted
+        sandboxes of spec's shape for ttl_seconds (0: the pool's idle TTL), so
+        that the creates of that shape that follow (a batch) each take one
+        instead of starting from scratch. Each create of the shape consumes one
+        of the count. The answer says how many will be held: fewer than count
+        when the node's capacity or node.warm_pool.max_sandboxes does not allow
+        more (reason says which). Filling runs in the background unless wait.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +242,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.BatchCreateSandboxes,
                     request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesRequest.FromString,
                     response_serializer=opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesResponse.SerializeToString,
+            ),
+            'PrewarmSandboxes': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrewarmSandboxes,
+                    request_deserializer=opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesRequest.FromString,
+                    response_serializer=opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesResponse.SerializeToString,
             ),
             'GetSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSandbox,
@@ -336,6 +359,33 @@ class SandboxService(object):
             '/opendsec.v1.SandboxService/BatchCreateSandboxes',
             opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesRequest.SerializeToString,
             opendsec_dot_v1_dot_sandbox__pb2.BatchCreateSandboxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrewarmSandboxes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opendsec.v1.SandboxService/PrewarmSandboxes',
+            opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesRequest.SerializeToString,
+            opendsec_dot_v1_dot_sandbox__pb2.PrewarmSandboxesResponse.FromString,
             options,
             channel_credentials,
             insecure,
