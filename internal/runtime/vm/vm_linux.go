@@ -109,7 +109,7 @@ func (r *Runtime) NetworkMode() runtime.NetworkMode { return runtime.NetworkTap 
 // ValidateOptions implements runtime.Runtime: the vm backend has none.
 func (r *Runtime) ValidateOptions(opts map[string]string) error {
 	for k := range opts {
-		return fmt.Errorf("option %q: %w: the vm backend takes no options", k, errdefs.ErrInvalidArgument)
+		return errdefs.Invalid("backend_options."+k, "is unknown: the vm backend takes no options")
 	}
 	return nil
 }
@@ -125,51 +125,40 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 }
 
 // validate checks spec against the host and the assets; it makes nothing.
+// What every backend checks comes first (runtime.ValidateSpec: at least
+// one layer, memory and cpu given, the network mode); then what a VM needs.
 func (r *Runtime) validate(spec runtime.Spec) (vcpus int, memMB int64, err error) {
-	if spec.ID == "" || strings.ContainsAny(spec.ID, "/ ,=") {
-		return 0, 0, fmt.Errorf("sandbox id %q: %w: use a non-empty id without '/', ' ', ',' or '='", spec.ID, errdefs.ErrInvalidArgument)
-	}
-	if spec.StateDir == "" {
-		return 0, 0, fmt.Errorf("spec.StateDir: %w: the node must give the sandbox a state directory", errdefs.ErrInvalidArgument)
+	if err := runtime.ValidateSpec(spec, runtime.SpecRules{
+		Backend:     Name,
+		MinMemoryMB: minMemoryMB,
+		MemoryWhy:   "a VM's kernel, init and agent need it",
+		MinCPU:      0.01,
+		Networks:    []runtime.NetworkMode{runtime.NetworkTap},
+		NetworkHint: "the vm backend needs a tap (or no network)",
+		LayerDisks:  true,
+	}); err != nil {
+		return 0, 0, err
 	}
 	memMB = spec.Resources.MemoryMB
-	switch {
-	case memMB < 0:
-		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
-	case memMB == 0:
-		memMB = r.cfg.MemoryMB
-	case memMB < 64:
-		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
-	}
-	vcpus = r.cfg.VCPUs
-	if c := spec.Resources.CPU; c < 0 {
-		return 0, 0, fmt.Errorf("resources.cpu %g: %w: use 0 or more cores", c, errdefs.ErrInvalidArgument)
-	} else if c > 0 {
-		vcpus = int(c + 0.999)
-	}
+	vcpus = int(spec.Resources.CPU + 0.999)
 	if n := goruntime.NumCPU(); vcpus > n {
-		return 0, 0, fmt.Errorf("resources.cpu %g (%d vCPUs): %w: this host has %d CPUs; ask for at most %d", spec.Resources.CPU, vcpus, errdefs.ErrInvalidArgument, n, n)
+		return 0, 0, errdefs.Invalid("resources.cpu", "%g (%d vCPUs): this host has %d CPUs; ask for at most %d", spec.Resources.CPU, vcpus, n, n)
 	}
-	if spec.Resources.DiskMB < 0 {
-		return 0, 0, fmt.Errorf("resources.disk_mb %d: %w: use 0 (default %d) or more", spec.Resources.DiskMB, errdefs.ErrInvalidArgument, DefaultDiskMB)
+	for i, l := range spec.Rootfs.Layers {
+		if l.Format != runtime.LayerEROFS {
+			return 0, 0, errdefs.Invalid(fmt.Sprintf("rootfs.layers[%d]", i), "format %q (%s): the vm backend needs EROFS layers (it attaches them as disks)", l.Format, l.Digest)
+		}
 	}
 	for _, p := range []string{r.cfg.kernelPath(), r.cfg.initrdPath()} {
 		if _, err := os.Stat(p); err != nil {
 			return 0, 0, fmt.Errorf("guest asset %s: %w: run `make guest-assets` or set node.backends.vm.assets_dir: %w", p, errdefs.ErrFailedPrecondition, err)
 		}
 	}
-	for i, l := range spec.Rootfs.Layers {
-		if l.Format != runtime.LayerEROFS {
-			return 0, 0, fmt.Errorf("rootfs layer %d (%s) format %q: %w: the vm backend needs EROFS layers", i, l.Digest, l.Format, errdefs.ErrInvalidArgument)
-		}
-	}
-	switch spec.Network.Mode {
-	case runtime.NetworkNone, runtime.NetworkTap:
-	default:
-		return 0, 0, fmt.Errorf("network mode %q: %w: the vm backend needs a tap (or no network)", spec.Network.Mode, errdefs.ErrInvalidArgument)
-	}
 	return vcpus, memMB, nil
 }
+
+// minMemoryMB is the least guest RAM a sandbox may ask for.
+const minMemoryMB = 64
 
 func (r *Runtime) cgroupPath(id string) string {
 	node := r.cfg.NodeID
@@ -396,6 +385,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb.mu.Lock()
 	started := sb.started
 	sb.mu.Unlock()
+	select {
+	case <-sb.done:
+		return fmt.Errorf("vm sandbox %q: %w: it was stopped; a stopped VM does not start again (create a new sandbox)", id, errdefs.ErrFailedPrecondition)
+	default:
+	}
 	if started {
 		return nil
 	}
@@ -442,7 +436,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		r.ended(sb, "", code)
 	}()
 	fail := func(err error) error {
-		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = sigkill(pid)
 		<-sb.done
 		return err
 	}
@@ -690,7 +684,7 @@ func (r *Runtime) watchLogs(sb *sandbox) {
 			sb.fatal = err
 			sb.mu.Unlock()
 			slog.Error("vm killed", "id", sb.id, "err", err)
-			_ = unix.Kill(sb.st.Pid, unix.SIGKILL)
+			_ = sigkill(sb.st.Pid)
 			return
 		}
 	}
@@ -767,8 +761,24 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.mu.Unlock()
 	if !started {
 		// Not started as far as this instance knows; a QEMU a node restart
-		// lost track of must not outlive its sandbox.
-		return r.killStrays(ctx, id, sb.st.StateDir)
+		// lost track of must not outlive its sandbox. A stopped sandbox
+		// never starts: Status says stopped, Wait returns, Start refuses.
+		if err := r.killStrays(ctx, id, sb.st.StateDir); err != nil {
+			return err
+		}
+		sb.startMu.Lock() // a Start under way finishes first
+		sb.mu.Lock()
+		started = sb.started
+		sb.mu.Unlock()
+		if !started {
+			r.ended(sb, "stopped before it started", -1)
+			sb.startMu.Unlock()
+			return nil
+		}
+		sb.startMu.Unlock()
+		sb.mu.Lock()
+		q, pid = sb.qmp, sb.st.Pid
+		sb.mu.Unlock()
 	}
 	waitFor := func(d time.Duration) bool {
 		t := time.NewTimer(d)
@@ -796,7 +806,12 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 			return nil
 		}
 	}
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+	select {
+	case <-sb.done:
+		return nil // already ended (pid may be 0: a Recover found it gone)
+	default:
+	}
+	if err := sigkill(pid); err != nil {
 		return fmt.Errorf("vm %s kill: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	select {
@@ -807,13 +822,35 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	}
 }
 
+// sigkill sends SIGKILL to QEMU's pid. A pid of 0 or less is no process
+// (kill(2) would take it for a process group: the node's own); ESRCH is
+// not an error.
+func sigkill(pid int) error {
+	if pid <= 0 {
+		return nil
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
+}
+
 // Delete implements runtime.Runtime: process, sockets, disks, cgroup.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return r.deleteUnknown(ctx, id)
 	}
-	if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
+	sb.mu.Lock()
+	started := sb.started
+	sb.mu.Unlock()
+	if started {
+		if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
+			return err
+		}
+	} else if err := r.killStrays(ctx, id, sb.st.StateDir); err != nil {
+		// Never started here (its waiters get not found, not an exit),
+		// but a QEMU a node restart lost track of goes.
 		return err
 	}
 	sb.mu.Lock()
