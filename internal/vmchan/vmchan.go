@@ -173,8 +173,7 @@ func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
 	if c.sess != nil && !c.sess.IsClosed() {
 		return c.sess, nil
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.path)
+	conn, err := DialUnix(ctx, c.path)
 	if err != nil {
 		return nil, fmt.Errorf("vmchan dial %s: %w: %w", c.path, errdefs.ErrUnavailable, err)
 	}

@@ -311,6 +311,59 @@ func makeDisk(ctx context.Context, path string, mb int64) error {
 	return nil
 }
 
+// The fds QEMU finds its listening sockets at (os/exec's ExtraFiles start at 3).
+const (
+	qmpFD   = 3
+	agentFD = 4
+)
+
+// listenFDs binds StateDir's qmp.sock and agent.sock (stale ones from an
+// earlier run go) through /proc/self/fd of the directory, so their length
+// never matters, and returns them for ExtraFiles in qmpFD, agentFD order.
+func listenFDs(sd string) ([]*os.File, error) {
+	dir, err := os.Open(sd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sockets: %w", errdefs.ErrInternal, err)
+	}
+	defer func() { _ = dir.Close() }()
+	var out []*os.File
+	for _, name := range []string{"qmp.sock", "agent.sock"} {
+		f, err := listenAt(dir, name)
+		if err != nil {
+			for _, o := range out {
+				_ = o.Close()
+			}
+			return nil, fmt.Errorf("%w: socket %s: %w", errdefs.ErrInternal, filepath.Join(sd, name), err)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+func listenAt(dir *os.File, name string) (*os.File, error) {
+	if err := unix.Unlinkat(int(dir.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, err
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), name)}); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := unix.Fchmodat(int(dir.Fd()), name, 0o600, 0); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := unix.Listen(fd, 64); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // args is QEMU's command line (after the binary).
 func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem string) []string {
 	sd := spec.StateDir
@@ -350,7 +403,11 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", r.cfg.kernelPath(), "-initrd", r.cfg.initrdPath(), "-append", strings.Join(cmdline, " "),
 		"-chardev", "file,id=ser0,path=" + filepath.Join(sd, "console.log"), "-serial", "chardev:ser0",
-		"-qmp", "unix:" + filepath.Join(sd, "qmp.sock") + ",server=on,wait=off",
+		// QMP and the agent's chardev listen on sockets Start binds in
+		// StateDir and passes as fds 3 and 4 (listenFDs): a long StateDir
+		// does not fit sun_path, and connections wait in their backlog
+		// until QEMU serves them.
+		"-chardev", "socket,id=qmp,fd=" + strconv.Itoa(qmpFD) + ",server=on,wait=off", "-mon", "chardev=qmp,mode=control",
 		"-pidfile", filepath.Join(sd, "qemu.pid"),
 	}
 	if r.cfg.Machine == "microvm" {
@@ -363,7 +420,7 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 	a = append(a, "-drive", "file="+disk+",format=raw,if=none,cache=unsafe,id=rw", "-device", dev("virtio-blk")+",drive=rw",
 		"-drive", "file="+filepath.Join(sd, "config.img")+",format=raw,if=none,readonly=on,id=config", "-device", dev("virtio-blk")+",drive=config",
 		"-device", dev("virtio-serial"),
-		"-chardev", "socket,id=agent,path="+filepath.Join(sd, "agent.sock")+",server=on,wait=off",
+		"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent")
 	if spec.Network.Mode == runtime.NetworkTap {
 		a = append(a, "-netdev", "tap,id=net0,ifname="+spec.Network.Device+",script=no,downscript=no",
@@ -410,11 +467,22 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("vm qemu log: %w: %w", errdefs.ErrInternal, err)
 	}
 	defer func() { _ = logf.Close() }()
+	socks, err := listenFDs(sb.st.StateDir)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", id, err)
+	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = socks
 	// QEMU is not the node's: its own session, so a node restart leaves it running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// QEMU has its copies; one kept here would hold connections in the
+	// backlog after QEMU is gone.
+	for _, f := range socks {
+		_ = f.Close()
+	}
+	if err != nil {
 		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
