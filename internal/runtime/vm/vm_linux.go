@@ -625,7 +625,11 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"
 // answers 204, QEMU exits, ctx ends or the boot timeout passes; the error
 // of a timeout carries the end of the console log.
 func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.bootTimeout())
+	return r.waitAgentFor(ctx, sb, r.cfg.bootTimeout())
+}
+
+func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
 		select {
@@ -666,7 +670,7 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
 			}
 			console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
 			return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
-				sb.id, errdefs.ErrDeadlineExceeded, r.cfg.bootTimeout(), last, lastLines(console, 15))
+				sb.id, errdefs.ErrDeadlineExceeded, timeout, last, lastLines(console, 15))
 		}
 		wait = min(2*wait, 100*time.Millisecond)
 	}
@@ -1133,8 +1137,30 @@ func (sb *sandbox) closeAgent() {
 // Pause implements runtime.Pauser: QMP stop (memory kept).
 func (r *Runtime) Pause(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "stop") }
 
-// Resume implements runtime.Pauser: QMP cont.
-func (r *Runtime) Resume(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "cont") }
+// Resume implements runtime.Pauser: QMP cont, then a wait (at most
+// resumeAgentWait) until the agent answers again. A guest that was paused
+// while the host end of its agent channel went away and came back (a node
+// restart) first drops its old session: requests made before it notices
+// would fail, so Resume waits for that here.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	if err := r.qmpRun(ctx, id, "cont"); err != nil {
+		return err
+	}
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if r.cfg.noAgentWait {
+		return nil
+	}
+	if err := r.waitAgentFor(ctx, sb, resumeAgentWait); err != nil {
+		slog.Warn("vm resumed; its agent does not answer yet", "id", id, "err", err)
+	}
+	return nil
+}
+
+// resumeAgentWait bounds Resume's wait for the agent.
+const resumeAgentWait = 10 * time.Second
 
 func (r *Runtime) qmpRun(ctx context.Context, id, cmd string) error {
 	sb, err := r.get(id)
@@ -1158,11 +1184,29 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		return runtime.Stats{}, err
 	}
 	var s runtime.Stats
-	mem := filepath.Join(cgroupRoot, "memory", sb.st.Cgroup)
-	s.MemoryBytes, _ = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
-	s.MemoryLimitBytes, _ = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
-	s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
-	if b, err := os.ReadFile("/proc/" + strconv.Itoa(sb.st.Pid) + "/stat"); err == nil {
+	// The sandbox's memory is its guest's: the resident pages of the
+	// guest RAM mapping (shared with the RAM file for a booted VM, the
+	// snapshot's pages and its own copies for a restored one), within the
+	// limit the guest sees, its RAM size. QEMU's own heap and TCG buffer
+	// are charged to its cgroup (RAM + MemoryOverheadMB), not shown here.
+	// Pids counts QEMU's threads: the guest's processes are not the host's.
+	sb.mu.Lock()
+	pid, memPath := sb.st.Pid, sb.st.MemPath
+	sb.mu.Unlock()
+	s.MemoryLimitBytes = sb.st.MemoryMB << 20
+	if unified() {
+		cg := filepath.Join(cgroupRoot, sb.st.Cgroup)
+		s.MemoryBytes, _ = readInt(filepath.Join(cg, "memory.current"))
+		s.Pids, _ = readInt(filepath.Join(cg, "pids.current"))
+	} else {
+		s.MemoryBytes, _ = readInt(filepath.Join(cgroupRoot, "memory", sb.st.Cgroup, "memory.usage_in_bytes"))
+		s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
+	}
+	if rss, ok := mappingRSS(pid, memPath); ok {
+		s.MemoryBytes = rss
+	}
+	s.MemoryBytes = min(s.MemoryBytes, s.MemoryLimitBytes)
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); pid > 0 && err == nil {
 		if i := bytes.LastIndexByte(b, ')'); i > 0 {
 			if f := strings.Fields(string(b[i+1:])); len(f) > 13 {
 				u, _ := strconv.ParseUint(f[11], 10, 64)
@@ -1178,4 +1222,39 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		s.DiskTotalBytes = fi.Size()
 	}
 	return s, nil
+}
+
+// mappingRSS is the resident size of pid's mappings of the file path (or
+// the file a symlink there names), from /proc/<pid>/smaps.
+func mappingRSS(pid int, path string) (int64, bool) {
+	if pid <= 0 || path == "" {
+		return 0, false
+	}
+	names := []string{path}
+	if t, err := filepath.EvalSymlinks(path); err == nil && t != path {
+		names = append(names, t)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		return 0, false
+	}
+	var total int64
+	found, in := false, false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			// A mapping's header: range perms offset dev inode [path]
+			in = len(f) >= 6 && slices.Contains(names, f[5])
+			found = found || in
+			continue
+		}
+		if in && f[0] == "Rss:" && len(f) >= 2 {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			total += kb << 10
+		}
+	}
+	return total, found
 }
