@@ -1061,6 +1061,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	sb.mu.Lock()
 	sb.qmp = q
 	sb.mu.Unlock()
+	// The guest's end of the agent channel may still be the session of
+	// the node that died: until it notices that host went away, requests
+	// on a new session can break. Wait (bounded) until the agent answers
+	// on a new one; a paused guest cannot, and Resume waits instead.
+	if st, err := q.Status(ctx); err == nil && st == "running" && !r.cfg.noAgentWait {
+		if err := r.waitAgentFor(ctx, sb, resumeAgentWait); err != nil {
+			slog.Warn("vm recovered; its agent does not answer yet", "id", h.ID, "err", err)
+		}
+	}
 	return nil
 }
 
