@@ -625,10 +625,15 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"
 // answers 204, QEMU exits, ctx ends or the boot timeout passes; the error
 // of a timeout carries the end of the console log.
 func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
-	return r.waitAgentFor(ctx, sb, r.cfg.bootTimeout())
+	return r.waitAgentFor(ctx, sb, r.cfg.bootTimeout(), 0)
 }
 
-func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+// waitAgentFor is waitAgent within timeout. With attempt > 0 each GET
+// /health gets that long, and one that fails drops the channel's session
+// so the next dials a new one: the guest then sees its host end go away
+// and serves a fresh session (after a node restart or a resume, its old
+// one may swallow requests).
+func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout, attempt time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -649,15 +654,27 @@ func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout time.Du
 		if err != nil {
 			return fmt.Errorf("vm %s agent health: %w: %w", sb.id, errdefs.ErrInternal, err)
 		}
+		acancel := context.CancelFunc(func() {})
+		if attempt > 0 {
+			var actx context.Context
+			actx, acancel = context.WithTimeout(ctx, attempt)
+			req = req.WithContext(actx)
+		}
 		resp, err := hc.Do(req)
 		if err == nil {
 			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return nil
+			if resp.StatusCode != http.StatusNoContent {
+				err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
 			}
-			err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
+		}
+		acancel()
+		if err == nil {
+			return nil
 		}
 		last = err
+		if attempt > 0 {
+			sb.closeAgent()
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -1066,7 +1083,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	// on a new session can break. Wait (bounded) until the agent answers
 	// on a new one; a paused guest cannot, and Resume waits instead.
 	if st, err := q.Status(ctx); err == nil && st == "running" && !r.cfg.noAgentWait {
-		if err := r.waitAgentFor(ctx, sb, resumeAgentWait); err != nil {
+		if err := r.waitAgentFor(ctx, sb, resumeAgentWait, agentAttempt); err != nil {
 			slog.Warn("vm recovered; its agent does not answer yet", "id", h.ID, "err", err)
 		}
 	}
@@ -1162,14 +1179,18 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if r.cfg.noAgentWait {
 		return nil
 	}
-	if err := r.waitAgentFor(ctx, sb, resumeAgentWait); err != nil {
+	if err := r.waitAgentFor(ctx, sb, resumeAgentWait, agentAttempt); err != nil {
 		slog.Warn("vm resumed; its agent does not answer yet", "id", id, "err", err)
 	}
 	return nil
 }
 
-// resumeAgentWait bounds Resume's wait for the agent.
-const resumeAgentWait = 10 * time.Second
+// resumeAgentWait bounds Resume's (and Recover's) wait for the agent, and
+// agentAttempt one try in it.
+const (
+	resumeAgentWait = 10 * time.Second
+	agentAttempt    = 2 * time.Second
+)
 
 func (r *Runtime) qmpRun(ctx context.Context, id, cmd string) error {
 	sb, err := r.get(id)
