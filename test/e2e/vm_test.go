@@ -173,6 +173,14 @@ func TestVMForkAndNodeKill9(t *testing.T) {
 		t.Logf("fork %s: value %s count %d (source %d at the fork), hostname %s", fid, v, n, n0, host)
 	}
 
+	// What the leftover checks below look at is there while they run.
+	if ents, _ := os.ReadDir(memDir); len(ents) < 3 {
+		t.Fatalf("%d RAM files in %s with 3 VMs running: is node.backends.vm.memory_dir used?", len(ents), memDir)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.DataDir(), "netns")); len(ents) < 3 {
+		t.Fatalf("%d network namespaces in %s with 3 VMs running", len(ents), filepath.Join(s.DataDir(), "netns"))
+	}
+
 	// The node dies with the VMs running, and comes back.
 	s.Kill9()
 	if got := qemuOf(id); len(got) != 1 || got[0] != qemu[0] {
