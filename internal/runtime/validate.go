@@ -29,6 +29,9 @@ type SpecRules struct {
 	// NetworkNone, and NetworkHint says which to give and why.
 	Networks    []NetworkMode
 	NetworkHint string
+	// LayerDisks: the backend hands EROFS layers to its guest as disks
+	// itself (a VM), so it needs no Rootfs.Mounter.
+	LayerDisks bool
 }
 
 // ValidateSpec checks what every backend checks in a Spec before it makes
@@ -94,7 +97,7 @@ func ValidateSpec(s Spec, r SpecRules) error {
 			if err != nil || !fi.Mode().IsRegular() {
 				return errdefs.Invalid(field, "%q is not an EROFS file", l.Path)
 			}
-			if s.Rootfs.Mounter == nil {
+			if s.Rootfs.Mounter == nil && !r.LayerDisks {
 				return errdefs.Invalid("rootfs.mounter", "is missing: EROFS layers need the image store to mount them")
 			}
 		default:

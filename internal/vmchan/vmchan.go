@@ -105,12 +105,24 @@ func (l *listener) pause(d time.Duration) bool {
 	}
 }
 
-// serve runs one session on rw until it breaks or the listener closes.
+// serve runs sessions on the port rw, one per host session
+// (portSplitter), until the port ends or the listener closes.
 func (l *listener) serve(rw io.ReadWriteCloser) {
-	s, err := yamux.Server(rw, yamuxConfig())
+	defer func() { _ = rw.Close() }()
+	p := &portSplitter{rw: rw}
+	for l.ctx.Err() == nil {
+		if !l.serveSession(p.next()) {
+			return
+		}
+	}
+}
+
+// serveSession runs one yamux session on conn until it breaks; it says
+// whether the port is still good for the next one.
+func (l *listener) serveSession(conn *session) bool {
+	s, err := yamux.Server(conn, yamuxConfig())
 	if err != nil {
-		_ = rw.Close()
-		return
+		return false
 	}
 	stop := context.AfterFunc(l.ctx, func() { _ = s.Close() })
 	defer stop()
@@ -118,13 +130,16 @@ func (l *listener) serve(rw io.ReadWriteCloser) {
 	for {
 		c, err := s.Accept()
 		if err != nil {
-			return
+			conn.p.mu.Lock()
+			split := conn.gen != conn.p.gen
+			conn.p.mu.Unlock()
+			return split
 		}
 		select {
 		case l.conns <- c:
 		case <-l.ctx.Done():
 			_ = c.Close()
-			return
+			return false
 		}
 	}
 }
@@ -173,8 +188,7 @@ func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
 	if c.sess != nil && !c.sess.IsClosed() {
 		return c.sess, nil
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.path)
+	conn, err := DialUnix(ctx, c.path)
 	if err != nil {
 		return nil, fmt.Errorf("vmchan dial %s: %w: %w", c.path, errdefs.ErrUnavailable, err)
 	}

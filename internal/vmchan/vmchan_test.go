@@ -125,3 +125,87 @@ func TestBadInput(t *testing.T) {
 		t.Fatal("Dial of a missing socket: no error")
 	}
 }
+
+// persistentPort stands in for a virtio-serial port whose guest never
+// reads an end of file: every host connection to the returned socket path
+// feeds the same guest port (as QEMU's chardev does when the guest did not
+// look while one host left and the next came: a pause, a restore).
+func persistentPort(t *testing.T) (path string, open func() (io.ReadWriteCloser, error)) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	guest, host := net.Pipe()
+	t.Cleanup(func() { _ = guest.Close(); _ = host.Close() })
+	var mu sync.Mutex
+	var cur net.Conn
+	go func() { // guest -> the current host connection
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := host.Read(buf)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if cur != nil {
+				_, _ = cur.Write(buf[:n])
+			}
+			mu.Unlock()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			cur = c
+			mu.Unlock()
+			// One client at a time, as QEMU's chardev; no end of file
+			// for the guest when it leaves.
+			_, _ = io.Copy(host, c)
+		}
+	}()
+	opened := false
+	return path, func() (io.ReadWriteCloser, error) {
+		if opened {
+			select {} // the port never ends here
+		}
+		opened = true
+		return guest, nil
+	}
+}
+
+// TestNewHostSessionWithoutEOF: a host that goes away while the guest
+// serves streams, and a new host on the same port (no end of file for the
+// guest): the guest starts a new session at the new host's first stream,
+// so the new host's requests work, however many the old one made.
+func TestNewHostSessionWithoutEOF(t *testing.T) {
+	ctx := context.Background()
+	path, open := persistentPort(t)
+	l := listenOn(ctx, path, open)
+	t.Cleanup(func() { _ = l.Close() })
+	serveHTTP(t, l)
+	for round := range 3 {
+		c, err := Dial(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := httpClient(c)
+		for i := range 5 + 10*round {
+			get(t, hc, fmt.Sprintf("/round%d/%d", round, i))
+		}
+		// One stream left open in the guest's session when the host goes.
+		open, err := c.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = open.Write([]byte("GET /half"))
+		hc.CloseIdleConnections()
+		_ = c.Close()
+	}
+}

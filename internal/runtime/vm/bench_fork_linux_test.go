@@ -76,7 +76,7 @@ func BenchmarkGuestFork(b *testing.B) {
 	}
 	srcNS := mkns("bsrc")
 	src := "bench-fork-src"
-	if _, err := r.Create(ctx, runtime.Spec{ID: src, StateDir: filepath.Join(b.TempDir(), "sb"), Resources: runtime.Resources{DiskMB: 64}, Network: srcNS.attachment()}); err != nil {
+	if _, err := r.Create(ctx, runtime.Spec{ID: src, StateDir: filepath.Join(b.TempDir(), "sb"), Rootfs: guestRootfs(b), Resources: guestRes(64), Network: srcNS.attachment()}); err != nil {
 		b.Fatal(err)
 	}
 	defer func() { _ = r.Delete(context.Background(), src) }()
@@ -119,7 +119,7 @@ func BenchmarkGuestFork(b *testing.B) {
 		ns := mkns(fmt.Sprintf("brs%d", i))
 		rid := fmt.Sprintf("bench-restore-%d", i)
 		t = time.Now()
-		if _, err := r.Restore(ctx, runtime.Spec{ID: rid, StateDir: filepath.Join(b.TempDir(), "sb"), Resources: runtime.Resources{DiskMB: 64}, Network: ns.attachment()}, dir); err != nil {
+		if _, err := r.Restore(ctx, runtime.Spec{ID: rid, StateDir: filepath.Join(b.TempDir(), "sb"), Rootfs: guestRootfs(b), Resources: guestRes(64), Network: ns.attachment()}, dir); err != nil {
 			b.Fatal(err)
 		}
 		if err := r.Start(ctx, rid); err != nil {
@@ -140,7 +140,7 @@ func BenchmarkGuestFork(b *testing.B) {
 			for k := range count {
 				ns := mkns(fmt.Sprintf("bf%d%t-%d-%d", count, mode.private, i, k))
 				specs = append(specs, runtime.Spec{ID: fmt.Sprintf("bench-fork%d-%t-%d-%d", count, mode.private, i, k), StateDir: filepath.Join(b.TempDir(), "sb"),
-					Resources: runtime.Resources{DiskMB: 64}, Network: ns.attachment()})
+					Rootfs: guestRootfs(b), Resources: guestRes(64), Network: ns.attachment()})
 			}
 			r.privateSnapshots = mode.private
 			t := time.Now()

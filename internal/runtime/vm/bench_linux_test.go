@@ -19,7 +19,7 @@ func BenchmarkQEMUStart(b *testing.B) {
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("bench-%d", i)
-		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: b.TempDir(), Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: b.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16)}); err != nil {
 			b.Fatal(err)
 		}
 		if err := r.Start(ctx, id); err != nil {
@@ -35,7 +35,7 @@ func BenchmarkQEMUStart(b *testing.B) {
 func BenchmarkQEMUPauseResume(b *testing.B) {
 	r, _ := newBenchRuntime(b)
 	ctx := context.Background()
-	if _, err := r.Create(ctx, runtime.Spec{ID: "bench-pause", StateDir: b.TempDir(), Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+	if _, err := r.Create(ctx, runtime.Spec{ID: "bench-pause", StateDir: b.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16)}); err != nil {
 		b.Fatal(err)
 	}
 	defer func() { _ = r.Delete(ctx, "bench-pause") }()

@@ -111,7 +111,7 @@ func forkSpecs(t *testing.T, prefix string, n int) []runtime.Spec {
 		}
 		t.Cleanup(ns.close)
 		id := prefix + strconv.Itoa(i)
-		specs = append(specs, runtime.Spec{ID: id, StateDir: filepath.Join(t.TempDir(), "sb"), Resources: runtime.Resources{DiskMB: 16},
+		specs = append(specs, runtime.Spec{ID: id, StateDir: filepath.Join(t.TempDir(), "sb"), Rootfs: guestRootfs(t), Resources: guestRes(16),
 			Network: ns.attachment(), Guest: runtime.Guest{Hostname: "host-" + id}})
 	}
 	return specs

@@ -97,7 +97,7 @@ func guestVM(t *testing.T) (*Runtime, string) {
 		if g.ns, g.err = newTapNetNS("odvmshared" + strconv.Itoa(os.Getpid())); g.err != nil {
 			return
 		}
-		if _, g.err = g.rt.Create(ctx, sharedGuestSpec(g.id, g.dir, g.ns)); g.err != nil {
+		if _, g.err = g.rt.Create(ctx, sharedGuestSpec(t, g.id, g.dir, g.ns)); g.err != nil {
 			return
 		}
 		start := time.Now()
@@ -123,6 +123,9 @@ func TestMain(m *testing.M) {
 		if g.ns != nil {
 			g.ns.close()
 		}
+	}
+	if dir, err := testImageDir(); err == nil {
+		_ = os.RemoveAll(dir)
 	}
 	os.Exit(code)
 }
@@ -189,7 +192,7 @@ func TestGuestStartTimesOutWithConsole(t *testing.T) {
 	r.cfg.noAgentWait = false
 	r.cfg.BootTimeoutSec = 1
 	ctx := context.Background()
-	if _, err := r.Create(ctx, runtime.Spec{ID: "noagent", StateDir: t.TempDir(), Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+	if _, err := r.Create(ctx, runtime.Spec{ID: "noagent", StateDir: t.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16)}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Delete(context.Background(), "noagent") })
@@ -218,7 +221,7 @@ func BenchmarkGuestBootToAgent(b *testing.B) {
 	var ds []time.Duration
 	for i := 0; b.Loop(); i++ {
 		id := "bench-boot-" + string(rune('a'+i%26))
-		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: b.TempDir(), Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: b.TempDir(), Rootfs: guestRootfs(b), Resources: guestRes(16)}); err != nil {
 			b.Fatal(err)
 		}
 		start := time.Now()
@@ -269,7 +272,7 @@ func TestGuestImageLayersAreRoot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), guestBootTimeout+30*time.Second)
 	defer cancel()
 	const id = "guest-layers"
-	if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: filepath.Join(tmp, "state"), Rootfs: runtime.Rootfs{Layers: layers}, Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+	if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: filepath.Join(tmp, "state"), Rootfs: runtime.Rootfs{Layers: layers}, Resources: guestRes(16)}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Delete(context.Background(), id) })

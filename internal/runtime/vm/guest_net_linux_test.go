@@ -87,8 +87,8 @@ func (n *tapNetNS) listen(addr string) (net.Listener, error) {
 
 // sharedGuestSpec is the shared VM's spec: a tap in its own namespace and
 // guest settings that go over the configuration disk.
-func sharedGuestSpec(id, dir string, ns *tapNetNS) runtime.Spec {
-	return runtime.Spec{ID: id, StateDir: dir, Resources: runtime.Resources{DiskMB: 16}, Network: ns.attachment(),
+func sharedGuestSpec(t testing.TB, id, dir string, ns *tapNetNS) runtime.Spec {
+	return runtime.Spec{ID: id, StateDir: dir, Rootfs: guestRootfs(t), Resources: guestRes(16), Network: ns.attachment(),
 		Guest: runtime.Guest{Env: []string{"OPENDSEC_TEST_ENV=from the config disk"}, Workdir: "/tmp", Nameservers: []string{testGateway.String()}}}
 }
 

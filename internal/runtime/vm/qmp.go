@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
 // qmpClient is a small QMP client over a unix socket: the greeting,
@@ -52,8 +53,7 @@ type qmpMessage struct {
 // dialQMP connects to the QMP socket at path, reads the greeting and
 // leaves capabilities negotiation mode.
 func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := vmchan.DialUnix(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("qmp connection: %w: %w", errdefs.ErrUnavailable, err)
 	}

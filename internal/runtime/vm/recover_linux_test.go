@@ -22,7 +22,7 @@ import (
 func startAsNode(t *testing.T, ctx context.Context, r *Runtime, id string) (runtime.Handle, string, int) {
 	t.Helper()
 	sd := t.TempDir()
-	h, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: sd, Resources: runtime.Resources{DiskMB: 16}})
+	h, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: sd, Rootfs: haltRootfs(), Resources: haltRes(16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestQEMURecoverCreatedOnly(t *testing.T) {
 	defer cancel()
 	const id = "vm-rec-created"
 	sd := t.TempDir()
-	h, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: sd, Resources: runtime.Resources{DiskMB: 16}})
+	h, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: sd, Rootfs: haltRootfs(), Resources: haltRes(16)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestQEMUInNetnsWithTap(t *testing.T) {
 	run("-n", ns, "tuntap", "add", "tap0", "mode", "tap")
 	mac, _ := net.ParseMAC("02:0d:5e:00:00:21")
 	nsPath := "/run/netns/" + ns
-	h, err := r.Create(ctx, runtime.Spec{ID: "vm-tap", StateDir: t.TempDir(), Resources: runtime.Resources{DiskMB: 16},
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-tap", StateDir: t.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16),
 		Network: runtime.NetworkAttachment{Mode: runtime.NetworkTap, NetNS: nsPath, Device: "tap0", MAC: mac}})
 	if err != nil {
 		t.Fatal(err)

@@ -22,9 +22,11 @@ func TestCreateRefusesBadSpecs(t *testing.T) {
 		prep func()
 		want string
 	}{
-		{"1 MiB memory", runtime.Resources{MemoryMB: 1}, nil, "resources.memory_mb"},
-		{"too many vcpus", runtime.Resources{CPU: float64(goruntime.NumCPU() + 1)}, nil, "resources.cpu"},
-		{"missing kernel", runtime.Resources{}, func() { _ = os.Remove(filepath.Join(assets, "vmlinux")) }, "vmlinux"},
+		{"0 MiB memory", runtime.Resources{CPU: 1, MemoryMB: 0}, nil, "resources.memory_mb"},
+		{"1 MiB memory", runtime.Resources{CPU: 1, MemoryMB: 1}, nil, "resources.memory_mb"},
+		{"no cpu", runtime.Resources{MemoryMB: 64}, nil, "resources.cpu"},
+		{"too many vcpus", runtime.Resources{CPU: float64(goruntime.NumCPU() + 1), MemoryMB: 64}, nil, "resources.cpu"},
+		{"missing kernel", haltRes(16), func() { _ = os.Remove(filepath.Join(assets, "vmlinux")) }, "vmlinux"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -32,7 +34,7 @@ func TestCreateRefusesBadSpecs(t *testing.T) {
 				c.prep()
 			}
 			sd := t.TempDir()
-			_, err := r.Create(context.Background(), runtime.Spec{ID: "bad", StateDir: sd, Resources: c.res})
+			_, err := r.Create(context.Background(), runtime.Spec{ID: "bad", StateDir: sd, Rootfs: haltRootfs(), Resources: c.res})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want one naming %s", err, c.want)
 			}

@@ -64,7 +64,9 @@ type Config struct {
 	Accel string `json:"accel,omitempty"`
 	// Machine is "microvm" (default) or "q35".
 	Machine string `json:"machine,omitempty"`
-	// VCPUs and MemoryMB are used when a sandbox's Resources leave them 0.
+	// VCPUs and MemoryMB are checked and kept for older configs; a
+	// sandbox's own Resources.CPU and MemoryMB (which the node always
+	// gives; 0 is refused) size its VM.
 	VCPUs    int   `json:"vcpus,omitempty"`
 	MemoryMB int64 `json:"memory_mb,omitempty"`
 

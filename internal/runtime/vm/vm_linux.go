@@ -109,7 +109,7 @@ func (r *Runtime) NetworkMode() runtime.NetworkMode { return runtime.NetworkTap 
 // ValidateOptions implements runtime.Runtime: the vm backend has none.
 func (r *Runtime) ValidateOptions(opts map[string]string) error {
 	for k := range opts {
-		return fmt.Errorf("option %q: %w: the vm backend takes no options", k, errdefs.ErrInvalidArgument)
+		return errdefs.Invalid("backend_options."+k, "is unknown: the vm backend takes no options")
 	}
 	return nil
 }
@@ -125,51 +125,40 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 }
 
 // validate checks spec against the host and the assets; it makes nothing.
+// What every backend checks comes first (runtime.ValidateSpec: at least
+// one layer, memory and cpu given, the network mode); then what a VM needs.
 func (r *Runtime) validate(spec runtime.Spec) (vcpus int, memMB int64, err error) {
-	if spec.ID == "" || strings.ContainsAny(spec.ID, "/ ,=") {
-		return 0, 0, fmt.Errorf("sandbox id %q: %w: use a non-empty id without '/', ' ', ',' or '='", spec.ID, errdefs.ErrInvalidArgument)
-	}
-	if spec.StateDir == "" {
-		return 0, 0, fmt.Errorf("spec.StateDir: %w: the node must give the sandbox a state directory", errdefs.ErrInvalidArgument)
+	if err := runtime.ValidateSpec(spec, runtime.SpecRules{
+		Backend:     Name,
+		MinMemoryMB: minMemoryMB,
+		MemoryWhy:   "a VM's kernel, init and agent need it",
+		MinCPU:      0.01,
+		Networks:    []runtime.NetworkMode{runtime.NetworkTap},
+		NetworkHint: "the vm backend needs a tap (or no network)",
+		LayerDisks:  true,
+	}); err != nil {
+		return 0, 0, err
 	}
 	memMB = spec.Resources.MemoryMB
-	switch {
-	case memMB < 0:
-		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
-	case memMB == 0:
-		memMB = r.cfg.MemoryMB
-	case memMB < 64:
-		return 0, 0, fmt.Errorf("resources.memory_mb %d: %w: a VM needs at least 64 MiB", memMB, errdefs.ErrInvalidArgument)
-	}
-	vcpus = r.cfg.VCPUs
-	if c := spec.Resources.CPU; c < 0 {
-		return 0, 0, fmt.Errorf("resources.cpu %g: %w: use 0 or more cores", c, errdefs.ErrInvalidArgument)
-	} else if c > 0 {
-		vcpus = int(c + 0.999)
-	}
+	vcpus = int(spec.Resources.CPU + 0.999)
 	if n := goruntime.NumCPU(); vcpus > n {
-		return 0, 0, fmt.Errorf("resources.cpu %g (%d vCPUs): %w: this host has %d CPUs; ask for at most %d", spec.Resources.CPU, vcpus, errdefs.ErrInvalidArgument, n, n)
+		return 0, 0, errdefs.Invalid("resources.cpu", "%g (%d vCPUs): this host has %d CPUs; ask for at most %d", spec.Resources.CPU, vcpus, n, n)
 	}
-	if spec.Resources.DiskMB < 0 {
-		return 0, 0, fmt.Errorf("resources.disk_mb %d: %w: use 0 (default %d) or more", spec.Resources.DiskMB, errdefs.ErrInvalidArgument, DefaultDiskMB)
+	for i, l := range spec.Rootfs.Layers {
+		if l.Format != runtime.LayerEROFS {
+			return 0, 0, errdefs.Invalid(fmt.Sprintf("rootfs.layers[%d]", i), "format %q (%s): the vm backend needs EROFS layers (it attaches them as disks)", l.Format, l.Digest)
+		}
 	}
 	for _, p := range []string{r.cfg.kernelPath(), r.cfg.initrdPath()} {
 		if _, err := os.Stat(p); err != nil {
 			return 0, 0, fmt.Errorf("guest asset %s: %w: run `make guest-assets` or set node.backends.vm.assets_dir: %w", p, errdefs.ErrFailedPrecondition, err)
 		}
 	}
-	for i, l := range spec.Rootfs.Layers {
-		if l.Format != runtime.LayerEROFS {
-			return 0, 0, fmt.Errorf("rootfs layer %d (%s) format %q: %w: the vm backend needs EROFS layers", i, l.Digest, l.Format, errdefs.ErrInvalidArgument)
-		}
-	}
-	switch spec.Network.Mode {
-	case runtime.NetworkNone, runtime.NetworkTap:
-	default:
-		return 0, 0, fmt.Errorf("network mode %q: %w: the vm backend needs a tap (or no network)", spec.Network.Mode, errdefs.ErrInvalidArgument)
-	}
 	return vcpus, memMB, nil
 }
+
+// minMemoryMB is the least guest RAM a sandbox may ask for.
+const minMemoryMB = 64
 
 func (r *Runtime) cgroupPath(id string) string {
 	node := r.cfg.NodeID
@@ -322,6 +311,59 @@ func makeDisk(ctx context.Context, path string, mb int64) error {
 	return nil
 }
 
+// The fds QEMU finds its listening sockets at (os/exec's ExtraFiles start at 3).
+const (
+	qmpFD   = 3
+	agentFD = 4
+)
+
+// listenFDs binds StateDir's qmp.sock and agent.sock (stale ones from an
+// earlier run go) through /proc/self/fd of the directory, so their length
+// never matters, and returns them for ExtraFiles in qmpFD, agentFD order.
+func listenFDs(sd string) ([]*os.File, error) {
+	dir, err := os.Open(sd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sockets: %w", errdefs.ErrInternal, err)
+	}
+	defer func() { _ = dir.Close() }()
+	var out []*os.File
+	for _, name := range []string{"qmp.sock", "agent.sock"} {
+		f, err := listenAt(dir, name)
+		if err != nil {
+			for _, o := range out {
+				_ = o.Close()
+			}
+			return nil, fmt.Errorf("%w: socket %s: %w", errdefs.ErrInternal, filepath.Join(sd, name), err)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+func listenAt(dir *os.File, name string) (*os.File, error) {
+	if err := unix.Unlinkat(int(dir.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, err
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), name)}); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := unix.Fchmodat(int(dir.Fd()), name, 0o600, 0); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := unix.Listen(fd, 64); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // args is QEMU's command line (after the binary).
 func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem string) []string {
 	sd := spec.StateDir
@@ -361,7 +403,11 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", r.cfg.kernelPath(), "-initrd", r.cfg.initrdPath(), "-append", strings.Join(cmdline, " "),
 		"-chardev", "file,id=ser0,path=" + filepath.Join(sd, "console.log"), "-serial", "chardev:ser0",
-		"-qmp", "unix:" + filepath.Join(sd, "qmp.sock") + ",server=on,wait=off",
+		// QMP and the agent's chardev listen on sockets Start binds in
+		// StateDir and passes as fds 3 and 4 (listenFDs): a long StateDir
+		// does not fit sun_path, and connections wait in their backlog
+		// until QEMU serves them.
+		"-chardev", "socket,id=qmp,fd=" + strconv.Itoa(qmpFD) + ",server=on,wait=off", "-mon", "chardev=qmp,mode=control",
 		"-pidfile", filepath.Join(sd, "qemu.pid"),
 	}
 	if r.cfg.Machine == "microvm" {
@@ -374,7 +420,7 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 	a = append(a, "-drive", "file="+disk+",format=raw,if=none,cache=unsafe,id=rw", "-device", dev("virtio-blk")+",drive=rw",
 		"-drive", "file="+filepath.Join(sd, "config.img")+",format=raw,if=none,readonly=on,id=config", "-device", dev("virtio-blk")+",drive=config",
 		"-device", dev("virtio-serial"),
-		"-chardev", "socket,id=agent,path="+filepath.Join(sd, "agent.sock")+",server=on,wait=off",
+		"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent")
 	if spec.Network.Mode == runtime.NetworkTap {
 		a = append(a, "-netdev", "tap,id=net0,ifname="+spec.Network.Device+",script=no,downscript=no",
@@ -396,6 +442,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb.mu.Lock()
 	started := sb.started
 	sb.mu.Unlock()
+	select {
+	case <-sb.done:
+		return fmt.Errorf("vm sandbox %q: %w: it was stopped; a stopped VM does not start again (create a new sandbox)", id, errdefs.ErrFailedPrecondition)
+	default:
+	}
 	if started {
 		return nil
 	}
@@ -416,11 +467,22 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("vm qemu log: %w: %w", errdefs.ErrInternal, err)
 	}
 	defer func() { _ = logf.Close() }()
+	socks, err := listenFDs(sb.st.StateDir)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", id, err)
+	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = socks
 	// QEMU is not the node's: its own session, so a node restart leaves it running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// QEMU has its copies; one kept here would hold connections in the
+	// backlog after QEMU is gone.
+	for _, f := range socks {
+		_ = f.Close()
+	}
+	if err != nil {
 		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
@@ -442,7 +504,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		r.ended(sb, "", code)
 	}()
 	fail := func(err error) error {
-		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = sigkill(pid)
 		<-sb.done
 		return err
 	}
@@ -563,7 +625,16 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"
 // answers 204, QEMU exits, ctx ends or the boot timeout passes; the error
 // of a timeout carries the end of the console log.
 func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.bootTimeout())
+	return r.waitAgentFor(ctx, sb, r.cfg.bootTimeout(), 0)
+}
+
+// waitAgentFor is waitAgent within timeout. With attempt > 0 each GET
+// /health gets that long, and one that fails drops the channel's session
+// so the next dials a new one: the guest then sees its host end go away
+// and serves a fresh session (after a node restart or a resume, its old
+// one may swallow requests).
+func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout, attempt time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
 		select {
@@ -583,15 +654,27 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
 		if err != nil {
 			return fmt.Errorf("vm %s agent health: %w: %w", sb.id, errdefs.ErrInternal, err)
 		}
+		acancel := context.CancelFunc(func() {})
+		if attempt > 0 {
+			var actx context.Context
+			actx, acancel = context.WithTimeout(ctx, attempt)
+			req = req.WithContext(actx)
+		}
 		resp, err := hc.Do(req)
 		if err == nil {
 			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return nil
+			if resp.StatusCode != http.StatusNoContent {
+				err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
 			}
-			err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
+		}
+		acancel()
+		if err == nil {
+			return nil
 		}
 		last = err
+		if attempt > 0 {
+			sb.closeAgent()
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -604,7 +687,7 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
 			}
 			console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
 			return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
-				sb.id, errdefs.ErrDeadlineExceeded, r.cfg.bootTimeout(), last, lastLines(console, 15))
+				sb.id, errdefs.ErrDeadlineExceeded, timeout, last, lastLines(console, 15))
 		}
 		wait = min(2*wait, 100*time.Millisecond)
 	}
@@ -690,7 +773,7 @@ func (r *Runtime) watchLogs(sb *sandbox) {
 			sb.fatal = err
 			sb.mu.Unlock()
 			slog.Error("vm killed", "id", sb.id, "err", err)
-			_ = unix.Kill(sb.st.Pid, unix.SIGKILL)
+			_ = sigkill(sb.st.Pid)
 			return
 		}
 	}
@@ -767,8 +850,24 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.mu.Unlock()
 	if !started {
 		// Not started as far as this instance knows; a QEMU a node restart
-		// lost track of must not outlive its sandbox.
-		return r.killStrays(ctx, id, sb.st.StateDir)
+		// lost track of must not outlive its sandbox. A stopped sandbox
+		// never starts: Status says stopped, Wait returns, Start refuses.
+		if err := r.killStrays(ctx, id, sb.st.StateDir); err != nil {
+			return err
+		}
+		sb.startMu.Lock() // a Start under way finishes first
+		sb.mu.Lock()
+		started = sb.started
+		sb.mu.Unlock()
+		if !started {
+			r.ended(sb, "stopped before it started", -1)
+			sb.startMu.Unlock()
+			return nil
+		}
+		sb.startMu.Unlock()
+		sb.mu.Lock()
+		q, pid = sb.qmp, sb.st.Pid
+		sb.mu.Unlock()
 	}
 	waitFor := func(d time.Duration) bool {
 		t := time.NewTimer(d)
@@ -796,7 +895,12 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 			return nil
 		}
 	}
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+	select {
+	case <-sb.done:
+		return nil // already ended (pid may be 0: a Recover found it gone)
+	default:
+	}
+	if err := sigkill(pid); err != nil {
 		return fmt.Errorf("vm %s kill: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	select {
@@ -807,13 +911,35 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	}
 }
 
+// sigkill sends SIGKILL to QEMU's pid. A pid of 0 or less is no process
+// (kill(2) would take it for a process group: the node's own); ESRCH is
+// not an error.
+func sigkill(pid int) error {
+	if pid <= 0 {
+		return nil
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
+}
+
 // Delete implements runtime.Runtime: process, sockets, disks, cgroup.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return r.deleteUnknown(ctx, id)
 	}
-	if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
+	sb.mu.Lock()
+	started := sb.started
+	sb.mu.Unlock()
+	if started {
+		if err := r.Stop(ctx, id, runtime.StopOptions{}); err != nil {
+			return err
+		}
+	} else if err := r.killStrays(ctx, id, sb.st.StateDir); err != nil {
+		// Never started here (its waiters get not found, not an exit),
+		// but a QEMU a node restart lost track of goes.
 		return err
 	}
 	sb.mu.Lock()
@@ -952,6 +1078,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	sb.mu.Lock()
 	sb.qmp = q
 	sb.mu.Unlock()
+	// The guest's end of the agent channel may still be the session of
+	// the node that died: until it notices that host went away, requests
+	// on a new session can break. Wait (bounded) until the agent answers
+	// on a new one; a paused guest cannot, and Resume waits instead.
+	if st, err := q.Status(ctx); err == nil && st == "running" && !r.cfg.noAgentWait {
+		if err := r.waitAgentFor(ctx, sb, resumeAgentWait, agentAttempt); err != nil {
+			slog.Warn("vm recovered; its agent does not answer yet", "id", h.ID, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -1028,8 +1163,34 @@ func (sb *sandbox) closeAgent() {
 // Pause implements runtime.Pauser: QMP stop (memory kept).
 func (r *Runtime) Pause(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "stop") }
 
-// Resume implements runtime.Pauser: QMP cont.
-func (r *Runtime) Resume(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "cont") }
+// Resume implements runtime.Pauser: QMP cont, then a wait (at most
+// resumeAgentWait) until the agent answers again. A guest that was paused
+// while the host end of its agent channel went away and came back (a node
+// restart) first drops its old session: requests made before it notices
+// would fail, so Resume waits for that here.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	if err := r.qmpRun(ctx, id, "cont"); err != nil {
+		return err
+	}
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if r.cfg.noAgentWait {
+		return nil
+	}
+	if err := r.waitAgentFor(ctx, sb, resumeAgentWait, agentAttempt); err != nil {
+		slog.Warn("vm resumed; its agent does not answer yet", "id", id, "err", err)
+	}
+	return nil
+}
+
+// resumeAgentWait bounds Resume's (and Recover's) wait for the agent, and
+// agentAttempt one try in it.
+const (
+	resumeAgentWait = 10 * time.Second
+	agentAttempt    = 2 * time.Second
+)
 
 func (r *Runtime) qmpRun(ctx context.Context, id, cmd string) error {
 	sb, err := r.get(id)
@@ -1053,11 +1214,29 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		return runtime.Stats{}, err
 	}
 	var s runtime.Stats
-	mem := filepath.Join(cgroupRoot, "memory", sb.st.Cgroup)
-	s.MemoryBytes, _ = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
-	s.MemoryLimitBytes, _ = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
-	s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
-	if b, err := os.ReadFile("/proc/" + strconv.Itoa(sb.st.Pid) + "/stat"); err == nil {
+	// The sandbox's memory is its guest's: the resident pages of the
+	// guest RAM mapping (shared with the RAM file for a booted VM, the
+	// snapshot's pages and its own copies for a restored one), within the
+	// limit the guest sees, its RAM size. QEMU's own heap and TCG buffer
+	// are charged to its cgroup (RAM + MemoryOverheadMB), not shown here.
+	// Pids counts QEMU's threads: the guest's processes are not the host's.
+	sb.mu.Lock()
+	pid, memPath := sb.st.Pid, sb.st.MemPath
+	sb.mu.Unlock()
+	s.MemoryLimitBytes = sb.st.MemoryMB << 20
+	if unified() {
+		cg := filepath.Join(cgroupRoot, sb.st.Cgroup)
+		s.MemoryBytes, _ = readInt(filepath.Join(cg, "memory.current"))
+		s.Pids, _ = readInt(filepath.Join(cg, "pids.current"))
+	} else {
+		s.MemoryBytes, _ = readInt(filepath.Join(cgroupRoot, "memory", sb.st.Cgroup, "memory.usage_in_bytes"))
+		s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
+	}
+	if rss, ok := mappingRSS(pid, memPath); ok {
+		s.MemoryBytes = rss
+	}
+	s.MemoryBytes = min(s.MemoryBytes, s.MemoryLimitBytes)
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); pid > 0 && err == nil {
 		if i := bytes.LastIndexByte(b, ')'); i > 0 {
 			if f := strings.Fields(string(b[i+1:])); len(f) > 13 {
 				u, _ := strconv.ParseUint(f[11], 10, 64)
@@ -1073,4 +1252,39 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		s.DiskTotalBytes = fi.Size()
 	}
 	return s, nil
+}
+
+// mappingRSS is the resident size of pid's mappings of the file path (or
+// the file a symlink there names), from /proc/<pid>/smaps.
+func mappingRSS(pid int, path string) (int64, bool) {
+	if pid <= 0 || path == "" {
+		return 0, false
+	}
+	names := []string{path}
+	if t, err := filepath.EvalSymlinks(path); err == nil && t != path {
+		names = append(names, t)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		return 0, false
+	}
+	var total int64
+	found, in := false, false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			// A mapping's header: range perms offset dev inode [path]
+			in = len(f) >= 6 && slices.Contains(names, f[5])
+			found = found || in
+			continue
+		}
+		if in && f[0] == "Rss:" && len(f) >= 2 {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			total += kb << 10
+		}
+	}
+	return total, found
 }

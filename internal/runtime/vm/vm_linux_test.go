@@ -113,7 +113,7 @@ func TestQEMULifecycle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sd := t.TempDir()
-	h, err := r.Create(ctx, runtime.Spec{ID: "vm-life", StateDir: sd, Resources: runtime.Resources{DiskMB: 64}})
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-life", StateDir: sd, Rootfs: haltRootfs(), Resources: haltRes(64)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestQEMUStop(t *testing.T) {
 	r, _ := newTestRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	h, err := r.Create(ctx, runtime.Spec{ID: "vm-stop", StateDir: t.TempDir(), Resources: runtime.Resources{DiskMB: 16}})
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-stop", StateDir: t.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestQEMUAccelMismatchIsFatal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sd := t.TempDir()
-	h, err := r.Create(ctx, runtime.Spec{ID: "vm-accel", StateDir: sd, Resources: runtime.Resources{DiskMB: 16}})
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-accel", StateDir: sd, Rootfs: haltRootfs(), Resources: haltRes(16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestQEMUStartFailsOnBadKernel(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h, err := r.Create(ctx, runtime.Spec{ID: "vm-badkernel", StateDir: t.TempDir(), Resources: runtime.Resources{DiskMB: 16}})
+	h, err := r.Create(ctx, runtime.Spec{ID: "vm-badkernel", StateDir: t.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16)})
 	if err != nil {
 		t.Fatal(err)
 	}
