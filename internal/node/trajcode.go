@@ -259,8 +259,8 @@ func (c *codeConn) writeError(err error, status int) {
 	body, _ := json.Marshal(map[string]any{"code": code, "message": msg, "status": errdefs.Code(err).String()})
 	body = append(body, '\n')
 	fmt.Fprintf(c.bw, "HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", code, http.StatusText(code), len(body))
-	c.bw.Write(body)
-	c.bw.Flush()
+	_, _ = c.bw.Write(body) // a bufio.Writer keeps its first error for Flush
+	_ = c.bw.Flush()        // the connection ends either way
 }
 
 // roundTrip sends req to the interpreter and reads its answer's head;
@@ -608,7 +608,7 @@ func (c *codeConn) replayCode(cl *trajectory.Call, seqS string) bool {
 	}
 	fmt.Fprintf(c.bw, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s: %s\r\n%s: true\r\n%s\r\n",
 		cl.HTTPStatus, http.StatusText(cl.HTTPStatus), ct, len(body), CallSeqHeader, seqS, ReplayedHeader, extra)
-	c.bw.Write(body)
+	_, _ = c.bw.Write(body) // a bufio.Writer keeps its first error for Flush
 	return c.bw.Flush() == nil
 }
 
@@ -628,14 +628,15 @@ func wholeLines(b []byte) []byte {
 type chunkWriter struct{ bw *bufio.Writer }
 
 func (w *chunkWriter) write(p []byte) error {
-	fmt.Fprintf(w.bw, "%x\r\n", len(p))
-	w.bw.Write(p)
-	w.bw.WriteString("\r\n")
+	// A bufio.Writer keeps its first error: Flush reports it.
+	_, _ = fmt.Fprintf(w.bw, "%x\r\n", len(p))
+	_, _ = w.bw.Write(p)
+	_, _ = w.bw.WriteString("\r\n")
 	return w.bw.Flush()
 }
 
 func (w *chunkWriter) end() error {
-	w.bw.WriteString("0\r\n\r\n")
+	_, _ = w.bw.WriteString("0\r\n\r\n") // its error comes back from Flush
 	return w.bw.Flush()
 }
 
