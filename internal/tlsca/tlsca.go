@@ -80,7 +80,7 @@ func Ensure(dir string, names []string, now time.Time) (Paths, bool, error) {
 	if len(names) == 0 {
 		return p, false, errors.New("tlsca: no names for the server certificate")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return p, false, fmt.Errorf("tlsca: %w", err)
 	}
 	ca, caPriv, err := loadOrMakeCA(dir, now)
