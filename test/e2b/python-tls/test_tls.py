@@ -9,6 +9,7 @@ import time
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxNotRunningException
+from pyqwest import StreamError
 
 from conftest import DOMAIN, GATEWAY_IP
 
@@ -56,6 +57,9 @@ def test_kill_under_running_command_is_sandbox_killed():
             sbx.commands.run("sleep 60")
         assert time.monotonic() - started < 20
         assert "The sandbox was killed" in str(ei.value)
+        # It came as a transport failure of the stream (an HTTP/2
+        # RST_STREAM: pyqwest's StreamError), not an envd error.
+        assert isinstance(ei.value.__cause__.__cause__, StreamError), repr(ei.value.__cause__)
     finally:
         Sandbox.kill(sbx.sandbox_id)
 
