@@ -6,6 +6,10 @@
 # restarts in place (sandboxes keep running across the restart).
 #
 # Usage: deploy/quickstart.sh [--uninstall] [--skip-images]
+#
+# OPENDSEC_E2B_TLS=1 serves the E2B gateway over TLS with HTTP/2 (e2b.tls
+# in the config, a certificate from OpenDsec's own CA for the domain and
+# *.<domain>); demo.env then trusts the CA (docs/E2B.md, "TLS").
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +22,7 @@ PID_FILE=$RUN_DIR/opendsec.pid
 ENDPOINT=127.0.0.1:7070
 E2B_ADDR=127.0.0.1:3000
 E2B_DOMAIN=opendsec.local
+E2B_TLS=${OPENDSEC_E2B_TLS:-0}
 BINS="opendsec opendsec-node opendsec-apiserver opendsec-watcher opendsec-e2b opendsecctl"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -215,6 +220,23 @@ if [ ! -e "$CONFIG" ]; then
 elif ! grep -q '"refuse_private_dns_answers"' "$CONFIG"; then
   note "$CONFIG (yours, left alone) does not set node.network.refuse_private_dns_answers: an allowed name may open a private address (docs/network.md)"
 fi
+if [ "$E2B_TLS" = 1 ]; then
+  # Opted in: e2b.tls.enabled in the config, the rest of it kept.
+  python3 - "$CONFIG" <<'PY'
+import json, os, sys
+p = sys.argv[1]
+c = json.load(open(p))
+tls = c.setdefault("e2b", {}).setdefault("tls", {})
+if not tls.get("enabled"):
+    tls["enabled"] = True
+    tmp = p + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(c, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, p)
+    print(f"    {p}: set e2b.tls.enabled (OPENDSEC_E2B_TLS=1)")
+PY
+fi
 
 say "starting OpenDsec"
 stop_running
@@ -239,12 +261,22 @@ for _ in $(seq 1 300); do [ -s "$RUN_DIR/ready" ] && break; sleep 0.1; done
 [ -s "$RUN_DIR/ready" ] || { tail -n 30 "$LOG_DIR/opendsec.log" >&2 || true; die "OpenDsec did not come up; see $LOG_DIR/opendsec.log"; }
 
 TOKEN=$(cat "$DATA_DIR/bootstrap.token")
+E2B_SCHEME=http
+E2B_CURL=()
+if grep -q '"tls"' "$CONFIG" && python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("e2b",{}).get("tls",{}).get("enabled") else 1)' "$CONFIG"; then
+  E2B_SCHEME=https
+  E2B_CA=$(/usr/local/bin/opendsec e2b ca --data-dir "$DATA_DIR")
+  # Python's SSL_CERT_FILE replaces the system's CAs: a bundle of both.
+  cat /etc/ssl/certs/ca-certificates.crt "$E2B_CA" > "$OPS_DIR/e2b-ca-bundle.pem" 2>/dev/null || cp "$E2B_CA" "$OPS_DIR/e2b-ca-bundle.pem"
+  E2B_CURL=(--cacert "$E2B_CA")
+  note "E2B gateway serves TLS + HTTP/2; its CA: $E2B_CA"
+fi
 # One E2B API key per install: reuse the one demo.env has while the gateway
 # still knows it (keys live in the data dir), else create one.
 E2B_KEY=""
 if [ -f "$OPS_DIR/demo.env" ]; then
   E2B_KEY=$(sed -n 's/^export E2B_API_KEY=//p' "$OPS_DIR/demo.env")
-  if [ -n "$E2B_KEY" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-KEY: $E2B_KEY" "http://$E2B_ADDR/sandboxes")" != 200 ]; then
+  if [ -n "$E2B_KEY" ] && [ "$(curl -s "${E2B_CURL[@]}" -o /dev/null -w '%{http_code}' -H "X-API-KEY: $E2B_KEY" "$E2B_SCHEME://$E2B_ADDR/sandboxes")" != 200 ]; then
     E2B_KEY=""
   fi
 fi
@@ -255,11 +287,19 @@ export OPENDSEC_ENDPOINT=$ENDPOINT
 export OPENDSEC_TOKEN=$TOKEN
 export OPENDSEC_BACKEND=container
 # E2B's SDKs run unchanged against OpenDsec's gateway with these:
-export E2B_API_URL=http://$E2B_ADDR
-export E2B_SANDBOX_URL=http://$E2B_ADDR
+export E2B_API_URL=$E2B_SCHEME://$E2B_ADDR
+export E2B_SANDBOX_URL=$E2B_SCHEME://$E2B_ADDR
 export E2B_API_KEY=$E2B_KEY
 export E2B_DOMAIN=$E2B_DOMAIN
 ENV
+if [ "$E2B_SCHEME" = https ]; then
+  cat >> "$OPS_DIR/demo.env" <<ENV
+# The gateway's certificate is from OpenDsec's CA (opendsec e2b ca):
+export SSL_CERT_FILE=$OPS_DIR/e2b-ca-bundle.pem
+export REQUESTS_CA_BUNDLE=$OPS_DIR/e2b-ca-bundle.pem
+export NODE_EXTRA_CA_CERTS=$E2B_CA
+ENV
+fi
 chmod 600 "$OPS_DIR/demo.env"
 note "wrote $OPS_DIR/demo.env"
 
@@ -275,7 +315,7 @@ note "sandbox $id ($img) printed $out and was stopped"
 
 say "OpenDsec is running"
 cat <<TXT
-    endpoint: $ENDPOINT   E2B gateway: http://$E2B_ADDR   backend: container
+    endpoint: $ENDPOINT   E2B gateway: $E2B_SCHEME://$E2B_ADDR   backend: container
     data: $DATA_DIR   log: $LOG_DIR/opendsec.log
     Try it:
       python3 -m venv .venv && .venv/bin/pip install ./sdk/python

@@ -9,7 +9,8 @@
 #
 # Environment: OPENDSEC_BIN_DIR (default ./bin), OPENDSEC_E2B_VENV (default
 # /var/cache/opendsec/test/e2b-venv), KEEP=1 keeps the data dir, and any
-# arguments are passed to pytest (e.g. -k files).
+# arguments are passed to pytest (e.g. -k files). Without arguments it then
+# runs scripts/test-e2b-tls.sh (E2B_SKIP_TLS=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -72,4 +73,9 @@ if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
     node --test test/e2b/js/ || rc=$?
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
+# TLS and HTTP/2 with the SDK's own https://<port>-<id>.<domain> hosts, on a
+# system of its own (~10 s); E2B_SKIP_TLS=1 skips it.
+if [ "${E2B_SKIP_TLS:-}" != 1 ] && [ $# = 0 ]; then
+  bash scripts/test-e2b-tls.sh || rc=$?
+fi
 exit $rc

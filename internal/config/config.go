@@ -96,7 +96,28 @@ type E2B struct {
 	// "user", as in E2B) when true (unset); false keeps no_new_privs, as
 	// the native API does by default (allow_privilege_escalation).
 	AllowPrivilegeEscalation *bool `json:"allow_privilege_escalation,omitempty"`
+	// TLS serves the gateway (API and sandbox traffic) over TLS with HTTP/2.
+	TLS E2BTLS `json:"tls"`
 }
+
+// E2BTLS configures TLS on the E2B gateway. Enabled without files, the
+// gateway uses a certificate from OpenDsec's own CA, made once in
+// <data_dir>/e2b/tls (CATLSDir) for the domain, *.<domain>, localhost,
+// 127.0.0.1, ::1 and Names; clients trust <data_dir>/e2b/tls/ca.pem
+// (`opendsec e2b ca`).
+type E2BTLS struct {
+	Enabled bool `json:"enabled"`
+	// CertFile and KeyFile are the operator's certificate chain and key
+	// (PEM), used instead of OpenDsec's CA; give both or neither.
+	CertFile string `json:"cert_file,omitempty"`
+	KeyFile  string `json:"key_file,omitempty"`
+	// Names are more DNS names or IP addresses the made certificate covers
+	// (the gateway's public name or address).
+	Names []string `json:"names,omitempty"`
+}
+
+// E2BTLSDir is where the gateway keeps OpenDsec's CA and its certificate.
+func (c Config) E2BTLSDir() string { return filepath.Join(c.DataDir, "e2b", "tls") }
 
 // Log configures logging.
 type Log struct {
@@ -464,6 +485,11 @@ func (c *Config) Validate() error {
 	}
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
 		return err
+	}
+	if t := c.E2B.TLS; (t.CertFile == "") != (t.KeyFile == "") {
+		return errdefs.Invalid("e2b.tls", "give both cert_file and key_file, or neither (OpenDsec's own CA makes a certificate)")
+	} else if t.CertFile != "" && (!filepath.IsAbs(t.CertFile) || !filepath.IsAbs(t.KeyFile)) {
+		return errdefs.Invalid("e2b.tls", "cert_file and key_file must be absolute paths")
 	}
 	if c.APIServer.PlacementSample < 1 {
 		return errdefs.Invalid("apiserver.placement_sample", "must be at least 1")

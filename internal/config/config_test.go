@@ -119,3 +119,28 @@ func TestOvercommitConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestE2BTLSConfig(t *testing.T) {
+	c := Default("/var/lib/opendsec")
+	c.E2B.TLS = E2BTLS{Enabled: true}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("e2b.tls enabled without files: %v", err)
+	}
+	if c.E2BTLSDir() != "/var/lib/opendsec/e2b/tls" {
+		t.Fatalf("E2BTLSDir = %q", c.E2BTLSDir())
+	}
+	for _, bad := range []E2BTLS{
+		{Enabled: true, CertFile: "/etc/gw.pem"},
+		{Enabled: true, KeyFile: "/etc/gw.key"},
+		{Enabled: true, CertFile: "gw.pem", KeyFile: "gw.key"},
+	} {
+		c.E2B.TLS = bad
+		if err := c.Validate(); !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), "e2b.tls:") {
+			t.Fatalf("e2b.tls %+v: %v, want an invalid e2b.tls error", bad, err)
+		}
+	}
+	c.E2B.TLS = E2BTLS{Enabled: true, CertFile: "/etc/gw.pem", KeyFile: "/etc/gw.key"}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("e2b.tls with both files: %v", err)
+	}
+}

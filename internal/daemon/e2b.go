@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -13,6 +16,9 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
 	"github.com/kernflux/opendsec/internal/e2b"
+	"github.com/kernflux/opendsec/internal/httpserver"
+	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/tlsca"
 )
 
 // E2BKeyFile holds the E2B API keys (hashes) inside the data dir.
@@ -73,7 +79,52 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 	if err != nil {
 		return fmt.Errorf("e2b gateway: %w", err)
 	}
-	return serve(ctx, "e2b", cfg.E2B.Listen, gw, ready)
+	if !cfg.E2B.TLS.Enabled {
+		return serve(ctx, "e2b", cfg.E2B.Listen, gw, ready)
+	}
+	tlsCfg, ca, err := e2bTLSConfig(cfg, time.Now())
+	if err != nil {
+		return fmt.Errorf("e2b gateway: %w", err)
+	}
+	ln, err := httpserver.Listen(cfg.E2B.Listen)
+	if err != nil {
+		return fmt.Errorf("e2b: %w", err)
+	}
+	attrs := []any{"component", "e2b", "addr", ln.Addr().String(), "tls", true}
+	if ca != "" {
+		attrs = append(attrs, "ca_file", ca)
+	}
+	log.G(ctx).Info("listening", attrs...)
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	return httpserver.ServeTLS(ctx, "e2b", ln, gw, tlsCfg)
+}
+
+// e2bTLSConfig is the gateway's TLS configuration: the operator's
+// certificate (e2b.tls.cert_file, key_file), or one from OpenDsec's CA made
+// (or renewed) for the domain and e2b.tls.names, whose CA file it returns.
+func e2bTLSConfig(cfg config.Config, now time.Time) (*tls.Config, string, error) {
+	t := cfg.E2B.TLS
+	certFile, keyFile, ca := t.CertFile, t.KeyFile, ""
+	if certFile == "" {
+		p, _, err := ensureE2BCA(cfg, now)
+		if err != nil {
+			return nil, "", err
+		}
+		certFile, keyFile, ca = p.Cert, p.Key, p.CA
+	}
+	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, "", fmt.Errorf("e2b.tls: load %s and %s: %w", certFile, keyFile, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12}, ca, nil
+}
+
+// ensureE2BCA makes (once) OpenDsec's CA and the gateway's certificate in
+// the data dir, renewing the certificate when the names change.
+func ensureE2BCA(cfg config.Config, now time.Time) (tlsca.Paths, bool, error) {
+	return tlsca.Ensure(cfg.E2BTLSDir(), tlsca.Names(cfg.E2B.Domain, cfg.E2B.TLS.Names), now)
 }
 
 func e2bCommand(g *globalFlags) *cobra.Command {
@@ -120,7 +171,43 @@ its principal and are visible to every key of that principal.`,
 	}
 	create.Flags().StringVar(&principal, "principal", "default", "OpenDsec principal the key acts as")
 	keys.AddCommand(create)
-	c.AddCommand(serveCmd, keys)
+	var pemOut bool
+	caCmd := &cobra.Command{
+		Use:   "ca",
+		Short: "print the path of the CA certificate clients trust for the gateway's TLS",
+		Long: `ca prints the path of OpenDsec's CA certificate (PEM) that signs the E2B
+gateway's certificate when e2b.tls is enabled without cert_file: point
+SSL_CERT_FILE (Python SDK), NODE_EXTRA_CA_CERTS (JS SDK) or REQUESTS_CA_BUNDLE
+at it. The CA and the certificate for the domain, *.<domain> and
+e2b.tls.names are made if missing (the gateway does the same at start).
+--pem prints the certificate itself.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			if cfg.E2B.TLS.CertFile != "" {
+				return fmt.Errorf("e2b.tls.cert_file is set: the gateway serves the operator's certificate, not one from OpenDsec's CA")
+			}
+			p, _, err := ensureE2BCA(cfg, time.Now())
+			if err != nil {
+				return err
+			}
+			if pemOut {
+				b, err := os.ReadFile(p.CA)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(b)
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), p.CA)
+			return nil
+		},
+	}
+	caCmd.Flags().BoolVar(&pemOut, "pem", false, "print the CA certificate instead of its path")
+	c.AddCommand(serveCmd, keys, caCmd)
 	return c
 }
 

@@ -3,8 +3,11 @@ package e2b
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -173,6 +176,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, id string, port 
 				resp.Header.Get(nodeclient.NoAutoResumeHeader) != "" {
 				return errSandboxGone
 			}
+			guardConnectStream(resp, func(endErr string) bool { return g.sandboxGone(resp.Request.Context(), id, endErr) })
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -308,4 +312,149 @@ func (g *Gateway) signedFileSandbox(r *http.Request) (string, error) {
 		}
 	}
 	return "", errdefs.New(errdefs.ErrUnauthenticated, "invalid signature: no running sandbox signed this URL")
+}
+
+// guardConnectStream turns the end of a Connect server stream (a process's
+// output, a watch) into an aborted response when the sandbox is gone: the
+// stream ended without its end-of-stream message, or with an error while
+// gone() reports the sandbox not running (the node ends a process stream
+// with the error its agent connection broke with when the sandbox is
+// killed). The reverse proxy then aborts the response, an HTTP/2 stream
+// reset (RST_STREAM) or a cut HTTP/1.1 connection: a transport failure for
+// the SDKs, as from E2B's proxy, on which they probe the sandbox and report
+// it killed ("The sandbox was killed ..."), not a protocol or envd error.
+func guardConnectStream(resp *http.Response, gone func(endErr string) bool) {
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/connect+") {
+		return
+	}
+	resp.Body = &connectStreamBody{ReadCloser: resp.Body, gone: gone}
+}
+
+// errStreamCut is a Connect stream cut short: the sandbox is gone.
+var errStreamCut = errors.New("connect stream cut: the sandbox is gone")
+
+// connectStreamBody follows the envelopes (flags byte, 4-byte big-endian
+// length, message) of a Connect stream. It passes messages through as they
+// come and holds back the end-of-stream envelope (flag 0x02) until the body
+// ends, to decide between handing it on and errStreamCut.
+type connectStreamBody struct {
+	io.ReadCloser
+	gone      func(endErr string) bool
+	buf       []byte
+	hdr       [5]byte
+	hdrN      int
+	remaining uint32
+	inEnd     bool   // the envelope being read is the end-of-stream one
+	end       []byte // the end-of-stream envelope, held back
+	ended     bool   // end holds the whole end-of-stream envelope
+	out       []byte // bytes to hand out before reading on
+	err       error  // what Read returns once out is drained
+}
+
+func (b *connectStreamBody) Read(p []byte) (int, error) {
+	for len(b.out) == 0 && b.err == nil {
+		if cap(b.buf) < len(p) {
+			b.buf = make([]byte, len(p))
+		}
+		n, err := b.ReadCloser.Read(b.buf[:len(p)])
+		b.scan(b.buf[:n])
+		if err != nil {
+			b.err = b.finish(err)
+		} else if n == 0 {
+			break
+		}
+	}
+	if len(b.out) > 0 {
+		n := copy(p, b.out)
+		b.out = b.out[n:]
+		return n, nil
+	}
+	return 0, b.err
+}
+
+func (b *connectStreamBody) finish(err error) error {
+	if err != io.EOF {
+		return err
+	}
+	if !b.ended || b.hdrN > 0 {
+		return errStreamCut
+	}
+	var end struct {
+		Error *struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if b.end[0]&0x01 == 0 && json.Unmarshal(b.end[5:], &end) == nil && end.Error != nil &&
+		b.gone != nil && b.gone(end.Error.Code+": "+end.Error.Message) {
+		return errStreamCut
+	}
+	b.out = append(b.out, b.end...)
+	return io.EOF
+}
+
+func (b *connectStreamBody) scan(data []byte) {
+	for len(data) > 0 {
+		if b.remaining > 0 {
+			k := uint32(len(data))
+			if k > b.remaining {
+				k = b.remaining
+			}
+			if b.inEnd {
+				b.end = append(b.end, data[:k]...)
+			} else {
+				b.out = append(b.out, data[:k]...)
+			}
+			b.remaining -= k
+			data = data[k:]
+			if b.remaining == 0 && b.inEnd {
+				b.ended = true
+			}
+			continue
+		}
+		if b.ended {
+			// Bytes after the end-of-stream message: not Connect; pass on.
+			b.out = append(b.out, data...)
+			return
+		}
+		k := copy(b.hdr[b.hdrN:], data)
+		b.hdrN += k
+		data = data[k:]
+		if b.hdrN < len(b.hdr) {
+			continue
+		}
+		b.hdrN = 0
+		b.remaining = binary.BigEndian.Uint32(b.hdr[1:])
+		if b.hdr[0]&0x02 != 0 {
+			b.inEnd = true
+			b.end = append(b.end, b.hdr[:]...)
+			b.ended = b.remaining == 0
+		} else {
+			b.out = append(b.out, b.hdr[:]...)
+		}
+	}
+}
+
+// sandboxGone reports whether sandbox id has stopped (or is stopping) after
+// one of its streams ended with endErr. A stream the sandbox's end broke
+// may end before the sandbox reads as stopping: an error that reads like a
+// broken connection is looked at again for up to a second.
+func (g *Gateway) sandboxGone(ctx context.Context, id, endErr string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	transport := strings.Contains(endErr, "EOF") || strings.HasPrefix(endErr, "unavailable") ||
+		strings.Contains(endErr, "connection") || strings.Contains(endErr, "stream")
+	for i := 0; ; i++ {
+		running, _, err := g.sandboxSecure(ctx, id, true)
+		if err != nil {
+			return false
+		}
+		if !running {
+			return true
+		}
+		if !transport || i == 4 {
+			return false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }

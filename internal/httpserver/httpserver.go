@@ -1,10 +1,12 @@
 // Package httpserver serves OpenDsec's HTTP endpoints: HTTP/1.1 and
 // unencrypted HTTP/2 on one listener (so gRPC clients such as grpc.aio work
-// without TLS), with graceful shutdown when the context ends.
+// without TLS), or HTTP/1.1 and HTTP/2 over TLS (ServeTLS), with graceful
+// shutdown when the context ends.
 package httpserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,10 +37,28 @@ func Listen(addr string) (net.Listener, error) {
 // Serve serves h on ln until ctx ends, then shuts down gracefully (10 s).
 // name is used in errors and logs.
 func Serve(ctx context.Context, name string, ln net.Listener, h http.Handler) error {
+	return serve(ctx, name, ln, h, nil)
+}
+
+// ServeTLS is Serve over TLS with cfg: HTTP/2 (negotiated by ALPN) and
+// HTTP/1.1. A handler that aborts a response (panics with
+// http.ErrAbortHandler, as httputil.ReverseProxy does when its upstream
+// breaks mid-body) resets its HTTP/2 stream (RST_STREAM) and leaves the
+// connection's other streams alone.
+func ServeTLS(ctx context.Context, name string, ln net.Listener, h http.Handler, cfg *tls.Config) error {
+	return serve(ctx, name, ln, h, cfg)
+}
+
+func serve(ctx context.Context, name string, ln net.Listener, h http.Handler, tlsCfg *tls.Config) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
+	if tlsCfg != nil {
+		p.SetHTTP2(true)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
 	srv := &http.Server{
+		TLSConfig: tlsCfg,
 		Handler:   h,
 		Protocols: &p,
 		// One gRPC channel multiplexes every exec and file stream of a
@@ -49,7 +69,13 @@ func Serve(ctx context.Context, name string, ln net.Listener, h http.Handler) er
 		ErrorLog:          slog.NewLogLogger(log.G(ctx).Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if tlsCfg != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", name, err)

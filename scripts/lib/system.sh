@@ -10,6 +10,8 @@
 #     root/busybox, root/py:3.11, root/py-sci:3.11, root/base,
 #     root/code-interpreter).
 #     Sets API, NODE, WATCH, E2B (ports), UP_PID; writes $DD/opendsec.json.
+#     SYSTEM_E2B_LISTEN replaces the gateway's 127.0.0.1:$E2B and
+#     SYSTEM_E2B_EXTRA is JSON members added to e2b (e.g. '"tls": {...}').
 #     OPENDSEC_LOG_LEVEL sets the log level (default info).
 #     SYSTEM_NETWORK_EXTRA and SYSTEM_NODE_EXTRA are JSON members added to
 #     node.network and node (e.g. '"dns_upstream": ["127.0.0.1:5399"]').
@@ -51,7 +53,7 @@ start_system() {
            "image_dir": "$dd/images", "default_backend": "container", "max_sandboxes": 200, "max_upload_mb": 64,
            ${SYSTEM_NODE_EXTRA:+$SYSTEM_NODE_EXTRA,} $network},
   "nodes": [{"id": "n001", "address": "http://127.0.0.1:$NODE"}],
-  "e2b": {"listen": "127.0.0.1:$E2B", "domain": "opendsec.local"}
+  "e2b": {"listen": "${SYSTEM_E2B_LISTEN:-127.0.0.1:$E2B}", "domain": "opendsec.local"${SYSTEM_E2B_EXTRA:+, $SYSTEM_E2B_EXTRA}}
 }
 JSON
   if [ ${#images[@]} -gt 0 ]; then
