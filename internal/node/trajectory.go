@@ -358,6 +358,9 @@ func (n *Node) runPump(sb *sandbox, lg *trajectory.Log, seq uint64, p *pump, ope
 		if n.life.Err() != nil {
 			return // node stopping: leave it running for the next start
 		}
+		// A re-attached process's output from before the node restarted
+		// was never recorded.
+		r.OutputLost = p.reattach
 		if _, err := lg.Finish(seq, r); err != nil {
 			log.G(n.life).Warn("record call end", log.SandboxID(sb.id), "seq", seq, log.Err(err))
 		}
@@ -381,6 +384,7 @@ func (n *Node) runPump(sb *sandbox, lg *trajectory.Log, seq uint64, p *pump, ope
 	}
 	defer out.Close()
 	var res trajectory.Result
+	var endEv *process.ProcessEvent
 	for out.Receive() {
 		ev := out.Event()
 		switch e := ev.GetEvent().(type) {
@@ -400,6 +404,11 @@ func (n *Node) runPump(sb *sandbox, lg *trajectory.Log, seq uint64, p *pump, ope
 		case *process.ProcessEvent_End:
 			res.End = true
 			res.Exited, res.ExitCode, res.Status, res.ExitErr = e.End.GetExited(), e.End.GetExitCode(), e.End.GetStatus(), e.End.GetError()
+			// Held until the end is recorded (below): a caller that saw
+			// the end finds the call in the log even if the node dies
+			// right after.
+			endEv = ev
+			continue
 		}
 		send(ev)
 	}
@@ -414,6 +423,9 @@ func (n *Node) runPump(sb *sandbox, lg *trajectory.Log, seq uint64, p *pump, ope
 		res.ErrCode, res.ErrMsg = connect.CodeUnavailable.String(), "the agent ended the process stream without an exit event; the sandbox may have stopped"
 	}
 	finish(res)
+	if endEv != nil {
+		send(endEv)
+	}
 }
 
 func errResult(err error) trajectory.Result {

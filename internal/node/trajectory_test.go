@@ -198,7 +198,13 @@ func (a *procAgent) Start(ctx context.Context, req *connect.Request[process.Star
 	}
 	p.code = code
 	close(p.done)
-	return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{ExitCode: code, Exited: true, Status: "exit status " + strconv.Itoa(int(code))}}})
+	end := send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{ExitCode: code, Exited: true, Status: "exit status " + strconv.Itoa(int(code))}}})
+	if cfg.GetCmd() == "endhold" {
+		// The end is sent; the stream stays open until release(tag).
+		close(a.gate(req.Msg.GetTag() + ":ended"))
+		<-a.gate(req.Msg.GetTag())
+	}
+	return end
 }
 
 func (a *procAgent) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
@@ -419,6 +425,54 @@ func TestTrajectoryReplaysKnownCallIDs(t *testing.T) {
 	}
 }
 
+// TestTrajectoryEndRecordedBeforeCallerSeesIt: a call's end is in the log
+// before its caller is shown it, so a caller that got the result (and a
+// trainer that moved on) finds it there even if the node dies right after.
+// The agent here sends the end and holds its stream open: the old order
+// showed the caller the end while the call was still running in the log.
+func TestTrajectoryEndRecordedBeforeCallerSeesIt(t *testing.T) {
+	f := newTrajFixture(t)
+	id := f.create(t)
+	ctx := t.Context()
+	seen := make(chan string, 1) // the call's state in the log when its caller saw the end
+	go func() {
+		client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL+AgentPrefix+id)
+		tag := "hold"
+		req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "endhold"}, Tag: &tag})
+		req.Header().Set(CallIDHeader, "held-1")
+		out, err := client.Start(ctx, req)
+		if err != nil {
+			seen <- "start: " + err.Error()
+			return
+		}
+		defer out.Close()
+		for out.Receive() {
+			if out.Msg().GetEvent().GetEnd() != nil {
+				_, calls, err := f.n.Trajectory(ctx, id)
+				if err != nil || len(calls) != 1 {
+					seen <- fmt.Sprintf("log: %d calls, %v", len(calls), err)
+					return
+				}
+				seen <- calls[0].State
+				return
+			}
+		}
+		seen <- fmt.Sprintf("stream ended without an end: %v", out.Err())
+	}()
+	<-f.agent.gate("hold:ended") // the agent sent the end and holds the stream
+	var got string
+	select {
+	case got = <-seen: // the caller was shown the end before the stream ended
+		close(f.agent.gate("hold"))
+	case <-time.After(time.Second): // it is not: let the stream end
+		close(f.agent.gate("hold"))
+		got = <-seen
+	}
+	if got != trajectory.StateDone {
+		t.Fatalf("the call's state in the log when its caller saw the end: %q; want %q", got, trajectory.StateDone)
+	}
+}
+
 // TestTrajectoryRefusesReusedCallID: a call ID with another command is a
 // failed precondition naming both; a 10 KB call ID is invalid.
 func TestTrajectoryRefusesReusedCallID(t *testing.T) {
@@ -542,6 +596,9 @@ func TestTrajectorySurvivesNodeRestartAndPause(t *testing.T) {
 	if r := f.exec(ctx, id, "s1", "r1", "block"); !r.replayed || !r.ended || r.code != 0 {
 		t.Fatalf("call that ran across the restart: %+v; want its recorded end", r)
 	}
+	// Its output from before the restart ("started") was never recorded:
+	// the record says so, so no replay passes it off as whole.
+	waitCall(t, f.n, id, "s1", func(c *trajectory.Call) bool { return c.Truncated })
 	if _, err := f.n.Pause(ctx, id); err != nil {
 		t.Fatal(err)
 	}

@@ -733,6 +733,9 @@ func (l *Log) Finish(seq uint64, r Result) (*Call, error) {
 	c.Exited, c.ExitCode, c.Status, c.ExitErr = r.Exited, r.ExitCode, r.Status, r.ExitErr
 	c.End, c.ErrCode, c.ErrMsg = r.End, r.ErrCode, r.ErrMsg
 	c.HTTPStatus, c.Body = r.HTTPStatus, r.Body
+	if r.OutputLost {
+		c.Truncated = true
+	}
 	if r.SHA256 != "" {
 		c.Req.SHA256, c.Req.Size = r.SHA256, r.Size
 	}

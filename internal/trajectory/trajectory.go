@@ -282,8 +282,12 @@ type Result struct {
 	ErrMsg   string
 	// Interrupted marks the result lost (see StateInterrupted).
 	Interrupted bool
-	HTTPStatus  int
-	Body        []byte
+	// OutputLost: output the process wrote is missing from the record (a
+	// node restarted while it ran: what came before is gone); the call is
+	// marked Truncated so no replay passes it off as whole.
+	OutputLost bool
+	HTTPStatus int
+	Body       []byte
 	// SHA256 and Size (or Files) complete a file write's request once its
 	// body was read.
 	SHA256 string
