@@ -76,7 +76,7 @@ func (s *Server) PrewarmSandboxes(ctx context.Context, req *connect.Request[v1.P
 			reasons = append(reasons, m.GetReason())
 		}
 	}
-	if out.Held == 0 && len(out.Nodes) == 0 {
+	if len(out.Nodes) == 0 {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "no node could prewarm: %s", strings.Join(reasons, "; "))
 	}
 	if out.Held < count {

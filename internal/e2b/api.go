@@ -353,8 +353,8 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			// A template built through this gateway: its image, and the
 			// user and workdir its steps ended with.
 			spec.Image = tb.Image
-			spec.User = cmpOr(tb.User, spec.User)
-			spec.Workdir = cmpOr(tb.Workdir, spec.Workdir)
+			spec.User = cmp.Or(tb.User, spec.User)
+			spec.Workdir = cmp.Or(tb.Workdir, spec.Workdir)
 			startCmd, readyCmd = tb.StartCmd, tb.ReadyCmd
 			// The build's cpuCount and memoryMB, as E2B gives its
 			// template's sandboxes.

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,7 +74,7 @@ func (g *Gateway) requestTemplateBuild(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ref := cmpOr(req.Name, req.Alias)
+	ref := cmp.Or(req.Name, req.Alias)
 	if ref == "" {
 		writeError(w, http.StatusBadRequest, "name: is empty; name the template, e.g. my-template or my-template:v1")
 		return
@@ -146,13 +147,6 @@ func (g *Gateway) requestTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // plannedBuild is a template build turned into a Dockerfile.
 type plannedBuild struct {
 	dockerfile string
@@ -168,9 +162,10 @@ type plannedBuild struct {
 // dfQuote quotes s as one word of a Dockerfile instruction that the
 // builder expands (ENV, WORKDIR): double quotes, with \, " and $ escaped.
 func dfQuote(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`)
-	return `"` + r.Replace(s) + `"`
+	return `"` + dfQuoter.Replace(s) + `"`
 }
+
+var dfQuoter = strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`)
 
 func jsonArgs(args ...string) string {
 	b, _ := json.Marshal(args)
@@ -196,7 +191,6 @@ func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdi
 	bad := func(i int, format string, args ...any) error {
 		return errdefs.New(errdefs.ErrInvalidArgument, "steps[%d]: %s", i, fmt.Sprintf(format, args...))
 	}
-	noNL := func(s string) bool { return !strings.ContainsAny(s, "\n\r\x00") }
 	for i, st := range req.Steps {
 		step := strconv.Itoa(i + 1)
 		switch st.Type {
@@ -225,7 +219,7 @@ func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdi
 			src, dest := st.Args[0], st.Args[1]
 			cs := path.Clean(src)
 			if src == "" || dest == "" || path.IsAbs(src) || cs == ".." || strings.HasPrefix(cs, "../") ||
-				!noNL(src) || !noNL(dest) || strings.Contains(src+dest, "$") {
+				!noNewline(src) || !noNewline(dest) || strings.Contains(src+dest, "$") {
 				return nil, bad(i, "COPY %q %q: the source must be a relative path in the context and neither may contain a newline or $", src, dest)
 			}
 			if !filesHashRe.MatchString(st.FilesHash) {
@@ -271,14 +265,14 @@ func (g *Gateway) planBuild(p string, req templateBuildStart, base, user, workdi
 				if !envKeyRe.MatchString(st.Args[j]) {
 					return nil, bad(i, "ENV key %q is not a variable name", st.Args[j])
 				}
-				if !noNL(st.Args[j+1]) {
+				if !noNewline(st.Args[j+1]) {
 					return nil, bad(i, "ENV %s: the value contains a newline", st.Args[j])
 				}
 				kv = append(kv, st.Args[j]+"="+dfQuote(st.Args[j+1]))
 			}
 			add(step, "ENV "+strings.Join(kv, " "))
 		case "WORKDIR":
-			if len(st.Args) != 1 || st.Args[0] == "" || !noNL(st.Args[0]) {
+			if len(st.Args) != 1 || st.Args[0] == "" || !noNewline(st.Args[0]) {
 				return nil, bad(i, "WORKDIR takes args [path] (no newline)")
 			}
 			wd := st.Args[0]

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -225,9 +226,18 @@ func (s *tplStore) list(p string) []tplRecord {
 	defer s.mu.Unlock()
 	var out []tplRecord
 	for _, t := range s.all {
-		if t.Owner == p {
-			out = append(out, *t)
+		if t.Owner != p {
+			continue
 		}
+		// Copies of the builds and tags: builds change them under s.mu.
+		c := *t
+		c.Builds = make(map[string]*tplBuild, len(t.Builds))
+		for k, b := range t.Builds {
+			bc := *b
+			c.Builds[k] = &bc
+		}
+		c.Tags = maps.Clone(t.Tags)
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b tplRecord) int { return a.Created.Compare(b.Created) })
 	return out

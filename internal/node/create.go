@@ -154,10 +154,10 @@ func (n *Node) startLogFromSnapshot(ctx context.Context, rec *record, err error,
 		return
 	}
 	n.mu.Lock()
-	sb := n.sandboxes[rec.ID]
+	_, ok := n.sandboxes[rec.ID]
 	n.mu.Unlock()
-	if sb != nil {
-		n.restoreSnapshotLog(ctx, sb, spec)
+	if ok {
+		n.restoreSnapshotLog(ctx, rec, spec)
 	}
 }
 

@@ -503,7 +503,7 @@ func (n *Node) shareSnapshotLog(ctx context.Context, snap *snapshotRecord) error
 // with the snapshot's copy of its source's log: the node's own copy when it
 // keeps the snapshot, else the one kept with the snapshot's image. A
 // snapshot without a copy (taken with the log off) starts an empty log.
-func (n *Node) restoreSnapshotLog(ctx context.Context, sb *sandbox, spec specRecord) {
+func (n *Node) restoreSnapshotLog(ctx context.Context, rec *record, spec specRecord) {
 	if n.traj == nil || spec.Snapshot == "" {
 		return
 	}
@@ -514,17 +514,14 @@ func (n *Node) restoreSnapshotLog(ctx context.Context, sb *sandbox, spec specRec
 			if fp, err := st.File(spec.Image, snapshotLogKey); err == nil {
 				p = fp
 			} else if !errdefs.IsNotFound(err) {
-				log.G(ctx).Warn("find the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(sb.id), log.Err(err))
+				log.G(ctx).Warn("find the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(rec.ID), log.Err(err))
 			}
 		}
 	}
 	if p == "" {
 		return
 	}
-	n.mu.Lock()
-	owner, project := sb.rec.Owner, sb.rec.Project
-	n.mu.Unlock()
-	if err := n.traj.Restore(p, sb.id, trajectory.Meta{Owner: owner, Project: project}); err != nil {
-		log.G(ctx).Warn("copy the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(sb.id), log.Err(err))
+	if err := n.traj.Restore(p, rec.ID, trajectory.Meta{Owner: rec.Owner, Project: rec.Project}); err != nil {
+		log.G(ctx).Warn("copy the trajectory log of snapshot", "snapshot_id", spec.Snapshot, log.SandboxID(rec.ID), log.Err(err))
 	}
 }

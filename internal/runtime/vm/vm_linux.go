@@ -1018,12 +1018,16 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return nil
 	}
 	rs, err := readRunState(st.StateDir)
+	var found []int // QEMUs of this sandbox found by scanning /proc (nil: not scanned)
 	switch {
 	case err == nil && rs.ID != h.ID:
 		return fmt.Errorf("vm sandbox %q: %w: its state dir %s belongs to %q", h.ID, errdefs.ErrNotFound, st.StateDir, rs.ID)
 	case errors.Is(err, fs.ErrNotExist):
 		// A Handle made before run files, or a state dir that is gone.
-		if st.Pid == 0 && !hasDisk(st.StateDir) && len(r.findQEMU(h.ID, st.StateDir)) == 0 {
+		if st.Pid == 0 && !hasDisk(st.StateDir) {
+			found = r.findQEMU(h.ID, st.StateDir)
+		}
+		if st.Pid == 0 && !hasDisk(st.StateDir) && len(found) == 0 {
 			return fmt.Errorf("vm sandbox %q: %w: nothing of it in %s", h.ID, errdefs.ErrNotFound, st.StateDir)
 		}
 	case err != nil:
@@ -1036,7 +1040,11 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	started := pid > 0
 	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
 		pid, stime = 0, 0
-		if pids := r.findQEMU(h.ID, st.StateDir); len(pids) > 0 {
+		pids := found
+		if pids == nil {
+			pids = r.findQEMU(h.ID, st.StateDir)
+		}
+		if len(pids) > 0 {
 			pid, stime, started = pids[0], procStartTime(pids[0]), true
 		}
 	}
@@ -1224,16 +1232,20 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	pid, memPath := sb.st.Pid, sb.st.MemPath
 	sb.mu.Unlock()
 	s.MemoryLimitBytes = sb.st.MemoryMB << 20
+	// The guest RAM in use; the cgroup's charge only when it cannot be read.
+	rss, haveRSS := mappingRSS(pid, memPath)
+	s.MemoryBytes = rss
 	if unified() {
 		cg := filepath.Join(cgroupRoot, sb.st.Cgroup)
-		s.MemoryBytes, _ = readInt(filepath.Join(cg, "memory.current"))
+		if !haveRSS {
+			s.MemoryBytes, _ = readInt(filepath.Join(cg, "memory.current"))
+		}
 		s.Pids, _ = readInt(filepath.Join(cg, "pids.current"))
 	} else {
-		s.MemoryBytes, _ = readInt(filepath.Join(cgroupRoot, "memory", sb.st.Cgroup, "memory.usage_in_bytes"))
+		if !haveRSS {
+			s.MemoryBytes, _ = readInt(filepath.Join(cgroupRoot, "memory", sb.st.Cgroup, "memory.usage_in_bytes"))
+		}
 		s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
-	}
-	if rss, ok := mappingRSS(pid, memPath); ok {
-		s.MemoryBytes = rss
 	}
 	s.MemoryBytes = min(s.MemoryBytes, s.MemoryLimitBytes)
 	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); pid > 0 && err == nil {
