@@ -132,19 +132,21 @@ func (g *Gateway) apiMux() http.Handler {
 		h("POST /templates/tags", g.assignTemplateTags)
 		h("DELETE /templates/tags", g.deleteTemplateTags)
 		h("GET /templates", g.listTemplates)
+		h("GET /v2/templates", g.listTemplatesV2)
+		h("GET /templates/{id}", g.getTemplate)
+		h("PATCH /templates/{id}", g.patchTemplate(false))
+		h("PATCH /v2/templates/{id}", g.patchTemplate(true))
+		h("GET /templates/{id}/builds/{buildID}/logs", g.templateBuildLogs)
 		// aliases/{alias} and {templateID}/tags.
 		h("GET /templates/{id}/{sub}", g.templateSubroute)
 		h("DELETE /templates/{id}", g.deleteBuiltTemplate)
 	} else {
 		h("GET /templates/aliases/{alias}", g.templateAlias)
 	}
-	// Sandbox routes not served yet: 404 for an unknown sandbox, else 501.
-	h("GET /sandboxes/{id}/logs", g.notYet)
-	h("GET /v2/sandboxes/{id}/logs", g.notYet)
-	unsupported := []string{
-		"/templates/", "/v2/templates/", "/v3/templates",
-		"/secrets", "/secrets/", "/volumes", "/volumes/", "GET /teams",
-	}
+	h("GET /sandboxes/{id}/logs", g.sandboxLogs(false))
+	h("GET /v2/sandboxes/{id}/logs", g.sandboxLogs(true))
+	h("GET /teams", g.teams)
+	unsupported := []string{"/templates/", "/v2/templates/", "/v3/templates"}
 	if g.cfg.Snapshots != nil {
 		h("POST /sandboxes/{id}/snapshots", g.createSnapshot)
 		h("GET /snapshots", g.listSnapshots)
@@ -158,6 +160,18 @@ func (g *Gateway) apiMux() http.Handler {
 	for _, p := range unsupported {
 		h(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotImplemented, "%s %s is not supported by OpenDsec's E2B gateway yet (see docs/E2B.md)", r.Method, r.URL.Path)
+		})
+	}
+	// Secrets and volumes (E2B's §2.16) are not served: the 501 says what
+	// to use instead.
+	for _, p := range []string{"/secrets", "/secrets/"} {
+		h(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotImplemented, "%s %s: OpenDsec's E2B gateway keeps no secrets; pass values to a sandbox as envVars on create (the SDKs' envs=) or per command, from your own secret store (see docs/E2B.md#secrets-and-volumes)", r.Method, r.URL.Path)
+		})
+	}
+	for _, p := range []string{"/volumes", "/volumes/"} {
+		h(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotImplemented, "%s %s: OpenDsec's E2B gateway has no volumes; keep a sandbox's files with a snapshot (Sandbox.create_snapshot(), then create from its ID) or copy them with the files API (see docs/E2B.md#secrets-and-volumes)", r.Method, r.URL.Path)
 		})
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -349,8 +363,9 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			AllowPrivilegeEscalation: !g.cfg.NoPrivilegeEscalation,
 		}
 		var startCmd, readyCmd string
-		if t, tb, ok := g.tpls.resolve(principal(r.Context()), req.TemplateID); ok {
-			// A template built through this gateway: its image, and the
+		if t, tb, ok := g.tpls.resolveStart(principal(r.Context()), req.TemplateID); ok {
+			// A template built through this gateway (the caller's, or a
+			// public one by its ID): its image, and the
 			// user and workdir its steps ended with.
 			spec.Image = tb.Image
 			spec.User = cmp.Or(tb.User, spec.User)
@@ -366,8 +381,8 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			}
 			g.tpls.spawned(t.ID)
 		} else if t != nil || strings.HasPrefix(spec.Image, tplImagePrefix) {
-			// The caller's template with no finished build of that tag,
-			// or another principal's template image.
+			// The caller's (or a public) template with no finished build
+			// of that tag, or another principal's template image.
 			g.templateNotFound(w, req.TemplateID)
 			return
 		} else if g.isSnapshotTemplate(req.TemplateID) {

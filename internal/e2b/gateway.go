@@ -162,6 +162,9 @@ type Gateway struct {
 	tpls  *tplStore
 	// buildSlots bounds the template builds running at once.
 	buildSlots chan struct{}
+	// trajectory, if set, reads a sandbox's calls instead of the API's
+	// GetTrajectory (tests).
+	trajectory func(ctx context.Context, id string) ([]*v1.TrajectoryEntry, bool, error)
 
 	tokMu sync.Mutex
 	// toks are the principals' renewing tokens; guarded by tokMu.

@@ -65,13 +65,17 @@ func (g *Gateway) templateAlias(w http.ResponseWriter, r *http.Request) {
 
 // templateExists reports whether template names something a create could
 // start: a configured template (public), an image (public: every team of
-// this gateway may start it) or a snapshot the caller owns (private).
+// this gateway may start it), a template built here (the caller's, or
+// another's made public; public as its owner set it) or a snapshot the
+// caller owns (private).
 func (g *Gateway) templateExists(ctx context.Context, template string) (found, public bool, err error) {
 	if slices.Contains(g.templateNames(), template) {
 		return true, true, nil
 	}
-	if _, _, ok := g.tpls.resolve(principal(ctx), template); ok {
-		return true, false, nil
+	if t, _, ok := g.tpls.resolveStart(principal(ctx), template); ok {
+		g.tpls.mu.Lock()
+		defer g.tpls.mu.Unlock()
+		return true, t.Public, nil
 	}
 	if strings.HasPrefix(g.imageFor(template), tplImagePrefix) {
 		// Another principal's template image.

@@ -30,6 +30,8 @@ const (
 
 var (
 	tplNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._/-]{0,127}$`)
+	// tplIDRe is the form of a template ID (newTemplateID): no name.
+	tplIDRe = regexp.MustCompile(`^tpl-[0-9a-f]{16}$`)
 	tagRe     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
 	envKeyRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	userRe    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$`)
@@ -85,6 +87,10 @@ func (g *Gateway) requestTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	}
 	if !tplNameRe.MatchString(name) {
 		writeError(w, http.StatusBadRequest, "name: %q is not a template name (lowercase letters, digits, '.', '_', '-', '/'; at most 128)", name)
+		return
+	}
+	if tplIDRe.MatchString(name) {
+		writeError(w, http.StatusBadRequest, "name: %q has the form of a template ID; choose another name", name)
 		return
 	}
 	if slices.Contains(g.templateNames(), name) || strings.HasPrefix(name, tplImagePrefix) {
@@ -344,7 +350,7 @@ func (g *Gateway) startTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	var base, user, workdir string
 	if req.FromTemplate != nil {
 		ref := *req.FromTemplate
-		if _, pbuild, ok := g.tpls.resolve(p, ref); ok {
+		if _, pbuild, ok := g.tpls.resolveStart(p, ref); ok {
 			base, user, workdir = pbuild.Image, pbuild.User, pbuild.Workdir
 		} else if strings.HasPrefix(ref, tplImagePrefix) || g.isSnapshotTemplate(ref) {
 			writeError(w, http.StatusBadRequest, "fromTemplate: template %q not found", ref)
@@ -757,21 +763,7 @@ func (g *Gateway) templateSubroute(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 	out := []map[string]any{}
 	for _, t := range g.tpls.list(principal(r.Context())) {
-		var latest *tplBuild
-		for _, b := range t.Builds {
-			if latest == nil || b.Created.After(latest.Created) {
-				latest = b
-			}
-		}
-		if latest == nil {
-			continue
-		}
-		out = append(out, map[string]any{
-			"templateID": t.ID, "buildID": latest.ID, "cpuCount": max(1, latest.CPU), "memoryMB": max(512, latest.MemMB),
-			"diskSizeMB": 0, "public": false, "aliases": []string{t.Name}, "names": []string{t.Name},
-			"createdAt": t.Created, "updatedAt": t.Updated, "createdBy": nil, "lastSpawnedAt": nil,
-			"spawnCount": t.Spawns, "buildCount": len(t.Builds), "envdVersion": EnvdVersion, "buildStatus": latest.Status,
-		})
+		out = append(out, templateJSON(&t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

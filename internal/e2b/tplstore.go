@@ -91,6 +91,12 @@ type tplRecord struct {
 	Created time.Time            `json:"created"`
 	Updated time.Time            `json:"updated"`
 	Spawns  int64                `json:"spawns"`
+	// LastSpawned is when a sandbox last started from it.
+	LastSpawned *time.Time `json:"lastSpawned,omitempty"`
+	// Public lets every principal of this gateway start it by its ID
+	// (PATCH /templates/{id} {public}); only the owner lists, reads,
+	// builds, tags or deletes it.
+	Public bool `json:"public,omitempty"`
 	Builds  map[string]*tplBuild `json:"builds"`
 	Tags    map[string]tagRecord `json:"tags"`
 }
@@ -220,6 +226,30 @@ func (s *tplStore) resolve(p, ref string) (*tplRecord, *tplBuild, bool) {
 	return t, b, true
 }
 
+// resolveStart is resolve, then another principal's public template by
+// its ID ("tpl-...", "tpl-...:tag"): what p may start or build from.
+func (s *tplStore) resolveStart(p, ref string) (*tplRecord, *tplBuild, bool) {
+	if t, b, ok := s.resolve(p, ref); ok || t != nil {
+		return t, b, ok
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, tag := splitTag(ref)
+	t, ok := s.all[id]
+	if !ok || !t.Public {
+		return nil, nil, false
+	}
+	tr, ok := t.Tags[tag]
+	if !ok {
+		return t, nil, false
+	}
+	b, ok := t.Builds[tr.BuildID]
+	if !ok || b.Status != buildReady {
+		return t, nil, false
+	}
+	return t, b, true
+}
+
 // list is p's templates, oldest first.
 func (s *tplStore) list(p string) []tplRecord {
 	s.mu.Lock()
@@ -281,5 +311,7 @@ func (s *tplStore) spawned(id string) {
 	defer s.mu.Unlock()
 	if t, ok := s.all[id]; ok {
 		t.Spawns++
+		now := time.Now().UTC()
+		t.LastSpawned = &now
 	}
 }
