@@ -31,12 +31,12 @@ const (
 var (
 	tplNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._/-]{0,127}$`)
 	// tplIDRe is the form of a template ID (newTemplateID): no name.
-	tplIDRe = regexp.MustCompile(`^tpl-[0-9a-f]{16}$`)
-	tagRe     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
-	envKeyRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	userRe    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$`)
-	modeRe    = regexp.MustCompile(`^[0-7]{3,4}$`)
-	dfLineRe  = regexp.MustCompile(`^(dockerfile: )?line \d+: `)
+	tplIDRe  = regexp.MustCompile(`^tpl-[0-9a-f]{16}$`)
+	tagRe    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
+	envKeyRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	userRe   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$`)
+	modeRe   = regexp.MustCompile(`^[0-7]{3,4}$`)
+	dfLineRe = regexp.MustCompile(`^(dockerfile: )?line \d+: `)
 )
 
 // templateBuildRequest is E2B's TemplateBuildRequestV3.

@@ -85,20 +85,20 @@ type tagRecord struct {
 
 // tplRecord is one template: a name of one principal, its builds and tags.
 type tplRecord struct {
-	ID      string               `json:"id"`
-	Owner   string               `json:"owner"`
-	Name    string               `json:"name"`
-	Created time.Time            `json:"created"`
-	Updated time.Time            `json:"updated"`
-	Spawns  int64                `json:"spawns"`
+	ID      string    `json:"id"`
+	Owner   string    `json:"owner"`
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	Spawns  int64     `json:"spawns"`
 	// LastSpawned is when a sandbox last started from it.
 	LastSpawned *time.Time `json:"lastSpawned,omitempty"`
 	// Public lets every principal of this gateway start it by its ID
 	// (PATCH /templates/{id} {public}); only the owner lists, reads,
 	// builds, tags or deletes it.
-	Public bool `json:"public,omitempty"`
-	Builds  map[string]*tplBuild `json:"builds"`
-	Tags    map[string]tagRecord `json:"tags"`
+	Public bool                 `json:"public,omitempty"`
+	Builds map[string]*tplBuild `json:"builds"`
+	Tags   map[string]tagRecord `json:"tags"`
 }
 
 // tplStore holds the templates built through the gateway, saved as JSON
