@@ -55,6 +55,8 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	images := opendsecv1connect.NewImageServiceClient(hc, strings.TrimRight(apiAddr, "/"),
 		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
+	procs := opendsecv1connect.NewProcessServiceClient(hc, strings.TrimRight(apiAddr, "/"),
+		connect.WithInterceptors(auth.ClientInterceptorFrom(apiTok)))
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
@@ -63,6 +65,7 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		API:                   api,
 		Snapshots:             snaps,
 		Images:                images,
+		Trajectory:            procs,
 		Builder:               e2b.NewImageBuilder(images),
 		StateDir:              filepath.Join(cfg.DataDir, "e2b"),
 		Keys:                  e2bKeys(cfg),

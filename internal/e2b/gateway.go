@@ -137,6 +137,10 @@ type Config struct {
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.
 	Images ImageAPI
+	// Trajectory reads sandboxes' trajectory logs (calls carry the key's
+	// principal's token like API's) for the sandbox logs routes; nil
+	// answers them with the sandbox's start only.
+	Trajectory TrajectoryAPI
 	// Builder runs the native image builds of E2B template builds
 	// (NewImageBuilder of the image service); nil answers the template
 	// build routes 501.

@@ -38,9 +38,10 @@ const maxTrajectoryCalls = 50000
 // maxLoggedCommand bounds the command shown in a log message.
 const maxLoggedCommand = 1024
 
-// trajectoryClient is the part of OpenDsec's sandbox service that reads a
-// sandbox's trajectory log (opendsecv1connect.SandboxServiceClient has it).
-type trajectoryClient interface {
+// TrajectoryAPI is the part of OpenDsec's process service that reads a
+// sandbox's trajectory log; opendsecv1connect.ProcessServiceClient
+// satisfies it.
+type TrajectoryAPI interface {
 	GetTrajectory(context.Context, *connect.Request[v1.GetTrajectoryRequest]) (*connect.ServerStreamForClient[v1.TrajectoryEntry], error)
 }
 
@@ -51,11 +52,10 @@ func (g *Gateway) readTrajectory(ctx context.Context, id string) (calls []*v1.Tr
 	if g.trajectory != nil {
 		return g.trajectory(ctx, id)
 	}
-	tc, isTC := g.cfg.API.(trajectoryClient)
-	if !isTC {
+	if g.cfg.Trajectory == nil {
 		return nil, false, nil
 	}
-	st, err := tc.GetTrajectory(ctx, connect.NewRequest(&v1.GetTrajectoryRequest{SandboxId: id, WithoutOutput: true}))
+	st, err := g.cfg.Trajectory.GetTrajectory(ctx, connect.NewRequest(&v1.GetTrajectoryRequest{SandboxId: id, WithoutOutput: true}))
 	if err == nil {
 		defer st.Close()
 		for st.Receive() {
