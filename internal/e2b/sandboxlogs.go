@@ -3,6 +3,7 @@ package e2b
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -140,10 +141,20 @@ func (g *Gateway) sandboxLogs(v2 bool) http.HandlerFunc {
 		}
 		lines := make([]map[string]any, 0, len(out))
 		for _, e := range out {
-			lines = append(lines, map[string]any{"timestamp": e.Timestamp, "line": e.Message})
+			lines = append(lines, map[string]any{"timestamp": e.Timestamp, "line": e.line()})
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"logs": lines, "logEntries": out})
 	}
+}
+
+// line is the entry as E2B's v1 log line: a JSON object of its fields
+// with level and message (the e2b CLI's `sandbox logs` parses it).
+func (e sandboxLogEntry) line() string {
+	m := make(map[string]string, len(e.Fields)+2)
+	maps.Copy(m, e.Fields)
+	m["level"], m["message"] = e.Level, e.Message
+	b, _ := json.Marshal(m)
+	return string(b)
 }
 
 // startEntry is the log entry of the sandbox's start.

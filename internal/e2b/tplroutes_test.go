@@ -410,9 +410,16 @@ func TestSandboxLogs(t *testing.T) {
 		t.Fatalf("search: %v", m)
 	}
 	code, m = get(h.keyA, fmt.Sprintf("/sandboxes/%s/logs?start=%d&limit=2", id, t0.Add(time.Second).UnixMilli()))
-	if ll, le := m["logs"].([]any), m["logEntries"].([]any); code != 200 || len(ll) != 2 || len(le) != 2 ||
-		ll[0].(map[string]any)["line"] != want[1] || le[1].(map[string]any)["message"] != want[2] {
+	ll, le := m["logs"].([]any), m["logEntries"].([]any)
+	if code != 200 || len(ll) != 2 || len(le) != 2 || le[1].(map[string]any)["message"] != want[2] {
 		t.Fatalf("v1 logs: %d %v", code, m)
+	}
+	// A v1 line is a JSON object (the e2b CLI parses it): level, logger,
+	// message and the fields.
+	var line map[string]string
+	if err := json.Unmarshal([]byte(ll[0].(map[string]any)["line"].(string)), &line); err != nil || line["message"] != want[1] ||
+		line["level"] != "info" || line["logger"] != "opendsec" || line["callID"] != "c1" {
+		t.Fatalf("v1 line %v: %v", ll[0], err)
 	}
 	for _, c := range []struct{ key, path string }{
 		{h.keyB, "/v2/sandboxes/" + id + "/logs"},

@@ -67,7 +67,7 @@ func TestE2BSandboxLogs(t *testing.T) {
 		t.Fatalf("v2 logs lack the start or the command: %s\nthe API's trajectory: %q", body, direct)
 	}
 	code, body = s.e2bGet(t, key, "/sandboxes/"+id+"/logs?limit=1")
-	if code != 200 || !strings.Contains(string(body), `"line":"sandbox started from template root/busybox"`) || !strings.Contains(string(body), `"logEntries":[{`) {
+	if code != 200 || !strings.Contains(string(body), `\"message\":\"sandbox started from template root/busybox\"`) || !strings.Contains(string(body), `"logEntries":[{`) {
 		t.Fatalf("v1 logs: %d %s", code, body)
 	}
 	for _, path := range []string{"/v2/sandboxes/" + id + "/logs", "/sandboxes/" + id + "/logs"} {
