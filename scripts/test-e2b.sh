@@ -8,7 +8,9 @@
 # E2B_DOMAIN are set for the SDK. Used by `make test`; runs as root.
 #
 # Environment: OPENDSEC_BIN_DIR (default ./bin), OPENDSEC_E2B_VENV (default
-# /var/cache/opendsec/test/e2b-venv), KEEP=1 keeps the data dir, and any
+# /var/cache/opendsec/test/e2b-venv), OPENDSEC_E2B_NPM (default
+# /var/cache/opendsec/test/e2b-npm), E2B_JS_TESTS (the JS test files to run,
+# default all of test/e2b/js/), KEEP=1 keeps the data dir, and any
 # arguments are passed to pytest (e.g. -k files). Without arguments it then
 # runs scripts/test-e2b-tls.sh (E2B_SKIP_TLS=1 skips it).
 set -euo pipefail
@@ -22,6 +24,7 @@ E2B_PY_VERSION=2.63.0
 E2B_CI_PY_VERSION=2.11.5 # e2b-code-interpreter
 E2B_JS_VERSION=2.51.0
 E2B_CI_JS_VERSION=2.8.0 # @e2b/code-interpreter
+E2B_CLI_VERSION=2.19.0   # @e2b/cli (template list, sandbox logs)
 NPM_DIR=${OPENDSEC_E2B_NPM:-/var/cache/opendsec/test/e2b-npm}
 SMOLAGENTS_VERSION=1.26.0
 PY_PINS=("e2b==$E2B_PY_VERSION" "e2b-code-interpreter==$E2B_CI_PY_VERSION" "smolagents==$SMOLAGENTS_VERSION" "httpx==0.28.1" "pytest==8.3.4" "pytest-asyncio==0.24.0")
@@ -62,15 +65,15 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
 if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
   echo "== e2b npm sdk $E2B_JS_VERSION, @e2b/code-interpreter $E2B_CI_JS_VERSION"
   npmv() { node -p "try{require('$NPM_DIR/node_modules/$1/package.json').version}catch(e){''}"; }
-  if [ "$(npmv e2b)" != "$E2B_JS_VERSION" ] || [ "$(npmv @e2b/code-interpreter)" != "$E2B_CI_JS_VERSION" ]; then
+  if [ "$(npmv e2b)" != "$E2B_JS_VERSION" ] || [ "$(npmv @e2b/code-interpreter)" != "$E2B_CI_JS_VERSION" ] || [ "$(npmv @e2b/cli)" != "$E2B_CLI_VERSION" ]; then
     mkdir -p "$NPM_DIR"
     [ -f "$NPM_DIR/package.json" ] || echo '{"private":true}' > "$NPM_DIR/package.json"
-    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION" "@e2b/code-interpreter@$E2B_CI_JS_VERSION")
+    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION" "@e2b/code-interpreter@$E2B_CI_JS_VERSION" "@e2b/cli@$E2B_CLI_VERSION")
   fi
   env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
     E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
     E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_NPM_DIR="$NPM_DIR" E2B_TEST_OTHER_KEY="$OTHER_KEY" \
-    node --test test/e2b/js/ || rc=$?
+    node --test ${E2B_JS_TESTS:-test/e2b/js/} || rc=$?
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
 # TLS and HTTP/2 with the SDK's own https://<port>-<id>.<domain> hosts, on a
