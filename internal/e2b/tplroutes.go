@@ -291,10 +291,10 @@ func (g *Gateway) templateBuildLogs(w http.ResponseWriter, r *http.Request) {
 // now) newest first, at the level given or above, at most limit.
 func filterLogs[T any](entries []T, at func(T) (time.Time, string), cursor int64, limit int, backward bool, level string) []T {
 	out := []T{}
-	min := levelRank(level)
+	lowest := levelRank(level)
 	keep := func(e T) bool {
 		ts, lvl := at(e)
-		if levelRank(lvl) < min {
+		if levelRank(lvl) < lowest {
 			return false
 		}
 		if cursor < 0 {

@@ -165,6 +165,8 @@ func TestPatchTemplatePublic(t *testing.T) {
 		{"GET", "/templates/" + tid + "/builds/" + bid + "/logs", ""},
 		{"GET", "/templates/" + tid + "/tags", ""},
 		{"PATCH", "/templates/" + tid, `{"public":false}`},
+		{"POST", "/v2/templates/" + tid + "/builds/" + bid, `{"fromImage":"root/busybox"}`},
+		{"GET", "/templates/" + tid + "/files/" + strings.Repeat("a", 64), ""},
 	} {
 		if w, _ := h.do(h.keyB, c.method, c.path, c.body); w.Code != 404 {
 			t.Fatalf("another principal: %s %s: %d %s", c.method, c.path, w.Code, w.Body)
@@ -173,6 +175,12 @@ func TestPatchTemplatePublic(t *testing.T) {
 	// A name of the form of a template ID could shadow one.
 	w, m = h.do(h.keyB, "POST", "/v3/templates", `{"name":"`+tid+`"}`)
 	wantStatus(t, "a name that is a template ID", w.Code, m, 400, "name")
+	if w, _ := h.do(h.keyB, "POST", "/templates/tags", `{"target":"`+tid+`:default","tags":["mine"]}`); w.Code != 404 {
+		t.Fatalf("another principal tags a public template: %d %s", w.Code, w.Body)
+	}
+	if w, m := h.do(h.keyB, "POST", "/v3/templates", `{"name":"shared"}`); w.Code != 202 || m["templateID"] == tid {
+		t.Fatalf("another principal's build of the same name must make its own template: %d %v", w.Code, m)
+	}
 	if _, list := h.getList(h.keyB, "GET", "/v2/templates"); slices.ContainsFunc(list, func(m map[string]any) bool { return m["templateID"] == tid }) {
 		t.Fatalf("another principal lists it: %v", list)
 	}
