@@ -169,6 +169,12 @@ func FuzzRoutes(f *testing.F) {
 		{"GET", "/health", "", "", "49983-n001aaaaaaaaaaaaaaaa.opendsec.local"},
 		{"GET", "/", "", "", "0-x.opendsec.local:80"},
 		{"POST", "/templates/x", "", "", ""},
+		{"GET", "/v2/sandboxes/x/logs?cursor=-1&limit=99999&direction=zz&level=q&search=%00", "", "", ""},
+		{"GET", "/sandboxes/n001aaaaaaaaaaaaaaaa/logs?start=1e99&limit=-3", "", "", ""},
+		{"GET", "/teams", "", "", ""},
+		{"PATCH", "/v2/templates/x", `{"public":1}`, "", ""},
+		{"GET", "/templates/x/builds/y/logs?cursor=z&source=q", "", "", ""},
+		{"GET", "/secrets/x", "", "", ""},
 	} {
 		f.Add(s.method, s.target, []byte(s.body), s.sandbox, s.host)
 	}
