@@ -123,7 +123,7 @@ for c in memory pids cpu; do
   else [ -d "/sys/fs/cgroup/$c" ] || [ -d "/sys/fs/cgroup/cpu,cpuacct" ] || die "cgroup v1 controller '$c' is not mounted"; fi
 done
 if [ -c /dev/kvm ]; then note "/dev/kvm: present (whether VMs may use it is probed after the build: PVM or an emulating KVM is not hardware KVM)";
-else note "/dev/kvm: absent (VMs would run under TCG; this release sets up the container backend)"; fi
+else note "/dev/kvm: absent (VMs would run under TCG; the default backend is container)"; fi
 note "init: $(ps -p 1 -o comm= 2>/dev/null || echo unknown)$(systemd_pid1 && echo ' (systemd units will be installed)' || echo ' (not systemd: opendsec up runs in the background with a pid file)')"
 
 say "installing what is missing"
@@ -152,10 +152,10 @@ say "vm accelerator"
 # The detector the node uses (cached per boot in /run/opendsec): /dev/kvm
 # opens and creates a VM, the vendor module, and a timed real-mode probe.
 if accel=$(/usr/local/bin/opendsec accel --data-dir "$DATA_DIR" 2>/dev/null); then
-  printf '%s\n' "$accel" | sed 's/^/      /'
+  printf '%s\n' "$accel" | grep -v '^default backend:' | sed 's/^/      /'
   case "$(printf '%s\n' "$accel" | sed -n 's/^accel: *//p')" in
-    kvm) note "VMs can use KVM here; this release sets up the container backend" ;;
-    *) note "VMs would run under TCG (emulated); this release sets up the container backend" ;;
+    kvm) note "VMs can use KVM here" ;;
+    *) note "VMs would run under TCG (emulated)" ;;
   esac
 else
   note "accelerator detection failed (run: opendsec accel); VMs would run under TCG"
@@ -238,6 +238,18 @@ if not tls.get("enabled"):
 PY
 fi
 
+say "default backend"
+# node.default_backend "auto" (the default) is microvm where that backend
+# can run (hardware KVM, Firecracker installed), else container; the node
+# makes the same choice at start and reports it in its Info.
+DEFAULT_BACKEND=container
+if db=$(/usr/local/bin/opendsec accel --data-dir "$DATA_DIR" 2>/dev/null | grep '^default backend:'); then
+  note "$db"
+  DEFAULT_BACKEND=$(printf '%s\n' "$db" | sed -n 's/^default backend: \([a-z0-9]*\) .*/\1/p')
+else
+  note "default backend: unknown (run: opendsec accel)"
+fi
+
 say "starting OpenDsec"
 stop_running
 for p in 7070 7071 7072 ${E2B_ADDR##*:}; do
@@ -315,7 +327,7 @@ note "sandbox $id ($img) printed $out and was stopped"
 
 say "OpenDsec is running"
 cat <<TXT
-    endpoint: $ENDPOINT   E2B gateway: $E2B_SCHEME://$E2B_ADDR   backend: container
+    endpoint: $ENDPOINT   E2B gateway: $E2B_SCHEME://$E2B_ADDR   default backend: ${DEFAULT_BACKEND:-container}
     data: $DATA_DIR   log: $LOG_DIR/opendsec.log
     Try it:
       python3 -m venv .venv && .venv/bin/pip install ./sdk/python

@@ -26,6 +26,18 @@ func run() int {
 			logf("mount " + m.dst + ": " + err.Error())
 		}
 	}
+	// Terminals for the agent's PTY processes, and POSIX shared memory:
+	// devtmpfs has /dev/ptmx but neither. They move into the sandbox's
+	// root with /dev.
+	for _, m := range []struct{ src, dst, fs, opts string }{
+		{"devpts", "/dev/pts", "devpts", "ptmxmode=0666,mode=0620,gid=5"},
+		{"shm", "/dev/shm", "tmpfs", "mode=1777"},
+	} {
+		_ = os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.src, m.dst, m.fs, unix.MS_NOSUID|unix.MS_NOEXEC, m.opts); err != nil && err != unix.EBUSY {
+			logf("mount " + m.dst + ": " + err.Error())
+		}
+	}
 	cl, _ := os.ReadFile("/proc/cmdline")
 	args := parseCmdline(string(cl))
 	loadModules("/lib/modules")

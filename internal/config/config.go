@@ -169,7 +169,10 @@ type Node struct {
 	// ImportDir is the only directory archive imports through the API
 	// (oci-layout:PATH, docker-archive:PATH) may read from.
 	ImportDir string `json:"import_dir"`
-	// DefaultBackend is used when a create names none.
+	// DefaultBackend is used when a create names none: "auto" (the
+	// default) is microvm where the microvm backend can run (hardware KVM
+	// and Firecracker), else container; a backend's name is that backend,
+	// refused at start when it cannot run here.
 	DefaultBackend string `json:"default_backend"`
 	// PVMGuestKernel is a PVM guest kernel (an uncompressed x86-64 ELF
 	// vmlinux built for this host's PVM ABI). On a PVM host (kvm_pvm) VMs
@@ -374,7 +377,7 @@ func Default(dataDir string) Config {
 			WarmPool:         WarmPool{Size: 2, MaxSandboxes: 8, IdleTTLSec: 600},
 			ImageDir:         filepath.Join(dataDir, "images"),
 			ImportDir:        filepath.Join(dataDir, "import"),
-			DefaultBackend:   "container",
+			DefaultBackend:   DefaultBackendAuto,
 			CPUOvercommit:    DefaultCPUOvercommit,
 			MemoryOvercommit: DefaultMemoryOvercommit,
 			MaxSandboxes:     1000,
@@ -512,6 +515,10 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// DefaultBackendAuto is node.default_backend's default: the node picks
+// microvm where that backend can run, else container, and says why.
+const DefaultBackendAuto = "auto"
 
 // DefaultMaxPaused is node.max_paused when the config does not set it.
 const DefaultMaxPaused = "24h"

@@ -43,4 +43,13 @@ func TestAccelCommand(t *testing.T) {
 			t.Fatalf("accel text %q lacks %q", text, want)
 		}
 	}
+	// The default config's node.default_backend is auto: without hardware
+	// KVM that is container, because of the probe's reason.
+	if !r.HardwareKVM() {
+		if want := "default backend: container (microvm needs hardware KVM: " + r.Reason + ")\n"; !strings.Contains(text, want) {
+			t.Fatalf("accel text %q lacks %q", text, want)
+		}
+	} else if !strings.Contains(text, "default backend: ") {
+		t.Fatalf("accel text %q names no default backend", text)
+	}
 }

@@ -5,9 +5,11 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +68,8 @@ type localNode struct {
 	*node.Node
 	net   *netpolicy.Manager // nil when network policy is off
 	accel *node.Accelerator  // nil if detection failed
+	// defaultBackend is the node's default backend and why.
+	defaultBackend backendChoice
 }
 
 // shutdown shuts the node down (bounded by nodeShutdownTimeout), then the
@@ -108,11 +112,24 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		return nil, err
 	}
 	stateDir := filepath.Join(cfg.DataDir, "node")
-	backends, err := runtime.Open(ctx, runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits, MaxUploadBytes: cfg.Node.MaxUploadMB << 20}, bcfg)
+	renv := runtime.Env{NodeID: cfg.Node.ID, StateDir: stateDir, Limits: limits, MaxUploadBytes: cfg.Node.MaxUploadMB << 20}
+	backends, err := runtime.Open(ctx, renv, bcfg)
 	if err != nil {
 		return nil, err
 	}
-	accel := detectAccel(ctx, cfg)
+	accelRes, accelErr := detectAccel(ctx, cfg)
+	var accel *node.Accelerator
+	if accelRes != nil {
+		accel = acceleratorOf(*accelRes)
+	}
+	choice, extra, err := chooseDefaultBackend(hostBackendFacts(ctx, cfg, renv, slices.Sorted(maps.Keys(backends)), accelRes, accelErr))
+	if err != nil {
+		return nil, err
+	}
+	if extra != nil {
+		backends[choice.Backend] = extra
+	}
+	log.G(ctx).Info(choice.String(), "default_backend", choice.Backend, "reason", choice.Reason)
 	nw, err := newNetwork(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -125,20 +142,21 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 			Max:     cfg.Node.WarmPool.MaxSandboxes,
 			IdleTTL: time.Duration(cfg.Node.WarmPool.IdleTTLSec) * time.Second,
 		},
-		Backends:         backends,
-		DefaultBackend:   cfg.Node.DefaultBackend,
-		Images:           store,
-		CPU:              cfg.Node.CPU,
-		MemoryMB:         cfg.Node.MemoryMB,
-		MaxSandboxes:     cfg.Node.MaxSandboxes,
-		CPUOvercommit:    cpuOver,
-		MemoryOvercommit: memOver,
-		MaxPidsLimit:     limits.MaxPidsLimit,
-		DiskDefaultMB:    cfg.Node.Disk.DefaultMB,
-		DiskMaxMB:        cfg.Node.Disk.MaxMB,
-		DiskReserveMB:    cfg.Node.Disk.ReserveMB,
-		MaxPaused:        maxPaused,
-		MaxUploadBytes:   cfg.Node.MaxUploadMB << 20,
+		Backends:             backends,
+		DefaultBackend:       choice.Backend,
+		DefaultBackendReason: choice.Reason,
+		Images:               store,
+		CPU:                  cfg.Node.CPU,
+		MemoryMB:             cfg.Node.MemoryMB,
+		MaxSandboxes:         cfg.Node.MaxSandboxes,
+		CPUOvercommit:        cpuOver,
+		MemoryOvercommit:     memOver,
+		MaxPidsLimit:         limits.MaxPidsLimit,
+		DiskDefaultMB:        cfg.Node.Disk.DefaultMB,
+		DiskMaxMB:            cfg.Node.Disk.MaxMB,
+		DiskReserveMB:        cfg.Node.Disk.ReserveMB,
+		MaxPaused:            maxPaused,
+		MaxUploadBytes:       cfg.Node.MaxUploadMB << 20,
 		Build: node.BuildConfig{
 			Timeout:         time.Duration(cfg.Node.Build.TimeoutSec) * time.Second,
 			MaxTimeout:      time.Duration(cfg.Node.Build.MaxTimeoutSec) * time.Second,
@@ -162,19 +180,24 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		}
 		return nil, err
 	}
-	return &localNode{Node: n, net: nw, accel: accel}, nil
+	return &localNode{Node: n, net: nw, accel: accel, defaultBackend: choice}, nil
 }
 
 // detectAccel decides the accelerator VM backends use on this host (once
-// per boot, cached) and logs it; nil if it cannot be decided, which only
-// VM backends would need.
-func detectAccel(ctx context.Context, cfg config.Config) *node.Accelerator {
+// per boot, cached) and logs it; nil and why if it cannot be decided, which
+// only VM backends and the default backend's choice need.
+func detectAccel(ctx context.Context, cfg config.Config) (*kvmprobe.Result, error) {
 	r, err := kvmprobe.Detect(ctx, kvmprobe.Options{PVMGuestKernel: cfg.Node.PVMGuestKernel})
 	if err != nil {
 		log.G(ctx).Warn("accelerator not detected", log.Err(err))
-		return nil
+		return nil, err
 	}
 	log.G(ctx).Info("vm accelerator", "accel", r.Accel, "kind", r.Kind, "module", r.Module, "reason", r.Reason)
+	return &r, nil
+}
+
+// acceleratorOf is r for the node's Info.
+func acceleratorOf(r kvmprobe.Result) *node.Accelerator {
 	return &node.Accelerator{Accel: string(r.Accel), Kind: string(r.Kind), Module: r.Module, Reason: r.Reason,
 		ProbeInstructions: r.ProbeInstructions, ProbeDuration: r.ProbeDuration, DetectedAt: r.DetectedAt}
 }
@@ -346,6 +369,7 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 		if n.accel != nil {
 			attrs = append(attrs, "vm_accel", n.accel.Accel, "vm_accel_reason", n.accel.Reason)
 		}
+		attrs = append(attrs, "default_backend", n.defaultBackend.Backend, "default_backend_reason", n.defaultBackend.Reason)
 		log.G(ctx).Info("opendsec is up", attrs...)
 		if o.ReadyFile != "" {
 			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {

@@ -11,12 +11,13 @@ import (
 )
 
 // TestInfoReportsAccelerator: the node's Info carries the accelerator
-// decision it was given (the watcher passes Info on whole), and none when
+// decision and the default backend's reason it was given (the watcher passes Info on whole), and none when
 // detection did not run.
 func TestInfoReportsAccelerator(t *testing.T) {
 	r := Accelerator{Accel: "tcg", Kind: "pvm", Module: "kvm_pvm", Reason: "/dev/kvm is PVM (kvm_pvm) and no PVM guest kernel is configured: VMs run under TCG",
 		ProbeInstructions: 200002, ProbeDuration: 290 * time.Millisecond, DetectedAt: time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC)}
-	f := newFakeNode(t, func(c *Config) { c.Accelerator = &r })
+	why := "microvm needs hardware KVM: " + r.Reason
+	f := newFakeNode(t, func(c *Config) { c.Accelerator = &r; c.DefaultBackendReason = why })
 	s := &service{n: f.Node}
 	ctx := as("opendsec-apiserver", auth.ScopeNode)
 	resp, err := s.Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
@@ -27,6 +28,9 @@ func TestInfoReportsAccelerator(t *testing.T) {
 	if a.GetAccel() != "tcg" || a.GetKind() != "pvm" || a.GetModule() != "kvm_pvm" || a.GetReason() != r.Reason ||
 		a.GetProbeInstructions() != 200002 || a.GetProbeDurationUs() != 290000 || !a.GetDetectedAt().AsTime().Equal(r.DetectedAt) {
 		t.Fatalf("Info accelerator %v, want the decision %+v", a, r)
+	}
+	if resp.Msg.GetDefaultBackend() != f.cfg.DefaultBackend || resp.Msg.GetDefaultBackendReason() != why {
+		t.Fatalf("Info default backend %q (%q), want %q (%q)", resp.Msg.GetDefaultBackend(), resp.Msg.GetDefaultBackendReason(), f.cfg.DefaultBackend, why)
 	}
 	f2 := newFakeNode(t)
 	resp, err = (&service{n: f2.Node}).Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))

@@ -74,6 +74,9 @@ type Config struct {
 	// backends section); DefaultBackend must be one of them.
 	Backends       map[string]runtime.Runtime
 	DefaultBackend string
+	// DefaultBackendReason says why DefaultBackend is this one (the
+	// daemon's choice for node.default_backend "auto"), for Info.
+	DefaultBackendReason string
 	// Accelerator is the host's accelerator decision for VM backends,
 	// reported in Info; nil if it was not detected.
 	Accelerator *Accelerator

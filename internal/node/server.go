@@ -171,16 +171,17 @@ func (u usageReading) capacity() *nodev1.Capacity {
 func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
 	u := s.n.usage()
 	resp := &nodev1.InfoResponse{
-		NodeId:         s.n.cfg.ID,
-		Backends:       backendNames(s.n.cfg.Backends),
-		DefaultBackend: s.n.cfg.DefaultBackend,
-		Total:          &nodev1.Capacity{Cpu: s.n.cpuQuota(), MemoryMb: s.n.memQuota(), Sandboxes: s.n.cfg.MaxSandboxes},
-		Used:           u.capacity(),
-		UsedSeq:        u.seq,
-		Healthy:        true,
-		Now:            timestamppb.Now(),
-		Version:        version.Version,
-		Accelerator:    acceleratorProto(s.n.cfg.Accelerator),
+		NodeId:               s.n.cfg.ID,
+		Backends:             backendNames(s.n.cfg.Backends),
+		DefaultBackend:       s.n.cfg.DefaultBackend,
+		Total:                &nodev1.Capacity{Cpu: s.n.cpuQuota(), MemoryMb: s.n.memQuota(), Sandboxes: s.n.cfg.MaxSandboxes},
+		Used:                 u.capacity(),
+		UsedSeq:              u.seq,
+		Healthy:              true,
+		Now:                  timestamppb.Now(),
+		Version:              version.Version,
+		Accelerator:          acceleratorProto(s.n.cfg.Accelerator),
+		DefaultBackendReason: s.n.cfg.DefaultBackendReason,
 	}
 	return connect.NewResponse(resp), nil
 }

@@ -13,6 +13,9 @@ type SnapshotInfo struct {
 	Memory bool
 	// Bytes is what the snapshot takes on disk.
 	Bytes int64
+	// SourceFrozen is how long the snapshot kept the sandbox frozen (0
+	// when it did not freeze it).
+	SourceFrozen time.Duration
 }
 
 // Snapshotter is implemented by backends that can save a sandbox and make

@@ -92,6 +92,7 @@ func TestGvisorForkWithMemory(t *testing.T) {
 		}
 	}
 	get(src.GetId())
+	s.checkPTY(t, src.GetId())
 	if r := s.shell(t, src.GetId(), "cat > /root/srv.py <<'EOF'\n"+pyServer+"EOF\n(python3 /root/srv.py >/dev/null 2>&1 </dev/null &)\n"+
 		"for i in $(seq 200); do "+pyClient+" 2>/dev/null && exit 0; sleep 0.05; done; exit 1"); r.exit.GetExitCode() != 0 {
 		t.Fatalf("start the python server: %+v", r)

@@ -117,7 +117,8 @@ func (s *system) held(t *testing.T, id string, fresh bool) (string, int) {
 }
 
 // TestVMForkAndNodeKill9 drives the vm backend through a node: a VM
-// sandbox made through the API runs commands; a shell holding a random
+// sandbox made through the API runs commands and a shell on a terminal
+// (PTY: size, input, resize, exit status); a shell holding a random
 // value in memory is forked into 2 through the node's fork API, and each
 // fork's shell (the same process, restored) holds the value and counts on,
 // with its own hostname. Then the node is killed with -9 and started
@@ -134,6 +135,7 @@ func TestVMForkAndNodeKill9(t *testing.T) {
 	if r := s.Shell(t, id, "echo hi; hostname; ip -o link show eth0 >/dev/null && echo eth0"); r.Exit.GetExitCode() != 0 || !strings.HasPrefix(r.Stdout, "hi\n") || !strings.HasSuffix(r.Stdout, "eth0\n") {
 		t.Fatalf("exec in the VM: %+v", r)
 	}
+	s.checkPTY(t, id)
 	qemu := qemuOf(id)
 	if len(qemu) != 1 {
 		t.Fatalf("QEMU processes of %s: %v, want one", id, qemu)

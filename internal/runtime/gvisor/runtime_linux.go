@@ -719,9 +719,13 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	if !sb.started {
 		return runtime.SnapshotInfo{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q never started; the gvisor backend snapshots running sandboxes", id)
 	}
+	// runsc pauses the sandbox while it writes the checkpoint: the
+	// command's duration is the source's pause (a little more).
+	t0 := time.Now()
 	if _, err := r.runscOut(ctx, sb, "checkpoint", "--leave-running", "--image-path", dir, id); err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("checkpoint: %w", err)
 	}
+	frozen := time.Since(t0)
 	var n int64
 	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
 		if err == nil && fi.Mode().IsRegular() {
@@ -729,7 +733,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 		}
 		return nil
 	})
-	return runtime.SnapshotInfo{Memory: true, Bytes: n}, nil
+	return runtime.SnapshotInfo{Memory: true, Bytes: n, SourceFrozen: frozen}, nil
 }
 
 // Restore prepares a sandbox that Start restores from the checkpoint in dir.
@@ -753,12 +757,12 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) ([]
 	if err != nil {
 		return nil, fmt.Errorf("make checkpoint dir: %w", err)
 	}
-	t0 := time.Now()
-	if _, err := r.Snapshot(ctx, id, dir); err != nil {
+	info, err := r.Snapshot(ctx, id, dir)
+	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	frozen := time.Since(t0)
+	frozen := info.SourceFrozen
 	out := make([]runtime.ForkResult, 0, len(specs))
 	for _, s := range specs {
 		h, err := r.create(ctx, s, "")

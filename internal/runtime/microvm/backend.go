@@ -306,3 +306,15 @@ func (c Config) PlanFor(spec runtime.Spec, writable string) (Plan, error) {
 	}
 	return p, nil
 }
+
+// CheckBinaries reports whether the firecracker and jailer binaries that
+// node.backends.microvm (raw; empty for the defaults) names are there:
+// nil, or a failed precondition naming the missing one. The node asks it
+// when it picks its default backend.
+func CheckBinaries(raw json.RawMessage) error {
+	c, err := parseConfig(raw)
+	if err != nil {
+		return err
+	}
+	return checkBinaries(c)
+}

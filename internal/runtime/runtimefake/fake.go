@@ -647,16 +647,18 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	if err := r.hook(ctx, OpSnapshot, id); err != nil {
 		return runtime.SnapshotInfo{}, err
 	}
+	t0 := time.Now() // the copy under the lock is the fake's freeze
 	sb.mu.Lock()
 	b, err := json.Marshal(snapshotFile{Files: sb.files, Env: sb.env})
 	sb.mu.Unlock()
+	frozen := max(time.Since(t0), time.Nanosecond)
 	if err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("encode snapshot: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "fake-snapshot.json"), b, 0o600); err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("write snapshot: %w", err)
 	}
-	return runtime.SnapshotInfo{Memory: true, Bytes: int64(len(b))}, nil
+	return runtime.SnapshotInfo{Memory: true, Bytes: int64(len(b)), SourceFrozen: frozen}, nil
 }
 
 // Restore creates a sandbox from a snapshot dir.

@@ -158,6 +158,9 @@ func testSnapshot(t *testing.T, f Factory) {
 	if info.Memory != rt.Info().Capabilities.MemorySnapshot {
 		t.Errorf("snapshot memory = %v, capabilities say %v", info.Memory, rt.Info().Capabilities.MemorySnapshot)
 	}
+	if info.Memory && info.SourceFrozen <= 0 {
+		t.Errorf("a memory snapshot of a running sandbox reports it frozen for %s; it must say how long it froze it", info.SourceFrozen)
+	}
 	mustState(t, rt, src.ID, runtime.StateRunning)
 	if err := WriteFile(ctx, rt, src.ID, "/state", []byte("after")); err != nil {
 		t.Fatal(err)

@@ -52,6 +52,7 @@ func Suite(t *testing.T, f Factory, o Options) {
 	t.Run("Capabilities", func(t *testing.T) { testCapabilities(t, f) })
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, f, o) })
 	t.Run("Files", func(t *testing.T) { testFiles(t, f, o) })
+	t.Run("PTY", func(t *testing.T) { testPTY(t, f, o) })
 	t.Run("Wait", func(t *testing.T) { testWait(t, f, o) })
 	t.Run("Options", func(t *testing.T) { testOptions(t, f) })
 	t.Run("DeleteIdempotent", func(t *testing.T) { testDeleteIdempotent(t, f) })

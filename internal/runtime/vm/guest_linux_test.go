@@ -209,35 +209,6 @@ func TestGuestStartTimesOutWithConsole(t *testing.T) {
 	}
 }
 
-// BenchmarkGuestBootToAgent is Create + Start (exec of QEMU until the agent
-// answers /health through vmchan) + Delete of the real guest; it reports
-// the median boot.
-func BenchmarkGuestBootToAgent(b *testing.B) {
-	if os.Getenv("OPENDSEC_ROOT_TESTS") != "1" {
-		b.Skip("OPENDSEC_ROOT_TESTS=1 runs the vm benchmarks")
-	}
-	r := guestRuntime(b)
-	ctx := context.Background()
-	var ds []time.Duration
-	for i := 0; b.Loop(); i++ {
-		id := "bench-boot-" + string(rune('a'+i%26))
-		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: b.TempDir(), Rootfs: guestRootfs(b), Resources: guestRes(16)}); err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
-		if err := r.Start(ctx, id); err != nil {
-			b.Fatal(err)
-		}
-		ds = append(ds, time.Since(start))
-		if err := r.Delete(ctx, id); err != nil {
-			b.Fatal(err)
-		}
-	}
-	slices.Sort(ds)
-	b.ReportMetric(float64(ds[len(ds)/2].Milliseconds()), "ms-median/boot")
-	b.Logf("boots: %v", ds)
-}
-
 // TestGuestImageLayersAreRoot boots with two EROFS layers: the guest init
 // mounts them under an overlay with the writable ext4 disk and switches
 // into it, so the agent sees the image's files (the topmost layer wins) and

@@ -105,7 +105,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	for _, f := range m.Files {
 		n += f.Size
 	}
-	return runtime.SnapshotInfo{Memory: true, Bytes: n}, nil
+	return runtime.SnapshotInfo{Memory: true, Bytes: n, SourceFrozen: time.Duration(m.FrozenNS)}, nil
 }
 
 // snapshotTo writes sb's snapshot into dir, its RAM file at memDst (""

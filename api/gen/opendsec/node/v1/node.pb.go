@@ -1978,9 +1978,13 @@ type InfoResponse struct {
 	UsedSeq uint64 `protobuf:"varint,10,opt,name=used_seq,json=usedSeq,proto3" json:"used_seq,omitempty"`
 	// The accelerator VM backends use on this node, and why (detected once
 	// per host boot; see docs/operations.md).
-	Accelerator   *Accelerator `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Accelerator *Accelerator `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	// Why default_backend is this one: node.default_backend "auto" picks
+	// microvm where it can run (hardware KVM, Firecracker), else container,
+	// and says why ("microvm needs hardware KVM: ...").
+	DefaultBackendReason string `protobuf:"bytes,12,opt,name=default_backend_reason,json=defaultBackendReason,proto3" json:"default_backend_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -2088,6 +2092,13 @@ func (x *InfoResponse) GetAccelerator() *Accelerator {
 		return x.Accelerator
 	}
 	return nil
+}
+
+func (x *InfoResponse) GetDefaultBackendReason() string {
+	if x != nil {
+		return x.DefaultBackendReason
+	}
+	return ""
 }
 
 // Accelerator is the node's accelerator decision (internal/runtime/kvmprobe).
@@ -2836,7 +2847,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xa4\x03\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xda\x03\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -2849,7 +2860,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x06images\x18\t \x03(\tR\x06images\x12\x19\n" +
 	"\bused_seq\x18\n" +
 	" \x01(\x04R\ausedSeq\x12?\n" +
-	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\"\xff\x01\n" +
+	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\x124\n" +
+	"\x16default_backend_reason\x18\f \x01(\tR\x14defaultBackendReason\"\xff\x01\n" +
 	"\vAccelerator\x12\x14\n" +
 	"\x05accel\x18\x01 \x01(\tR\x05accel\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
