@@ -49,7 +49,7 @@ fi
 # The Debian packages Mastra's default template installs, over root/base.
 bash deploy/images/build.sh --no-import >/dev/null
 CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}
-MIRROR=$CACHE/test/debmirror-base$(cat "$CACHE/rootfs/base.stamp")-s3fs-fuse
+MIRROR=$CACHE/test/debmirror-base$(sed "s/.*=//" "$CACHE/rootfs/base.stamp")-s3fs-fuse
 bash test/e2b/clients/debmirror.sh "$MIRROR" s3fs fuse
 
 . scripts/lib/system.sh
