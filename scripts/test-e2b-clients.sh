@@ -16,6 +16,8 @@
 # of bookworm (test/e2b/clients/debmirror.sh, made once with apt-get and
 # cached). No traffic leaves the machine. Runs as root; arguments are
 # passed to `node --test` (e.g. --test-name-pattern=Mastra).
+# E2B_CLIENTS_INSTALL_ONLY=1 installs the pinned clients, prints their npm
+# dir and exits (bench/e2b-tti.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -45,6 +47,9 @@ if [ "$have" != "$want" ]; then
   [ -z "$(cd "$NPM_DIR" && find node_modules -mindepth 2 -path '*/node_modules/e2b/package.json')" ] ||
     { echo "test-e2b-clients: a client brought its own e2b; pin one both accept" >&2; exit 1; }
 fi
+
+# bench/e2b-tti.sh only wants the clients installed.
+[ "${E2B_CLIENTS_INSTALL_ONLY:-}" != 1 ] || { echo "$NPM_DIR"; exit 0; }
 
 # The Debian packages Mastra's default template installs, over root/base.
 bash deploy/images/build.sh --no-import >/dev/null
