@@ -165,6 +165,7 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	defer w.close()
+	host := machine()
 	var js, nat []float64
 	var jsNode, natNode string
 	var repeated []int
@@ -196,7 +197,7 @@ func run(ctx context.Context, c config) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Time to interactive: ComputeSDK's E2B provider through OpenDsec's gateway vs OpenDsec's Go client\n\n")
 	fmt.Fprintf(&b, "- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Fprintf(&b, "- Machine: %s\n", machine())
+	fmt.Fprintf(&b, "- Machine: %s (shared with other work)\n", host)
 	fmt.Fprintf(&b, "- Command: `%s`\n", c.command)
 	fmt.Fprintf(&b, "- Clients: %s\n", c.versions)
 	fmt.Fprintf(&b, "- Loop (ComputeSDK's benchmark, `src/sandbox/benchmark.ts` of computesdk/benchmarks): the clock runs from the create call through an identity probe (no marker of an earlier sandbox in /tmp or /var/tmp; namespaces, cgroup, boot id and PID 1 noted) to `node -v` exiting 0; the destroy is not timed. "+
@@ -212,7 +213,8 @@ func run(ctx context.Context, c config) error {
 	}{{"ComputeSDK @computesdk/e2b → gateway", js}, {"OpenDsec Go client → API", nat}} {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.name, pct(r.xs, 50), pct(r.xs, 95), slices.Min(r.xs), mean(r.xs), slices.Max(r.xs))
 	}
-	fmt.Fprintf(&b, "\nMedian ratio ComputeSDK / OpenDsec Go: %.2fx.\n", pct(js, 50)/pct(nat, 50))
+	fmt.Fprintf(&b, "\nMedian ratio ComputeSDK / OpenDsec Go: %.2fx.\n\nEach iteration, in order (ms): ComputeSDK %s; OpenDsec Go %s.\n",
+		pct(js, 50)/pct(nat, 50), list(js), list(nat))
 	fmt.Print(b.String())
 	if c.out != "" {
 		if err := os.WriteFile(c.out, []byte(b.String()), 0o644); err != nil {
@@ -220,6 +222,14 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	return nil
+}
+
+func list(xs []float64) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf("%.0f", x)
+	}
+	return strings.Join(s, ", ")
 }
 
 func machine() string {
@@ -232,5 +242,9 @@ func machine() string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s, %d CPUs, %s/%s", cpu, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return fmt.Sprintf("%s, %d CPUs, %s/%s, load average at the start %s", cpu, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, load)
 }
