@@ -25,7 +25,7 @@ const KEY = process.env.E2B_API_KEY
 async function sandboxes () {
   const r = await fetch(API + '/v2/sandboxes?state=running,paused', { headers: { 'X-API-Key': KEY } })
   assert.equal(r.status, 200)
-  return (await r.json()).map((s) => ({ id: s.sandboxID, templateID: s.templateID, alias: s.alias, metadata: s.metadata ?? {} }))
+  return (await r.json()).map((s) => ({ id: s.sandboxID, state: s.state, templateID: s.templateID, alias: s.alias, metadata: s.metadata ?? {} }))
 }
 
 // The name Mastra gives its default template (createDefaultMountableTemplate).
@@ -78,6 +78,16 @@ test('Mastra: a Workspace with new E2BSandbox() builds its default template, run
     assert.equal((await sandbox.executeCommand('cat', ['/home/user/notes/a.txt'])).stdout, 'written by mastra\n')
     assert.equal((await sandbox.executeCommand('od -An -tu1 /home/user/notes/b.bin')).stdout.trim().split(/\s+/).join(','), '0,1,2,255')
     assert.equal(await sandbox.e2b.files.read('/home/user/notes/a.txt'), 'written by mastra\n')
+
+    // workspace.stop() pauses the sandbox (what Mastra.shutdown() does);
+    // the next command starts it again: Mastra finds it by its metadata
+    // and resumes it (Sandbox.connect), files and all.
+    const id = sandbox.e2b.sandboxId
+    await workspace.stop()
+    assert.deepEqual((await sandboxes()).map((s) => [s.id, s.state]), [[id, 'paused']])
+    assert.equal((await sandbox.executeCommand('cat /home/user/notes/a.txt')).stdout, 'written by mastra\n')
+    assert.equal(sandbox.e2b.sandboxId, id)
+    assert.deepEqual((await sandboxes()).map((s) => [s.id, s.state]), [[id, 'running']])
   } finally {
     await workspace.destroy()
   }
@@ -97,6 +107,10 @@ test('Mastra: a second workspace finds the built template and builds nothing', a
     assert.match(templateID, /^tpl-/)
     assert.equal(alias, DEFAULT_TEMPLATE)
     assert.equal(await Template.exists(DEFAULT_TEMPLATE), true)
+    // Stopped (paused) and not started again: destroy() finds the paused
+    // sandbox by its metadata and kills it.
+    await workspace.stop()
+    assert.deepEqual((await sandboxes()).map((s) => s.state), ['paused'])
   } finally {
     await workspace.destroy()
   }
