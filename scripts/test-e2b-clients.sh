@@ -35,18 +35,21 @@ NPM_DIR=${OPENDSEC_E2B_CLIENTS_NPM:-/var/cache/opendsec/test/e2b-npm-clients}
 PINS=("e2b@$E2B_JS_VERSION" "@mastra/e2b@$MASTRA_E2B_VERSION" "@mastra/core@$MASTRA_CORE_VERSION"
   "computesdk@$COMPUTESDK_VERSION" "@computesdk/e2b@$COMPUTESDK_E2B_VERSION")
 npmv() { node -p "try{require('$NPM_DIR/node_modules/$1/package.json').version}catch(e){''}"; }
-have=""
-for p in "${PINS[@]}"; do have+="$(npmv "${p%@*}") "; done
 want=""
 for p in "${PINS[@]}"; do want+="${p##*@} "; done
+mkdir -p "$NPM_DIR"
+exec 9>"$NPM_DIR.lock" # one install at a time (other trees' runs share the dir)
+flock 9
+have=""
+for p in "${PINS[@]}"; do have+="$(npmv "${p%@*}") "; done
 if [ "$have" != "$want" ]; then
-  mkdir -p "$NPM_DIR"
   [ -f "$NPM_DIR/package.json" ] || echo '{"private":true}' >"$NPM_DIR/package.json"
   (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent --save-exact --engine-strict=false "${PINS[@]}")
   # Every client shares the pinned e2b (no second copy under a client).
   [ -z "$(cd "$NPM_DIR" && find node_modules -mindepth 2 -path '*/node_modules/e2b/package.json')" ] ||
     { echo "test-e2b-clients: a client brought its own e2b; pin one both accept" >&2; exit 1; }
 fi
+exec 9>&-
 
 # bench/e2b-tti.sh only wants the clients installed.
 [ "${E2B_CLIENTS_INSTALL_ONLY:-}" != 1 ] || { echo "$NPM_DIR"; exit 0; }

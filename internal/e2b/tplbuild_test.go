@@ -716,4 +716,13 @@ func TestTemplateIDAndAlias(t *testing.T) {
 			t.Fatalf("listed %v", s)
 		}
 	}
+	// The list's template filter takes the name or the ID.
+	for _, ref := range []string{"my-tpl", tid} {
+		if _, l := h.doList(h.keyA, "/v2/sandboxes?template="+ref); len(l) != 3 {
+			t.Fatalf("list of template %s: %v", ref, l)
+		}
+	}
+	if _, l := h.doList(h.keyA, "/v2/sandboxes?template=base"); len(l) != 1 {
+		t.Fatalf("list of template base: %v", l)
+	}
 }

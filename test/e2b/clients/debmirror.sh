@@ -13,6 +13,10 @@
 set -euo pipefail
 DIR=$1; shift
 [ -f "$DIR/done" ] && exit 0
+mkdir -p "$(dirname "$DIR")"
+exec 9>"$DIR.lock" # one maker at a time (other trees' runs share the cache)
+flock 9
+[ -f "$DIR/done" ] && exit 0
 BASE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs/base
 [ -f "$BASE/var/lib/dpkg/status" ] || { echo "debmirror: $BASE is not built; run deploy/images/build.sh --no-import" >&2; exit 1; }
 read -r _ URI SUITE _ <"$BASE/etc/apt/sources.list"
