@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Runs test/e2b/python-tls: the real E2B Python SDK (the venv of
-# scripts/test-e2b.sh) against a throwaway `opendsec up` whose E2B gateway
+# Runs test/e2b/python-tls and test/e2b/js-tls: the real E2B Python SDK
+# (the venv of scripts/test-e2b.sh) and JS SDK (its npm dir; skipped
+# without node or with E2B_SKIP_JS=1) against a throwaway `opendsec up` whose E2B gateway
 # serves TLS and HTTP/2 (e2b.tls.enabled: a certificate from OpenDsec's CA)
 # on port 443 of a random 127/8 address, with E2B's own endpoint resolution:
 # neither E2B_API_URL nor E2B_SANDBOX_URL is set, so the SDK calls
 # https://api.opendsec.local and https://49983-<id>.opendsec.local. The CA is
-# trusted through SSL_CERT_FILE (`opendsec e2b ca`); the names resolve
-# through a DNS server the test runs (test/e2b/python-tls/conftest.py), the
+# trusted through SSL_CERT_FILE (Python) and NODE_EXTRA_CA_CERTS (JS)
+# (`opendsec e2b ca`); the names resolve through a DNS server the test runs
+# (test/e2b/python-tls/conftest.py, test/e2b/js-tls/tls.test.mjs), the
 # only nameserver of the test process: it runs in a private mount namespace
 # whose /etc/resolv.conf is a bind mount (the machine's is untouched).
-# Runs as root (port 443, unshare). Arguments are passed to pytest.
+# Runs as root (port 443, unshare). Arguments are passed to pytest (and
+# then the JS suite is left out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -17,6 +20,7 @@ BIN=${OPENDSEC_BIN_DIR:-$ROOT/bin}
 [ -x "$BIN/opendsec" ] && [ -x "$BIN/opendsec-init" ] || make build
 VENV=${OPENDSEC_E2B_VENV:-/var/cache/opendsec/test/e2b-venv}
 [ -x "$VENV/bin/python" ] || { echo "no E2B SDK venv at $VENV; run scripts/test-e2b.sh once" >&2; exit 1; }
+NPM_DIR=${OPENDSEC_E2B_NPM:-/var/cache/opendsec/test/e2b-npm}
 
 . scripts/lib/system.sh
 DD=$(mktemp -d /tmp/ode2b.XXXXXX)
@@ -41,5 +45,14 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN -u E2B_API_URL -u E2B_SANDBOX_URL \
   E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_TEST_GATEWAY_IP="$IP" SSL_CERT_FILE="$CA" \
   unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$DD/resolv.conf" \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider -c test/e2b/python-tls/pytest.ini test/e2b/python-tls "$@" || rc=$?
+if [ "${E2B_SKIP_JS:-}" != 1 ] && [ $# = 0 ] && command -v node >/dev/null; then
+  [ -f "$NPM_DIR/node_modules/e2b/package.json" ] || { echo "no E2B JS SDK in $NPM_DIR; run scripts/test-e2b.sh once" >&2; exit 1; }
+  echo "== e2b npm sdk $(node -p "require('$NPM_DIR/node_modules/e2b/package.json').version") over TLS (NODE_EXTRA_CA_CERTS $CA)"
+  env -u E2B_DEBUG -u E2B_ACCESS_TOKEN -u E2B_API_URL -u E2B_SANDBOX_URL \
+    -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy -u NODE_TLS_REJECT_UNAUTHORIZED \
+    E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_TEST_GATEWAY_IP="$IP" NODE_EXTRA_CA_CERTS="$CA" E2B_NPM_DIR="$NPM_DIR" \
+    unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$DD/resolv.conf" \
+    node --test test/e2b/js-tls/ || rc=$?
+fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
 exit $rc

@@ -12,7 +12,10 @@
 # /var/cache/opendsec/test/e2b-npm), E2B_JS_TESTS (the JS test files to run,
 # default all of test/e2b/js/), KEEP=1 keeps the data dir, and any
 # arguments are passed to pytest (e.g. -k files). Without arguments it then
-# runs scripts/test-e2b-tls.sh (E2B_SKIP_TLS=1 skips it).
+# runs scripts/test-e2b-tls.sh (the Python and JS SDKs over TLS;
+# E2B_SKIP_TLS=1 skips it) and scripts/test-e2b-clients.sh (third-party
+# clients: Mastra's E2B workspace, ComputeSDK's TTI loop; E2B_SKIP_CLIENTS=1
+# skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -76,9 +79,16 @@ if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
     node --test ${E2B_JS_TESTS:-test/e2b/js/} || rc=$?
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
-# TLS and HTTP/2 with the SDK's own https://<port>-<id>.<domain> hosts, on a
-# system of its own (~10 s); E2B_SKIP_TLS=1 skips it.
+# TLS and HTTP/2 with the SDKs' own https://<port>-<id>.<domain> hosts, on a
+# system of its own (~15 s); E2B_SKIP_TLS=1 skips it.
 if [ "${E2B_SKIP_TLS:-}" != 1 ] && [ $# = 0 ]; then
   bash scripts/test-e2b-tls.sh || rc=$?
+fi
+# Third-party software built on E2B's JS SDK, pinned there, on a system of
+# its own whose template builds reach a Debian archive the script serves
+# (~25 s; the first run also installs the clients and fetches the archive's
+# indexes and packages once, ~40 s); E2B_SKIP_CLIENTS=1 skips it.
+if [ "${E2B_SKIP_CLIENTS:-}" != 1 ] && [ "${E2B_SKIP_JS:-}" != 1 ] && [ $# = 0 ] && command -v node >/dev/null; then
+  bash scripts/test-e2b-clients.sh || rc=$?
 fi
 exit $rc

@@ -368,6 +368,9 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			// public one by its ID): its image, and the
 			// user and workdir its steps ended with.
 			spec.Image = tb.Image
+			// E2B reports a template's ID as templateID and its name as
+			// alias however the create named it (name, name:tag or ID).
+			labels[labelTemplate], labels[labelAlias] = t.ID, t.Name
 			spec.User = cmp.Or(tb.User, spec.User)
 			spec.Workdir = cmp.Or(tb.Workdir, spec.Workdir)
 			startCmd, readyCmd = tb.StartCmd, tb.ReadyCmd
@@ -449,7 +452,7 @@ func (g *Gateway) sandboxOf(sb *v1.Sandbox) sandboxJSON {
 		ClientID:    ClientID,
 		EnvdVersion: EnvdVersion,
 		Domain:      &d,
-		Alias:       l[labelTemplate],
+		Alias:       cmp.Or(l[labelAlias], l[labelTemplate]),
 	}
 	if l[labelSecure] == "true" {
 		out.EnvdAccessToken = g.accessToken(sb.GetId())
@@ -477,7 +480,7 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		TemplateID:   l[labelTemplate],
 		SandboxID:    sb.GetId(),
 		ClientID:     ClientID,
-		Alias:        l[labelTemplate],
+		Alias:        cmp.Or(l[labelAlias], l[labelTemplate]),
 		StartedAt:    sb.GetCreatedAt().AsTime().UTC(),
 		EndAt:        sb.GetExpiresAt().AsTime().UTC(),
 		EnvdVersion:  EnvdVersion,
@@ -1009,7 +1012,7 @@ func (g *Gateway) list(v1Route bool) http.HandlerFunc {
 			if !startedAfter.IsZero() && sb.GetCreatedAt().AsTime().Before(startedAfter) {
 				continue
 			}
-			if template != "" && sb.GetSpec().GetLabels()[labelTemplate] != template {
+			if l := sb.GetSpec().GetLabels(); template != "" && l[labelTemplate] != template && l[labelAlias] != template {
 				continue
 			}
 			if st == "running" {

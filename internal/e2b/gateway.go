@@ -64,8 +64,12 @@ const (
 const (
 	labelTeam     = "e2b.sys/team"
 	labelTemplate = "e2b.sys/template"
-	labelSecure   = "e2b.sys/secure"
-	labelPrivate  = "e2b.sys/private"
+	// labelAlias is the name of the built template a sandbox was started
+	// from (its labelTemplate is then the template's ID), as E2B reports
+	// templateID and alias apart.
+	labelAlias   = "e2b.sys/alias"
+	labelSecure  = "e2b.sys/secure"
+	labelPrivate = "e2b.sys/private"
 	// labelMask is network.maskRequestHost: the Host header of requests
 	// to the sandbox's user ports.
 	labelMask = "e2b.sys/mask-host"

@@ -60,7 +60,13 @@ func (g *Gateway) templateAlias(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "template alias %q not found", alias)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": public})
+	id := alias
+	if t, _, ok := g.tpls.resolve(principal(r.Context()), alias); ok && !slices.Contains(g.templateNames(), alias) {
+		// A built template: E2B answers its ID, which creates, builds
+		// and tags take as well as the name.
+		id = t.ID
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": id, "public": public})
 }
 
 // templateExists reports whether template names something a create could

@@ -665,3 +665,64 @@ func TestDockerfileQuoting(t *testing.T) {
 		}
 	}
 }
+
+// A built template is its ID to E2B: the alias route answers the ID for the
+// name (Mastra looks its template up by name, builds it when missing, then
+// creates by the ID the build returned and later by the name), and its
+// sandboxes report templateID = the ID and alias = the name however the
+// create named it, in the create, the detail and the list. A configured
+// template (base) is its own ID.
+func TestTemplateIDAndAlias(t *testing.T) {
+	h, fb := newBuildHarness(t)
+	tid, bid, w, _ := h.startBuild("my-tpl", `{"fromImage":"root/busybox","steps":[{"type":"RUN","args":["echo ok"]}]}`)
+	if w.Code != 202 {
+		t.Fatalf("start: %d %s", w.Code, w.Body)
+	}
+	if st, _ := h.waitBuild(h.keyA, tid, bid); st["status"] != buildReady {
+		t.Fatalf("status %v", st)
+	}
+	req, _ := fb.last()
+	h.api.extraImages = []string{req.Name}
+	for ref, want := range map[string]string{"my-tpl": tid, tid: tid, "base": "base"} {
+		if w, m := h.do(h.keyA, "GET", "/templates/aliases/"+ref, ""); w.Code != 200 || m["templateID"] != want {
+			t.Errorf("alias %s: %d %s, want templateID %s", ref, w.Code, w.Body, want)
+		}
+	}
+	// Another principal learns nothing, not even the ID.
+	if w, _ := h.do(h.keyB, "GET", "/templates/aliases/my-tpl", ""); w.Code != 404 || strings.Contains(w.Body.String(), tid) {
+		t.Fatalf("alias as B: %d %s", w.Code, w.Body)
+	}
+	ids := map[string]string{} // sandbox → the alias it must report
+	for _, c := range []struct{ ref, id, alias string }{
+		{"my-tpl", tid, "my-tpl"}, {"my-tpl:default", tid, "my-tpl"}, {tid, tid, "my-tpl"}, {"base", "base", "base"},
+	} {
+		w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"`+c.ref+`"}`)
+		if w.Code != http.StatusCreated || m["templateID"] != c.id || m["alias"] != c.alias {
+			t.Fatalf("create from %s: %d %s, want templateID %s alias %s", c.ref, w.Code, w.Body, c.id, c.alias)
+		}
+		id := m["sandboxID"].(string)
+		if w, m := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); w.Code != 200 || m["templateID"] != c.id || m["alias"] != c.alias {
+			t.Fatalf("detail of a sandbox from %s: %d %s", c.ref, w.Code, w.Body)
+		}
+		ids[id] = c.alias
+	}
+	_, list := h.doList(h.keyA, "/v2/sandboxes")
+	if len(list) != len(ids) {
+		t.Fatalf("list: %v", list)
+	}
+	for _, s := range list {
+		alias := ids[s["sandboxID"].(string)]
+		if s["alias"] != alias || (alias == "my-tpl") != (s["templateID"] == tid) {
+			t.Fatalf("listed %v", s)
+		}
+	}
+	// The list's template filter takes the name or the ID.
+	for _, ref := range []string{"my-tpl", tid} {
+		if _, l := h.doList(h.keyA, "/v2/sandboxes?template="+ref); len(l) != 3 {
+			t.Fatalf("list of template %s: %v", ref, l)
+		}
+	}
+	if _, l := h.doList(h.keyA, "/v2/sandboxes?template=base"); len(l) != 1 {
+		t.Fatalf("list of template base: %v", l)
+	}
+}

@@ -34,7 +34,7 @@ async function get200(url, headers, ms = 30000) {
   }
 }
 
-test('base has node, git, curl and python (ComputeSDK: create + node -v)', async () => {
+test('base has node, git, curl and python (node -v: what ComputeSDK\'s TTI loop runs, test/e2b/clients)', async () => {
   const sbx = await Sandbox.create()
   try {
     assert.match((await sbx.commands.run('node -v')).stdout, /^v18\./)
