@@ -35,6 +35,9 @@ type Plan struct {
 	// sandbox's writable drive.
 	Layers   []string
 	Writable string
+	// ConfigDisk is the guest's configuration disk (vmchan.GuestConfig),
+	// read-only, after Writable ("" for none).
+	ConfigDisk string
 	// Tap is the tap inside the sandbox's netns ("" for none), MAC its guest MAC.
 	Tap, MAC  string
 	VsockPath string
@@ -107,6 +110,10 @@ func Boot(ctx context.Context, c *Client, p Plan) error {
 	}
 	if p.Writable != "" {
 		d := Drive{DriveID: "rw", PathOnHost: p.Writable, CacheType: "Unsafe"}
+		steps = append(steps, func() error { return c.PutDrive(ctx, d) })
+	}
+	if p.ConfigDisk != "" {
+		d := Drive{DriveID: "config", PathOnHost: p.ConfigDisk, IsReadOnly: true}
 		steps = append(steps, func() error { return c.PutDrive(ctx, d) })
 	}
 	if p.Tap != "" {
