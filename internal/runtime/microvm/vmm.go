@@ -82,10 +82,22 @@ func regular(path string) error {
 	return nil
 }
 
-// Boot configures a VM that has not started through its API and starts
-// it: logger and metrics first (Firecracker takes them only before boot),
-// then machine, kernel, drives, network, vsock, balloon, InstanceStart.
+// Boot configures a VM that has not started through its API (Configure)
+// and starts it (InstanceStart).
 func Boot(ctx context.Context, c *Client, p Plan) error {
+	if err := Configure(ctx, c, p); err != nil {
+		return err
+	}
+	if err := c.Action(ctx, ActionInstanceStart); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	return nil
+}
+
+// Configure configures a VM that has not started: logger and metrics
+// first (Firecracker takes them only before boot), then machine, kernel,
+// drives, network, vsock, balloon.
+func Configure(ctx context.Context, c *Client, p Plan) error {
 	if p.LogPath != "" {
 		if err := c.PutLogger(ctx, Logger{LogPath: p.LogPath, Level: "Warning", ShowLevel: true}); err != nil {
 			return fmt.Errorf("boot: %w", err)
@@ -128,7 +140,6 @@ func Boot(ctx context.Context, c *Client, p Plan) error {
 			return c.PutBalloon(ctx, Balloon{AmountMib: p.BalloonMB, DeflateOnOOM: true, StatsPollingIntervalS: 1})
 		})
 	}
-	steps = append(steps, func() error { return c.Action(ctx, ActionInstanceStart) })
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return fmt.Errorf("boot: %w", err)
