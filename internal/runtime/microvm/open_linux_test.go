@@ -119,16 +119,3 @@ func TestRealFirecrackerAPI(t *testing.T) {
 		t.Fatal("pause before start succeeded")
 	}
 }
-
-// TestBootOnKVM needs hardware KVM and a binary; here it skips with the
-// detector's reason.
-func TestBootOnKVM(t *testing.T) {
-	res, err := kvmprobe.Detect(context.Background(), kvmprobe.Options{CacheDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.HardwareKVM() {
-		t.Skipf("no hardware KVM: %s", res.Reason)
-	}
-	t.Skip("hardware KVM is here but the jailed lifecycle that boots a guest is not built yet (issue 13 part 4)")
-}

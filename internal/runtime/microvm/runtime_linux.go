@@ -126,6 +126,10 @@ var (
 // New builds the backend over cfg (defaults filled, validated) for a
 // host whose detector said res.
 func New(cfg Config, env runtime.Env, res kvmprobe.Result) *Runtime {
+	// The jailer names the jail after the exec file's real name.
+	if p, err := filepath.EvalSymlinks(cfg.FirecrackerPath); err == nil {
+		cfg.FirecrackerPath = p
+	}
 	return &Runtime{cfg: cfg, nodeID: cmpOr(env.NodeID, "default"), accel: res, uids: newUIDs(cfg.UIDStart, cfg.UIDCount),
 		agentWait: bootTimeout, sbs: map[string]*sandbox{}}
 }
