@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -99,7 +101,30 @@ func checkBinaries(c Config) error {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend: %s (node.backends.microvm.%s): %s; install Firecracker (deploy/quickstart.sh does where it can download it) or remove the microvm section", p, name, why)
 		}
 	}
+	if interp, err := elfInterp(c.FirecrackerPath); err == nil && interp != "" {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend: %s (node.backends.microvm.firecracker_path) is dynamically linked (it needs %s): the jailer runs it in an empty chroot, where it cannot start; use a static build (the release binaries are; a build from source needs the musl target or RUSTFLAGS=\"-C target-feature=+crt-static\")", c.FirecrackerPath, interp)
+	}
 	return nil
+}
+
+// elfInterp is the ELF program interpreter (dynamic loader) path names,
+// "" for a static executable.
+func elfInterp(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", err
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", nil
 }
 
 // uids hands out one uid per VM from the configured range.
