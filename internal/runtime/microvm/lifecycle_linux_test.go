@@ -484,7 +484,40 @@ func TestStandinRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertGone(t, r2, "sb-rec", spec.StateDir)
-	_ = e.r.cfg.RemoveJail("sb-rec")
+}
+
+// TestStandinDeleteUnknown: Delete by an instance that never recovered
+// the sandbox (a node restart) still kills its firecracker and removes
+// its jail and cgroup.
+func TestStandinDeleteUnknown(t *testing.T) {
+	e := newStandin(t)
+	ctx := context.Background()
+	spec := e.spec(t, "sb-unk")
+	h, err := e.r.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.r.Start(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	r2 := e.instance()
+	if err := r2.Delete(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.r.Wait(wctx, h.ID); err != nil { // the first instance sees the end
+		t.Fatal(err)
+	}
+	if pids := e.r.findVMM("sb-unk"); len(pids) != 0 {
+		t.Fatalf("firecracker still runs: %v", pids)
+	}
+	if _, err := os.Stat(filepath.Dir(e.cfg.Root("sb-unk"))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("jail left: %v", err)
+	}
+	if err := e.r.Delete(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestStandinForkAndSnapshot: Fork pauses the source only while its

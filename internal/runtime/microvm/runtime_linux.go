@@ -778,7 +778,7 @@ func (r *Runtime) killStray(ctx context.Context, st runState) error {
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
+		return r.deleteUnknown(ctx, id)
 	}
 	sb.mu.Lock()
 	started := sb.started
@@ -800,6 +800,24 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	r.mu.Unlock()
 	sb.goneOnce.Do(func() { close(sb.gone) })
 	return nil
+}
+
+// deleteUnknown is Delete of a sandbox this instance does not hold (the
+// node restarted and did not Recover it): its jail ID follows from its
+// ID, so its firecracker (found by --id in /proc), jail and cgroup go.
+// Its StateDir is the node's to remove.
+func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
+	jid := jailIDOf(id)
+	for _, pid := range r.findVMM(jid) {
+		if err := killAndWait(ctx, pid); err != nil {
+			return fmt.Errorf("microvm %s delete: %w", id, err)
+		}
+	}
+	v := 1
+	if unified() {
+		v = 2
+	}
+	return errors.Join(r.cfg.RemoveJail(jid), removeCgroup(r.cgroupParent()+"/"+jid, v))
 }
 
 // cleanup removes what Create and the jailer made for st.

@@ -176,11 +176,9 @@ func setupCgroups(version, parent, id string, settings []string) error {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
 			return fmt.Errorf("cgroup %s: %w", s, err)
 		}
-		procs := "cgroup.procs"
-		if version == "1" {
-			procs = "tasks"
-		}
-		if err := os.WriteFile(filepath.Join(dir, procs), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		// cgroup.procs, not v1's tasks as the (single-threaded) jailer:
+		// this process has threads, and the one that execs must move too.
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 			return fmt.Errorf("cgroup %s join: %w", dir, err)
 		}
 	}
