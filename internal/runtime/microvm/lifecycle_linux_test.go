@@ -561,6 +561,17 @@ func TestStandinForkAndSnapshot(t *testing.T) {
 		}
 		uids[w.UID] = true
 	}
+	// Each fork's VMM maps the memory file private, reads all of it and
+	// writes 256 pages: the pages it read are the page cache's, shared
+	// by both forks; only the written ones are its own.
+	for _, f := range res {
+		st, _ := e.r.Status(ctx, f.Handle.ID)
+		m := memMapping(t, st.Pid, filepath.Join(e.cfg.Root(f.Handle.ID), "snapshot", SnapshotMemFile)) // as the reader sees it
+		t.Logf("fork %s guest memory: rss %d KiB, shared %d KiB, private %d KiB", f.Handle.ID, m["Rss"], m["Shared_Clean"]+m["Shared_Dirty"], m["Private_Clean"]+m["Private_Dirty"])
+		if m["Private_Dirty"] != 256*4 || m["Shared_Clean"] < (128<<10)-256*4-64 {
+			t.Fatalf("fork %s memory mapping %v: want 1024 KiB private dirty and the rest shared", f.Handle.ID, m)
+		}
+	}
 	m1, _ := os.Stat(filepath.Join(e.cfg.Root("sb-fork1"), "snapshot", SnapshotMemFile))
 	m2, _ := os.Stat(filepath.Join(e.cfg.Root("sb-fork2"), "snapshot", SnapshotMemFile))
 	if m1 == nil || m2 == nil || !os.SameFile(m1, m2) {
@@ -602,4 +613,34 @@ func TestStandinForkAndSnapshot(t *testing.T) {
 	}
 	assertGone(t, e.r, "sb-fork1", specs[0].StateDir)
 	assertGone(t, e.r, "sb-src", src.StateDir)
+}
+
+// memMapping sums the /proc/<pid>/smaps fields (KiB) of the mappings of
+// the file at path name (from this process's root).
+func memMapping(t *testing.T, pid int, name string) map[string]int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			in = len(f) >= 6 && f[5] == name
+			continue
+		}
+		if in && len(f) >= 2 && strings.HasSuffix(f[0], ":") {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			out[strings.TrimSuffix(f[0], ":")] += n
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("pid %d has no mapping of %s", pid, name)
+	}
+	return out
 }

@@ -103,9 +103,11 @@ func TestRealJailedFirecracker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Delete(context.Background(), h.ID) }()
+	t0 := time.Now()
 	if err := r.Start(ctx, h.ID); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("jailer exec to a configured VM: %s", time.Since(t0))
 	sb, _ := r.get(h.ID)
 	c := r.client(sb.st)
 	info, err := c.InstanceInfo(ctx)

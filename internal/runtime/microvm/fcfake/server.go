@@ -26,6 +26,8 @@ type VMState struct {
 	MemMiB   int64  `json:"mem_mib"`
 	VsockUDS string `json:"vsock_uds,omitempty"`
 	Tap      string `json:"tap,omitempty"`
+	// MemFile is the memory file a load maps (not written in snapshots).
+	MemFile string `json:"-"`
 }
 
 // Server is Firecracker's API with its state machine: configure before
@@ -285,6 +287,9 @@ func (f *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ov, _ := m["network_overrides"].([]any); len(ov) > 0 {
 			o, _ := ov[0].(map[string]any)
 			st.Tap, _ = o["host_dev_name"].(string)
+		}
+		if bt, _ := mb["backend_type"].(string); bt == "File" {
+			st.MemFile, _ = mb["backend_path"].(string)
 		}
 		f.vm = st
 		f.loaded = true

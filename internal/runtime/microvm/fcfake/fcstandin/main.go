@@ -211,14 +211,40 @@ func firecracker(args []string) error {
 // muxer ("CONNECT <port>\n" answered "OK <port>\n") with a stand-in agent
 // on port 1024.
 type agent struct {
+	mem      []byte
 	mu       sync.Mutex
 	hostname string
 	started  bool
 }
 
+// dirtyPages are the guest pages a loaded stand-in writes: its own
+// copies, the rest of the memory file's pages it only reads (shared).
+const dirtyPages = 256
+
 func (a *agent) serve(st fcfake.VMState) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if st.MemFile != "" && a.mem == nil {
+		// As Firecracker's File backend: the memory file mapped private.
+		// The stand-in guest reads all of it and writes dirtyPages.
+		f, err := os.Open(st.MemFile)
+		if err != nil {
+			return err
+		}
+		mem, err := unix.Mmap(int(f.Fd()), 0, int(st.MemMiB<<20), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+		_ = f.Close()
+		if err != nil {
+			return fmt.Errorf("map guest memory: %w", err)
+		}
+		var sum byte
+		for i := 0; i < len(mem); i += 4096 {
+			sum += mem[i]
+		}
+		for i := range dirtyPages {
+			mem[i*4096] = sum + 1
+		}
+		a.mem = mem
+	}
 	if st.VsockUDS == "" || a.started {
 		return nil
 	}
