@@ -420,6 +420,18 @@ func TestStandinBadInputLeavesNothing(t *testing.T) {
 	if n := len(e.r.uids.used); n != 0 {
 		t.Fatalf("%d uids still taken", n)
 	}
+	// A jail left by a sandbox of the same ID is refused and kept.
+	left := filepath.Dir(e.cfg.Root("sb-bad"))
+	if err := os.MkdirAll(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.Create(ctx, e.spec(t, "sb-bad")); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("create over a left jail: %v", err)
+	}
+	if _, err := os.Stat(left); err != nil {
+		t.Fatalf("the left jail was removed: %v", err)
+	}
+	_ = os.RemoveAll(left)
 }
 
 // TestStandinRecover: a new backend instance (the node after kill -9)

@@ -248,9 +248,12 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		return runtime.Handle{}, err
 	}
 	jid := jailIDOf(spec.ID)
+	jailMine := false // an existing jail is another sandbox's: never removed here
 	defer func() {
 		if err != nil {
-			_ = r.cfg.RemoveJail(jid)
+			if jailMine {
+				_ = r.cfg.RemoveJail(jid)
+			}
 			for _, f := range ownedFiles {
 				_ = os.Remove(filepath.Join(spec.StateDir, f))
 			}
@@ -263,6 +266,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	if _, err := os.Stat(filepath.Dir(r.cfg.Root(jid))); err == nil {
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "microvm sandbox %q: its jail %s exists (a sandbox of this ID was not deleted)", spec.ID, filepath.Dir(r.cfg.Root(jid)))
 	}
+	jailMine = true
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, errdefs.New(errdefs.ErrInternal, "microvm state dir: %w", err)
 	}
@@ -731,7 +735,9 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	}
 	if opts.Timeout > 0 {
 		actx, cancel := context.WithTimeout(ctx, time.Second)
-		err := r.client(sb.st).Action(actx, ActionSendCtrlAltDel)
+		c := r.client(sb.st)
+		_ = c.PatchVM(actx, VMResumed) // a paused guest cannot shut down
+		err := c.Action(actx, ActionSendCtrlAltDel)
 		cancel()
 		if err == nil && waitFor(opts.Timeout) {
 			return nil
