@@ -10,7 +10,7 @@ CACHE=${OPENDSEC_GUEST_CACHE:-/var/cache/opendsec/guest}
 GO=${GO:-go}
 
 # Modules wanted; dependencies are resolved from .modinfo depends= and placed first.
-WANT="crc32c_generic virtio_mmio virtio_pci virtio_console virtio_blk virtio_net erofs ext4 overlay virtio_balloon virtio_rng"
+WANT="crc32c_generic virtio_mmio virtio_pci virtio_console virtio_blk virtio_net erofs ext4 overlay virtio_balloon virtio_rng vmw_vsock_virtio_transport"
 
 # The kernel package linux-image-amd64 depends on (the metapackage's candidate).
 KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')

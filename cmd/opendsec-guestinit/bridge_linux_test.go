@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFindPortByName(t *testing.T) {
@@ -91,5 +94,60 @@ func TestProxyDispatchesIdentity(t *testing.T) {
 	}
 	if got := <-seen; got != "GET /health" {
 		t.Fatalf("the agent saw %q first, want GET /health (the identity request is the init's)", got)
+	}
+}
+
+// The vsock connection adapter carries a stream both ways and passes a
+// half close on (on a unix socketpair: this host has no vsock transport
+// to connect through).
+func TestFDConn(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newFDConn(fds[0], vsockAddr(1024)), newFDConn(fds[1], vsockAddr(1024))
+	defer a.Close()
+	defer b.Close()
+	if _, err := a.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(b)
+	if err != nil || string(got) != "ping" {
+		t.Fatalf("read %q %v", got, err)
+	}
+	if err := b.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("deadline: %v", err)
+	}
+	if a.LocalAddr().String() != "vsock:1024" {
+		t.Fatal(a.LocalAddr())
+	}
+}
+
+// listenVsock binds the agent's port; a second bind of it fails, and
+// Close makes Accept return net.ErrClosed.
+func TestListenVsock(t *testing.T) {
+	l, err := listenVsock(52000 + uint32(os.Getpid()%1000))
+	if err != nil {
+		t.Skipf("no AF_VSOCK on this host: %v", err)
+	}
+	if _, err := listenVsock(l.port); err == nil {
+		t.Fatal("second bind of the port succeeded")
+	}
+	done := make(chan error, 1)
+	go func() { _, err := l.Accept(); done <- err }()
+	_ = l.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("accept after close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("accept did not return after Close")
 	}
 }

@@ -66,7 +66,7 @@ func run() int {
 		if err := switchRoot(args); err != nil {
 			// Without its image the sandbox is useless: say why and stop.
 			logf("rootfs: " + err.Error())
-			poweroff()
+			halt(args)
 		}
 		agentBin = agentInRoot
 	}
@@ -75,12 +75,19 @@ func run() int {
 	}
 	_ = os.MkdirAll("/run/opendsec", 0o755)
 	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGCHLD)
+	// SIGINT is Ctrl-Alt-Del (Firecracker's SendCtrlAltDel) with the
+	// kernel's C-A-D off.
+	signal.Notify(sig, unix.SIGTERM, unix.SIGPWR, unix.SIGINT, unix.SIGCHLD)
 	if err := startAgent(agentBin, cfg); err != nil {
 		logf("agent: " + err.Error())
 	} else {
+		serve := serveAgentPort
+		if args["agent"] == "vsock" {
+			// The microvm backend (Firecracker): vsock, no virtio-serial.
+			serve = serveAgentVsock
+		}
 		go func() {
-			if err := serveAgentPort(context.Background(), agentSock); err != nil {
+			if err := serve(context.Background(), agentSock); err != nil {
 				logf("agent port: " + err.Error())
 			}
 		}()
@@ -90,9 +97,20 @@ func run() int {
 			reap()
 			continue
 		}
-		poweroff()
+		halt(args)
 	}
 	return 0
+}
+
+// halt ends the VM: a power-off, or with opendsec.poweroff=reboot a
+// reboot (Firecracker, started with reboot=k, exits on a guest reboot and
+// has no power-off).
+func halt(args bootArgs) {
+	if args["poweroff"] == "reboot" {
+		unix.Sync()
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	}
+	poweroff()
 }
 
 // startAgent makes the agent's listening socket and starts the agent on it

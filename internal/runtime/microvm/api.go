@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
 // MachineConfig is PUT /machine-config (definitions/MachineConfiguration).
@@ -162,10 +163,8 @@ type Client struct {
 // NewClient returns a client of the API socket at sock.
 func NewClient(sock string) *Client {
 	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
+		// A jail's socket path can be longer than sun_path.
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return vmchan.DialUnix(ctx, sock) },
 		DisableKeepAlives: true,
 	}
 	return &Client{sock: sock, hc: &http.Client{Transport: tr, Timeout: 30 * time.Second}}

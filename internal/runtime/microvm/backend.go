@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -99,7 +101,30 @@ func checkBinaries(c Config) error {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend: %s (node.backends.microvm.%s): %s; install Firecracker (deploy/quickstart.sh does where it can download it) or remove the microvm section", p, name, why)
 		}
 	}
+	if interp, err := elfInterp(c.FirecrackerPath); err == nil && interp != "" {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend: %s (node.backends.microvm.firecracker_path) is dynamically linked (it needs %s): the jailer runs it in an empty chroot, where it cannot start; use a static build (the release binaries are; a build from source needs the musl target or RUSTFLAGS=\"-C target-feature=+crt-static\")", c.FirecrackerPath, interp)
+	}
 	return nil
+}
+
+// elfInterp is the ELF program interpreter (dynamic loader) path names,
+// "" for a static executable.
+func elfInterp(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", err
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", nil
 }
 
 // uids hands out one uid per VM from the configured range.
@@ -124,6 +149,17 @@ func (u *uids) get() (int, error) {
 	return 0, errdefs.New(errdefs.ErrResourceExhausted, "microvm: all %d uids from %d are in use; raise node.backends.microvm.uid_count", u.count, u.start)
 }
 
+// take marks uid used (a sandbox found by Recover keeps its uid).
+func (u *uids) take(uid int) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if uid < u.start || uid >= u.start+u.count {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "microvm: uid %d is outside node.backends.microvm's range %d+%d; was the range changed with VMs running?", uid, u.start, u.count)
+	}
+	u.used[uid] = true
+	return nil
+}
+
 func (u *uids) put(uid int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -143,6 +179,9 @@ type Jail struct {
 	CgroupVersion int
 	CPU           float64
 	MemoryMB      int64
+	// Parent is the jailer's --parent-cgroup ("": the jailer's default,
+	// the exec file's name).
+	Parent string
 }
 
 // APISocket is the API socket's path inside the jail.
@@ -168,6 +207,9 @@ func (c Config) JailerArgs(j Jail) ([]string, error) {
 	}
 	if j.NetNS != "" {
 		args = append(args, "--netns", j.NetNS)
+	}
+	if j.Parent != "" {
+		args = append(args, "--parent-cgroup", j.Parent)
 	}
 	const period = 100000
 	quota := int64(j.CPU * period)
@@ -210,22 +252,30 @@ func (c Config) PrepareJail(ctx context.Context, j Jail, p Plan, hostCPUs int) (
 	ok := false
 	defer func() {
 		if !ok {
-			_ = os.RemoveAll(filepath.Dir(root))
+			_ = c.RemoveJail(j.ID)
 		}
 	}()
 	in := p
-	link := func(host, name string) (string, error) {
+	// Read-only files are shared with the host (a hard link, or a
+	// read-only bind mount across filesystems); the sandbox's own disks
+	// become the VM's uid's.
+	place := func(host, name string, own bool) (string, error) {
 		if host == "" {
 			return "", nil
 		}
 		if err := ctx.Err(); err != nil {
 			return "", err
 		}
-		if err := linkOrCopy(host, filepath.Join(root, name)); err != nil {
+		owner := -1
+		if own {
+			owner = j.UID
+		}
+		if err := placeFile(host, filepath.Join(root, name), owner, j.GID); err != nil {
 			return "", errdefs.New(errdefs.ErrInternal, "jail file %s: %w", name, err)
 		}
 		return "/" + name, nil
 	}
+	link := func(host, name string) (string, error) { return place(host, name, false) }
 	var err error
 	if in.Kernel, err = link(p.Kernel, "vmlinux"); err != nil {
 		return Plan{}, err
@@ -239,7 +289,10 @@ func (c Config) PrepareJail(ctx context.Context, j Jail, p Plan, hostCPUs int) (
 			return Plan{}, err
 		}
 	}
-	if in.Writable, err = link(p.Writable, "rw.img"); err != nil {
+	if in.Writable, err = place(p.Writable, "rw.img", true); err != nil {
+		return Plan{}, err
+	}
+	if in.ConfigDisk, err = place(p.ConfigDisk, "config.img", true); err != nil {
 		return Plan{}, err
 	}
 	in.VsockPath = "/run/vsock.sock"
@@ -253,21 +306,13 @@ func (c Config) RemoveJail(id string) error {
 	if !jailID.MatchString(id) {
 		return nil
 	}
+	if err := unmountUnder(filepath.Dir(c.Root(id))); err != nil {
+		return errdefs.New(errdefs.ErrInternal, "remove jail: %w", err)
+	}
 	if err := os.RemoveAll(filepath.Dir(c.Root(id))); err != nil {
 		return errdefs.New(errdefs.ErrInternal, "remove jail: %w", err)
 	}
 	return nil
-}
-
-func linkOrCopy(src, dst string) error {
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, b, 0o640)
 }
 
 // PlanFor is the VM plan of spec on the host: vCPUs are the CPU limit

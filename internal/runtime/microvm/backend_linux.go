@@ -15,7 +15,7 @@ var detect = kvmprobe.Detect
 // open builds the backend (node.backends.microvm). It refuses a host
 // without hardware KVM, quoting the detector's reason, and one without the
 // firecracker and jailer binaries.
-func open(ctx context.Context, _ runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
+func open(ctx context.Context, env runtime.Env, raw json.RawMessage) (runtime.Runtime, error) {
 	cfg, err := parseConfig(raw)
 	if err != nil {
 		return nil, err
@@ -24,13 +24,13 @@ func open(ctx context.Context, _ runtime.Env, raw json.RawMessage) (runtime.Runt
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend: accelerator detection: %w", err)
 	}
-	if !res.HardwareKVM() {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend needs hardware KVM and this host has none: %s; use the vm (QEMU) or gvisor backend here", res.Reason)
+	// kvm is hardware KVM, or PVM with an operator's PVM guest kernel
+	// that passed the detector's boot probe.
+	if res.Accel != kvmprobe.AccelKVM {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "microvm backend needs hardware KVM (or PVM with a PVM guest kernel) and this host has none: %s; use the vm (QEMU) or gvisor backend here", res.Reason)
 	}
 	if err := checkBinaries(cfg); err != nil {
 		return nil, err
 	}
-	// The jailed process lifecycle around Boot, CreateSnapshot and Load
-	// (start, pidfd wait, stop, recover) is not built yet.
-	return nil, errdefs.New(errdefs.ErrUnimplemented, "microvm backend: the sandbox lifecycle around Firecracker is not built yet (issue 13 part 4); use the vm backend")
+	return New(cfg, env, res), nil
 }

@@ -51,7 +51,7 @@ func TestRequestsMatchSchema(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := g.s.check(b); err != nil {
+		if err := g.s.Check(b); err != nil {
 			t.Errorf("%T %s: %v", g.v, b, err)
 		}
 	}
@@ -75,9 +75,9 @@ func TestRequestsMatchSchema(t *testing.T) {
 		{schemaMetrics, `{"metrics_path":"/m","flush":true}`, "unknown field"},
 	}
 	for _, b := range bad {
-		err := b.s.check([]byte(b.body))
+		err := b.s.Check([]byte(b.body))
 		if err == nil || !strings.Contains(err.Error(), b.want) {
-			t.Errorf("%s %s: got %v, want %q", b.s.def, b.body, err, b.want)
+			t.Errorf("%s %s: got %v, want %q", b.s.Def, b.body, err, b.want)
 		}
 	}
 }
@@ -254,7 +254,7 @@ func TestSnapshotAndFork(t *testing.T) {
 		t.Fatalf("load into a booted vm: %v", err)
 	}
 	// A failed create resumes the source.
-	src.failOn, src.failMsg = "PUT /snapshot/create", "Create snapshot error: Cannot write memory file: No space left on device (os error 28)"
+	src.FailNext("PUT /snapshot/create", "Create snapshot error: Cannot write memory file: No space left on device (os error 28)")
 	if err := CreateSnapshot(ctx, src.client(), t.TempDir(), "", meta, false); err == nil || !strings.Contains(err.Error(), "No space left") {
 		t.Fatalf("failed create: %v", err)
 	}

@@ -35,6 +35,9 @@ type Plan struct {
 	// sandbox's writable drive.
 	Layers   []string
 	Writable string
+	// ConfigDisk is the guest's configuration disk (vmchan.GuestConfig),
+	// read-only, after Writable ("" for none).
+	ConfigDisk string
 	// Tap is the tap inside the sandbox's netns ("" for none), MAC its guest MAC.
 	Tap, MAC  string
 	VsockPath string
@@ -79,10 +82,22 @@ func regular(path string) error {
 	return nil
 }
 
-// Boot configures a VM that has not started through its API and starts
-// it: logger and metrics first (Firecracker takes them only before boot),
-// then machine, kernel, drives, network, vsock, balloon, InstanceStart.
+// Boot configures a VM that has not started through its API (Configure)
+// and starts it (InstanceStart).
 func Boot(ctx context.Context, c *Client, p Plan) error {
+	if err := Configure(ctx, c, p); err != nil {
+		return err
+	}
+	if err := c.Action(ctx, ActionInstanceStart); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	return nil
+}
+
+// Configure configures a VM that has not started: logger and metrics
+// first (Firecracker takes them only before boot), then machine, kernel,
+// drives, network, vsock, balloon.
+func Configure(ctx context.Context, c *Client, p Plan) error {
 	if p.LogPath != "" {
 		if err := c.PutLogger(ctx, Logger{LogPath: p.LogPath, Level: "Warning", ShowLevel: true}); err != nil {
 			return fmt.Errorf("boot: %w", err)
@@ -109,6 +124,10 @@ func Boot(ctx context.Context, c *Client, p Plan) error {
 		d := Drive{DriveID: "rw", PathOnHost: p.Writable, CacheType: "Unsafe"}
 		steps = append(steps, func() error { return c.PutDrive(ctx, d) })
 	}
+	if p.ConfigDisk != "" {
+		d := Drive{DriveID: "config", PathOnHost: p.ConfigDisk, IsReadOnly: true}
+		steps = append(steps, func() error { return c.PutDrive(ctx, d) })
+	}
 	if p.Tap != "" {
 		n := NetworkInterface{IfaceID: "eth0", HostDevName: p.Tap, GuestMAC: p.MAC}
 		steps = append(steps, func() error { return c.PutNetworkInterface(ctx, n) })
@@ -121,7 +140,6 @@ func Boot(ctx context.Context, c *Client, p Plan) error {
 			return c.PutBalloon(ctx, Balloon{AmountMib: p.BalloonMB, DeflateOnOOM: true, StatsPollingIntervalS: 1})
 		})
 	}
-	steps = append(steps, func() error { return c.Action(ctx, ActionInstanceStart) })
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return fmt.Errorf("boot: %w", err)

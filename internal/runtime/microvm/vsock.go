@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
 // DialVsock connects to port on the guest through Firecracker's vsock
@@ -15,8 +16,7 @@ import (
 // answers "OK <host port>\n" once the guest accepted. The returned
 // connection carries the guest's stream from there.
 func DialVsock(ctx context.Context, udsPath string, port uint32) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", udsPath)
+	c, err := vmchan.DialUnix(ctx, udsPath)
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "vsock socket %s: %w", udsPath, err)
 	}

@@ -1,4 +1,8 @@
-package microvm
+// Package fcfake is a stand-in for Firecracker's API in tests: its
+// v1.16.1 request schema (Check) and an API server with Firecracker's
+// state machine and error bodies (Server). The microvm tests run it
+// in-process and, as a real jailed process, through cmd fcstandin.
+package fcfake
 
 import (
 	"encoding/json"
@@ -22,18 +26,19 @@ type field struct {
 	required bool
 	enum     []string
 	min, max int64 // integers; 0,0 = unbounded
-	object   *schema
-	items    *schema
+	object   *Schema
+	items    *Schema
 }
 
-type schema struct {
-	def    string
+type Schema struct {
+	// Def is the swagger definition's name.
+	Def    string
 	fields map[string]field
 }
 
 var (
 	// definitions/MachineConfiguration: vcpu_count 1..32 and mem_size_mib required.
-	schemaMachineConfig = &schema{"MachineConfiguration", map[string]field{
+	SchemaMachineConfig = &Schema{"MachineConfiguration", map[string]field{
 		"vcpu_count":        {typ: "integer", required: true, min: 1, max: 32},
 		"mem_size_mib":      {typ: "integer", required: true},
 		"smt":               {typ: "boolean"},
@@ -42,13 +47,13 @@ var (
 		"cpu_template":      {typ: "string"},
 	}}
 	// definitions/BootSource: kernel_image_path required.
-	schemaBootSource = &schema{"BootSource", map[string]field{
+	SchemaBootSource = &Schema{"BootSource", map[string]field{
 		"kernel_image_path": {typ: "string", required: true},
 		"boot_args":         {typ: "string"},
 		"initrd_path":       {typ: "string"},
 	}}
 	// definitions/Drive: drive_id and is_root_device required.
-	schemaDrive = &schema{"Drive", map[string]field{
+	SchemaDrive = &Schema{"Drive", map[string]field{
 		"drive_id":       {typ: "string", required: true},
 		"is_root_device": {typ: "boolean", required: true},
 		"path_on_host":   {typ: "string"},
@@ -59,25 +64,25 @@ var (
 		"socket":         {typ: "string"},
 	}}
 	// definitions/NetworkInterface: iface_id and host_dev_name required.
-	schemaNetworkInterface = &schema{"NetworkInterface", map[string]field{
+	SchemaNetworkInterface = &Schema{"NetworkInterface", map[string]field{
 		"iface_id":      {typ: "string", required: true},
 		"host_dev_name": {typ: "string", required: true},
 		"guest_mac":     {typ: "string"},
 	}}
 	// definitions/Vsock: guest_cid (minimum 3) and uds_path required.
-	schemaVsock = &schema{"Vsock", map[string]field{
+	SchemaVsock = &Schema{"Vsock", map[string]field{
 		"guest_cid": {typ: "integer", required: true, min: 3, max: 1<<32 - 1},
 		"uds_path":  {typ: "string", required: true},
 		"vsock_id":  {typ: "string"},
 	}}
 	// definitions/Balloon: amount_mib and deflate_on_oom required.
-	schemaBalloon = &schema{"Balloon", map[string]field{
+	SchemaBalloon = &Schema{"Balloon", map[string]field{
 		"amount_mib":               {typ: "integer", required: true},
 		"deflate_on_oom":           {typ: "boolean", required: true},
 		"stats_polling_interval_s": {typ: "integer"},
 	}}
 	// definitions/Logger: nothing required; level is an enum.
-	schemaLogger = &schema{"Logger", map[string]field{
+	SchemaLogger = &Schema{"Logger", map[string]field{
 		"log_path":        {typ: "string"},
 		"level":           {typ: "string", enum: []string{"Error", "Warning", "Info", "Debug", "Trace", "Off"}},
 		"show_level":      {typ: "boolean"},
@@ -85,59 +90,59 @@ var (
 		"module":          {typ: "string"},
 	}}
 	// definitions/Metrics: metrics_path required.
-	schemaMetrics = &schema{"Metrics", map[string]field{
+	SchemaMetrics = &Schema{"Metrics", map[string]field{
 		"metrics_path": {typ: "string", required: true},
 	}}
 	// definitions/InstanceActionInfo: action_type required, an enum.
-	schemaAction = &schema{"InstanceActionInfo", map[string]field{
+	SchemaAction = &Schema{"InstanceActionInfo", map[string]field{
 		"action_type": {typ: "string", required: true, enum: []string{"FlushMetrics", "InstanceStart", "SendCtrlAltDel"}},
 	}}
 	// definitions/Vm: state required, Paused or Resumed.
-	schemaVM = &schema{"Vm", map[string]field{
+	SchemaVM = &Schema{"Vm", map[string]field{
 		"state": {typ: "string", required: true, enum: []string{"Paused", "Resumed"}},
 	}}
 	// definitions/SnapshotCreateParams: mem_file_path and snapshot_path required.
-	schemaSnapshotCreate = &schema{"SnapshotCreateParams", map[string]field{
+	SchemaSnapshotCreate = &Schema{"SnapshotCreateParams", map[string]field{
 		"mem_file_path": {typ: "string", required: true},
 		"snapshot_path": {typ: "string", required: true},
 		"snapshot_type": {typ: "string", enum: []string{"Full", "Diff"}},
 	}}
 	// definitions/MemoryBackend: backend_type (File, Uffd) and backend_path required.
-	schemaMemoryBackend = &schema{"MemoryBackend", map[string]field{
+	SchemaMemoryBackend = &Schema{"MemoryBackend", map[string]field{
 		"backend_type": {typ: "string", required: true, enum: []string{"File", "Uffd"}},
 		"backend_path": {typ: "string", required: true},
 	}}
 	// definitions/NetworkOverride: iface_id and host_dev_name required.
-	schemaNetworkOverride = &schema{"NetworkOverride", map[string]field{
+	SchemaNetworkOverride = &Schema{"NetworkOverride", map[string]field{
 		"iface_id":      {typ: "string", required: true},
 		"host_dev_name": {typ: "string", required: true},
 	}}
 	// definitions/SnapshotLoadParams: snapshot_path required; exactly one
 	// of mem_file_path (deprecated) and mem_backend.
-	schemaSnapshotLoad = &schema{"SnapshotLoadParams", map[string]field{
+	SchemaSnapshotLoad = &Schema{"SnapshotLoadParams", map[string]field{
 		"snapshot_path":         {typ: "string", required: true},
 		"mem_file_path":         {typ: "string"},
-		"mem_backend":           {typ: "object", object: schemaMemoryBackend},
+		"mem_backend":           {typ: "object", object: SchemaMemoryBackend},
 		"enable_diff_snapshots": {typ: "boolean"},
 		"track_dirty_pages":     {typ: "boolean"},
 		"resume_vm":             {typ: "boolean"},
-		"network_overrides":     {typ: "array", items: schemaNetworkOverride},
+		"network_overrides":     {typ: "array", items: SchemaNetworkOverride},
 	}}
 )
 
-// check validates a JSON body against s as Firecracker's deserializer
+// Check validates a JSON body against s as Firecracker's deserializer
 // does: unknown fields, missing required ones, wrong types, enums, ranges.
-func (s *schema) check(body []byte) error {
+func (s *Schema) Check(body []byte) error {
 	var m map[string]any
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.UseNumber()
 	if err := dec.Decode(&m); err != nil {
-		return fmt.Errorf("%s: %v", s.def, err)
+		return fmt.Errorf("%s: %v", s.Def, err)
 	}
 	return s.checkMap(m)
 }
 
-func (s *schema) checkMap(m map[string]any) error {
+func (s *Schema) checkMap(m map[string]any) error {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -146,9 +151,9 @@ func (s *schema) checkMap(m map[string]any) error {
 	for _, k := range keys {
 		f, ok := s.fields[k]
 		if !ok {
-			return fmt.Errorf("%s: unknown field `%s`", s.def, k)
+			return fmt.Errorf("%s: unknown field `%s`", s.Def, k)
 		}
-		if err := f.checkValue(s.def+"."+k, m[k]); err != nil {
+		if err := f.checkValue(s.Def+"."+k, m[k]); err != nil {
 			return err
 		}
 	}
@@ -159,14 +164,14 @@ func (s *schema) checkMap(m map[string]any) error {
 	sort.Strings(names)
 	for _, k := range names {
 		if _, ok := m[k]; s.fields[k].required && !ok {
-			return fmt.Errorf("%s: missing field `%s`", s.def, k)
+			return fmt.Errorf("%s: missing field `%s`", s.Def, k)
 		}
 	}
-	if s == schemaSnapshotLoad {
+	if s == SchemaSnapshotLoad {
 		_, a := m["mem_file_path"]
 		_, b := m["mem_backend"]
 		if a == b {
-			return fmt.Errorf("%s: exactly one of mem_file_path and mem_backend", s.def)
+			return fmt.Errorf("%s: exactly one of mem_file_path and mem_backend", s.Def)
 		}
 	}
 	return nil

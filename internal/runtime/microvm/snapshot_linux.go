@@ -1,0 +1,333 @@
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
+)
+
+// A snapshot directory holds Firecracker's state file (SnapshotStateFile)
+// and memory file (SnapshotMemFile) with their SnapshotMeta
+// (SnapshotMetaFile), and the sandbox's disks as they were while the VM
+// was paused, described by the manifest (manifestFile). The state and
+// memory files are root's and read-only (0444): every restore hard-links
+// them into its own jail and Firecracker maps the memory MAP_PRIVATE, so
+// clones share its pages until they write them.
+const manifestFile = "microvm-snapshot.json"
+
+type manifest struct {
+	Version  int                 `json:"version"`
+	SourceID string              `json:"source_id"`
+	Layers   []string            `json:"layers"` // digests, topmost first
+	Network  runtime.NetworkMode `json:"network"`
+	RWSize   int64               `json:"rw_size"`
+	Config   fileSum             `json:"config"`
+	FrozenNS int64               `json:"frozen_ns"`
+	Created  time.Time           `json:"created"`
+}
+
+type fileSum struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Snapshot implements runtime.Snapshotter: PATCH /vm Paused, PUT
+// /snapshot/create (Full) into the jail, a copy of the disks, PATCH /vm
+// Resumed; the files then move to dir. The source is paused only while
+// its state, memory and disks are written.
+func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.SnapshotInfo, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	if _, err := r.snapshotTo(ctx, sb, dir); err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	var n int64
+	for _, f := range []string{SnapshotStateFile, SnapshotMemFile, "rw.ext4", "config.img"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			n += st.Size()
+		}
+	}
+	return runtime.SnapshotInfo{Memory: true, Bytes: n}, nil
+}
+
+func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (frozen time.Duration, err error) {
+	sb.startMu.Lock()
+	defer sb.startMu.Unlock()
+	sb.mu.Lock()
+	started, st := sb.started, sb.st
+	sb.mu.Unlock()
+	select {
+	case <-sb.done:
+		return 0, errdefs.New(errdefs.ErrFailedPrecondition, "microvm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
+	default:
+	}
+	if !started {
+		return 0, errdefs.New(errdefs.ErrFailedPrecondition, "microvm sandbox %q never started; snapshot running or paused sandboxes", sb.id)
+	}
+	written := []string{SnapshotStateFile, SnapshotMemFile, SnapshotMetaFile, "rw.ext4", "config.img", manifestFile}
+	defer func() {
+		if err != nil {
+			for _, f := range written {
+				_ = os.Remove(filepath.Join(dir, f))
+			}
+		}
+	}()
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	jailDir := "/snapshot-" + hex.EncodeToString(rnd[:])
+	hostDir := filepath.Join(r.cfg.Root(st.JailID), jailDir)
+	if err := os.Mkdir(hostDir, 0o700); err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot dir: %w", err)
+	}
+	defer func() { _ = os.RemoveAll(hostDir) }()
+	if err := os.Chown(hostDir, st.UID, st.UID); err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot dir: %w", err)
+	}
+	c := r.client(st)
+	info, err := c.InstanceInfo(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("microvm %s snapshot: %w", sb.id, err)
+	}
+	wasPaused := info.State == "Paused"
+	t0 := time.Now()
+	err = func() error {
+		if !wasPaused {
+			defer func() {
+				if rerr := c.PatchVM(context.WithoutCancel(ctx), VMResumed); rerr != nil && err == nil {
+					err = fmt.Errorf("microvm %s snapshot: resume the source: %w", sb.id, rerr)
+				}
+				frozen = time.Since(t0)
+			}()
+		}
+		meta := SnapshotMeta{Accel: st.Accel, MemoryMB: st.Plan.MemoryMB, VCPUs: st.Plan.VCPUs}
+		if err := CreateSnapshot(ctx, c, hostDir, jailDir, meta, true); err != nil {
+			return fmt.Errorf("microvm %s: %w", sb.id, err)
+		}
+		for _, f := range []string{"rw.ext4", "config.img"} {
+			if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
+				return fmt.Errorf("microvm %s snapshot of its disk: %w", sb.id, err)
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range []string{SnapshotStateFile, SnapshotMemFile, SnapshotMetaFile} {
+		if err := moveFile(filepath.Join(hostDir, f), filepath.Join(dir, f)); err != nil {
+			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
+		}
+		if err := os.Chown(filepath.Join(dir, f), 0, 0); err != nil {
+			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
+		}
+		if err := os.Chmod(filepath.Join(dir, f), 0o444); err != nil {
+			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
+		}
+	}
+	m := manifest{Version: 1, SourceID: sb.id, Network: runtime.NetworkNone, FrozenNS: int64(frozen), Created: time.Now().UTC()}
+	if st.Plan.Tap != "" {
+		m.Network = runtime.NetworkTap
+	}
+	// The layers' digests come from the link names' targets: the plan has
+	// jail paths, the manifest the source's digests from its Handle.
+	m.Layers = st.Layers
+	rw, err := os.Stat(filepath.Join(dir, "rw.ext4"))
+	if err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot disk: %w", err)
+	}
+	m.RWSize = rw.Size()
+	if m.Config.Size, m.Config.SHA256, err = hashFile(filepath.Join(dir, "config.img")); err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot config disk: %w", err)
+	}
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, manifestFile), b, 0o600); err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot manifest: %w", err)
+	}
+	return frozen, nil
+}
+
+// moveFile renames src to dst, or copies it across filesystems.
+func moveFile(src, dst string) error {
+	if err := os.Rename(src, dst); err == nil || !errors.Is(err, unix.EXDEV) {
+		return err
+	}
+	if err := copySparse(src, dst); err != nil {
+		return err
+	}
+	return os.Remove(src)
+}
+
+// Restore implements runtime.Snapshotter: the snapshot is checked
+// (metadata, sizes, the state file's digest, the accelerator kind, the
+// disks, the image's layers and the network mode) before anything is
+// made; Start loads it into a fresh jailed firecracker with a File memory
+// backend and the clone's tap, and gives the guest its own identity.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) (runtime.Handle, error) {
+	rf, err := r.loadSnapshot(dir)
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	return r.create(ctx, spec, rf)
+}
+
+func (r *Runtime) loadSnapshot(dir string) (*restoreFrom, error) {
+	meta, err := CheckSnapshot(dir, string(r.accel.Kind))
+	if err != nil {
+		return nil, err
+	}
+	rf := &restoreFrom{dir: dir, meta: meta}
+	b, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return nil, errdefs.Invalid("snapshot", "%s holds no microvm manifest (%s): %v; take the snapshot again", dir, manifestFile, err)
+	}
+	if err := json.Unmarshal(b, &rf.man); err != nil || rf.man.Version != 1 {
+		return nil, errdefs.Invalid("snapshot", "%s: the manifest %s is corrupted or of another version (%v); take the snapshot again", dir, manifestFile, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "rw.ext4")); err != nil || st.Size() != rf.man.RWSize {
+		return nil, errdefs.Invalid("snapshot", "%s: the writable disk is missing or not %d bytes (%v): truncated; take the snapshot again", dir, rf.man.RWSize, err)
+	}
+	if n, sum, err := hashFile(filepath.Join(dir, "config.img")); err != nil || n != rf.man.Config.Size || sum != rf.man.Config.SHA256 {
+		return nil, errdefs.Invalid("snapshot", "%s: the configuration disk is missing or corrupted (%v); take the snapshot again", dir, err)
+	}
+	return rf, nil
+}
+
+// check refuses a snapshot spec cannot be restored from.
+func (rf *restoreFrom) check(_ *Runtime, spec runtime.Spec) error {
+	if spec.Network.Mode != rf.man.Network {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s has network mode %q and the new sandbox %q; restore it with the same kind of network", rf.dir, rf.man.Network, spec.Network.Mode)
+	}
+	if len(spec.Rootfs.Layers) != len(rf.man.Layers) {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s has %d image layers and the new sandbox %d; restore it on the snapshot's image", rf.dir, len(rf.man.Layers), len(spec.Rootfs.Layers))
+	}
+	for i, l := range spec.Rootfs.Layers {
+		if l.Digest != rf.man.Layers[i] {
+			return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s layer %d is %s and the new sandbox's %s; restore it on the snapshot's image", rf.dir, i, rf.man.Layers[i], l.Digest)
+		}
+	}
+	return nil
+}
+
+// copyDisks copies the snapshot's disks into the new sandbox's StateDir.
+func (rf *restoreFrom) copyDisks(sd string) error {
+	for _, f := range []string{"rw.ext4", "config.img"} {
+		if err := copySparse(filepath.Join(rf.dir, f), filepath.Join(sd, f)); err != nil {
+			return errdefs.New(errdefs.ErrInternal, "microvm restore disk %s: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// link puts the state and memory files into the jail at /snapshot: hard
+// links (one inode for every clone: shared page cache) or read-only binds.
+func (rf *restoreFrom) link(root string, uid int) error {
+	d := filepath.Join(root, "snapshot")
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return errdefs.New(errdefs.ErrInternal, "microvm restore: %w", err)
+	}
+	if err := os.Chown(d, uid, uid); err != nil {
+		return errdefs.New(errdefs.ErrInternal, "microvm restore: %w", err)
+	}
+	for _, f := range []string{SnapshotStateFile, SnapshotMemFile} {
+		if err := placeFile(filepath.Join(rf.dir, f), filepath.Join(d, f), -1, uid); err != nil {
+			return errdefs.New(errdefs.ErrInternal, "microvm restore %s: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// Fork implements runtime.Forker: one snapshot of the source into its
+// StateDir, then one restore per spec; every fork's memory is the same
+// file's pages (MAP_PRIVATE), shared until written. Either all are made
+// or none.
+func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ []runtime.ForkResult, err error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(sb.st.StateDir, "fork-")
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInternal, "microvm fork dir: %w", err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	frozen, err := r.snapshotTo(ctx, sb, dir)
+	if err != nil {
+		return nil, err
+	}
+	rf, err := r.loadSnapshot(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.ForkResult, 0, len(specs))
+	for _, s := range specs {
+		h, err := r.create(ctx, s, rf)
+		if err != nil {
+			for _, f := range out {
+				_ = r.Delete(context.WithoutCancel(ctx), f.Handle.ID)
+			}
+			return nil, fmt.Errorf("fork %s: %w", s.ID, err)
+		}
+		out = append(out, runtime.ForkResult{Handle: h, MemoryPreserved: true, SourceFrozen: frozen})
+	}
+	return out, nil
+}
+
+// copySparse copies src to a new file dst, only src's data extents.
+func copySparse(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = os.Remove(dst)
+		}
+	}()
+	size := fi.Size()
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		} else if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
