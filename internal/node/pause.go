@@ -199,6 +199,11 @@ func (n *Node) undo(ctx context.Context, c change) {
 	}
 	var err error
 	switch {
+	case c.prev.State == statePaused && c.next.State == statePaused:
+		// A dropped memory cannot come back: memory keeps next, as the
+		// backend has it.
+		log.G(ctx).Error("unrecorded drop of a paused sandbox's memory kept", log.SandboxID(id))
+		return
 	case c.prev.PausedFilesystem && c.prev.State == statePaused: // a resume
 		c.sb.fsPauses.Add(1)
 		err = n.backendPause(ctx, c.sb, c.prev)
@@ -252,7 +257,12 @@ func (n *Node) pause(ctx context.Context, id string, filesystemOnly bool, check 
 	n.mu.Unlock()
 	switch rec.State {
 	case statePaused:
-		return change{next: rec}, nil
+		if !filesystemOnly || rec.PausedFilesystem {
+			return change{next: rec}, nil
+		}
+		// Paused with its memory, now to keep only its files (E2B's
+		// connect with memory false: a reboot from its files).
+		return n.dropMemory(ctx, sb, rec)
 	case stateRunning:
 	default:
 		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
@@ -303,6 +313,36 @@ func (n *Node) pause(ctx context.Context, id string, filesystemOnly bool, check 
 		if t := sb.transport.Load(); t != nil {
 			t.CloseIdleConnections() // to the agent that ended
 		}
+	}
+	return change{sb: sb, prev: prev, next: &r2}, nil
+}
+
+// dropMemory turns a sandbox paused with its memory into one paused keeping
+// only its files (its frozen processes end). sb.pauseMu is held.
+func (n *Node) dropMemory(ctx context.Context, sb *sandbox, rec *record) (change, error) {
+	if err := n.canPause(rec, true); err != nil {
+		return change{}, err
+	}
+	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
+		fmt.Errorf("the pause took longer than %s", freezeDeadline))
+	defer cancel()
+	sb.fsPauses.Add(1)
+	if err := n.backendPause(fctx, sb, rec); err != nil {
+		n.watchExit(sb)
+		return change{}, fmt.Errorf("pause sandbox %s keeping only its files: %w", sb.id, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := sb.rec
+	if prev.State != statePaused { // stopped meanwhile
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", sb.id, prev.State)
+	}
+	r2 := *prev
+	r2.PausedFilesystem = true
+	sb.rec = &r2
+	n.releaseRoom(sb)
+	if t := sb.transport.Load(); t != nil {
+		t.CloseIdleConnections()
 	}
 	return change{sb: sb, prev: prev, next: &r2}, nil
 }
