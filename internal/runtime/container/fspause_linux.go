@@ -23,6 +23,10 @@ var _ runtime.FilesystemPauser = (*Runtime)(nil)
 // again, so a node that dies in between finds it paused, not dead.
 const fsPausedFile = "fs-paused"
 
+// launchEnvFile in a bundle keeps the environment Launch gave a prestarted
+// sandbox's agent, for its start again at a ResumeFilesystem.
+const launchEnvFile = "launch.env"
+
 // PauseFilesystem ends every process of a running sandbox (its memory and
 // cgroups go with them, runc forgets the container) and keeps its bundle:
 // the writable layer and its quota, config.json, the agent's run and log
@@ -116,6 +120,13 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 		if _, err := os.Stat(filepath.Join(sb.st.Bundle, d)); err != nil {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "resume sandbox %s: its %s directory is gone (%v; the host restarted?); it cannot run again", id, d, err)
 		}
+	}
+	if env, err := os.ReadFile(filepath.Join(sb.st.Bundle, launchEnvFile)); err == nil {
+		if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, string(env)); err != nil {
+			return fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("resume sandbox %s: read its launch environment: %w", id, err)
 	}
 	root := filepath.Join(sb.st.Bundle, rootfsDir)
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(sb.st.Lower, ":"), sb.st.upper(), sb.st.work())

@@ -927,7 +927,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, tmpDir, configFile, pidFile, seccompFile, interpreterFile, fsPausedFile}
+		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, tmpDir, configFile, pidFile, seccompFile, interpreterFile, fsPausedFile, launchEnvFile}
 		seeds, _ := filepath.Glob(filepath.Join(sb.st.Bundle, forkSeedPrefix+"*"))
 		for _, s := range seeds {
 			names = append(names, filepath.Base(s))
