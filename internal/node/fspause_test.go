@@ -120,9 +120,12 @@ func TestFilesystemPause(t *testing.T) {
 	f.rt = rt2
 	f.cfg.Backends = map[string]runtime.Runtime{"container": be}
 	n2 := f.open(t)
-	got, _, err := n2.Get(t.Context(), rec.ID)
+	got, gsb, err := n2.Get(t.Context(), rec.ID)
 	if err != nil || got.State != statePaused || !got.PausedFilesystem {
 		t.Fatalf("after a node restart: %+v %v, want paused keeping files", got, err)
+	}
+	if !n2.toProto(gsb).GetPausedFilesystem() {
+		t.Fatalf("the sandbox message after the restart does not say paused_filesystem")
 	}
 	if _, mem := reserved(n2); mem != 0 {
 		t.Fatalf("memory reserved after the restart: %d MiB, want 0 (the only sandbox is paused keeping files)", mem)

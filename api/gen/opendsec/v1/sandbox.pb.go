@@ -516,7 +516,8 @@ type Sandbox struct {
 	ParentId string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	// The sandbox is PAUSED keeping only its files (filesystem_only): none of
 	// its processes runs and it holds no memory or CPU of its node.
-	PausedFilesystem bool `protobuf:"varint,13,opt,name=paused_filesystem,json=pausedFilesystem,proto3" json:"paused_filesystem,omitempty"`
+	// (14, as in the node's message: shared fields keep their numbers.)
+	PausedFilesystem bool `protobuf:"varint,14,opt,name=paused_filesystem,json=pausedFilesystem,proto3" json:"paused_filesystem,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -5710,7 +5711,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\tR\x05owner\x12\x18\n" +
 	"\aproject\x18\v \x01(\tR\aproject\x12\x1b\n" +
 	"\tparent_id\x18\f \x01(\tR\bparentId\x12+\n" +
-	"\x11paused_filesystem\x18\r \x01(\bR\x10pausedFilesystem\"\x89\x01\n" +
+	"\x11paused_filesystem\x18\x0e \x01(\bR\x10pausedFilesystem\"\x89\x01\n" +
 	"\x14CreateSandboxRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
