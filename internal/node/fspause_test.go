@@ -229,12 +229,26 @@ func TestFilesystemPauseAdmissionAndTimeout(t *testing.T) {
 	if dirs := f.rt.CgroupDirs(rec.ID); len(dirs) != 0 {
 		t.Fatalf("cgroups left after the timeout's filesystem pause: %v", dirs)
 	}
+	// A fork of it copies its files; the source stays paused.
+	out, err := n.Fork(t.Context(), ForkRequest{SourceID: rec.ID, Count: 1})
+	if err != nil {
+		t.Fatalf("fork of a filesystem-paused sandbox: %v", err)
+	}
+	if r := mustRun(t, f.rt, out.Forks[0].Sandbox.id, "cat /data"); r.Stdout != "v1\n" {
+		t.Fatalf("file in the fork: %+v", r)
+	}
+	if err := n.Stop(t.Context(), out.Forks[0].Sandbox.id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := n.Get(t.Context(), rec.ID); got.State != statePaused || !got.PausedFilesystem {
+		t.Fatalf("source after the fork: %+v, want still paused keeping files", got)
+	}
 	// Fill the node's memory meanwhile: the resume must refuse.
 	n.mu.Lock()
 	fill := n.memQuota() - n.reservedMem
 	n.reservedMem += fill
 	n.mu.Unlock()
-	_, err := n.Resume(t.Context(), rec.ID, 0)
+	_, err = n.Resume(t.Context(), rec.ID, 0)
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stays paused") {
 		t.Fatalf("resume without room: %v, want resource exhausted saying it stays paused", err)
 	}
