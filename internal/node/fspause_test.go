@@ -230,7 +230,7 @@ func TestFilesystemPauseAdmissionAndTimeout(t *testing.T) {
 		t.Fatalf("cgroups left after the timeout's filesystem pause: %v", dirs)
 	}
 	// A fork of it copies its files; the source stays paused.
-	out, err := n.Fork(t.Context(), ForkRequest{SourceID: rec.ID, Count: 1})
+	out, err := n.Fork(t.Context(), ForkRequest{SourceID: rec.ID, Count: 1, TimeoutSec: 600}) // past the test clock's jump
 	if err != nil {
 		t.Fatalf("fork of a filesystem-paused sandbox: %v", err)
 	}
