@@ -289,3 +289,42 @@ func TestFilesystemPauseRefusedWithoutBackend(t *testing.T) {
 		t.Fatalf("create with on_timeout pause_filesystem on the fake backend: %v, want invalid on_timeout", err)
 	}
 }
+
+// A node killed between a filesystem pause's kill and its record: recovery
+// takes the pause from the backend, releases the reservation, and a call
+// into it starts it again.
+func TestRecoverReconcilesFilesystemPause(t *testing.T) {
+	f := newFixture(t)
+	n1, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := f.create(t, n1, specRecord{MemoryMB: 128})
+	mustRun(t, f.rt, rec.ID, "echo x > /x")
+	n1.Close() // as if killed: it sees nothing of what follows
+	if err := f.rt.PauseFilesystem(t.Context(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	rt2, err := container.New(container.Config{AgentPath: testutil.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rt = rt2
+	f.cfg.Backends = map[string]runtime.Runtime{"container": rt2}
+	n2 := f.open(t)
+	got, _, err := n2.Get(t.Context(), rec.ID)
+	if err != nil || got.State != statePaused || !got.PausedFilesystem {
+		t.Fatalf("after restart: %+v %v, want paused keeping files (the backend is)", got, err)
+	}
+	if _, mem := reserved(n2); mem != 0 {
+		t.Fatalf("memory reserved after the restart: %d MiB, want 0", mem)
+	}
+	srv := httptest.NewServer(n2.AgentProxy())
+	defer srv.Close()
+	if code, body := agentGet(t, srv, rec.ID, "files?path=/x"); code != http.StatusOK || body != "x\n" {
+		t.Fatalf("file read into the filesystem-paused sandbox: %d %q", code, body)
+	}
+	if got, _, _ := n2.Get(t.Context(), rec.ID); got.State != stateRunning {
+		t.Fatalf("state after the call: %s, want running", got.State)
+	}
+}
