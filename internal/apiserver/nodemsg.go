@@ -41,7 +41,7 @@ func nodeSetNetworkRequest(m *v1.SetNetworkRequest) *nodev1.SetNetworkRequest {
 }
 
 func nodePauseRequest(m *v1.PauseSandboxRequest) *nodev1.PauseSandboxRequest {
-	return &nodev1.PauseSandboxRequest{SandboxId: m.GetId(), Reclaim: m.GetReclaim()}
+	return &nodev1.PauseSandboxRequest{SandboxId: m.GetId(), Reclaim: m.GetReclaim(), FilesystemOnly: m.GetFilesystemOnly()}
 }
 
 func nodeResumeRequest(m *v1.ResumeSandboxRequest) *nodev1.ResumeSandboxRequest {
@@ -125,18 +125,19 @@ func publicSandbox(n *nodev1.Sandbox) *v1.Sandbox {
 		return nil
 	}
 	return &v1.Sandbox{
-		Id:             n.GetId(),
-		NodeId:         n.GetNodeId(),
-		Spec:           publicSpec(n.GetSpec()),
-		State:          publicState(n.GetState()),
-		CreatedAt:      n.GetCreatedAt(),
-		ExpiresAt:      n.GetExpiresAt(),
-		LastActivityAt: n.GetLastActivityAt(),
-		Reason:         n.GetReason(),
-		FromWarmPool:   n.GetFromWarmPool(),
-		Owner:          n.GetOwner(),
-		Project:        n.GetProject(),
-		ParentId:       n.GetParentId(),
+		Id:               n.GetId(),
+		NodeId:           n.GetNodeId(),
+		Spec:             publicSpec(n.GetSpec()),
+		State:            publicState(n.GetState()),
+		CreatedAt:        n.GetCreatedAt(),
+		ExpiresAt:        n.GetExpiresAt(),
+		LastActivityAt:   n.GetLastActivityAt(),
+		Reason:           n.GetReason(),
+		FromWarmPool:     n.GetFromWarmPool(),
+		Owner:            n.GetOwner(),
+		Project:          n.GetProject(),
+		ParentId:         n.GetParentId(),
+		PausedFilesystem: n.GetPausedFilesystem(),
 	}
 }
 

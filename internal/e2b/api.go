@@ -292,7 +292,10 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			return
 		}
 		autoPause := req.AutoPause != nil && *req.AutoPause
-		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		// autoPauseMemory false: the timeout's pause keeps only the files
+		// (the node's on_timeout "pause_filesystem"), as E2B's.
+		fsPause := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
+		if fsPause {
 			if !autoPause {
 				writeError(w, http.StatusBadRequest, "autoPauseMemory: only meaningful with autoPause: true")
 				return
@@ -301,8 +304,6 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 				writeError(w, http.StatusBadRequest, "autoResume: a filesystem-only pause (autoPauseMemory: false) cannot be resumed by traffic; set autoResume false or drop autoPauseMemory")
 				return
 			}
-			writeError(w, http.StatusBadRequest, "autoPauseMemory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
-			return
 		}
 		secure := v2 || req.Secure == nil || *req.Secure
 		labels := map[string]string{
@@ -357,7 +358,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			User:           g.cfg.User,
 			Workdir:        homeOf(g.cfg.User),
 			Network:        network,
-			OnTimeout:      onTimeout(autoPause),
+			OnTimeout:      onTimeout(autoPause, fsPause),
 			// E2B's sandboxes let user sudo; ours keep the capability set
 			// and seccomp filter either way.
 			AllowPrivilegeEscalation: !g.cfg.NoPrivilegeEscalation,
@@ -501,7 +502,7 @@ func (g *Gateway) detailOf(sb *v1.Sandbox, full bool) detailJSON {
 		// Traffic to a paused sandbox resumes it (the node's auto-resume)
 		// unless the create asked for autoResume {"enabled": false}.
 		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: l[labelNoResume] != "true"}
-		if sp := sb.GetSpec(); sp.GetOnTimeout() == sandboxspec.OnTimeoutPause || sp.GetAutoPause() {
+		if sp := sb.GetSpec(); sp.GetOnTimeout() == sandboxspec.OnTimeoutPause || sp.GetOnTimeout() == sandboxspec.OnTimeoutPauseFilesystem || sp.GetAutoPause() {
 			out.Lifecycle.OnTimeout = "pause"
 		}
 		if l[labelSecure] == "true" {
@@ -658,12 +659,9 @@ func (g *Gateway) connect(defTimeout int64) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		if body.Memory != nil && !*body.Memory {
-			writeError(w, http.StatusBadRequest, "memory: false (a cold boot from the filesystem) is not supported; OpenDsec keeps a paused sandbox's memory, leave it unset")
-			return
-		}
 		if stateOf(sb) == "paused" {
-			sb, err := g.resumeSandbox(r.Context(), sb.GetId(), t)
+			reboot := body.Memory != nil && !*body.Memory
+			sb, err := g.resumePaused(r.Context(), sb, t, reboot)
 			if err != nil {
 				writeErr(w, err)
 				return
@@ -690,10 +688,6 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if body.Memory != nil && !*body.Memory {
-		writeError(w, http.StatusBadRequest, "memory: false (a filesystem-only pause) is not supported; OpenDsec pauses always keep memory, leave it unset")
-		return
-	}
 	sb, err := g.lookup(r.Context(), sandboxID(r))
 	if err != nil {
 		writeErr(w, err)
@@ -704,12 +698,27 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.forget(sb.GetId())
-	if _, err := g.cfg.API.PauseSandbox(r.Context(), connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId()})); err != nil {
+	// memory false: keep only the files (resume starts it again on them).
+	fsOnly := body.Memory != nil && !*body.Memory
+	if _, err := g.cfg.API.PauseSandbox(r.Context(), connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId(), FilesystemOnly: fsOnly})); err != nil {
 		writeErr(w, fmt.Errorf("pause sandbox: %w", errdefs.FromConnect(err)))
 		return
 	}
 	g.forget(sb.GetId())
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// resumePaused resumes a paused sandbox; with reboot (E2B's memory false
+// on connect or resume) one paused with its memory drops it first, so it
+// starts again from its files.
+func (g *Gateway) resumePaused(ctx context.Context, sb *v1.Sandbox, timeout int64, reboot bool) (*v1.Sandbox, error) {
+	if reboot && !sb.GetPausedFilesystem() {
+		g.forget(sb.GetId())
+		if _, err := g.cfg.API.PauseSandbox(ctx, connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId(), FilesystemOnly: true})); err != nil {
+			return nil, fmt.Errorf("drop the memory of paused sandbox %s for a reboot: %w", sb.GetId(), errdefs.FromConnect(err))
+		}
+	}
+	return g.resumeSandbox(ctx, sb.GetId(), timeout)
 }
 
 // resumeSandbox thaws a paused sandbox; its lifetime ends timeout seconds
@@ -743,10 +752,6 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if body.Memory != nil && !*body.Memory {
-		writeError(w, http.StatusBadRequest, "memory: false (a cold boot from the filesystem) is not supported; leave it unset")
-		return
-	}
 	sb, err := g.lookup(r.Context(), sandboxID(r))
 	if err != nil {
 		writeErr(w, err)
@@ -756,7 +761,7 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox %s is already running", sb.GetId())
 		return
 	}
-	if sb, err = g.resumeSandbox(r.Context(), sb.GetId(), t); err != nil {
+	if sb, err = g.resumePaused(r.Context(), sb, t, body.Memory != nil && !*body.Memory); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -1061,8 +1066,11 @@ func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
 
 // onTimeout is the on_timeout of a sandbox created with E2B's autoPause:
 // "pause", else "stop" (E2B's "kill").
-func onTimeout(autoPause bool) string {
-	if autoPause {
+func onTimeout(autoPause, filesystemOnly bool) string {
+	switch {
+	case autoPause && filesystemOnly:
+		return sandboxspec.OnTimeoutPauseFilesystem
+	case autoPause:
 		return sandboxspec.OnTimeoutPause
 	}
 	return sandboxspec.OnTimeoutStop

@@ -38,6 +38,8 @@ type fakeAPI struct {
 	networkOff bool
 	// extraImages are images besides the default ones that creates find.
 	extraImages []string
+	// pauses are the PauseSandbox requests.
+	pauses []*v1.PauseSandboxRequest
 }
 
 // seen records the token the call in ctx carries; f.mu is held.

@@ -33,6 +33,10 @@ func (f *fakeAPI) PauseSandbox(_ context.Context, r *connect.Request[v1.PauseSan
 	if err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	f.pauses = append(f.pauses, r.Msg)
+	sb.PausedFilesystem = sb.PausedFilesystem || r.Msg.GetFilesystemOnly()
+	f.mu.Unlock()
 	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: sb}), nil
 }
 
@@ -43,6 +47,7 @@ func (f *fakeAPI) ResumeSandbox(_ context.Context, r *connect.Request[v1.ResumeS
 	}
 	f.mu.Lock()
 	sb.ExpiresAt = timestamppb.New(time.Now().Add(time.Duration(r.Msg.GetTimeoutSeconds()) * time.Second))
+	sb.PausedFilesystem = false
 	f.mu.Unlock()
 	return connect.NewResponse(&v1.ResumeSandboxResponse{Sandbox: sb}), nil
 }
@@ -82,9 +87,6 @@ func TestPauseResumeConnect(t *testing.T) {
 		t.Fatalf("create without autoPause: on_timeout %q, want stop", got)
 	}
 	h.do(h.keyA, "DELETE", "/sandboxes/"+m["sandboxID"].(string), "")
-	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`); w.Code != http.StatusBadRequest {
-		t.Fatalf("filesystem-only pause: %d %v", w.Code, m)
-	}
 	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", ``); w.Code != http.StatusNoContent {
 		t.Fatalf("pause: %d %v", w.Code, m)
 	}
@@ -127,6 +129,68 @@ func TestPauseResumeConnect(t *testing.T) {
 	}
 	if w, m := h.do(h.keyA, "POST", "/sandboxes", `{"templateID":"base","autoPauseMemory":false}`); w.Code != http.StatusBadRequest {
 		t.Fatalf("autoPauseMemory without autoPause: %d %v", w.Code, m)
+	}
+}
+
+// TestFilesystemOnlyPause: E2B's memory false (pause body, connect and the
+// deprecated resume's reboot) and autoPauseMemory false reach the API as
+// filesystem_only pauses and on_timeout "pause_filesystem".
+func TestFilesystemOnlyPause(t *testing.T) {
+	h := newHarness(t)
+	w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create with autoPauseMemory false: %d %v", w.Code, m)
+	}
+	id := m["sandboxID"].(string)
+	if got := h.api.sbs[id].GetSpec().GetOnTimeout(); got != "pause_filesystem" {
+		t.Fatalf("autoPauseMemory false passed on as on_timeout %q, want pause_filesystem", got)
+	}
+	if _, m := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); m["lifecycle"].(map[string]any)["onTimeout"] != "pause" {
+		t.Fatalf("lifecycle of a filesystem auto-pause sandbox: %v", m["lifecycle"])
+	}
+	// The SDKs' pause({keepMemory:false}) / pause(mode="filesystem").
+	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`); w.Code != http.StatusNoContent {
+		t.Fatalf("filesystem-only pause: %d %v", w.Code, m)
+	}
+	if n := len(h.api.pauses); n != 1 || !h.api.pauses[0].GetFilesystemOnly() {
+		t.Fatalf("pause requests: %v, want one filesystem_only", h.api.pauses)
+	}
+	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`); w.Code != http.StatusConflict {
+		t.Fatalf("second filesystem-only pause: %d %v, want 409", w.Code, m)
+	}
+	if _, m := h.do(h.keyA, "GET", "/sandboxes/"+id, ""); m["state"] != "paused" {
+		t.Fatalf("state after a filesystem-only pause: %v", m["state"])
+	}
+	// connect resumes it: 201, same ID.
+	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes/"+id+"/connect", `{"timeout":60}`); w.Code != http.StatusCreated || m["sandboxID"] != id {
+		t.Fatalf("connect to a filesystem-paused sandbox: %d %v, want 201", w.Code, m)
+	}
+	if st := h.api.sbs[id].GetState(); st != v1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("state after connect: %s", st)
+	}
+	// onResume "reboot" (connect memory false) of a sandbox paused with its
+	// memory: the memory is dropped, then it is resumed.
+	h.api.pauses = nil
+	h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":true}`)
+	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes/"+id+"/connect", `{"memory":false}`); w.Code != http.StatusCreated {
+		t.Fatalf("connect with memory false: %d %v, want 201", w.Code, m)
+	}
+	if p := h.api.pauses; len(p) != 2 || p[0].GetFilesystemOnly() || !p[1].GetFilesystemOnly() {
+		t.Fatalf("pause requests for a reboot: %v, want a memory pause then a filesystem_only one", p)
+	}
+	// The deprecated resume's memory false of a filesystem-paused sandbox
+	// needs no further pause.
+	h.api.pauses = nil
+	h.do(h.keyA, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`)
+	if w, m := h.do(h.keyA, "POST", "/sandboxes/"+id+"/resume", `{"timeout":30,"memory":false}`); w.Code != http.StatusCreated {
+		t.Fatalf("deprecated resume with memory false: %d %v", w.Code, m)
+	}
+	if len(h.api.pauses) != 1 {
+		t.Fatalf("pause requests: %v, want only the filesystem_only pause", h.api.pauses)
+	}
+	// E2B's infra refuses a filesystem auto-pause with autoResume.
+	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`); w.Code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["message"]), "autoResume") {
+		t.Fatalf("autoPauseMemory false with autoResume: %d %v", w.Code, m)
 	}
 }
 

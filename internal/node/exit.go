@@ -28,6 +28,8 @@ func (n *Node) watchExit(sb *sandbox) {
 	if !ok {
 		return
 	}
+	// A filesystem-only pause ends init; the pause watches the next run.
+	pauses := sb.fsPauses.Load()
 	go func() {
 		st, err := rt.Wait(n.life, sb.id)
 		if err != nil {
@@ -35,7 +37,8 @@ func (n *Node) watchExit(sb *sandbox) {
 		}
 		n.mu.Lock()
 		cur, ok := n.sandboxes[sb.id]
-		ours := ok && cur == sb && sb.stopDone == nil && sb.rec.State != stateStopping
+		ours := ok && cur == sb && sb.stopDone == nil && sb.rec.State != stateStopping &&
+			sb.fsPauses.Load() == pauses && !sb.rec.PausedFilesystem
 		n.mu.Unlock()
 		if !ours {
 			return

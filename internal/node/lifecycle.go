@@ -19,8 +19,10 @@ func (n *Node) forget(sb *sandbox) {
 	defer n.mu.Unlock()
 	if cur, ok := n.sandboxes[sb.rec.ID]; ok && cur == sb {
 		delete(n.sandboxes, sb.rec.ID)
-		n.reservedCPU -= sb.rec.Spec.CPU
-		n.reservedMem -= sb.rec.Spec.MemoryMB
+		if !sb.released {
+			n.reservedCPU -= sb.rec.Spec.CPU
+			n.reservedMem -= sb.rec.Spec.MemoryMB
+		}
 		n.usedSeq++
 	}
 	if sb.rec.RequestID != "" && n.requests[sb.rec.RequestID] == sb {

@@ -27,9 +27,10 @@ func TestSandboxMessageCarriesTheRecord(t *testing.T) {
 	}
 	p := f.toProto(sb)
 	unsetHere := map[protoreflect.Name]string{
-		"reason":         "set when the sandbox failed",
-		"from_warm_pool": "this one was made from scratch",
-		"parent_id":      "it was made from an image, not forked (fork_test.go checks forks set it)",
+		"reason":            "set when the sandbox failed",
+		"from_warm_pool":    "this one was made from scratch",
+		"parent_id":         "it was made from an image, not forked (fork_test.go checks forks set it)",
+		"paused_filesystem": "it runs (fspause_test.go checks a filesystem-paused one through Get)",
 	}
 	fields := p.ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {

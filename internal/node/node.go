@@ -231,6 +231,12 @@ type sandbox struct {
 	// resuming is the auto-resume in progress, nil when none; guarded by
 	// Node.mu.
 	resuming *resumeFlight
+	// fsPauses counts the filesystem-only pauses begun: watchExit takes an
+	// end of init seen after one began for the pause, not a death.
+	fsPauses atomic.Int64
+	// released: the sandbox's CPU and memory are not reserved (it is
+	// paused keeping only its files); guarded by Node.mu.
+	released bool
 	// lastCPU is the previous CPU sample, for Metrics.
 	lastCPU atomic.Pointer[cpuSample]
 }
@@ -391,6 +397,9 @@ func (n *Node) normalize(s *specRecord) error {
 			field = "auto_pause"
 		}
 		return errdefs.Invalid(field, "the %s backend cannot pause sandboxes; leave %s unset (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend, field)
+	}
+	if _, ok := n.cfg.Backends[ns.Backend].(runtime.FilesystemPauser); ns.FilesystemPauseOnTimeout() && !ok {
+		return errdefs.Invalid("on_timeout", "the %s backend cannot pause a sandbox keeping only its files; give \"pause\" (memory kept) or \"stop\", or run it on the container backend", ns.Backend)
 	}
 	if ns.Network != nil && n.cfg.Network == nil {
 		return errdefs.NetworkOff(n.cfg.ID)

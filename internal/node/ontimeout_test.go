@@ -154,7 +154,7 @@ func TestOnTimeoutPauseRechecksBeforeFreezing(t *testing.T) {
 	sb, _ := f.get(rec.ID)
 	clk.advance(20 * time.Second)
 	sb.active.Add(1) // a call arrived after the reaper chose the sandbox
-	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("idle")); !errors.Is(err, errNotDue) {
+	if _, err := f.pauseIf(t.Context(), rec.ID, false, f.stillDue("idle")); !errors.Is(err, errNotDue) {
 		t.Fatalf("idle pause with a call in flight: %v, want it put off", err)
 	}
 	sb.active.Add(-1)
@@ -162,14 +162,14 @@ func TestOnTimeoutPauseRechecksBeforeFreezing(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.advance(50 * time.Second) // past the lifetime the reaper saw, not the new one
-	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("timeout")); !errors.Is(err, errNotDue) {
+	if _, err := f.pauseIf(t.Context(), rec.ID, false, f.stillDue("timeout")); !errors.Is(err, errNotDue) {
 		t.Fatalf("timeout pause after set_timeout: %v, want it put off", err)
 	}
 	if n := f.rt.Calls(runtimefake.OpPause); n != 0 || stateOf(t, f.Node, rec.ID) != stateRunning {
 		t.Fatalf("backend paused %d times, state %s; want running and never frozen", n, stateOf(t, f.Node, rec.ID))
 	}
 	// Still due: it pauses.
-	if _, err := f.pauseIf(t.Context(), rec.ID, f.stillDue("idle")); err != nil {
+	if _, err := f.pauseIf(t.Context(), rec.ID, false, f.stillDue("idle")); err != nil {
 		t.Fatalf("idle pause that is due: %v", err)
 	}
 	if got := stateOf(t, f.Node, rec.ID); got != statePaused {
@@ -191,7 +191,7 @@ func TestOnTimeoutStopRechecksBeforeStopping(t *testing.T) {
 	reap := func(id, reason string) {
 		t.Helper()
 		f.wg.Add(1)
-		f.reapOne(id, reason, false, make(chan struct{}, 1))
+		f.reapOne(id, reason, false, false, make(chan struct{}, 1))
 	}
 	extended := f.create(t, specRecord{TimeoutSec: 60})
 	idle := f.create(t, specRecord{TimeoutSec: 3600, IdleSec: 10})

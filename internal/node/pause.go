@@ -64,16 +64,36 @@ func (n *Node) readySandbox(ctx context.Context, id string) (*sandbox, error) {
 
 // Pause freezes a running sandbox. Pausing a paused sandbox succeeds.
 func (n *Node) Pause(ctx context.Context, id string) (*record, error) {
-	rec, _, err := n.pauseReclaimIf(ctx, id, false, nil)
+	rec, _, err := n.pauseReclaimIf(ctx, id, pauseMode{}, nil)
 	return rec, err
+}
+
+// PauseFilesystem pauses a running sandbox keeping only its files (E2B's
+// pause with memory false): its processes end, its memory is freed and its
+// CPU and memory reservation given back; its writable layer, network,
+// spec, owner and ID stay. A resume (Resume, or a call into it) starts it
+// again on the same files with a fresh init, after admitting its CPU and
+// memory again. Pausing a paused sandbox succeeds (and leaves its mode).
+// Backends without runtime.FilesystemPauser refuse.
+func (n *Node) PauseFilesystem(ctx context.Context, id string) (*record, error) {
+	rec, _, err := n.pauseReclaimIf(ctx, id, pauseMode{filesystemOnly: true}, nil)
+	return rec, err
+}
+
+// pauseMode is how a pause pauses.
+type pauseMode struct {
+	// reclaim: after the freeze, push the memory out (PauseReclaim).
+	reclaim bool
+	// filesystemOnly: end the processes, keep the files (PauseFilesystem).
+	filesystemOnly bool
 }
 
 // pauseIf is Pause; check, when set, may refuse the freeze of the running
 // sandbox: it runs under the sandbox's pause lock once calls arriving see
 // the pause coming (sb.pausing), so a call it does not see waits for the
 // pause and resumes the sandbox.
-func (n *Node) pauseIf(ctx context.Context, id string, check func(*sandbox, *record) error) (*record, error) {
-	rec, _, err := n.pauseReclaimIf(ctx, id, false, check)
+func (n *Node) pauseIf(ctx context.Context, id string, filesystemOnly bool, check func(*sandbox, *record) error) (*record, error) {
+	rec, _, err := n.pauseReclaimIf(ctx, id, pauseMode{filesystemOnly: filesystemOnly}, check)
 	return rec, err
 }
 
@@ -82,17 +102,20 @@ func (n *Node) pauseIf(ctx context.Context, id string, check func(*sandbox, *rec
 // result is nil without reclaim. A reclaim that fails leaves the sandbox
 // paused and says why in the result's Note.
 func (n *Node) PauseReclaim(ctx context.Context, id string, reclaim bool) (*record, *runtime.ReclaimStats, error) {
-	return n.pauseReclaimIf(ctx, id, reclaim, nil)
+	return n.pauseReclaimIf(ctx, id, pauseMode{reclaim: reclaim}, nil)
 }
 
-// pauseReclaimIf is PauseReclaim with pauseIf's check.
-func (n *Node) pauseReclaimIf(ctx context.Context, id string, reclaim bool, check func(*sandbox, *record) error) (*record, *runtime.ReclaimStats, error) {
+// pauseReclaimIf is PauseReclaim or PauseFilesystem, with pauseIf's check.
+func (n *Node) pauseReclaimIf(ctx context.Context, id string, mode pauseMode, check func(*sandbox, *record) error) (*record, *runtime.ReclaimStats, error) {
 	end, err := n.begin("pause sandbox " + id)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer end()
-	c, rs, err := n.pauseReclaim(ctx, id, reclaim, check)
+	if mode.reclaim && mode.filesystemOnly {
+		return nil, nil, errdefs.Invalid("reclaim", "a filesystem-only pause (filesystem_only) frees all of the sandbox's memory already; drop reclaim")
+	}
+	c, rs, err := n.pauseReclaim(ctx, id, mode, check)
 	if err != nil || c.sb == nil {
 		return c.next, rs, err
 	}
@@ -100,15 +123,15 @@ func (n *Node) pauseReclaimIf(ctx context.Context, id string, reclaim bool, chec
 		n.undo(ctx, c)
 		return nil, nil, fmt.Errorf("record paused sandbox %s (the pause was undone): %w", id, err)
 	}
-	log.G(ctx).Info("sandbox paused", log.SandboxID(id), "reclaimed_bytes", rs.Freed())
+	log.G(ctx).Info("sandbox paused", log.SandboxID(id), "reclaimed_bytes", rs.Freed(), "filesystem_only", c.next.PausedFilesystem)
 	return c.next, rs, nil
 }
 
 // pauseReclaim is pause followed, with reclaim, by a reclaim of the paused
 // sandbox.
-func (n *Node) pauseReclaim(ctx context.Context, id string, reclaim bool, check func(*sandbox, *record) error) (change, *runtime.ReclaimStats, error) {
-	c, err := n.pause(ctx, id, check)
-	if err != nil || !reclaim {
+func (n *Node) pauseReclaim(ctx context.Context, id string, mode pauseMode, check func(*sandbox, *record) error) (change, *runtime.ReclaimStats, error) {
+	c, err := n.pause(ctx, id, mode.filesystemOnly, check)
+	if err != nil || !mode.reclaim {
 		return c, nil, err
 	}
 	rs := n.reclaim(ctx, id)
@@ -131,6 +154,9 @@ func (n *Node) reclaim(ctx context.Context, id string) runtime.ReclaimStats {
 	n.mu.Unlock()
 	if rec.State != statePaused {
 		return runtime.ReclaimStats{Note: fmt.Sprintf("not reclaimed: the sandbox is %s (resumed or stopped meanwhile)", rec.State)}
+	}
+	if rec.PausedFilesystem {
+		return runtime.ReclaimStats{Note: "not reclaimed: the sandbox is paused keeping only its files; it holds no memory"}
 	}
 	rc, ok := n.cfg.Backends[rec.Backend].(runtime.Reclaimer)
 	if !ok {
@@ -171,12 +197,31 @@ func (n *Node) undo(ctx context.Context, c change) {
 	if cur != c.next {
 		return
 	}
-	p, err := n.pauser(c.prev)
-	if err == nil {
-		if c.prev.State == statePaused {
-			err = p.Pause(ctx, id)
-		} else {
-			err = p.Resume(ctx, id)
+	var err error
+	switch {
+	case c.prev.State == statePaused && c.next.State == statePaused:
+		// A dropped memory cannot come back: memory keeps next, as the
+		// backend has it.
+		log.G(ctx).Error("unrecorded drop of a paused sandbox's memory kept", log.SandboxID(id))
+		return
+	case c.prev.PausedFilesystem && c.prev.State == statePaused: // a resume
+		c.sb.fsPauses.Add(1)
+		err = n.backendPause(ctx, c.sb, c.prev)
+	case c.next.PausedFilesystem && c.next.State == statePaused: // a pause
+		n.mu.Lock()
+		err = n.readmit(c.sb)
+		n.mu.Unlock()
+		if err == nil {
+			err = n.backendResume(ctx, c.prev.Backend, id, true)
+		}
+	default:
+		var p runtime.Pauser
+		if p, err = n.pauser(c.prev); err == nil {
+			if c.prev.State == statePaused {
+				err = p.Pause(ctx, id)
+			} else {
+				err = p.Resume(ctx, id)
+			}
 		}
 	}
 	if err != nil {
@@ -186,6 +231,9 @@ func (n *Node) undo(ctx context.Context, c change) {
 	n.mu.Lock()
 	if c.sb.rec == c.next {
 		c.sb.rec = c.prev
+		if c.prev.PausedFilesystem && c.prev.State == statePaused {
+			n.releaseRoom(c.sb)
+		}
 	}
 	n.mu.Unlock()
 }
@@ -194,7 +242,7 @@ func (n *Node) undo(ctx context.Context, c change) {
 // sb set must be written to the table (or undone). Until it is, a node
 // killed meanwhile finds the backend paused and the record running, and
 // recover trusts the backend.
-func (n *Node) pause(ctx context.Context, id string, check func(*sandbox, *record) error) (change, error) {
+func (n *Node) pause(ctx context.Context, id string, filesystemOnly bool, check func(*sandbox, *record) error) (change, error) {
 	sb, err := n.readySandbox(ctx, id)
 	if err != nil {
 		return change{}, err
@@ -209,13 +257,17 @@ func (n *Node) pause(ctx context.Context, id string, check func(*sandbox, *recor
 	n.mu.Unlock()
 	switch rec.State {
 	case statePaused:
-		return change{next: rec}, nil
+		if !filesystemOnly || rec.PausedFilesystem {
+			return change{next: rec}, nil
+		}
+		// Paused with its memory, now to keep only its files (E2B's
+		// connect with memory false: a reboot from its files).
+		return n.dropMemory(ctx, sb, rec)
 	case stateRunning:
 	default:
 		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a running sandbox can be paused", id, rec.State)
 	}
-	p, err := n.pauser(rec)
-	if err != nil {
+	if err := n.canPause(rec, filesystemOnly); err != nil {
 		return change{}, err
 	}
 	// Calls arriving now wait for the freeze, then resume (autoResume).
@@ -229,8 +281,20 @@ func (n *Node) pause(ctx context.Context, id string, check func(*sandbox, *recor
 	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
 		fmt.Errorf("the freeze took longer than %s", freezeDeadline))
 	defer cancel()
-	if err := p.Pause(fctx, id); err != nil {
-		return change{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+	if filesystemOnly {
+		sb.fsPauses.Add(1)
+		if err := n.backendPause(fctx, sb, rec); err != nil {
+			n.watchExit(sb) // the pause's watcher gave way to the next run's
+			return change{}, fmt.Errorf("pause sandbox %s keeping its files: %w", id, err)
+		}
+	} else {
+		p, err := n.pauser(rec)
+		if err != nil {
+			return change{}, err
+		}
+		if err := p.Pause(fctx, id); err != nil {
+			return change{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
 	}
 	now := n.now()
 	n.mu.Lock()
@@ -242,8 +306,122 @@ func (n *Node) pause(ctx context.Context, id string, check func(*sandbox, *recor
 		return change{}, err
 	}
 	r2.PausedAt = now
+	r2.PausedFilesystem = filesystemOnly
 	sb.rec = &r2
+	if filesystemOnly {
+		n.releaseRoom(sb)
+		if t := sb.transport.Load(); t != nil {
+			t.CloseIdleConnections() // to the agent that ended
+		}
+	}
 	return change{sb: sb, prev: prev, next: &r2}, nil
+}
+
+// dropMemory turns a sandbox paused with its memory into one paused keeping
+// only its files (its frozen processes end). sb.pauseMu is held.
+func (n *Node) dropMemory(ctx context.Context, sb *sandbox, rec *record) (change, error) {
+	if err := n.canPause(rec, true); err != nil {
+		return change{}, err
+	}
+	fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), freezeDeadline,
+		fmt.Errorf("the pause took longer than %s", freezeDeadline))
+	defer cancel()
+	sb.fsPauses.Add(1)
+	if err := n.backendPause(fctx, sb, rec); err != nil {
+		n.watchExit(sb)
+		return change{}, fmt.Errorf("pause sandbox %s keeping only its files: %w", sb.id, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := sb.rec
+	if prev.State != statePaused { // stopped meanwhile
+		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s", sb.id, prev.State)
+	}
+	r2 := *prev
+	r2.PausedFilesystem = true
+	sb.rec = &r2
+	n.releaseRoom(sb)
+	if t := sb.transport.Load(); t != nil {
+		t.CloseIdleConnections()
+	}
+	return change{sb: sb, prev: prev, next: &r2}, nil
+}
+
+// canPause refuses a pause the sandbox's backend cannot do, naming the fix.
+func (n *Node) canPause(rec *record, filesystemOnly bool) error {
+	if !filesystemOnly {
+		_, err := n.pauser(rec)
+		return err
+	}
+	if _, ok := n.cfg.Backends[rec.Backend].(runtime.FilesystemPauser); !ok {
+		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on the container backend", rec.Backend)
+	}
+	return nil
+}
+
+// backendPause is the backend's filesystem-only pause of sb; once it
+// returns, the sandbox's next run is watched (watchExit).
+func (n *Node) backendPause(ctx context.Context, sb *sandbox, rec *record) error {
+	fp, ok := n.cfg.Backends[rec.Backend].(runtime.FilesystemPauser)
+	if !ok {
+		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files", rec.Backend)
+	}
+	if err := fp.PauseFilesystem(ctx, sb.id); err != nil {
+		return err
+	}
+	n.watchExit(sb)
+	return nil
+}
+
+// backendResume is the backend's resume of sandbox id: a thaw, or with
+// filesystemOnly a fresh start on its kept files.
+func (n *Node) backendResume(ctx context.Context, backend, id string, filesystemOnly bool) error {
+	if filesystemOnly {
+		fp, ok := n.cfg.Backends[backend].(runtime.FilesystemPauser)
+		if !ok {
+			return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot resume a sandbox paused keeping only its files", backend)
+		}
+		return fp.ResumeFilesystem(ctx, id)
+	}
+	p, ok := n.cfg.Backends[backend].(runtime.Pauser)
+	if !ok {
+		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause sandboxes", backend)
+	}
+	return p.Resume(ctx, id)
+}
+
+// releaseRoom gives back sb's CPU and memory reservation (it is paused
+// keeping only its files). n.mu is held.
+func (n *Node) releaseRoom(sb *sandbox) {
+	if sb.released {
+		return
+	}
+	n.reservedCPU -= sb.rec.Spec.CPU
+	n.reservedMem -= sb.rec.Spec.MemoryMB
+	sb.released = true
+	n.usedSeq++
+}
+
+// readmit reserves sb's CPU and memory again for its resume, or refuses
+// when they no longer fit the node (it then stays paused). n.mu is held.
+func (n *Node) readmit(sb *sandbox) error {
+	if !sb.released {
+		return nil
+	}
+	cpu, mem := sb.rec.Spec.CPU, sb.rec.Spec.MemoryMB
+	if quota := n.cpuQuota(); n.reservedCPU+cpu > quota+1e-9 {
+		return errdefs.New(errdefs.ErrResourceExhausted, "sandbox %s is paused keeping only its files and its %g CPU do not fit node %s now (%g of quota free: %g cores × %g, node.cpu_overcommit); it stays paused: stop other sandboxes, then resume it",
+			sb.id, cpu, n.cfg.ID, max(quota-n.reservedCPU, 0), n.cfg.CPU, n.cfg.CPUOvercommit)
+	}
+	if quota := n.memQuota(); n.reservedMem+mem > quota {
+		return errdefs.New(errdefs.ErrResourceExhausted, "sandbox %s is paused keeping only its files and its %d MiB of memory do not fit node %s now (%d MiB free: %d MiB × %g, node.memory_overcommit); it stays paused: stop other sandboxes, then resume it",
+			sb.id, mem, n.cfg.ID, max(quota-n.reservedMem, 0), n.cfg.MemoryMB, n.cfg.MemoryOvercommit)
+	}
+	n.reservedCPU += cpu
+	n.reservedMem += mem
+	sb.released = false
+	n.usedSeq++
+	return nil
 }
 
 // now is the node's clock (Config.Clock, or the wall clock), in UTC.
@@ -309,11 +487,20 @@ func (n *Node) resumeIf(ctx context.Context, id string, timeoutSec int64, check 
 	default:
 		return change{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %s is %s; only a paused sandbox can be resumed", id, rec.State)
 	}
-	p, err := n.pauser(rec)
-	if err != nil {
-		return change{}, err
-	}
-	if err := p.Resume(ctx, id); err != nil {
+	if rec.PausedFilesystem {
+		n.mu.Lock()
+		err := n.readmit(sb)
+		n.mu.Unlock()
+		if err != nil {
+			return change{}, err
+		}
+		if err := n.backendResume(ctx, rec.Backend, id, true); err != nil {
+			n.mu.Lock()
+			n.releaseRoom(sb)
+			n.mu.Unlock()
+			return change{}, fmt.Errorf("resume sandbox %s (it stays paused, its files kept): %w", id, err)
+		}
+	} else if err := n.backendResume(ctx, rec.Backend, id, false); err != nil {
 		return change{}, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	sb.touch() // time spent paused is not idle time
@@ -333,6 +520,7 @@ func (n *Node) resumeIf(ctx context.Context, id string, timeoutSec int64, check 
 		r2.Spec.TimeoutSec = timeoutSec
 	}
 	r2.PausedAt = time.Time{}
+	r2.PausedFilesystem = false
 	sb.rec = &r2
 	return change{sb: sb, prev: prev, next: &r2}, nil
 }
@@ -426,7 +614,7 @@ func (n *Node) PauseMatching(ctx context.Context, sel Selector, reclaim bool) ([
 	var changed []change
 	reclaims := map[string]*runtime.ReclaimStats{}
 	rs, err := n.batch(ctx, sel, func(ctx context.Context, id string) (*record, error) {
-		c, r, err := n.pauseReclaim(ctx, id, reclaim, nil)
+		c, r, err := n.pauseReclaim(ctx, id, pauseMode{reclaim: reclaim}, nil)
 		mu.Lock()
 		if c.sb != nil {
 			changed = append(changed, c)
@@ -583,15 +771,19 @@ func (n *Node) Metrics(ctx context.Context, id string) (Metrics, error) {
 
 // reconcilePaused makes a recovered record's paused state agree with the
 // backend's and records the change; on a write error it keeps rec.
-func reconcilePaused(ctx context.Context, t *table, rec *record, st runtime.State) *record {
+func reconcilePaused(ctx context.Context, t *table, rec *record, st runtime.Status) *record {
 	r2 := *rec
 	switch {
-	case st == runtime.StatePaused && rec.State == stateRunning:
+	case st.State == runtime.StatePaused && rec.State == stateRunning:
 		r2.State, r2.PausedAt = statePaused, time.Now().UTC()
-	case st == runtime.StateRunning && rec.State == statePaused:
+		r2.PausedFilesystem = st.FilesystemPaused
+	case st.State == runtime.StateRunning && rec.State == statePaused:
 		r2.State = stateRunning
 		r2.ExpiresAt = resumedExpiry(rec, time.Now().UTC(), 0)
 		r2.PausedAt = time.Time{}
+		r2.PausedFilesystem = false
+	case st.State == runtime.StatePaused && rec.State == statePaused && st.FilesystemPaused != rec.PausedFilesystem:
+		r2.PausedFilesystem = st.FilesystemPaused
 	default:
 		return rec
 	}

@@ -15,6 +15,13 @@ func (s *service) PauseSandbox(ctx context.Context, req *connect.Request[nodev1.
 	var rs *runtime.ReclaimStats
 	sb, err := s.lifecycle(ctx, req.Msg.GetSandboxId(), func(id string) error {
 		var err error
+		if req.Msg.GetFilesystemOnly() {
+			if req.Msg.GetReclaim() {
+				return errdefs.Invalid("reclaim", "a filesystem-only pause (filesystem_only) frees all of the sandbox's memory already; drop reclaim")
+			}
+			_, err := s.n.PauseFilesystem(ctx, id)
+			return err
+		}
 		_, rs, err = s.n.PauseReclaim(ctx, id, req.Msg.GetReclaim())
 		return err
 	})

@@ -44,6 +44,8 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 	type victim struct {
 		id, reason string
 		pause      bool // on_timeout "pause": pause instead of stopping
+		// fsOnly: on_timeout "pause_filesystem": the pause keeps only files.
+		fsOnly bool
 	}
 	var vs []victim
 	n.mu.Lock()
@@ -56,23 +58,23 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 		}
 		rec := sb.rec
 		if rec.State == stateStopping && sb.stopDone == nil {
-			vs = append(vs, victim{id, "retry of a failed stop", false})
+			vs = append(vs, victim{id, "retry of a failed stop", false, false})
 			continue
 		}
 		if rec.State == statePaused && n.cfg.MaxPaused > 0 && now.Sub(rec.PausedAt) > n.cfg.MaxPaused {
-			vs = append(vs, victim{id, "paused too long", false})
+			vs = append(vs, victim{id, "paused too long", false, false})
 			continue
 		}
 		if rec.State != stateRunning {
 			continue
 		}
 		if now.After(rec.ExpiresAt) {
-			vs = append(vs, victim{id, "timeout", rec.Spec.PauseOnTimeout()})
+			vs = append(vs, victim{id, "timeout", rec.Spec.PauseOnTimeout(), rec.Spec.FilesystemPauseOnTimeout()})
 			continue
 		}
 		if rec.Spec.IdleSec > 0 && sb.active.Load() == 0 &&
 			now.Sub(time.Unix(0, sb.lastActivity.Load())) > time.Duration(rec.Spec.IdleSec)*time.Second {
-			vs = append(vs, victim{id, "idle", rec.Spec.PauseOnTimeout()})
+			vs = append(vs, victim{id, "idle", rec.Spec.PauseOnTimeout(), rec.Spec.FilesystemPauseOnTimeout()})
 		}
 	}
 	for _, v := range vs {
@@ -81,13 +83,13 @@ func (n *Node) reap(now time.Time, slots chan struct{}) {
 	n.mu.Unlock()
 	for _, v := range vs {
 		n.wg.Add(1)
-		go n.reapOne(v.id, v.reason, v.pause, slots)
+		go n.reapOne(v.id, v.reason, v.pause, v.fsOnly, slots)
 	}
 }
 
 // reapOne stops one expired sandbox once a slot is free, unless the node
 // closes first.
-func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
+func (n *Node) reapOne(id, reason string, pause, fsOnly bool, slots chan struct{}) {
 	defer n.wg.Done()
 	defer func() {
 		n.mu.Lock()
@@ -109,7 +111,7 @@ func (n *Node) reapOne(id, reason string, pause bool, slots chan struct{}) {
 	if pause {
 		pctx, cancel := context.WithTimeoutCause(ctx, autoPauseTimeout,
 			fmt.Errorf("auto-pause took longer than %s", autoPauseTimeout))
-		_, err := n.pauseIf(pctx, id, n.stillDue(reason))
+		_, err := n.pauseIf(pctx, id, fsOnly, n.stillDue(reason))
 		cancel()
 		if err == nil || errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errNotDue) || n.shuttingDown(err) {
 			return

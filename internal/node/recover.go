@@ -53,7 +53,7 @@ func (n *Node) recover(ctx context.Context) error {
 		} else if err == nil {
 			// A node killed between a freeze (or thaw) and its record
 			// finds the backend's state newer than the record's.
-			rec = reconcilePaused(ctx, n.table, rec, st.State)
+			rec = reconcilePaused(ctx, n.table, rec, st)
 		} else if err != nil {
 			if errdefs.IsNotFound(err) {
 				dead = true
@@ -75,8 +75,12 @@ func (n *Node) recover(ctx context.Context) error {
 		if rec.RequestID != "" {
 			n.requests[rec.RequestID] = sb
 		}
-		n.reservedCPU += rec.Spec.CPU
-		n.reservedMem += rec.Spec.MemoryMB
+		if rec.State == statePaused && rec.PausedFilesystem {
+			sb.released = true // nothing of it runs: it reserves nothing
+		} else {
+			n.reservedCPU += rec.Spec.CPU
+			n.reservedMem += rec.Spec.MemoryMB
+		}
 		n.watchExit(sb)
 		l.Info("sandbox recovered")
 	}

@@ -54,19 +54,20 @@ func (n *Node) toProto(sb *sandbox) *nodev1.Sandbox {
 	}
 	reason, _ := sb.reason.Load().(string)
 	return &nodev1.Sandbox{
-		Id:             rec.ID,
-		NodeId:         n.cfg.ID,
-		Spec:           specpb.ToNode(rec.Spec),
-		State:          st,
-		CreatedAt:      timestamppb.New(rec.CreatedAt),
-		ExpiresAt:      timestamppb.New(rec.ExpiresAt),
-		LastActivityAt: timestamppb.New(time.Unix(0, sb.lastActivity.Load())),
-		Reason:         reason,
-		FromWarmPool:   rec.FromPool,
-		Owner:          rec.Owner,
-		Project:        rec.Project,
-		Backend:        rec.Backend,
-		ParentId:       rec.ParentID,
+		Id:               rec.ID,
+		NodeId:           n.cfg.ID,
+		Spec:             specpb.ToNode(rec.Spec),
+		State:            st,
+		CreatedAt:        timestamppb.New(rec.CreatedAt),
+		ExpiresAt:        timestamppb.New(rec.ExpiresAt),
+		LastActivityAt:   timestamppb.New(time.Unix(0, sb.lastActivity.Load())),
+		Reason:           reason,
+		FromWarmPool:     rec.FromPool,
+		Owner:            rec.Owner,
+		Project:          rec.Project,
+		Backend:          rec.Backend,
+		PausedFilesystem: rec.State == statePaused && rec.PausedFilesystem,
+		ParentId:         rec.ParentID,
 	}
 }
 

@@ -28,6 +28,10 @@ type record struct {
 	// PausedAt is when a paused sandbox was paused (zero otherwise): its
 	// lifetime clock stopped there.
 	PausedAt time.Time `json:"paused_at,omitzero"`
+	// PausedFilesystem: the pause kept only the sandbox's files (its
+	// processes ended, its memory and its CPU and memory reservation were
+	// given back); a resume starts it again on them.
+	PausedFilesystem bool `json:"paused_filesystem,omitempty"`
 	// FromPool: the create took a prestarted sandbox from the warm pool.
 	FromPool bool `json:"from_warm_pool,omitempty"`
 	// Owner is the principal that created the sandbox, Project its project

@@ -207,6 +207,9 @@ type Status struct {
 	Pid int
 	// ExitCode of init when stopped, if known.
 	ExitCode int
+	// FilesystemPaused: the sandbox is paused with only its files kept
+	// (FilesystemPauser); State is StatePaused and nothing of it runs.
+	FilesystemPaused bool
 }
 
 // ExitStatus is how a sandbox's init ended, as Wait reports it.
@@ -242,6 +245,9 @@ type Capabilities struct {
 	// MemorySnapshot: snapshots and forks keep the sandbox's memory
 	// (processes, open ports), not only its files.
 	MemorySnapshot bool
+	// FilesystemPause: a sandbox can be paused keeping only its files
+	// (FilesystemPauser).
+	FilesystemPause bool
 }
 
 // CapabilitiesOf derives the capabilities from the interfaces rt
@@ -254,8 +260,9 @@ func CapabilitiesOf(rt Runtime, memorySnapshot bool) Capabilities {
 	_, fork := rt.(Forker)
 	_, diff := rt.(RootfsDiffer)
 	_, reclaim := rt.(Reclaimer)
+	_, fsPause := rt.(FilesystemPauser)
 	return Capabilities{Prestart: pre, Pause: pause, Stats: stats, Snapshot: snap, Fork: fork, RootfsDiff: diff, Reclaim: reclaim,
-		MemorySnapshot: memorySnapshot && (snap || fork)}
+		MemorySnapshot: memorySnapshot && (snap || fork), FilesystemPause: fsPause}
 }
 
 // Info describes a backend.
@@ -323,6 +330,22 @@ type Prestarter interface {
 type Pauser interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
+}
+
+// FilesystemPauser is implemented by backends that can pause a sandbox
+// keeping only its files (E2B's pause with memory false): PauseFilesystem
+// ends every process of the sandbox and frees its memory and cgroups, and
+// keeps its writable layer, its config and its network attachment;
+// ResumeFilesystem starts a fresh init and agent on that same writable
+// layer. Both are idempotent. The end of init a PauseFilesystem causes is
+// reported to Wait callers of the time (Reason says so); Wait called after
+// PauseFilesystem returns blocks until the resumed sandbox ends. While so
+// paused Status reports StatePaused with FilesystemPaused, also after a
+// Recover, and Stop and Delete work. A ResumeFilesystem that fails leaves
+// the sandbox paused so.
+type FilesystemPauser interface {
+	PauseFilesystem(ctx context.Context, id string) error
+	ResumeFilesystem(ctx context.Context, id string) error
 }
 
 // Reclaimer is implemented by backends that can push a paused sandbox's

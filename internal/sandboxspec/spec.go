@@ -27,12 +27,21 @@ import (
 const (
 	OnTimeoutStop  = "stop"
 	OnTimeoutPause = "pause"
+	// OnTimeoutPauseFilesystem pauses keeping only the sandbox's files
+	// (its processes end; a resume starts it again on them).
+	OnTimeoutPauseFilesystem = "pause_filesystem"
 )
 
 // PauseOnTimeout reports whether a timeout of a sandbox with spec s pauses
-// it (on_timeout "pause", or auto_pause in a record written before
-// on_timeout existed) rather than stopping it.
-func (s Spec) PauseOnTimeout() bool { return s.OnTimeout == OnTimeoutPause || s.AutoPause }
+// it (on_timeout "pause" or "pause_filesystem", or auto_pause in a record
+// written before on_timeout existed) rather than stopping it.
+func (s Spec) PauseOnTimeout() bool {
+	return s.OnTimeout == OnTimeoutPause || s.OnTimeout == OnTimeoutPauseFilesystem || s.AutoPause
+}
+
+// FilesystemPauseOnTimeout reports whether that pause keeps only the
+// sandbox's files (on_timeout "pause_filesystem").
+func (s Spec) FilesystemPauseOnTimeout() bool { return s.OnTimeout == OnTimeoutPauseFilesystem }
 
 // Defaults applied to a spec's zero fields, and the limits every spec must
 // keep whatever node runs it. docs/api.md lists the same numbers.
@@ -251,14 +260,14 @@ func Normalize(s Spec) (Spec, error) {
 		if s.AutoPause {
 			s.OnTimeout = OnTimeoutPause
 		}
-	case OnTimeoutPause:
+	case OnTimeoutPause, OnTimeoutPauseFilesystem:
 		s.AutoPause = true
 	case OnTimeoutStop:
 		if s.AutoPause {
 			return Spec{}, errdefs.Invalid("on_timeout", "is %q but auto_pause is true (an alias of on_timeout \"pause\"); set only one of them", s.OnTimeout)
 		}
 	default:
-		return Spec{}, errdefs.Invalid("on_timeout", "%q is not an action; give \"stop\" (the default) or \"pause\"", s.OnTimeout)
+		return Spec{}, errdefs.Invalid("on_timeout", "%q is not an action; give \"stop\" (the default), \"pause\" or \"pause_filesystem\" (a pause that keeps only the files)", s.OnTimeout)
 	}
 	switch {
 	case s.PidsLimit < 0:

@@ -109,7 +109,7 @@ func TestNormalizeErrors(t *testing.T) {
 		{"backend option key", "backend_options", "must be 1-63 characters", ok(func(s *sandboxspec.Spec) { s.BackendOptions = map[string]string{"Bad": "v"} })},
 		{"backend option value", "backend_options", "without NUL", ok(func(s *sandboxspec.Spec) { s.BackendOptions = map[string]string{"k": "\x00"} })},
 		{"backend options many", "backend_options", "at most 32", ok(func(s *sandboxspec.Spec) { s.BackendOptions = manyOpts })},
-		{"on_timeout unknown", "on_timeout", `"kill" is not an action; give "stop" (the default) or "pause"`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "kill" })},
+		{"on_timeout unknown", "on_timeout", `"kill" is not an action; give "stop" (the default), "pause" or "pause_filesystem"`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "kill" })},
 		{"on_timeout case", "on_timeout", `"Pause" is not an action`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "Pause" })},
 		{"on_timeout stop with auto_pause", "on_timeout", `is "stop" but auto_pause is true`, ok(func(s *sandboxspec.Spec) { s.OnTimeout, s.AutoPause = "stop", true })},
 	} {

@@ -46,6 +46,24 @@ func (c *Client) PauseSandboxReclaim(ctx context.Context, id string) (*Sandbox, 
 	return resp.Msg.GetSandbox(), resp.Msg.GetBytesFreed(), nil
 }
 
+// PauseSandboxFilesystem pauses a sandbox keeping only its files (E2B's
+// pause with memory false): its processes end and its memory and its CPU
+// and memory reservation are given back; its writable layer, network
+// rules, env, labels and ID stay (Sandbox.PausedFilesystem is set). A
+// resume (ResumeSandbox, or any call into it) starts it again on the same
+// files with a fresh init, once its node has room for it again. Only the
+// container backend can; others answer unimplemented.
+func (c *Client) PauseSandboxFilesystem(ctx context.Context, id string) (*Sandbox, error) {
+	if id == "" {
+		return nil, invalid("id", "is required; pass the sandbox ID")
+	}
+	resp, err := c.sandboxes.PauseSandbox(ctx, connect.NewRequest(&opendsecv1.PauseSandboxRequest{Id: id, FilesystemOnly: true}))
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.Msg.GetSandbox(), nil
+}
+
 // ResumeSandbox thaws a paused sandbox. With timeout 0 its lifetime
 // continues with what was left at the pause; otherwise it ends timeout from
 // now (rounded up to whole seconds). Resuming a running sandbox succeeds.

@@ -21,6 +21,7 @@ type Runtime struct {
 	runtime.RootfsDiffer
 	runtime.Forker
 	runtime.Reclaimer
+	runtime.FilesystemPauser
 }
 
 // New reports that the container backend needs Linux.

@@ -189,8 +189,9 @@ func (r *Runtime) takeSeed(ctx context.Context, id string, specs []runtime.Spec)
 	}
 	freeze := false
 	switch sb.phase.Load() {
-	case phasePrepared:
-		// Never started: nothing writes to the layer.
+	case phasePrepared, phaseFSPaused:
+		// Never started, or paused keeping only its files: nothing
+		// writes to the layer.
 	case phaseLaunched:
 		if err := r.running(sb); err != nil {
 			return nil, 0, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is stopped: only a running, paused or created sandbox can be forked", id)

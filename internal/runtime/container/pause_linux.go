@@ -74,12 +74,17 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err != nil {
 		return runtime.Stats{}, err
 	}
-	st, err := r.cg.stats(sb.st.CgroupPath)
-	if errors.Is(err, os.ErrNotExist) {
-		return st, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q has no cgroup (not started or already deleted)", id)
-	}
-	if err != nil {
-		return st, fmt.Errorf("sandbox stats: %w", err)
+	var st runtime.Stats
+	// A sandbox paused with only its files runs nothing and has no
+	// cgroups: only its files count.
+	if sb.phase.Load() != phaseFSPaused {
+		st, err = r.cg.stats(sb.st.CgroupPath)
+		if errors.Is(err, os.ErrNotExist) {
+			return st, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q has no cgroup (not started or already deleted)", id)
+		}
+		if err != nil {
+			return st, fmt.Errorf("sandbox stats: %w", err)
+		}
 	}
 	if d := sb.st.Disk; d != nil {
 		// The quota's own accounting: no walk.

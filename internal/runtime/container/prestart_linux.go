@@ -90,6 +90,10 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 	if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, b.String()); err != nil {
 		return err
 	}
+	// init removes its copy at boot; a ResumeFilesystem puts this one back.
+	if err := writeEnvFile(sb.st.Bundle, launchEnvFile, b.String()); err != nil {
+		return err
+	}
 	if pid := int(sb.pid.Load()); pid > 0 {
 		if err := renice(pid, 0); err != nil {
 			return fmt.Errorf("launch sandbox: %w", err)

@@ -71,6 +71,10 @@ type handleState struct {
 	OwnsStateDir bool      `json:"owns_state_dir,omitempty"`
 	// Disk is the writable layer's quota; nil: none.
 	Disk *diskState `json:"disk,omitempty"`
+	// Lower is the overlay's lower directories, topmost first, for the
+	// root's mount again at a ResumeFilesystem (empty in handles from
+	// before filesystem pauses: those cannot be so paused).
+	Lower []string `json:"lower,omitempty"`
 }
 
 type sandbox struct {
@@ -83,6 +87,9 @@ type sandbox struct {
 	op sync.Mutex
 	// deleted reports whether Delete finished (set under op).
 	deleted atomic.Bool
+	// replaced: a PauseFilesystem put a new sandbox in its place (set
+	// under op); lock looks the ID up again.
+	replaced atomic.Bool
 	// phase is where the sandbox is between Create and `runc run` (set
 	// under op, read without it).
 	phase atomic.Int32
@@ -112,6 +119,9 @@ const (
 	phaseLaunched
 	// phaseStoppedUnstarted: Stop came before Start; it can never start.
 	phaseStoppedUnstarted
+	// phaseFSPaused: PauseFilesystem ended it and runc forgot it; its
+	// writable layer waits for ResumeFilesystem (fspause_linux.go).
+	phaseFSPaused
 )
 
 // Runtime is the container backend. Create one with New.
@@ -417,6 +427,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err := unix.Mount("overlay", filepath.Join(spec.StateDir, rootfsDir), "overlay", 0, opts); err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
 	}
+	sb.st.Lower = lower
 
 	oci, err := ociSpec(&r.cfg, spec, st.CgroupPath)
 	if err != nil {
@@ -632,18 +643,25 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// lock returns the sandbox with its mu held, or ErrNotFound.
+// lock returns the sandbox with its mu held, or ErrNotFound. A sandbox
+// replaced while it waited (PauseFilesystem) is looked up again.
 func (r *Runtime) lock(id string) (*sandbox, error) {
-	sb, err := r.get(id)
-	if err != nil {
-		return nil, err
+	for {
+		sb, err := r.get(id)
+		if err != nil {
+			return nil, err
+		}
+		sb.op.Lock()
+		if sb.replaced.Load() {
+			sb.op.Unlock()
+			continue
+		}
+		if sb.deleted.Load() {
+			sb.op.Unlock()
+			return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+		}
+		return sb, nil
 	}
-	sb.op.Lock()
-	if sb.deleted.Load() {
-		sb.op.Unlock()
-		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
-	}
-	return sb, nil
 }
 
 // Start runs the agent: `runc run --detach` of the prepared bundle.
@@ -909,7 +927,7 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("remove state dir: %w", err)
 		}
 	} else {
-		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, tmpDir, configFile, pidFile, seccompFile, interpreterFile}
+		names := []string{upperDir, workDir, layerDir, layerImage, rootfsDir, runDir, logDir, tmpDir, configFile, pidFile, seccompFile, interpreterFile, fsPausedFile, launchEnvFile}
 		seeds, _ := filepath.Glob(filepath.Join(sb.st.Bundle, forkSeedPrefix+"*"))
 		for _, s := range seeds {
 			names = append(names, filepath.Base(s))
@@ -1089,6 +1107,9 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	if err != nil {
 		return runtime.Status{}, err
 	}
+	if sb.phase.Load() == phaseFSPaused {
+		return runtime.Status{State: runtime.StatePaused, FilesystemPaused: true}, nil
+	}
 	s, err := r.runcState(ctx, sb.st.StateRoot, id)
 	if errdefs.IsNotFound(err) && sb.deleted.Load() {
 		return runtime.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
@@ -1135,7 +1156,10 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	sb := &sandbox{id: h.ID, st: st, exit: newExitWatch()}
 	s, err := r.runcState(ctx, st.StateRoot, h.ID)
+	fsPaused := r.recoverFSPaused(ctx, sb, s, err)
 	switch {
+	case fsPaused:
+		sb.phase.Store(phaseFSPaused)
 	case err == nil:
 		sb.phase.Store(phaseLaunched)
 		sb.pid.Store(int64(s.Pid))
@@ -1166,6 +1190,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	r.mu.Unlock()
 	if sb.phase.Load() == phaseLaunched {
 		r.watch(sb, int(sb.pid.Load())) // pid 0: it ended while the node was down
+	}
+	if fsPaused {
+		return nil
 	}
 	r.thawAfterDiff(ctx, sb)
 	removeStaleSeeds(ctx, sb)

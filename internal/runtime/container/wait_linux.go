@@ -25,6 +25,8 @@ type exitWatch struct {
 	// stopping is set once Stop ends the sandbox, so its end reads as
 	// asked for, not as a crash.
 	stopping atomic.Bool
+	// fsPausing is set while PauseFilesystem ends the sandbox.
+	fsPausing atomic.Bool
 }
 
 func newExitWatch() exitWatch {
@@ -55,6 +57,8 @@ func (r *Runtime) ended(sb *sandbox, why string) {
 	switch {
 	case why != "":
 		st.Reason = why
+	case sb.exit.fsPausing.Load():
+		st.Reason = "paused keeping only its files"
 	case sb.exit.stopping.Load():
 		st.Reason = "stopped"
 	case st.OOMKilled:

@@ -66,6 +66,7 @@ func Suite(t *testing.T, f Factory, o Options) {
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, o, 10) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, f, o) })
 	t.Run("PauseRecover", func(t *testing.T) { testPauseRecover(t, f, o) })
+	t.Run("FilesystemPause", func(t *testing.T) { testFilesystemPause(t, f, o) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, f, o) })
 	t.Run("Prestart", func(t *testing.T) { testPrestart(t, f, o) })
 	t.Run("Snapshot", func(t *testing.T) { testSnapshot(t, f) })

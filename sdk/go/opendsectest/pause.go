@@ -26,6 +26,21 @@ func (s *Server) setState(id string, st opendsecv1.SandboxState) (*opendsecv1.Sa
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb.State = st
+	if st == running {
+		sb.PausedFilesystem = false
+	}
+	return proto.Clone(sb).(*opendsecv1.Sandbox), nil
+}
+
+// setFilesystemPaused marks a paused sandbox paused keeping only its files.
+func (s *Server) setFilesystemPaused(id string) (*opendsecv1.Sandbox, error) {
+	sb, err := s.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb.PausedFilesystem = true
 	return proto.Clone(sb).(*opendsecv1.Sandbox), nil
 }
 
@@ -36,6 +51,11 @@ func (h sandboxService) PauseSandbox(ctx context.Context, req *connect.Request[o
 	sb, err := h.s.setState(req.Msg.GetId(), paused)
 	if err != nil {
 		return nil, err
+	}
+	if req.Msg.GetFilesystemOnly() {
+		if sb, err = h.s.setFilesystemPaused(req.Msg.GetId()); err != nil {
+			return nil, err
+		}
 	}
 	var freed int64
 	if req.Msg.GetReclaim() {

@@ -189,12 +189,15 @@ class FakeServer(
         await self._auth(context, "PauseSandbox")
         self.pause_requests.append(request)
         sb = await self._set_state(request.id, pb.SANDBOX_STATE_PAUSED, context)
+        sb.paused_filesystem = sb.paused_filesystem or request.filesystem_only
         return pb.PauseSandboxResponse(sandbox=sb, bytes_freed=(20 << 20) if request.reclaim else 0)
 
     async def ResumeSandbox(self, request: pb.ResumeSandboxRequest, context: Any) -> pb.ResumeSandboxResponse:
         await self._auth(context, "ResumeSandbox")
         self.resume_requests.append(request)
-        return pb.ResumeSandboxResponse(sandbox=await self._set_state(request.id, pb.SANDBOX_STATE_RUNNING, context))
+        sb = await self._set_state(request.id, pb.SANDBOX_STATE_RUNNING, context)
+        sb.paused_filesystem = False
+        return pb.ResumeSandboxResponse(sandbox=sb)
 
     async def ForkSandbox(self, request: pb.ForkSandboxRequest, context: Any) -> pb.ForkSandboxResponse:
         await self._auth(context, "ForkSandbox")

@@ -48,6 +48,21 @@ async def test_pause_with_reclaim(client: DSecClient, server: FakeServer) -> Non
     assert len(server.pause_requests) == 2
 
 
+async def test_pause_filesystem_only(client: DSecClient, server: FakeServer) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox", on_timeout="pause_filesystem"))
+    info = await sb.pause(filesystem_only=True)
+    assert info.state is SandboxState.PAUSED and info.paused_filesystem is True
+    assert server.pause_requests[-1].filesystem_only is True
+    assert server.pause_requests[-1].reclaim is False
+    info = await sb.resume()
+    assert info.paused_filesystem is False
+    with pytest.raises(ConfigError, match="reclaim"):
+        await sb.pause(filesystem_only=True, reclaim=True)
+    with pytest.raises(ConfigError, match="filesystem_only"):
+        await sb.pause(filesystem_only=1)  # type: ignore[arg-type]
+    assert len(server.pause_requests) == 1
+
+
 async def test_batch_pause_by_task_and_resume_by_labels(client: DSecClient, server: FakeServer) -> None:
     job_args = DSecRunArgs(image="root/busybox", task_id="job", labels={"k": "v"})
     job = [await client.run_sandbox(job_args) for _ in range(3)]

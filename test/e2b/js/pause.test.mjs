@@ -83,3 +83,31 @@ test('traffic resumes a paused sandbox without connect', async () => {
     await sbx.kill()
   }
 })
+
+test('filesystem-only pause: pause({keepMemory:false}) and onTimeout keepMemory false', async () => {
+  const sleeps = async (s) => (await s.commands.run('pgrep -x sleep || true')).stdout.trim()
+  const sbx = await Sandbox.create()
+  try {
+    await sbx.files.write('/home/user/kept.txt', 'on disk')
+    await sbx.commands.run('sleep 3600', { background: true })
+    assert.notEqual(await sleeps(sbx), '')
+    assert.equal(await sbx.pause({ keepMemory: false }), true)
+    assert.equal(await sbx.isRunning(), false)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    const same = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(same.sandboxId, sbx.sandboxId)
+    assert.equal(await same.files.read('/home/user/kept.txt'), 'on disk')
+    assert.equal(await sleeps(same), '') // the memory was not kept
+  } finally {
+    await sbx.kill()
+  }
+  const auto = await Sandbox.create({ timeoutMs: 3000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+  try {
+    await auto.files.write('/home/user/a.txt', 'a')
+    await until(async () => (await auto.getInfo()).state === 'paused', 'auto-paused after its 3 s timeout')
+    const again = await Sandbox.connect(auto.sandboxId, { timeoutMs: 60000 })
+    assert.equal(await again.files.read('/home/user/a.txt'), 'a')
+  } finally {
+    await auto.kill()
+  }
+})

@@ -185,9 +185,12 @@ type SandboxSpec struct {
 	// env, user, workdir, network, labels, ...); fields set here override.
 	// Give either image or snapshot, not both.
 	Snapshot string `protobuf:"bytes,17,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	// What a lifetime or idle timeout does: "stop" (stop and delete it) or
+	// What a lifetime or idle timeout does: "stop" (stop and delete it),
 	// "pause" (freeze it, keeping memory and files; any later call resumes
-	// it). Empty means "stop", or "pause" when auto_pause is set.
+	// it) or "pause_filesystem" (end its processes keeping only its files,
+	// as PauseSandboxRequest.filesystem_only; any later call starts it again
+	// on them; container backend). Empty means "stop", or "pause" when
+	// auto_pause is set.
 	OnTimeout string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	// Let processes gain privileges through setuid and file-capability
 	// programs (sudo, su, ping): the sandbox then runs without no_new_privs,
@@ -510,9 +513,13 @@ type Sandbox struct {
 	Owner   string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
 	Project string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
 	// The sandbox this one was forked from; empty for one made from an image.
-	ParentId      string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ParentId string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	// The sandbox is PAUSED keeping only its files (filesystem_only): none of
+	// its processes runs and it holds no memory or CPU of its node.
+	// (14, as in the node's message: shared fields keep their numbers.)
+	PausedFilesystem bool `protobuf:"varint,14,opt,name=paused_filesystem,json=pausedFilesystem,proto3" json:"paused_filesystem,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -627,6 +634,13 @@ func (x *Sandbox) GetParentId() string {
 		return x.ParentId
 	}
 	return ""
+}
+
+func (x *Sandbox) GetPausedFilesystem() bool {
+	if x != nil {
+		return x.PausedFilesystem
+	}
+	return false
 }
 
 type CreateSandboxRequest struct {
@@ -1759,9 +1773,17 @@ type PauseSandboxRequest struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// After the freeze, push the sandbox's memory out (see
 	// PauseSandboxesRequest.reclaim).
-	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reclaim bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	// Keep only the sandbox's files (E2B's pause with memory false): its
+	// processes end, its memory and its CPU and memory reservation are
+	// given back; its writable layer, network rules, env, labels and ID stay.
+	// A resume (ResumeSandbox, or any call into it) starts it again on the
+	// same files with a fresh init, once its node has room for its CPU and
+	// memory again (else the resume fails and it stays paused). Container
+	// backend only; others answer UNIMPLEMENTED. Not with reclaim.
+	FilesystemOnly bool `protobuf:"varint,3,opt,name=filesystem_only,json=filesystemOnly,proto3" json:"filesystem_only,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PauseSandboxRequest) Reset() {
@@ -1804,6 +1826,13 @@ func (x *PauseSandboxRequest) GetId() string {
 func (x *PauseSandboxRequest) GetReclaim() bool {
 	if x != nil {
 		return x.Reclaim
+	}
+	return false
+}
+
+func (x *PauseSandboxRequest) GetFilesystemOnly() bool {
+	if x != nil {
+		return x.FilesystemOnly
 	}
 	return false
 }
@@ -5665,7 +5694,7 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xd8\x03\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\x85\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12,\n" +
@@ -5681,7 +5710,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\x05owner\x18\n" +
 	" \x01(\tR\x05owner\x12\x18\n" +
 	"\aproject\x18\v \x01(\tR\aproject\x12\x1b\n" +
-	"\tparent_id\x18\f \x01(\tR\bparentId\"\x89\x01\n" +
+	"\tparent_id\x18\f \x01(\tR\bparentId\x12+\n" +
+	"\x11paused_filesystem\x18\x0e \x01(\bR\x10pausedFilesystem\"\x89\x01\n" +
 	"\x14CreateSandboxRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.opendsec.v1.SandboxSpecR\x04spec\x12\x1d\n" +
 	"\n" +
@@ -5760,10 +5790,11 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"ForkResult\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12)\n" +
-	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved\"?\n" +
+	"\x10memory_preserved\x18\x02 \x01(\bR\x0fmemoryPreserved\"h\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
-	"\areclaim\x18\x02 \x01(\bR\areclaim\"g\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\x12'\n" +
+	"\x0ffilesystem_only\x18\x03 \x01(\bR\x0efilesystemOnly\"g\n" +
 	"\x14PauseSandboxResponse\x12.\n" +
 	"\asandbox\x18\x01 \x01(\v2\x14.opendsec.v1.SandboxR\asandbox\x12\x1f\n" +
 	"\vbytes_freed\x18\x02 \x01(\x03R\n" +

@@ -39,15 +39,22 @@ func (s *selectorFlags) selector(verb string, ids []string) (opendsec.Selector, 
 }
 
 func (a *app) pauseCommand() *cobra.Command {
-	var sel selectorFlags
+	var (
+		sel            selectorFlags
+		filesystemOnly bool
+	)
 	cmd := &cobra.Command{
-		Use:   "pause [ID...] [--task TASK] [--label KEY=VALUE]",
+		Use:   "pause [ID...] [--task TASK] [--label KEY=VALUE] [--filesystem-only]",
 		Short: "Freeze sandboxes: memory and files kept, lifetime clock stopped",
 		Long: `Pause freezes every process of the sandboxes. A paused sandbox keeps its
 memory and files, is never stopped by its timeouts, and refuses exec and file
 calls until it is resumed. With --task or --label every matching sandbox on
-every node is paused at once (a preempted training job).`,
+every node is paused at once (a preempted training job). With
+--filesystem-only (IDs only; container backend) only the files are kept: the
+processes end and the node's memory is freed, and a resume starts the sandbox
+again on its files.`,
 		Example: `  opendsecctl sandbox pause n001sb0001
+  opendsecctl sandbox pause --filesystem-only n001sb0001
   opendsecctl sandbox pause --task job-42`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, batch, err := sel.selector("pause", args)
@@ -59,16 +66,23 @@ every node is paused at once (a preempted training job).`,
 				return err
 			}
 			if batch {
+				if filesystemOnly {
+					return usagef("--filesystem-only: give sandbox IDs, not --task or --label (a batch pause keeps memory)")
+				}
 				out, err := c.PauseSandboxes(cmd.Context(), s)
 				if err != nil {
 					return err
 				}
 				return a.printBatch("paused", out)
 			}
+			if filesystemOnly {
+				return a.eachID(args, "pause", func(id string) (*opendsec.Sandbox, error) { return c.PauseSandboxFilesystem(cmd.Context(), id) })
+			}
 			return a.eachID(args, "pause", func(id string) (*opendsec.Sandbox, error) { return c.PauseSandbox(cmd.Context(), id) })
 		},
 	}
 	sel.register(cmd)
+	cmd.Flags().BoolVar(&filesystemOnly, "filesystem-only", false, "keep only the files: end the processes, free the memory; a resume starts the sandbox again on its files (container backend)")
 	return cmd
 }
 

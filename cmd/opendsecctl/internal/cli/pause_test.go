@@ -49,6 +49,16 @@ func TestPauseResumeMetrics(t *testing.T) {
 	if state(a) != opendsecv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("resume: state %s", state(a))
 	}
+	mustRun(t, srv, "", "sandbox", "pause", "--filesystem-only", a)
+	for _, sb := range srv.Sandboxes() {
+		if sb.GetId() == a && (sb.GetState() != opendsecv1.SandboxState_SANDBOX_STATE_PAUSED || !sb.GetPausedFilesystem()) {
+			t.Fatalf("pause --filesystem-only: %v, want paused keeping files", sb)
+		}
+	}
+	if r := run(t, srv, "", "sandbox", "pause", "--filesystem-only", "--task", "job"); r.code == 0 || !strings.Contains(r.stderr, "--filesystem-only") {
+		t.Fatalf("batch pause --filesystem-only: exit %d %q, want a usage error naming the flag", r.code, r.stderr)
+	}
+	mustRun(t, srv, "", "sandbox", "resume", a)
 	r = mustRun(t, srv, "", "sandbox", "pause", "--task", "job")
 	if got := strings.Fields(r.stdout); len(got) != 2 || !strings.Contains(r.stderr, "2 sandboxes paused, 0 failed") {
 		t.Fatalf("batch pause: %q %q", r.stdout, r.stderr)

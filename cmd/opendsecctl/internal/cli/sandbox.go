@@ -129,7 +129,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringVar(&spec.User, "user", "", "default user for processes (default root)")
 	f.StringVar(&spec.TaskId, "task-id", "", "task the sandbox belongs to")
-	f.StringVar(&spec.OnTimeout, "on-timeout", "", "what the lifetime or idle timeout does: stop or pause (default stop; a paused sandbox resumes on the next call into it)")
+	f.StringVar(&spec.OnTimeout, "on-timeout", "", "what the lifetime or idle timeout does: stop, pause or pause_filesystem (default stop; a paused sandbox resumes on the next call into it; pause_filesystem keeps only its files)")
 	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends (alias of --on-timeout pause)")
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory for processes")
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, fmt.Sprintf("maximum number of processes, at least %d (default %d)", sandboxspec.MinPidsLimit, sandboxspec.DefaultPidsLimit))

@@ -710,7 +710,7 @@ class Sandbox:
         self._info = SandboxInfo.from_proto(resp.sandbox)
         return self._info
 
-    async def pause(self, *, reclaim: bool = False) -> SandboxInfo:
+    async def pause(self, *, reclaim: bool = False, filesystem_only: bool = False) -> SandboxInfo:
         """Freeze every process of the sandbox (the cgroup freezer for containers).
 
         A paused sandbox keeps its memory and files, is never stopped by its
@@ -726,11 +726,26 @@ class Sandbox:
         bytes it freed are in :attr:`reclaimed_bytes` afterwards. A backend
         that cannot reclaim refuses (``FailedPreconditionError``) and the
         sandbox stays as it was.
+
+        With ``filesystem_only=True`` only its files are kept (E2B's pause
+        with ``memory: false``): its processes end and its memory and its
+        CPU and memory reservation on the node are given back; its writable
+        layer, network rules, env, labels and ID stay
+        (:attr:`SandboxInfo.paused_filesystem`). A resume — :meth:`resume`
+        or any call into it — starts it again on the same files with a fresh
+        init, once its node has room for it (else ``ResourceExhaustedError``
+        and it stays paused). Container backend only (others:
+        ``UnimplementedError``); not with ``reclaim``.
         """
         if not isinstance(reclaim, bool):
             raise ConfigError(f"reclaim: must be True or False, got {reclaim!r}")
+        if not isinstance(filesystem_only, bool):
+            raise ConfigError(f"filesystem_only: must be True or False, got {filesystem_only!r}")
+        if reclaim and filesystem_only:
+            raise ConfigError("reclaim: a filesystem-only pause frees all of the sandbox's memory already; drop reclaim")
         resp = await self._conn.unary(
-            self._conn.sandboxes.PauseSandbox, pb.PauseSandboxRequest(id=self.id, reclaim=reclaim)
+            self._conn.sandboxes.PauseSandbox,
+            pb.PauseSandboxRequest(id=self.id, reclaim=reclaim, filesystem_only=filesystem_only),
         )
         self._info = SandboxInfo.from_proto(resp.sandbox)
         self._reclaimed_bytes = resp.bytes_freed

@@ -66,8 +66,11 @@ class DSecRunArgs:
         on_timeout: what the lifetime or idle timeout does when it ends:
             ``"stop"`` (stop and delete the sandbox) or ``"pause"`` (freeze it,
             keeping its memory and files; any later call into it, or
-            :meth:`Sandbox.resume`, resumes it). ``""`` = ``"stop"``, or
-            ``"pause"`` with ``auto_pause``. See "Lifecycle" in docs/concepts.md.
+            :meth:`Sandbox.resume`, resumes it) or ``"pause_filesystem"`` (end
+            its processes keeping only its files, as
+            ``Sandbox.pause(filesystem_only=True)``; container backend).
+            ``""`` = ``"stop"``, or ``"pause"`` with ``auto_pause``. See
+            "Lifecycle" in docs/concepts.md.
         auto_pause: alias of ``on_timeout="pause"`` (E2B's ``autoPause``); set one
             or the other (``auto_pause=True`` with ``on_timeout="stop"`` is refused,
             naming ``on_timeout``).
@@ -338,6 +341,8 @@ class SandboxInfo:
             warm pool instead of making one from scratch.
         parent_id: the sandbox this one was forked from (``""`` for one
             made from an image).
+        paused_filesystem: it is paused keeping only its files
+            (``Sandbox.pause(filesystem_only=True)``): nothing of it runs.
     """
 
     id: str
@@ -350,6 +355,7 @@ class SandboxInfo:
     reason: str
     from_warm_pool: bool = False
     parent_id: str = ""
+    paused_filesystem: bool = False
 
     @classmethod
     def from_proto(cls, s: pb.Sandbox) -> SandboxInfo:
@@ -365,6 +371,7 @@ class SandboxInfo:
             reason=s.reason,
             from_warm_pool=s.from_warm_pool,
             parent_id=s.parent_id,
+            paused_filesystem=s.paused_filesystem,
         )
 
 

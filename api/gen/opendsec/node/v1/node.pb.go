@@ -449,9 +449,11 @@ type Sandbox struct {
 	// empty for a sandbox made from an image.
 	ParentId string `protobuf:"bytes,12,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	// The backend that runs the sandbox (spec.backend resolved: never empty).
-	Backend       string `protobuf:"bytes,13,opt,name=backend,proto3" json:"backend,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Backend string `protobuf:"bytes,13,opt,name=backend,proto3" json:"backend,omitempty"`
+	// PAUSED keeping only its files (opendsec.v1.Sandbox.paused_filesystem).
+	PausedFilesystem bool `protobuf:"varint,14,opt,name=paused_filesystem,json=pausedFilesystem,proto3" json:"paused_filesystem,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -573,6 +575,13 @@ func (x *Sandbox) GetBackend() string {
 		return x.Backend
 	}
 	return ""
+}
+
+func (x *Sandbox) GetPausedFilesystem() bool {
+	if x != nil {
+		return x.PausedFilesystem
+	}
+	return false
 }
 
 // SandboxMetrics is one sample of a sandbox's resource use; the fields are
@@ -2200,11 +2209,13 @@ func (x *Accelerator) GetDetectedAt() *timestamppb.Timestamp {
 }
 
 type PauseSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Reclaim       bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Reclaim   bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	// opendsec.v1.PauseSandboxRequest.filesystem_only.
+	FilesystemOnly bool `protobuf:"varint,3,opt,name=filesystem_only,json=filesystemOnly,proto3" json:"filesystem_only,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PauseSandboxRequest) Reset() {
@@ -2247,6 +2258,13 @@ func (x *PauseSandboxRequest) GetSandboxId() string {
 func (x *PauseSandboxRequest) GetReclaim() bool {
 	if x != nil {
 		return x.Reclaim
+	}
+	return false
+}
+
+func (x *PauseSandboxRequest) GetFilesystemOnly() bool {
+	if x != nil {
+		return x.FilesystemOnly
 	}
 	return false
 }
@@ -2722,7 +2740,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xfc\x03\n" +
+	"\x05ports\x18\x04 \x01(\tR\x05ports\"\xa9\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x121\n" +
@@ -2739,7 +2757,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	" \x01(\tR\x05owner\x12\x18\n" +
 	"\aproject\x18\v \x01(\tR\aproject\x12\x1b\n" +
 	"\tparent_id\x18\f \x01(\tR\bparentId\x12\x18\n" +
-	"\abackend\x18\r \x01(\tR\abackend\"\xdc\x03\n" +
+	"\abackend\x18\r \x01(\tR\abackend\x12+\n" +
+	"\x11paused_filesystem\x18\x0e \x01(\bR\x10pausedFilesystem\"\xdc\x03\n" +
 	"\x0eSandboxMetrics\x128\n" +
 	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x1b\n" +
 	"\tcpu_count\x18\x02 \x01(\x01R\bcpuCount\x12 \n" +
@@ -2870,11 +2889,12 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\x12probe_instructions\x18\x05 \x01(\x03R\x11probeInstructions\x12*\n" +
 	"\x11probe_duration_us\x18\x06 \x01(\x03R\x0fprobeDurationUs\x12;\n" +
 	"\vdetected_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"detectedAt\"N\n" +
+	"detectedAt\"w\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
-	"\areclaim\x18\x02 \x01(\bR\areclaim\"l\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\x12'\n" +
+	"\x0ffilesystem_only\x18\x03 \x01(\bR\x0efilesystemOnly\"l\n" +
 	"\x14PauseSandboxResponse\x123\n" +
 	"\asandbox\x18\x01 \x01(\v2\x19.opendsec.node.v1.SandboxR\asandbox\x12\x1f\n" +
 	"\vbytes_freed\x18\x02 \x01(\x03R\n" +

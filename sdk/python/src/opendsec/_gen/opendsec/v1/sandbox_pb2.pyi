@@ -113,7 +113,7 @@ class NetworkRule(_message.Message):
     def __init__(self, cidr: _Optional[str] = ..., domain: _Optional[str] = ..., protocol: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool", "owner", "project", "parent_id")
+    __slots__ = ("id", "node_id", "spec", "state", "created_at", "expires_at", "last_activity_at", "reason", "from_warm_pool", "owner", "project", "parent_id", "paused_filesystem")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class Sandbox(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PROJECT_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FILESYSTEM_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     spec: SandboxSpec
@@ -138,7 +139,8 @@ class Sandbox(_message.Message):
     owner: str
     project: str
     parent_id: str
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ..., owner: _Optional[str] = ..., project: _Optional[str] = ..., parent_id: _Optional[str] = ...) -> None: ...
+    paused_filesystem: bool
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., from_warm_pool: bool = ..., owner: _Optional[str] = ..., project: _Optional[str] = ..., parent_id: _Optional[str] = ..., paused_filesystem: bool = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("spec", "request_id", "skip_warm_pool")
@@ -322,12 +324,14 @@ class ForkResult(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., memory_preserved: bool = ...) -> None: ...
 
 class PauseSandboxRequest(_message.Message):
-    __slots__ = ("id", "reclaim")
+    __slots__ = ("id", "reclaim", "filesystem_only")
     ID_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_FIELD_NUMBER: _ClassVar[int]
+    FILESYSTEM_ONLY_FIELD_NUMBER: _ClassVar[int]
     id: str
     reclaim: bool
-    def __init__(self, id: _Optional[str] = ..., reclaim: bool = ...) -> None: ...
+    filesystem_only: bool
+    def __init__(self, id: _Optional[str] = ..., reclaim: bool = ..., filesystem_only: bool = ...) -> None: ...
 
 class PauseSandboxResponse(_message.Message):
     __slots__ = ("sandbox", "bytes_freed")
