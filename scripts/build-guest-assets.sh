@@ -89,7 +89,10 @@ d, pkg, debver, kver, mj = sys.argv[1:]
 m = json.load(open(mj))
 sha = {f: hashlib.sha256(open(f'{d}/{f}', 'rb').read()).hexdigest() for f in ('vmlinux', 'initrd.cpio')}
 json.dump({'kernel_package': pkg, 'kernel_package_version': debver, 'kernel_version': kver,
-           'modules': m['order'], 'builtin_or_absent': m['not_modules'], 'sha256': sha},
+           'modules': m['order'], 'builtin_or_absent': m['not_modules'], 'sha256': sha,
+           # What this guest init serves that an older one did not; the vm
+           # backend turns a feature on only where the assets list it.
+           'features': ['balloon-control']},
           open(f'{d}/manifest.json', 'w'), indent=2)
 PY
 (cd "$tmp" && sha256sum vmlinux initrd.cpio manifest.json > SHA256SUMS)

@@ -74,6 +74,14 @@ type Config struct {
 	// It should be a tmpfs: the running guest writes its RAM there.
 	MemoryDir string `json:"memory_dir,omitempty"`
 
+	// FreePageReporting gives every booted VM a virtio-balloon device with
+	// free page reporting (and deflate-on-oom): pages the guest frees go
+	// back to the host (QEMU punches them out of the guest's RAM file).
+	// Unset means on, where the guest assets support it (their manifest
+	// lists "balloon-control": the init can unbind the driver before a
+	// snapshot, see docs/vm-guest.md); false turns it off.
+	FreePageReporting *bool `json:"free_page_reporting,omitempty"`
+
 	// BootTimeoutSec bounds Start's wait for the guest's agent (0: DefaultBootTimeout).
 	BootTimeoutSec int `json:"boot_timeout_sec,omitempty"`
 
@@ -178,4 +186,10 @@ type handleState struct {
 	Gateway  string `json:"gateway,omitempty"`
 	// NetNS is the network namespace QEMU runs in, for a Start after Recover.
 	NetNS string `json:"netns,omitempty"`
+	// Balloon: the VM has a virtio-balloon with free page reporting, whose
+	// guest driver a snapshot unbinds first (and binds again after, on a
+	// VM that maps its own RAM file shared).
+	Balloon bool `json:"balloon,omitempty"`
+	// CPUClass is the sandbox's runtime.CPUClass.
+	CPUClass string `json:"cpu_class,omitempty"`
 }

@@ -250,7 +250,8 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 			return runtime.Handle{}, err
 		}
 		sb.st.MemShared = true
-		sb.st.Args = r.args(spec, vcpus, memMB, disk, mem)
+		sb.st.Balloon = r.freePageReporting()
+		sb.st.Args = r.args(spec, vcpus, memMB, disk, mem, argOpts{balloon: sb.st.Balloon})
 	} else {
 		if sb.st.Args, err = from.prepare(ctx, spec, mem); err != nil {
 			return runtime.Handle{}, err
@@ -364,8 +365,39 @@ func listenAt(dir *os.File, name string) (*os.File, error) {
 	return f, nil
 }
 
+// argOpts are the command line's optional devices.
+type argOpts struct {
+	balloon bool // virtio-balloon with free page reporting
+}
+
+// assetFeature reports whether the guest assets' manifest.json lists feature.
+func (r *Runtime) assetFeature(feature string) bool {
+	b, err := os.ReadFile(filepath.Join(r.cfg.AssetsDir, "manifest.json"))
+	if err != nil {
+		return false
+	}
+	var m struct {
+		Features []string `json:"features"`
+	}
+	return json.Unmarshal(b, &m) == nil && slices.Contains(m.Features, feature)
+}
+
+// freePageReporting says whether a new VM gets the balloon device: as
+// configured (default on), and only with guest assets whose init can unbind
+// its driver before a snapshot.
+func (r *Runtime) freePageReporting() bool {
+	if r.cfg.FreePageReporting != nil && !*r.cfg.FreePageReporting {
+		return false
+	}
+	return r.assetFeature(featureBalloonControl)
+}
+
+// featureBalloonControl is the assets' manifest feature of a guest init
+// that serves vmchan.BalloonPath.
+const featureBalloonControl = "balloon-control"
+
 // args is QEMU's command line (after the binary).
-func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem string) []string {
+func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem string, o argOpts) []string {
 	sd := spec.StateDir
 	dev := func(kind string) string {
 		if r.cfg.Machine == "q35" {
@@ -422,6 +454,12 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 		"-device", dev("virtio-serial"),
 		"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent")
+	if o.balloon {
+		// Free pages the guest reports are discarded (a hole punched in
+		// the RAM file); deflate-on-oom lets a guest under memory pressure
+		// take back pages a balloon holds.
+		a = append(a, "-device", dev("virtio-balloon")+",free-page-reporting=on,deflate-on-oom=on")
+	}
 	if spec.Network.Mode == runtime.NetworkTap {
 		a = append(a, "-netdev", "tap,id=net0,ifname="+spec.Network.Device+",script=no,downscript=no",
 			"-device", dev("virtio-net")+",netdev=net0,mac="+spec.Network.MAC.String())
@@ -614,6 +652,31 @@ func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
 	if resp.StatusCode != http.StatusNoContent {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("vm %s identity: %w: the guest answered %d: %s (guest assets older than this backend?)", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// setBalloon binds (on) or unbinds the guest's balloon driver through the
+// guest init's vmchan.BalloonPath; the guest must be running.
+func (r *Runtime) setBalloon(ctx context.Context, sb *sandbox, on bool) error {
+	body, _ := json.Marshal(vmchan.Balloon{FreePageReporting: on})
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.BalloonPath, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("vm %s balloon: %w: %w", sb.id, errdefs.ErrInternal, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("vm %s balloon: %w: %w", sb.id, errdefs.ErrUnavailable, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusNoContent {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("vm %s balloon: %w: the guest answered %d: %s", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
 	}
 	return nil
 }

@@ -136,8 +136,10 @@ type SandboxSpec struct {
 	OnTimeout string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	// See opendsec.v1.SandboxSpec.allow_privilege_escalation.
 	AllowPrivilegeEscalation bool `protobuf:"varint,19,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// See opendsec.v1.SandboxSpec.cpu_class.
+	CpuClass      string `protobuf:"bytes,20,opt,name=cpu_class,json=cpuClass,proto3" json:"cpu_class,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -301,6 +303,13 @@ func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
 		return x.AllowPrivilegeEscalation
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetCpuClass() string {
+	if x != nil {
+		return x.CpuClass
+	}
+	return ""
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the
@@ -2668,7 +2677,7 @@ var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\a\n" +
+	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\a\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -2692,7 +2701,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
 	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x12<\n" +
-	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
+	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x12\x1b\n" +
+	"\tcpu_class\x18\x14 \x01(\tR\bcpuClass\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
