@@ -27,6 +27,7 @@ import (
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -346,6 +347,8 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 		if n.accel != nil {
 			attrs = append(attrs, "vm_accel", n.accel.Accel, "vm_accel_reason", n.accel.Reason)
 		}
+		core := sched.Core()
+		attrs = append(attrs, "core_scheduling", core.Enabled, "core_scheduling_reason", core.Reason)
 		log.G(ctx).Info("opendsec is up", attrs...)
 		if o.ReadyFile != "" {
 			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {

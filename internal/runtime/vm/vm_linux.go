@@ -28,6 +28,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -233,7 +234,8 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus, MemPath: mem, Hostname: hostname, NetNS: spec.Network.NetNS}
+	sb.st = handleState{StateDir: spec.StateDir, Cgroup: cg, Accel: r.accel, MemoryMB: memMB, VCPUs: vcpus, MemPath: mem, Hostname: hostname, NetNS: spec.Network.NetNS,
+		CPUClass: string(spec.CPUClass)}
 	if spec.Network.Mode == runtime.NetworkTap {
 		sb.st.MAC, sb.st.Addr, sb.st.Gateway = spec.Network.MAC.String(), spec.Network.GuestAddr.String(), spec.Network.Gateway.String()
 	}
@@ -259,7 +261,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
 		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
 	}
-	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB); err != nil {
+	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB, spec.CPUClass == runtime.CPUBestEffort); err != nil {
 		return runtime.Handle{}, err
 	}
 	return r.handle(sb), nil
@@ -514,7 +516,13 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	cmd.ExtraFiles = socks
 	// QEMU is not the node's: its own session, so a node restart leaves it running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	if runtime.CPUClass(sb.st.CPUClass) == runtime.CPUBestEffort {
+		// Under SCHED_IDLE from exec on: every QEMU thread (vCPUs
+		// included) inherits it.
+		err = sched.StartIdle(cmd)
+	} else {
+		err = cmd.Start()
+	}
 	// QEMU has its copies; one kept here would hold connections in the
 	// backlog after QEMU is gone.
 	for _, f := range socks {
@@ -553,6 +561,13 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
 		return fail(err)
+	}
+	if sched.Core().Enabled {
+		// Its own core-scheduling cookie (inherited by the threads it
+		// makes): its vCPUs never share an SMT core with another VM's.
+		if err := sched.CreateCookie(pid); err != nil {
+			return fail(fmt.Errorf("vm %s: %w: %w", id, errdefs.ErrInternal, err))
+		}
 	}
 	go r.watchLogs(sb)
 	q, err := r.connectQMP(ctx, sb)
