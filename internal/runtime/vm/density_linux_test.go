@@ -1,0 +1,121 @@
+package vm
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
+)
+
+// TestBestEffortQEMU: a best_effort VM's QEMU runs every thread (vCPUs
+// included) under SCHED_IDLE, in a cgroup with the least CPU weight; a
+// latency one under the normal policy.
+func TestBestEffortQEMU(t *testing.T) {
+	rootOnly(t)
+	r, _ := newTestRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, class := range []runtime.CPUClass{runtime.CPUBestEffort, runtime.CPULatency} {
+		id := "vm-class-" + strings.ReplaceAll(string(class), "_", "-")
+		if _, err := r.Create(ctx, runtime.Spec{ID: id, StateDir: t.TempDir(), Rootfs: haltRootfs(), Resources: haltRes(16), CPUClass: class}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = r.Delete(context.Background(), id) }()
+		if err := r.Start(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		st, err := r.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(st.Pid) + "/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tasks) < 2 {
+			t.Fatalf("%s: qemu has %d threads; want its vCPU thread too", class, len(tasks))
+		}
+		for _, e := range tasks {
+			tid, _ := strconv.Atoi(e.Name())
+			p, err := sched.Policy(tid)
+			if err != nil {
+				continue // ended meanwhile
+			}
+			if idle := p == unix.SCHED_IDLE; idle != (class == runtime.CPUBestEffort) {
+				comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(st.Pid), "task", e.Name(), "comm"))
+				t.Fatalf("%s: qemu thread %d (%s) has policy %d", class, tid, strings.TrimSpace(string(comm)), p)
+			}
+		}
+		want := "1024"
+		if class == runtime.CPUBestEffort {
+			want = "2"
+		}
+		f := filepath.Join(cgroupRoot, "cpu", r.cgroupPath(id), "cpu.shares")
+		if unified() {
+			f, want = filepath.Join(cgroupRoot, r.cgroupPath(id), "cpu.weight"), map[string]string{"2": "1", "1024": "100"}[want]
+		}
+		if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != want {
+			t.Fatalf("%s: %s is %q (%v), want %s", class, f, b, err, want)
+		}
+	}
+}
+
+// balloonBound says whether the guest's virtio_balloon driver has a device.
+func balloonBound(t testing.TB, r *Runtime, id string) bool {
+	t.Helper()
+	return strings.Contains(guestRun(t, r, id, "ls /sys/bus/virtio/drivers/virtio_balloon/ 2>/dev/null; true"), "virtio")
+}
+
+// allocated is the bytes of path's file the host holds (its blocks).
+func allocated(t testing.TB, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestFreePageReporting: memory a guest uses and frees goes back to the
+// host. The guest fills 96 MiB of its tmpfs and removes it; the balloon's
+// free page reporting makes QEMU punch the freed pages out of the guest's
+// RAM file (a shared file mapping: fallocate PUNCH_HOLE), so the file's
+// allocated size falls again.
+func TestFreePageReporting(t *testing.T) {
+	r, id := guestVM(t)
+	sb, err := r.get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.st.Balloon {
+		t.Fatalf("the shared guest has no balloon device: the assets (%s) lack %q or free_page_reporting is off", r.cfg.AssetsDir, featureBalloonControl)
+	}
+	if !balloonBound(t, r, id) {
+		t.Fatal("the guest's virtio_balloon driver has no device")
+	}
+	mem := sb.st.MemPath
+	before := allocated(t, mem)
+	guestRun(t, r, id, "head -c 96m /dev/zero > /run/fill && sync")
+	full := allocated(t, mem)
+	guestRun(t, r, id, "rm /run/fill")
+	// The guest reports free 2 MiB blocks about 2 s after they are freed.
+	deadline := time.Now().Add(60 * time.Second)
+	now := full
+	for now > full-64<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("guest RAM file: %d MiB before, %d MiB with 96 MiB in the guest's tmpfs, still %d MiB 60 s after it was removed: the freed pages did not go back",
+				before>>20, full>>20, now>>20)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the host's file, not synchronising with the guest
+		now = allocated(t, mem)
+	}
+	t.Logf("guest RAM file: %d MiB before, %d MiB with 96 MiB in the guest, %d MiB after it was freed", before>>20, full>>20, now>>20)
+}
