@@ -22,10 +22,12 @@ import (
 // TestVMDensity is bench/vm-density.sh's measurement (issue 13 part 7),
 // run only with OPENDSEC_BENCH_DENSITY=1: N idle VMs of MEM MiB (1 vCPU,
 // one image) per configuration, side by side in one run, and the host
-// memory they use once idle. Configurations: baseline (no balloon,
-// layers on virtio-blk), +balloon (free page reporting), and +zram (the
-// balloon VMs, then their cgroups' memory limits lowered once to push
-// cold guest pages into the node's zram swap, and put back). Each VM
+// memory they use once idle. Configurations: baseline (microvm, no
+// balloon, layers on virtio-blk), + balloon free page reporting, the same
+// on q35 (the machine virtio-pmem needs), + layers on virtio-pmem with
+// DAX, and + zram (the pmem VMs, then their cgroups' memory limits
+// lowered once to push cold guest pages into the node's zram swap, and put
+// back). Each VM
 // boots, its agent answers, and it runs one Python process that imports
 // json, re and asyncio (the image's pages in the guest's cache) and fills
 // 128 MiB before it ends (memory a task used and freed), then all settle.
@@ -55,11 +57,17 @@ func TestVMDensity(t *testing.T) {
 	off, on := false, true
 	var rows []densityRow
 	for _, c := range []struct {
-		name string
-		fpr  *bool
-		zram bool
-	}{{"baseline (virtio-blk, no balloon)", &off, false}, {"+ balloon free page reporting", &on, os.Getenv("OPENDSEC_DENSITY_ZRAM") == "1"}} {
-		rt, err := New(context.Background(), Config{AssetsDir: dir, Accel: "tcg", NodeID: "density", FreePageReporting: c.fpr, BootTimeoutSec: 600})
+		name, machine, layers string
+		fpr                   *bool
+		zram                  bool
+	}{
+		{"baseline: microvm, virtio-blk, no balloon", "microvm", LayerBlk, &off, false},
+		{"+ balloon free page reporting (microvm)", "microvm", LayerBlk, &on, false},
+		{"balloon, q35, virtio-blk (pmem's machine)", "q35", LayerBlk, &on, false},
+		{"+ virtio-pmem layers with DAX (q35, balloon)", "q35", LayerPmem, &on, os.Getenv("OPENDSEC_DENSITY_ZRAM") == "1"},
+	} {
+		rt, err := New(context.Background(), Config{AssetsDir: dir, Accel: "tcg", NodeID: "density", Machine: c.machine, LayerDevice: c.layers,
+			FreePageReporting: c.fpr, BootTimeoutSec: 600, NodeStateDir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}

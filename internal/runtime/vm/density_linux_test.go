@@ -119,3 +119,62 @@ func TestFreePageReporting(t *testing.T) {
 	}
 	t.Logf("guest RAM file: %d MiB before, %d MiB with 96 MiB in the guest, %d MiB after it was freed", before>>20, full>>20, now>>20)
 }
+
+// TestArgsDensityDevices: the balloon and the pmem layers on QEMU's
+// command line, and the config refusing pmem on microvm.
+func TestArgsDensityDevices(t *testing.T) {
+	cfg := Config{Machine: "q35", LayerDevice: LayerPmem, AssetsDir: "/a"}
+	if err := cfg.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{cfg: cfg, accel: "tcg"}
+	spec := runtime.Spec{ID: "sb1", StateDir: "/s", Rootfs: runtime.Rootfs{Layers: []runtime.Layer{{Path: "/l/0.erofs"}, {Path: "/l/1.erofs"}}}}
+	pm := []pmemLayer{{path: "/p/0.img", size: 4 << 20}, {path: "/p/1.img", size: 2 << 20}}
+	a := strings.Join(r.args(spec, 1, 512, "/s/rw.ext4", "/m/sb1.mem", argOpts{balloon: true, pmem: pm}), " ")
+	for _, want := range []string{
+		"-m 512M,slots=2,maxmem=518M",
+		"memory-backend-file,id=layer0,mem-path=/p/0.img,size=4194304,share=on,readonly=on -device virtio-pmem-pci,memdev=layer0",
+		"memory-backend-file,id=layer1,mem-path=/p/1.img,size=2097152,share=on,readonly=on",
+		"opendsec.layers=2 opendsec.rw=vda opendsec.config=vdb",
+		"opendsec.layerdev=pmem swiotlb=noforce",
+		"virtio-balloon-pci,free-page-reporting=on,deflate-on-oom=on",
+	} {
+		if !strings.Contains(a, want) {
+			t.Errorf("pmem args lack %q:\n%s", want, a)
+		}
+	}
+	if strings.Contains(a, "/l/0.erofs") {
+		t.Errorf("pmem args still attach a layer as a disk:\n%s", a)
+	}
+	a = strings.Join(r.args(spec, 1, 512, "/s/rw.ext4", "/m/sb1.mem", argOpts{}), " ")
+	for _, bad := range []string{"balloon", "pmem", "slots=", "swiotlb"} {
+		if strings.Contains(a, bad) {
+			t.Errorf("blk args without a balloon have %q:\n%s", bad, a)
+		}
+	}
+	if !strings.Contains(a, "file=/l/1.erofs,format=raw,if=none,readonly=on,id=layer1") || !strings.Contains(a, "opendsec.rw=vdc opendsec.config=vdd") {
+		t.Errorf("blk args:\n%s", a)
+	}
+	bad := Config{LayerDevice: LayerPmem}
+	if err := bad.defaults(); err == nil || !strings.Contains(err.Error(), `needs machine "q35"`) {
+		t.Errorf("pmem on microvm: %v, want an error naming q35", err)
+	}
+}
+
+// TestPadCopy: a layer's pmem copy has its bytes and is padded to 2 MiB.
+func TestPadCopy(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "l.erofs")
+	if err := os.WriteFile(src, []byte("erofs bytes"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{cfg: Config{NodeStateDir: dir}}
+	pm, err := r.pmemLayers([]runtime.Layer{{Path: src, Digest: "sha256:ab"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(pm[0].path)
+	if err != nil || len(b) != pmemAlign || pm[0].size != pmemAlign || string(b[:11]) != "erofs bytes" || pm[0].path != filepath.Join(dir, "vm-pmem", "sha256-ab.img") {
+		t.Fatalf("pmem copy %s: %d bytes (size %d), %v", pm[0].path, len(b), pm[0].size, err)
+	}
+}
