@@ -153,6 +153,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		Trajectory:    trajectoryConfig(cfg.Node.Trajectory),
 		Accelerator:   accel,
 	}
+	ncfg.CoreScheduling = coreScheduling()
 	if nw != nil {
 		ncfg.Network = nw
 	}
@@ -169,6 +170,12 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 // detectAccel decides the accelerator VM backends use on this host (once
 // per boot, cached) and logs it; nil if it cannot be decided, which only
 // VM backends would need.
+// coreScheduling is the host's core-scheduling decision for the node's Info.
+func coreScheduling() *node.CoreScheduling {
+	core := sched.Core()
+	return &node.CoreScheduling{Enabled: core.Enabled, Reason: core.Reason}
+}
+
 func detectAccel(ctx context.Context, cfg config.Config) *node.Accelerator {
 	r, err := kvmprobe.Detect(ctx, kvmprobe.Options{PVMGuestKernel: cfg.Node.PVMGuestKernel})
 	if err != nil {

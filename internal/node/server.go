@@ -12,7 +12,6 @@ import (
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/netpolicy"
-	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 	"github.com/kernflux/opendsec/internal/version"
 )
@@ -183,8 +182,9 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Version:        version.Version,
 		Accelerator:    acceleratorProto(s.n.cfg.Accelerator),
 	}
-	core := sched.Core()
-	resp.CoreScheduling = &nodev1.CoreScheduling{Enabled: core.Enabled, Reason: core.Reason}
+	if c := s.n.cfg.CoreScheduling; c != nil {
+		resp.CoreScheduling = &nodev1.CoreScheduling{Enabled: c.Enabled, Reason: c.Reason}
+	}
 	return connect.NewResponse(resp), nil
 }
 
