@@ -781,6 +781,8 @@ func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
 // setBalloon binds (on) or unbinds the guest's balloon driver through the
 // guest init's vmchan.BalloonPath; the guest must be running.
 func (r *Runtime) setBalloon(ctx context.Context, sb *sandbox, on bool) error {
+	ctx, cancel := context.WithTimeout(ctx, balloonCallTimeout)
+	defer cancel()
 	body, _ := json.Marshal(vmchan.Balloon{FreePageReporting: on})
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
@@ -802,6 +804,11 @@ func (r *Runtime) setBalloon(ctx context.Context, sb *sandbox, on bool) error {
 	}
 	return nil
 }
+
+// balloonCallTimeout bounds one balloon call: the guest answers it in
+// milliseconds, and a guest that does not fails the snapshot rather than
+// hanging it.
+const balloonCallTimeout = 15 * time.Second
 
 // shellQuote quotes s for sh (QEMU runs exec: migration URIs with sh -c).
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'" }
