@@ -178,3 +178,52 @@ func TestPadCopy(t *testing.T) {
 		t.Fatalf("pmem copy %s: %d bytes (size %d), %v", pm[0].path, len(b), pm[0].size, err)
 	}
 }
+
+// TestPmemLayers boots a q35 VM whose image layer is a virtio-pmem device
+// mounted with DAX, reads the image in it, forks it and reads the image in
+// the fork (its pmem backing stays the shared, read-only file).
+func TestPmemLayers(t *testing.T) {
+	rootOnly(t)
+	dir, why := guestAssets()
+	if dir == "" {
+		skipOrFail(t, why)
+	}
+	rt, err := New(context.Background(), Config{AssetsDir: dir, Accel: "tcg", Machine: "q35", LayerDevice: LayerPmem, NodeID: "pmem",
+		NodeStateDir: t.TempDir(), BootTimeoutSec: int(guestBootTimeout / time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rt.(*Runtime)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	spec := runtime.Spec{ID: "pmem-src", StateDir: t.TempDir(), Rootfs: guestRootfs(t), Resources: guestRes(16)}
+	if _, err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Delete(context.Background(), spec.ID) }()
+	sb, _ := r.get(spec.ID)
+	if a := strings.Join(sb.st.Args, " "); !strings.Contains(a, "virtio-pmem-pci,memdev=layer0") {
+		t.Fatalf("no pmem layer on the command line: %s", a)
+	}
+	if err := r.Start(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := guestRun(t, r, spec.ID, "dmesg | grep -c 'erofs: DAX enabled'; ls /bin/busybox"); !strings.HasPrefix(out, "1\n") {
+		t.Fatalf("the layer is not mounted with DAX: %q", out)
+	}
+	fspec := runtime.Spec{ID: "pmem-fork", StateDir: t.TempDir(), Rootfs: spec.Rootfs, Resources: spec.Resources}
+	if _, err := r.Fork(ctx, spec.ID, []runtime.Spec{fspec}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Delete(context.Background(), fspec.ID) }()
+	if err := r.Start(ctx, fspec.ID); err != nil {
+		t.Fatal(err)
+	}
+	fsb, _ := r.get(fspec.ID)
+	if a := strings.Join(fsb.st.Args, " "); !strings.Contains(a, "size=") || strings.Contains(a, "readonly=on,share=off") || !strings.Contains(a, "share=on,readonly=on") {
+		t.Fatalf("the fork's pmem backing is not the shared read-only file: %s", a)
+	}
+	if out := guestRun(t, r, fspec.ID, "ls /bin/busybox && busybox true && echo read"); !strings.HasSuffix(out, "read") {
+		t.Fatalf("the fork cannot read its image: %q", out)
+	}
+}

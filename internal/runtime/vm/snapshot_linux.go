@@ -410,7 +410,8 @@ func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem strin
 		switch {
 		case a == "opendsec-"+m.SourceID:
 			a = "opendsec-" + spec.ID
-		case strings.HasPrefix(a, "memory-backend-file,"):
+		case strings.HasPrefix(a, "memory-backend-file,id=ram0,"):
+			// Guest RAM only: a pmem layer's backing stays shared.
 			a = strings.ReplaceAll(a, "mem-path="+m.SourceMem, "mem-path="+mem)
 			a = strings.ReplaceAll(a, "share=on", "share=off")
 		default:
