@@ -10,7 +10,7 @@ CACHE=${OPENDSEC_GUEST_CACHE:-/var/cache/opendsec/guest}
 GO=${GO:-go}
 
 # Modules wanted; dependencies are resolved from .modinfo depends= and placed first.
-WANT="crc32c_generic virtio_mmio virtio_pci virtio_console virtio_blk virtio_net erofs ext4 overlay virtio_balloon virtio_rng vmw_vsock_virtio_transport"
+WANT="crc32c_generic virtio_mmio virtio_pci virtio_console virtio_blk virtio_net erofs ext4 overlay virtio_balloon virtio_rng vmw_vsock_virtio_transport virtio_pmem nd_pmem"
 
 # The kernel package linux-image-amd64 depends on (the metapackage's candidate).
 KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
@@ -89,7 +89,10 @@ d, pkg, debver, kver, mj = sys.argv[1:]
 m = json.load(open(mj))
 sha = {f: hashlib.sha256(open(f'{d}/{f}', 'rb').read()).hexdigest() for f in ('vmlinux', 'initrd.cpio')}
 json.dump({'kernel_package': pkg, 'kernel_package_version': debver, 'kernel_version': kver,
-           'modules': m['order'], 'builtin_or_absent': m['not_modules'], 'sha256': sha},
+           'modules': m['order'], 'builtin_or_absent': m['not_modules'], 'sha256': sha,
+           # What this guest init serves that an older one did not; the vm
+           # backend turns a feature on only where the assets list it.
+           'features': ['balloon-control', 'pmem-layers']},
           open(f'{d}/manifest.json', 'w'), indent=2)
 PY
 (cd "$tmp" && sha256sum vmlinux initrd.cpio manifest.json > SHA256SUMS)

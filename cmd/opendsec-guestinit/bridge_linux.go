@@ -124,6 +124,9 @@ func proxy(c net.Conn, sock string) {
 	} else if string(head) == identityReq {
 		serveIdentity(br, c)
 		return
+	} else if strings.HasPrefix(string(head), balloonReq) {
+		serveBalloon(br, c)
+		return
 	}
 	a, err := net.Dial("unix", sock)
 	if err != nil {
@@ -146,6 +149,78 @@ func proxy(c net.Conn, sock string) {
 	wg.Wait()
 }
 
+// balloonReq starts a connection whose first request is the balloon route
+// (shorter than identityReq: the peek above has it whole).
+const balloonReq = "POST " + vmchan.BalloonPath + " "
+
+// serveBalloon answers one POST vmchan.BalloonPath: 204 once the balloon
+// driver is bound or unbound as asked, 404 without a balloon device.
+func serveBalloon(br *bufio.Reader, c net.Conn) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	var b vmchan.Balloon
+	code, msg := http.StatusNoContent, ""
+	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<12)).Decode(&b); err != nil {
+		code, msg = http.StatusBadRequest, "balloon body: "+err.Error()
+	} else if err := setBalloon(virtioSys, b.FreePageReporting); errors.Is(err, os.ErrNotExist) {
+		code, msg = http.StatusNotFound, err.Error()
+	} else if err != nil {
+		code, msg = http.StatusInternalServerError, err.Error()
+		logf("balloon: " + msg)
+	}
+	writeResponse(c, code, msg)
+}
+
+// virtioSys is the virtio bus in sysfs.
+const virtioSys = "/sys/bus/virtio"
+
+// virtioIDBalloon is the balloon's virtio device ID.
+const virtioIDBalloon = "0x0005"
+
+// setBalloon binds (on) or unbinds the virtio_balloon driver of the
+// balloon device under sys; binding again what is bound (or unbinding
+// what is not) changes nothing. A missing device is os.ErrNotExist.
+func setBalloon(sys string, on bool) error {
+	devs, _ := filepath.Glob(filepath.Join(sys, "devices", "*", "device"))
+	name := ""
+	for _, d := range devs {
+		if b, err := os.ReadFile(d); err == nil && strings.TrimSpace(string(b)) == virtioIDBalloon {
+			name = filepath.Base(filepath.Dir(d))
+			break
+		}
+	}
+	if name == "" {
+		return fmt.Errorf("balloon: no virtio balloon device under %s: %w", sys, os.ErrNotExist)
+	}
+	drv := filepath.Join(sys, "drivers", "virtio_balloon")
+	_, err := os.Lstat(filepath.Join(drv, name))
+	bound := err == nil
+	if bound == on {
+		return nil
+	}
+	op := "unbind"
+	if on {
+		op = "bind"
+	}
+	if err := os.WriteFile(filepath.Join(drv, op), []byte(name), 0o200); err != nil {
+		return fmt.Errorf("balloon %s %s: %w", op, name, err)
+	}
+	return nil
+}
+
+// writeResponse writes a one-shot HTTP response with msg as its body.
+func writeResponse(c net.Conn, code int, msg string) {
+	resp := &http.Response{StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Close: true, Header: http.Header{}}
+	if msg != "" {
+		resp.Header.Set("Content-Type", "text/plain; charset=utf-8")
+		resp.Body = io.NopCloser(strings.NewReader(msg + "\n"))
+		resp.ContentLength = int64(len(msg) + 1)
+	}
+	_ = resp.Write(c)
+}
+
 // serveIdentity answers one POST vmchan.IdentityPath: 204 once applied,
 // 400 for a body that is no Identity, 500 naming what failed.
 func serveIdentity(br *bufio.Reader, c net.Conn) {
@@ -161,13 +236,7 @@ func serveIdentity(br *bufio.Reader, c net.Conn) {
 		code, msg = http.StatusInternalServerError, err.Error()
 		logf("identity: " + msg)
 	}
-	resp := &http.Response{StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Close: true, Header: http.Header{}}
-	if msg != "" {
-		resp.Header.Set("Content-Type", "text/plain; charset=utf-8")
-		resp.Body = io.NopCloser(strings.NewReader(msg + "\n"))
-		resp.ContentLength = int64(len(msg) + 1)
-	}
-	_ = resp.Write(c)
+	writeResponse(c, code, msg)
 }
 
 // serveAgentPort finds the "agent" port, waits until the agent answers on

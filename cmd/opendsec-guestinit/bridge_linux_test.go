@@ -151,3 +151,47 @@ func TestListenVsock(t *testing.T) {
 		t.Fatal("accept did not return after Close")
 	}
 }
+
+// TestSetBalloon binds and unbinds the balloon device found by its virtio
+// device ID in a sysfs-shaped tree; a tree without one is os.ErrNotExist.
+func TestSetBalloon(t *testing.T) {
+	sys := t.TempDir()
+	for name, id := range map[string]string{"virtio0": "0x0003", "virtio3": "0x0005"} {
+		if err := os.MkdirAll(filepath.Join(sys, "devices", name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sys, "devices", name, "device"), []byte(id+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drv := filepath.Join(sys, "drivers", "virtio_balloon")
+	if err := os.MkdirAll(drv, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Bound: the driver's directory links the device.
+	if err := os.Symlink("../../devices/virtio3", filepath.Join(drv, "virtio3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := setBalloon(sys, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(drv, "bind")); err == nil {
+		t.Fatal("bind written for a bound device")
+	}
+	if err := setBalloon(sys, false); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(drv, "unbind")); err != nil || string(b) != "virtio3" {
+		t.Fatalf("unbind got %q, %v; want virtio3", b, err)
+	}
+	_ = os.Remove(filepath.Join(drv, "virtio3"))
+	if err := setBalloon(sys, true); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(drv, "bind")); err != nil || string(b) != "virtio3" {
+		t.Fatalf("bind got %q, %v; want virtio3", b, err)
+	}
+	if err := setBalloon(t.TempDir(), false); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("no device: %v, want os.ErrNotExist", err)
+	}
+}

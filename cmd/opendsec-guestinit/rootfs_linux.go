@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,9 +31,12 @@ func switchRoot(args bootArgs) error {
 	}
 	var lower []string
 	for i := range n {
-		dev := "/dev/vd" + string(rune('a'+i))
 		dir := "/layers/" + strconv.Itoa(i)
-		if err := mountOn(dev, dir, "erofs", unix.MS_RDONLY, ""); err != nil {
+		if args["layerdev"] == "pmem" {
+			if err := mountPmemLayer(i, dir); err != nil {
+				return err
+			}
+		} else if err := mountOn("/dev/vd"+string(rune('a'+i)), dir, "erofs", unix.MS_RDONLY, ""); err != nil {
 			return err
 		}
 		lower = append(lower, dir)
@@ -93,4 +97,29 @@ func mountOn(src, dir, fs string, flags uintptr, data string) error {
 		return fmt.Errorf("mount %s (%s) on %s: %w", src, fs, dir, err)
 	}
 	return nil
+}
+
+// mountPmemLayer mounts layer i from the virtio-pmem device /dev/pmem<i>
+// with DAX: the guest reads the host's page cache of the layer file
+// directly, so it keeps no copy in its own cache. Without DAX (a kernel or
+// region that cannot) it mounts it as a block device and says so.
+func mountPmemLayer(i int, dir string) error {
+	dev := "/dev/pmem" + strconv.Itoa(i)
+	// nd_pmem binds to the region asynchronously after virtio_pmem's probe.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(dev); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("layer %d: %s did not appear in 10 s (virtio_pmem and nd_pmem loaded?)", i, dev)
+		}
+		time.Sleep(5 * time.Millisecond) // waiting for the kernel's device, nothing to be told by
+	}
+	if err := mountOn(dev, dir, "erofs", unix.MS_RDONLY, "dax=always"); err == nil {
+		return nil
+	} else {
+		logf("layer " + strconv.Itoa(i) + " without DAX: " + err.Error())
+	}
+	return mountOn(dev, dir, "erofs", unix.MS_RDONLY, "")
 }

@@ -88,6 +88,7 @@ func nodeSpec(p *v1.SandboxSpec) *nodev1.SandboxSpec {
 		AutoPause:                p.GetAutoPause(),
 		OnTimeout:                p.GetOnTimeout(),
 		AllowPrivilegeEscalation: p.GetAllowPrivilegeEscalation(),
+		CpuClass:                 p.GetCpuClass(),
 		DiskMb:                   p.GetDiskMb(),
 		Snapshot:                 p.GetSnapshot(),
 	}
@@ -182,6 +183,7 @@ func publicSpec(n *nodev1.SandboxSpec) *v1.SandboxSpec {
 		AutoPause:                n.GetAutoPause(),
 		OnTimeout:                n.GetOnTimeout(),
 		AllowPrivilegeEscalation: n.GetAllowPrivilegeEscalation(),
+		CpuClass:                 n.GetCpuClass(),
 		DiskMb:                   n.GetDiskMb(),
 		Snapshot:                 n.GetSnapshot(),
 	}

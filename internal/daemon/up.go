@@ -29,6 +29,7 @@ import (
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
 
@@ -170,6 +171,7 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		Trajectory:    trajectoryConfig(cfg.Node.Trajectory),
 		Accelerator:   accel,
 	}
+	ncfg.CoreScheduling = coreScheduling()
 	if nw != nil {
 		ncfg.Network = nw
 	}
@@ -181,6 +183,13 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		return nil, err
 	}
 	return &localNode{Node: n, net: nw, accel: accel, defaultBackend: choice}, nil
+}
+
+// detectAccel decides the accelerator VM backends use on this host (once
+// coreScheduling is the host's core-scheduling decision for the node's Info.
+func coreScheduling() *node.CoreScheduling {
+	core := sched.Core()
+	return &node.CoreScheduling{Enabled: core.Enabled, Reason: core.Reason}
 }
 
 // detectAccel decides the accelerator VM backends use on this host (once
@@ -370,6 +379,8 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 			attrs = append(attrs, "vm_accel", n.accel.Accel, "vm_accel_reason", n.accel.Reason)
 		}
 		attrs = append(attrs, "default_backend", n.defaultBackend.Backend, "default_backend_reason", n.defaultBackend.Reason)
+		core := sched.Core()
+		attrs = append(attrs, "core_scheduling", core.Enabled, "core_scheduling_reason", core.Reason)
 		log.G(ctx).Info("opendsec is up", attrs...)
 		if o.ReadyFile != "" {
 			if err := os.WriteFile(o.ReadyFile, []byte(api+"\n"), 0o644); err != nil {

@@ -41,3 +41,25 @@ func TestInfoReportsAccelerator(t *testing.T) {
 		t.Fatalf("Info without detection reports %v", resp.Msg.GetAccelerator())
 	}
 }
+
+// TestInfoReportsCoreScheduling: Info carries the core-scheduling decision
+// the daemon made, and none without one.
+func TestInfoReportsCoreScheduling(t *testing.T) {
+	c := CoreScheduling{Reason: "SMT is off (/sys/devices/system/cpu/smt/active = 0): no sibling to share, core scheduling not needed"}
+	f := newFakeNode(t, func(cfg *Config) { cfg.CoreScheduling = &c })
+	ctx := as("opendsec-apiserver", auth.ScopeNode)
+	resp, err := (&service{n: f.Node}).Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Msg.GetCoreScheduling(); got == nil || got.GetEnabled() || got.GetReason() != c.Reason {
+		t.Fatalf("Info core scheduling %v, want %+v", got, c)
+	}
+	resp, err = (&service{n: newFakeNode(t).Node}).Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Msg.GetCoreScheduling() != nil {
+		t.Fatalf("Info without a decision reports %v", resp.Msg.GetCoreScheduling())
+	}
+}

@@ -513,6 +513,7 @@ func (n *Node) backendSpec(rec *record, img runtime.Image, nw runtime.NetworkAtt
 		Options:  rec.Spec.BackendOptions,
 
 		AllowPrivilegeEscalation: rec.Spec.AllowPrivilegeEscalation,
+		CPUClass:                 runtime.CPUClass(rec.Spec.CPUClass),
 	}
 }
 

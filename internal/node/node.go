@@ -80,7 +80,11 @@ type Config struct {
 	// Accelerator is the host's accelerator decision for VM backends,
 	// reported in Info; nil if it was not detected.
 	Accelerator *Accelerator
-	Images      ImageResolver
+	// CoreScheduling is the host's core-scheduling decision for VM
+	// backends (internal/runtime/sched, made by the daemon), reported in
+	// Info; nil if not made.
+	CoreScheduling *CoreScheduling
+	Images         ImageResolver
 	// Capacity; zero values are detected.
 	CPU          float64
 	MemoryMB     int64
@@ -511,6 +515,12 @@ func prefixField(prefix string, err error) error {
 		return err
 	}
 	return errdefs.Invalid(prefix+fe.Field, "%s", fe.Msg)
+}
+
+// CoreScheduling says whether VMs get core-scheduling cookies, and why.
+type CoreScheduling struct {
+	Enabled bool
+	Reason  string
 }
 
 // Accelerator is the host's VM accelerator decision, made by the daemon

@@ -74,6 +74,9 @@ type poolKey struct {
 	// AllowPrivilegeEscalation is fixed at prestart (no_new_privs is set
 	// on init before anything runs).
 	AllowPrivilegeEscalation bool
+	// CPUClass is fixed at prestart (the scheduling policy is set when
+	// the sandbox starts).
+	CPUClass string
 }
 
 type poolShape struct {
@@ -166,7 +169,7 @@ func (p *pool) key(ctx context.Context, spec specRecord) (poolKey, bool) {
 	}
 	k := poolKey{Backend: spec.Backend, Image: spec.Image, ImageID: id, CPU: spec.CPU,
 		MemoryMB: spec.MemoryMB, PidsLimit: spec.PidsLimit, DiskMB: spec.DiskMB, User: spec.User, Workdir: spec.Workdir,
-		AllowPrivilegeEscalation: spec.AllowPrivilegeEscalation}
+		AllowPrivilegeEscalation: spec.AllowPrivilegeEscalation, CPUClass: spec.CPUClass}
 	if spec.Network != nil {
 		b, err := json.Marshal(spec.Network)
 		if err != nil {

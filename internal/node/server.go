@@ -184,6 +184,9 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Accelerator:          acceleratorProto(s.n.cfg.Accelerator),
 		DefaultBackendReason: s.n.cfg.DefaultBackendReason,
 	}
+	if c := s.n.cfg.CoreScheduling; c != nil {
+		resp.CoreScheduling = &nodev1.CoreScheduling{Enabled: c.Enabled, Reason: c.Reason}
+	}
 	return connect.NewResponse(resp), nil
 }
 

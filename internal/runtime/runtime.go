@@ -175,11 +175,24 @@ type Spec struct {
 	// privileges through setuid programs (sudo): no no_new_privs. The
 	// capability set, seccomp filter and namespaces stay the same.
 	AllowPrivilegeEscalation bool
+	// CPUClass is how the host schedules the sandbox's processes (a VM's
+	// QEMU threads): CPULatency (the default, also for "") or
+	// CPUBestEffort (SCHED_IDLE and the least cgroup CPU weight: it runs
+	// on CPU time nothing else wants).
+	CPUClass CPUClass
 	// Options are backend-owned settings from the create request; the
 	// backend validates them (ValidateOptions) before the node admits the
 	// sandbox.
 	Options map[string]string
 }
+
+// CPUClass is a sandbox's CPU class (sandboxspec's cpu_class).
+type CPUClass string
+
+const (
+	CPULatency    CPUClass = "latency"
+	CPUBestEffort CPUClass = "best_effort"
+)
 
 // Handle lets a backend find a sandbox again after the node restarts. The
 // node stores it in its sandbox table and passes it back to Recover.

@@ -56,6 +56,8 @@ func ValidateSpec(s Spec, r SpecRules) error {
 		return errdefs.Invalid("resources.memory_mb", "must be at least %d (%s), got %d", r.MinMemoryMB, r.MemoryWhy, s.Resources.MemoryMB)
 	case s.Resources.CPU <= 0 || s.Resources.CPU < r.MinCPU:
 		return errdefs.Invalid("resources.cpu", "must be at least %v cores (e.g. 0.5 or 2), got %v", max(r.MinCPU, 0.01), s.Resources.CPU)
+	case s.CPUClass != "" && s.CPUClass != CPULatency && s.CPUClass != CPUBestEffort:
+		return errdefs.Invalid("cpu_class", "%q is not a CPU class; give %q (the default) or %q", s.CPUClass, CPULatency, CPUBestEffort)
 	case s.Resources.DiskMB < 0:
 		return errdefs.Invalid("resources.disk_mb", "must be 0 (no quota) or a size in MiB, got %d", s.Resources.DiskMB)
 	case s.Resources.PidsLimit < 0 || s.Resources.PidsLimit > 0 && s.Resources.PidsLimit < r.MinPids:

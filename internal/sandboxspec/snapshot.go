@@ -77,7 +77,7 @@ func BothImageAndSnapshot(image string) error {
 // whose record keeps the source's spec src: the snapshot's image becomes
 // the image, and every field s leaves unset takes src's value (cpu,
 // memory_mb, pids_limit, disk_mb, env, user, workdir, network, labels,
-// backend and its options, allow_privilege_escalation); env and labels are
+// backend and its options, allow_privilege_escalation, cpu_class); env and labels are
 // merged, s's keys winning.
 // Lifetimes, task and auto-pause are the new sandbox's own. s must not
 // name an image too. The result is for Normalize.
@@ -109,6 +109,9 @@ func FromSnapshot(s, src Spec) (Spec, error) {
 	}
 	if s.Workdir == "" {
 		s.Workdir = src.Workdir
+	}
+	if s.CPUClass == "" {
+		s.CPUClass = src.CPUClass
 	}
 	if s.Network == nil {
 		s.Network = src.Network

@@ -32,6 +32,12 @@ const (
 	OnTimeoutPauseFilesystem = "pause_filesystem"
 )
 
+// The CPU classes of cpu_class.
+const (
+	CPUClassLatency    = "latency"
+	CPUClassBestEffort = "best_effort"
+)
+
 // PauseOnTimeout reports whether a timeout of a sandbox with spec s pauses
 // it (on_timeout "pause" or "pause_filesystem", or auto_pause in a record
 // written before on_timeout existed) rather than stopping it.
@@ -177,6 +183,10 @@ type Spec struct {
 	// AllowPrivilegeEscalation runs the sandbox without no_new_privs, so
 	// setuid programs (sudo) work inside it (see the API's field).
 	AllowPrivilegeEscalation bool `json:"allow_privilege_escalation,omitempty"`
+	// CPUClass is CPUClassLatency (the default) or CPUClassBestEffort: the
+	// sandbox's processes (a VM's QEMU threads) run under SCHED_IDLE with
+	// the least cgroup CPU weight, on CPU time nothing else wants.
+	CPUClass string `json:"cpu_class,omitempty"`
 	// BackendOptions are backend-specific settings. Normalize checks only
 	// their shape; the backend that runs the sandbox validates their meaning
 	// (and refuses keys it does not know).
@@ -268,6 +278,13 @@ func Normalize(s Spec) (Spec, error) {
 		}
 	default:
 		return Spec{}, errdefs.Invalid("on_timeout", "%q is not an action; give \"stop\" (the default), \"pause\" or \"pause_filesystem\" (a pause that keeps only the files)", s.OnTimeout)
+	}
+	switch s.CPUClass {
+	case "":
+		s.CPUClass = CPUClassLatency
+	case CPUClassLatency, CPUClassBestEffort:
+	default:
+		return Spec{}, errdefs.Invalid("cpu_class", "%q is not a CPU class; give \"latency\" (the default) or \"best_effort\"", s.CPUClass)
 	}
 	switch {
 	case s.PidsLimit < 0:

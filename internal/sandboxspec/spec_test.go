@@ -112,6 +112,7 @@ func TestNormalizeErrors(t *testing.T) {
 		{"on_timeout unknown", "on_timeout", `"kill" is not an action; give "stop" (the default), "pause" or "pause_filesystem"`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "kill" })},
 		{"on_timeout case", "on_timeout", `"Pause" is not an action`, ok(func(s *sandboxspec.Spec) { s.OnTimeout = "Pause" })},
 		{"on_timeout stop with auto_pause", "on_timeout", `is "stop" but auto_pause is true`, ok(func(s *sandboxspec.Spec) { s.OnTimeout, s.AutoPause = "stop", true })},
+		{"cpu_class unknown", "cpu_class", `"idle" is not a CPU class; give "latency" (the default) or "best_effort"`, ok(func(s *sandboxspec.Spec) { s.CPUClass = "idle" })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := sandboxspec.Normalize(tc.spec)
@@ -221,6 +222,15 @@ func TestNormalizeOnTimeout(t *testing.T) {
 		}
 		if got.OnTimeout != c.want || got.AutoPause != (c.want == "pause") || got.PauseOnTimeout() != (c.want == "pause") {
 			t.Errorf("on_timeout %q auto_pause %v: got on_timeout %q auto_pause %v, want %q", c.onTimeout, c.autoPause, got.OnTimeout, got.AutoPause, c.want)
+		}
+	}
+}
+
+func TestNormalizeCPUClass(t *testing.T) {
+	for in, want := range map[string]string{"": "latency", "latency": "latency", "best_effort": "best_effort"} {
+		got, err := sandboxspec.Normalize(sandboxspec.Spec{Image: "root/busybox", CPUClass: in})
+		if err != nil || got.CPUClass != want {
+			t.Errorf("cpu_class %q: got %q, %v; want %q", in, got.CPUClass, err, want)
 		}
 	}
 }

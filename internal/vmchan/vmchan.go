@@ -255,6 +255,21 @@ type Identity struct {
 	TimeNS int64 `json:"time_ns,omitempty"`
 }
 
+// BalloonPath is the guest init's route that binds or unbinds the guest's
+// virtio_balloon driver, and with it free page reporting (docs/vm-guest.md).
+// The vm backend unbinds it before a snapshot: a restore maps the snapshot's
+// RAM file private, and QEMU (7.2) discards a reported page of a file-backed
+// RAM block by punching a hole in the file, which would take the page from
+// the snapshot and from every other restore of it.
+const BalloonPath = "/opendsec/balloon"
+
+// Balloon is the body of POST BalloonPath; the guest answers 204 once the
+// driver is bound (FreePageReporting) or unbound, and 404 when the guest
+// has no balloon device.
+type Balloon struct {
+	FreePageReporting bool `json:"free_page_reporting"`
+}
+
 // GuestConfig is the guest's configuration disk (JSON, NUL-padded): what
 // does not fit on the kernel command line.
 type GuestConfig struct {

@@ -98,6 +98,9 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 		if err := renice(pid, 0); err != nil {
 			return fmt.Errorf("launch sandbox: %w", err)
 		}
+		if err := sb.applyCPUClass(); err != nil {
+			return fmt.Errorf("launch sandbox: %w", err)
+		}
 	}
 	err := startViaExecFifo(ctx, filepath.Join(sb.st.StateRoot, id), int(sb.pid.Load()))
 	if errors.Is(err, errNoExecFifo) {

@@ -23,6 +23,7 @@ import (
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
@@ -103,6 +104,9 @@ type sandbox struct {
 	prestarted atomic.Bool
 	// guestEnv is Spec.Guest.Env, for Launch.
 	guestEnv []string
+	// bestEffort: Spec.CPUClass is best_effort (init runs under
+	// SCHED_IDLE from Start on; what it starts inherits it).
+	bestEffort bool
 	// disk caches the size of the writable layer for Stats.
 	disk diskCache
 	// exit is how init ended, for Wait.
@@ -320,7 +324,8 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err := validateSpec(spec, r.cfg.MaxPidsLimit); err != nil {
 		return runtime.Handle{}, err
 	}
-	sb := &sandbox{id: spec.ID, netNS: spec.Network.NetNS, guestEnv: spec.Guest.Env, exit: newExitWatch()}
+	sb := &sandbox{id: spec.ID, netNS: spec.Network.NetNS, guestEnv: spec.Guest.Env, exit: newExitWatch(),
+		bestEffort: spec.CPUClass == runtime.CPUBestEffort}
 	r.mu.Lock()
 	if _, ok := r.sandboxes[spec.ID]; ok || r.creating[spec.ID] {
 		r.mu.Unlock()
@@ -693,6 +698,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		sb.pid.Store(int64(pid))
 		sb.phase.Store(phaseLaunched)
 		r.watch(sb, pid)
+		if err := sb.applyCPUClass(); err != nil {
+			return fmt.Errorf("start sandbox: %w", err)
+		}
 		log.G(ctx).Debug("sandbox started", "sandbox.id", id, "pid", pid)
 		return nil
 	}
@@ -701,7 +709,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	if startErr == nil {
-		return nil
+		return sb.applyCPUClass()
 	}
 	// Only on failure ask why: starting a running sandbox is a no-op.
 	s, err := r.runcState(ctx, sb.st.StateRoot, id)
@@ -1302,4 +1310,18 @@ func dialUnix(ctx context.Context, dir, name string) (net.Conn, error) {
 	}
 	var d net.Dialer
 	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+// applyCPUClass puts a best-effort sandbox's init (every thread) under
+// SCHED_IDLE; the processes it starts later (the agent, every exec)
+// inherit the policy.
+func (sb *sandbox) applyCPUClass() error {
+	pid := int(sb.pid.Load())
+	if !sb.bestEffort || pid <= 0 {
+		return nil
+	}
+	if err := sched.SetIdle(pid); err != nil {
+		return fmt.Errorf("cpu_class best_effort: %w: %w", errdefs.ErrInternal, err)
+	}
+	return nil
 }

@@ -190,7 +190,7 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 					Limit: &mem,
 					Swap:  &mem, // memory+swap == memory: no swap escape
 				},
-				CPU:  &specs.LinuxCPU{Quota: &quota, Period: &period},
+				CPU:  cpuResources(s.CPUClass, quota, period),
 				Pids: &specs.LinuxPids{Limit: pids},
 			},
 			MaskedPaths:   maskedPaths,
@@ -213,3 +213,18 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 	}
 	return sp, nil
 }
+
+// cpuResources is the cgroup's CPU limit (quota per period) and, for a
+// best-effort sandbox, the least CPU weight (cpu.shares 2; runc writes
+// cpu.weight 1 on cgroup v2).
+func cpuResources(class runtime.CPUClass, quota int64, period uint64) *specs.LinuxCPU {
+	c := &specs.LinuxCPU{Quota: &quota, Period: &period}
+	if class == runtime.CPUBestEffort {
+		shares := uint64(minCPUShares)
+		c.Shares = &shares
+	}
+	return c
+}
+
+// minCPUShares is cgroup v1's least cpu.shares.
+const minCPUShares = 2

@@ -13,6 +13,9 @@ import (
 
 const cgroupRoot = "/sys/fs/cgroup"
 
+// minShares is cgroup v1's least cpu.shares.
+const minShares = 2
+
 // unified reports whether the host has a pure cgroup v2 hierarchy.
 func unified() bool {
 	_, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers"))
@@ -20,8 +23,9 @@ func unified() bool {
 }
 
 // makeCgroup makes the QEMU process's cgroup: vcpus cores of CPU time and
-// memMB of memory (guest RAM plus MemoryOverheadMB).
-func makeCgroup(path string, vcpus int, memMB int64) error {
+// memMB of memory (guest RAM plus MemoryOverheadMB); a best-effort one
+// gets the least CPU weight (cpu.shares 2, cpu.weight 1).
+func makeCgroup(path string, vcpus int, memMB int64, bestEffort bool) error {
 	const period = 100000
 	quota := strconv.Itoa(vcpus * period)
 	mem := strconv.FormatInt(memMB<<20, 10)
@@ -32,10 +36,14 @@ func makeCgroup(path string, vcpus int, memMB int64) error {
 			return fmt.Errorf("vm cgroup: %w: %w", errdefs.ErrInternal, err)
 		}
 		_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0o644)
-		return writeAll(map[string]string{
+		files := map[string]string{
 			filepath.Join(dir, "cpu.max"):    quota + " " + strconv.Itoa(period),
 			filepath.Join(dir, "memory.max"): mem,
-		})
+		}
+		if bestEffort {
+			files[filepath.Join(dir, "cpu.weight")] = "1"
+		}
+		return writeAll(files)
 	}
 	for _, c := range cgroupControllers {
 		if err := os.MkdirAll(filepath.Join(cgroupRoot, c, path), 0o755); err != nil {
@@ -43,11 +51,15 @@ func makeCgroup(path string, vcpus int, memMB int64) error {
 			return fmt.Errorf("vm cgroup %s: %w: %w", c, errdefs.ErrInternal, err)
 		}
 	}
-	if err := writeAll(map[string]string{
+	files := map[string]string{
 		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_period_us"):        strconv.Itoa(period),
 		filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_quota_us"):         quota,
 		filepath.Join(cgroupRoot, "memory", path, "memory.limit_in_bytes"): mem,
-	}); err != nil {
+	}
+	if bestEffort {
+		files[filepath.Join(cgroupRoot, "cpu", path, "cpu.shares")] = strconv.Itoa(minShares)
+	}
+	if err := writeAll(files); err != nil {
 		removeCgroup(path)
 		return err
 	}

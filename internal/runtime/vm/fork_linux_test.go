@@ -163,6 +163,16 @@ func TestGuestForkKeepsMemory(t *testing.T) {
 		if h := guestRun(t, r, s.ID, "hostname"); h != s.Guest.Hostname {
 			t.Errorf("fork %s hostname %q, want %q", s.ID, h, s.Guest.Hostname)
 		}
+		if srcSB, _ := r.get(src); srcSB.st.Balloon {
+			// The forks map the snapshot's RAM file private: a page they
+			// reported free would be punched out of it.
+			if b := balloonBound(t, r, s.ID); b {
+				t.Errorf("fork %s has its balloon driver bound: it would report free pages into the snapshot's RAM file", s.ID)
+			}
+			if !balloonBound(t, r, src) {
+				t.Errorf("the source's balloon driver is not bound again after the fork")
+			}
+		}
 		rnd := guestRun(t, r, s.ID, "head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n'")
 		if other, dup := rngs[rnd]; dup {
 			t.Errorf("fork %s read the same random bytes as %s: %s (the RNG was not reseeded)", s.ID, other, rnd)

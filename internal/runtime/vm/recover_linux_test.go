@@ -231,7 +231,7 @@ func TestArgsOfMatchesOnlyThisSandbox(t *testing.T) {
 	r := &Runtime{cfg: Config{NodeID: "n1", MemoryDir: "/dev/shm/opendsec-vm"}}
 	other := &Runtime{cfg: Config{NodeID: "n2", MemoryDir: "/dev/shm/opendsec-vm"}}
 	spec := runtime.Spec{ID: "sb1", StateDir: "/var/lib/opendsec/sandboxes/sb1"}
-	args := r.args(spec, 1, 64, "/x/rw.ext4", r.memPath("sb1"))
+	args := r.args(spec, 1, 64, "/x/rw.ext4", r.memPath("sb1"), argOpts{})
 	nsenter := append([]string{"nsenter", "--net=/run/netns/x", "--", "/usr/bin/qemu-system-x86_64"}, args...)
 	for _, tc := range []struct {
 		name string

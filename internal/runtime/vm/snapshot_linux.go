@@ -156,6 +156,22 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	if !running && status != "paused" {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q is %q; snapshot running or paused sandboxes", sb.id, status)
 	}
+	if st.Balloon {
+		// Restores map the RAM file private, and QEMU 7.2 discards a page
+		// they report free by punching it out of that file: the
+		// snapshot's and every other restore's. The saved guest has its
+		// balloon driver unbound, so restores never report.
+		if err := r.balloonOff(ctx, sb, q, running); err != nil {
+			return nil, err
+		}
+		if running && st.MemShared {
+			defer func() {
+				if err := r.setBalloon(context.WithoutCancel(ctx), sb, true); err != nil {
+					log.G(ctx).Warn("vm snapshot: free page reporting stays off on the source", log.SandboxID(sb.id), log.Err(err))
+				}
+			}()
+		}
+	}
 	t0 := time.Now()
 	if running {
 		if _, err := q.Execute(ctx, "stop", nil); err != nil {
@@ -222,6 +238,25 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	}
 	log.G(ctx).Debug("vm snapshot", log.SandboxID(sb.id), "frozen_ms", frozen.Milliseconds(), "state_bytes", m.Files[snapStateFile].Size)
 	return m, nil
+}
+
+// balloonOff unbinds the guest's balloon driver before a snapshot; a
+// paused guest runs for it (and is paused again).
+func (r *Runtime) balloonOff(ctx context.Context, sb *sandbox, q *qmpClient, running bool) error {
+	if !running {
+		if _, err := q.Execute(ctx, "cont", nil); err != nil {
+			return fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+		}
+		defer func() {
+			if _, err := q.Execute(context.WithoutCancel(ctx), "stop", nil); err != nil {
+				log.G(ctx).Error("vm snapshot: pause of the source again failed", log.SandboxID(sb.id), log.Err(err))
+			}
+		}()
+	}
+	if err := r.setBalloon(ctx, sb, false); err != nil {
+		return fmt.Errorf("vm %s snapshot: free page reporting must be off in a snapshot: %w", sb.id, err)
+	}
+	return nil
 }
 
 // migrateToFile streams QEMU's state into path and waits for the end.
@@ -375,7 +410,8 @@ func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem strin
 		switch {
 		case a == "opendsec-"+m.SourceID:
 			a = "opendsec-" + spec.ID
-		case strings.HasPrefix(a, "memory-backend-file,"):
+		case strings.HasPrefix(a, "memory-backend-file,id=ram0,"):
+			// Guest RAM only: a pmem layer's backing stays shared.
 			a = strings.ReplaceAll(a, "mem-path="+m.SourceMem, "mem-path="+mem)
 			a = strings.ReplaceAll(a, "share=on", "share=off")
 		default:

@@ -52,6 +52,12 @@ const (
 	DefaultBootTimeout = 120 * time.Second
 )
 
+// Layer devices (Config.LayerDevice).
+const (
+	LayerBlk  = "blk"
+	LayerPmem = "pmem"
+)
+
 func init() { runtime.Register(Name, open) }
 
 // Config is node.backends.vm.
@@ -73,6 +79,24 @@ type Config struct {
 	// MemoryDir holds each VM's RAM file; empty means DefaultMemoryDir.
 	// It should be a tmpfs: the running guest writes its RAM there.
 	MemoryDir string `json:"memory_dir,omitempty"`
+
+	// FreePageReporting gives every booted VM a virtio-balloon device with
+	// free page reporting (and deflate-on-oom): pages the guest frees go
+	// back to the host (QEMU punches them out of the guest's RAM file).
+	// Unset means on, where the guest assets support it (their manifest
+	// lists "balloon-control": the init can unbind the driver before a
+	// snapshot, see docs/vm-guest.md); false turns it off.
+	FreePageReporting *bool `json:"free_page_reporting,omitempty"`
+
+	// LayerDevice is how image layers reach the guest: "blk" (default:
+	// read-only virtio-blk disks; the guest caches what it reads in its
+	// own RAM) or "pmem" (virtio-pmem devices mapping the layer file
+	// shared and read-only, mounted with DAX: every VM reads the host's
+	// one page-cache copy). "pmem" needs guest assets that list
+	// "pmem-layers"; with older ones VMs get "blk". Layers are given as
+	// copies padded to 2 MiB (the guest maps device memory in 2 MiB
+	// sections), one per layer digest under the node's state dir.
+	LayerDevice string `json:"layer_device,omitempty"`
 
 	// BootTimeoutSec bounds Start's wait for the guest's agent (0: DefaultBootTimeout).
 	BootTimeoutSec int `json:"boot_timeout_sec,omitempty"`
@@ -109,6 +133,16 @@ func (c *Config) defaults() error {
 	case "microvm", "q35":
 	default:
 		return fmt.Errorf("node.backends.vm.machine %q: %w: use \"microvm\" or \"q35\"", c.Machine, errdefs.ErrInvalidArgument)
+	}
+	switch c.LayerDevice {
+	case "":
+		c.LayerDevice = LayerBlk
+	case LayerBlk, LayerPmem:
+	default:
+		return fmt.Errorf("node.backends.vm.layer_device %q: %w: use %q (default) or %q", c.LayerDevice, errdefs.ErrInvalidArgument, LayerBlk, LayerPmem)
+	}
+	if c.LayerDevice == LayerPmem && c.Machine != "q35" {
+		return fmt.Errorf("node.backends.vm.layer_device %q: %w: it needs machine \"q35\" (QEMU's microvm has no memory-device slots: the guest never sees a virtio-pmem device); set machine to \"q35\" or layer_device to %q", c.LayerDevice, errdefs.ErrInvalidArgument, LayerBlk)
 	}
 	if c.VCPUs < 0 {
 		return fmt.Errorf("node.backends.vm.vcpus %d: %w: use 0 (default %d) or more", c.VCPUs, errdefs.ErrInvalidArgument, DefaultVCPUs)
@@ -178,4 +212,10 @@ type handleState struct {
 	Gateway  string `json:"gateway,omitempty"`
 	// NetNS is the network namespace QEMU runs in, for a Start after Recover.
 	NetNS string `json:"netns,omitempty"`
+	// Balloon: the VM has a virtio-balloon with free page reporting, whose
+	// guest driver a snapshot unbinds first (and binds again after, on a
+	// VM that maps its own RAM file shared).
+	Balloon bool `json:"balloon,omitempty"`
+	// CPUClass is the sandbox's runtime.CPUClass.
+	CPUClass string `json:"cpu_class,omitempty"`
 }

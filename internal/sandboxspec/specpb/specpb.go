@@ -42,6 +42,7 @@ func FromProto(p *v1.SandboxSpec) (sandboxspec.Spec, error) {
 		AutoPause:                p.GetAutoPause(),
 		OnTimeout:                p.GetOnTimeout(),
 		AllowPrivilegeEscalation: p.GetAllowPrivilegeEscalation(),
+		CPUClass:                 p.GetCpuClass(),
 		DiskMB:                   p.GetDiskMb(),
 		Snapshot:                 p.GetSnapshot(),
 	}, nil
@@ -66,6 +67,7 @@ func ToProto(s sandboxspec.Spec) *v1.SandboxSpec {
 		AutoPause:                s.AutoPause,
 		OnTimeout:                s.OnTimeout,
 		AllowPrivilegeEscalation: s.AllowPrivilegeEscalation,
+		CpuClass:                 s.CPUClass,
 		DiskMb:                   s.DiskMB,
 		Snapshot:                 s.Snapshot,
 	}

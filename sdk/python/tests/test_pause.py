@@ -141,3 +141,10 @@ def test_allow_privilege_escalation_round_trips() -> None:
     assert spec.allow_privilege_escalation is True
     assert DSecRunArgs.from_proto(spec).allow_privilege_escalation is True
     assert DSecRunArgs(image="x").to_proto().allow_privilege_escalation is False
+
+
+def test_cpu_class_round_trips() -> None:
+    spec = DSecRunArgs(image="root/base", cpu_class="best_effort").to_proto()
+    assert spec.cpu_class == "best_effort"
+    assert DSecRunArgs.from_proto(spec).cpu_class == "best_effort"
+    assert DSecRunArgs(image="x").to_proto().cpu_class == ""

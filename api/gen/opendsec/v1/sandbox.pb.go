@@ -202,8 +202,15 @@ type SandboxSpec struct {
 	// sandbox that had it keeps it. Backends: container (vm and gvisor
 	// guests do not use no_new_privs).
 	AllowPrivilegeEscalation bool `protobuf:"varint,19,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// How the host schedules the sandbox: "latency" (the default; empty is
+	// the same) or "best_effort": its processes (a VM's QEMU threads, vCPUs
+	// included) run under SCHED_IDLE with the least cgroup CPU weight, so
+	// they get only CPU time the node's latency sandboxes leave. For batch
+	// work next to interactive sandboxes. A create from a snapshot keeps the
+	// source's class unless it gives one. Backends: container, vm.
+	CpuClass      string `protobuf:"bytes,20,opt,name=cpu_class,json=cpuClass,proto3" json:"cpu_class,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -360,6 +367,13 @@ func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
 		return x.AllowPrivilegeEscalation
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetCpuClass() string {
+	if x != nil {
+		return x.CpuClass
+	}
+	return ""
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the node's
@@ -5655,7 +5669,7 @@ var File_opendsec_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\x06\n" +
+	"\x19opendsec/v1/sandbox.proto\x12\vopendsec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x06\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -5678,7 +5692,8 @@ const file_opendsec_v1_sandbox_proto_rawDesc = "" +
 	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
 	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x12<\n" +
-	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
+	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x12\x1b\n" +
+	"\tcpu_class\x18\x14 \x01(\tR\bcpuClass\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -81,3 +81,13 @@ func TestPauseResumeMetrics(t *testing.T) {
 		t.Fatalf("bad timeout: %d %q", r.code, r.stderr)
 	}
 }
+
+func TestCreateCPUClass(t *testing.T) {
+	srv := opendsectest.New(t, token)
+	id := createOne(t, srv, "--cpu-class", "best_effort")
+	for _, sb := range srv.Sandboxes() {
+		if sb.GetId() == id && sb.GetSpec().GetCpuClass() != "best_effort" {
+			t.Fatalf("--cpu-class best_effort sent as %q", sb.GetSpec().GetCpuClass())
+		}
+	}
+}

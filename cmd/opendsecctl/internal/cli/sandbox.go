@@ -132,6 +132,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&spec.OnTimeout, "on-timeout", "", "what the lifetime or idle timeout does: stop, pause or pause_filesystem (default stop; a paused sandbox resumes on the next call into it; pause_filesystem keeps only its files)")
 	f.BoolVar(&spec.AutoPause, "auto-pause", false, "pause instead of stopping when a timeout ends (alias of --on-timeout pause)")
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory for processes")
+	f.StringVar(&spec.CpuClass, "cpu-class", "", "latency (default) or best_effort: best_effort runs under SCHED_IDLE on CPU time latency sandboxes leave")
 	f.Int64Var(&spec.PidsLimit, "pids-limit", 0, fmt.Sprintf("maximum number of processes, at least %d (default %d)", sandboxspec.MinPidsLimit, sandboxspec.DefaultPidsLimit))
 	f.IntVarP(&count, "count", "n", 1, "number of sandboxes to create (progress on stderr when > 1)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the IDs")

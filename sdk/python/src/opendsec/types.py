@@ -92,6 +92,10 @@ class DSecRunArgs:
             Root inside keeps the same capabilities, seccomp filter and
             namespaces. Default ``False``; E2B sandboxes have it. See
             docs/security.md.
+        cpu_class: ``"latency"`` (the default) or ``"best_effort"``: the
+            sandbox's processes (a VM's QEMU threads) run under ``SCHED_IDLE``
+            with the least CPU weight, so they only get CPU time the node's
+            latency sandboxes leave (batch work). See docs/concepts.md.
     """
 
     backend: str = ""
@@ -113,6 +117,7 @@ class DSecRunArgs:
     on_timeout: str = ""
     snapshot: str = ""
     allow_privilege_escalation: bool = False
+    cpu_class: str = ""
 
     def to_proto(self) -> pb.SandboxSpec:
         """Return the ``opendsec.v1.SandboxSpec`` message for these arguments."""
@@ -133,6 +138,7 @@ class DSecRunArgs:
             on_timeout=self.on_timeout or "",
             snapshot=self.snapshot or "",
             allow_privilege_escalation=bool(self.allow_privilege_escalation),
+            cpu_class=self.cpu_class or "",
         )
         if self.memory_mb is not None:
             spec.memory_mb = int(self.memory_mb)
@@ -162,6 +168,7 @@ class DSecRunArgs:
             on_timeout=spec.on_timeout,
             snapshot=spec.snapshot,
             allow_privilege_escalation=spec.allow_privilege_escalation,
+            cpu_class=spec.cpu_class,
         )
 
 

@@ -136,8 +136,10 @@ type SandboxSpec struct {
 	OnTimeout string `protobuf:"bytes,18,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	// See opendsec.v1.SandboxSpec.allow_privilege_escalation.
 	AllowPrivilegeEscalation bool `protobuf:"varint,19,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// See opendsec.v1.SandboxSpec.cpu_class.
+	CpuClass      string `protobuf:"bytes,20,opt,name=cpu_class,json=cpuClass,proto3" json:"cpu_class,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -301,6 +303,13 @@ func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
 		return x.AllowPrivilegeEscalation
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetCpuClass() string {
+	if x != nil {
+		return x.CpuClass
+	}
+	return ""
 }
 
 // NetworkPolicy is what a sandbox may reach: named rule sets from the
@@ -1992,8 +2001,11 @@ type InfoResponse struct {
 	// microvm where it can run (hardware KVM, Firecracker), else container,
 	// and says why ("microvm needs hardware KVM: ...").
 	DefaultBackendReason string `protobuf:"bytes,12,opt,name=default_backend_reason,json=defaultBackendReason,proto3" json:"default_backend_reason,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Whether VM sandboxes get core-scheduling cookies (PR_SCHED_CORE: a
+	// VM's vCPU threads never share an SMT core with another's), and why.
+	CoreScheduling *CoreScheduling `protobuf:"bytes,13,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -2110,6 +2122,69 @@ func (x *InfoResponse) GetDefaultBackendReason() string {
 	return ""
 }
 
+func (x *InfoResponse) GetCoreScheduling() *CoreScheduling {
+	if x != nil {
+		return x.CoreScheduling
+	}
+	return nil
+}
+
+// CoreScheduling is the node's core-scheduling decision
+// (internal/runtime/sched): on only where SMT is on and the kernel has
+// CONFIG_SCHED_CORE.
+type CoreScheduling struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Enabled bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// One sentence: why.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CoreScheduling) Reset() {
+	*x = CoreScheduling{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CoreScheduling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CoreScheduling) ProtoMessage() {}
+
+func (x *CoreScheduling) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CoreScheduling.ProtoReflect.Descriptor instead.
+func (*CoreScheduling) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CoreScheduling) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *CoreScheduling) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Accelerator is the node's accelerator decision (internal/runtime/kvmprobe).
 type Accelerator struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2131,7 +2206,7 @@ type Accelerator struct {
 
 func (x *Accelerator) Reset() {
 	*x = Accelerator{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2218,7 @@ func (x *Accelerator) String() string {
 func (*Accelerator) ProtoMessage() {}
 
 func (x *Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2231,7 @@ func (x *Accelerator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accelerator.ProtoReflect.Descriptor instead.
 func (*Accelerator) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Accelerator) GetAccel() string {
@@ -2220,7 +2295,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2307,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2320,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -2279,7 +2354,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2366,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2379,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -2331,7 +2406,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2418,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2431,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -2382,7 +2457,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2469,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2482,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2426,7 +2501,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2513,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2526,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -2470,7 +2545,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2557,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2570,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -2523,7 +2598,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2610,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2623,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2597,7 +2672,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2684,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2697,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -2651,7 +2726,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2738,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2751,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2697,7 +2772,7 @@ var File_opendsec_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\a\n" +
+	"\x1bopendsec/node/v1/node.proto\x12\x10opendsec.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\a\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x10\n" +
@@ -2721,7 +2796,8 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bsnapshot\x18\x11 \x01(\tR\bsnapshot\x12\x1d\n" +
 	"\n" +
 	"on_timeout\x18\x12 \x01(\tR\tonTimeout\x12<\n" +
-	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
+	"\x1aallow_privilege_escalation\x18\x13 \x01(\bR\x18allowPrivilegeEscalation\x12\x1b\n" +
+	"\tcpu_class\x18\x14 \x01(\tR\bcpuClass\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -2866,7 +2942,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xda\x03\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xa5\x04\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -2880,7 +2956,11 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bused_seq\x18\n" +
 	" \x01(\x04R\ausedSeq\x12?\n" +
 	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\x124\n" +
-	"\x16default_backend_reason\x18\f \x01(\tR\x14defaultBackendReason\"\xff\x01\n" +
+	"\x16default_backend_reason\x18\f \x01(\tR\x14defaultBackendReason\x12I\n" +
+	"\x0fcore_scheduling\x18\r \x01(\v2 .opendsec.node.v1.CoreSchedulingR\x0ecoreScheduling\"B\n" +
+	"\x0eCoreScheduling\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xff\x01\n" +
 	"\vAccelerator\x12\x14\n" +
 	"\x05accel\x18\x01 \x01(\tR\x05accel\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
@@ -2967,7 +3047,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -2999,36 +3079,37 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),               // 27: opendsec.node.v1.InfoRequest
 	(*Capacity)(nil),                  // 28: opendsec.node.v1.Capacity
 	(*InfoResponse)(nil),              // 29: opendsec.node.v1.InfoResponse
-	(*Accelerator)(nil),               // 30: opendsec.node.v1.Accelerator
-	(*PauseSandboxRequest)(nil),       // 31: opendsec.node.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 32: opendsec.node.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 33: opendsec.node.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 34: opendsec.node.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 35: opendsec.node.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 36: opendsec.node.v1.GetSandboxMetricsResponse
-	(*ForkSandboxRequest)(nil),        // 37: opendsec.node.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 38: opendsec.node.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                // 39: opendsec.node.v1.ForkResult
-	nil,                               // 40: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 41: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 42: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 43: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 44: google.protobuf.Timestamp
+	(*CoreScheduling)(nil),            // 30: opendsec.node.v1.CoreScheduling
+	(*Accelerator)(nil),               // 31: opendsec.node.v1.Accelerator
+	(*PauseSandboxRequest)(nil),       // 32: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 33: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 34: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 35: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 36: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 37: opendsec.node.v1.GetSandboxMetricsResponse
+	(*ForkSandboxRequest)(nil),        // 38: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 39: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 40: opendsec.node.v1.ForkResult
+	nil,                               // 41: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 42: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 43: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 44: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	40, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	41, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	41, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	42, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	42, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	43, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	44, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	44, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	44, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	45, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	45, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	45, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	45, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	43, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	44, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
@@ -3048,47 +3129,48 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	4,  // 29: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	28, // 30: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	28, // 31: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	44, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	30, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
-	44, // 34: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
-	4,  // 35: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 36: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 37: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	39, // 38: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 39: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	13, // 40: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	15, // 41: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
-	17, // 42: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	19, // 43: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	21, // 44: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	23, // 45: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	25, // 46: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	27, // 47: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	31, // 48: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	33, // 49: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	35, // 50: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 51: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	11, // 52: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	37, // 53: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	14, // 54: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	16, // 55: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
-	18, // 56: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	20, // 57: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	22, // 58: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	24, // 59: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	26, // 60: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	29, // 61: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	32, // 62: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	34, // 63: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	36, // 64: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	10, // 65: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	12, // 66: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	38, // 67: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	54, // [54:68] is the sub-list for method output_type
-	40, // [40:54] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	45, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	31, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
+	30, // 34: opendsec.node.v1.InfoResponse.core_scheduling:type_name -> opendsec.node.v1.CoreScheduling
+	45, // 35: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
+	4,  // 36: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 37: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 38: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	40, // 39: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 40: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 41: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 42: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
+	17, // 43: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	19, // 44: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	21, // 45: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	23, // 46: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	25, // 47: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	27, // 48: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	32, // 49: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	34, // 50: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	36, // 51: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 52: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 53: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	38, // 54: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 55: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 56: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
+	18, // 57: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	20, // 58: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	22, // 59: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	24, // 60: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	26, // 61: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	29, // 62: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	33, // 63: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	35, // 64: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	37, // 65: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 66: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 67: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	39, // 68: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	55, // [55:69] is the sub-list for method output_type
+	41, // [41:55] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -3103,7 +3185,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

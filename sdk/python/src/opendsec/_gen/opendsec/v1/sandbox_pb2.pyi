@@ -39,7 +39,7 @@ FILE_TYPE_DIRECTORY: FileType
 FILE_TYPE_SYMLINK: FileType
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir", "network", "auto_pause", "disk_mb", "snapshot", "on_timeout", "allow_privilege_escalation")
+    __slots__ = ("backend", "image", "cpu", "memory_mb", "timeout_seconds", "idle_timeout_seconds", "env", "user", "labels", "task_id", "pids_limit", "workdir", "network", "auto_pause", "disk_mb", "snapshot", "on_timeout", "allow_privilege_escalation", "cpu_class")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class SandboxSpec(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     ON_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_PRIVILEGE_ESCALATION_FIELD_NUMBER: _ClassVar[int]
+    CPU_CLASS_FIELD_NUMBER: _ClassVar[int]
     backend: str
     image: str
     cpu: float
@@ -90,7 +91,8 @@ class SandboxSpec(_message.Message):
     snapshot: str
     on_timeout: str
     allow_privilege_escalation: bool
-    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., auto_pause: bool = ..., disk_mb: _Optional[int] = ..., snapshot: _Optional[str] = ..., on_timeout: _Optional[str] = ..., allow_privilege_escalation: bool = ...) -> None: ...
+    cpu_class: str
+    def __init__(self, backend: _Optional[str] = ..., image: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., idle_timeout_seconds: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., task_id: _Optional[str] = ..., pids_limit: _Optional[int] = ..., workdir: _Optional[str] = ..., network: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., auto_pause: bool = ..., disk_mb: _Optional[int] = ..., snapshot: _Optional[str] = ..., on_timeout: _Optional[str] = ..., allow_privilege_escalation: bool = ..., cpu_class: _Optional[str] = ...) -> None: ...
 
 class NetworkPolicy(_message.Message):
     __slots__ = ("rule_sets", "allow")

@@ -1,0 +1,22 @@
+//go:build !linux
+
+package sched
+
+import (
+	"errors"
+	"os/exec"
+)
+
+var errNotLinux = errors.New("scheduling classes need Linux")
+
+// SetIdle needs Linux.
+func SetIdle(int) error { return errNotLinux }
+
+// StartIdle needs Linux.
+func StartIdle(*exec.Cmd) error { return errNotLinux }
+
+// CreateCookie needs Linux.
+func CreateCookie(int) error { return errNotLinux }
+
+// Core is off off Linux.
+func Core() CoreDecision { return CoreDecision{Reason: "core scheduling needs Linux"} }
