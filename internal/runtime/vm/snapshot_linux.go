@@ -123,6 +123,9 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
 	default:
 	}
+	if sb.reclaimed {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q is paused with its memory reclaimed to disk; resume it before a snapshot or fork", sb.id)
+	}
 	if !started || q == nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q never started; snapshot running or paused sandboxes", sb.id)
 	}
@@ -351,7 +354,7 @@ func (rf *restoreFrom) check(r *Runtime, spec runtime.Spec, vcpus int, memMB int
 
 // prepare makes the restore's files in spec.StateDir and its RAM file at
 // mem, and returns its QEMU command line.
-func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem string) ([]string, error) {
+func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem, mac string) ([]string, error) {
 	src := rf.memFile()
 	// The same inode for every restore: QEMU maps it private, so they all
 	// share its page cache until they write.
@@ -378,6 +381,10 @@ func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem strin
 		case strings.HasPrefix(a, "memory-backend-file,"):
 			a = strings.ReplaceAll(a, "mem-path="+m.SourceMem, "mem-path="+mem)
 			a = strings.ReplaceAll(a, "share=on", "share=off")
+		case mac != "" && strings.Contains(a, ",netdev=net0,mac="):
+			// The NIC's MAC is the clone's own (the migration stream
+			// brings the source's; the guest init sets this one).
+			a = a[:strings.Index(a, ",mac=")] + ",mac=" + mac
 		default:
 			for j, l := range m.Layers {
 				a = strings.ReplaceAll(a, "file="+l.Path+",", "file="+spec.Rootfs.Layers[j].Path+",")
