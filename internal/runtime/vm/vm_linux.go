@@ -1137,6 +1137,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if rs.Pid > 0 {
 		pid, stime = rs.Pid, rs.StartTime
 	}
+	if len(rs.Args) > 0 {
+		st.Args, st.MemShared = rs.Args, true
+	}
 	started := pid > 0
 	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
 		pid, stime = 0, 0
@@ -1148,8 +1151,16 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			pid, stime, started = pids[0], procStartTime(pids[0]), true
 		}
 	}
+	// A reclaimed sandbox has no QEMU (one found running is a restore
+	// the node died in, and is taken as the sandbox): it is paused, its
+	// state on disk until Resume.
+	reclaimed := rs.Reclaimed && pid == 0 && hasReclaimState(st.StateDir)
+	if reclaimed {
+		started = true
+	}
 	st.Pid, st.StartTime = pid, stime
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started}
+	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started,
+		reclaimed: reclaimed, argsChanged: len(rs.Args) > 0}
 	sb.spec.StateDir = st.StateDir
 	if started {
 		close(sb.startedC)
@@ -1161,7 +1172,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sbs[h.ID] = sb
 	r.mu.Unlock()
-	if !started {
+	if !started || reclaimed {
 		return nil
 	}
 	if pid == 0 {
