@@ -89,4 +89,3 @@ func TestReclaimKeepsCounter(t *testing.T) {
 		t.Errorf("checkpoint left after the restore: %v", err)
 	}
 }
-
