@@ -113,6 +113,6 @@ func benchFactory(b *testing.B) (runtime.Runtime, runtime.Spec) {
 	}
 	return rt, runtime.Spec{
 		Rootfs:    runtime.Rootfs{Image: "test/busybox", Layers: []runtime.Layer{{Format: runtime.LayerDir, Path: testutil.BusyboxRootfs(b)}}},
-		Resources: runtime.Resources{CPU: 1, MemoryMB: 256, PidsLimit: 128},
+		Resources: runtime.Resources{CPU: 1, MemoryMB: 256, PidsLimit: defaultPids},
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
@@ -24,6 +26,11 @@ import (
 func TestReclaimKeepsCounter(t *testing.T) {
 	f := newFactory(t)
 	rt, tmpl := f(t)
+	// The backend's default pids limit: gVisor's sentry restores a
+	// checkpoint with many host threads (over 120 seen here), which
+	// count against it; the factory's 128 made 1 in 4 restores die with
+	// "failed to create new OS thread".
+	tmpl.Resources.PidsLimit = defaultPids
 	ctx := t.Context()
 	src, h := runtimetest.StartSandbox(t, rt, tmpl)
 	rt2, _ := f(t) // the node after a restart
@@ -49,6 +56,26 @@ func TestReclaimKeepsCounter(t *testing.T) {
 	st, err := rt.Status(ctx, src.ID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A disk without room for it: the reclaim is refused before the
+	// checkpoint, saying so, and the sandbox stays paused in memory.
+	dir := filepath.Join(src.StateDir, reclaimDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = rc.Reclaim(ctx, src.ID)
+	if uerr := unix.Unmount(dir, 0); uerr != nil {
+		t.Fatal(uerr)
+	}
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("reclaim onto a full disk: %v, want resource exhausted", err)
+	}
+	t.Logf("full disk: %v", err)
+	if got, err := rt.Status(ctx, src.ID); err != nil || got.State != runtime.StatePaused || got.Pid != st.Pid {
+		t.Fatalf("after the failed reclaim: %+v %v; want paused, sandbox process %d", got, err, st.Pid)
 	}
 	t0 := time.Now()
 	rs, err := rc.Reclaim(ctx, src.ID)
