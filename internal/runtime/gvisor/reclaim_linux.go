@@ -65,10 +65,10 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return rs, fmt.Errorf("reclaim dir: %w", err)
 	}
-	// runsc cannot take back a checkpoint that failed half-way (a full
-	// disk): the sandbox may not run again. So the space is checked first
-	// against what the sandbox is charged (the checkpoint was smaller in
-	// every measurement: bench/results/2026-12-06-vm-reclaim.md).
+	// A checkpoint that fails half-way (runsc exits 128 on a full disk)
+	// is not known to leave the sandbox able to run on, so the space is
+	// checked first against what the sandbox is charged (its checkpoint
+	// was smaller in every measurement: bench/results/2026-12-06-vm-reclaim.md).
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dir, &fs); err == nil {
 		if free := int64(fs.Bavail) * fs.Bsize; free < rs.Before {
