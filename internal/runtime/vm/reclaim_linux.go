@@ -254,7 +254,10 @@ func (r *Runtime) restoreReclaimed(ctx context.Context, sb *sandbox) error {
 		return fail(err)
 	}
 	if !r.cfg.noAgentWait {
-		if err := r.waitAgent(ctx, sb); err != nil {
+		// The guest's memory holds the session of the host end that went
+		// with the old QEMU: each try is bounded, and one that fails
+		// drops the channel so the next starts a new session.
+		if err := r.waitAgentFor(ctx, sb, r.cfg.bootTimeout(), agentAttempt); err != nil {
 			return fail(err)
 		}
 		if err := r.setIdentity(ctx, sb); err != nil {

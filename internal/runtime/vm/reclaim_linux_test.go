@@ -154,6 +154,27 @@ func TestGuestReclaimKeepsCounter(t *testing.T) {
 	if err := r.Pause(ctx, id); err != nil {
 		t.Fatalf("pause of a reclaimed VM: %v", err)
 	}
+	// A fork of the reclaimed VM comes from its saved state: it holds the
+	// value and counts on; the reclaimed VM stays as it is.
+	fspecs := forkSpecs(t, "rclf", 1)
+	if _, err := r.Fork(ctx, id, fspecs); err != nil {
+		t.Fatalf("fork of a reclaimed VM: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Delete(context.Background(), fspecs[0].ID) })
+	if err := r.Start(ctx, fspecs[0].ID); err != nil {
+		ql, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "qemu.log"))
+		cl, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "console.log"))
+		t.Fatalf("start the fork of a reclaimed VM: %v; qemu.log: %s; console: %s", err, ql, lastLines(cl, 30))
+	}
+	if v, n := waitCounter(t, r, fspecs[0].ID, n0+3); v != v0 {
+		t.Fatalf("fork of the reclaimed VM holds %q %d; the VM %q %d", v, n, v0, n0)
+	}
+	if err := r.Delete(ctx, fspecs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != runtime.StatePaused || st.Pid != 0 {
+		t.Fatalf("reclaimed VM after a fork of it: %+v %v", st, err)
+	}
 
 	// A node restart: a new instance recovers it from the Handle the node
 	// kept (the fork's), as paused.

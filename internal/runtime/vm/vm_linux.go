@@ -275,6 +275,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		}
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
 		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
+		sb.st.MemShared = !from.m.IgnoreShared // its own RAM file (prepare)
 	}
 	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB); err != nil {
 		return runtime.Handle{}, err
