@@ -135,7 +135,9 @@ const (
 // NetworkAttachment is the network the node made for a sandbox. Every
 // sandbox's namespace has the same guest address, gateway and MAC (the node
 // maps each to its own node-side address outside the namespace), so a
-// memory snapshot or fork keeps a valid network configuration.
+// memory snapshot or fork keeps a valid network configuration. A VM backend
+// gives a restored or forked guest a MAC of its own and repoints the
+// namespace's neighbour entry for GuestAddr on Device at it.
 type NetworkAttachment struct {
 	Mode NetworkMode
 	// NetNS is the path of the network namespace. It must exist by Start,
@@ -363,7 +365,9 @@ type FilesystemPauser interface {
 
 // Reclaimer is implemented by backends that can push a paused sandbox's
 // memory out of RAM (to swap, where the host has it; page cache is dropped
-// either way). Reclaim needs a paused sandbox (failed precondition
+// either way; the vm and gvisor backends write the whole guest to disk and
+// end its VMM, and Resume restores it, the sandbox paused meanwhile, also
+// after a Recover). Reclaim needs a paused sandbox (failed precondition
 // otherwise) and leaves its limits as they were: whatever it lowers on the
 // way is put back before it returns, and a backend that was killed mid-way
 // puts it back at Resume or Recover. A resumed sandbox takes its pages back

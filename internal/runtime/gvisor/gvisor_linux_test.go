@@ -161,8 +161,15 @@ func waitCounter(t testing.TB, rt runtime.Runtime, id string, n int) (string, in
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	var last string
+	var lastErr error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last error: %v", lastErr)
+		}
+	}()
 	for time.Now().Before(deadline) {
 		res, err := runtimetest.Run(t.Context(), rt, id, "", "cat", "/c")
+		lastErr = err
 		if err == nil && res.ExitCode == 0 {
 			last = strings.TrimSpace(res.Stdout)
 			if v, c, ok := strings.Cut(last, " "); ok {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -86,6 +87,13 @@ type sandbox struct {
 	deleted    bool
 	// exit keeps init's end for Wait.
 	exit *runtime.ExitLatch
+	// parking: the sandbox process's exit is Reclaim's checkpoint (the
+	// sandbox lives on, paused, in reclaimDir); watched is closed when
+	// the current watcher returned. reclaimed: no sandbox process runs,
+	// Resume restores it from reclaimDir.
+	parking   atomic.Bool
+	watched   chan struct{}
+	reclaimed atomic.Bool
 }
 
 func (sb *sandbox) ended() bool { return sb.exit.Ended() }
@@ -404,13 +412,26 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return err
 	}
 	sb.started = true
-	go r.watch(sb)
+	r.startWatch(sb)
 	return nil
+}
+
+// startWatch watches the sandbox's current runsc process.
+func (r *Runtime) startWatch(sb *sandbox) {
+	w := make(chan struct{})
+	sb.watched = w
+	go func() {
+		defer close(w)
+		r.watch(sb)
+	}()
 }
 
 // watch waits for the sandbox's init to end (`runsc wait`).
 func (r *Runtime) watch(sb *sandbox) {
 	out, err := r.runscOut(context.Background(), sb, "wait", sb.id)
+	if sb.parking.Load() {
+		return // Reclaim's checkpoint ended it; the sandbox lives on
+	}
 	es := runtime.ExitStatus{ExitCode: -1, Reason: "init exited", At: time.Now()}
 	var w struct {
 		ExitStatus int `json:"exitStatus"`
@@ -460,6 +481,11 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 				return fmt.Errorf("stop sandbox %s: %w", id, err)
 			}
 		}
+		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "stopped", At: time.Now()})
+		return nil
+	}
+	if sb.reclaimed.Load() {
+		// No sandbox process: it ends here (Delete removes the checkpoint).
 		sb.finish(runtime.ExitStatus{ExitCode: -1, Reason: "stopped", At: time.Now()})
 		return nil
 	}
@@ -549,7 +575,7 @@ func (r *Runtime) cleanup(sb *sandbox) {
 		_ = os.RemoveAll(sb.st.Bundle)
 		return
 	}
-	for _, n := range []string{rootfsDir, stubDir, launchDir, "config.json", imageDir, exitFile} {
+	for _, n := range []string{rootfsDir, stubDir, launchDir, "config.json", imageDir, exitFile, reclaimDir} {
 		_ = os.RemoveAll(filepath.Join(sb.st.Bundle, n))
 	}
 }
@@ -572,6 +598,9 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	}
 	if !sb.started && !sb.prestarted {
 		return runtime.Status{State: runtime.StateCreated}, nil
+	}
+	if sb.reclaimed.Load() {
+		return runtime.Status{State: runtime.StatePaused}, nil
 	}
 	out, err := r.runscOut(ctx, sb, "state", id)
 	if err != nil {
@@ -615,7 +644,11 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		}
 	}
 	out, err := r.runscOut(ctx, sb, "state", h.ID)
-	if errors.Is(err, errdefs.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) && hasReclaimed(st.Bundle) {
+		// Reclaimed: its checkpoint is the sandbox, paused.
+		sb.started = true
+		sb.reclaimed.Store(true)
+	} else if errors.Is(err, errdefs.ErrNotFound) {
 		// Prepared, never started.
 		if spec.Annotations["org.opendsec.sandbox.id"] != h.ID {
 			return errdefs.New(errdefs.ErrNotFound, "sandbox %q is gone", h.ID)
@@ -642,8 +675,8 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sandboxes[h.ID] = sb
 	r.mu.Unlock()
-	if sb.started && !sb.ended() {
-		go r.watch(sb)
+	if sb.started && !sb.ended() && !sb.reclaimed.Load() {
+		r.startWatch(sb)
 	}
 	return nil
 }
@@ -692,6 +725,11 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 }
 
 func (r *Runtime) pauseResume(ctx context.Context, id, verb string, want runtime.State) error {
+	if sb, err := r.get(id); err == nil && verb == "resume" {
+		if sb.reclaimed.Load() {
+			return r.restoreReclaimed(ctx, sb)
+		}
+	}
 	st, err := r.Status(ctx, id)
 	if err != nil {
 		return err
@@ -718,6 +756,9 @@ func (r *Runtime) Snapshot(ctx context.Context, id, dir string) (runtime.Snapsho
 	defer sb.op.Unlock()
 	if !sb.started {
 		return runtime.SnapshotInfo{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q never started; the gvisor backend snapshots running sandboxes", id)
+	}
+	if sb.reclaimed.Load() {
+		return runtime.SnapshotInfo{}, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused with its memory reclaimed to disk; resume it before a snapshot or fork", id)
 	}
 	// runsc pauses the sandbox while it writes the checkpoint: the
 	// command's duration is the source's pause (a little more).

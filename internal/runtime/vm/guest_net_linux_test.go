@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,10 @@ func newTapNetNS(name string) (*tapNetNS, error) {
 		{"-n", name, "tuntap", "add", "tap0", "mode", "tap"},
 		{"-n", name, "addr", "add", testGateway.String() + "/30", "dev", "tap0"},
 		{"-n", name, "link", "set", "tap0", "up"},
+		// The node's netpolicy pins the guest's neighbour entry: a
+		// guest with another MAC (a fork) is reached only once the
+		// backend repoints it.
+		{"-n", name, "neigh", "replace", testGuestAddr.Addr().String(), "lladdr", testGuestMAC.String(), "dev", "tap0", "nud", "permanent"},
 		{"-n", name, "link", "set", "lo", "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -191,5 +197,58 @@ func TestGuestIdentityRoute(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != 400 {
 		t.Fatalf("identity with a broken body: %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestGuestForkOwnMAC: every fork's NIC gets its own MAC (the attachment's
+// address stays), and each fork still reaches a server on its gateway in
+// its own namespace, whose neighbour entry for the guest the node pins.
+func TestGuestForkOwnMAC(t *testing.T) {
+	r, src := sharedHolder(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	specs := forkSpecs(t, "mac", 2)
+	if _, err := r.Fork(ctx, src, specs); err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	for _, s := range specs {
+		t.Cleanup(func() { _ = r.Delete(context.Background(), s.ID) })
+		if err := r.Start(ctx, s.ID); err != nil {
+			t.Fatalf("start fork %s: %v", s.ID, err)
+		}
+	}
+	macs := map[string]string{testGuestMAC.String(): src}
+	for i, s := range specs {
+		ns := &tapNetNS{name: "mac" + strconv.Itoa(i) + "-" + strconv.Itoa(os.Getpid())}
+		ns.path = "/run/netns/" + ns.name
+		l, err := ns.listen(testGateway.String() + ":18081")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("hello " + s.ID + "\n"))
+			_ = c.Close()
+		}()
+		out := guestRun(t, r, s.ID, "cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0; echo | nc -w 10 "+testGateway.String()+" 18081")
+		_ = l.Close()
+		mac, rest, _ := strings.Cut(out, "\n")
+		if other, dup := macs[mac]; dup {
+			t.Errorf("fork %s has MAC %s, as %s", s.ID, mac, other)
+		}
+		macs[mac] = s.ID
+		if !strings.Contains(rest, "inet "+testGuestAddr.String()) {
+			t.Errorf("fork %s lost the attachment's address: %s", s.ID, rest)
+		}
+		if !strings.Contains(rest, "hello "+s.ID) {
+			t.Errorf("fork %s (MAC %s) did not reach its gateway's server: %s", s.ID, mac, rest)
+		}
+		neigh, _ := exec.Command("ip", "-n", ns.name, "neigh", "show", "dev", "tap0").CombinedOutput()
+		if !strings.Contains(string(neigh), mac) {
+			t.Errorf("namespace of fork %s: neighbour entries %q do not name its MAC %s", s.ID, neigh, mac)
+		}
 	}
 }

@@ -30,6 +30,12 @@ type runState struct {
 	// StartTime is field 22 of /proc/<pid>/stat, so a reused pid is not
 	// taken for this sandbox's QEMU.
 	StartTime uint64 `json:"start_time,omitempty"`
+	// Reclaimed: Reclaim wrote the guest's state to the sandbox's
+	// reclaimDir and QEMU exited; the next Resume restores it. Pid is 0.
+	Reclaimed bool `json:"reclaimed,omitempty"`
+	// Args is QEMU's command line when it is not the Handle's: after a
+	// reclaim the guest's RAM is a shared file of its own again.
+	Args []string `json:"args,omitempty"`
 }
 
 // writeRunState replaces sd's run file atomically (a node killed while

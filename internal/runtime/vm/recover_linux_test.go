@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -256,11 +257,12 @@ func TestArgsOfMatchesOnlyThisSandbox(t *testing.T) {
 
 func TestRunStateRoundTrip(t *testing.T) {
 	sd := t.TempDir()
-	if err := writeRunState(sd, runState{ID: "a", Pid: 42, StartTime: 7}); err != nil {
+	want := runState{ID: "a", Pid: 42, StartTime: 7, Reclaimed: true, Args: []string{"-m", "64M"}}
+	if err := writeRunState(sd, want); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := readRunState(sd)
-	if err != nil || rs != (runState{ID: "a", Pid: 42, StartTime: 7}) {
+	if err != nil || !reflect.DeepEqual(rs, want) {
 		t.Fatalf("read %+v %v", rs, err)
 	}
 	if _, err := os.Stat(filepath.Join(sd, runFile+".tmp")); !errors.Is(err, os.ErrNotExist) {

@@ -123,6 +123,9 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
 	default:
 	}
+	if sb.reclaimed {
+		return r.snapshotReclaimed(ctx, sb, st, dir, memDst)
+	}
 	if !started || q == nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q never started; snapshot running or paused sandboxes", sb.id)
 	}
@@ -215,6 +218,11 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
 		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
 		Files: map[string]fileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
+	return r.writeManifest(ctx, sb, dir, memDst, m)
+}
+
+// writeManifest completes m (layers, file sums) and writes it into dir.
+func (r *Runtime) writeManifest(ctx context.Context, sb *sandbox, dir, memDst string, m *snapshotManifest) (*snapshotManifest, error) {
 	if memDst != filepath.Join(dir, snapMemFile) {
 		m.MemoryFile = memDst
 	}
@@ -236,7 +244,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	if err := os.WriteFile(filepath.Join(dir, manifestFile), b, 0o600); err != nil {
 		return nil, fmt.Errorf("vm %s snapshot manifest: %w: %w", sb.id, errdefs.ErrInternal, err)
 	}
-	log.G(ctx).Debug("vm snapshot", log.SandboxID(sb.id), "frozen_ms", frozen.Milliseconds(), "state_bytes", m.Files[snapStateFile].Size)
+	log.G(ctx).Debug("vm snapshot", log.SandboxID(sb.id), "frozen_ms", time.Duration(m.FrozenNS).Milliseconds(), "state_bytes", m.Files[snapStateFile].Size)
 	return m, nil
 }
 
@@ -257,6 +265,41 @@ func (r *Runtime) balloonOff(ctx context.Context, sb *sandbox, q *qmpClient, run
 		return fmt.Errorf("vm %s snapshot: free page reporting must be off in a snapshot: %w", sb.id, err)
 	}
 	return nil
+}
+
+// snapshotReclaimed is the snapshot of a reclaimed VM: its saved state
+// (the RAM in the stream) is the snapshot's, with an empty memory file of
+// the guest's size, as a snapshot with the RAM streamed; nothing runs.
+func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleState, dir, memDst string) (_ *snapshotManifest, err error) {
+	if memDst == "" {
+		memDst = filepath.Join(dir, snapMemFile)
+	}
+	written := []string{filepath.Join(dir, snapStateFile), memDst, filepath.Join(dir, "rw.ext4"), filepath.Join(dir, "config.img"), filepath.Join(dir, manifestFile)}
+	defer func() {
+		if err != nil {
+			for _, f := range written {
+				_ = os.Remove(f)
+			}
+		}
+	}()
+	if err := copySparse(filepath.Join(st.StateDir, reclaimDir, reclaimStateFile), filepath.Join(dir, snapStateFile)); err != nil {
+		return nil, fmt.Errorf("vm %s snapshot of its reclaimed state: %w", sb.id, err)
+	}
+	if err := makeSparse(memDst, st.MemoryMB<<20); err != nil {
+		return nil, fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
+	}
+	for _, f := range []string{"rw.ext4", "config.img"} {
+		if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
+			return nil, fmt.Errorf("vm %s snapshot of its disk: %w", sb.id, err)
+		}
+	}
+	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
+		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
+		Files: map[string]fileSum{}, Created: time.Now().UTC()}
+	if m.Network == "" && st.Addr != "" {
+		m.Network = runtime.NetworkTap // a sandbox found by Recover has no spec
+	}
+	return r.writeManifest(ctx, sb, dir, memDst, m)
 }
 
 // migrateToFile streams QEMU's state into path and waits for the end.
@@ -386,14 +429,20 @@ func (rf *restoreFrom) check(r *Runtime, spec runtime.Spec, vcpus int, memMB int
 
 // prepare makes the restore's files in spec.StateDir and its RAM file at
 // mem, and returns its QEMU command line.
-func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem string) ([]string, error) {
+func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem, mac string) ([]string, error) {
 	src := rf.memFile()
-	// The same inode for every restore: QEMU maps it private, so they all
-	// share its page cache until they write.
-	if err := os.Link(src, mem); err != nil {
-		abs, _ := filepath.Abs(src)
-		if err := os.Symlink(abs, mem); err != nil {
-			return nil, fmt.Errorf("vm restore memory file: %w: %w", errdefs.ErrInternal, err)
+	// With the RAM in the file: the same inode for every restore; QEMU
+	// maps it private, so they all share its page cache until they write.
+	// With the RAM in the stream, a private mapping of the (empty) file
+	// would cost every page twice (a tmpfs page for the hole and the
+	// copy QEMU writes): the restore gets a RAM file of its own, shared,
+	// which QEMU makes, as a booted VM's.
+	if rf.m.IgnoreShared {
+		if err := os.Link(src, mem); err != nil {
+			abs, _ := filepath.Abs(src)
+			if err := os.Symlink(abs, mem); err != nil {
+				return nil, fmt.Errorf("vm restore memory file: %w: %w", errdefs.ErrInternal, err)
+			}
 		}
 	}
 	for _, f := range []string{snapStateFile, "rw.ext4", "config.img"} {
@@ -413,7 +462,15 @@ func (rf *restoreFrom) prepare(ctx context.Context, spec runtime.Spec, mem strin
 		case strings.HasPrefix(a, "memory-backend-file,id=ram0,"):
 			// Guest RAM only: a pmem layer's backing stays shared.
 			a = strings.ReplaceAll(a, "mem-path="+m.SourceMem, "mem-path="+mem)
-			a = strings.ReplaceAll(a, "share=on", "share=off")
+			if m.IgnoreShared {
+				a = strings.ReplaceAll(a, "share=on", "share=off")
+			} else {
+				a = strings.ReplaceAll(a, "share=off", "share=on")
+			}
+		case mac != "" && strings.Contains(a, ",netdev=net0,mac="):
+			// The NIC's MAC is the clone's own (the migration stream
+			// brings the source's; the guest init sets this one).
+			a = a[:strings.Index(a, ",mac=")] + ",mac=" + mac
 		default:
 			for j, l := range m.Layers {
 				a = strings.ReplaceAll(a, "file="+l.Path+",", "file="+spec.Rootfs.Layers[j].Path+",")

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,18 @@ type sandbox struct {
 
 	agentMu sync.Mutex // guards agent; held while dialling
 	agent   *vmchan.Client
+
+	// exited is closed when the current QEMU process has exited (nil
+	// before the first). parking says its exit is Reclaim's doing: the
+	// sandbox lives on, paused, with its state in reclaimDir.
+	exited  chan struct{}
+	parking bool
+	// reclaimed: no QEMU runs; the guest's state is in reclaimDir and
+	// Resume restores it (Status says paused).
+	reclaimed bool
+	// argsChanged: st.Args are not the Handle's (a reclaim's restore maps
+	// the guest RAM shared again); the run file keeps them for Recover.
+	argsChanged bool
 }
 
 var cgroupControllers = []string{"cpu", "memory", "pids"}
@@ -262,11 +275,17 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		}
 		sb.st.Args = r.args(spec, vcpus, memMB, disk, mem, o)
 	} else {
-		if sb.st.Args, err = from.prepare(ctx, spec, mem); err != nil {
+		if spec.Network.Mode == runtime.NetworkTap {
+			// Every fork or restore has its own MAC; the attachment's
+			// address stays (the network is the same in every namespace).
+			sb.st.MAC = cloneMAC(spec.ID, spec.Network.MAC).String()
+		}
+		if sb.st.Args, err = from.prepare(ctx, spec, mem, sb.st.MAC); err != nil {
 			return runtime.Handle{}, err
 		}
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
 		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
+		sb.st.MemShared = !from.m.IgnoreShared // its own RAM file (prepare)
 	}
 	if err := makeCgroup(cg, vcpus, memMB+MemoryOverheadMB, spec.CPUClass == runtime.CPUBestEffort); err != nil {
 		return runtime.Handle{}, err
@@ -597,10 +616,74 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if started {
 		return nil
 	}
-	name, args := r.cfg.QEMUPath, sb.st.Args
+	args := sb.st.Args
 	if sb.st.Incoming != "" {
 		args = append(slices.Clip(args), "-incoming", "defer")
 	}
+	pid, q, err := r.launch(ctx, sb, args)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		_ = sigkill(pid)
+		<-sb.done
+		return err
+	}
+	if sb.st.Incoming != "" {
+		if err := r.incoming(ctx, sb, q, sb.st.Incoming, sb.st.IncomingStreamRAM); err != nil {
+			return fail(err)
+		}
+	}
+	if st, err := q.Status(ctx); err != nil {
+		return fail(err)
+	} else if st != "running" {
+		return fail(fmt.Errorf("vm %s: %w: qemu is %q after start, not running", id, errdefs.ErrInternal, st))
+	}
+	if r.cfg.noAgentWait {
+		return nil
+	}
+	if err := r.waitAgent(ctx, sb); err != nil {
+		return fail(err)
+	}
+	if sb.st.Incoming != "" {
+		if err := r.setIdentity(ctx, sb); err != nil {
+			return fail(err)
+		}
+		if err := r.setNeighbour(sb); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// setNeighbour points the sandbox namespace's neighbour entry for the
+// guest at the guest's MAC (a restore's own, cloneMAC).
+func (r *Runtime) setNeighbour(sb *sandbox) error {
+	ns := cmp.Or(sb.spec.Network.NetNS, sb.st.NetNS)
+	if ns == "" || sb.st.MAC == "" || sb.st.Addr == "" {
+		return nil
+	}
+	mac, err := net.ParseMAC(sb.st.MAC)
+	if err != nil {
+		return fmt.Errorf("vm %s mac %q: %w: %w", sb.id, sb.st.MAC, errdefs.ErrInternal, err)
+	}
+	pfx, err := netip.ParsePrefix(sb.st.Addr)
+	if err != nil {
+		return fmt.Errorf("vm %s guest address %q: %w: %w", sb.id, sb.st.Addr, errdefs.ErrInternal, err)
+	}
+	dev := sb.spec.Network.Device
+	if dev == "" {
+		dev = "tap0"
+	}
+	return setGuestNeighbour(ns, dev, pfx.Addr().AsSlice(), mac)
+}
+
+// launch runs QEMU with args in the sandbox's netns and cgroup, records
+// it in the run file and connects to its QMP socket. On error the QEMU it
+// started is killed (its end is the sandbox's unless sb.parking).
+func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, *qmpClient, error) {
+	id := sb.id
+	name := r.cfg.QEMUPath
 	ns := sb.spec.Network.NetNS
 	if ns == "" {
 		ns = sb.st.NetNS // a sandbox found by Recover
@@ -611,12 +694,12 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	logf, err := os.OpenFile(filepath.Join(sb.st.StateDir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("vm qemu log: %w: %w", errdefs.ErrInternal, err)
+		return 0, nil, fmt.Errorf("vm qemu log: %w: %w", errdefs.ErrInternal, err)
 	}
 	defer func() { _ = logf.Close() }()
 	socks, err := listenFDs(sb.st.StateDir)
 	if err != nil {
-		return fmt.Errorf("vm %s: %w", id, err)
+		return 0, nil, fmt.Errorf("vm %s: %w", id, err)
 	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -636,15 +719,20 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		_ = f.Close()
 	}
 	if err != nil {
-		return fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
+		return 0, nil, fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
 	stime := procStartTime(pid) // not reaped before cmd.Wait: the pid is QEMU's
+	exited := make(chan struct{})
 	sb.mu.Lock()
 	sb.st.Pid, sb.st.StartTime = pid, stime
+	sb.exited = exited
+	first := !sb.started
 	sb.started = true
 	sb.mu.Unlock()
-	close(sb.startedC)
+	if first {
+		close(sb.startedC)
+	}
 	go func() {
 		err := cmd.Wait() // QEMU is reaped before Wait reports, so its cgroup can go
 		code := -1
@@ -654,16 +742,21 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		} else if err == nil {
 			code = 0
 		}
-		r.ended(sb, "", code)
+		r.qemuEnded(sb, exited, code)
 	}()
-	fail := func(err error) error {
+	fail := func(err error) (int, *qmpClient, error) {
 		_ = sigkill(pid)
-		<-sb.done
-		return err
+		<-exited
+		return 0, nil, err
 	}
 	// Recorded before anything else: a node killed from here on finds
-	// this QEMU again through the StateDir (Recover), whatever Handle it kept.
-	if err := writeRunState(sb.st.StateDir, runState{ID: id, Pid: pid, StartTime: stime}); err != nil {
+	// this QEMU again through the StateDir (Recover), whatever Handle it
+	// kept. Args go in when they are not the Handle's (after a reclaim).
+	rs := runState{ID: id, Pid: pid, StartTime: stime, Reclaimed: sb.reclaimed}
+	if sb.argsChanged {
+		rs.Args = sb.st.Args
+	}
+	if err := writeRunState(sb.st.StateDir, rs); err != nil {
 		return fail(err)
 	}
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
@@ -676,7 +769,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 			return fail(fmt.Errorf("vm %s: %w: %w", id, errdefs.ErrInternal, err))
 		}
 	}
-	go r.watchLogs(sb)
+	go r.watchLogs(sb, exited)
 	q, err := r.connectQMP(ctx, sb)
 	if err != nil {
 		return fail(err)
@@ -684,44 +777,38 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb.mu.Lock()
 	sb.qmp = q
 	sb.mu.Unlock()
-	if sb.st.Incoming != "" {
-		if err := r.incoming(ctx, sb, q); err != nil {
-			return fail(err)
-		}
+	return pid, q, nil
+}
+
+// qemuEnded is the end of one QEMU process of sb: the sandbox's end unless
+// Reclaim made it exit (and no Stop came meanwhile).
+func (r *Runtime) qemuEnded(sb *sandbox, exited chan struct{}, code int) {
+	sb.mu.Lock()
+	planned := sb.parking && !sb.stopping
+	sb.mu.Unlock()
+	close(exited)
+	if !planned {
+		r.ended(sb, "", code)
 	}
-	if st, err := q.Status(ctx); err != nil {
-		return fail(err)
-	} else if st != "running" {
-		return fail(fmt.Errorf("vm %s: %w: qemu is %q after start, not running", id, errdefs.ErrInternal, st))
-	}
-	if r.cfg.noAgentWait {
-		return nil
-	}
-	if err := r.waitAgent(ctx, sb); err != nil {
-		return fail(err)
-	}
-	if sb.st.Incoming != "" {
-		if err := r.setIdentity(ctx, sb); err != nil {
-			return fail(err)
-		}
-	}
-	return nil
 }
 
 // incoming loads the snapshot's state into the just started QEMU (it
 // waits in -incoming defer), and runs the guest on.
-func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient) error {
-	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": !sb.st.IncomingStreamRAM}}}); err != nil {
+func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient, path string, streamRAM bool) error {
+	sb.mu.Lock()
+	exited := sb.exited
+	sb.mu.Unlock()
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": !streamRAM}}}); err != nil {
 		return fmt.Errorf("vm %s restore: %w", sb.id, err)
 	}
-	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(sb.st.Incoming)}); err != nil {
+	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(path)}); err != nil {
 		return fmt.Errorf("vm %s restore: %w", sb.id, err)
 	}
 	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		st, err := q.Status(ctx)
 		if err != nil {
 			select {
-			case <-sb.done:
+			case <-exited:
 				return fmt.Errorf("vm %s restore from the snapshot: %w", sb.id, r.exitError(sb))
 			default:
 			}
@@ -733,7 +820,7 @@ func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient) error
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-sb.done:
+		case <-exited:
 			t.Stop()
 			return fmt.Errorf("vm %s restore from the snapshot: %w", sb.id, r.exitError(sb))
 		case <-ctx.Done():
@@ -756,26 +843,7 @@ func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("vm %s identity entropy: %w: %w", sb.id, errdefs.ErrInternal, err)
 	}
 	id.TimeNS = time.Now().UnixNano()
-	body, _ := json.Marshal(id)
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.IdentityPath, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrInternal, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrUnavailable, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusNoContent {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("vm %s identity: %w: the guest answered %d: %s (guest assets older than this backend?)", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
-	}
-	return nil
+	return r.postIdentity(ctx, sb, id)
 }
 
 // setBalloon binds (on) or unbinds the guest's balloon driver through the
@@ -951,12 +1019,12 @@ func (r *Runtime) scanLogs(sb *sandbox) error {
 
 // watchLogs looks at the logs while QEMU runs; an accelerator mismatch
 // kills it, so a guest stuck in the emulator never hangs its caller.
-func (r *Runtime) watchLogs(sb *sandbox) {
+func (r *Runtime) watchLogs(sb *sandbox, exited chan struct{}) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
-		case <-sb.done:
+		case <-exited:
 			return
 		case <-t.C:
 		}
@@ -965,7 +1033,10 @@ func (r *Runtime) watchLogs(sb *sandbox) {
 			sb.fatal = err
 			sb.mu.Unlock()
 			slog.Error("vm killed", "id", sb.id, "err", err)
-			_ = sigkill(sb.st.Pid)
+			sb.mu.Lock()
+			pid := sb.st.Pid
+			sb.mu.Unlock()
+			_ = sigkill(pid)
 			return
 		}
 	}
@@ -974,8 +1045,13 @@ func (r *Runtime) watchLogs(sb *sandbox) {
 // watch waits for QEMU's end through a pidfd (also for a QEMU found by Recover).
 func (r *Runtime) watch(sb *sandbox) {
 	pid := sb.st.Pid
+	exited := make(chan struct{})
+	sb.mu.Lock()
+	sb.exited = exited
+	sb.mu.Unlock()
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
+		close(exited)
 		r.ended(sb, "qemu was gone when the node looked", -1)
 		return
 	}
@@ -988,7 +1064,7 @@ func (r *Runtime) watch(sb *sandbox) {
 			}
 			break
 		}
-		r.ended(sb, "", -1)
+		r.qemuEnded(sb, exited, -1)
 	}()
 }
 
@@ -1039,7 +1115,23 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 	sb.mu.Lock()
 	started, q, pid := sb.started, sb.qmp, sb.st.Pid
 	sb.stopping = true
+	reclaimed := sb.reclaimed
 	sb.mu.Unlock()
+	if reclaimed {
+		// No QEMU: the sandbox ends here (Delete removes its saved
+		// state). A reclaim or restore under way finishes first.
+		sb.startMu.Lock()
+		sb.mu.Lock()
+		reclaimed = sb.reclaimed
+		q, pid = sb.qmp, sb.st.Pid
+		sb.mu.Unlock()
+		if reclaimed {
+			r.ended(sb, "stopped", -1)
+			sb.startMu.Unlock()
+			return nil
+		}
+		sb.startMu.Unlock()
+	}
 	if !started {
 		// Not started as far as this instance knows; a QEMU a node restart
 		// lost track of must not outlive its sandbox. A stopped sandbox
@@ -1151,6 +1243,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 			return fmt.Errorf("vm %s delete %s: %w: %w", id, f, errdefs.ErrInternal, err)
 		}
 	}
+	if err := os.RemoveAll(filepath.Join(sb.st.StateDir, reclaimDir)); err != nil {
+		return fmt.Errorf("vm %s delete its reclaimed state: %w: %w", id, errdefs.ErrInternal, err)
+	}
 	r.mu.Lock()
 	delete(r.sbs, id)
 	r.mu.Unlock()
@@ -1174,6 +1269,12 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	}
 	if !started {
 		return runtime.Status{State: runtime.StateCreated}, nil
+	}
+	sb.mu.Lock()
+	reclaimed := sb.reclaimed
+	sb.mu.Unlock()
+	if reclaimed {
+		return runtime.Status{State: runtime.StatePaused}, nil
 	}
 	if q != nil {
 		if st, err := q.Status(ctx); err == nil {
@@ -1229,6 +1330,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if rs.Pid > 0 {
 		pid, stime = rs.Pid, rs.StartTime
 	}
+	if len(rs.Args) > 0 {
+		st.Args, st.MemShared = rs.Args, true
+	}
 	started := pid > 0
 	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
 		pid, stime = 0, 0
@@ -1240,8 +1344,16 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			pid, stime, started = pids[0], procStartTime(pids[0]), true
 		}
 	}
+	// A reclaimed sandbox has no QEMU (one found running is a restore
+	// the node died in, and is taken as the sandbox): it is paused, its
+	// state on disk until Resume.
+	reclaimed := rs.Reclaimed && pid == 0 && hasReclaimState(st.StateDir)
+	if reclaimed {
+		started = true
+	}
 	st.Pid, st.StartTime = pid, stime
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started}
+	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started,
+		reclaimed: reclaimed, argsChanged: len(rs.Args) > 0}
 	sb.spec.StateDir = st.StateDir
 	if started {
 		close(sb.startedC)
@@ -1253,7 +1365,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sbs[h.ID] = sb
 	r.mu.Unlock()
-	if !started {
+	if !started || reclaimed {
 		return nil
 	}
 	if pid == 0 {
@@ -1261,7 +1373,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return nil
 	}
 	r.watch(sb)
-	go r.watchLogs(sb)
+	go r.watchLogs(sb, sb.exited)
 	// QMP serves one client: bound the wait for its greeting, so one stuck
 	// VM does not hold up the node's start.
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -1360,20 +1472,41 @@ func (sb *sandbox) closeAgent() {
 	}
 }
 
-// Pause implements runtime.Pauser: QMP stop (memory kept).
-func (r *Runtime) Pause(ctx context.Context, id string) error { return r.qmpRun(ctx, id, "stop") }
-
-// Resume implements runtime.Pauser: QMP cont, then a wait (at most
-// resumeAgentWait) until the agent answers again. A guest that was paused
-// while the host end of its agent channel went away and came back (a node
-// restart) first drops its old session: requests made before it notices
-// would fail, so Resume waits for that here.
-func (r *Runtime) Resume(ctx context.Context, id string) error {
-	if err := r.qmpRun(ctx, id, "cont"); err != nil {
-		return err
-	}
+// Pause implements runtime.Pauser: QMP stop (memory kept). A reclaimed
+// sandbox is paused already.
+func (r *Runtime) Pause(ctx context.Context, id string) error {
 	sb, err := r.get(id)
 	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	reclaimed := sb.reclaimed
+	sb.mu.Unlock()
+	if reclaimed {
+		return nil
+	}
+	return r.qmpRun(ctx, id, "stop")
+}
+
+// Resume implements runtime.Pauser: QMP cont, then a wait (at most
+// resumeAgentWait) until the agent answers again, and the guest's clock
+// is stepped to the host's (it stood still while paused). A guest that
+// was paused while the host end of its agent channel went away and came
+// back (a node restart) first drops its old session: requests made before
+// it notices would fail, so Resume waits for that here. A reclaimed
+// sandbox is restored from its saved state (restoreReclaimed).
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	reclaimed := sb.reclaimed
+	sb.mu.Unlock()
+	if reclaimed {
+		return r.restoreReclaimed(ctx, sb)
+	}
+	if err := r.qmpRun(ctx, id, "cont"); err != nil {
 		return err
 	}
 	if r.cfg.noAgentWait {
@@ -1381,6 +1514,10 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	}
 	if err := r.waitAgentFor(ctx, sb, resumeAgentWait, agentAttempt); err != nil {
 		slog.Warn("vm resumed; its agent does not answer yet", "id", id, "err", err)
+		return nil
+	}
+	if err := r.setClock(ctx, sb); err != nil {
+		slog.Warn("vm resumed; its clock was not stepped", "id", id, "err", err)
 	}
 	return nil
 }
