@@ -354,7 +354,7 @@ func (n *Node) canPause(rec *record, filesystemOnly bool) error {
 		return err
 	}
 	if _, ok := n.cfg.Backends[rec.Backend].(runtime.FilesystemPauser); !ok {
-		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on the container backend", rec.Backend)
+		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on the container backend (microvm, vm and gvisor cannot)", rec.Backend)
 	}
 	return nil
 }
