@@ -493,6 +493,9 @@ func (c *Config) Validate() error {
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
 		return err
 	}
+	if err := sandboxspec.CheckBackend("e2b.backend", c.E2B.Backend); err != nil {
+		return err
+	}
 	if t := c.E2B.TLS; (t.CertFile == "") != (t.KeyFile == "") {
 		return errdefs.Invalid("e2b.tls", "give both cert_file and key_file, or neither (OpenDsec's own CA makes a certificate)")
 	} else if t.CertFile != "" && (!filepath.IsAbs(t.CertFile) || !filepath.IsAbs(t.KeyFile)) {
