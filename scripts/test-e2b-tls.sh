@@ -46,6 +46,9 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN -u E2B_API_URL -u E2B_SANDBOX_URL \
   unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$DD/resolv.conf" \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider -c test/e2b/python-tls/pytest.ini test/e2b/python-tls "$@" || rc=$?
 if [ "${E2B_SKIP_JS:-}" != 1 ] && [ $# = 0 ] && command -v node >/dev/null; then
+  # test-e2b.sh installs into the shared dir under an exclusive lock.
+  exec 8>"$NPM_DIR.lock"
+  flock -s 8
   [ -f "$NPM_DIR/node_modules/e2b/package.json" ] || { echo "no E2B JS SDK in $NPM_DIR; run scripts/test-e2b.sh once" >&2; exit 1; }
   echo "== e2b npm sdk $(node -p "require('$NPM_DIR/node_modules/e2b/package.json').version") over TLS (NODE_EXTRA_CA_CERTS $CA)"
   env -u E2B_DEBUG -u E2B_ACCESS_TOKEN -u E2B_API_URL -u E2B_SANDBOX_URL \
@@ -53,6 +56,7 @@ if [ "${E2B_SKIP_JS:-}" != 1 ] && [ $# = 0 ] && command -v node >/dev/null; then
     E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_TEST_GATEWAY_IP="$IP" NODE_EXTRA_CA_CERTS="$CA" E2B_NPM_DIR="$NPM_DIR" \
     unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$DD/resolv.conf" \
     node --test test/e2b/js-tls/ || rc=$?
+  exec 8>&-
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
 exit $rc

@@ -68,15 +68,22 @@ env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
 if [ "${E2B_SKIP_JS:-}" != 1 ] && command -v node >/dev/null; then
   echo "== e2b npm sdk $E2B_JS_VERSION, @e2b/code-interpreter $E2B_CI_JS_VERSION"
   npmv() { node -p "try{require('$NPM_DIR/node_modules/$1/package.json').version}catch(e){''}"; }
+  mkdir -p "$NPM_DIR"
+  # One install at a time, and none while a run (other trees' too, and
+  # test-e2b-tls.sh) reads the shared dir: exclusive to install, shared to
+  # run.
+  exec 8>"$NPM_DIR.lock"
+  flock 8
   if [ "$(npmv e2b)" != "$E2B_JS_VERSION" ] || [ "$(npmv @e2b/code-interpreter)" != "$E2B_CI_JS_VERSION" ] || [ "$(npmv @e2b/cli)" != "$E2B_CLI_VERSION" ]; then
-    mkdir -p "$NPM_DIR"
     [ -f "$NPM_DIR/package.json" ] || echo '{"private":true}' > "$NPM_DIR/package.json"
     (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "e2b@$E2B_JS_VERSION" "@e2b/code-interpreter@$E2B_CI_JS_VERSION" "@e2b/cli@$E2B_CLI_VERSION")
   fi
+  flock -s 8
   env -u E2B_DEBUG -u E2B_ACCESS_TOKEN \
     E2B_API_URL="http://127.0.0.1:$E2B" E2B_SANDBOX_URL="http://127.0.0.1:$E2B" \
     E2B_API_KEY="$KEY" E2B_DOMAIN=opendsec.local E2B_NPM_DIR="$NPM_DIR" E2B_TEST_OTHER_KEY="$OTHER_KEY" \
     node --test ${E2B_JS_TESTS:-test/e2b/js/} || rc=$?
+  exec 8>&-
 fi
 if [ $rc != 0 ]; then echo "--- opendsec up log (tail)"; tail -n 60 "$DD/up.log"; fi
 # TLS and HTTP/2 with the SDKs' own https://<port>-<id>.<domain> hosts, on a

@@ -96,6 +96,10 @@ type E2B struct {
 	// "user", as in E2B) when true (unset); false keeps no_new_privs, as
 	// the native API does by default (allow_privilege_escalation).
 	AllowPrivilegeEscalation *bool `json:"allow_privilege_escalation,omitempty"`
+	// Backend runs E2B sandboxes (E2B clients cannot pick one): empty,
+	// the node's default (node.default_backend), or e.g. "container",
+	// which a filesystem-only pause (E2B's memory: false) needs.
+	Backend string `json:"backend,omitempty"`
 	// TLS serves the gateway (API and sandbox traffic) over TLS with HTTP/2.
 	TLS E2BTLS `json:"tls"`
 }
@@ -487,6 +491,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := netpolicy.ValidateRuleSets(c.Node.Network.RuleSets); err != nil {
+		return err
+	}
+	if err := sandboxspec.CheckBackend("e2b.backend", c.E2B.Backend); err != nil {
 		return err
 	}
 	if t := c.E2B.TLS; (t.CertFile == "") != (t.KeyFile == "") {

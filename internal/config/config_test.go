@@ -120,6 +120,20 @@ func TestOvercommitConfig(t *testing.T) {
 	}
 }
 
+func TestE2BBackendConfig(t *testing.T) {
+	c := Default("/var/lib/opendsec")
+	for _, ok := range []string{"", "container", "microvm"} {
+		c.E2B.Backend = ok
+		if err := c.Validate(); err != nil {
+			t.Fatalf("e2b.backend %q: %v", ok, err)
+		}
+	}
+	c.E2B.Backend = "Container VM"
+	if err := c.Validate(); !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), "e2b.backend:") {
+		t.Fatalf("e2b.backend %q: %v, want an invalid e2b.backend error", c.E2B.Backend, err)
+	}
+}
+
 func TestE2BTLSConfig(t *testing.T) {
 	c := Default("/var/lib/opendsec")
 	c.E2B.TLS = E2BTLS{Enabled: true}

@@ -78,6 +78,7 @@ func RunE2B(ctx context.Context, cfg config.Config, iss *auth.Issuer, ready chan
 		Templates:             cfg.E2B.Templates,
 		DenyInternetByDefault: cfg.E2B.DefaultInternetAccess != nil && !*cfg.E2B.DefaultInternetAccess,
 		NoPrivilegeEscalation: cfg.E2B.AllowPrivilegeEscalation != nil && !*cfg.E2B.AllowPrivilegeEscalation,
+		Backend:               cfg.E2B.Backend,
 	})
 	if err != nil {
 		return fmt.Errorf("e2b gateway: %w", err)

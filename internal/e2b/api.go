@@ -351,6 +351,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			labels[labelPrivate] = "true"
 		}
 		spec := &v1.SandboxSpec{
+			Backend:        g.cfg.Backend,
 			Image:          g.imageFor(req.TemplateID),
 			TimeoutSeconds: timeout,
 			Env:            req.EnvVars,
@@ -393,6 +394,7 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 			// A snapshot: its source's image, user, workdir and env are
 			// the defaults (the API resolves them).
 			spec.Image, spec.Snapshot, spec.User, spec.Workdir = "", req.TemplateID, "", ""
+			spec.Backend = "" // its source's
 		}
 		resp, err := g.cfg.API.CreateSandbox(r.Context(), connect.NewRequest(&v1.CreateSandboxRequest{Spec: spec, RequestId: requestID()}))
 		if err != nil && implicitNetwork(req) && errdefs.IsNetworkOff(errdefs.FromConnect(err)) {
@@ -412,6 +414,9 @@ func (g *Gateway) create(v2 bool) http.HandlerFunc {
 				log.G(r.Context()).Debug("e2b create: template not found", "template", req.TemplateID, log.Err(err))
 				g.templateNotFound(w, req.TemplateID)
 				return
+			}
+			if fsPause {
+				err = g.fsPauseHint(err)
 			}
 			writeErr(w, fmt.Errorf("create sandbox: %w", err))
 			return
@@ -701,11 +706,30 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 	// memory false: keep only the files (resume starts it again on them).
 	fsOnly := body.Memory != nil && !*body.Memory
 	if _, err := g.cfg.API.PauseSandbox(r.Context(), connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId(), FilesystemOnly: fsOnly})); err != nil {
-		writeErr(w, fmt.Errorf("pause sandbox: %w", errdefs.FromConnect(err)))
+		err = errdefs.FromConnect(err)
+		if fsOnly {
+			err = g.fsPauseHint(err)
+		}
+		writeErr(w, fmt.Errorf("pause sandbox: %w", err))
 		return
 	}
 	g.forget(sb.GetId())
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// fsPauseHint adds to a backend's refusal of a filesystem-only pause
+// (E2B's memory: false, autoPauseMemory: false) what fixes it: E2B clients
+// cannot pick a backend, the gateway's operator can (e2b.backend).
+func (g *Gateway) fsPauseHint(err error) error {
+	if !errors.Is(err, errdefs.ErrUnimplemented) && !errdefs.IsInvalidArgument(err) ||
+		!strings.Contains(err.Error(), "keeping only its files") {
+		return err
+	}
+	have := "the node's default backend"
+	if g.cfg.Backend != "" {
+		have = fmt.Sprintf("backend %q", g.cfg.Backend)
+	}
+	return errdefs.WithPublic(err, "%s (E2B sandboxes run on %s, which the gateway's operator sets: e2b.backend: container in OpenDsec's config makes memory: false work)", errdefs.PublicMessage(err), have)
 }
 
 // resumePaused resumes a paused sandbox; with reboot (E2B's memory false
@@ -715,7 +739,7 @@ func (g *Gateway) resumePaused(ctx context.Context, sb *v1.Sandbox, timeout int6
 	if reboot && !sb.GetPausedFilesystem() {
 		g.forget(sb.GetId())
 		if _, err := g.cfg.API.PauseSandbox(ctx, connect.NewRequest(&v1.PauseSandboxRequest{Id: sb.GetId(), FilesystemOnly: true})); err != nil {
-			return nil, fmt.Errorf("drop the memory of paused sandbox %s for a reboot: %w", sb.GetId(), errdefs.FromConnect(err))
+			return nil, fmt.Errorf("drop the memory of paused sandbox %s for a reboot: %w", sb.GetId(), g.fsPauseHint(errdefs.FromConnect(err)))
 		}
 	}
 	return g.resumeSandbox(ctx, sb.GetId(), timeout)

@@ -20,6 +20,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/sandboxid"
+	"github.com/kernflux/opendsec/internal/sandboxspec"
 )
 
 // fakeAPI is an in-memory sandbox service for testing the gateway's REST
@@ -40,6 +41,9 @@ type fakeAPI struct {
 	extraImages []string
 	// pauses are the PauseSandbox requests.
 	pauses []*v1.PauseSandboxRequest
+	// noFSPause refuses filesystem-only pauses as a node whose backend
+	// cannot do them does (microvm, vm).
+	noFSPause bool
 }
 
 // seen records the token the call in ctx carries; f.mu is held.
@@ -57,6 +61,9 @@ func (f *fakeAPI) CreateSandbox(ctx context.Context, r *connect.Request[v1.Creat
 	f.seen(ctx)
 	if f.networkOff && r.Msg.GetSpec().GetNetwork() != nil {
 		return nil, errdefs.ToConnect(errdefs.NetworkOff("n001"))
+	}
+	if f.noFSPause && r.Msg.GetSpec().GetOnTimeout() == sandboxspec.OnTimeoutPauseFilesystem {
+		return nil, errdefs.ToConnect(errdefs.Invalid("on_timeout", "the microvm backend cannot pause a sandbox keeping only its files; give \"pause\" (memory kept) or \"stop\", or run it on a backend that can (container)"))
 	}
 	if !slices.Contains(append([]string{"root/py:3.11", DefaultImage, CodeInterpreterImage, "root/busybox"}, f.extraImages...), r.Msg.GetSpec().GetImage()) {
 		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrNotFound, "image %q not found", r.Msg.GetSpec().GetImage()))

@@ -137,6 +137,9 @@ type Config struct {
 	// e2b.allow_privilege_escalation: false); by default they allow it,
 	// so sudo works as in E2B.
 	NoPrivilegeEscalation bool
+	// Backend runs the sandboxes E2B creates (config e2b.backend); empty
+	// means the node's default. Creates from a snapshot keep its source's.
+	Backend string
 	// Images is OpenDsec's image service, for template lookups
 	// (GET /templates/aliases/{alias}); nil answers only the configured
 	// templates and snapshots.

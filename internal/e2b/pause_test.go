@@ -29,6 +29,9 @@ func (f *fakeAPI) setState(id string, st v1.SandboxState) (*v1.Sandbox, error) {
 }
 
 func (f *fakeAPI) PauseSandbox(_ context.Context, r *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	if f.noFSPause && r.Msg.GetFilesystemOnly() {
+		return nil, errdefs.ToConnect(errdefs.New(errdefs.ErrUnimplemented, "backend microvm cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on a backend that can (container)"))
+	}
 	sb, err := f.setState(r.Msg.GetId(), v1.SandboxState_SANDBOX_STATE_PAUSED)
 	if err != nil {
 		return nil, err
@@ -191,6 +194,33 @@ func TestFilesystemOnlyPause(t *testing.T) {
 	// E2B's infra refuses a filesystem auto-pause with autoResume.
 	if w, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`); w.Code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["message"]), "autoResume") {
 		t.Fatalf("autoPauseMemory false with autoResume: %d %v", w.Code, m)
+	}
+}
+
+// TestE2BBackend: e2b.backend picks the backend of E2B's sandboxes (not of
+// those from a snapshot, which keep their source's), and a backend's
+// refusal of memory: false tells what the operator sets.
+func TestE2BBackend(t *testing.T) {
+	h := newHarness(t)
+	_, m := h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if got := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetBackend(); got != "" {
+		t.Fatalf("backend without e2b.backend: %q, want empty (the node's default)", got)
+	}
+	h.api.noFSPause = true
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`},
+		{"POST", "/sandboxes/" + m["sandboxID"].(string) + "/pause", `{"memory":false}`},
+	} {
+		w, m := h.do(h.keyA, c.method, c.path, c.body)
+		if w.Code < 400 || !strings.Contains(fmt.Sprint(m["message"]), "e2b.backend: container") || !strings.Contains(fmt.Sprint(m["message"]), "node's default backend") {
+			t.Fatalf("%s %s %s on a backend without filesystem pauses: %d %v, want the refusal naming e2b.backend", c.method, c.path, c.body, w.Code, m)
+		}
+	}
+	h.api.noFSPause = false
+	h.gw.cfg.Backend = "container"
+	_, m = h.do(h.keyA, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if got := h.api.sbs[m["sandboxID"].(string)].GetSpec().GetBackend(); got != "container" {
+		t.Fatalf("backend with e2b.backend container: %q", got)
 	}
 }
 

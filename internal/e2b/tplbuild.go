@@ -722,14 +722,11 @@ func (g *Gateway) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 // templateTags is GET /templates/{templateID}/tags → [{tag, buildID,
 // createdAt}].
 func (g *Gateway) templateTags(w http.ResponseWriter, r *http.Request, ref string) {
-	s := g.tpls
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.getLocked(principal(r.Context()), ref)
+	t, ok := g.lockOwnTemplate(w, r, ref, nil)
 	if !ok {
-		writeError(w, http.StatusNotFound, "template %q not found", ref)
 		return
 	}
+	defer g.tpls.mu.Unlock()
 	type tagJSON struct {
 		Tag       string    `json:"tag"`
 		BuildID   string    `json:"buildID"`
@@ -773,15 +770,12 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) deleteBuiltTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s := g.tpls
-	s.mu.Lock()
-	t, ok := s.getLocked(principal(r.Context()), id)
+	var missing func()
+	if g.cfg.Snapshots != nil {
+		missing = func() { g.deleteTemplate(w, r) }
+	}
+	t, ok := g.lockOwnTemplate(w, r, id, missing)
 	if !ok {
-		s.mu.Unlock()
-		if g.cfg.Snapshots != nil {
-			g.deleteTemplate(w, r)
-			return
-		}
-		writeError(w, http.StatusNotFound, "template %q not found", id)
 		return
 	}
 	var images []string

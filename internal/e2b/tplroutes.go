@@ -134,13 +134,9 @@ func buildJSON(b *tplBuild) map[string]any {
 // first, paged (X-Next-Token). Another principal's template, public or
 // not, is 404: its builds are its owner's.
 func (g *Gateway) getTemplate(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
 	s := g.tpls
-	s.mu.Lock()
-	t, ok := s.getLocked(principal(r.Context()), id)
+	t, ok := g.lockOwnTemplate(w, r, r.PathValue("id"), nil)
 	if !ok {
-		s.mu.Unlock()
-		writeError(w, http.StatusNotFound, "template %q not found among your templates (GET /templates lists them)", id)
 		return
 	}
 	out := templateJSON(t)
@@ -177,13 +173,9 @@ func (g *Gateway) patchTemplate(v2 bool) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		id := r.PathValue("id")
 		s := g.tpls
-		s.mu.Lock()
-		t, ok := s.getLocked(principal(r.Context()), id)
+		t, ok := g.lockOwnTemplate(w, r, r.PathValue("id"), nil)
 		if !ok {
-			s.mu.Unlock()
-			writeError(w, http.StatusNotFound, "template %q not found among your templates (GET /templates lists them)", id)
 			return
 		}
 		var err error
@@ -269,12 +261,11 @@ func (g *Gateway) templateBuildLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	tid, bid := r.PathValue("id"), r.PathValue("buildID")
 	s := g.tpls
-	s.mu.Lock()
-	t, ok := s.getLocked(principal(r.Context()), tid)
-	var b *tplBuild
-	if ok {
-		b, ok = t.Builds[bid]
+	t, ok := g.lockOwnTemplate(w, r, tid, nil)
+	if !ok {
+		return
 	}
+	b, ok := t.Builds[bid]
 	if !ok {
 		s.mu.Unlock()
 		writeError(w, http.StatusNotFound, "build %q of template %q not found", bid, tid)

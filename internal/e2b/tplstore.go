@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,6 +203,25 @@ func (s *tplStore) getLocked(p, ref string) (*tplRecord, bool) {
 	return nil, false
 }
 
+// lockOwnTemplate locks the store and finds the caller's template ref (an
+// ID, name or name:tag); the caller unlocks s.mu. When the caller has none
+// it unlocks, runs missing or else answers 404, and returns false.
+func (g *Gateway) lockOwnTemplate(w http.ResponseWriter, r *http.Request, ref string, missing func()) (*tplRecord, bool) {
+	s := g.tpls
+	s.mu.Lock()
+	t, ok := s.getLocked(principal(r.Context()), ref)
+	if ok {
+		return t, true
+	}
+	s.mu.Unlock()
+	if missing != nil {
+		missing()
+	} else {
+		writeError(w, http.StatusNotFound, "template %q not found among your templates (GET /templates lists them)", ref)
+	}
+	return nil, false
+}
+
 // resolve finds the ready build p's template reference ("name", "name:tag",
 // an ID) names: by its tag, default when none is given.
 func (s *tplStore) resolve(p, ref string) (*tplRecord, *tplBuild, bool) {
@@ -215,6 +235,12 @@ func (s *tplStore) resolve(p, ref string) (*tplRecord, *tplBuild, bool) {
 	if ref != t.ID && ref != t.Name {
 		_, tag = splitTag(ref)
 	}
+	return readyBuild(t, tag)
+}
+
+// readyBuild is t's finished build that tag names; t is returned either
+// way. s.mu is held.
+func readyBuild(t *tplRecord, tag string) (*tplRecord, *tplBuild, bool) {
 	tr, ok := t.Tags[tag]
 	if !ok {
 		return t, nil, false
@@ -239,15 +265,7 @@ func (s *tplStore) resolveStart(p, ref string) (*tplRecord, *tplBuild, bool) {
 	if !ok || !t.Public {
 		return nil, nil, false
 	}
-	tr, ok := t.Tags[tag]
-	if !ok {
-		return t, nil, false
-	}
-	b, ok := t.Builds[tr.BuildID]
-	if !ok || b.Status != buildReady {
-		return t, nil, false
-	}
-	return t, b, true
+	return readyBuild(t, tag)
 }
 
 // list is p's templates, oldest first.

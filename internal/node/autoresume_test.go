@@ -71,24 +71,7 @@ func TestAutoResumeConcurrentCallsResumeOnce(t *testing.T) {
 	}
 	// Hold the resume until every caller waits on it.
 	sb, _ := f.get(rec.ID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f.mu.Lock()
-		w := 0
-		if sb.resuming != nil {
-			w = sb.resuming.waiters
-		}
-		f.mu.Unlock()
-		if w == callers {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(release)
-			wg.Wait()
-			t.Fatalf("%d of %d calls wait on one resume after 10 s", w, callers)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
+	waitResumeWaiters(t, f.Node, sb, callers, func() { close(release); wg.Wait() })
 	close(release)
 	wg.Wait()
 	for i := range callers {
@@ -185,6 +168,30 @@ func TestAutoResumeLifetime(t *testing.T) {
 }
 
 // waitState waits until id is in state want.
+// waitResumeWaiters waits until want calls wait on sb's one resume; when
+// they do not within 10 s it calls release (so a held resume and its
+// callers end) and fails.
+func waitResumeWaiters(t *testing.T, n *Node, sb *sandbox, want int, release func()) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n.mu.Lock()
+		w := 0
+		if sb.resuming != nil {
+			w = sb.resuming.waiters
+		}
+		n.mu.Unlock()
+		if w == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			release()
+			t.Fatalf("%d of %d calls wait on one resume after 10 s", w, want)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 func waitState(t *testing.T, n *Node, id, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -222,20 +229,7 @@ func TestAutoResumeWaitsForPauseInProgress(t *testing.T) {
 	}()
 	// The call waits on a resume, which waits for the pause.
 	sb, _ := f.get(rec.ID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f.mu.Lock()
-		waiting := sb.resuming != nil && sb.resuming.waiters == 1
-		f.mu.Unlock()
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatal("the call did not wait for a resume")
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
+	waitResumeWaiters(t, f.Node, sb, 1, func() { close(release) })
 	close(release)
 	if err := <-paused; err != nil {
 		t.Fatalf("pause: %v", err)

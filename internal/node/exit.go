@@ -3,6 +3,8 @@ package node
 import (
 	"time"
 
+	"github.com/kernflux/opendsec/internal/runtime"
+
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 )
@@ -23,22 +25,39 @@ type tombstone struct {
 // recorded at once: the sandbox is stopped and removed, and Get reports it
 // failed with the backend's reason for deadTTL. Ends that a stop or the
 // node's shutdown caused are left to those.
+//
+// One watcher serves a sandbox for its whole life: a filesystem-only pause
+// ends init, and the watcher then waits again, for the next run.
 func (n *Node) watchExit(sb *sandbox) {
 	rt, ok := n.cfg.Backends[sb.backend]
 	if !ok {
 		return
 	}
-	// A filesystem-only pause ends init; the pause watches the next run.
 	pauses := sb.fsPauses.Load()
 	go func() {
-		st, err := rt.Wait(n.life, sb.id)
-		if err != nil {
-			return // the node closes, or the sandbox was deleted
+		var st runtime.ExitStatus
+		for {
+			var err error
+			st, err = rt.Wait(n.life, sb.id)
+			if err != nil {
+				return // the node closes, or the sandbox was deleted
+			}
+			if sb.fsPauses.Load() == pauses {
+				break
+			}
+			// A filesystem-only pause began since the Wait: the end may
+			// be its. Once the pause is over (it holds pauseMu), wait
+			// again: for the next run after a pause that succeeded, for
+			// the same init after one that failed (a Wait returns at once
+			// if that init ended meanwhile: a death).
+			sb.pauseMu.Lock()
+			pauses = sb.fsPauses.Load()
+			sb.pauseMu.Unlock()
 		}
 		n.mu.Lock()
 		cur, ok := n.sandboxes[sb.id]
 		ours := ok && cur == sb && sb.stopDone == nil && sb.rec.State != stateStopping &&
-			sb.fsPauses.Load() == pauses && !sb.rec.PausedFilesystem
+			!sb.rec.PausedFilesystem
 		n.mu.Unlock()
 		if !ours {
 			return

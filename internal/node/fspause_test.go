@@ -17,6 +17,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/container"
+	"github.com/kernflux/opendsec/internal/runtime/runtimefake"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
@@ -144,24 +145,7 @@ func TestFilesystemPause(t *testing.T) {
 		wg.Go(func() { codes[i], _ = agentGet(t, srv, rec.ID, "health") })
 	}
 	sb, _ := n2.get(rec.ID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n2.mu.Lock()
-		w := 0
-		if sb.resuming != nil {
-			w = sb.resuming.waiters
-		}
-		n2.mu.Unlock()
-		if w == callers {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(be.gate)
-			wg.Wait()
-			t.Fatalf("%d of %d calls wait on one resume after 10 s", w, callers)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
+	waitResumeWaiters(t, n2, sb, callers, func() { close(be.gate); wg.Wait() })
 	close(be.gate)
 	wg.Wait()
 	for i, c := range codes {
@@ -215,16 +199,9 @@ func TestFilesystemPauseAdmissionAndTimeout(t *testing.T) {
 	rec := f.create(t, n, specRecord{MemoryMB: 512, TimeoutSec: 60, OnTimeout: sandboxspec.OnTimeoutPauseFilesystem})
 	mustRun(t, f.rt, rec.ID, "echo v1 > /data")
 	clk.advance(61 * time.Second)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		got, _, err := n.Get(t.Context(), rec.ID)
-		if err == nil && got.State == statePaused && got.PausedFilesystem {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("on_timeout pause_filesystem: %+v %v 15 s after the timeout, want paused keeping files", got, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	waitState(t, n, rec.ID, statePaused)
+	if got, _, err := n.Get(t.Context(), rec.ID); err != nil || !got.PausedFilesystem {
+		t.Fatalf("on_timeout pause_filesystem: %+v %v, want paused keeping files", got, err)
 	}
 	if dirs := f.rt.CgroupDirs(rec.ID); len(dirs) != 0 {
 		t.Fatalf("cgroups left after the timeout's filesystem pause: %v", dirs)
@@ -267,6 +244,19 @@ func TestFilesystemPauseAdmissionAndTimeout(t *testing.T) {
 	}
 	if r := mustRun(t, f.rt, rec.ID, "cat /data"); r.Stdout != "v1\n" {
 		t.Fatalf("file after the resume: %+v", r)
+	}
+	// The watcher of its first run waits on into this one: a kill from
+	// outside is a death.
+	st, err := f.rt.Status(t.Context(), rec.ID)
+	if err != nil || st.Pid <= 0 {
+		t.Fatalf("status after the resume: %+v %v", st, err)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, n, rec.ID, 10*time.Second)
+	if _, ok := n.deadSandbox(rec.ID); !ok {
+		t.Fatalf("the resumed run's end was not taken for a death")
 	}
 }
 
@@ -326,5 +316,88 @@ func TestRecoverReconcilesFilesystemPause(t *testing.T) {
 	}
 	if got, _, _ := n2.Get(t.Context(), rec.ID); got.State != stateRunning {
 		t.Fatalf("state after the call: %s, want running", got.State)
+	}
+}
+
+// fsFake is the fake backend with filesystem-only pauses, for the node's
+// logic around them: a pause fails with pauseErr or does nothing else (the
+// fake's sandbox keeps running); a resume fails with resumeErr or does
+// nothing. waits counts the calls of Wait.
+type fsFake struct {
+	*runtimefake.Runtime
+	pauseErr, resumeErr error
+	waits               atomic.Int32
+}
+
+func (f *fsFake) PauseFilesystem(context.Context, string) error  { return f.pauseErr }
+func (f *fsFake) ResumeFilesystem(context.Context, string) error { return f.resumeErr }
+
+func (f *fsFake) Wait(ctx context.Context, id string) (runtime.ExitStatus, error) {
+	f.waits.Add(1)
+	return f.Runtime.Wait(ctx, id)
+}
+
+func newFSFakeFixture(t *testing.T, be *fsFake) *fixture {
+	f := newFakeFixture(t)
+	be.Runtime = f.fake
+	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: be}
+	return f
+}
+
+// Failed filesystem pauses leave the sandbox with its one watcher (no
+// goroutine blocked in Wait per failure), which still sees its death.
+func TestFilesystemPauseFailuresKeepOneWatcher(t *testing.T) {
+	be := &fsFake{pauseErr: errors.New("injected pause failure")}
+	f := newFSFakeFixture(t, be)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 600})
+	for i := range 5 {
+		if _, err := n.PauseFilesystem(t.Context(), rec.ID); err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("filesystem pause %d: %v, want the injected failure", i, err)
+		}
+	}
+	if got := stateOf(t, n, rec.ID); got != stateRunning {
+		t.Fatalf("state after failed filesystem pauses: %s", got)
+	}
+	if err := f.fake.Kill(rec.ID, "killed by signal 9"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, n, rec.ID, 10*time.Second)
+	if _, ok := n.deadSandbox(rec.ID); !ok {
+		t.Fatalf("the end after failed filesystem pauses was not taken for a death")
+	}
+	// The watcher's first Wait, and one more after it saw that pauses had
+	// begun (which returns at once: init had ended).
+	if w := be.waits.Load(); w > 2 {
+		t.Fatalf("Wait called %d times for one sandbox after 5 failed filesystem pauses, want at most 2 (one watcher)", w)
+	}
+}
+
+// A filesystem pause whose record write fails is undone; when its undo's
+// resume fails too, the sandbox stays paused keeping its files and
+// reserves no CPU or memory.
+func TestFilesystemPauseUndoFailureReleases(t *testing.T) {
+	be := &fsFake{resumeErr: errors.New("injected resume failure")}
+	f := newFSFakeFixture(t, be)
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{MemoryMB: 256, TimeoutSec: 600})
+	cpu0, mem0 := reserved(n)
+	restore := breakTable(t, n)
+	if _, err := n.PauseFilesystem(t.Context(), rec.ID); err == nil {
+		t.Fatal("filesystem pause with a broken table succeeded")
+	}
+	restore()
+	sb, err := n.get(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	st, fs := sb.rec.State, sb.rec.PausedFilesystem
+	n.mu.Unlock()
+	if st != statePaused || !fs {
+		t.Fatalf("record after a failed undo: %s, paused_filesystem %v; want paused keeping files, as the backend is", st, fs)
+	}
+	if cpu, mem := reserved(n); mem != mem0-256 || cpu != cpu0-rec.Spec.CPU {
+		t.Fatalf("reservation of a sandbox left paused keeping files: %g CPU %d MiB, want %g and %d", cpu, mem, cpu0-rec.Spec.CPU, mem0-256)
 	}
 }

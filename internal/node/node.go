@@ -403,7 +403,7 @@ func (n *Node) normalize(s *specRecord) error {
 		return errdefs.Invalid(field, "the %s backend cannot pause sandboxes; leave %s unset (the sandbox is stopped at its timeout) or pick a backend that can pause", ns.Backend, field)
 	}
 	if _, ok := n.cfg.Backends[ns.Backend].(runtime.FilesystemPauser); ns.FilesystemPauseOnTimeout() && !ok {
-		return errdefs.Invalid("on_timeout", "the %s backend cannot pause a sandbox keeping only its files; give \"pause\" (memory kept) or \"stop\", or run it on the container backend", ns.Backend)
+		return errdefs.Invalid("on_timeout", "the %s backend cannot pause a sandbox keeping only its files; give \"pause\" (memory kept) or \"stop\", or run it on the container backend (backend: container; microvm, vm and gvisor cannot)", ns.Backend)
 	}
 	if ns.Network != nil && n.cfg.Network == nil {
 		return errdefs.NetworkOff(n.cfg.ID)

@@ -212,7 +212,12 @@ func (n *Node) undo(ctx context.Context, c change) {
 		err = n.readmit(c.sb)
 		n.mu.Unlock()
 		if err == nil {
-			err = n.backendResume(ctx, c.prev.Backend, id, true)
+			if err = n.backendResume(ctx, c.prev.Backend, id, true); err != nil {
+				// Still paused: it reserves nothing.
+				n.mu.Lock()
+				n.releaseRoom(c.sb)
+				n.mu.Unlock()
+			}
 		}
 	default:
 		var p runtime.Pauser
@@ -284,7 +289,6 @@ func (n *Node) pause(ctx context.Context, id string, filesystemOnly bool, check 
 	if filesystemOnly {
 		sb.fsPauses.Add(1)
 		if err := n.backendPause(fctx, sb, rec); err != nil {
-			n.watchExit(sb) // the pause's watcher gave way to the next run's
 			return change{}, fmt.Errorf("pause sandbox %s keeping its files: %w", id, err)
 		}
 	} else {
@@ -328,7 +332,6 @@ func (n *Node) dropMemory(ctx context.Context, sb *sandbox, rec *record) (change
 	defer cancel()
 	sb.fsPauses.Add(1)
 	if err := n.backendPause(fctx, sb, rec); err != nil {
-		n.watchExit(sb)
 		return change{}, fmt.Errorf("pause sandbox %s keeping only its files: %w", sb.id, err)
 	}
 	n.mu.Lock()
@@ -354,23 +357,19 @@ func (n *Node) canPause(rec *record, filesystemOnly bool) error {
 		return err
 	}
 	if _, ok := n.cfg.Backends[rec.Backend].(runtime.FilesystemPauser); !ok {
-		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on the container backend", rec.Backend)
+		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files (filesystem_only); pause it with its memory, or run it on the container backend (microvm, vm and gvisor cannot)", rec.Backend)
 	}
 	return nil
 }
 
-// backendPause is the backend's filesystem-only pause of sb; once it
-// returns, the sandbox's next run is watched (watchExit).
+// backendPause is the backend's filesystem-only pause of sb; sb's
+// watcher (watchExit) waits for its next run once it returns.
 func (n *Node) backendPause(ctx context.Context, sb *sandbox, rec *record) error {
 	fp, ok := n.cfg.Backends[rec.Backend].(runtime.FilesystemPauser)
 	if !ok {
 		return errdefs.New(errdefs.ErrUnimplemented, "backend %s cannot pause a sandbox keeping only its files", rec.Backend)
 	}
-	if err := fp.PauseFilesystem(ctx, sb.id); err != nil {
-		return err
-	}
-	n.watchExit(sb)
-	return nil
+	return fp.PauseFilesystem(ctx, sb.id)
 }
 
 // backendResume is the backend's resume of sandbox id: a thaw, or with

@@ -238,8 +238,8 @@ func Normalize(s Spec) (Spec, error) {
 	if !utf8.ValidString(s.Image) || strings.ContainsAny(s.Image, " \t\n\x00") {
 		return Spec{}, errdefs.Invalid("image", "%q is not an image name; e.g. root/py:3.11", s.Image)
 	}
-	if s.Backend != "" && !backendRe.MatchString(s.Backend) {
-		return Spec{}, errdefs.Invalid("backend", "%q is not a backend name: lowercase letters, digits, '-' and '_', e.g. container (empty means the node default)", s.Backend)
+	if err := CheckBackend("backend", s.Backend); err != nil {
+		return Spec{}, err
 	}
 	switch {
 	case math.IsNaN(s.CPU) || math.IsInf(s.CPU, 0) || s.CPU < 0:
@@ -371,6 +371,15 @@ func checkNetworkShape(r *NetworkRules) error {
 				return errdefs.Invalid(fmt.Sprintf("network.allow[%d].%s", i, f.name), "is %d bytes; at most %d are allowed", len(f.v), MaxRuleFieldLen)
 			}
 		}
+	}
+	return nil
+}
+
+// CheckBackend refuses a backend name (field names it in the error) that
+// cannot be one; empty (the node's default) is fine.
+func CheckBackend(field, name string) error {
+	if name != "" && !backendRe.MatchString(name) {
+		return errdefs.Invalid(field, "%q is not a backend name: lowercase letters, digits, '-' and '_', e.g. container (empty means the node default)", name)
 	}
 	return nil
 }

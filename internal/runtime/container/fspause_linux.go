@@ -23,9 +23,21 @@ var _ runtime.FilesystemPauser = (*Runtime)(nil)
 // again, so a node that dies in between finds it paused, not dead.
 const fsPausedFile = "fs-paused"
 
-// launchEnvFile in a bundle keeps the environment Launch gave a prestarted
-// sandbox's agent, for its start again at a ResumeFilesystem.
+// launchEnvFile in a bundle's tmpfs (tmp, outside the run directory the
+// sandbox sees) keeps the environment Launch gave a prestarted sandbox's
+// agent, for its start again at a ResumeFilesystem. It often holds API
+// keys: it lives in memory only, never on the node's disk.
 const launchEnvFile = "launch.env"
+
+// launchEnvDir is the tmpfs directory of sb's bundle that keeps
+// launchEnvFile: tmp, or log in sandboxes made before tmp (log had a
+// tmpfs of its own then, which the sandbox does not see either).
+func launchEnvDir(bundle string) string {
+	if fi, err := os.Lstat(filepath.Join(bundle, tmpDir)); err == nil && fi.IsDir() {
+		return filepath.Join(bundle, tmpDir)
+	}
+	return filepath.Join(bundle, logDir)
+}
 
 // PauseFilesystem ends every process of a running sandbox (its memory and
 // cgroups go with them, runc forgets the container) and keeps its bundle:
@@ -50,13 +62,15 @@ func (r *Runtime) PauseFilesystem(ctx context.Context, id string) error {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q has ended; only a running sandbox can be paused keeping its files", id)
 	}
 	marker := filepath.Join(sb.st.Bundle, fsPausedFile)
-	if err := writeSynced(marker); err != nil {
-		return fmt.Errorf("pause sandbox %s keeping its files: %w", id, err)
+	if err := writeFileSync(marker, nil); err != nil {
+		return fmt.Errorf("pause sandbox %s keeping its files: write its pause mark: %w", id, unwrapPath(err))
 	}
 	sb.exit.fsPausing.Store(true)
 	if err := r.stop(ctx, sb, 0); err != nil {
-		// Its processes may still run: it is not paused.
+		// Its processes may still run: it is not paused, and a later end
+		// of them is a crash, not a stop.
 		sb.exit.fsPausing.Store(false)
+		sb.exit.stopping.Store(false)
 		if rerr := os.Remove(marker); rerr != nil {
 			log.G(ctx).Warn("remove the filesystem-pause mark after a failed pause", log.SandboxID(id), log.Err(rerr))
 		}
@@ -121,7 +135,12 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "resume sandbox %s: its %s directory is gone (%v; the host restarted?); it cannot run again", id, d, err)
 		}
 	}
-	if env, err := os.ReadFile(filepath.Join(sb.st.Bundle, launchEnvFile)); err == nil {
+	env, err := os.ReadFile(filepath.Join(launchEnvDir(sb.st.Bundle), launchEnvFile))
+	if errors.Is(err, os.ErrNotExist) {
+		// Launched by a node before the env moved to the tmpfs.
+		env, err = os.ReadFile(filepath.Join(sb.st.Bundle, launchEnvFile))
+	}
+	if err == nil {
 		if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, string(env)); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
@@ -129,6 +148,14 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 		return fmt.Errorf("resume sandbox %s: read its launch environment: %w", id, err)
 	}
 	root := filepath.Join(sb.st.Bundle, rootfsDir)
+	// A root left mounted (the node died between the mount below and
+	// `runc run`, or the host's unmount after it failed) goes first: an
+	// overlay on it would stack on the same upper.
+	if isMountPoint(root) {
+		if err := unmount(ctx, root); err != nil {
+			return fmt.Errorf("resume sandbox %s: remove its old root mount: %w", id, err)
+		}
+	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(sb.st.Lower, ":"), sb.st.upper(), sb.st.work())
 	if err := mountOverlayRetry(ctx, root, opts); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
@@ -194,28 +221,4 @@ func (r *Runtime) recoverFSPaused(ctx context.Context, sb *sandbox, s runcStateJ
 	}
 	r.forgetContainer(ctx, sb)
 	return true
-}
-
-// writeSynced creates an empty file and syncs it and its directory.
-func writeSynced(path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", filepath.Base(path), err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", filepath.Base(path), err)
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", filepath.Dir(path), err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", filepath.Dir(path), err)
-	}
-	return nil
 }

@@ -91,7 +91,8 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 		return err
 	}
 	// init removes its copy at boot; a ResumeFilesystem puts this one back.
-	if err := writeEnvFile(sb.st.Bundle, launchEnvFile, b.String()); err != nil {
+	// In the bundle's tmpfs: the env often holds secrets.
+	if err := writeEnvFile(launchEnvDir(sb.st.Bundle), launchEnvFile, b.String()); err != nil {
 		return err
 	}
 	if pid := int(sb.pid.Load()); pid > 0 {

@@ -239,7 +239,8 @@ func hostSwap() (total, free int64) {
 	return total, free
 }
 
-// writeFileSync writes b to path and syncs it.
+// writeFileSync writes b to path and syncs it and its directory (the
+// file's name survives a crash too).
 func writeFileSync(path string, b []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -253,7 +254,15 @@ func writeFileSync(path string, b []byte) error {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // unwrapPath drops the host path from a file error (messages reach users).

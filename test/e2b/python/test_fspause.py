@@ -55,6 +55,7 @@ def test_keep_memory_false_then_traffic_restarts_it(sandbox):
 def test_connect_reboot_drops_memory(sandbox):
     """connect(on_resume="reboot") of a sandbox paused with its memory."""
     sandbox.commands.run("sleep 3600", background=True)
+    assert _sleeps(sandbox), "the background sleep runs before the pause"
     assert sandbox.pause() is True
     same = Sandbox.connect(sandbox.sandbox_id, on_resume="reboot")
     assert _sleeps(same) == []
@@ -69,6 +70,7 @@ def test_auto_pause_filesystem_on_timeout(test_id):
     try:
         sbx.files.write("/home/user/a.txt", "a")
         sbx.commands.run("sleep 3600", background=True)
+        assert _sleeps(sbx) != []
         _wait(lambda: sbx.get_info().state == SandboxState.PAUSED, "auto-paused after its 3 s timeout")
         again = Sandbox.connect(sbx.sandbox_id, timeout=60)
         assert again.files.read("/home/user/a.txt") == "a"
