@@ -173,6 +173,8 @@ type Gateway struct {
 	tpls  *tplStore
 	// buildSlots bounds the template builds running at once.
 	buildSlots chan struct{}
+	// builds are the template builds running (tests wait for them).
+	builds sync.WaitGroup
 	// trajectory, if set, reads a sandbox's calls instead of the API's
 	// GetTrajectory (tests).
 	trajectory func(ctx context.Context, id string) ([]*v1.TrajectoryEntry, bool, error)

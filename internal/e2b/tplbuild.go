@@ -386,7 +386,9 @@ func (g *Gateway) startTemplateBuild(w http.ResponseWriter, r *http.Request) {
 	_ = g.tpls.saveLocked()
 	g.tpls.mu.Unlock()
 	tok := auth.BearerFrom(r.Context())
-	go g.runTemplateBuild(auth.WithBearer(context.WithValue(context.Background(), principalKey{}, p), tok), t, b, plan, req)
+	g.builds.Go(func() {
+		g.runTemplateBuild(auth.WithBearer(context.WithValue(context.Background(), principalKey{}, p), tok), t, b, plan, req)
+	})
 	w.WriteHeader(http.StatusAccepted)
 }
 

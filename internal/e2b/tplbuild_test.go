@@ -93,6 +93,8 @@ func newBuildHarness(t *testing.T) (*harness, *fakeBuilder) {
 	h.gw.cfg.Builder = fb
 	h.gw.cfg.StateDir = t.TempDir()
 	h.gw.api = h.gw.apiMux()
+	// Builds write the template store: done before the test's dirs go.
+	t.Cleanup(h.gw.builds.Wait)
 	// The fake API starts the images template builds make.
 	return h, fb
 }

@@ -194,7 +194,9 @@ func TestPatchTemplatePublic(t *testing.T) {
 	if w, m := h.do(h.keyA, "PATCH", "/v2/templates/nope", `{"public":true}`); w.Code != 404 || m["code"] != float64(404) {
 		t.Fatalf("patch unknown: %d %v", w.Code, m)
 	}
-	// Kept across a restart of the gateway.
+	// Kept across a restart of the gateway (the builds above write the
+	// store: they end first).
+	h.gw.builds.Wait()
 	h.gw.tpls.path = filepath.Join(t.TempDir(), "templates.json")
 	if w, _ := h.do(h.keyA, "PATCH", "/templates/"+tid, `{"public":true}`); w.Code != 200 {
 		t.Fatalf("patch: %d", w.Code)
