@@ -86,6 +86,7 @@ func TestTemplateStartAndReadyCmd(t *testing.T) {
 	h.gw.cfg.StateDir = t.TempDir()
 	h.gw.cfg.ReadyTimeout = 2 * time.Second
 	h.gw.api = h.gw.apiMux()
+	t.Cleanup(h.gw.builds.Wait)
 
 	build := func(name, ready string) {
 		t.Helper()
