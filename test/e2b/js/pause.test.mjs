@@ -101,12 +101,12 @@ test('filesystem-only pause: pause({keepMemory:false}) and onTimeout keepMemory 
   } finally {
     await sbx.kill()
   }
-  const auto = await Sandbox.create({ timeoutMs: 3000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+  const auto = await Sandbox.create({ timeoutMs: 8000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
   try {
     await auto.files.write('/home/user/a.txt', 'a')
     await auto.commands.run('sleep 3600', { background: true })
     assert.notEqual(await sleeps(auto), '')
-    await until(async () => (await auto.getInfo()).state === 'paused', 'auto-paused after its 3 s timeout')
+    await until(async () => (await auto.getInfo()).state === 'paused', 'auto-paused after its 8 s timeout')
     const again = await Sandbox.connect(auto.sandboxId, { timeoutMs: 60000 })
     assert.equal(await again.files.read('/home/user/a.txt'), 'a')
     assert.equal(await sleeps(again), '') // the memory was not kept

@@ -62,8 +62,10 @@ def test_connect_reboot_drops_memory(sandbox):
 
 
 def test_auto_pause_filesystem_on_timeout(test_id):
+    # 8 s: the calls before the timeout must fit in it on a loaded machine
+    # (a call after it would resume the sandbox).
     sbx = Sandbox.create(
-        timeout=3,
+        timeout=8,
         metadata={"sandbox_test_id": test_id},
         lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
     )
@@ -71,7 +73,7 @@ def test_auto_pause_filesystem_on_timeout(test_id):
         sbx.files.write("/home/user/a.txt", "a")
         sbx.commands.run("sleep 3600", background=True)
         assert _sleeps(sbx) != []
-        _wait(lambda: sbx.get_info().state == SandboxState.PAUSED, "auto-paused after its 3 s timeout")
+        _wait(lambda: sbx.get_info().state == SandboxState.PAUSED, "auto-paused after its 8 s timeout")
         again = Sandbox.connect(sbx.sandbox_id, timeout=60)
         assert again.files.read("/home/user/a.txt") == "a"
         assert _sleeps(again) == []
