@@ -45,6 +45,9 @@ func TestOnTimeoutReaper(t *testing.T) {
 			if c.wantPause {
 				waitState(t, f.Node, rec.ID, statePaused)
 				mustBackendState(t, f.rt, rec.ID, runtime.StatePaused)
+				// The reaper's pause ends after the state shows paused:
+				// then later passes must leave the sandbox alone.
+				waitReaperDone(t, f.Node, rec.ID)
 				clk.reapPasses(t, 2)
 				mustStayPaused(t, f.Node, rec.ID, "paused by its timeout")
 			} else {

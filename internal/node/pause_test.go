@@ -136,6 +136,25 @@ func (c *testClock) reapPasses(t *testing.T, k int64) {
 	}
 }
 
+// waitReaperDone waits until the reaper no longer acts on id (its stop or
+// pause of it returned).
+func waitReaperDone(t *testing.T, n *Node, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n.mu.Lock()
+		reaping := n.reaping[id]
+		n.mu.Unlock()
+		if !reaping {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reaper still acts on %s after 10 s", id)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 // mustStayPaused fails unless id is paused and the reaper is not acting on it.
 func mustStayPaused(t *testing.T, n *Node, id, why string) {
 	t.Helper()

@@ -99,7 +99,7 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 		if err := renice(pid, 0); err != nil {
 			return fmt.Errorf("launch sandbox: %w", err)
 		}
-		if err := sb.applyCPUClass(); err != nil {
+		if err := r.applyCPUClass(sb); err != nil {
 			return fmt.Errorf("launch sandbox: %w", err)
 		}
 	}

@@ -698,7 +698,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		sb.pid.Store(int64(pid))
 		sb.phase.Store(phaseLaunched)
 		r.watch(sb, pid)
-		if err := sb.applyCPUClass(); err != nil {
+		if err := r.applyCPUClass(sb); err != nil {
 			return fmt.Errorf("start sandbox: %w", err)
 		}
 		log.G(ctx).Debug("sandbox started", "sandbox.id", id, "pid", pid)
@@ -709,7 +709,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	_, startErr := r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	if startErr == nil {
-		return sb.applyCPUClass()
+		return r.applyCPUClass(sb)
 	}
 	// Only on failure ask why: starting a running sandbox is a no-op.
 	s, err := r.runcState(ctx, sb.st.StateRoot, id)
@@ -1312,15 +1312,32 @@ func dialUnix(ctx context.Context, dir, name string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
-// applyCPUClass puts a best-effort sandbox's init (every thread) under
-// SCHED_IDLE; the processes it starts later (the agent, every exec)
-// inherit the policy.
-func (sb *sandbox) applyCPUClass() error {
-	pid := int(sb.pid.Load())
-	if !sb.bestEffort || pid <= 0 {
+// applyCPUClass puts every thread of a best-effort sandbox under
+// SCHED_IDLE: init and whatever it started already (runc returns once init
+// runs, so the agent may be up), until none is left; what they start later
+// (every exec) inherits the policy.
+func (r *Runtime) applyCPUClass(sb *sandbox) error {
+	if !sb.bestEffort || sb.pid.Load() <= 0 {
 		return nil
 	}
-	if err := sched.SetIdle(pid); err != nil {
+	dir := filepath.Join(r.cg.unified, r.cgroupPath(sb.id))
+	if !r.cg.v2 {
+		dir = filepath.Join(r.cg.v1["cpu"], r.cgroupPath(sb.id)) // its cpu.shares is set there too
+	}
+	err := sched.SetIdleAll(func() ([]int, error) {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			return nil, err
+		}
+		var pids []int
+		for _, f := range strings.Fields(string(b)) {
+			if p, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, p)
+			}
+		}
+		return pids, nil
+	})
+	if err != nil {
 		return fmt.Errorf("cpu_class best_effort: %w: %w", errdefs.ErrInternal, err)
 	}
 	return nil

@@ -44,6 +44,44 @@ func setIdleTID(tid int) error {
 	return nil
 }
 
+// SetIdleAll puts every thread of the processes list returns under
+// SCHED_IDLE, listing them again until a pass finds none left to change:
+// a process forked meanwhile by one not changed yet is found by the next
+// pass, and once all are changed every new one inherits the policy.
+func SetIdleAll(list func() ([]int, error)) error {
+	const passes = 50
+	for range passes {
+		pids, err := list()
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, pid := range pids {
+			tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+			if err != nil {
+				continue // gone
+			}
+			for _, t := range tasks {
+				tid, err := strconv.Atoi(t.Name())
+				if err != nil {
+					continue
+				}
+				if p, err := Policy(tid); err != nil || p == unix.SCHED_IDLE {
+					continue // gone, or done
+				}
+				if err := setIdleTID(tid); err != nil {
+					return err
+				}
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+	}
+	return fmt.Errorf("SCHED_IDLE: the processes kept changing over %d passes", passes)
+}
+
 // Policy is thread tid's scheduling policy (unix.SCHED_*).
 func Policy(tid int) (uint32, error) {
 	a, err := unix.SchedGetAttr(tid, 0)

@@ -12,6 +12,9 @@ var errNotLinux = errors.New("scheduling classes need Linux")
 // SetIdle needs Linux.
 func SetIdle(int) error { return errNotLinux }
 
+// SetIdleAll needs Linux.
+func SetIdleAll(func() ([]int, error)) error { return errNotLinux }
+
 // StartIdle needs Linux.
 func StartIdle(*exec.Cmd) error { return errNotLinux }
 
