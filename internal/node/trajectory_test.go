@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/api/gen/process"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
@@ -242,7 +244,13 @@ func (r agentRuntime) AgentConn(ctx context.Context, id string) (net.Conn, error
 	if _, err := r.Status(ctx, id); err != nil {
 		return nil, err
 	}
-	c, s := net.Pipe()
+	// A unix socket pair, buffered like the real agent's socket (a
+	// net.Pipe is not: an answer sent before the body was read would race
+	// the body's write, which a real socket's buffer takes).
+	c, s, err := socketPair()
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case r.agent.conns <- s:
 		return c, nil
@@ -251,6 +259,30 @@ func (r agentRuntime) AgentConn(ctx context.Context, id string) (net.Conn, error
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// socketPair is a connected pair of unix stream sockets.
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "agent")
+		c, err := net.FileConn(f) // a dup: f is closed either way
+		_ = f.Close()
+		if err != nil {
+			if i == 1 {
+				_ = conns[0].Close()
+			} else {
+				_ = unix.Close(fds[1])
+			}
+			return nil, nil, err
+		}
+		conns[i] = c
+	}
+	return conns[0], conns[1], nil
 }
 
 // trajFixture is a node over agentRuntime, restartable over the same
