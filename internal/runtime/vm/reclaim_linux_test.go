@@ -161,6 +161,11 @@ func TestGuestReclaimKeepsCounter(t *testing.T) {
 		t.Fatalf("fork of a reclaimed VM: %v", err)
 	}
 	t.Cleanup(func() { _ = r.Delete(context.Background(), fspecs[0].ID) })
+	// Its guest's balloon driver is bound as the reclaimed one's was: a
+	// snapshot of the fork must know to unbind it.
+	if fsb, _ := r.get(fspecs[0].ID); fsb.st.Balloon != sb.st.Balloon {
+		t.Fatalf("fork of a reclaimed VM: balloon %v, the VM's %v", fsb.st.Balloon, sb.st.Balloon)
+	}
 	if err := r.Start(ctx, fspecs[0].ID); err != nil {
 		ql, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "qemu.log"))
 		cl, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "console.log"))

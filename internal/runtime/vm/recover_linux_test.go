@@ -269,3 +269,21 @@ func TestRunStateRoundTrip(t *testing.T) {
 		t.Fatalf("temporary file left: %v", err)
 	}
 }
+
+// TestArgsBalloon: a VM has a balloon when its arguments have the
+// device, PCI or MMIO, and not otherwise.
+func TestArgsBalloon(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"-device", "virtio-balloon-pci,free-page-reporting=on"}, true},
+		{[]string{"-device", "virtio-balloon-device,free-page-reporting=on"}, true},
+		{[]string{"-device", "virtio-blk-pci,drive=rw", "-name", "virtio-balloon"}, false},
+		{nil, false},
+	} {
+		if got := argsBalloon(c.args); got != c.want {
+			t.Errorf("argsBalloon(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}

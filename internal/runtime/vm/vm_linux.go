@@ -283,6 +283,9 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		if sb.st.Args, err = from.prepare(ctx, spec, mem, sb.st.MAC); err != nil {
 			return runtime.Handle{}, err
 		}
+		// The saved guest may have its balloon driver bound (a reclaimed
+		// VM's state): a snapshot of this one must unbind it.
+		sb.st.Balloon = argsBalloon(sb.st.Args)
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
 		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
 		sb.st.MemShared = !from.m.IgnoreShared // its own RAM file (prepare)
@@ -488,6 +491,17 @@ func (r *Runtime) freePageReporting() bool {
 		return false
 	}
 	return r.assetFeature(featureBalloonControl)
+}
+
+// argsBalloon says whether QEMU arguments give the VM a virtio-balloon
+// (its guest may have the driver bound, whatever the node's setting).
+func argsBalloon(args []string) bool {
+	for i, a := range args {
+		if a == "-device" && i+1 < len(args) && strings.HasPrefix(args[i+1], "virtio-balloon") {
+			return true
+		}
+	}
+	return false
 }
 
 // featureBalloonControl is the assets' manifest feature of a guest init
@@ -1333,6 +1347,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if len(rs.Args) > 0 {
 		st.Args, st.MemShared = rs.Args, true
 	}
+	st.Balloon = st.Balloon || argsBalloon(st.Args)
 	started := pid > 0
 	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
 		pid, stime = 0, 0
