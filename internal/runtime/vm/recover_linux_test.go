@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,5 +286,18 @@ func TestArgsBalloon(t *testing.T) {
 		if got := argsBalloon(c.args); got != c.want {
 			t.Errorf("argsBalloon(%q) = %v, want %v", c.args, got, c.want)
 		}
+	}
+}
+
+// TestReclaimRefusesPmem: a VM whose layers are pmem devices is not
+// reclaimed (its restore would write into their read-only mappings), and
+// the error says why and what to use.
+func TestReclaimRefusesPmem(t *testing.T) {
+	sb := &sandbox{id: "sb-pmem", started: true, done: make(chan struct{}),
+		st: handleState{Args: []string{"-object", "memory-backend-file,id=l0,share=on,readonly=on", "-device", "virtio-pmem-pci,memdev=l0,id=pl0"}}}
+	r := &Runtime{sbs: map[string]*sandbox{sb.id: sb}}
+	_, err := r.Reclaim(context.Background(), sb.id)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "layer_device") {
+		t.Fatalf("reclaim of a pmem VM: %v; want failed precondition naming layer_device", err)
 	}
 }
