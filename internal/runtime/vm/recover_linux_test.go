@@ -301,3 +301,25 @@ func TestReclaimRefusesPmem(t *testing.T) {
 		t.Fatalf("reclaim of a pmem VM: %v; want failed precondition naming layer_device", err)
 	}
 }
+
+// TestFreePageReportingDefaultOff: free page reporting is off unless
+// configured on (and then only with assets that can unbind the driver),
+// and the reason says why.
+func TestFreePageReportingDefaultOff(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"features":["balloon-control"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	on, off := true, false
+	for _, c := range []struct {
+		cfg  *bool
+		want bool
+		why  string
+	}{{nil, false, "siblings"}, {&off, false, "free_page_reporting: false"}, {&on, true, "unsafe"}} {
+		r := &Runtime{cfg: Config{AssetsDir: dir, FreePageReporting: c.cfg}}
+		got, why := r.freePageReportingWhy()
+		if got != c.want || !strings.Contains(why, c.why) {
+			t.Errorf("free_page_reporting %v: %v %q; want %v, a reason naming %q", c.cfg, got, why, c.want, c.why)
+		}
+	}
+}

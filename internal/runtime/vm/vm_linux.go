@@ -105,6 +105,12 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		r.accel, r.why = string(res.Accel), res.Reason
 	}
 	slog.Info("vm backend", "qemu", p, "accel", r.accel, "why", r.why, "machine", cfg.Machine)
+	on, why := r.freePageReportingWhy()
+	if cfg.FreePageReporting != nil && *cfg.FreePageReporting {
+		slog.Warn("vm free page reporting", "on", on, "why", why)
+	} else {
+		slog.Info("vm free page reporting", "on", on, "why", why)
+	}
 	return r, nil
 }
 
@@ -483,14 +489,31 @@ func (r *Runtime) assetFeature(feature string) bool {
 	return json.Unmarshal(b, &m) == nil && slices.Contains(m.Features, feature)
 }
 
-// freePageReporting says whether a new VM gets the balloon device: as
-// configured (default on), and only with guest assets whose init can unbind
-// its driver before a snapshot.
+// freePageReporting says whether a new VM gets the balloon device.
 func (r *Runtime) freePageReporting() bool {
-	if r.cfg.FreePageReporting != nil && !*r.cfg.FreePageReporting {
-		return false
+	on, _ := r.freePageReportingWhy()
+	return on
+}
+
+// freePageReportingWhy says whether a new VM gets the balloon device, and
+// why: only when configured on, and only with guest assets whose init can
+// unbind its driver before a snapshot. It is off by default: a restore
+// maps the snapshot's RAM file private, and QEMU (7.2, and every release
+// since: ram_block_discard_range only warns about private file mappings
+// since 8.1) discards a page such a guest reports free by punching it out
+// of the file itself, so root in one restored guest could rebind the
+// driver and corrupt the memory of the snapshot and of every sibling fork.
+func (r *Runtime) freePageReportingWhy() (bool, string) {
+	if r.cfg.FreePageReporting == nil {
+		return false, "off by default: QEMU punches a page a restored guest reports free out of the snapshot's shared RAM file, so root in one fork could corrupt its siblings; set free_page_reporting: true only where every fork's guest is trusted"
 	}
-	return r.assetFeature(featureBalloonControl)
+	if !*r.cfg.FreePageReporting {
+		return false, "off (free_page_reporting: false)"
+	}
+	if !r.assetFeature(featureBalloonControl) {
+		return false, "configured on, but the guest assets do not list " + featureBalloonControl + ": rebuild them (make guest-assets)"
+	}
+	return true, "on (free_page_reporting: true): unsafe with forks of untrusted guests, root in one restored guest could rebind its balloon driver and corrupt the snapshot's RAM file its sibling forks share"
 }
 
 // argsBalloon says whether QEMU arguments give the VM a virtio-balloon
