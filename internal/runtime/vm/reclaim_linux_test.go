@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -181,13 +182,29 @@ func TestGuestReclaimKeepsCounter(t *testing.T) {
 		t.Fatalf("reclaimed VM after a fork of it: %+v %v", st, err)
 	}
 
+	// The node dies in a restore from reclaim: its QEMU waits for the
+	// incoming state (the run file says reclaimed, with its pid).
+	rsb, _ := r.get(id)
+	rsb.mu.Lock()
+	rsb.parking = true
+	rsb.mu.Unlock()
+	ipid, iq, err := r.launch(ctx, rsb, append(slices.Clip(rsb.st.Args), "-incoming", "defer"))
+	if err != nil {
+		t.Fatalf("launch of a restore: %v", err)
+	}
+	_ = iq.Close()
+
 	// A node restart: a new instance recovers it from the Handle the node
-	// kept (the fork's), as paused.
+	// kept (the fork's), as paused and reclaimed: the interrupted
+	// restore's QEMU is killed.
 	if err := r2.Recover(ctx, res[0].Handle); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := r2.Status(ctx, id); err != nil || st.State != runtime.StatePaused {
-		t.Fatalf("recovered reclaimed VM: %+v %v; want paused", st, err)
+	if st, err := r2.Status(ctx, id); err != nil || st.State != runtime.StatePaused || st.Pid != 0 {
+		t.Fatalf("recovered reclaimed VM: %+v %v; want paused, no qemu", st, err)
+	}
+	if r2.isOurQEMU(ipid, 0, id, sd) {
+		t.Fatalf("the interrupted restore's qemu %d still runs", ipid)
 	}
 	t0 = time.Now()
 	if err := r2.Resume(ctx, id); err != nil {

@@ -1382,9 +1382,19 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			pid, stime, started = pids[0], procStartTime(pids[0]), true
 		}
 	}
-	// A reclaimed sandbox has no QEMU (one found running is a restore
-	// the node died in, and is taken as the sandbox): it is paused, its
-	// state on disk until Resume.
+	// A reclaimed sandbox has no QEMU. One found is a restore the node
+	// died in: still waiting for or loading the saved state (inmigrate,
+	// prelaunch), it is killed and the sandbox stays reclaimed; past that
+	// it holds the guest and is taken as the sandbox.
+	if rs.Reclaimed && pid > 0 && hasReclaimState(st.StateDir) && r.midRestore(ctx, st.StateDir) {
+		slog.Warn("vm recover: a restore from reclaim the node died in is killed; the sandbox stays reclaimed", "id", h.ID, "pid", pid)
+		if err := killWait(pid, 10*time.Second); err != nil {
+			return fmt.Errorf("vm %s recover: kill the interrupted restore's qemu %d: %w: %w", h.ID, pid, errdefs.ErrInternal, err)
+		}
+		_ = os.Remove(st.MemPath)
+		_ = writeRunState(st.StateDir, runState{ID: h.ID, Reclaimed: true, Args: rs.Args})
+		pid, stime = 0, 0
+	}
 	reclaimed := rs.Reclaimed && pid == 0 && hasReclaimState(st.StateDir)
 	if reclaimed {
 		started = true
@@ -1438,6 +1448,48 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		}
 	}
 	return nil
+}
+
+// midRestore says whether the QEMU serving sd's qmp.sock has no guest
+// running yet: it waits for or loads an incoming state.
+func (r *Runtime) midRestore(ctx context.Context, sd string) bool {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := dialQMP(qctx, filepath.Join(sd, "qmp.sock"))
+	if err != nil {
+		return false
+	}
+	defer q.Close()
+	st, err := q.Status(qctx)
+	return err == nil && (st == "inmigrate" || st == "prelaunch")
+}
+
+// killWait kills pid (not necessarily a child) and waits, at most d, until
+// it is gone.
+func killWait(pid int, d time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	for deadline := time.Now().Add(d); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("still running %s after SIGKILL", d)
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
 }
 
 func procStartTime(pid int) uint64 {
