@@ -743,13 +743,10 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 	cmd.ExtraFiles = socks
 	// QEMU is not the node's: its own session, so a node restart leaves it running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if runtime.CPUClass(sb.st.CPUClass) == runtime.CPUBestEffort {
-		// Under SCHED_IDLE from exec on: every QEMU thread (vCPUs
-		// included) inherits it.
-		err = sched.StartIdle(cmd)
-	} else {
-		err = cmd.Start()
-	}
+	// Under SCHED_IDLE (best effort) and with its own core-scheduling
+	// cookie from exec on: every QEMU thread (vCPUs included) inherits
+	// them, so its vCPUs never share an SMT core with another VM's.
+	err = sched.Start(cmd, sched.StartOptions{Idle: runtime.CPUClass(sb.st.CPUClass) == runtime.CPUBestEffort, Cookie: sched.Core().Enabled})
 	// QEMU has its copies; one kept here would hold connections in the
 	// backlog after QEMU is gone.
 	for _, f := range socks {
@@ -798,13 +795,6 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 	}
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
 		return fail(err)
-	}
-	if sched.Core().Enabled {
-		// Its own core-scheduling cookie (inherited by the threads it
-		// makes): its vCPUs never share an SMT core with another VM's.
-		if err := sched.CreateCookie(pid); err != nil {
-			return fail(fmt.Errorf("vm %s: %w: %w", id, errdefs.ErrInternal, err))
-		}
 	}
 	go r.watchLogs(sb, exited)
 	q, err := r.connectQMP(ctx, sb)
