@@ -427,7 +427,11 @@ const pmemAlign = 2 << 20
 // pmemLayers returns the layers' padded copies, making those that do not
 // exist yet (one per digest, shared by every VM of the node).
 func (r *Runtime) pmemLayers(layers []runtime.Layer) ([]pmemLayer, error) {
-	dir := filepath.Join(cmp.Or(r.cfg.NodeStateDir, os.TempDir()), "vm-pmem")
+	if r.cfg.NodeStateDir == "" {
+		// Never a shared temp dir: a local user could make the files QEMU maps.
+		return nil, fmt.Errorf("vm layer_device pmem: %w: the backend has no node state dir for the layers' device files; run it in a node (its state dir) or set layer_device to blk", errdefs.ErrFailedPrecondition)
+	}
+	dir := filepath.Join(r.cfg.NodeStateDir, "vm-pmem")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("vm pmem layer dir: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -438,7 +442,16 @@ func (r *Runtime) pmemLayers(layers []runtime.Layer) ([]pmemLayer, error) {
 			return nil, fmt.Errorf("rootfs.layers[%d] %s: %w: %w", i, l.Path, errdefs.ErrFailedPrecondition, err)
 		}
 		size := (fi.Size() + pmemAlign - 1) / pmemAlign * pmemAlign
-		name := strings.NewReplacer(":", "-", "/", "-").Replace(cmp.Or(l.Digest, filepath.Base(l.Path))) + ".img"
+		id := l.Digest
+		if id == "" {
+			// Named by content: two layers of one basename never share a file.
+			sum, err := sumFile(l.Path, true)
+			if err != nil {
+				return nil, fmt.Errorf("rootfs.layers[%d] %s: %w: %w", i, l.Path, errdefs.ErrFailedPrecondition, err)
+			}
+			id = "sha256:" + sum.SHA256
+		}
+		name := strings.NewReplacer(":", "-", "/", "-").Replace(id) + ".img"
 		p := filepath.Join(dir, name)
 		if st, err := os.Stat(p); err != nil || st.Size() != size {
 			if err := padCopy(l.Path, p, size); err != nil {
