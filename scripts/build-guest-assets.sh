@@ -70,7 +70,12 @@ os.makedirs(f'{work}/root/lib/modules', exist_ok=True)
 for n in order:
     shutil.copy(mods[n], f'{work}/root/lib/modules/{n}.ko')
 open(f'{work}/root/lib/modules/order', 'w').write('\n'.join(order) + '\n')
-json.dump({'order': order, 'not_modules': builtin}, open(f'{work}/mods.json', 'w'))
+# pmem layers need virtio_pmem and nd_pmem, as modules in the initramfs or
+# built into the kernel.
+def have(n, opt):
+    return n in order or re.search(rf'^{opt}=y$', cfg, re.M) is not None
+pmem = have('virtio_pmem', 'CONFIG_VIRTIO_PMEM') and have('nd_pmem', 'CONFIG_BLK_DEV_PMEM')
+json.dump({'order': order, 'not_modules': builtin, 'pmem': pmem}, open(f'{work}/mods.json', 'w'))
 PY
 
 R=$work/root
@@ -92,7 +97,7 @@ json.dump({'kernel_package': pkg, 'kernel_package_version': debver, 'kernel_vers
            'modules': m['order'], 'builtin_or_absent': m['not_modules'], 'sha256': sha,
            # What this guest init serves that an older one did not; the vm
            # backend turns a feature on only where the assets list it.
-           'features': ['balloon-control', 'pmem-layers']},
+           'features': ['balloon-control'] + (['pmem-layers'] if m['pmem'] else [])},
           open(f'{d}/manifest.json', 'w'), indent=2)
 PY
 (cd "$tmp" && sha256sum vmlinux initrd.cpio manifest.json > SHA256SUMS)

@@ -29,6 +29,7 @@ import (
 	"github.com/kernflux/opendsec/internal/node"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/runtime/microvm"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/watcher"
 )
@@ -133,6 +134,9 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	log.G(ctx).Info(choice.String(), "default_backend", choice.Backend, "reason", choice.Reason)
 	nw, err := newNetwork(ctx, cfg)
 	if err != nil {
+		if extra != nil {
+			_ = closeRuntime(extra)
+		}
 		return nil, err
 	}
 	ncfg := node.Config{
@@ -172,6 +176,11 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 		Accelerator:   accel,
 	}
 	ncfg.CoreScheduling = coreScheduling()
+	if _, ok := backends[microvm.Name]; !ok {
+		// "auto" found microvm cannot run at this boot: microvm sandboxes
+		// of an earlier one must not be left unmanaged (node.New refuses).
+		ncfg.Unavailable = map[string]string{microvm.Name: "not opened; default backend " + choice.Backend + ": " + choice.Reason}
+	}
 	if nw != nil {
 		ncfg.Network = nw
 	}
@@ -179,6 +188,9 @@ func newNode(ctx context.Context, cfg config.Config) (*localNode, error) {
 	if err != nil {
 		if nw != nil {
 			nw.Close()
+		}
+		if extra != nil {
+			_ = closeRuntime(extra)
 		}
 		return nil, err
 	}

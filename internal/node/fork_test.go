@@ -435,3 +435,35 @@ func TestForkRefusesAnImageThatChanged(t *testing.T) {
 		t.Fatalf("fork image ID %q, want the source's %q", out.Forks[0].Sandbox.rec.ImageID, src.ImageID)
 	}
 }
+
+// TestRestartRefusesUnavailableBackend: a node whose table holds sandboxes
+// of a backend that cannot open at this start (microvm without KVM) does
+// not start, saying which and why; with the backend back it recovers them.
+func TestRestartRefusesUnavailableBackend(t *testing.T) {
+	root := "unavail-" + sandboxid.New("fake")
+	f := newFakeFixture(t)
+	f.fake = runtimefake.New(runtimefake.Config{StateRoot: root})
+	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: f.fake}
+	n1, err := New(t.Context(), f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := f.create(t, n1, specRecord{})
+	n1.Close()
+	cfg := f.cfg
+	cfg.Backends = map[string]runtime.Runtime{"other": runtimefake.New(runtimefake.Config{StateRoot: root + "-other"})}
+	cfg.DefaultBackend = "other"
+	cfg.Unavailable = map[string]string{runtimefake.Name: "no hardware KVM"}
+	if n, err := New(t.Context(), cfg); err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), src.ID) || !strings.Contains(err.Error(), "no hardware KVM") {
+		if n != nil {
+			n.Close()
+		}
+		t.Fatalf("start without the backend of sandbox %s: %v; want failed precondition naming it and why", src.ID, err)
+	}
+	f.fake = runtimefake.New(runtimefake.Config{StateRoot: root})
+	f.cfg.Backends = map[string]runtime.Runtime{runtimefake.Name: f.fake}
+	n2 := f.open(t)
+	if rec, _, err := n2.Get(t.Context(), src.ID); err != nil || rec.State != stateRunning {
+		t.Fatalf("sandbox after the backend came back: %+v %v", rec, err)
+	}
+}

@@ -77,6 +77,11 @@ type Config struct {
 	// DefaultBackendReason says why DefaultBackend is this one (the
 	// daemon's choice for node.default_backend "auto"), for Info.
 	DefaultBackendReason string
+	// Unavailable says, by backend name, why a backend the node could
+	// have (the microvm backend "auto" picks where it runs) did not open at
+	// this start; a sandbox table holding that backend's sandboxes makes
+	// New refuse to start, saying so.
+	Unavailable map[string]string
 	// Accelerator is the host's accelerator decision for VM backends,
 	// reported in Info; nil if it was not detected.
 	Accelerator *Accelerator

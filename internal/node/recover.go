@@ -16,6 +16,17 @@ func (n *Node) recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read sandbox table: %w", err)
 	}
+	// A backend whose sandboxes outlive the node (VMs, jails, cgroups,
+	// uids) must be there to manage them: without it they would run on
+	// unmanaged, so the node does not start.
+	for _, rec := range recs {
+		if _, ok := n.cfg.Backends[rec.Backend]; !ok {
+			if why, known := n.cfg.Unavailable[rec.Backend]; known {
+				return errdefs.New(errdefs.ErrFailedPrecondition, "the sandbox table holds sandbox %q of backend %s, which cannot open at this start (%s); its processes, jails, cgroups and uids would be left unmanaged: make %s run here again (for microvm: hardware KVM and Firecracker), then start the node",
+					rec.ID, rec.Backend, why, rec.Backend)
+			}
+		}
+	}
 	for _, rec := range recs {
 		l := log.G(ctx).With(log.SandboxID(rec.ID))
 		rt, ok := n.cfg.Backends[rec.Backend]

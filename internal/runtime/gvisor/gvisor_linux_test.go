@@ -70,7 +70,7 @@ func killInit(t testing.TB, rt runtime.Runtime, id string) {
 }
 
 func TestConformance(t *testing.T) {
-	runtimetest.Suite(t, newFactory(t), runtimetest.Options{Exec: true, Kill: killInit})
+	runtimetest.Suite(t, newFactory(t), runtimetest.Options{Exec: true, Kill: killInit, Concurrency: 6})
 }
 
 // TestOpenMissingRunsc: a runsc that is not there is a clear error at Open.

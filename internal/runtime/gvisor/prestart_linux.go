@@ -72,6 +72,6 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 		return err
 	}
 	sb.started = true
-	go r.watch(sb)
+	r.startWatch(sb)
 	return nil
 }

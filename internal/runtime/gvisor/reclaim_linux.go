@@ -78,9 +78,13 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 		}
 	}
 	// Its exit is planned from here: the watcher must not end the sandbox.
-	sb.parking.Store(true)
-	defer sb.parking.Store(false)
+	// The mark names the current watcher: it stays set (a watcher that
+	// returns after the wait below still leaves the sandbox be), and a
+	// later watcher (of the restore) is not covered.
+	w := sb.watched
+	sb.parking.Store(&w)
 	if _, err := r.runscOut(ctx, sb, "checkpoint", "--image-path", dir, id); err != nil {
+		sb.parking.Store(nil) // the sandbox runs on: its exit is an exit
 		_ = os.RemoveAll(dir)
 		if sb.ended() || r.gone(ctx, sb) {
 			// The checkpoint failed after the sandbox process went: it
@@ -96,8 +100,8 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 		log.G(ctx).Warn("gvisor reclaim: delete the checkpointed sandbox", log.SandboxID(id), log.Err(err))
 	}
 	select {
-	case <-sb.watched:
-	case <-time.After(10 * time.Second):
+	case <-w:
+	case <-time.After(reclaimWatcherWait):
 		log.G(ctx).Warn("gvisor reclaim: the sandbox's watcher did not return", log.SandboxID(id))
 	}
 	syncDir(dir)
@@ -105,6 +109,10 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	rs.After = cgroupMemory(cg)
 	return rs, nil
 }
+
+// reclaimWatcherWait bounds Reclaim's wait for the checkpointed
+// sandbox's watcher to return.
+var reclaimWatcherWait = 10 * time.Second
 
 // gone says whether runsc no longer runs sandbox sb's process.
 func (r *Runtime) gone(ctx context.Context, sb *sandbox) bool {

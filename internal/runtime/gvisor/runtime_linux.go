@@ -87,11 +87,12 @@ type sandbox struct {
 	deleted    bool
 	// exit keeps init's end for Wait.
 	exit *runtime.ExitLatch
-	// parking: the sandbox process's exit is Reclaim's checkpoint (the
-	// sandbox lives on, paused, in reclaimDir); watched is closed when
-	// the current watcher returned. reclaimed: no sandbox process runs,
-	// Resume restores it from reclaimDir.
-	parking   atomic.Bool
+	// parking: the watcher (its watched channel) whose process's exit is
+	// Reclaim's checkpoint (the sandbox lives on, paused, in reclaimDir):
+	// that watcher returns without ending the sandbox, however late.
+	// watched is closed when the current watcher returned. reclaimed: no
+	// sandbox process runs, Resume restores it from reclaimDir.
+	parking   atomic.Pointer[chan struct{}]
 	watched   chan struct{}
 	reclaimed atomic.Bool
 }
@@ -422,14 +423,15 @@ func (r *Runtime) startWatch(sb *sandbox) {
 	sb.watched = w
 	go func() {
 		defer close(w)
-		r.watch(sb)
+		r.watch(sb, w)
 	}()
 }
 
-// watch waits for the sandbox's init to end (`runsc wait`).
-func (r *Runtime) watch(sb *sandbox) {
+// watch waits for the sandbox's init to end (`runsc wait`); watched is this
+// watcher's watched channel.
+func (r *Runtime) watch(sb *sandbox, watched chan struct{}) {
 	out, err := r.runscOut(context.Background(), sb, "wait", sb.id)
-	if sb.parking.Load() {
+	if p := sb.parking.Load(); p != nil && *p == watched {
 		return // Reclaim's checkpoint ended it; the sandbox lives on
 	}
 	es := runtime.ExitStatus{ExitCode: -1, Reason: "init exited", At: time.Now()}

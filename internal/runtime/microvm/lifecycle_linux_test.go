@@ -656,3 +656,39 @@ func memMapping(t *testing.T, pid int, name string) map[string]int64 {
 	}
 	return out
 }
+
+// TestStandinSnapshotRefusesSymlink: a VMM that swaps its memory file
+// for a symlink to a host file gets the snapshot refused, and the host
+// file keeps its owner and mode (the node follows no link the VM made).
+func TestStandinSnapshotRefusesSymlink(t *testing.T) {
+	e := newStandin(t)
+	ctx := context.Background()
+	h, err := e.r.Create(ctx, e.spec(t, "sb-hostile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.r.Delete(ctx, h.ID) }()
+	if err := e.r.Start(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(t.TempDir(), "shadow")
+	if err := os.WriteFile(secret, []byte("root secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.cfg.Root(h.ID), "hostile-snapshot"), []byte(secret), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := e.r.Snapshot(ctx, h.ID, dir); err == nil || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("snapshot of a VMM that made its memory file a symlink: %v", err)
+	}
+	if fi, err := os.Stat(secret); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the host file the symlink named: %v %v", fi.Mode(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left in the snapshot dir: %v", ents)
+	}
+	if st, _ := e.r.Status(ctx, h.ID); st.State != runtime.StateRunning {
+		t.Fatalf("source after the refused snapshot: %+v", st)
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
+	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -450,7 +451,10 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Not the node's: a node restart leaves the VM running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	// Its own core-scheduling cookie from exec on (jailer and the
+	// firecracker it execs, every thread): its vCPUs never share an SMT
+	// core with another VM's.
+	if err := sched.Start(cmd, sched.StartOptions{Cookie: sched.Core().Enabled}); err != nil {
 		return errdefs.New(errdefs.ErrInternal, "microvm jailer start: %w", err)
 	}
 	pid := cmd.Process.Pid

@@ -113,8 +113,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 				frozen = time.Since(t0)
 			}()
 		}
-		meta := SnapshotMeta{Accel: st.Accel, MemoryMB: st.Plan.MemoryMB, VCPUs: st.Plan.VCPUs}
-		if err := CreateSnapshot(ctx, c, hostDir, jailDir, meta, true); err != nil {
+		if err := vmmSnapshot(ctx, c, jailDir); err != nil {
 			return fmt.Errorf("microvm %s: %w", sb.id, err)
 		}
 		for _, f := range []string{"rw.ext4", "config.img"} {
@@ -127,16 +126,9 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 	if err != nil {
 		return 0, err
 	}
-	for _, f := range []string{SnapshotStateFile, SnapshotMemFile, SnapshotMetaFile} {
-		if err := moveFile(filepath.Join(hostDir, f), filepath.Join(dir, f)); err != nil {
-			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
-		}
-		if err := os.Chown(filepath.Join(dir, f), 0, 0); err != nil {
-			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
-		}
-		if err := os.Chmod(filepath.Join(dir, f), 0o444); err != nil {
-			return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot %s: %w", f, err)
-		}
+	meta := SnapshotMeta{Accel: st.Accel, MemoryMB: st.Plan.MemoryMB, VCPUs: st.Plan.VCPUs}
+	if err := takeVMFiles(hostDir, dir, st.UID, meta); err != nil {
+		return 0, errdefs.New(errdefs.ErrInternal, "microvm %s snapshot: %w", sb.id, err)
 	}
 	m := manifest{Version: 1, SourceID: sb.id, Network: runtime.NetworkNone, FrozenNS: int64(frozen), Created: time.Now().UTC()}
 	if st.Plan.Tap != "" {
@@ -160,12 +152,95 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 	return frozen, nil
 }
 
-// moveFile renames src to dst, or copies it across filesystems.
-func moveFile(src, dst string) error {
-	if err := os.Rename(src, dst); err == nil || !errors.Is(err, unix.EXDEV) {
+// takeVMFiles moves the state and memory files firecracker wrote in
+// hostDir (a directory the VM's uid owns, so a compromised VMM could
+// have swapped a file for a symlink or a hard link to a host file) into
+// dir as root's read-only files, and writes the metadata there. hostDir
+// is made root's first, so its entries no longer change; each file must
+// be a regular file of uid with one link, opened without following a
+// symlink, and is hashed, copied, chowned and chmoded only through that
+// handle.
+func takeVMFiles(hostDir, dir string, uid int, meta SnapshotMeta) error {
+	if err := unix.Lchown(hostDir, 0, 0); err != nil {
+		return fmt.Errorf("snapshot dir: %w", err)
+	}
+	if fi, err := os.Lstat(hostDir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("snapshot dir %s is no longer a directory (%v): refused", hostDir, err)
+	}
+	files := map[string]*os.File{}
+	defer func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}()
+	for _, name := range []string{SnapshotStateFile, SnapshotMemFile} {
+		f, err := openVMFile(filepath.Join(hostDir, name), uid)
+		if err != nil {
+			return err
+		}
+		files[name] = f
+	}
+	var err error
+	if meta.StateSize, meta.StateSHA256, err = hashReader(io.NewSectionReader(files[SnapshotStateFile], 0, 1<<62)); err != nil {
+		return fmt.Errorf("snapshot state file: %w", err)
+	}
+	mem, err := files[SnapshotMemFile].Stat()
+	if err != nil {
+		return fmt.Errorf("snapshot memory file: %w", err)
+	}
+	meta.MemSize = mem.Size()
+	for _, name := range []string{SnapshotStateFile, SnapshotMemFile} {
+		if err := moveVMFile(files[name], filepath.Join(hostDir, name), filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("snapshot %s: %w", name, err)
+		}
+	}
+	if err := writeMetaFile(dir, meta); err != nil {
 		return err
 	}
-	if err := copySparse(src, dst); err != nil {
+	return os.Chmod(filepath.Join(dir, SnapshotMetaFile), 0o444)
+}
+
+// openVMFile opens path, never through a symlink, as a regular file uid
+// owns with a single link.
+func openVMFile(path string, uid int) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != uid || st.Nlink != 1 {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s is not a regular file of the VM's uid %d with one link (mode %o, uid %d, %d links): refused", path, uid, st.Mode, st.Uid, st.Nlink)
+	}
+	return f, nil
+}
+
+// moveVMFile renames src (opened as f) to dst, or copies f across
+// filesystems, and makes dst root's and read-only through f (or the
+// copy's handle), checking the renamed entry is f's inode.
+func moveVMFile(f *os.File, src, dst string) error {
+	err := os.Rename(src, dst)
+	if err == nil {
+		fi, ferr := f.Stat()
+		di, derr := os.Lstat(dst)
+		if ferr != nil || derr != nil || !os.SameFile(fi, di) {
+			_ = os.Remove(dst)
+			return fmt.Errorf("%s changed while it was moved: refused", src)
+		}
+		return errors.Join(f.Chown(0, 0), f.Chmod(0o444))
+	}
+	if !errors.Is(err, unix.EXDEV) {
+		return err
+	}
+	if err := copySparseFrom(f, dst); err != nil {
+		return err
+	}
+	if err := os.Chmod(dst, 0o444); err != nil {
 		return err
 	}
 	return os.Remove(src)
@@ -293,6 +368,11 @@ func copySparse(src, dst string) (err error) {
 		return err
 	}
 	defer func() { _ = in.Close() }()
+	return copySparseFrom(in, dst)
+}
+
+// copySparseFrom copies in to a new file dst, only in's data extents.
+func copySparseFrom(in *os.File, dst string) (err error) {
 	fi, err := in.Stat()
 	if err != nil {
 		return err

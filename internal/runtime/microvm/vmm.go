@@ -178,9 +178,6 @@ func CreateSnapshot(ctx context.Context, c *Client, dir, jailDir string, meta Sn
 	if jailDir == "" {
 		jailDir = dir
 	}
-	if err := c.PatchVM(ctx, VMPaused); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
 	defer func() {
 		if keepPaused {
 			return
@@ -189,6 +186,18 @@ func CreateSnapshot(ctx context.Context, c *Client, dir, jailDir string, meta Sn
 			err = fmt.Errorf("snapshot: resume source: %w", rerr)
 		}
 	}()
+	if err := vmmSnapshot(ctx, c, jailDir); err != nil {
+		return err
+	}
+	return writeMeta(dir, meta)
+}
+
+// vmmSnapshot has the paused VMM save its state and memory files in
+// jailDir (a path as the VMM sees it).
+func vmmSnapshot(ctx context.Context, c *Client, jailDir string) error {
+	if err := c.PatchVM(ctx, VMPaused); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
 	if err := c.CreateSnapshot(ctx, SnapshotCreate{
 		SnapshotType: SnapshotFull,
 		SnapshotPath: filepath.Join(jailDir, SnapshotStateFile),
@@ -196,11 +205,10 @@ func CreateSnapshot(ctx context.Context, c *Client, dir, jailDir string, meta Sn
 	}); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	return writeMeta(dir, meta)
+	return nil
 }
 
 func writeMeta(dir string, meta SnapshotMeta) error {
-	meta.Version = 1
 	var err error
 	if meta.StateSize, meta.StateSHA256, err = hashFile(filepath.Join(dir, SnapshotStateFile)); err != nil {
 		return errdefs.New(errdefs.ErrInternal, "snapshot state file: %w", err)
@@ -210,6 +218,13 @@ func writeMeta(dir string, meta SnapshotMeta) error {
 		return errdefs.New(errdefs.ErrInternal, "snapshot memory file: %w", err)
 	}
 	meta.MemSize = st.Size()
+	return writeMetaFile(dir, meta)
+}
+
+// writeMetaFile writes meta (its sizes and digest filled) in dir, a
+// directory only the node writes.
+func writeMetaFile(dir string, meta SnapshotMeta) error {
+	meta.Version = 1
 	b, _ := json.MarshalIndent(meta, "", "  ")
 	tmp := filepath.Join(dir, SnapshotMetaFile+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
@@ -227,8 +242,12 @@ func hashFile(path string) (int64, string, error) {
 		return 0, "", err
 	}
 	defer f.Close()
+	return hashReader(f)
+}
+
+func hashReader(r io.Reader) (int64, string, error) {
 	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, err := io.Copy(h, r)
 	if err != nil {
 		return 0, "", err
 	}

@@ -3,6 +3,7 @@ package runtimetest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -39,6 +40,10 @@ type Options struct {
 	// crash or `kill -9` would (for the container backend: SIGKILL to
 	// init's host pid). Required.
 	Kill func(t testing.TB, rt runtime.Runtime, id string)
+	// Concurrency is how many sandboxes the Concurrent case creates and
+	// starts at once (0: 10); a backend whose sandboxes are heavy (VMs
+	// under TCG) sets fewer, at least 2.
+	Concurrency int
 }
 
 // agentTimeout bounds how long a started sandbox may take to answer /health.
@@ -48,6 +53,9 @@ const agentTimeout = 20 * time.Second
 func Suite(t *testing.T, f Factory, o Options) {
 	if o.Kill == nil {
 		t.Fatal("runtimetest.Options.Kill is required")
+	}
+	if o.Concurrency == 1 || o.Concurrency < 0 {
+		t.Fatalf("runtimetest.Options.Concurrency %d: the Concurrent case needs at least 2 (0 means 10)", o.Concurrency)
 	}
 	t.Run("Capabilities", func(t *testing.T) { testCapabilities(t, f) })
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, f, o) })
@@ -63,7 +71,7 @@ func Suite(t *testing.T, f Factory, o Options) {
 	t.Run("Recover", func(t *testing.T) { testRecover(t, f, o) })
 	t.Run("DeleteWithoutRecover", func(t *testing.T) { testDeleteWithoutRecover(t, f) })
 	t.Run("LongStateDir", func(t *testing.T) { testLongStateDir(t, f, o) })
-	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, o, 10) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, f, o, cmp.Or(o.Concurrency, 10)) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, f, o) })
 	t.Run("PauseRecover", func(t *testing.T) { testPauseRecover(t, f, o) })
 	t.Run("FilesystemPause", func(t *testing.T) { testFilesystemPause(t, f, o) })

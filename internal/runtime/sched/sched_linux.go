@@ -96,27 +96,66 @@ func Policy(tid int) (uint32, error) {
 // inherits it), which is then thrown away. Every thread the child makes
 // inherits it too, so nothing of it ever runs at normal priority.
 func StartIdle(cmd *exec.Cmd) error {
+	return Start(cmd, StartOptions{Idle: true})
+}
+
+// StartOptions say what a command started with Start runs with from its
+// first instruction.
+type StartOptions struct {
+	// Idle: under SCHED_IDLE.
+	Idle bool
+	// Cookie: with a core-scheduling cookie of its own (its threads never
+	// share an SMT core with another cookie's).
+	Cookie bool
+}
+
+// Start starts cmd from an OS thread given what o asks (a child inherits a
+// thread's policy and core-scheduling cookie). The thread's policy is set
+// back after (CAP_SYS_NICE); a thread that keeps either (a cookie cannot be
+// dropped) stays locked and ends with its goroutine, so no other goroutine
+// runs with them.
+func Start(cmd *exec.Cmd, o StartOptions) error {
+	if !o.Idle && !o.Cookie {
+		return cmd.Start()
+	}
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
 		tid := unix.Gettid()
-		old, err := unix.SchedGetAttr(tid, 0)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			errc <- fmt.Errorf("scheduling policy of thread %d: %w", tid, err)
-			return
+		var old *unix.SchedAttr
+		if o.Idle {
+			a, err := unix.SchedGetAttr(tid, 0)
+			if err != nil {
+				goruntime.UnlockOSThread()
+				errc <- fmt.Errorf("scheduling policy of thread %d: %w", tid, err)
+				return
+			}
+			if err := setIdleTID(tid); err != nil {
+				goruntime.UnlockOSThread()
+				errc <- err
+				return
+			}
+			old = a
 		}
-		if err := setIdleTID(tid); err != nil {
-			goruntime.UnlockOSThread()
-			errc <- err
-			return
+		keep := false
+		var err error
+		if o.Cookie {
+			if err = unix.Prctl(prSchedCore, prSchedCoreCreate, 0, pidTypePID, 0); err != nil {
+				err = fmt.Errorf("core scheduling cookie for the starting thread: %w", err)
+			} else {
+				keep = true
+			}
 		}
-		err = cmd.Start()
-		// The thread's policy back (CAP_SYS_NICE), then it serves other
-		// goroutines again; if that fails it stays locked and ends with
-		// this goroutine, so no other goroutine runs under SCHED_IDLE.
-		old.Size = unix.SizeofSchedAttr
-		if unix.SchedSetAttr(tid, old, 0) == nil {
+		if err == nil {
+			err = cmd.Start()
+		}
+		if old != nil {
+			old.Size = unix.SizeofSchedAttr
+			if unix.SchedSetAttr(tid, old, 0) != nil {
+				keep = true
+			}
+		}
+		if !keep {
 			goruntime.UnlockOSThread()
 		}
 		errc <- err

@@ -104,3 +104,35 @@ func TestCookieOnChild(t *testing.T) {
 		t.Fatalf("child's cookie %#x (before %#x, ours %#x): want a new one of its own", after, before, own)
 	}
 }
+
+// TestStartWithCookie: a command started with Cookie has a cookie of its
+// own from its first instruction (its first thread's, read before it could
+// make one itself), and this process keeps none on its threads.
+func TestStartWithCookie(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("core scheduling cookies are read across processes as root (CAP_SYS_PTRACE)")
+	}
+	if err := KernelCoreSched(); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			t.Skipf("this kernel has no core scheduling (CONFIG_SCHED_CORE): PR_SCHED_CORE_GET: %v", err)
+		}
+		t.Fatalf("PR_SCHED_CORE_GET on this process: %v", err)
+	}
+	var cookies []uint64
+	for range 2 {
+		cmd := exec.Command("sleep", "30")
+		if err := Start(cmd, StartOptions{Cookie: true}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		c, err := Cookie(cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cookies = append(cookies, c)
+	}
+	own, _ := Cookie(unix.Gettid())
+	if cookies[0] == 0 || cookies[1] == 0 || cookies[0] == cookies[1] || own != 0 {
+		t.Fatalf("children's cookies %#x, this thread's %#x: want two new ones, none here", cookies, own)
+	}
+}

@@ -17,7 +17,7 @@ import (
 // filesystem as an EROFS layer, 1 vCPU and 256 MiB per VM.
 func TestConformance(t *testing.T) {
 	rootOnly(t)
-	runtimetest.Suite(t, conformanceFactory(t), runtimetest.Options{Exec: true, Kill: killQEMU})
+	runtimetest.Suite(t, conformanceFactory(t), runtimetest.Options{Exec: true, Kill: killQEMU, Concurrency: 4})
 }
 
 // conformanceFactory returns the suite's factory. Every instance is one

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
 )
@@ -176,6 +178,26 @@ func TestPadCopy(t *testing.T) {
 	b, err := os.ReadFile(pm[0].path)
 	if err != nil || len(b) != pmemAlign || pm[0].size != pmemAlign || string(b[:11]) != "erofs bytes" || pm[0].path != filepath.Join(dir, "vm-pmem", "sha256-ab.img") {
 		t.Fatalf("pmem copy %s: %d bytes (size %d), %v", pm[0].path, len(b), pm[0].size, err)
+	}
+	// Without a digest, two layers of one basename get their own files,
+	// named by content.
+	other := filepath.Join(dir, "b", "l.erofs")
+	if err := os.MkdirAll(filepath.Dir(other), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte("other bytes"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pm, err = r.pmemLayers([]runtime.Layer{{Path: src}, {Path: other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm[0].path == pm[1].path {
+		t.Fatalf("two layers named l.erofs share the pmem file %s", pm[0].path)
+	}
+	// Without the node's state dir: refused, never a shared temp dir.
+	if _, err := (&Runtime{}).pmemLayers([]runtime.Layer{{Path: src, Digest: "sha256:ab"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "state dir") {
+		t.Fatalf("pmem layers without a node state dir: %v; want failed precondition", err)
 	}
 }
 

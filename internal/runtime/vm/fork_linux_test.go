@@ -91,8 +91,19 @@ func TestGuestPauseResumeKeepsCounter(t *testing.T) {
 	if st, err := r.Status(ctx, id); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("status after pause: %+v %v", st, err)
 	}
+	// A snapshot of the paused VM unbinds its balloon driver (the guest
+	// runs for the call) and binds it again.
+	if _, err := r.Snapshot(ctx, id, t.TempDir()); err != nil {
+		t.Fatalf("snapshot of the paused VM: %v", err)
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != runtime.StatePaused {
+		t.Fatalf("status after the snapshot of the paused VM: %+v %v", st, err)
+	}
 	if err := r.Resume(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+	if sb, _ := r.get(id); sb.st.Balloon && !balloonBound(t, r, id) {
+		t.Error("the paused VM's balloon driver is not bound again after its snapshot")
 	}
 	v, n := waitCounter(t, r, id, n0+3)
 	if v != v0 || n < n0+3 {

@@ -53,11 +53,12 @@ func skipOrFail(t testing.TB, why string) {
 // guestRuntime is a vm backend on the real guest assets.
 func guestRuntime(t testing.TB) *Runtime {
 	t.Helper()
+	on := true // the guest tests cover the balloon (they fork only their own guests)
 	dir, why := guestAssets()
 	if dir == "" {
 		skipOrFail(t, why)
 	}
-	rt, err := New(context.Background(), Config{AssetsDir: dir, Accel: "tcg", MemoryMB: 256, NodeID: "test", BootTimeoutSec: int(guestBootTimeout / time.Second)})
+	rt, err := New(context.Background(), Config{AssetsDir: dir, Accel: "tcg", MemoryMB: 256, NodeID: "test", BootTimeoutSec: int(guestBootTimeout / time.Second), FreePageReporting: &on})
 	if err != nil {
 		t.Fatal(err)
 	}

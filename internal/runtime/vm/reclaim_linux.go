@@ -65,6 +65,12 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 		return rs, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; only a paused sandbox's memory can be reclaimed", id)
 	default:
 	}
+	if argsPmem(st.Args) {
+		// The stream would carry the read-only pmem layers' memory (the
+		// RAM goes in with x-ignore-shared off), and the restore would
+		// write it into their readonly=on mappings: QEMU fails.
+		return rs, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q maps its image layers as pmem devices (layer_device: pmem), whose memory cannot be reclaimed; it stays paused in memory (use layer_device: blk for sandboxes to reclaim)", id)
+	}
 	if reclaimed {
 		// Nothing of it is in RAM any more.
 		rs.Before = r.cgroupMemory(st.Cgroup)
@@ -353,4 +359,14 @@ func setGuestNeighbour(nsPath, dev string, addr net.IP, mac net.HardwareAddr) er
 		return fmt.Errorf("netns %s guest neighbour %s: %w: %w", nsPath, addr, errdefs.ErrInternal, err)
 	}
 	return nil
+}
+
+// argsPmem says whether QEMU arguments give the VM virtio-pmem devices.
+func argsPmem(args []string) bool {
+	for i, a := range args {
+		if a == "-device" && i+1 < len(args) && strings.HasPrefix(args[i+1], "virtio-pmem") {
+			return true
+		}
+	}
+	return false
 }

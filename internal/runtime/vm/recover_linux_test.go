@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -267,5 +268,58 @@ func TestRunStateRoundTrip(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(sd, runFile+".tmp")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("temporary file left: %v", err)
+	}
+}
+
+// TestArgsBalloon: a VM has a balloon when its arguments have the
+// device, PCI or MMIO, and not otherwise.
+func TestArgsBalloon(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"-device", "virtio-balloon-pci,free-page-reporting=on"}, true},
+		{[]string{"-device", "virtio-balloon-device,free-page-reporting=on"}, true},
+		{[]string{"-device", "virtio-blk-pci,drive=rw", "-name", "virtio-balloon"}, false},
+		{nil, false},
+	} {
+		if got := argsBalloon(c.args); got != c.want {
+			t.Errorf("argsBalloon(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
+// TestReclaimRefusesPmem: a VM whose layers are pmem devices is not
+// reclaimed (its restore would write into their read-only mappings), and
+// the error says why and what to use.
+func TestReclaimRefusesPmem(t *testing.T) {
+	sb := &sandbox{id: "sb-pmem", started: true, done: make(chan struct{}),
+		st: handleState{Args: []string{"-object", "memory-backend-file,id=l0,share=on,readonly=on", "-device", "virtio-pmem-pci,memdev=l0,id=pl0"}}}
+	r := &Runtime{sbs: map[string]*sandbox{sb.id: sb}}
+	_, err := r.Reclaim(context.Background(), sb.id)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "layer_device") {
+		t.Fatalf("reclaim of a pmem VM: %v; want failed precondition naming layer_device", err)
+	}
+}
+
+// TestFreePageReportingDefaultOff: free page reporting is off unless
+// configured on (and then only with assets that can unbind the driver),
+// and the reason says why.
+func TestFreePageReportingDefaultOff(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"features":["balloon-control"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	on, off := true, false
+	for _, c := range []struct {
+		cfg  *bool
+		want bool
+		why  string
+	}{{nil, false, "siblings"}, {&off, false, "free_page_reporting: false"}, {&on, true, "unsafe"}} {
+		r := &Runtime{cfg: Config{AssetsDir: dir, FreePageReporting: c.cfg}}
+		got, why := r.freePageReportingWhy()
+		if got != c.want || !strings.Contains(why, c.why) {
+			t.Errorf("free_page_reporting %v: %v %q; want %v, a reason naming %q", c.cfg, got, why, c.want, c.why)
+		}
 	}
 }

@@ -164,12 +164,13 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 		// they report free by punching it out of that file: the
 		// snapshot's and every other restore's. The saved guest has its
 		// balloon driver unbound, so restores never report.
-		if err := r.balloonOff(ctx, sb, q, running); err != nil {
-			return nil, err
+		if err := r.balloonSet(ctx, sb, q, running, false); err != nil {
+			return nil, fmt.Errorf("vm %s snapshot: free page reporting must be off in a snapshot: %w", sb.id, err)
 		}
-		if running && st.MemShared {
+		if st.MemShared {
+			// Bound again, a paused source too (it runs for the call).
 			defer func() {
-				if err := r.setBalloon(context.WithoutCancel(ctx), sb, true); err != nil {
+				if err := r.balloonSet(context.WithoutCancel(ctx), sb, q, running, true); err != nil {
 					log.G(ctx).Warn("vm snapshot: free page reporting stays off on the source", log.SandboxID(sb.id), log.Err(err))
 				}
 			}()
@@ -248,12 +249,12 @@ func (r *Runtime) writeManifest(ctx context.Context, sb *sandbox, dir, memDst st
 	return m, nil
 }
 
-// balloonOff unbinds the guest's balloon driver before a snapshot; a
-// paused guest runs for it (and is paused again).
-func (r *Runtime) balloonOff(ctx context.Context, sb *sandbox, q *qmpClient, running bool) error {
+// balloonSet binds (on) or unbinds the guest's balloon driver around a
+// snapshot; a paused guest runs for it (and is paused again).
+func (r *Runtime) balloonSet(ctx context.Context, sb *sandbox, q *qmpClient, running, on bool) error {
 	if !running {
 		if _, err := q.Execute(ctx, "cont", nil); err != nil {
-			return fmt.Errorf("vm %s snapshot: %w", sb.id, err)
+			return err
 		}
 		defer func() {
 			if _, err := q.Execute(context.WithoutCancel(ctx), "stop", nil); err != nil {
@@ -261,10 +262,7 @@ func (r *Runtime) balloonOff(ctx context.Context, sb *sandbox, q *qmpClient, run
 			}
 		}()
 	}
-	if err := r.setBalloon(ctx, sb, false); err != nil {
-		return fmt.Errorf("vm %s snapshot: free page reporting must be off in a snapshot: %w", sb.id, err)
-	}
-	return nil
+	return r.setBalloon(ctx, sb, on)
 }
 
 // snapshotReclaimed is the snapshot of a reclaimed VM: its saved state

@@ -105,6 +105,12 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		r.accel, r.why = string(res.Accel), res.Reason
 	}
 	slog.Info("vm backend", "qemu", p, "accel", r.accel, "why", r.why, "machine", cfg.Machine)
+	on, why := r.freePageReportingWhy()
+	if cfg.FreePageReporting != nil && *cfg.FreePageReporting {
+		slog.Warn("vm free page reporting", "on", on, "why", why)
+	} else {
+		slog.Info("vm free page reporting", "on", on, "why", why)
+	}
 	return r, nil
 }
 
@@ -283,6 +289,9 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		if sb.st.Args, err = from.prepare(ctx, spec, mem, sb.st.MAC); err != nil {
 			return runtime.Handle{}, err
 		}
+		// The saved guest may have its balloon driver bound (a reclaimed
+		// VM's state): a snapshot of this one must unbind it.
+		sb.st.Balloon = argsBalloon(sb.st.Args)
 		sb.st.Incoming = filepath.Join(spec.StateDir, "state")
 		sb.st.IncomingStreamRAM = !from.m.IgnoreShared
 		sb.st.MemShared = !from.m.IgnoreShared // its own RAM file (prepare)
@@ -418,7 +427,11 @@ const pmemAlign = 2 << 20
 // pmemLayers returns the layers' padded copies, making those that do not
 // exist yet (one per digest, shared by every VM of the node).
 func (r *Runtime) pmemLayers(layers []runtime.Layer) ([]pmemLayer, error) {
-	dir := filepath.Join(cmp.Or(r.cfg.NodeStateDir, os.TempDir()), "vm-pmem")
+	if r.cfg.NodeStateDir == "" {
+		// Never a shared temp dir: a local user could make the files QEMU maps.
+		return nil, fmt.Errorf("vm layer_device pmem: %w: the backend has no node state dir for the layers' device files; run it in a node (its state dir) or set layer_device to blk", errdefs.ErrFailedPrecondition)
+	}
+	dir := filepath.Join(r.cfg.NodeStateDir, "vm-pmem")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("vm pmem layer dir: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -429,7 +442,16 @@ func (r *Runtime) pmemLayers(layers []runtime.Layer) ([]pmemLayer, error) {
 			return nil, fmt.Errorf("rootfs.layers[%d] %s: %w: %w", i, l.Path, errdefs.ErrFailedPrecondition, err)
 		}
 		size := (fi.Size() + pmemAlign - 1) / pmemAlign * pmemAlign
-		name := strings.NewReplacer(":", "-", "/", "-").Replace(cmp.Or(l.Digest, filepath.Base(l.Path))) + ".img"
+		id := l.Digest
+		if id == "" {
+			// Named by content: two layers of one basename never share a file.
+			sum, err := sumFile(l.Path, true)
+			if err != nil {
+				return nil, fmt.Errorf("rootfs.layers[%d] %s: %w: %w", i, l.Path, errdefs.ErrFailedPrecondition, err)
+			}
+			id = "sha256:" + sum.SHA256
+		}
+		name := strings.NewReplacer(":", "-", "/", "-").Replace(id) + ".img"
 		p := filepath.Join(dir, name)
 		if st, err := os.Stat(p); err != nil || st.Size() != size {
 			if err := padCopy(l.Path, p, size); err != nil {
@@ -480,14 +502,42 @@ func (r *Runtime) assetFeature(feature string) bool {
 	return json.Unmarshal(b, &m) == nil && slices.Contains(m.Features, feature)
 }
 
-// freePageReporting says whether a new VM gets the balloon device: as
-// configured (default on), and only with guest assets whose init can unbind
-// its driver before a snapshot.
+// freePageReporting says whether a new VM gets the balloon device.
 func (r *Runtime) freePageReporting() bool {
-	if r.cfg.FreePageReporting != nil && !*r.cfg.FreePageReporting {
-		return false
+	on, _ := r.freePageReportingWhy()
+	return on
+}
+
+// freePageReportingWhy says whether a new VM gets the balloon device, and
+// why: only when configured on, and only with guest assets whose init can
+// unbind its driver before a snapshot. It is off by default: a restore
+// maps the snapshot's RAM file private, and QEMU (7.2, and every release
+// since: ram_block_discard_range only warns about private file mappings
+// since 8.1) discards a page such a guest reports free by punching it out
+// of the file itself, so root in one restored guest could rebind the
+// driver and corrupt the memory of the snapshot and of every sibling fork.
+func (r *Runtime) freePageReportingWhy() (bool, string) {
+	if r.cfg.FreePageReporting == nil {
+		return false, "off by default: QEMU punches a page a restored guest reports free out of the snapshot's shared RAM file, so root in one fork could corrupt its siblings; set free_page_reporting: true only where every fork's guest is trusted"
 	}
-	return r.assetFeature(featureBalloonControl)
+	if !*r.cfg.FreePageReporting {
+		return false, "off (free_page_reporting: false)"
+	}
+	if !r.assetFeature(featureBalloonControl) {
+		return false, "configured on, but the guest assets do not list " + featureBalloonControl + ": rebuild them (make guest-assets)"
+	}
+	return true, "on (free_page_reporting: true): unsafe with forks of untrusted guests, root in one restored guest could rebind its balloon driver and corrupt the snapshot's RAM file its sibling forks share"
+}
+
+// argsBalloon says whether QEMU arguments give the VM a virtio-balloon
+// (its guest may have the driver bound, whatever the node's setting).
+func argsBalloon(args []string) bool {
+	for i, a := range args {
+		if a == "-device" && i+1 < len(args) && strings.HasPrefix(args[i+1], "virtio-balloon") {
+			return true
+		}
+	}
+	return false
 }
 
 // featureBalloonControl is the assets' manifest feature of a guest init
@@ -706,13 +756,10 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 	cmd.ExtraFiles = socks
 	// QEMU is not the node's: its own session, so a node restart leaves it running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if runtime.CPUClass(sb.st.CPUClass) == runtime.CPUBestEffort {
-		// Under SCHED_IDLE from exec on: every QEMU thread (vCPUs
-		// included) inherits it.
-		err = sched.StartIdle(cmd)
-	} else {
-		err = cmd.Start()
-	}
+	// Under SCHED_IDLE (best effort) and with its own core-scheduling
+	// cookie from exec on: every QEMU thread (vCPUs included) inherits
+	// them, so its vCPUs never share an SMT core with another VM's.
+	err = sched.Start(cmd, sched.StartOptions{Idle: runtime.CPUClass(sb.st.CPUClass) == runtime.CPUBestEffort, Cookie: sched.Core().Enabled})
 	// QEMU has its copies; one kept here would hold connections in the
 	// backlog after QEMU is gone.
 	for _, f := range socks {
@@ -761,13 +808,6 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 	}
 	if err := joinCgroup(sb.st.Cgroup, pid); err != nil {
 		return fail(err)
-	}
-	if sched.Core().Enabled {
-		// Its own core-scheduling cookie (inherited by the threads it
-		// makes): its vCPUs never share an SMT core with another VM's.
-		if err := sched.CreateCookie(pid); err != nil {
-			return fail(fmt.Errorf("vm %s: %w: %w", id, errdefs.ErrInternal, err))
-		}
 	}
 	go r.watchLogs(sb, exited)
 	q, err := r.connectQMP(ctx, sb)
@@ -1333,6 +1373,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if len(rs.Args) > 0 {
 		st.Args, st.MemShared = rs.Args, true
 	}
+	st.Balloon = st.Balloon || argsBalloon(st.Args)
 	started := pid > 0
 	if !r.isOurQEMU(pid, stime, h.ID, st.StateDir) {
 		pid, stime = 0, 0
@@ -1344,9 +1385,19 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			pid, stime, started = pids[0], procStartTime(pids[0]), true
 		}
 	}
-	// A reclaimed sandbox has no QEMU (one found running is a restore
-	// the node died in, and is taken as the sandbox): it is paused, its
-	// state on disk until Resume.
+	// A reclaimed sandbox has no QEMU. One found is a restore the node
+	// died in: still waiting for or loading the saved state (inmigrate,
+	// prelaunch), it is killed and the sandbox stays reclaimed; past that
+	// it holds the guest and is taken as the sandbox.
+	if rs.Reclaimed && pid > 0 && hasReclaimState(st.StateDir) && r.midRestore(ctx, st.StateDir) {
+		slog.Warn("vm recover: a restore from reclaim the node died in is killed; the sandbox stays reclaimed", "id", h.ID, "pid", pid)
+		if err := killWait(pid, 10*time.Second); err != nil {
+			return fmt.Errorf("vm %s recover: kill the interrupted restore's qemu %d: %w: %w", h.ID, pid, errdefs.ErrInternal, err)
+		}
+		_ = os.Remove(st.MemPath)
+		_ = writeRunState(st.StateDir, runState{ID: h.ID, Reclaimed: true, Args: rs.Args})
+		pid, stime = 0, 0
+	}
 	reclaimed := rs.Reclaimed && pid == 0 && hasReclaimState(st.StateDir)
 	if reclaimed {
 		started = true
@@ -1400,6 +1451,48 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		}
 	}
 	return nil
+}
+
+// midRestore says whether the QEMU serving sd's qmp.sock has no guest
+// running yet: it waits for or loads an incoming state.
+func (r *Runtime) midRestore(ctx context.Context, sd string) bool {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := dialQMP(qctx, filepath.Join(sd, "qmp.sock"))
+	if err != nil {
+		return false
+	}
+	defer q.Close()
+	st, err := q.Status(qctx)
+	return err == nil && (st == "inmigrate" || st == "prelaunch")
+}
+
+// killWait kills pid (not necessarily a child) and waits, at most d, until
+// it is gone.
+func killWait(pid int, d time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	for deadline := time.Now().Add(d); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("still running %s after SIGKILL", d)
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
 }
 
 func procStartTime(pid int) uint64 {

@@ -47,6 +47,8 @@ type Server struct {
 	// OnCtrlAltDel runs after SendCtrlAltDel was answered (the guest
 	// powers off, Firecracker exits).
 	OnCtrlAltDel func()
+	// OnSnapshot runs after a snapshot's files were written.
+	OnSnapshot func(statePath, memPath string)
 
 	mu         sync.Mutex
 	calls      []string // "PUT /machine-config", in order
@@ -264,6 +266,9 @@ func (f *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				Fault(w, http.StatusBadRequest, "Create snapshot error: "+err.Error())
 				return
+			}
+			if f.OnSnapshot != nil {
+				f.OnSnapshot(str("snapshot_path"), str("mem_file_path"))
 			}
 			break
 		}

@@ -204,6 +204,14 @@ func firecracker(args []string) error {
 	s.OnStart = a.serve
 	s.OnStartFailed = func() { os.Exit(1) }
 	s.OnCtrlAltDel = func() { os.Exit(0) }
+	// A hostile VMM: with /hostile-snapshot in its chroot, it swaps the
+	// memory file it wrote for a symlink to the path that file names.
+	s.OnSnapshot = func(_, mem string) {
+		if target, err := os.ReadFile("/hostile-snapshot"); err == nil {
+			_ = os.Remove(mem)
+			_ = os.Symlink(strings.TrimSpace(string(target)), mem)
+		}
+	}
 	return http.Serve(ln, s)
 }
 
