@@ -263,10 +263,12 @@ func (r agentRuntime) AgentConn(ctx context.Context, id string) (net.Conn, error
 
 // socketPair is a connected pair of unix stream sockets.
 func socketPair() (net.Conn, net.Conn, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 	if err != nil {
 		return nil, nil, err
 	}
+	unix.CloseOnExec(fds[0])
+	unix.CloseOnExec(fds[1])
 	var conns [2]net.Conn
 	for i, fd := range fds {
 		f := os.NewFile(uintptr(fd), "agent")
