@@ -1,0 +1,119 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/errdefs"
+)
+
+// vhostVsockPath is the host's vhost-vsock device.
+const vhostVsockPath = "/dev/vhost-vsock"
+
+// vhostVsock says whether this host can give VMs a vhost-vsock device
+// (path opens read-write), and why.
+func vhostVsock(path string) (bool, string) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	switch {
+	case err == nil:
+		_ = f.Close()
+		return true, path + " opens"
+	case errors.Is(err, os.ErrNotExist):
+		return false, "no " + path + ": the vhost_vsock module is not loaded (modprobe vhost_vsock) or this host is itself a VM whose kernel has none"
+	default:
+		return false, "open " + path + ": " + err.Error()
+	}
+}
+
+// dialVsock connects to port on guest cid over AF_VSOCK, within ctx.
+func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
+	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("vsock socket: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	addr := vsockAddr{cid: cid, port: port}
+	err = unix.Connect(fd, &unix.SockaddrVM{CID: cid, Port: port})
+	if err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, err)
+	}
+	f := os.NewFile(uintptr(fd), "vsock")
+	c := &vsockConn{f: f, fd: fd, addr: addr}
+	if err == nil {
+		return c, nil
+	}
+	// In progress: wait for writability (the poller), bounded by ctx.
+	if d, ok := ctx.Deadline(); ok {
+		_ = f.SetWriteDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
+	defer stop()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrInternal, err)
+	}
+	var soErr error
+	werr := rc.Write(func(uintptr) bool {
+		n, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			soErr = err
+			return true
+		}
+		switch e := unix.Errno(n); {
+		case n == 0:
+			// The first call comes before any wait: connected only once
+			// the socket has a peer.
+			_, err := unix.Getpeername(fd)
+			return !errors.Is(err, unix.ENOTCONN)
+		case e == unix.EINPROGRESS || e == unix.EALREADY || e == unix.EINTR:
+			return false
+		default:
+			soErr = e
+			return true
+		}
+	})
+	if werr == nil {
+		werr = soErr
+	}
+	if werr != nil {
+		_ = f.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrCanceled, ctx.Err())
+		}
+		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, werr)
+	}
+	_ = f.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+type vsockAddr struct{ cid, port uint32 }
+
+func (a vsockAddr) Network() string { return "vsock" }
+func (a vsockAddr) String() string  { return fmt.Sprintf("vsock:%d:%d", a.cid, a.port) }
+
+// vsockConn is a connected AF_VSOCK stream socket (package net does not
+// know the family): an os.File on a non-blocking fd, served by Go's poller.
+type vsockConn struct {
+	f    *os.File
+	fd   int
+	addr net.Addr
+}
+
+func (c *vsockConn) Read(p []byte) (int, error)         { return c.f.Read(p) }
+func (c *vsockConn) Write(p []byte) (int, error)        { return c.f.Write(p) }
+func (c *vsockConn) Close() error                       { return c.f.Close() }
+func (c *vsockConn) LocalAddr() net.Addr                { return c.addr }
+func (c *vsockConn) RemoteAddr() net.Addr               { return c.addr }
+func (c *vsockConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
+func (c *vsockConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
+func (c *vsockConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+
+// CloseWrite half-closes the connection.
+func (c *vsockConn) CloseWrite() error { return unix.Shutdown(c.fd, unix.SHUT_WR) }
