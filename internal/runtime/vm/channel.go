@@ -54,7 +54,13 @@ func decideChannel(configured string, vsockOK bool, vsockWhy string) (string, st
 type cidAllocator struct {
 	mu   sync.Mutex
 	used map[uint32]string // CID -> sandbox ID
+	// taken, if set, says whether a CID is held outside this backend
+	// (another node's VM on the host): such a CID is skipped.
+	taken func(cid uint32) bool
 }
+
+// maxCIDProbes bounds the CIDs alloc skips as taken elsewhere.
+const maxCIDProbes = 4096
 
 // alloc gives id a CID of its own.
 func (a *cidAllocator) alloc(id string) uint32 {
@@ -63,11 +69,17 @@ func (a *cidAllocator) alloc(id string) uint32 {
 	if a.used == nil {
 		a.used = map[uint32]string{}
 	}
+	skipped := 0
 	for c := uint32(firstGuestCID); ; c++ {
-		if _, ok := a.used[c]; !ok {
-			a.used[c] = id
-			return c
+		if _, ok := a.used[c]; ok {
+			continue
 		}
+		if a.taken != nil && skipped < maxCIDProbes && a.taken(c) {
+			skipped++
+			continue
+		}
+		a.used[c] = id
+		return c
 	}
 }
 

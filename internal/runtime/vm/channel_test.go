@@ -102,3 +102,11 @@ func TestSetArgsCID(t *testing.T) {
 		t.Fatalf("setArgsCID mid-string: %q", got[1])
 	}
 }
+
+// A CID another program's VM holds on the host is skipped.
+func TestCIDAllocatorSkipsTakenOnHost(t *testing.T) {
+	a := cidAllocator{taken: func(c uint32) bool { return c == 3 || c == 5 }}
+	if c1, c2, c3 := a.alloc("a"), a.alloc("b"), a.alloc("c"); c1 != 4 || c2 != 6 || c3 != 7 {
+		t.Fatalf("cids %d %d %d beside 3 and 5 taken elsewhere; want 4 6 7", c1, c2, c3)
+	}
+}

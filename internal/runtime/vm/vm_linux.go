@@ -106,6 +106,9 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 	cfg.QEMUPath = p
 	r := &Runtime{cfg: cfg, sbs: map[string]*sandbox{}, accel: cfg.Accel, why: "configured"}
 	r.vsockOK, r.vsockWhy = vhostVsock(vhostVsockPath)
+	if r.vsockOK {
+		r.cids.taken = cidTakenOnHost
+	}
 	if r.channel, r.channelWhy, err = decideChannel(cfg.AgentChannel, r.vsockOK, r.vsockWhy); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,24 @@ func vhostVsock(path string) (bool, string) {
 	default:
 		return false, "open " + path + ": " + err.Error()
 	}
+}
+
+// vhostVsockSetGuestCID is VHOST_VSOCK_SET_GUEST_CID, _IOW(0xAF, 0x60, __u64).
+const vhostVsockSetGuestCID = 0x4008af60
+
+// cidTakenOnHost says whether another vhost-vsock device on the host (a
+// VM of another node or program) has cid: setting it on a device of our
+// own fails with EADDRINUSE then. The device is closed at once, so the
+// CID is free again; QEMU sets it on its own device moments later.
+func cidTakenOnHost(cid uint32) bool {
+	f, err := os.OpenFile(vhostVsockPath, os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = f.Close() }()
+	v := uint64(cid)
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), vhostVsockSetGuestCID, uintptr(unsafe.Pointer(&v)))
+	return e == unix.EADDRINUSE
 }
 
 // dialVsock connects to port on guest cid over AF_VSOCK, within ctx.
