@@ -103,8 +103,11 @@ func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
 	}
 	if werr != nil {
 		_ = f.Close()
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(ctx.Err(), context.Canceled):
 			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrCanceled, ctx.Err())
+		case ctx.Err() != nil || errors.Is(werr, os.ErrDeadlineExceeded):
+			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrDeadlineExceeded, werr)
 		}
 		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, werr)
 	}
