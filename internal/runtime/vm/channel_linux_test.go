@@ -107,3 +107,15 @@ func TestRecoverKeepsAgentCID(t *testing.T) {
 		t.Fatalf("cids after Delete: %v; want [4]", got)
 	}
 }
+
+// A vsock VM's AgentConn dials AF_VSOCK at its CID; a done context is
+// refused before any connect (nothing is sent).
+func TestAgentConnVsockHonoursContext(t *testing.T) {
+	r := &Runtime{sbs: map[string]*sandbox{"v": {id: "v", st: handleState{AgentCID: 9}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := r.AgentConn(ctx, "v")
+	if !errors.Is(err, errdefs.ErrCanceled) || !strings.Contains(err.Error(), "vsock:9:1024") {
+		t.Fatalf("AgentConn with a done context: %v; want canceled naming vsock:9:1024", err)
+	}
+}

@@ -52,6 +52,9 @@ func cidTakenOnHost(cid uint32) bool {
 
 // dialVsock connects to port on guest cid over AF_VSOCK, within ctx.
 func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("vsock connect %s: %w: %w", vsockAddr{cid: cid, port: port}, errdefs.ErrCanceled, err)
+	}
 	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("vsock socket: %w: %w", errdefs.ErrUnavailable, err)
