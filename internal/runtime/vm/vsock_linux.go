@@ -65,57 +65,51 @@ func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, err)
 	}
-	f := os.NewFile(uintptr(fd), "vsock")
-	c := &vsockConn{f: f, fd: fd, addr: addr}
-	if err == nil {
-		return c, nil
-	}
-	// In progress: wait for writability (the poller), bounded by ctx.
-	if d, ok := ctx.Deadline(); ok {
-		_ = f.SetWriteDeadline(d)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
-	defer stop()
-	rc, err := f.SyscallConn()
 	if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrInternal, err)
+		// In progress: poll in short slices, so ctx is looked at between them.
+		if err := waitConnected(ctx, fd); err != nil {
+			_ = unix.Close(fd)
+			switch {
+			case errors.Is(ctx.Err(), context.Canceled):
+				return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrCanceled, ctx.Err())
+			case ctx.Err() != nil:
+				return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrDeadlineExceeded, ctx.Err())
+			}
+			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, err)
+		}
 	}
-	var soErr error
-	werr := rc.Write(func(uintptr) bool {
-		n, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	// Non-blocking: os.NewFile registers it with Go's poller.
+	return &vsockConn{f: os.NewFile(uintptr(fd), "vsock"), fd: fd, addr: addr}, nil
+}
+
+// waitConnected waits until a non-blocking connect on fd has ended: nil
+// once the socket has a peer, else its error (or ctx's).
+func waitConnected(ctx context.Context, fd int) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(pfd, 50)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if n == 0 || err != nil {
+			continue
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
 		if err != nil {
-			soErr = err
-			return true
+			return err
 		}
-		switch e := unix.Errno(n); {
-		case n == 0:
-			// The first call comes before any wait: connected only once
-			// the socket has a peer.
-			_, err := unix.Getpeername(fd)
-			return !errors.Is(err, unix.ENOTCONN)
-		case e == unix.EINPROGRESS || e == unix.EALREADY || e == unix.EINTR:
-			return false
-		default:
-			soErr = e
-			return true
+		if soErr != 0 {
+			return unix.Errno(soErr)
 		}
-	})
-	if werr == nil {
-		werr = soErr
+		if _, err := unix.Getpeername(fd); err == nil {
+			return nil
+		}
+		// Ready without a peer and without an error: it was reset.
+		return unix.ECONNRESET
 	}
-	if werr != nil {
-		_ = f.Close()
-		switch {
-		case errors.Is(ctx.Err(), context.Canceled):
-			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrCanceled, ctx.Err())
-		case ctx.Err() != nil || errors.Is(werr, os.ErrDeadlineExceeded):
-			return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrDeadlineExceeded, werr)
-		}
-		return nil, fmt.Errorf("vsock connect %s: %w: %w", addr, errdefs.ErrUnavailable, werr)
-	}
-	_ = f.SetWriteDeadline(time.Time{})
-	return c, nil
 }
 
 type vsockAddr struct{ cid, port uint32 }
