@@ -98,6 +98,14 @@ type Config struct {
 	// sections), one per layer digest under the node's state dir.
 	LayerDevice string `json:"layer_device,omitempty"`
 
+	// AgentChannel is how the host reaches a booted VM's agent: "auto"
+	// (default: vsock where the host has vhost-vsock, else serial),
+	// "serial" (yamux over a virtio-serial port, internal/vmchan) or
+	// "vsock" (a vhost-vsock device with a guest CID per VM; refused at
+	// open where /dev/vhost-vsock does not open). A restore keeps its
+	// snapshot's channel.
+	AgentChannel string `json:"agent_channel,omitempty"`
+
 	// BootTimeoutSec bounds Start's wait for the guest's agent (0: DefaultBootTimeout).
 	BootTimeoutSec int `json:"boot_timeout_sec,omitempty"`
 
@@ -143,6 +151,13 @@ func (c *Config) defaults() error {
 	}
 	if c.LayerDevice == LayerPmem && c.Machine != "q35" {
 		return fmt.Errorf("node.backends.vm.layer_device %q: %w: it needs machine \"q35\" (QEMU's microvm has no memory-device slots: the guest never sees a virtio-pmem device); set machine to \"q35\" or layer_device to %q", c.LayerDevice, errdefs.ErrInvalidArgument, LayerBlk)
+	}
+	switch c.AgentChannel {
+	case "":
+		c.AgentChannel = ChannelAuto
+	case ChannelAuto, ChannelSerial, ChannelVsock:
+	default:
+		return fmt.Errorf("node.backends.vm.agent_channel %q: %w: use %q (default), %q or %q", c.AgentChannel, errdefs.ErrInvalidArgument, ChannelAuto, ChannelSerial, ChannelVsock)
 	}
 	if c.VCPUs < 0 {
 		return fmt.Errorf("node.backends.vm.vcpus %d: %w: use 0 (default %d) or more", c.VCPUs, errdefs.ErrInvalidArgument, DefaultVCPUs)
@@ -216,6 +231,9 @@ type handleState struct {
 	// guest driver a snapshot unbinds first (and binds again after, on a
 	// VM that maps its own RAM file shared).
 	Balloon bool `json:"balloon,omitempty"`
+	// AgentCID is the guest CID of the VM's vhost-vsock device, which
+	// carries its agent channel; 0: the virtio-serial port does.
+	AgentCID uint32 `json:"agent_cid,omitempty"`
 	// CPUClass is the sandbox's runtime.CPUClass.
 	CPUClass string `json:"cpu_class,omitempty"`
 }

@@ -46,6 +46,14 @@ type Runtime struct {
 	// privateSnapshots puts guest RAM into the migration stream (restores
 	// get private copies): the benchmark's comparison with shared pages.
 	privateSnapshots bool
+
+	// channel is the agent channel of VMs this backend boots (decideChannel),
+	// and why; vsockOK says whether the host has vhost-vsock (a restore
+	// of a vsock VM needs it whatever channel is configured).
+	channel, channelWhy string
+	vsockOK             bool
+	vsockWhy            string
+	cids                cidAllocator
 }
 
 type sandbox struct {
@@ -97,6 +105,13 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 	}
 	cfg.QEMUPath = p
 	r := &Runtime{cfg: cfg, sbs: map[string]*sandbox{}, accel: cfg.Accel, why: "configured"}
+	r.vsockOK, r.vsockWhy = vhostVsock(vhostVsockPath)
+	if r.vsockOK {
+		r.cids.taken = cidTakenOnHost
+	}
+	if r.channel, r.channelWhy, err = decideChannel(cfg.AgentChannel, r.vsockOK, r.vsockWhy); err != nil {
+		return nil, err
+	}
 	if cfg.Accel == "auto" {
 		res, err := kvmprobe.Detect(ctx, kvmprobe.Options{})
 		if err != nil {
@@ -104,7 +119,7 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		}
 		r.accel, r.why = string(res.Accel), res.Reason
 	}
-	slog.Info("vm backend", "qemu", p, "accel", r.accel, "why", r.why, "machine", cfg.Machine)
+	slog.Info("vm backend", "qemu", p, "accel", r.accel, "why", r.why, "machine", cfg.Machine, "agent_channel", r.channel, "agent_channel_why", r.channelWhy)
 	on, why := r.freePageReportingWhy()
 	if cfg.FreePageReporting != nil && *cfg.FreePageReporting {
 		slog.Warn("vm free page reporting", "on", on, "why", why)
@@ -116,6 +131,10 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 
 // Accel is the accelerator every VM of this backend gets, and why.
 func (r *Runtime) Accel() (string, string) { return r.accel, r.why }
+
+// AgentChannel is the agent channel of the VMs this backend boots
+// ("serial" or "vsock"), and why.
+func (r *Runtime) AgentChannel() (string, string) { return r.channel, r.channelWhy }
 
 // Info implements runtime.Runtime.
 func (r *Runtime) Info() runtime.Info {
@@ -229,6 +248,9 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	mem := r.memPath(spec.ID)
 	defer func() {
 		if err != nil {
+			if sb.st.AgentCID != 0 {
+				r.cids.release(spec.ID, sb.st.AgentCID)
+			}
 			removeCgroup(cg)
 			for _, f := range ownedFiles {
 				_ = os.Remove(filepath.Join(spec.StateDir, f))
@@ -274,6 +296,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		sb.st.MemShared = true
 		sb.st.Balloon = r.freePageReporting()
 		o := argOpts{balloon: sb.st.Balloon}
+		if r.channel == ChannelVsock {
+			sb.st.AgentCID = r.cids.alloc(spec.ID)
+			o.cid = sb.st.AgentCID
+		}
 		if r.cfg.LayerDevice == LayerPmem && r.assetFeature(featurePmemLayers) {
 			if o.pmem, err = r.pmemLayers(spec.Rootfs.Layers); err != nil {
 				return runtime.Handle{}, err
@@ -286,8 +312,19 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 			// address stays (the network is the same in every namespace).
 			sb.st.MAC = cloneMAC(spec.ID, spec.Network.MAC).String()
 		}
+		if argsVsock(from.m.Args) {
+			// The snapshot's guest serves its agent on vsock: the clone
+			// needs vhost-vsock and a CID of its own.
+			if !r.vsockOK {
+				return runtime.Handle{}, fmt.Errorf("vm restore: %w: the snapshot's VM reached its agent over vsock, and %s", errdefs.ErrFailedPrecondition, r.vsockWhy)
+			}
+			sb.st.AgentCID = r.cids.alloc(spec.ID)
+		}
 		if sb.st.Args, err = from.prepare(ctx, spec, mem, sb.st.MAC); err != nil {
 			return runtime.Handle{}, err
+		}
+		if sb.st.AgentCID != 0 {
+			sb.st.Args = setArgsCID(sb.st.Args, sb.st.AgentCID)
 		}
 		// The saved guest may have its balloon driver bound (a reclaimed
 		// VM's state): a snapshot of this one must unbind it.
@@ -405,6 +442,9 @@ func listenAt(dir *os.File, name string) (*os.File, error) {
 // argOpts are the command line's optional devices.
 type argOpts struct {
 	balloon bool // virtio-balloon with free page reporting
+	// cid: the agent channel is a vhost-vsock device with this guest CID
+	// (0: the virtio-serial port).
+	cid uint32
 	// pmem are the layers' padded copies (pmemLayer) for virtio-pmem, in
 	// layer order; nil: layers are virtio-blk disks.
 	pmem []pmemLayer
@@ -581,6 +621,9 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 		// use here: measured 66 MiB more guest RAM touched per VM.
 		cmdline = append(cmdline, "opendsec.layerdev=pmem", "swiotlb=noforce")
 	}
+	if o.cid != 0 {
+		cmdline = append(cmdline, "opendsec.agent=vsock")
+	}
 	memArg := strconv.FormatInt(memMB, 10) + "M"
 	if o.pmem != nil {
 		extra := int64(0)
@@ -628,10 +671,14 @@ func (r *Runtime) args(spec runtime.Spec, vcpus int, memMB int64, disk, mem stri
 		a = append(a, "-drive", "file="+l.Path+",format=raw,if=none,readonly=on,id="+id, "-device", dev("virtio-blk")+",drive="+id)
 	}
 	a = append(a, "-drive", "file="+disk+",format=raw,if=none,cache=unsafe,id=rw", "-device", dev("virtio-blk")+",drive=rw",
-		"-drive", "file="+filepath.Join(sd, "config.img")+",format=raw,if=none,readonly=on,id=config", "-device", dev("virtio-blk")+",drive=config",
-		"-device", dev("virtio-serial"),
-		"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=agent")
+		"-drive", "file="+filepath.Join(sd, "config.img")+",format=raw,if=none,readonly=on,id=config", "-device", dev("virtio-blk")+",drive=config")
+	if o.cid != 0 {
+		a = append(a, "-device", vsockDevice(r.cfg.Machine, o.cid))
+	} else {
+		a = append(a, "-device", dev("virtio-serial"),
+			"-chardev", "socket,id=agent,fd="+strconv.Itoa(agentFD)+",server=on,wait=off",
+			"-device", "virtserialport,chardev=agent,name=agent")
+	}
 	if o.balloon {
 		// Free pages the guest reports are discarded (a hole punched in
 		// the RAM file); deflate-on-oom lets a guest under memory pressure
@@ -1273,6 +1320,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	sb.mu.Unlock()
 	sb.closeAgent()
 	removeCgroup(sb.st.Cgroup)
+	if sb.st.AgentCID != 0 {
+		r.cids.release(id, sb.st.AgentCID)
+	}
 	if sb.st.MemPath != "" {
 		if err := os.Remove(sb.st.MemPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("vm %s delete memory file: %w: %w", id, errdefs.ErrInternal, err)
@@ -1416,6 +1466,12 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	r.sbs[h.ID] = sb
 	r.mu.Unlock()
+	if st.AgentCID != 0 {
+		// Kept: the running QEMU (or a reclaimed VM's restore) has it.
+		if err := r.cids.keep(h.ID, st.AgentCID); err != nil {
+			slog.Warn("vm recover: guest cid", "id", h.ID, "err", err)
+		}
+	}
 	if !started || reclaimed {
 		return nil
 	}
@@ -1524,11 +1580,20 @@ func (r *Runtime) Handle(id string) (runtime.Handle, error) {
 }
 
 // AgentConn implements runtime.Runtime: one yamux stream (internal/vmchan)
-// over the agent's virtio-serial port, whose chardev socket is in StateDir.
+// over the agent's virtio-serial port, whose chardev socket is in StateDir;
+// or, on a VM with a vhost-vsock device, one AF_VSOCK connection to the
+// guest's AgentVsockPort.
 func (r *Runtime) AgentConn(ctx context.Context, id string) (net.Conn, error) {
 	sb, err := r.get(id)
 	if err != nil {
 		return nil, err
+	}
+	if cid := sb.st.AgentCID; cid != 0 {
+		conn, err := dialVsock(ctx, cid, AgentVsockPort)
+		if err != nil {
+			return nil, fmt.Errorf("vm %s agent: %w", id, err)
+		}
+		return conn, nil
 	}
 	c, err := sb.agentClient(ctx)
 	if err != nil {
