@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	nlconn "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -134,7 +135,13 @@ func New(ctx context.Context, cfg Config, dataDir string) (*Manager, error) {
 	if cfg.NodeNetNS != "" {
 		opts = append(opts, nftables.WithNetNSFd(int(nodeNS)))
 	}
-	// A lasting connection keeps its socket in the node namespace.
+	// A lasting connection keeps its socket in the node namespace. Its
+	// receive buffer is large: google/nftables v0.3.0's Flush waits for one
+	// ack per message, and acks the kernel dropped for want of room
+	// (ENOBUFS, which ends that Flush early) are then missing from the next
+	// one, which waits for them forever; a group commit of many sandboxes
+	// sends many messages.
+	opts = append(opts, nftables.WithSockOptions(bigReceiveBuffer))
 	conn, err := nftables.New(append(opts, nftables.AsLasting())...)
 	if err != nil {
 		m.nl.Close()
@@ -626,9 +633,44 @@ func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
 	batch := m.nftQueue
 	m.nftQueue = nil
 	m.nftQueueMu.Unlock()
-	m.applyBatch(batch)
+	for len(batch) > 0 {
+		k := min(len(batch), maxGroupCommit)
+		m.applyBatch(batch[:k])
+		batch = batch[k:]
+	}
 	return req.err
 }
+
+// nftReceiveBuffer is the nftables socket's receive buffer: room for the
+// acks of a transaction of maxGroupCommit sandboxes many times over.
+const nftReceiveBuffer = 8 << 20
+
+// bigReceiveBuffer sets the nftables socket's receive buffer to
+// nftReceiveBuffer, past net.core.rmem_max (SO_RCVBUFFORCE: the node runs
+// as root), else as large as that allows.
+func bigReceiveBuffer(c *nlconn.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("nftables socket: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, nftReceiveBuffer)
+		if serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, nftReceiveBuffer)
+		}
+	}); err != nil {
+		return fmt.Errorf("nftables socket: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("nftables socket receive buffer: %w", serr)
+	}
+	return nil
+}
+
+// maxGroupCommit bounds the sandboxes of one group commit, so one
+// transaction's acks stay far below the socket's receive buffer.
+const maxGroupCommit = 16
 
 // applyBatch applies batch (which is not empty) in one transaction;
 // nftMu is held.
