@@ -1,5 +1,5 @@
 // Package fsutil holds filesystem helpers shared by the image store and the
-// container runtime.
+// runtime backends.
 package fsutil
 
 import (

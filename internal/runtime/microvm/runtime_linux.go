@@ -29,6 +29,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -108,12 +109,8 @@ type sandbox struct {
 	started bool
 	cmd     *exec.Cmd // nil for a VMM found by Recover
 
-	done     chan struct{}
-	doneOnce sync.Once
-	exit     runtime.ExitStatus
+	exit     *runtime.ExitLatch
 	stopping bool
-	gone     chan struct{}
-	goneOnce sync.Once
 }
 
 var (
@@ -238,7 +235,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		r.mu.Unlock()
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "microvm sandbox %q", spec.ID)
 	}
-	sb := &sandbox{id: spec.ID, done: make(chan struct{}), gone: make(chan struct{})}
+	sb := &sandbox{id: spec.ID, exit: runtime.NewExitLatch()}
 	r.sbs[spec.ID] = sb
 	r.mu.Unlock()
 	uid, err := r.uids.get()
@@ -349,13 +346,7 @@ func handleOf(st runState) runtime.Handle {
 }
 
 func writeRunState(st runState) error {
-	b, _ := json.Marshal(st)
-	tmp := filepath.Join(st.StateDir, runFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm run state: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(st.StateDir, runFile)); err != nil {
-		_ = os.Remove(tmp)
+	if err := vmm.WriteRunFile(filepath.Join(st.StateDir, runFile), st); err != nil {
 		return errdefs.New(errdefs.ErrInternal, "microvm run state: %w", err)
 	}
 	return nil
@@ -363,14 +354,8 @@ func writeRunState(st runState) error {
 
 func readRunState(sd string) (runState, error) {
 	var st runState
-	b, err := os.ReadFile(filepath.Join(sd, runFile))
-	if err != nil {
-		return st, err
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, errdefs.New(errdefs.ErrInternal, "microvm run state %s: %w", filepath.Join(sd, runFile), err)
-	}
-	return st, nil
+	err := vmm.ReadRunFile(filepath.Join(sd, runFile), &st)
+	return st, err
 }
 
 func makeDisk(ctx context.Context, path string, mb int64) error {
@@ -428,7 +413,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	sb.startMu.Lock()
 	defer sb.startMu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return errdefs.New(errdefs.ErrFailedPrecondition, "microvm sandbox %q was stopped; a stopped VM does not start again (create a new sandbox)", id)
 	default:
 	}
@@ -466,14 +451,14 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return errdefs.New(errdefs.ErrInternal, "microvm pidfd: %w", err)
 	}
 	sb.mu.Lock()
-	sb.st.Pid, sb.st.StartTime = pid, procStartTime(pid)
+	sb.st.Pid, sb.st.StartTime = pid, vmm.StartTime(pid)
 	sb.started, sb.cmd = true, cmd
 	st = sb.st
 	sb.mu.Unlock()
 	r.watch(sb, pfd)
 	fail := func(err error) error {
 		_ = unix.Kill(pid, unix.SIGKILL)
-		<-sb.done
+		<-sb.exit.Done()
 		return err
 	}
 	if err := writeRunState(st); err != nil {
@@ -516,15 +501,7 @@ func (r *Runtime) withLog(sb *sandbox, err error) error {
 	if len(b) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w; firecracker.log: %s", err, lastLines(b, 5))
-}
-
-func lastLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
+	return fmt.Errorf("%w; firecracker.log: %s", err, vmm.LastLines(b, 5))
 }
 
 // waitAPI polls the API socket until firecracker answers GET /, it ends,
@@ -541,7 +518,7 @@ func (r *Runtime) waitAPI(ctx context.Context, sb *sandbox) (*Client, error) {
 		}
 		t := time.NewTimer(wait)
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			t.Stop()
 			return nil, r.withLog(sb, errdefs.New(errdefs.ErrInternal, "microvm %s: the jailer or firecracker exited before its API answered (%s)", sb.id, sb.exitReason()))
 		case <-ctx.Done():
@@ -554,9 +531,8 @@ func (r *Runtime) waitAPI(ctx context.Context, sb *sandbox) (*Client, error) {
 }
 
 func (sb *sandbox) exitReason() string {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return fmt.Sprintf("%s, exit code %d", sb.exit.Reason, sb.exit.ExitCode)
+	es := sb.exit.Status()
+	return fmt.Sprintf("%s, exit code %d", es.Reason, es.ExitCode)
 }
 
 // agentHTTP is an HTTP client whose connections are AgentConns of id.
@@ -574,7 +550,7 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox, timeout time.Durat
 	defer cancel()
 	go func() {
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -599,7 +575,7 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox, timeout time.Durat
 		case <-ctx.Done():
 			t.Stop()
 			select {
-			case <-sb.done:
+			case <-sb.exit.Done():
 				return r.withLog(sb, errdefs.New(errdefs.ErrInternal, "microvm %s: firecracker exited before the guest's agent answered (%s)", sb.id, sb.exitReason()))
 			default:
 			}
@@ -637,13 +613,7 @@ func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
 func (r *Runtime) watch(sb *sandbox, pfd int) {
 	go func() {
 		defer func() { _ = unix.Close(pfd) }()
-		fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
-		for {
-			if _, err := unix.Poll(fds, -1); err != nil && errors.Is(err, unix.EINTR) {
-				continue
-			}
-			break
-		}
+		vmm.WaitExit(pfd)
 		code := -1
 		sb.mu.Lock()
 		cmd := sb.cmd
@@ -662,42 +632,32 @@ func (r *Runtime) watch(sb *sandbox, pfd int) {
 	}()
 }
 
+// ended records the VMM's end (the first one recorded stays): why, or
+// the reason its state says.
 func (r *Runtime) ended(sb *sandbox, why string, code int) {
-	sb.doneOnce.Do(func() {
+	if why == "" {
 		sb.mu.Lock()
-		st := runtime.ExitStatus{ExitCode: code, At: time.Now(), Reason: why}
-		if why == "" {
-			switch {
-			case sb.stopping:
-				st.Reason = "stopped"
-			case code == 0:
-				st.Reason = "guest powered off"
-			default:
-				st.Reason = "firecracker exited"
-			}
+		switch {
+		case sb.stopping:
+			why = "stopped"
+		case code == 0:
+			why = "guest powered off"
+		default:
+			why = "firecracker exited"
 		}
-		sb.exit = st
 		sb.mu.Unlock()
-		close(sb.done)
-	})
+	}
+	sb.exit.Finish(runtime.ExitStatus{ExitCode: code, At: time.Now(), Reason: why})
 }
 
-// Wait implements runtime.Runtime.
+// Wait implements runtime.Runtime (runtime.ExitLatch: Delete stops a
+// started VM first, so a deleted sandbox without an end never ran).
 func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, error) {
 	sb, err := r.get(id)
 	if err != nil {
 		return runtime.ExitStatus{}, err
 	}
-	select {
-	case <-sb.done:
-		sb.mu.Lock()
-		defer sb.mu.Unlock()
-		return sb.exit, nil
-	case <-sb.gone:
-		return runtime.ExitStatus{}, errdefs.New(errdefs.ErrNotFound, "microvm sandbox %q: deleted", id)
-	case <-ctx.Done():
-		return runtime.ExitStatus{}, fmt.Errorf("microvm sandbox %q wait: %w", id, ctx.Err())
-	}
+	return sb.exit.Wait(ctx, id, nil)
 }
 
 // Stop implements runtime.Runtime: SendCtrlAltDel (the guest powers off,
@@ -730,7 +690,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			return true
 		case <-t.C:
 		case <-ctx.Done():
@@ -748,20 +708,18 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		}
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil
 	default:
 	}
 	sb.mu.Lock()
 	pid := sb.st.Pid
 	sb.mu.Unlock()
-	if pid > 0 {
-		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-			return errdefs.New(errdefs.ErrInternal, "microvm %s kill: %w", id, err)
-		}
+	if err := vmm.Kill(pid); err != nil {
+		return errdefs.New(errdefs.ErrInternal, "microvm %s kill: %w", id, err)
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("microvm %s stop: %w", id, ctx.Err())
@@ -772,10 +730,10 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 // started (a node restart lost it), found by its run file or /proc.
 func (r *Runtime) killStray(ctx context.Context, st runState) error {
 	if rs, err := readRunState(st.StateDir); err == nil && rs.ID == st.ID && r.isOurs(rs.Pid, rs.StartTime, rs.JailID) {
-		return killAndWait(ctx, rs.Pid)
+		return vmm.KillAndWait(ctx, rs.Pid, killWait)
 	}
 	for _, pid := range r.findVMM(st.JailID) {
-		if err := killAndWait(ctx, pid); err != nil {
+		if err := vmm.KillAndWait(ctx, pid, killWait); err != nil {
 			return err
 		}
 	}
@@ -808,7 +766,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	r.mu.Lock()
 	delete(r.sbs, id)
 	r.mu.Unlock()
-	sb.goneOnce.Do(func() { close(sb.gone) })
+	sb.exit.Gone()
 	return nil
 }
 
@@ -819,7 +777,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) deleteUnknown(ctx context.Context, id string) error {
 	jid := jailIDOf(id)
 	for _, pid := range r.findVMM(jid) {
-		if err := killAndWait(ctx, pid); err != nil {
+		if err := vmm.KillAndWait(ctx, pid, killWait); err != nil {
 			return fmt.Errorf("microvm %s delete: %w", id, err)
 		}
 	}
@@ -872,10 +830,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{}, err
 	}
 	select {
-	case <-sb.done:
-		sb.mu.Lock()
-		defer sb.mu.Unlock()
-		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.ExitCode}, nil
+	case <-sb.exit.Done():
+		return runtime.Status{State: runtime.StateStopped, ExitCode: sb.exit.Status().ExitCode}, nil
 	default:
 	}
 	sb.mu.Lock()
@@ -926,14 +882,14 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if started && !r.isOurs(st.Pid, st.StartTime, st.JailID) {
 		st.Pid = 0
 		if pids := r.findVMM(st.JailID); len(pids) > 0 {
-			st.Pid, st.StartTime = pids[0], procStartTime(pids[0])
+			st.Pid, st.StartTime = pids[0], vmm.StartTime(pids[0])
 		}
 	} else if !started {
 		if pids := r.findVMM(st.JailID); len(pids) > 0 {
-			started, st.Pid, st.StartTime = true, pids[0], procStartTime(pids[0])
+			started, st.Pid, st.StartTime = true, pids[0], vmm.StartTime(pids[0])
 		}
 	}
-	sb := &sandbox{id: h.ID, st: st, started: started, done: make(chan struct{}), gone: make(chan struct{})}
+	sb := &sandbox{id: h.ID, st: st, started: started, exit: runtime.NewExitLatch()}
 	r.mu.Lock()
 	if r.sbs[h.ID] != nil {
 		r.mu.Unlock()
@@ -960,20 +916,16 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 // isOurs says whether pid is still the firecracker of jail jid (started
 // at stime when known).
 func (r *Runtime) isOurs(pid int, stime uint64, jid string) bool {
-	if pid <= 0 || !r.isVMMOf(pid, jid) {
-		return false
-	}
-	return stime == 0 || procStartTime(pid) == stime
+	return vmm.Is(pid, stime, func(args []string) bool { return r.isVMMOf(args, jid) })
 }
 
-// isVMMOf: pid runs with "--id <jid>" (the jailer and the firecracker it
-// execs both do) and its exec is the configured binary's name.
-func (r *Runtime) isVMMOf(pid int, jid string) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || len(b) == 0 {
+// isVMMOf: a command line with "--id <jid>" (the jailer and the
+// firecracker it execs both have it) whose exec is the configured
+// binary's name.
+func (r *Runtime) isVMMOf(args []string, jid string) bool {
+	if len(args) == 0 {
 		return false
 	}
-	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 	base := filepath.Base(args[0])
 	if base != filepath.Base(r.cfg.FirecrackerPath) && base != filepath.Base(r.cfg.JailerPath) {
 		return false
@@ -987,64 +939,11 @@ func (r *Runtime) isVMMOf(pid int, jid string) bool {
 }
 
 func (r *Runtime) findVMM(jid string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err == nil && pid != os.Getpid() && r.isVMMOf(pid, jid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return vmm.Find(func(args []string) bool { return r.isVMMOf(args, jid) })
 }
 
-func procStartTime(pid int) uint64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0
-	}
-	v, _ := strconv.ParseUint(f[19], 10, 64)
-	return v
-}
-
-// killAndWait sends SIGKILL through a pidfd and waits (10 s at most).
-func killAndWait(ctx context.Context, pid int) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return nil
-		}
-		return errdefs.New(errdefs.ErrInternal, "microvm pidfd of %d: %w", pid, err)
-	}
-	defer func() { _ = unix.Close(fd) }()
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return errdefs.New(errdefs.ErrInternal, "microvm kill %d: %w", pid, err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		if n, _ := unix.Poll(fds, 100); n > 0 {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("microvm wait for %d: %w", pid, ctx.Err())
-		}
-		if time.Now().After(deadline) {
-			return errdefs.New(errdefs.ErrInternal, "microvm: firecracker %d still runs 10 s after SIGKILL", pid)
-		}
-	}
-}
+// killWait bounds the wait for a VMM killed by Stop, Delete or Recover.
+const killWait = 10 * time.Second
 
 // AgentConn implements runtime.Runtime: a connection to the guest's
 // agent on vsock port AgentVsockPort through Firecracker's host socket.
@@ -1078,7 +977,7 @@ func (r *Runtime) patch(ctx context.Context, id, state string) error {
 	started, st := sb.started, sb.st
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return errdefs.New(errdefs.ErrFailedPrecondition, "microvm sandbox %q has stopped", id)
 	default:
 	}

@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/fsutil"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 // A snapshot directory holds Firecracker's state file (SnapshotStateFile)
@@ -33,14 +35,9 @@ type manifest struct {
 	Layers   []string            `json:"layers"` // digests, topmost first
 	Network  runtime.NetworkMode `json:"network"`
 	RWSize   int64               `json:"rw_size"`
-	Config   fileSum             `json:"config"`
+	Config   vmm.FileSum         `json:"config"`
 	FrozenNS int64               `json:"frozen_ns"`
 	Created  time.Time           `json:"created"`
-}
-
-type fileSum struct {
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
 }
 
 // Snapshot implements runtime.Snapshotter: PATCH /vm Paused, PUT
@@ -71,7 +68,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 	started, st := sb.started, sb.st
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return 0, errdefs.New(errdefs.ErrFailedPrecondition, "microvm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
 	default:
 	}
@@ -117,7 +114,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 			return fmt.Errorf("microvm %s: %w", sb.id, err)
 		}
 		for _, f := range []string{"rw.ext4", "config.img"} {
-			if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
+			if err := fsutil.CopySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
 				return fmt.Errorf("microvm %s snapshot of its disk: %w", sb.id, err)
 			}
 		}
@@ -142,7 +139,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir string) (froz
 		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot disk: %w", err)
 	}
 	m.RWSize = rw.Size()
-	if m.Config.Size, m.Config.SHA256, err = hashFile(filepath.Join(dir, "config.img")); err != nil {
+	if m.Config, err = vmm.SumFile(filepath.Join(dir, "config.img"), true); err != nil {
 		return 0, errdefs.New(errdefs.ErrInternal, "microvm snapshot config disk: %w", err)
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
@@ -181,7 +178,7 @@ func takeVMFiles(hostDir, dir string, uid int, meta SnapshotMeta) error {
 		files[name] = f
 	}
 	var err error
-	if meta.StateSize, meta.StateSHA256, err = hashReader(io.NewSectionReader(files[SnapshotStateFile], 0, 1<<62)); err != nil {
+	if meta.StateSize, meta.StateSHA256, err = vmm.HashReader(io.NewSectionReader(files[SnapshotStateFile], 0, 1<<62)); err != nil {
 		return fmt.Errorf("snapshot state file: %w", err)
 	}
 	mem, err := files[SnapshotMemFile].Stat()
@@ -237,7 +234,7 @@ func moveVMFile(f *os.File, src, dst string) error {
 	if !errors.Is(err, unix.EXDEV) {
 		return err
 	}
-	if err := copySparseFrom(f, dst); err != nil {
+	if err := fsutil.CopySparseFrom(f, dst); err != nil {
 		return err
 	}
 	if err := os.Chmod(dst, 0o444); err != nil {
@@ -275,7 +272,7 @@ func (r *Runtime) loadSnapshot(dir string) (*restoreFrom, error) {
 	if st, err := os.Stat(filepath.Join(dir, "rw.ext4")); err != nil || st.Size() != rf.man.RWSize {
 		return nil, errdefs.Invalid("snapshot", "%s: the writable disk is missing or not %d bytes (%v): truncated; take the snapshot again", dir, rf.man.RWSize, err)
 	}
-	if n, sum, err := hashFile(filepath.Join(dir, "config.img")); err != nil || n != rf.man.Config.Size || sum != rf.man.Config.SHA256 {
+	if sum, err := vmm.SumFile(filepath.Join(dir, "config.img"), true); err != nil || sum != rf.man.Config {
 		return nil, errdefs.Invalid("snapshot", "%s: the configuration disk is missing or corrupted (%v); take the snapshot again", dir, err)
 	}
 	return rf, nil
@@ -300,7 +297,7 @@ func (rf *restoreFrom) check(_ *Runtime, spec runtime.Spec) error {
 // copyDisks copies the snapshot's disks into the new sandbox's StateDir.
 func (rf *restoreFrom) copyDisks(sd string) error {
 	for _, f := range []string{"rw.ext4", "config.img"} {
-		if err := copySparse(filepath.Join(rf.dir, f), filepath.Join(sd, f)); err != nil {
+		if err := fsutil.CopySparse(filepath.Join(rf.dir, f), filepath.Join(sd, f)); err != nil {
 			return errdefs.New(errdefs.ErrInternal, "microvm restore disk %s: %w", f, err)
 		}
 	}
@@ -359,55 +356,4 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 		out = append(out, runtime.ForkResult{Handle: h, MemoryPreserved: true, SourceFrozen: frozen})
 	}
 	return out, nil
-}
-
-// copySparse copies src to a new file dst, only src's data extents.
-func copySparse(src, dst string) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = in.Close() }()
-	return copySparseFrom(in, dst)
-}
-
-// copySparseFrom copies in to a new file dst, only in's data extents.
-func copySparseFrom(in *os.File, dst string) (err error) {
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			_ = os.Remove(dst)
-		}
-	}()
-	size := fi.Size()
-	if err := out.Truncate(size); err != nil {
-		return err
-	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		} else if err != nil {
-			return err
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return nil
 }

@@ -2,16 +2,14 @@ package microvm
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 // MaxVCPUs is Firecracker's limit (MachineConfiguration.vcpu_count maximum).
@@ -209,10 +207,11 @@ func vmmSnapshot(ctx context.Context, c *Client, jailDir string) error {
 }
 
 func writeMeta(dir string, meta SnapshotMeta) error {
-	var err error
-	if meta.StateSize, meta.StateSHA256, err = hashFile(filepath.Join(dir, SnapshotStateFile)); err != nil {
+	sum, err := vmm.SumFile(filepath.Join(dir, SnapshotStateFile), true)
+	if err != nil {
 		return errdefs.New(errdefs.ErrInternal, "snapshot state file: %w", err)
 	}
+	meta.StateSize, meta.StateSHA256 = sum.Size, sum.SHA256
 	st, err := os.Stat(filepath.Join(dir, SnapshotMemFile))
 	if err != nil {
 		return errdefs.New(errdefs.ErrInternal, "snapshot memory file: %w", err)
@@ -234,24 +233,6 @@ func writeMetaFile(dir string, meta SnapshotMeta) error {
 		return errdefs.New(errdefs.ErrInternal, "snapshot metadata: %w", err)
 	}
 	return nil
-}
-
-func hashFile(path string) (int64, string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	return hashReader(f)
-}
-
-func hashReader(r io.Reader) (int64, string, error) {
-	h := sha256.New()
-	n, err := io.Copy(h, r)
-	if err != nil {
-		return 0, "", err
-	}
-	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // CheckSnapshot reads dir's metadata and checks the files against it and
@@ -278,12 +259,12 @@ func CheckSnapshot(dir, accel string) (SnapshotMeta, error) {
 	if st.Size() != m.MemSize || m.MemSize != m.MemoryMB<<20 {
 		return m, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s memory file is %d bytes, want %d (%d MiB): truncated or corrupted", dir, st.Size(), m.MemoryMB<<20, m.MemoryMB)
 	}
-	n, sum, err := hashFile(filepath.Join(dir, SnapshotStateFile))
+	sum, err := vmm.SumFile(filepath.Join(dir, SnapshotStateFile), true)
 	if err != nil {
 		return m, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s state file: %w", dir, err)
 	}
-	if n != m.StateSize || sum != m.StateSHA256 {
-		return m, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s state file is %d bytes with sha256 %.12s, recorded %d bytes %.12s: truncated or corrupted", dir, n, sum, m.StateSize, m.StateSHA256)
+	if sum.Size != m.StateSize || sum.SHA256 != m.StateSHA256 {
+		return m, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %s state file is %d bytes with sha256 %.12s, recorded %d bytes %.12s: truncated or corrupted", dir, sum.Size, sum.SHA256, m.StateSize, m.StateSHA256)
 	}
 	return m, nil
 }

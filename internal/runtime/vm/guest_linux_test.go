@@ -16,6 +16,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 // guestBootTimeout is generous: a TCG boot takes ~2 s on an idle machine,
@@ -34,7 +35,7 @@ var guestAssets = sync.OnceValues(func() (string, string) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		return "", "the guest assets cannot be built (scripts/build-guest-assets.sh: " + err.Error() + "): " + lastLines(errb.Bytes(), 3)
+		return "", "the guest assets cannot be built (scripts/build-guest-assets.sh: " + err.Error() + "): " + vmm.LastLines(errb.Bytes(), 3)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	return lines[len(lines)-1], ""

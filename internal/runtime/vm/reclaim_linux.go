@@ -23,6 +23,7 @@ import (
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -61,7 +62,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	started, reclaimed, q, st, exited := sb.started, sb.reclaimed, sb.qmp, sb.st, sb.exited
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return rs, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; only a paused sandbox's memory can be reclaimed", id)
 	default:
 	}
@@ -130,7 +131,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	select {
 	case <-exited:
 	case <-t.C:
-		_ = sigkill(st.Pid)
+		_ = vmm.Kill(st.Pid)
 		<-exited
 	}
 	t.Stop()
@@ -243,7 +244,7 @@ func (r *Runtime) restoreReclaimed(ctx context.Context, sb *sandbox) error {
 		sb.mu.Lock()
 		exited := sb.exited
 		sb.mu.Unlock()
-		_ = sigkill(pid)
+		_ = vmm.Kill(pid)
 		<-exited
 		_ = q.Close()
 		sb.closeAgent()
@@ -277,7 +278,7 @@ func (r *Runtime) restoreReclaimed(ctx context.Context, sb *sandbox) error {
 	if stopping {
 		// A Stop came meanwhile and took the planned exit for the end:
 		// make it one.
-		_ = sigkill(pid)
+		_ = vmm.Kill(pid)
 	}
 	if err := writeRunState(sb.st.StateDir, runState{ID: sb.id, Pid: pid, StartTime: sb.st.StartTime, Args: sb.st.Args}); err != nil {
 		log.G(ctx).Error("vm restore: record it", log.SandboxID(sb.id), log.Err(err))

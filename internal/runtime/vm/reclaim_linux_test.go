@@ -16,6 +16,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 // guestClockSkew is the host's time minus the guest's (whole seconds, as
@@ -184,7 +185,7 @@ func TestGuestReclaimKeepsCounter(t *testing.T) {
 	if err := r.Start(ctx, fspecs[0].ID); err != nil {
 		ql, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "qemu.log"))
 		cl, _ := os.ReadFile(filepath.Join(fspecs[0].StateDir, "console.log"))
-		t.Fatalf("start the fork of a reclaimed VM: %v; qemu.log: %s; console: %s", err, ql, lastLines(cl, 30))
+		t.Fatalf("start the fork of a reclaimed VM: %v; qemu.log: %s; console: %s", err, ql, vmm.LastLines(cl, 30))
 	}
 	if v, n := waitCounter(t, r, fspecs[0].ID, n0+3); v != v0 {
 		t.Fatalf("fork of the reclaimed VM holds %q %d; the VM %q %d", v, n, v0, n0)

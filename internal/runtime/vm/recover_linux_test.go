@@ -293,7 +293,7 @@ func TestArgsBalloon(t *testing.T) {
 // reclaimed (its restore would write into their read-only mappings), and
 // the error says why and what to use.
 func TestReclaimRefusesPmem(t *testing.T) {
-	sb := &sandbox{id: "sb-pmem", started: true, done: make(chan struct{}),
+	sb := &sandbox{id: "sb-pmem", started: true, exit: runtime.NewExitLatch(),
 		st: handleState{Args: []string{"-object", "memory-backend-file,id=l0,share=on,readonly=on", "-device", "virtio-pmem-pci,memdev=l0,id=pl0"}}}
 	r := &Runtime{sbs: map[string]*sandbox{sb.id: sb}}
 	_, err := r.Reclaim(context.Background(), sb.id)

@@ -3,22 +3,19 @@ package vm
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/fsutil"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 var (
@@ -71,7 +68,7 @@ type snapshotManifest struct {
 	// Files are the sizes (and, for the small ones, digests) the files
 	// had when written: a truncated or corrupted snapshot is refused
 	// before anything is made.
-	Files map[string]fileSum `json:"files"`
+	Files map[string]vmm.FileSum `json:"files"`
 	// Frozen is how long the source was paused for the snapshot.
 	FrozenNS int64     `json:"frozen_ns"`
 	Created  time.Time `json:"created"`
@@ -80,11 +77,6 @@ type snapshotManifest struct {
 type manifestLayer struct {
 	Digest string `json:"digest"`
 	Path   string `json:"path"`
-}
-
-type fileSum struct {
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256,omitempty"`
 }
 
 // Snapshot implements runtime.Snapshotter: QMP stop, migrate of the device
@@ -119,7 +111,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	started, q, st := sb.started, sb.qmp, sb.st
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q has stopped; snapshot running or paused sandboxes", sb.id)
 	default:
 	}
@@ -218,7 +210,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	}
 	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
 		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
-		Files: map[string]fileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
+		Files: map[string]vmm.FileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
 	return r.writeManifest(ctx, sb, dir, memDst, m)
 }
 
@@ -232,7 +224,7 @@ func (r *Runtime) writeManifest(ctx context.Context, sb *sandbox, dir, memDst st
 	}
 	for name, path := range map[string]string{snapStateFile: filepath.Join(dir, snapStateFile), snapMemFile: memDst,
 		"rw.ext4": filepath.Join(dir, "rw.ext4"), "config.img": filepath.Join(dir, "config.img")} {
-		sum, err := sumFile(path, name == snapStateFile || name == "config.img")
+		sum, err := vmm.SumFile(path, name == snapStateFile || name == "config.img")
 		if err != nil {
 			return nil, fmt.Errorf("vm %s snapshot: %w", sb.id, err)
 		}
@@ -293,7 +285,7 @@ func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleS
 	}
 	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
 		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
-		Files: map[string]fileSum{}, Created: time.Now().UTC()}
+		Files: map[string]vmm.FileSum{}, Created: time.Now().UTC()}
 	if m.Network == "" && st.Addr != "" {
 		m.Network = runtime.NetworkTap // a sandbox found by Recover has no spec
 	}
@@ -381,7 +373,7 @@ func loadSnapshot(dir string) (*restoreFrom, error) {
 		if name == snapMemFile {
 			path = rf.memFile()
 		}
-		got, err := sumFile(path, want.SHA256 != "")
+		got, err := vmm.SumFile(path, want.SHA256 != "")
 		switch {
 		case err != nil:
 			return nil, errdefs.Invalid("snapshot", "%s: file %s: %v; the snapshot is incomplete, take it again", dir, name, err)
@@ -519,28 +511,6 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 	return out, nil
 }
 
-// sumFile is path's size and, with digest, its sha256.
-func sumFile(path string, digest bool) (fileSum, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return fileSum{}, err
-	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
-		return fileSum{}, err
-	}
-	s := fileSum{Size: fi.Size()}
-	if digest {
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			return fileSum{}, err
-		}
-		s.SHA256 = hex.EncodeToString(h.Sum(nil))
-	}
-	return s, nil
-}
-
 // makeSparse makes an empty file of size bytes.
 func makeSparse(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -557,70 +527,10 @@ func makeSparse(path string, size int64) error {
 	return nil
 }
 
-// copySparse copies src to a new file dst, only src's data extents
-// (SEEK_DATA/SEEK_HOLE), with copy_file_range where the kernel can.
-func copySparse(src, dst string) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
+// copySparse is fsutil.CopySparse with the file's name in its error.
+func copySparse(src, dst string) error {
+	if err := fsutil.CopySparse(src, dst); err != nil {
 		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-	}
-	defer func() { _ = in.Close() }()
-	fi, err := in.Stat()
-	if err != nil {
-		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, cerr)
-		}
-		if err != nil {
-			_ = os.Remove(dst)
-		}
-	}()
-	size := fi.Size()
-	if err := out.Truncate(size); err != nil {
-		return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-	}
-	ifd := int(in.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		} else if err != nil {
-			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-		}
-		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-		}
-		if err := copyRange(in, out, data, hole-data); err != nil {
-			return fmt.Errorf("copy %s: %w: %w", filepath.Base(src), errdefs.ErrInternal, err)
-		}
-		off = hole
-	}
-	return nil
-}
-
-// copyRange copies n bytes at off from in to the same offset of out.
-func copyRange(in, out *os.File, off, n int64) error {
-	roff, woff := off, off
-	for n > 0 {
-		k, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 1<<30)), 0)
-		if err != nil {
-			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
-				_, err := io.Copy(io.NewOffsetWriter(out, woff), io.NewSectionReader(in, roff, n))
-				return err
-			}
-			return err
-		}
-		if k == 0 {
-			return io.ErrUnexpectedEOF
-		}
-		n -= int64(k)
 	}
 	return nil
 }

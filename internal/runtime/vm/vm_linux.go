@@ -31,6 +31,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -67,12 +68,8 @@ type sandbox struct {
 	qmp     *qmpClient
 	fatal   error // accelerator mismatch seen in the logs
 
-	done     chan struct{} // closed when QEMU has exited
-	doneOnce sync.Once
-	exit     runtime.ExitStatus
+	exit     *runtime.ExitLatch // QEMU's end (Done once it has exited)
 	stopping bool
-	gone     chan struct{} // closed at Delete
-	goneOnce sync.Once
 	startedC chan struct{}
 
 	agentMu sync.Mutex // guards agent; held while dialling
@@ -241,7 +238,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		r.mu.Unlock()
 		return runtime.Handle{}, fmt.Errorf("vm sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
-	sb := &sandbox{id: spec.ID, spec: spec, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{})}
+	sb := &sandbox{id: spec.ID, spec: spec, exit: runtime.NewExitLatch(), startedC: make(chan struct{})}
 	r.sbs[spec.ID] = sb
 	r.mu.Unlock()
 	cg := r.cgroupPath(spec.ID)
@@ -485,7 +482,7 @@ func (r *Runtime) pmemLayers(layers []runtime.Layer) ([]pmemLayer, error) {
 		id := l.Digest
 		if id == "" {
 			// Named by content: two layers of one basename never share a file.
-			sum, err := sumFile(l.Path, true)
+			sum, err := vmm.SumFile(l.Path, true)
 			if err != nil {
 				return nil, fmt.Errorf("rootfs.layers[%d] %s: %w: %w", i, l.Path, errdefs.ErrFailedPrecondition, err)
 			}
@@ -706,7 +703,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	started := sb.started
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return fmt.Errorf("vm sandbox %q: %w: it was stopped; a stopped VM does not start again (create a new sandbox)", id, errdefs.ErrFailedPrecondition)
 	default:
 	}
@@ -722,8 +719,8 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return err
 	}
 	fail := func(err error) error {
-		_ = sigkill(pid)
-		<-sb.done
+		_ = vmm.Kill(pid)
+		<-sb.exit.Done()
 		return err
 	}
 	if sb.st.Incoming != "" {
@@ -816,7 +813,7 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 		return 0, nil, fmt.Errorf("vm qemu start: %w: %w", errdefs.ErrInternal, err)
 	}
 	pid := cmd.Process.Pid
-	stime := procStartTime(pid) // not reaped before cmd.Wait: the pid is QEMU's
+	stime := vmm.StartTime(pid) // not reaped before cmd.Wait: the pid is QEMU's
 	exited := make(chan struct{})
 	sb.mu.Lock()
 	sb.st.Pid, sb.st.StartTime = pid, stime
@@ -839,7 +836,7 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, args []string) (int, 
 		r.qemuEnded(sb, exited, code)
 	}()
 	fail := func(err error) (int, *qmpClient, error) {
-		_ = sigkill(pid)
+		_ = vmm.Kill(pid)
 		<-exited
 		return 0, nil, err
 	}
@@ -985,7 +982,7 @@ func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout, attemp
 	defer cancel()
 	go func() {
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -1028,13 +1025,13 @@ func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout, attemp
 		case <-ctx.Done():
 			t.Stop()
 			select {
-			case <-sb.done:
+			case <-sb.exit.Done():
 				return r.exitError(sb)
 			default:
 			}
 			console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
 			return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
-				sb.id, errdefs.ErrDeadlineExceeded, timeout, last, lastLines(console, 15))
+				sb.id, errdefs.ErrDeadlineExceeded, timeout, last, vmm.LastLines(console, 15))
 		}
 		wait = min(2*wait, 100*time.Millisecond)
 	}
@@ -1054,7 +1051,7 @@ func (r *Runtime) connectQMP(ctx context.Context, sb *sandbox) (*qmpClient, erro
 		case <-ctx.Done():
 			t.Stop()
 			return nil, fmt.Errorf("vm %s qmp: %w: %w", sb.id, errdefs.ErrDeadlineExceeded, ctx.Err())
-		case <-sb.done:
+		case <-sb.exit.Done():
 			t.Stop()
 			return nil, r.exitError(sb)
 		case <-t.C:
@@ -1075,15 +1072,7 @@ func (r *Runtime) exitError(sb *sandbox) error {
 		return fatal
 	}
 	log, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "qemu.log"))
-	return fmt.Errorf("vm %s: %w: qemu exited: %s", sb.id, errdefs.ErrInternal, lastLines(log, 5))
-}
-
-func lastLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
+	return fmt.Errorf("vm %s: %w: qemu exited: %s", sb.id, errdefs.ErrInternal, vmm.LastLines(log, 5))
 }
 
 // accelFatal are the messages of a guest the accelerator cannot run.
@@ -1123,7 +1112,7 @@ func (r *Runtime) watchLogs(sb *sandbox, exited chan struct{}) {
 			sb.mu.Lock()
 			pid := sb.st.Pid
 			sb.mu.Unlock()
-			_ = sigkill(pid)
+			_ = vmm.Kill(pid)
 			return
 		}
 	}
@@ -1144,52 +1133,37 @@ func (r *Runtime) watch(sb *sandbox) {
 	}
 	go func() {
 		defer func() { _ = unix.Close(fd) }()
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			if _, err := unix.Poll(fds, -1); err != nil && errors.Is(err, unix.EINTR) {
-				continue
-			}
-			break
-		}
+		vmm.WaitExit(fd)
 		r.qemuEnded(sb, exited, -1)
 	}()
 }
 
+// ended records QEMU's end (the first one recorded stays): why, or the
+// reason the sandbox's state says.
 func (r *Runtime) ended(sb *sandbox, why string, code int) {
-	sb.doneOnce.Do(func() {
+	if why == "" {
 		sb.mu.Lock()
-		st := runtime.ExitStatus{ExitCode: code, At: time.Now(), Reason: why}
 		switch {
-		case why != "":
 		case sb.fatal != nil:
-			st.Reason = "accelerator mismatch"
+			why = "accelerator mismatch"
 		case sb.stopping:
-			st.Reason = "stopped"
+			why = "stopped"
 		default:
-			st.Reason = "qemu exited"
+			why = "qemu exited"
 		}
-		sb.exit = st
 		sb.mu.Unlock()
-		close(sb.done)
-	})
+	}
+	sb.exit.Finish(runtime.ExitStatus{ExitCode: code, At: time.Now(), Reason: why})
 }
 
-// Wait implements runtime.Runtime.
+// Wait implements runtime.Runtime (runtime.ExitLatch: Delete stops a
+// started VM first, so a deleted sandbox without an end never ran).
 func (r *Runtime) Wait(ctx context.Context, id string) (runtime.ExitStatus, error) {
 	sb, err := r.get(id)
 	if err != nil {
 		return runtime.ExitStatus{}, err
 	}
-	select {
-	case <-sb.done:
-		sb.mu.Lock()
-		defer sb.mu.Unlock()
-		return sb.exit, nil
-	case <-sb.gone:
-		return runtime.ExitStatus{}, fmt.Errorf("vm sandbox %q: %w: deleted", id, errdefs.ErrNotFound)
-	case <-ctx.Done():
-		return runtime.ExitStatus{}, fmt.Errorf("vm sandbox %q wait: %w: %w", id, errdefs.ErrCanceled, ctx.Err())
-	}
+	return sb.exit.Wait(ctx, id, nil)
 }
 
 // Stop implements runtime.Runtime: an ACPI power-down for opts.Timeout,
@@ -1244,7 +1218,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			return true
 		case <-t.C:
 			return false
@@ -1267,32 +1241,19 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		}
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil // already ended (pid may be 0: a Recover found it gone)
 	default:
 	}
-	if err := sigkill(pid); err != nil {
+	if err := vmm.Kill(pid); err != nil {
 		return fmt.Errorf("vm %s kill: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("vm %s stop: %w: %w", id, errdefs.ErrDeadlineExceeded, ctx.Err())
 	}
-}
-
-// sigkill sends SIGKILL to QEMU's pid. A pid of 0 or less is no process
-// (kill(2) would take it for a process group: the node's own); ESRCH is
-// not an error.
-func sigkill(pid int) error {
-	if pid <= 0 {
-		return nil
-	}
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return err
-	}
-	return nil
 }
 
 // Delete implements runtime.Runtime: process, sockets, disks, cgroup.
@@ -1339,7 +1300,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	r.mu.Lock()
 	delete(r.sbs, id)
 	r.mu.Unlock()
-	sb.goneOnce.Do(func() { close(sb.gone) })
+	sb.exit.Gone()
 	return nil
 }
 
@@ -1353,7 +1314,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	started, q, pid := sb.started, sb.qmp, sb.st.Pid
 	sb.mu.Unlock()
 	select {
-	case <-sb.done:
+	case <-sb.exit.Done():
 		return runtime.Status{State: runtime.StateStopped, ExitCode: -1}, nil
 	default:
 	}
@@ -1432,7 +1393,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 			pids = r.findQEMU(h.ID, st.StateDir)
 		}
 		if len(pids) > 0 {
-			pid, stime, started = pids[0], procStartTime(pids[0]), true
+			pid, stime, started = pids[0], vmm.StartTime(pids[0]), true
 		}
 	}
 	// A reclaimed sandbox has no QEMU. One found is a restore the node
@@ -1441,7 +1402,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	// it holds the guest and is taken as the sandbox.
 	if rs.Reclaimed && pid > 0 && hasReclaimState(st.StateDir) && r.midRestore(ctx, st.StateDir) {
 		slog.Warn("vm recover: a restore from reclaim the node died in is killed; the sandbox stays reclaimed", "id", h.ID, "pid", pid)
-		if err := killWait(pid, 10*time.Second); err != nil {
+		if err := vmm.KillAndWait(context.WithoutCancel(ctx), pid, 10*time.Second); err != nil {
 			return fmt.Errorf("vm %s recover: kill the interrupted restore's qemu %d: %w: %w", h.ID, pid, errdefs.ErrInternal, err)
 		}
 		_ = os.Remove(st.MemPath)
@@ -1453,7 +1414,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		started = true
 	}
 	st.Pid, st.StartTime = pid, stime
-	sb := &sandbox{id: h.ID, st: st, done: make(chan struct{}), gone: make(chan struct{}), startedC: make(chan struct{}), started: started,
+	sb := &sandbox{id: h.ID, st: st, exit: runtime.NewExitLatch(), startedC: make(chan struct{}), started: started,
 		reclaimed: reclaimed, argsChanged: len(rs.Args) > 0}
 	sb.spec.StateDir = st.StateDir
 	if started {
@@ -1488,7 +1449,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	q, err := dialQMP(qctx, filepath.Join(st.StateDir, "qmp.sock"))
 	if err != nil {
 		select {
-		case <-sb.done:
+		case <-sb.exit.Done():
 			return nil // it ended meanwhile: Wait and Status say so
 		default:
 		}
@@ -1521,51 +1482,6 @@ func (r *Runtime) midRestore(ctx context.Context, sd string) bool {
 	defer q.Close()
 	st, err := q.Status(qctx)
 	return err == nil && (st == "inmigrate" || st == "prelaunch")
-}
-
-// killWait kills pid (not necessarily a child) and waits, at most d, until
-// it is gone.
-func killWait(pid int, d time.Duration) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return err
-	}
-	for deadline := time.Now().Add(d); ; {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return fmt.Errorf("still running %s after SIGKILL", d)
-		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return err
-		}
-		if n > 0 {
-			return nil
-		}
-	}
-}
-
-func procStartTime(pid int) uint64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0
-	}
-	v, _ := strconv.ParseUint(f[19], 10, 64)
-	return v
 }
 
 // Handle returns the sandbox's current Handle (with QEMU's pid once started).
