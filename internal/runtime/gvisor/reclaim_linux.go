@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -59,7 +58,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 		return rs, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s; pause it before reclaiming its memory", id, st.State)
 	}
 	cg := filepath.Join(r.cfg.CgroupParent, id)
-	rs.Before = cgroupMemory(cg)
+	rs.Before = runtime.CgroupMemory(cg)
 	dir := filepath.Join(sb.st.Bundle, reclaimDir)
 	_ = os.RemoveAll(dir) // a stale one of a reclaim that failed
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -106,7 +105,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	}
 	syncDir(dir)
 	sb.reclaimed.Store(true)
-	rs.After = cgroupMemory(cg)
+	rs.After = runtime.CgroupMemory(cg)
 	return rs, nil
 }
 
@@ -181,20 +180,6 @@ func rewireGuestNet(ctx context.Context, n runtime.NetworkAttachment, path strin
 		return fmt.Errorf("guest default route: %w", err)
 	}
 	return netpolicy.WaitOperUp(ctx, gh, guestIf)
-}
-
-// cgroupMemory is the memory cgroup path is charged (0 when it is gone).
-func cgroupMemory(path string) int64 {
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup", path, "memory.current"),
-		filepath.Join("/sys/fs/cgroup/memory", path, "memory.usage_in_bytes"),
-	} {
-		if b, err := os.ReadFile(f); err == nil {
-			n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // syncDir writes the checkpoint's files to disk and drops them from the

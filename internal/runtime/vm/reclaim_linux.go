@@ -74,7 +74,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	}
 	if reclaimed {
 		// Nothing of it is in RAM any more.
-		rs.Before = r.cgroupMemory(st.Cgroup)
+		rs.Before = runtime.CgroupMemory(st.Cgroup)
 		rs.After = rs.Before
 		return rs, nil
 	}
@@ -88,7 +88,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	if status != "paused" {
 		return rs, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q is %q; pause it before reclaiming its memory", id, status)
 	}
-	rs.Before = r.cgroupMemory(st.Cgroup)
+	rs.Before = runtime.CgroupMemory(st.Cgroup)
 	dir := filepath.Join(st.StateDir, reclaimDir)
 	path := filepath.Join(dir, reclaimStateFile)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -157,7 +157,7 @@ func (r *Runtime) Reclaim(ctx context.Context, id string) (runtime.ReclaimStats,
 	if err := os.Remove(st.MemPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.G(ctx).Warn("vm reclaim: remove its RAM file", log.SandboxID(id), log.Err(err))
 	}
-	rs.After = r.cgroupMemory(st.Cgroup)
+	rs.After = runtime.CgroupMemory(st.Cgroup)
 	return rs, nil
 }
 
@@ -186,17 +186,6 @@ func syncAndDrop(path string) error {
 	}
 	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	return nil
-}
-
-// cgroupMemory is what QEMU's cgroup is charged in RAM (0 if unknown).
-func (r *Runtime) cgroupMemory(cg string) int64 {
-	var n int64
-	if unified() {
-		n, _ = readInt(filepath.Join(cgroupRoot, cg, "memory.current"))
-	} else {
-		n, _ = readInt(filepath.Join(cgroupRoot, "memory", cg, "memory.usage_in_bytes"))
-	}
-	return n
 }
 
 // restoreReclaimed is Resume of a reclaimed sandbox: QEMU starts again

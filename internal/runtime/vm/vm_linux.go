@@ -1638,18 +1638,14 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	// The guest RAM in use; the cgroup's charge only when it cannot be read.
 	rss, haveRSS := mappingRSS(pid, memPath)
 	s.MemoryBytes = rss
-	if unified() {
-		cg := filepath.Join(cgroupRoot, sb.st.Cgroup)
-		if !haveRSS {
-			s.MemoryBytes, _ = readInt(filepath.Join(cg, "memory.current"))
-		}
-		s.Pids, _ = readInt(filepath.Join(cg, "pids.current"))
-	} else {
-		if !haveRSS {
-			s.MemoryBytes, _ = readInt(filepath.Join(cgroupRoot, "memory", sb.st.Cgroup, "memory.usage_in_bytes"))
-		}
-		s.Pids, _ = readInt(filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current"))
+	if !haveRSS {
+		s.MemoryBytes = runtime.CgroupMemory(sb.st.Cgroup)
 	}
+	pids := filepath.Join(cgroupRoot, "pids", sb.st.Cgroup, "pids.current")
+	if unified() {
+		pids = filepath.Join(cgroupRoot, sb.st.Cgroup, "pids.current")
+	}
+	s.Pids, _ = readInt(pids)
 	s.MemoryBytes = min(s.MemoryBytes, s.MemoryLimitBytes)
 	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); pid > 0 && err == nil {
 		if i := bytes.LastIndexByte(b, ')'); i > 0 {
