@@ -3,13 +3,11 @@ package microvm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -537,73 +535,31 @@ func (sb *sandbox) exitReason() string {
 
 // agentHTTP is an HTTP client whose connections are AgentConns of id.
 func (r *Runtime) agentHTTP(id string) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, id) },
-		DisableKeepAlives: true,
-	}}
+	return vmm.AgentHTTP(func(ctx context.Context) (net.Conn, error) { return r.AgentConn(ctx, id) })
 }
 
 // waitAgent does GET /health over vsock until the agent answers 204,
 // firecracker exits, ctx ends or timeout passes.
 func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-sb.exit.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	hc := r.agentHTTP(sb.id)
-	wait := 5 * time.Millisecond
-	var last error
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
-		resp, err := hc.Do(req)
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return nil
-			}
-			err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
-		}
-		last = err
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			select {
-			case <-sb.exit.Done():
-				return r.withLog(sb, errdefs.New(errdefs.ErrInternal, "microvm %s: firecracker exited before the guest's agent answered (%s)", sb.id, sb.exitReason()))
-			default:
-			}
-			return r.withLog(sb, errdefs.New(errdefs.ErrDeadlineExceeded, "microvm %s: the guest agent did not answer over vsock within %s (last: %v)", sb.id, timeout, last))
-		}
-		wait = min(2*wait, 100*time.Millisecond)
+	last := vmm.WaitHealth(ctx, r.agentHTTP(sb.id), timeout, sb.exit.Done(), 0, nil)
+	if last == nil {
+		return nil
 	}
+	if sb.exit.Ended() {
+		return r.withLog(sb, errdefs.New(errdefs.ErrInternal, "microvm %s: firecracker exited before the guest's agent answered (%s)", sb.id, sb.exitReason()))
+	}
+	return r.withLog(sb, errdefs.New(errdefs.ErrDeadlineExceeded, "microvm %s: the guest agent did not answer over vsock within %s (last: %v)", sb.id, timeout, last))
 }
 
 // setIdentity gives a restored guest its own identity (vmchan.Identity):
 // hostname, network, fresh entropy, the host's clock.
 func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
-	id := vmchan.Identity{Hostname: sb.st.Hostname, MAC: sb.st.MAC, Addr: sb.st.Addr, Gateway: sb.st.Gateway, Entropy: make([]byte, 64)}
-	if _, err := rand.Read(id.Entropy); err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm %s identity entropy: %w", sb.id, err)
+	id, err := vmm.NewIdentity(sb.st.Hostname, sb.st.MAC, sb.st.Addr, sb.st.Gateway)
+	if err == nil {
+		err = vmm.PostGuest(ctx, r.agentHTTP(sb.id), vmchan.IdentityPath, id)
 	}
-	id.TimeNS = time.Now().UnixNano()
-	body, _ := json.Marshal(id)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.IdentityPath, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.agentHTTP(sb.id).Do(req)
 	if err != nil {
-		return errdefs.New(errdefs.ErrUnavailable, "microvm %s identity: %w", sb.id, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusNoContent {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return errdefs.New(errdefs.ErrInternal, "microvm %s identity: the guest answered %d: %s", sb.id, resp.StatusCode, bytes.TrimSpace(msg))
+		return fmt.Errorf("microvm %s identity: %w", sb.id, err)
 	}
 	return nil
 }

@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -282,31 +279,7 @@ func (r *Runtime) restoreReclaimed(ctx context.Context, sb *sandbox) error {
 // setClock steps the guest's clock to the host's (it stood still while
 // the VM was paused) through the guest init's identity route.
 func (r *Runtime) setClock(ctx context.Context, sb *sandbox) error {
-	return r.postIdentity(ctx, sb, vmchan.Identity{TimeNS: time.Now().UnixNano()})
-}
-
-// postIdentity sends id to the guest init (vmchan.IdentityPath).
-func (r *Runtime) postIdentity(ctx context.Context, sb *sandbox, id vmchan.Identity) error {
-	body, _ := json.Marshal(id)
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.IdentityPath, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrInternal, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("vm %s identity: %w: %w", sb.id, errdefs.ErrUnavailable, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusNoContent {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("vm %s identity: %w: the guest answered %d: %s (guest assets older than this backend?)", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
-	}
-	return nil
+	return r.postGuest(ctx, sb, "identity", vmchan.IdentityPath, vmchan.Identity{TimeNS: time.Now().UnixNano()})
 }
 
 // cloneMAC is the MAC of a sandbox restored from a snapshot (a fork): its

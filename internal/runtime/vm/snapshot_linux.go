@@ -124,15 +124,10 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 	if st.MemPath == "" {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "vm sandbox %q was made by a backend version without a RAM file; it cannot be snapshotted", sb.id)
 	}
-	if memDst == "" {
-		memDst = filepath.Join(dir, snapMemFile)
-	}
-	written := []string{filepath.Join(dir, snapStateFile), memDst, filepath.Join(dir, "rw.ext4"), filepath.Join(dir, "config.img"), filepath.Join(dir, manifestFile)}
+	memDst, written := snapshotPaths(dir, memDst)
 	defer func() {
 		if err != nil {
-			for _, f := range written {
-				_ = os.Remove(f)
-			}
+			removeFiles(written)
 		}
 	}()
 	ignoreShared := st.MemShared && !streamRAM
@@ -198,20 +193,49 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 			// empty file of its size.
 			return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
 		}
-		for _, f := range []string{"rw.ext4", "config.img"} {
-			if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
-				return fmt.Errorf("vm %s snapshot of its disk: %w", sb.id, err)
-			}
-		}
-		return nil
+		return copyDisks(sb.id, st.StateDir, dir)
 	}()
 	if err != nil {
 		return nil, err
 	}
-	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
-		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
-		Files: map[string]vmm.FileSum{}, FrozenNS: int64(frozen), Created: time.Now().UTC(), IgnoreShared: ignoreShared}
+	m := r.newManifest(sb, st)
+	m.FrozenNS, m.IgnoreShared = int64(frozen), ignoreShared
 	return r.writeManifest(ctx, sb, dir, memDst, m)
+}
+
+// snapshotPaths are the RAM file of a snapshot into dir (memDst, or
+// dir/memory when it is "") and every file the snapshot writes: what goes
+// again when it fails.
+func snapshotPaths(dir, memDst string) (string, []string) {
+	if memDst == "" {
+		memDst = filepath.Join(dir, snapMemFile)
+	}
+	return memDst, []string{filepath.Join(dir, snapStateFile), memDst, filepath.Join(dir, "rw.ext4"), filepath.Join(dir, "config.img"), filepath.Join(dir, manifestFile)}
+}
+
+func removeFiles(paths []string) {
+	for _, p := range paths {
+		_ = os.Remove(p)
+	}
+}
+
+// copyDisks copies the writable and configuration disks of sandbox id
+// from its StateDir sd into the snapshot dir.
+func copyDisks(id, sd, dir string) error {
+	for _, f := range []string{"rw.ext4", "config.img"} {
+		if err := copySparse(filepath.Join(sd, f), filepath.Join(dir, f)); err != nil {
+			return fmt.Errorf("vm %s snapshot of its disk: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// newManifest is the manifest of sb's snapshot as its state st says; the
+// snapshot adds how it was taken, writeManifest the layers and files.
+func (r *Runtime) newManifest(sb *sandbox, st handleState) *snapshotManifest {
+	return &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
+		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
+		Files: map[string]vmm.FileSum{}, Created: time.Now().UTC()}
 }
 
 // writeManifest completes m (layers, file sums) and writes it into dir.
@@ -261,15 +285,10 @@ func (r *Runtime) balloonSet(ctx context.Context, sb *sandbox, q *qmpClient, run
 // (the RAM in the stream) is the snapshot's, with an empty memory file of
 // the guest's size, as a snapshot with the RAM streamed; nothing runs.
 func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleState, dir, memDst string) (_ *snapshotManifest, err error) {
-	if memDst == "" {
-		memDst = filepath.Join(dir, snapMemFile)
-	}
-	written := []string{filepath.Join(dir, snapStateFile), memDst, filepath.Join(dir, "rw.ext4"), filepath.Join(dir, "config.img"), filepath.Join(dir, manifestFile)}
+	memDst, written := snapshotPaths(dir, memDst)
 	defer func() {
 		if err != nil {
-			for _, f := range written {
-				_ = os.Remove(f)
-			}
+			removeFiles(written)
 		}
 	}()
 	if err := copySparse(filepath.Join(st.StateDir, reclaimDir, reclaimStateFile), filepath.Join(dir, snapStateFile)); err != nil {
@@ -278,14 +297,10 @@ func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleS
 	if err := makeSparse(memDst, st.MemoryMB<<20); err != nil {
 		return nil, fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
 	}
-	for _, f := range []string{"rw.ext4", "config.img"} {
-		if err := copySparse(filepath.Join(st.StateDir, f), filepath.Join(dir, f)); err != nil {
-			return nil, fmt.Errorf("vm %s snapshot of its disk: %w", sb.id, err)
-		}
+	if err := copyDisks(sb.id, st.StateDir, dir); err != nil {
+		return nil, err
 	}
-	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
-		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
-		Files: map[string]vmm.FileSum{}, Created: time.Now().UTC()}
+	m := r.newManifest(sb, st)
 	if m.Network == "" && st.Addr != "" {
 		m.Network = runtime.NetworkTap // a sandbox found by Recover has no spec
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -922,12 +921,11 @@ func (r *Runtime) incoming(ctx context.Context, sb *sandbox, q *qmpClient, path 
 // its hostname, its network attachment, fresh entropy for its RNG and the
 // host's clock.
 func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
-	id := vmchan.Identity{Hostname: sb.st.Hostname, MAC: sb.st.MAC, Addr: sb.st.Addr, Gateway: sb.st.Gateway, Entropy: make([]byte, 64)}
-	if _, err := rand.Read(id.Entropy); err != nil {
-		return fmt.Errorf("vm %s identity entropy: %w: %w", sb.id, errdefs.ErrInternal, err)
+	id, err := vmm.NewIdentity(sb.st.Hostname, sb.st.MAC, sb.st.Addr, sb.st.Gateway)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", sb.id, err)
 	}
-	id.TimeNS = time.Now().UnixNano()
-	return r.postIdentity(ctx, sb, id)
+	return r.postGuest(ctx, sb, "identity", vmchan.IdentityPath, id)
 }
 
 // setBalloon binds (on) or unbinds the guest's balloon driver through the
@@ -935,24 +933,17 @@ func (r *Runtime) setIdentity(ctx context.Context, sb *sandbox) error {
 func (r *Runtime) setBalloon(ctx context.Context, sb *sandbox, on bool) error {
 	ctx, cancel := context.WithTimeout(ctx, balloonCallTimeout)
 	defer cancel()
-	body, _ := json.Marshal(vmchan.Balloon{FreePageReporting: on})
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+vmchan.BalloonPath, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("vm %s balloon: %w: %w", sb.id, errdefs.ErrInternal, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("vm %s balloon: %w: %w", sb.id, errdefs.ErrUnavailable, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusNoContent {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("vm %s balloon: %w: the guest answered %d: %s", sb.id, errdefs.ErrInternal, resp.StatusCode, bytes.TrimSpace(msg))
+	return r.postGuest(ctx, sb, "balloon", vmchan.BalloonPath, vmchan.Balloon{FreePageReporting: on})
+}
+
+// postGuest sends v to the guest init's route path (what names it in
+// errors); guest assets older than the backend lack the newer routes.
+func (r *Runtime) postGuest(ctx context.Context, sb *sandbox, what, path string, v any) error {
+	if err := vmm.PostGuest(ctx, r.agentHTTP(sb.id), path, v); err != nil {
+		if errors.Is(err, errdefs.ErrInternal) {
+			return fmt.Errorf("vm %s %s: %w (guest assets older than this backend?)", sb.id, what, err)
+		}
+		return fmt.Errorf("vm %s %s: %w", sb.id, what, err)
 	}
 	return nil
 }
@@ -978,63 +969,25 @@ func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
 // and serves a fresh session (after a node restart or a resume, its old
 // one may swallow requests).
 func (r *Runtime) waitAgentFor(ctx context.Context, sb *sandbox, timeout, attempt time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-sb.exit.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.AgentConn(ctx, sb.id) },
-		DisableKeepAlives: true,
-	}}
-	wait := 5 * time.Millisecond
-	var last error
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
-		if err != nil {
-			return fmt.Errorf("vm %s agent health: %w: %w", sb.id, errdefs.ErrInternal, err)
-		}
-		acancel := context.CancelFunc(func() {})
-		if attempt > 0 {
-			var actx context.Context
-			actx, acancel = context.WithTimeout(ctx, attempt)
-			req = req.WithContext(actx)
-		}
-		resp, err := hc.Do(req)
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusNoContent {
-				err = fmt.Errorf("GET /health: status %d", resp.StatusCode)
-			}
-		}
-		acancel()
-		if err == nil {
-			return nil
-		}
-		last = err
-		if attempt > 0 {
-			sb.closeAgent()
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			select {
-			case <-sb.exit.Done():
-				return r.exitError(sb)
-			default:
-			}
-			console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
-			return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
-				sb.id, errdefs.ErrDeadlineExceeded, timeout, last, vmm.LastLines(console, 15))
-		}
-		wait = min(2*wait, 100*time.Millisecond)
+	var failed func()
+	if attempt > 0 {
+		failed = sb.closeAgent
 	}
+	last := vmm.WaitHealth(ctx, r.agentHTTP(sb.id), timeout, sb.exit.Done(), attempt, failed)
+	if last == nil {
+		return nil
+	}
+	if sb.exit.Ended() {
+		return r.exitError(sb)
+	}
+	console, _ := os.ReadFile(filepath.Join(sb.st.StateDir, "console.log"))
+	return fmt.Errorf("vm %s: %w: the guest agent did not answer within %s (last: %w); console: %s",
+		sb.id, errdefs.ErrDeadlineExceeded, timeout, last, vmm.LastLines(console, 15))
+}
+
+// agentHTTP is an HTTP client whose connections are AgentConns of id.
+func (r *Runtime) agentHTTP(id string) *http.Client {
+	return vmm.AgentHTTP(func(ctx context.Context) (net.Conn, error) { return r.AgentConn(ctx, id) })
 }
 
 // connectQMP dials the QMP socket as soon as QEMU made it, until ctx ends or QEMU exits.
