@@ -21,6 +21,7 @@ import (
 	"github.com/kernflux/opendsec/api/gen/filesystem/filesystemconnect"
 	"github.com/kernflux/opendsec/api/gen/process/processconnect"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/httphdr"
 	"github.com/kernflux/opendsec/internal/log"
 )
 
@@ -195,7 +196,7 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("port: %q is not a port number; use 1..65535", r.PathValue("port")))
 		return
 	}
-	if !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", "tcp") {
+	if !httphdr.HasToken(r.Header, "Connection", "upgrade") || !httphdr.HasToken(r.Header, "Upgrade", "tcp") {
 		writeError(w, http.StatusBadRequest, "upgrade: send Connection: Upgrade and Upgrade: tcp")
 		return
 	}
@@ -247,17 +248,6 @@ func (a *Agent) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	a.tunnels.Add(1)
 	defer a.tunnels.Add(-1)
 	splice(conn, up, down, a.tunnelIdle)
-}
-
-func headerHasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for _, part := range splitComma(v) {
-			if equalFold(part, token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // loopbackUp sets IFF_UP on lo (a fresh network namespace has it down).

@@ -18,6 +18,4 @@ func splitComma(s string) []string {
 	return out
 }
 
-func equalFold(a, b string) bool { return strings.EqualFold(a, b) }
-
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(slices.Clone(b)) }

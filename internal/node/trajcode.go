@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/httphdr"
 	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/trajectory"
@@ -51,18 +52,7 @@ const (
 )
 
 func isTCPUpgrade(h http.Header) bool {
-	return headerHasToken(h, "Connection", "upgrade") && headerHasToken(h, "Upgrade", "tcp")
-}
-
-func headerHasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for part := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(part), token) {
-				return true
-			}
-		}
-	}
-	return false
+	return httphdr.HasToken(h, "Connection", "upgrade") && httphdr.HasToken(h, "Upgrade", "tcp")
 }
 
 // dialAgentTunnel opens the agent's tunnel at sub. A refusal is the
@@ -240,7 +230,7 @@ func (c *codeConn) serveOne() bool {
 	}
 	c.sb.touch()
 	defer c.sb.touch()
-	if headerHasToken(req.Header, "Connection", "upgrade") {
+	if httphdr.HasToken(req.Header, "Connection", "upgrade") {
 		c.rawRest(req)
 		return false
 	}
@@ -436,7 +426,7 @@ type execBody struct {
 
 // serveExecute serves a POST /execute through the log.
 func (c *codeConn) serveExecute(req *http.Request) bool {
-	if headerHasToken(req.Header, "Expect", "100-continue") {
+	if httphdr.HasToken(req.Header, "Expect", "100-continue") {
 		req.Header.Del("Expect")
 		if _, err := c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n"); err != nil || c.bw.Flush() != nil {
 			return false

@@ -25,6 +25,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/sandboxspec"
+	"github.com/kernflux/opendsec/internal/unixsock"
 )
 
 var (
@@ -1256,26 +1257,9 @@ func listenUnixAt(dir, name string) (*os.File, error) {
 		return nil, fmt.Errorf("open agent socket dir: %w", err)
 	}
 	defer unix.Close(dfd)
-	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("remove stale agent socket: %w", err)
-	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	f, err := unixsock.ListenAt(dfd, name, agentBacklog)
 	if err != nil {
-		return nil, fmt.Errorf("make agent socket: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), name)
-	path := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name)
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("bind agent socket: %w", err)
-	}
-	if err := unix.Fchmodat(dfd, name, 0o600, 0); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("chmod agent socket: %w", err)
-	}
-	if err := unix.Listen(fd, agentBacklog); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("listen on agent socket: %w", err)
+		return nil, fmt.Errorf("agent socket: %w", err)
 	}
 	return f, nil
 }

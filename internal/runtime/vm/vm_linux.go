@@ -31,6 +31,7 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
 	"github.com/kernflux/opendsec/internal/runtime/vmm"
+	"github.com/kernflux/opendsec/internal/unixsock"
 	"github.com/kernflux/opendsec/internal/vmchan"
 )
 
@@ -399,7 +400,7 @@ func listenFDs(sd string) ([]*os.File, error) {
 	defer func() { _ = dir.Close() }()
 	var out []*os.File
 	for _, name := range []string{"qmp.sock", "agent.sock"} {
-		f, err := listenAt(dir, name)
+		f, err := unixsock.ListenAt(int(dir.Fd()), name, 64)
 		if err != nil {
 			for _, o := range out {
 				_ = o.Close()
@@ -409,30 +410,6 @@ func listenFDs(sd string) ([]*os.File, error) {
 		out = append(out, f)
 	}
 	return out, nil
-}
-
-func listenAt(dir *os.File, name string) (*os.File, error) {
-	if err := unix.Unlinkat(int(dir.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		return nil, err
-	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(fd), name)
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), name)}); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	if err := unix.Fchmodat(int(dir.Fd()), name, 0o600, 0); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	if err := unix.Listen(fd, 64); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
 }
 
 // argOpts are the command line's optional devices.
