@@ -458,7 +458,7 @@ func TestStandinRecover(t *testing.T) {
 	if err != nil || st2.State != runtime.StateRunning || st2.Pid != st.Pid {
 		t.Fatalf("recovered status %+v %v, want running pid %d", st2, err, st.Pid)
 	}
-	if w := whoami(t, r2, h.ID); w.UID != e.r.sbs[h.ID].st.UID {
+	if w := whoami(t, r2, h.ID); w.UID != e.r.sbs.Lookup(h.ID).st.UID {
 		t.Fatalf("recovered agent says %+v", w)
 	}
 	if err := r2.Pause(ctx, h.ID); err != nil {
@@ -471,7 +471,7 @@ func TestStandinRecover(t *testing.T) {
 	if _, err := r2.uids.get(); err != nil {
 		t.Fatal(err)
 	}
-	if r2.uids.used[e.r.sbs[h.ID].st.UID] != true {
+	if r2.uids.used[e.r.sbs.Lookup(h.ID).st.UID] != true {
 		t.Fatal("the recovered sandbox's uid is free in the new instance")
 	}
 	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
@@ -558,7 +558,7 @@ func TestStandinForkAndSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uids := map[int]bool{e.r.sbs[h.ID].st.UID: true}
+	uids := map[int]bool{e.r.sbs.Lookup(h.ID).st.UID: true}
 	for _, f := range res {
 		defer func() { _ = e.r.Delete(ctx, f.Handle.ID) }()
 		if !f.MemoryPreserved || f.SourceFrozen <= 0 {

@@ -94,8 +94,7 @@ type Runtime struct {
 	// real-binary test on a host where no guest boots).
 	configureOnly bool
 
-	mu  sync.Mutex
-	sbs map[string]*sandbox
+	sbs vmm.Table[sandbox]
 }
 
 type sandbox struct {
@@ -127,7 +126,7 @@ func New(cfg Config, env runtime.Env, res kvmprobe.Result) *Runtime {
 		cfg.FirecrackerPath = p
 	}
 	return &Runtime{cfg: cfg, nodeID: cmpOr(env.NodeID, "default"), accel: res, uids: newUIDs(cfg.UIDStart, cfg.UIDCount),
-		agentWait: bootTimeout, sbs: map[string]*sandbox{}}
+		agentWait: bootTimeout, sbs: vmm.Table[sandbox]{Backend: Name}}
 }
 
 func cmpOr(a, b string) string {
@@ -155,15 +154,7 @@ func (r *Runtime) ValidateOptions(opts map[string]string) error {
 	return nil
 }
 
-func (r *Runtime) get(id string) (*sandbox, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sbs[id]
-	if sb == nil {
-		return nil, errdefs.New(errdefs.ErrNotFound, "microvm sandbox %q", id)
-	}
-	return sb, nil
-}
+func (r *Runtime) get(id string) (*sandbox, error) { return r.sbs.Get(id) }
 
 // jailIDOf is the jailer --id of sandbox id: the ID itself when the
 // jailer takes it, else a digest of it.
@@ -228,19 +219,13 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	if err := plan.Validate(goruntime.NumCPU()); err != nil {
 		return runtime.Handle{}, err
 	}
-	r.mu.Lock()
-	if r.sbs[spec.ID] != nil {
-		r.mu.Unlock()
+	sb := &sandbox{id: spec.ID, exit: runtime.NewExitLatch()}
+	if !r.sbs.Add(spec.ID, sb) {
 		return runtime.Handle{}, errdefs.New(errdefs.ErrAlreadyExists, "microvm sandbox %q", spec.ID)
 	}
-	sb := &sandbox{id: spec.ID, exit: runtime.NewExitLatch()}
-	r.sbs[spec.ID] = sb
-	r.mu.Unlock()
 	uid, err := r.uids.get()
 	if err != nil {
-		r.mu.Lock()
-		delete(r.sbs, spec.ID)
-		r.mu.Unlock()
+		r.sbs.Remove(spec.ID)
 		return runtime.Handle{}, err
 	}
 	jid := jailIDOf(spec.ID)
@@ -254,9 +239,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 				_ = os.Remove(filepath.Join(spec.StateDir, f))
 			}
 			r.uids.put(uid)
-			r.mu.Lock()
-			delete(r.sbs, spec.ID)
-			r.mu.Unlock()
+			r.sbs.Remove(spec.ID)
 		}
 	}()
 	if _, err := os.Stat(filepath.Dir(r.cfg.Root(jid))); err == nil {
@@ -642,24 +625,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		}
 		sb.startMu.Unlock()
 	}
-	waitFor := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-sb.exit.Done():
-			return true
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		return false
-	}
 	if opts.Timeout > 0 {
 		actx, cancel := context.WithTimeout(ctx, time.Second)
 		c := r.client(sb.st)
 		_ = c.PatchVM(actx, VMResumed) // a paused guest cannot shut down
 		err := c.Action(actx, ActionSendCtrlAltDel)
 		cancel()
-		if err == nil && waitFor(opts.Timeout) {
+		if err == nil && vmm.Within(ctx, sb.exit.Done(), opts.Timeout) {
 			return nil
 		}
 	}
@@ -719,9 +691,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	r.uids.put(st.UID)
-	r.mu.Lock()
-	delete(r.sbs, id)
-	r.mu.Unlock()
+	r.sbs.Remove(id)
 	sb.exit.Gone()
 	return nil
 }
@@ -816,10 +786,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := json.Unmarshal(h.State, &hs); err != nil || hs.StateDir == "" {
 		return errdefs.Invalid("handle", "microvm handle %q has no state dir (%v)", h.ID, err)
 	}
-	r.mu.Lock()
-	known := r.sbs[h.ID] != nil
-	r.mu.Unlock()
-	if known {
+	if r.sbs.Lookup(h.ID) != nil {
 		return nil
 	}
 	st, err := readRunState(hs.StateDir)
@@ -846,13 +813,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		}
 	}
 	sb := &sandbox{id: h.ID, st: st, started: started, exit: runtime.NewExitLatch()}
-	r.mu.Lock()
-	if r.sbs[h.ID] != nil {
-		r.mu.Unlock()
+	if !r.sbs.Add(h.ID, sb) {
 		return nil
 	}
-	r.sbs[h.ID] = sb
-	r.mu.Unlock()
 	if !started {
 		return nil
 	}

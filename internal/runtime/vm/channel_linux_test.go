@@ -10,6 +10,7 @@ import (
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime"
+	"github.com/kernflux/opendsec/internal/runtime/vmm"
 )
 
 // The agent channel on QEMU's command line, for each machine type: a
@@ -80,7 +81,7 @@ func TestNewAgentChannelOnThisHost(t *testing.T) {
 // Recover keeps a VM's CID (its running QEMU has it): a new VM does not
 // get it; after Delete it is free again.
 func TestRecoverKeepsAgentCID(t *testing.T) {
-	r := &Runtime{cfg: Config{NodeID: "cidtest", MemoryDir: t.TempDir()}, sbs: map[string]*sandbox{}}
+	r := &Runtime{cfg: Config{NodeID: "cidtest", MemoryDir: t.TempDir()}, sbs: vmm.Table[sandbox]{Backend: Name}}
 	sd := t.TempDir()
 	if err := writeRunState(sd, runState{ID: "old"}); err != nil {
 		t.Fatal(err)
@@ -111,7 +112,8 @@ func TestRecoverKeepsAgentCID(t *testing.T) {
 // A vsock VM's AgentConn dials AF_VSOCK at its CID; a done context is
 // refused before any connect (nothing is sent).
 func TestAgentConnVsockHonoursContext(t *testing.T) {
-	r := &Runtime{sbs: map[string]*sandbox{"v": {id: "v", st: handleState{AgentCID: 9}}}}
+	r := &Runtime{}
+	r.sbs.Add("v", &sandbox{id: "v", st: handleState{AgentCID: 9}})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := r.AgentConn(ctx, "v")

@@ -53,13 +53,7 @@ func conformanceFactory(t *testing.T) runtimetest.Factory {
 // letGo closes every QMP and agent connection r holds, as the process of
 // a node killed with -9 would: a new instance can then Recover its VMs.
 func (r *Runtime) letGo() {
-	r.mu.Lock()
-	sbs := make([]*sandbox, 0, len(r.sbs))
-	for _, sb := range r.sbs {
-		sbs = append(sbs, sb)
-	}
-	r.mu.Unlock()
-	for _, sb := range sbs {
+	for _, sb := range r.sbs.All() {
 		sb.mu.Lock()
 		if sb.qmp != nil {
 			_ = sb.qmp.Close()

@@ -36,9 +36,7 @@ func startAsNode(t *testing.T, ctx context.Context, r *Runtime, id string) (runt
 	if err != nil || st.State != runtime.StateRunning || st.Pid == 0 {
 		t.Fatalf("status after start: %+v %v", st, err)
 	}
-	r.mu.Lock()
-	sb := r.sbs[id]
-	r.mu.Unlock()
+	sb := r.sbs.Lookup(id)
 	sb.mu.Lock()
 	_ = sb.qmp.Close()
 	sb.qmp = nil
@@ -221,9 +219,7 @@ func TestQEMURecoverCreatedOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNothingLeft(t, r2, id, sd, 0)
-	r.mu.Lock()
-	delete(r.sbs, id) // the first instance died with the node
-	r.mu.Unlock()
+	r.sbs.Remove(id) // the first instance died with the node
 }
 
 // isQEMUOf's match: the sandbox's -name, its RAM file on this node and,
@@ -295,7 +291,8 @@ func TestArgsBalloon(t *testing.T) {
 func TestReclaimRefusesPmem(t *testing.T) {
 	sb := &sandbox{id: "sb-pmem", started: true, exit: runtime.NewExitLatch(),
 		st: handleState{Args: []string{"-object", "memory-backend-file,id=l0,share=on,readonly=on", "-device", "virtio-pmem-pci,memdev=l0,id=pl0"}}}
-	r := &Runtime{sbs: map[string]*sandbox{sb.id: sb}}
+	r := &Runtime{}
+	r.sbs.Add(sb.id, sb)
 	_, err := r.Reclaim(context.Background(), sb.id)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "layer_device") {
 		t.Fatalf("reclaim of a pmem VM: %v; want failed precondition naming layer_device", err)

@@ -512,18 +512,8 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 	if err != nil {
 		return nil, err
 	}
-	out := make([]runtime.ForkResult, 0, len(specs))
-	for _, s := range specs {
-		h, err := r.create(ctx, s, rf)
-		if err != nil {
-			for _, f := range out {
-				_ = r.Delete(context.WithoutCancel(ctx), f.Handle.ID)
-			}
-			return nil, fmt.Errorf("fork %s: %w", s.ID, err)
-		}
-		out = append(out, runtime.ForkResult{Handle: h, MemoryPreserved: true, SourceFrozen: time.Duration(m.FrozenNS)})
-	}
-	return out, nil
+	create := func(ctx context.Context, s runtime.Spec) (runtime.Handle, error) { return r.create(ctx, s, rf) }
+	return vmm.ForkEach(ctx, specs, time.Duration(m.FrozenNS), create, r.Delete)
 }
 
 // makeSparse makes an empty file of size bytes.

@@ -53,7 +53,7 @@ func TestQEMUInNetnsWithTap(t *testing.T) {
 	if !os.SameFile(want, got) {
 		t.Fatalf("qemu %d is not in the sandbox's netns", st.Pid)
 	}
-	raw, err := r.sbs[h.ID].qmp.Execute(ctx, "query-rx-filter", nil)
+	raw, err := r.sbs.Lookup(h.ID).qmp.Execute(ctx, "query-rx-filter", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

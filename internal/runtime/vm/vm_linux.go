@@ -41,8 +41,7 @@ type Runtime struct {
 	accel string
 	why   string // why this accelerator
 
-	mu  sync.Mutex
-	sbs map[string]*sandbox
+	sbs vmm.Table[sandbox]
 
 	// privateSnapshots puts guest RAM into the migration stream (restores
 	// get private copies): the benchmark's comparison with shared pages.
@@ -101,7 +100,7 @@ func New(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		return nil, fmt.Errorf("node.backends.vm.qemu_path %q: %w: install qemu-system-x86 or set qemu_path: %w", cfg.QEMUPath, errdefs.ErrFailedPrecondition, err)
 	}
 	cfg.QEMUPath = p
-	r := &Runtime{cfg: cfg, sbs: map[string]*sandbox{}, accel: cfg.Accel, why: "configured"}
+	r := &Runtime{cfg: cfg, sbs: vmm.Table[sandbox]{Backend: Name}, accel: cfg.Accel, why: "configured"}
 	r.vsockOK, r.vsockWhy = vhostVsock(vhostVsockPath)
 	if r.vsockOK {
 		r.cids.taken = cidTakenOnHost
@@ -151,15 +150,7 @@ func (r *Runtime) ValidateOptions(opts map[string]string) error {
 	return nil
 }
 
-func (r *Runtime) get(id string) (*sandbox, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sbs[id]
-	if sb == nil {
-		return nil, fmt.Errorf("vm sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	return sb, nil
-}
+func (r *Runtime) get(id string) (*sandbox, error) { return r.sbs.Get(id) }
 
 // validate checks spec against the host and the assets; it makes nothing.
 // What every backend checks comes first (runtime.ValidateSpec: at least
@@ -233,14 +224,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		}
 		vcpus, memMB = from.m.VCPUs, from.m.MemoryMB
 	}
-	r.mu.Lock()
-	if r.sbs[spec.ID] != nil {
-		r.mu.Unlock()
+	sb := &sandbox{id: spec.ID, spec: spec, exit: runtime.NewExitLatch(), startedC: make(chan struct{})}
+	if !r.sbs.Add(spec.ID, sb) {
 		return runtime.Handle{}, fmt.Errorf("vm sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
-	sb := &sandbox{id: spec.ID, spec: spec, exit: runtime.NewExitLatch(), startedC: make(chan struct{})}
-	r.sbs[spec.ID] = sb
-	r.mu.Unlock()
 	cg := r.cgroupPath(spec.ID)
 	mem := r.memPath(spec.ID)
 	defer func() {
@@ -253,9 +240,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 				_ = os.Remove(filepath.Join(spec.StateDir, f))
 			}
 			_ = os.Remove(mem)
-			r.mu.Lock()
-			delete(r.sbs, spec.ID)
-			r.mu.Unlock()
+			r.sbs.Remove(spec.ID)
 		}
 	}()
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
@@ -1144,29 +1129,17 @@ func (r *Runtime) Stop(ctx context.Context, id string, opts runtime.StopOptions)
 		q, pid = sb.qmp, sb.st.Pid
 		sb.mu.Unlock()
 	}
-	waitFor := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-sb.exit.Done():
-			return true
-		case <-t.C:
-			return false
-		case <-ctx.Done():
-			return false
-		}
-	}
 	if q != nil && opts.Timeout > 0 {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, _ = q.Execute(qctx, "system_powerdown", nil)
 		cancel()
-		if waitFor(opts.Timeout) {
+		if vmm.Within(ctx, sb.exit.Done(), opts.Timeout) {
 			return nil
 		}
 		qctx, cancel = context.WithTimeout(ctx, time.Second)
 		_, _ = q.Execute(qctx, "quit", nil)
 		cancel()
-		if waitFor(time.Second) {
+		if vmm.Within(ctx, sb.exit.Done(), time.Second) {
 			return nil
 		}
 	}
@@ -1227,9 +1200,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(sb.st.StateDir, reclaimDir)); err != nil {
 		return fmt.Errorf("vm %s delete its reclaimed state: %w: %w", id, errdefs.ErrInternal, err)
 	}
-	r.mu.Lock()
-	delete(r.sbs, id)
-	r.mu.Unlock()
+	r.sbs.Remove(id)
 	sb.exit.Gone()
 	return nil
 }
@@ -1285,10 +1256,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if st.StateDir == "" {
 		return fmt.Errorf("vm handle %q: %w: no state dir", h.ID, errdefs.ErrInvalidArgument)
 	}
-	r.mu.Lock()
-	known := r.sbs[h.ID] != nil
-	r.mu.Unlock()
-	if known {
+	if r.sbs.Lookup(h.ID) != nil {
 		return nil
 	}
 	rs, err := readRunState(st.StateDir)
@@ -1350,13 +1318,9 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if started {
 		close(sb.startedC)
 	}
-	r.mu.Lock()
-	if r.sbs[h.ID] != nil {
-		r.mu.Unlock()
+	if !r.sbs.Add(h.ID, sb) {
 		return nil
 	}
-	r.sbs[h.ID] = sb
-	r.mu.Unlock()
 	if st.AgentCID != 0 {
 		// Kept: the running QEMU (or a reclaimed VM's restore) has it.
 		if err := r.cids.keep(h.ID, st.AgentCID); err != nil {

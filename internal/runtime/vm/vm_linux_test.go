@@ -154,7 +154,7 @@ func TestQEMULifecycle(t *testing.T) {
 	// A second backend (the node after a restart) recovers the running QEMU.
 	// QMP serves one client at a time: the first node's connection ends with it.
 	h, _ = r.Handle(h.ID)
-	_ = r.sbs[h.ID].qmp.Close()
+	_ = r.sbs.Lookup(h.ID).qmp.Close()
 	r2, _ := newTestRuntime(t)
 	if err := r2.Recover(ctx, h); err != nil {
 		t.Fatal(err)
@@ -249,7 +249,7 @@ func TestQEMUAccelMismatchIsFatal(t *testing.T) {
 	if err != nil || es.Reason != "accelerator mismatch" {
 		t.Fatalf("wait: %+v %v", es, err)
 	}
-	if err := r.exitError(r.sbs[h.ID]); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := r.exitError(r.sbs.Lookup(h.ID)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("error %v, want failed precondition naming the accelerator", err)
 	}
 }
