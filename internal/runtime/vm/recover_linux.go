@@ -50,13 +50,10 @@ func readRunState(sd string) (runState, error) {
 	return rs, err
 }
 
-// isQEMUOf says whether pid runs the QEMU of sandbox id on this node (its
-// -name and RAM file; with sd, also its pidfile in sd). The process may
-// still be nsenter just before its exec: its arguments are QEMU's.
-func (r *Runtime) isQEMUOf(pid int, id, sd string) bool {
-	return r.argsOf(vmm.Cmdline(pid), id, sd)
-}
-
+// argsOf says whether args are those of the QEMU of sandbox id on this
+// node (its -name and RAM file; with sd, also its pidfile in sd). The
+// process may still be nsenter just before its exec: its arguments are
+// QEMU's.
 func (r *Runtime) argsOf(args []string, id, sd string) bool {
 	name, mem, dir := false, false, sd == ""
 	memArg := "mem-path=" + r.memPath(id) + ","

@@ -222,7 +222,7 @@ func TestQEMURecoverCreatedOnly(t *testing.T) {
 	r.sbs.Remove(id) // the first instance died with the node
 }
 
-// isQEMUOf's match: the sandbox's -name, its RAM file on this node and,
+// argsOf's match: the sandbox's -name, its RAM file on this node and,
 // when asked, its pidfile in the state dir; as QEMU or as the nsenter
 // that execs it.
 func TestArgsOfMatchesOnlyThisSandbox(t *testing.T) {
