@@ -1,7 +1,6 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -269,10 +268,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		if diskMB == 0 {
 			diskMB = DefaultDiskMB
 		}
-		if err := makeDisk(ctx, plan.Writable, diskMB); err != nil {
-			return runtime.Handle{}, err
+		if err := vmm.MakeDisk(ctx, plan.Writable, diskMB); err != nil {
+			return runtime.Handle{}, fmt.Errorf("microvm %w", err)
 		}
-		if err := writeConfigDisk(plan.ConfigDisk, spec); err != nil {
+		if err := vmm.WriteConfigDisk(plan.ConfigDisk, spec.Guest); err != nil {
 			return runtime.Handle{}, err
 		}
 	} else if err := from.copyDisks(spec.StateDir); err != nil {
@@ -337,42 +336,6 @@ func readRunState(sd string) (runState, error) {
 	var st runState
 	err := vmm.ReadRunFile(filepath.Join(sd, runFile), &st)
 	return st, err
-}
-
-func makeDisk(ctx context.Context, path string, mb int64) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm writable disk: %w", err)
-	}
-	err = f.Truncate(mb << 20)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm writable disk size: %w", err)
-	}
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-L", "opendsec-rw", path).CombinedOutput()
-	if err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm writable disk mkfs.ext4: %w: %s", err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// writeConfigDisk writes vmchan.GuestConfig as JSON, NUL-padded to 4 KiB
-// blocks (the vm backend's format; docs/vm-guest.md).
-func writeConfigDisk(path string, spec runtime.Spec) error {
-	b, err := json.Marshal(vmchan.GuestConfig{Env: spec.Guest.Env, User: spec.Guest.User, Workdir: spec.Guest.Workdir, Nameservers: spec.Guest.Nameservers})
-	if err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm config disk: %w", err)
-	}
-	if len(b) >= 1<<20 {
-		return errdefs.Invalid("guest", "env, user, workdir and nameservers take %d bytes; keep them under 1 MiB", len(b))
-	}
-	b = append(b, make([]byte, (4096-len(b)%4096)%4096)...)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return errdefs.New(errdefs.ErrInternal, "microvm config disk: %w", err)
-	}
-	return nil
 }
 
 func (r *Runtime) apiSock(st runState) string {

@@ -188,7 +188,7 @@ func (r *Runtime) snapshotTo(ctx context.Context, sb *sandbox, dir, memDst strin
 			if err := copySparse(st.MemPath, memDst); err != nil {
 				return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
 			}
-		} else if err := makeSparse(memDst, st.MemoryMB<<20); err != nil {
+		} else if err := vmm.MakeSparse(memDst, st.MemoryMB<<20); err != nil {
 			// RAM mapped private went into the stream; restores map an
 			// empty file of its size.
 			return fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
@@ -294,7 +294,7 @@ func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleS
 	if err := copySparse(filepath.Join(st.StateDir, reclaimDir, reclaimStateFile), filepath.Join(dir, snapStateFile)); err != nil {
 		return nil, fmt.Errorf("vm %s snapshot of its reclaimed state: %w", sb.id, err)
 	}
-	if err := makeSparse(memDst, st.MemoryMB<<20); err != nil {
+	if err := vmm.MakeSparse(memDst, st.MemoryMB<<20); err != nil {
 		return nil, fmt.Errorf("vm %s snapshot of its memory: %w", sb.id, err)
 	}
 	if err := copyDisks(sb.id, st.StateDir, dir); err != nil {
@@ -514,22 +514,6 @@ func (r *Runtime) Fork(ctx context.Context, id string, specs []runtime.Spec) (_ 
 	}
 	create := func(ctx context.Context, s runtime.Spec) (runtime.Handle, error) { return r.create(ctx, s, rf) }
 	return vmm.ForkEach(ctx, specs, time.Duration(m.FrozenNS), create, r.Delete)
-}
-
-// makeSparse makes an empty file of size bytes.
-func makeSparse(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
-	}
-	return nil
 }
 
 // copySparse is fsutil.CopySparse with the file's name in its error.

@@ -269,10 +269,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 		if diskMB == 0 {
 			diskMB = DefaultDiskMB
 		}
-		if err := makeDisk(ctx, disk, diskMB); err != nil {
-			return runtime.Handle{}, err
+		if err := vmm.MakeDisk(ctx, disk, diskMB); err != nil {
+			return runtime.Handle{}, fmt.Errorf("vm %w", err)
 		}
-		if err := writeConfigDisk(filepath.Join(spec.StateDir, "config.img"), spec); err != nil {
+		if err := vmm.WriteConfigDisk(filepath.Join(spec.StateDir, "config.img"), spec.Guest); err != nil {
 			return runtime.Handle{}, err
 		}
 		sb.st.MemShared = true
@@ -321,51 +321,12 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, from *restoreFr
 	return r.handle(sb), nil
 }
 
-// writeConfigDisk writes the guest's configuration disk (vmchan.GuestConfig
-// as JSON, NUL-padded to whole 4 KiB).
-func writeConfigDisk(path string, spec runtime.Spec) error {
-	b, err := json.Marshal(vmchan.GuestConfig{Env: spec.Guest.Env, User: spec.Guest.User, Workdir: spec.Guest.Workdir, Nameservers: spec.Guest.Nameservers})
-	if err != nil {
-		return fmt.Errorf("vm config disk: %w: %w", errdefs.ErrInternal, err)
-	}
-	if len(b) > maxConfigBytes {
-		return fmt.Errorf("guest env, user, workdir and nameservers: %w: they take %d bytes; keep them under %d", errdefs.ErrInvalidArgument, len(b), maxConfigBytes)
-	}
-	b = append(b, make([]byte, (4096-len(b)%4096)%4096)...)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return fmt.Errorf("vm config disk: %w: %w", errdefs.ErrInternal, err)
-	}
-	return nil
-}
-
-// maxConfigBytes bounds the configuration disk (the guest reads 1 MiB).
-const maxConfigBytes = 1<<20 - 1
-
 // ownedFiles are what the backend makes in StateDir.
 var ownedFiles = []string{"rw.ext4", "config.img", "state", "qmp.sock", "agent.sock", "console.log", "qemu.log", "qemu.pid", runFile, runFile + ".tmp"}
 
 func (r *Runtime) handle(sb *sandbox) runtime.Handle {
 	b, _ := json.Marshal(sb.st)
 	return runtime.Handle{ID: sb.id, Version: 1, State: b}
-}
-
-func makeDisk(ctx context.Context, path string, mb int64) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("vm writable disk: %w: %w", errdefs.ErrInternal, err)
-	}
-	err = f.Truncate(mb << 20)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("vm writable disk size: %w: %w", errdefs.ErrInternal, err)
-	}
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-L", "opendsec-rw", path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("vm writable disk mkfs.ext4: %w: %w: %s", errdefs.ErrInternal, err, bytes.TrimSpace(out))
-	}
-	return nil
 }
 
 // The fds QEMU finds its listening sockets at (os/exec's ExtraFiles start at 3).
