@@ -238,6 +238,17 @@ func TestGuestReclaimKeepsCounter(t *testing.T) {
 	if got := guestRun(t, r2, id, "cat /sys/class/net/eth0/address"); got != mac {
 		t.Errorf("restored guest's MAC %s, before the reclaim %s", got, mac)
 	}
+	// A snapshot of a VM this instance found by Recover (no spec) records
+	// its tap network, so it restores into a tap sandbox.
+	sdir := t.TempDir()
+	if _, err := r2.Snapshot(ctx, id, sdir); err != nil {
+		t.Fatalf("snapshot of a recovered VM: %v", err)
+	}
+	if rf, err := loadSnapshot(sdir); err != nil {
+		t.Errorf("snapshot of a recovered VM: %v", err)
+	} else if rf.m.Network != runtime.NetworkTap {
+		t.Errorf("snapshot of a recovered VM: manifest network %q, want %q", rf.m.Network, runtime.NetworkTap)
+	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("saved state dir after the restore: %v", err)
 	}

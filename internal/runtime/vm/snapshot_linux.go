@@ -233,9 +233,13 @@ func copyDisks(id, sd, dir string) error {
 // newManifest is the manifest of sb's snapshot as its state st says; the
 // snapshot adds how it was taken, writeManifest the layers and files.
 func (r *Runtime) newManifest(sb *sandbox, st handleState) *snapshotManifest {
-	return &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
+	m := &snapshotManifest{Version: manifestV, Accel: st.Accel, Machine: r.cfg.Machine, QEMU: r.Info().Version, MemoryMB: st.MemoryMB, VCPUs: st.VCPUs,
 		SourceID: sb.id, SourceStateDir: st.StateDir, SourceMem: st.MemPath, Args: st.Args, Network: sb.spec.Network.Mode,
 		Files: map[string]vmm.FileSum{}, Created: time.Now().UTC()}
+	if m.Network == "" && st.Addr != "" {
+		m.Network = runtime.NetworkTap // a sandbox found by Recover has no spec
+	}
+	return m
 }
 
 // writeManifest completes m (layers, file sums) and writes it into dir.
@@ -300,11 +304,7 @@ func (r *Runtime) snapshotReclaimed(ctx context.Context, sb *sandbox, st handleS
 	if err := copyDisks(sb.id, st.StateDir, dir); err != nil {
 		return nil, err
 	}
-	m := r.newManifest(sb, st)
-	if m.Network == "" && st.Addr != "" {
-		m.Network = runtime.NetworkTap // a sandbox found by Recover has no spec
-	}
-	return r.writeManifest(ctx, sb, dir, memDst, m)
+	return r.writeManifest(ctx, sb, dir, memDst, r.newManifest(sb, st))
 }
 
 // migrateToFile streams QEMU's state into path and waits for the end.
