@@ -401,12 +401,21 @@ func classify(fd int) (w waiting, ok bool) {
 	return w, true
 }
 
-// readHead reads a request's head (to the blank line, at most 8 KiB) and
-// returns its HTTP version ("" when it cannot tell).
+// readHead reads a request's head (to the blank line, at most 8 KiB, for
+// at most peekTimeout in all: a client dribbling bytes holds init's accept
+// no longer) and returns its HTTP version ("" when it cannot tell).
 func readHead(fd int) string {
 	var head []byte
 	buf := make([]byte, 1024)
+	deadline := time.Now().Add(peekTimeout)
 	for len(head) < 8<<10 && !strings.Contains(string(head), "\r\n\r\n") {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		// At least 1ms: a zero timeval means no timeout at all.
+		tv := unix.NsecToTimeval(max(left, time.Millisecond).Nanoseconds())
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 		n, err := unix.Read(fd, buf)
 		if errors.Is(err, unix.EINTR) {
 			continue

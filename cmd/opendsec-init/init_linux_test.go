@@ -267,6 +267,52 @@ func TestMissingServerReported(t *testing.T) {
 	}
 }
 
+// TestSlowHealthClientHoldsNoOne: a client that sends the start of a
+// GET /health and then dribbles holds init's accept for at most about a
+// second: a health request behind it is answered, and so is the slow one.
+func TestSlowHealthClientHoldsNoOne(t *testing.T) {
+	cmd, sock, stderr := startInit(t, "/bin/false")
+	slow, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	if _, err := slow.Write([]byte("GET /health HTTP/1.1\r\nHost: a")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	dribbled := make(chan struct{})
+	go func() {
+		defer close(dribbled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond): // the dribble's pace, not synchronisation
+				if _, err := slow.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-dribbled }()
+	start := time.Now()
+	if code, _ := get(t, unixClient(sock), "/health", stderr); code != http.StatusNoContent {
+		t.Fatalf("health behind a slow client: %d", code)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("health behind a slow client took %s; init's wait for a head is bounded by about 1s", d)
+	}
+	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 64)
+	if n, err := slow.Read(b); err != nil || !strings.HasPrefix(string(b[:n]), "HTTP/1.1 204") {
+		t.Fatalf("slow client's answer: %q, %v", b[:n], err)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
 // TestSilentConnectionGoesToServer: a connection that sends nothing within
 // init's peek window is handed to the server (its timeouts apply), and one
 // closed before sending anything starts nothing.
