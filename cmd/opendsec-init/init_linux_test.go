@@ -329,13 +329,20 @@ func TestSilentConnectionGoesToServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	poll(t, 5*time.Second, "server start for the silent connection", func() bool { return len(children(cmd.Process.Pid)) == 1 })
-	b, _ := os.ReadFile(count)
-	if n := strings.Count(string(b), "x"); n != 1 {
-		t.Fatalf("%d starts, want 1 (the closed connection starts nothing)", n)
+	t.Cleanup(func() {
+		for _, c := range children(cmd.Process.Pid) {
+			syscall.Kill(c, syscall.SIGKILL)
+		}
+	})
+	starts := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "x")
 	}
-	for _, c := range children(cmd.Process.Pid) {
-		syscall.Kill(c, syscall.SIGKILL)
+	// The closed connection was first in the queue: by the time the silent
+	// one started a server, init was done with it.
+	poll(t, 5*time.Second, "server start for the silent connection", func() bool { return starts() >= 1 })
+	if n := starts(); n != 1 {
+		t.Fatalf("%d starts, want 1 (the closed connection starts nothing)", n)
 	}
 }
 
