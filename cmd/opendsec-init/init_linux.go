@@ -109,12 +109,15 @@ type supervisor struct {
 	ready  chan waiting  // a connection taken from the socket
 	readyc chan readyMsg // a started server's report on --ready-fd
 
-	pid         int // the running server; 0 when none
-	gen         int // counts starts: tells a stale readyMsg apart
-	started     time.Time
-	held        int  // init's copy of the connection the server started with, until it serves; -1: none
-	notReady    bool // the server closed its ready pipe without the byte
-	failures    int  // consecutive failed starts
+	pid      int // the running server; 0 when none
+	gen      int // counts starts: tells a stale readyMsg apart
+	started  time.Time
+	held     int  // init's copy of the connection the server started with, until it serves; -1: none
+	notReady bool // the server closed its ready pipe without the byte
+	failures int  // consecutive failed starts
+	// failure says why no server can serve (the agent binary failed the
+	// boot check, or the last start failed); /health answers 503 with it.
+	// Empty once a server serves.
 	failure     string
 	terminating bool
 	exitCode    int
