@@ -96,8 +96,9 @@ func rssAnon(t *testing.T, pid int) int64 {
 	return 0
 }
 
-// TestIdleExitFlags: --idle-exit needs a socket kept by opendsec-init, and
-// a negative value is refused; both name the flag.
+// TestIdleExitFlags: --idle-exit, --conn-fd and --ready-fd need a socket
+// kept by opendsec-init, and a negative --idle-exit is refused; each names
+// the flag.
 func TestIdleExitFlags(t *testing.T) {
 	bin := testutil.AgentBinary(t)
 	sock := filepath.Join(t.TempDir(), "a.sock")
@@ -108,6 +109,8 @@ func TestIdleExitFlags(t *testing.T) {
 		{[]string{"--listen", sock, "--idle-exit", "1s"}, "--idle-exit needs --listen-fd"},
 		{[]string{"--listen-fd", "3", "--idle-exit", "-1s"}, "--idle-exit: -1s is negative"},
 		{[]string{"--listen-fd", "9"}, "--listen-fd"},
+		{[]string{"--listen", sock, "--conn-fd", "4"}, "--conn-fd and --ready-fd need --listen-fd"},
+		{[]string{"--listen", sock, "--ready-fd", "5"}, "--conn-fd and --ready-fd need --listen-fd"},
 	} {
 		out, err := exec.Command(bin, tc.args...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -43,6 +44,8 @@ func run() error {
 		showVer   = flag.Bool("version", false, "print the version and exit")
 		seccompF  = flag.String("seccomp-filter", "", "install this seccomp BPF program (no_new_privs, all threads) before anything else; the agent exits if it cannot")
 		listenFD  = flag.Int("listen-fd", -1, "serve on this inherited listening socket (from opendsec-init) instead of --listen; makes the agent a child subreaper")
+		connFD    = flag.Int("conn-fd", -1, "with --listen-fd: an accepted connection opendsec-init took from the socket; served first")
+		readyFD   = flag.Int("ready-fd", -1, "with --listen-fd: write one byte on this pipe and close it once serving (opendsec-init answers the --conn-fd connection itself if the agent dies before)")
 		idleExit  = flag.Duration("idle-exit", 0, "exit cleanly after this long without requests, child processes or watchers (0: never); needs --listen-fd")
 		envFile   = flag.String("env-file", "", "KEY=VALUE lines set in the agent's environment (and so every process's) at start, over what it was given; a missing file sets nothing (the gvisor backend's Launch writes it)")
 		dial      = flag.String("dial", "", "proxy mode: connect to this tcp:HOST:PORT, copy stdin to it and it to stdout, then exit (the gvisor backend reaches the agent this way through `runsc exec`)")
@@ -77,6 +80,9 @@ func run() error {
 	}
 	if *idleExit > 0 && *listenFD < 0 {
 		return fmt.Errorf("--idle-exit needs --listen-fd: only a socket kept open by opendsec-init survives the exit")
+	}
+	if (*connFD >= 0 || *readyFD >= 0) && *listenFD < 0 {
+		return fmt.Errorf("--conn-fd and --ready-fd need --listen-fd: they come from opendsec-init")
 	}
 	logger := log.New(log.Options{Level: *logLevel})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -114,11 +120,41 @@ func run() error {
 			return fmt.Errorf("--listen-fd %d: not an open file descriptor", *listenFD)
 		}
 		defer f.Close()
-		listenFn = func() (net.Listener, error) { return inheritedListener(f) }
+		var first net.Conn
+		if *connFD >= 0 {
+			c, err := inheritedConn(*connFD)
+			if err != nil {
+				return err
+			}
+			first = c
+		}
+		listenFn = func() (net.Listener, error) {
+			ln, err := inheritedListener(f)
+			if err != nil || first == nil {
+				return ln, err
+			}
+			// Only the first listener serves the connection init took.
+			c := first
+			first = nil
+			return &firstConnListener{Listener: ln, first: c}, nil
+		}
+	}
+	ready := func() {}
+	if *readyFD >= 0 {
+		syscall.CloseOnExec(*readyFD)
+		fd := *readyFD
+		ready = func() {
+			if fd < 0 {
+				return
+			}
+			_, _ = syscall.Write(fd, []byte{1})
+			syscall.Close(fd)
+			fd = -1
+		}
 	}
 	logger.Info("agent listening", "addr", addr, "version", version.Version, "pid1", cfg.Init, "subreaper", cfg.Subreaper, "idle_exit", *idleExit)
 	for {
-		again, err := serve(ctx, a, listenFn, *idleExit)
+		again, err := serve(ctx, a, listenFn, ready, *idleExit)
 		if err != nil || !again {
 			return err
 		}
@@ -134,11 +170,13 @@ const drainTimeout = 5 * time.Second
 // so new connections wait in its queue), lets requests in flight finish
 // and, if the agent is still idle, returns false to exit; if something
 // started meanwhile it returns true to serve again.
-func serve(ctx context.Context, a *agent.Agent, listen func() (net.Listener, error), idleExit time.Duration) (again bool, err error) {
+// ready is called once the listener is up, just before serving.
+func serve(ctx context.Context, a *agent.Agent, listen func() (net.Listener, error), ready func(), idleExit time.Duration) (again bool, err error) {
 	ln, err := listen()
 	if err != nil {
 		return false, err
 	}
+	ready()
 	srv := &http.Server{
 		Handler:           a.Handler(),
 		ReadHeaderTimeout: 30 * time.Second,
@@ -188,6 +226,52 @@ func inheritedListener(f *os.File) (net.Listener, error) {
 		return nil, fmt.Errorf("--listen-fd: not a listening socket: %w", err)
 	}
 	return ln, nil
+}
+
+// inheritedConn takes the connection init accepted (fd), leaving a
+// close-on-exec dup of it in Go's poller.
+func inheritedConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "conn-fd")
+	if f == nil {
+		return nil, fmt.Errorf("--conn-fd %d: not an open file descriptor", fd)
+	}
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("--conn-fd %d: not a connected socket: %w", fd, err)
+	}
+	return c, nil
+}
+
+// firstConnListener returns first from its first Accept, then accepts
+// from the socket.
+type firstConnListener struct {
+	net.Listener
+	mu    sync.Mutex
+	first net.Conn
+}
+
+func (l *firstConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.first
+	l.first = nil
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	return l.Listener.Accept()
+}
+
+// Close also closes a first connection never accepted.
+func (l *firstConnListener) Close() error {
+	l.mu.Lock()
+	c := l.first
+	l.first = nil
+	l.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	return l.Listener.Close()
 }
 
 // listenOn listens on a unix socket path (removing a stale socket file) or

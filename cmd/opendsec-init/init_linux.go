@@ -58,17 +58,19 @@ func run(cfg config) int {
 	signal.Notify(chld, unix.SIGCHLD)
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 	dropSignals()
-	s := &supervisor{cfg: cfg, lfd: lfd, env: env, arm: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
-	go waitReadable(lfd, s.arm, s.ready)
-	// The node asks for /health the moment the sandbox starts: start the
-	// server now, so its start overlaps runc's return instead of waiting
-	// for that first connection. Later starts are on demand.
-	var retry <-chan time.Time
-	if err := s.start(); err != nil {
-		s.failures++
-		logf(err.Error())
-		retry = s.rearm(s.backoff())
+	s := &supervisor{cfg: cfg, lfd: lfd, env: env, held: -1,
+		arm: make(chan struct{}, 1), ready: make(chan waiting, 1), readyc: make(chan readyMsg, 8)}
+	// No server at boot: init answers the node's first GET /health itself
+	// (see classify), and the server starts with the first real request.
+	// A missing or non-executable agent is caught here, at no cost, and
+	// reported by that /health answer.
+	s.failure = checkServer(cfg.server[0])
+	if s.failure != "" {
+		logf(s.failure)
 	}
+	go acceptLoop(lfd, s.arm, s.ready)
+	s.arm <- struct{}{}
+	var retry <-chan time.Time
 	return s.loop(chld, term, retry)
 }
 
@@ -100,17 +102,32 @@ func dropSignals() {
 
 // supervisor starts the server on demand and reaps every process.
 type supervisor struct {
-	cfg   config
-	lfd   int
-	env   []string      // the server's environment
-	arm   chan struct{} // ask waitReadable for one readiness report
-	ready chan struct{} // a connection waits
+	cfg    config
+	lfd    int
+	env    []string      // the server's environment
+	arm    chan struct{} // ask acceptLoop for one connection
+	ready  chan waiting  // a connection taken from the socket
+	readyc chan readyMsg // a started server's report on --ready-fd
 
-	pid         int // the running server; 0 when none
-	started     time.Time
-	failures    int // consecutive failed starts
+	pid      int // the running server; 0 when none
+	gen      int // counts starts: tells a stale readyMsg apart
+	started  time.Time
+	held     int  // init's copy of the connection the server started with, until it serves; -1: none
+	notReady bool // the server closed its ready pipe without the byte
+	failures int  // consecutive failed starts
+	// failure says why no server can serve (the agent binary failed the
+	// boot check, or the last start failed); /health answers 503 with it.
+	// Empty once a server serves.
+	failure     string
 	terminating bool
 	exitCode    int
+}
+
+// readyMsg is what a server said on its --ready-fd: ok when it wrote the
+// byte (it serves), not ok when the pipe closed without it.
+type readyMsg struct {
+	gen int
+	ok  bool
 }
 
 // loop runs until init is done; retry, when set, re-arms the socket watch.
@@ -130,14 +147,27 @@ func (s *supervisor) loop(chld, term <-chan os.Signal, retry <-chan time.Time) i
 			}
 			// The server ends its processes and exits; init follows.
 			_ = unix.Kill(s.pid, sig.(syscall.Signal))
-		case <-s.ready:
-			if s.terminating || s.pid != 0 {
-				continue
+		case w := <-s.ready:
+			switch {
+			case w.health:
+				answer(w.fd, w.proto, s.failure)
+				retry = s.rearm(0)
+			case s.terminating || s.pid != 0:
+				unix.Close(w.fd)
+			default:
+				if err := s.start(w.fd); err != nil {
+					s.failures++
+					s.failure = "the agent cannot start: " + err.Error()
+					logf(err.Error())
+					answer(w.fd, "", s.failure)
+					retry = s.rearm(s.backoff())
+				}
 			}
-			if err := s.start(); err != nil {
-				s.failures++
-				logf(err.Error())
-				retry = s.rearm(s.backoff())
+		case m := <-s.readyc:
+			if m.gen == s.gen && m.ok {
+				s.served()
+			} else if m.gen == s.gen {
+				s.notReady = true
 			}
 		case <-retry:
 			retry = nil
@@ -146,7 +176,17 @@ func (s *supervisor) loop(chld, term <-chan os.Signal, retry <-chan time.Time) i
 	}
 }
 
-// rearm asks for the next readiness report after delay.
+// served: the server said it serves; the connection it started with is
+// its alone now (init's copy would keep the peer from ever seeing EOF).
+func (s *supervisor) served() {
+	s.failure = ""
+	if s.held >= 0 {
+		unix.Close(s.held)
+		s.held = -1
+	}
+}
+
+// rearm asks for the next connection after delay.
 func (s *supervisor) rearm(delay time.Duration) <-chan time.Time {
 	if delay == 0 {
 		s.arm <- struct{}{}
@@ -160,18 +200,70 @@ func (s *supervisor) backoff() time.Duration {
 	return min(d, maxBackoff)
 }
 
-// start runs the server with the listening socket as fd 3.
-func (s *supervisor) start() error {
-	argv := append(append([]string{}, s.cfg.server...), "--listen-fd", strconv.Itoa(listenFD))
+// Server fds: the listening socket, the connection that made init start
+// it (served first), and the write end of a pipe on which the server
+// writes one byte once it serves.
+const (
+	connFD  = 4
+	readyFD = 5
+)
+
+// start runs the server for the connection conn. Init keeps a copy of conn
+// until the server reports on readyFD, so that a server that dies before
+// serving gets its reason written to that connection instead of a bare EOF.
+func (s *supervisor) start(conn int) error {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return &opError{"make ready pipe", err}
+	}
+	argv := append(append([]string{}, s.cfg.server...),
+		"--listen-fd", strconv.Itoa(listenFD), "--conn-fd", strconv.Itoa(connFD), "--ready-fd", strconv.Itoa(readyFD))
 	pid, err := syscall.ForkExec(argv[0], argv, &syscall.ProcAttr{
 		Env:   s.env,
-		Files: []uintptr{0, 1, 2, uintptr(s.lfd)},
+		Files: []uintptr{0, 1, 2, uintptr(s.lfd), uintptr(conn), uintptr(p[1])},
 	})
+	unix.Close(p[1])
 	if err != nil {
+		unix.Close(p[0])
 		return &opError{"start server " + argv[0], err}
 	}
-	s.pid, s.started = pid, time.Now()
+	s.gen++
+	s.pid, s.started, s.held, s.notReady = pid, time.Now(), conn, false
+	go readReady(p[0], s.gen, s.readyc)
 	return nil
+}
+
+// readReady reports whether the server wrote its byte on the pipe r before
+// closing it (or exiting).
+func readReady(r, gen int, out chan<- readyMsg) {
+	var b [1]byte
+	n, err := unix.Read(r, b[:])
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Read(r, b[:])
+	}
+	unix.Close(r)
+	out <- readyMsg{gen: gen, ok: err == nil && n == 1}
+}
+
+// readyGrace bounds the wait, after the server's exit, for its ready
+// report: the pipe is closed by then unless a child of the server holds it.
+const readyGrace = 200 * time.Millisecond
+
+// servedBeforeExit tells, for a server that exited holding init's
+// connection, whether it served (reported ready) first.
+func (s *supervisor) servedBeforeExit() bool {
+	t := time.NewTimer(readyGrace)
+	defer t.Stop()
+	for {
+		select {
+		case m := <-s.readyc:
+			if m.gen == s.gen {
+				return m.ok
+			}
+		case <-t.C:
+			return false
+		}
+	}
 }
 
 // reap collects every exited child. When the server is among them it
@@ -193,18 +285,38 @@ func (s *supervisor) reap() (done bool, delay time.Duration) {
 		}
 		s.pid = 0
 		ran := time.Since(s.started)
+		how := describe(ws) + " after " + ran.Round(time.Millisecond).String()
+		neverServed := false
+		if s.held >= 0 {
+			if !s.notReady && s.servedBeforeExit() {
+				s.served()
+			} else {
+				neverServed = true
+			}
+		}
 		if s.terminating {
+			if s.held >= 0 {
+				unix.Close(s.held)
+				s.held = -1
+			}
 			s.exitCode = exitCode(ws)
 			return true, 0
 		}
 		switch {
+		case neverServed:
+			s.failures++
+			delay = s.backoff()
+			s.failure = "the agent (" + s.cfg.server[0] + ") " + how + " before serving; the sandbox's agent log has its reason"
+			answer(s.held, "", s.failure)
+			s.held = -1
+			logf("server " + how + " before serving (failure " + strconv.Itoa(s.failures) + "); next start in " + delay.String())
 		case ws.Exited() && ws.ExitStatus() == 0:
 			s.failures = 0
 			delay = 0
 		case ran < startWindow:
 			s.failures++
 			delay = s.backoff()
-			logf("server " + describe(ws) + " after " + ran.Round(time.Millisecond).String() + " (failure " + strconv.Itoa(s.failures) + "); next start in " + delay.String())
+			logf("server " + how + " (failure " + strconv.Itoa(s.failures) + "); next start in " + delay.String())
 		default:
 			s.failures = 0
 			delay = 0
@@ -213,23 +325,214 @@ func (s *supervisor) reap() (done bool, delay time.Duration) {
 	}
 }
 
-// waitReadable reports on ready, once per token on arm, that fd has a
-// connection waiting.
-func waitReadable(fd int, arm <-chan struct{}, ready chan<- struct{}) {
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+// waiting is a connection init accepted while no server ran.
+type waiting struct {
+	fd     int
+	health bool   // a GET /health whose head init has read: init answers it
+	proto  string // its HTTP version
+}
+
+// peekTimeout bounds the wait for a new connection's first bytes: a client
+// that sends nothing in time gets the server (which has its own timeouts).
+const peekTimeout = time.Second
+
+// acceptLoop hands the loop one connection per token on arm. Only init
+// accepts meanwhile: no server runs while it is armed.
+func acceptLoop(lfd int, arm <-chan struct{}, ready chan<- waiting) {
+	fds := []unix.PollFd{{Fd: int32(lfd), Events: unix.POLLIN}}
 	for range arm {
 		for {
-			n, err := unix.Poll(fds, -1)
-			if err == nil && n > 0 {
-				break
+			if _, err := unix.Poll(fds, -1); err != nil {
+				if !errors.Is(err, unix.EINTR) {
+					logf("poll listening socket: " + err.Error())
+					time.Sleep(time.Second) // not synchronisation: never spin on a broken fd
+				}
+				continue
 			}
-			if err != nil && !errors.Is(err, unix.EINTR) {
-				logf("poll listening socket: " + err.Error())
-				time.Sleep(time.Second) // not synchronisation: never spin on a broken fd
+			// The socket may be non-blocking (a server's net.FileListener
+			// sets that on the shared file description): EAGAIN is a
+			// connection gone meanwhile.
+			fd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+			if err != nil {
+				if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.ECONNABORTED) {
+					logf("accept: " + err.Error())
+					time.Sleep(time.Second) // not synchronisation: never spin on a broken fd
+				}
+				continue
 			}
+			w, ok := classify(fd)
+			if !ok {
+				unix.Close(fd)
+				continue
+			}
+			ready <- w
+			break
 		}
-		ready <- struct{}{}
 	}
+}
+
+// healthPrefix starts a GET /health request line.
+const healthPrefix = "GET /health"
+
+// classify looks at a new connection's first bytes without taking them
+// (MSG_PEEK), so that any request but GET /health reaches the server
+// untouched. A GET /health has its head read here, for init to answer. Not
+// ok: the peer closed without sending anything.
+func classify(fd int) (w waiting, ok bool) {
+	w.fd = fd
+	tv := unix.NsecToTimeval(peekTimeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	defer func() {
+		var zero unix.Timeval
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &zero)
+	}()
+	var buf [len(healthPrefix) + 1]byte
+	n, _, err := unix.Recvfrom(fd, buf[:], unix.MSG_PEEK)
+	for errors.Is(err, unix.EINTR) {
+		n, _, err = unix.Recvfrom(fd, buf[:], unix.MSG_PEEK)
+	}
+	switch {
+	case err != nil: // nothing in time: the server decides
+		return w, true
+	case n == 0:
+		return w, false
+	case n < len(buf) || string(buf[:len(healthPrefix)]) != healthPrefix || buf[len(healthPrefix)] != ' ' && buf[len(healthPrefix)] != '?':
+		return w, true
+	}
+	w.health = true
+	w.proto = readHead(fd)
+	return w, true
+}
+
+// readHead reads a request's head (to the blank line, at most 8 KiB, for
+// at most peekTimeout in all: a client dribbling bytes holds init's accept
+// no longer) and returns its HTTP version ("" when it cannot tell).
+func readHead(fd int) string {
+	var head []byte
+	buf := make([]byte, 1024)
+	deadline := time.Now().Add(peekTimeout)
+	for len(head) < 8<<10 && !strings.Contains(string(head), "\r\n\r\n") {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		// At least 1ms: a zero timeval means no timeout at all.
+		tv := unix.NsecToTimeval(max(left, time.Millisecond).Nanoseconds())
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			break
+		}
+		head = append(head, buf[:n]...)
+	}
+	line, _, _ := strings.Cut(string(head), "\r\n")
+	if strings.HasSuffix(line, " HTTP/1.0") {
+		return "HTTP/1.0"
+	}
+	return ""
+}
+
+// answer writes init's own answer on fd and closes it: 204 when failure is
+// empty (the answer the agent gives to GET /health), else 503 with envd's
+// error body naming the failure.
+func answer(fd int, proto, failure string) {
+	if proto == "" {
+		proto = "HTTP/1.1"
+	}
+	const common = "Cache-Control: no-store\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n"
+	var msg string
+	if failure == "" {
+		msg = proto + " 204 No Content\r\n" + common + "\r\n"
+	} else {
+		body := `{"code":503,"message":` + jsonString("opendsec-init: "+failure) + "}"
+		msg = proto + " 503 Service Unavailable\r\n" + common + "Content-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	// A few hundred bytes into an empty socket buffer: this does not block
+	// unless the peer stopped reading altogether, which SO_SNDTIMEO bounds.
+	tv := unix.NsecToTimeval(peekTimeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	// The request (or what of it arrived) is taken first: a unix socket
+	// closed with unread data resets the peer, which may then lose the
+	// answer.
+	drain(fd)
+	b := []byte(msg)
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			break
+		}
+		b = b[n:]
+	}
+	_ = unix.Shutdown(fd, unix.SHUT_WR)
+	drain(fd)
+	unix.Close(fd)
+}
+
+// drain reads and drops what is waiting on fd, without waiting for more
+// (at most 1 MiB: a client still sending a body after that gets a reset).
+func drain(fd int) {
+	buf := make([]byte, 4096)
+	for total := 0; total < 1<<20; {
+		n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+		total += n
+	}
+}
+
+// jsonString quotes s as a JSON string (encoding/json would grow init).
+func jsonString(s string) string {
+	const hex = "0123456789abcdef"
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20:
+			b.WriteString(`\u00`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// checkServer returns why the server binary at path cannot run ("" when
+// it looks fine): it must be executable and start like an ELF binary or a
+// script. One access and one 4-byte read at boot, instead of starting the
+// agent only to see it answer.
+func checkServer(path string) string {
+	if err := unix.Access(path, unix.X_OK); err != nil {
+		return "the agent (" + path + ") cannot run: " + err.Error()
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "the agent (" + path + ") cannot be read: " + err.Error()
+	}
+	defer unix.Close(fd)
+	var b [4]byte
+	n, _ := unix.Read(fd, b[:])
+	if n < 2 || string(b[:2]) != "#!" && (n < 4 || string(b[:]) != "\x7fELF") {
+		return "the agent (" + path + ") is not an executable (no ELF or #! header)"
+	}
+	return ""
 }
 
 // serverEnv returns the server's environment: the entries of the env file

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -63,11 +64,23 @@ func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *lockedBuffer
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	poll(t, 5*time.Second, "init's socket", func() bool {
-		_, err := os.Stat(sock)
-		return err == nil
-	})
+	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
 	return cmd, sock, stderr
+}
+
+// listening reports whether a unix socket listens at path: its file
+// exists from bind(2) on, but connections are refused until listen(2).
+func listening(path string) bool {
+	b, _ := os.ReadFile("/proc/net/unix")
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		// Num RefCount Protocol Flags Type St Inode Path; Flags has
+		// __SO_ACCEPTCON (0x10000) once it listens.
+		if len(f) == 8 && f[7] == path && f[3] == "00010000" {
+			return true
+		}
+	}
+	return false
 }
 
 // children lists the pids whose parent is pid.
@@ -88,64 +101,136 @@ func children(pid int) []int {
 	return out
 }
 
-// TestServerAtBootThenOnDemand: init starts the server at boot (the node
-// asks for /health at once); the real agent serves on fd 3, exits after its
-// idle window with no server left, and the next connection starts a new one
-// on the same socket.
-func TestServerAtBootThenOnDemand(t *testing.T) {
-	cmd, sock, stderr := startInit(t, testutil.AgentBinary(t), "--log-level", "warn", "--idle-exit", "300ms")
-	poll(t, 10*time.Second, "server started at boot", func() bool { return len(children(cmd.Process.Pid)) == 1 })
-	boot := children(cmd.Process.Pid)
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+// unixClient is an HTTP client of the socket, one connection per request.
+func unixClient(sock string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	}}}
-	health := func() {
-		t.Helper()
-		resp, err := hc.Get("http://agent/health")
+}
+
+// get asks for path on the socket and returns the status and body.
+func get(t *testing.T, hc *http.Client, path string, stderr *lockedBuffer) (int, string) {
+	t.Helper()
+	resp, err := hc.Get("http://agent" + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v (init stderr: %s)", path, err, stderr)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// request writes a raw HTTP/1.0 request on a new connection and returns
+// all the connection carries until EOF: the answer ends only when every
+// copy of the connection is closed, so a complete read shows that init let
+// go of the connection it handed to the server.
+func request(t *testing.T, sock, path string) string {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("GET " + path + " HTTP/1.0\r\nHost: agent\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("GET %s: read to EOF: %v (got %q)", path, err, b)
+	}
+	return string(b)
+}
+
+// TestHealthWithoutServerThenOnDemand: no server runs at boot; init itself
+// answers GET /health (the node's check after every create) as the agent
+// would, without starting one. The first other request starts the real
+// agent, which serves it (handed over untouched) and exits after its idle
+// window; the next request starts a new one on the same socket.
+func TestHealthWithoutServerThenOnDemand(t *testing.T) {
+	cmd, sock, stderr := startInit(t, testutil.AgentBinary(t), "--log-level", "warn", "--idle-exit", "300ms")
+	hc := unixClient(sock)
+	for range 3 {
+		resp, err := hc.Get("http://agent/health?probe=1")
 		if err != nil {
 			t.Fatalf("health: %v (init stderr: %s)", err, stderr)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusNoContent {
-			t.Fatalf("health: %d", resp.StatusCode)
+		if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("health: %d %v, want 204 with the agent's headers", resp.StatusCode, resp.Header)
 		}
 	}
-	health()
-	if got := children(cmd.Process.Pid); len(got) != 1 || got[0] != boot[0] {
-		t.Fatalf("servers after the first connection: %v, want the boot server %v", got, boot)
+	if got := children(cmd.Process.Pid); len(got) != 0 {
+		t.Fatalf("servers after /health only: %v, want none", got)
+	}
+	// Not /health: a path that only starts like it goes to the server.
+	if code, _ := get(t, hc, "/healthz", stderr); code != http.StatusNotFound {
+		t.Fatalf("GET /healthz: %d, want the agent's 404", code)
+	}
+	first := children(cmd.Process.Pid)
+	if len(first) != 1 {
+		t.Fatalf("servers after a real request: %v, want one", first)
+	}
+	if got := request(t, sock, "/envs"); !strings.HasPrefix(got, "HTTP/1.0 200") || !strings.Contains(got, "PATH") {
+		t.Fatalf("GET /envs: %q", got)
 	}
 	poll(t, 10*time.Second, "server idle exit", func() bool { return len(children(cmd.Process.Pid)) == 0 })
-	health()
+	// The first request after the exit is handed to a new server and gets
+	// the whole answer and EOF (init kept no copy of the connection).
+	if got := request(t, sock, "/envs"); !strings.HasPrefix(got, "HTTP/1.0 200") {
+		t.Fatalf("GET /envs after the idle exit: %q (init stderr: %s)", got, stderr)
+	}
 	second := children(cmd.Process.Pid)
-	if len(second) != 1 || second[0] == boot[0] {
-		t.Fatalf("servers after the idle exit: %v (boot %v), want a new one", second, boot)
+	if len(second) != 1 || second[0] == first[0] {
+		t.Fatalf("servers after the idle exit: %v (first %v), want a new one", second, first)
 	}
 	if cmd.ProcessState != nil {
 		t.Fatal("init exited")
 	}
 }
 
-// TestFailingServerBacksOff: a server that fails at start is started again
-// with a growing delay while a connection waits, never in a tight loop.
-func TestFailingServerBacksOff(t *testing.T) {
+// TestServerFailureReported: a server that dies before serving leaves
+// no caller with a bare EOF: the request that started it gets a 503 whose
+// message names the agent and how it ended, /health says the same from then
+// on, and the next starts come with a growing delay, never in a tight loop.
+func TestServerFailureReported(t *testing.T) {
 	count := filepath.Join(t.TempDir(), "starts")
 	cmd, sock, stderr := startInit(t, "/bin/sh", "-c", "echo x >> "+count+"; exit 3")
-	conn, err := net.Dial("unix", sock) // queued: nobody accepts it
-	if err != nil {
-		t.Fatal(err)
+	hc := unixClient(sock)
+	if code, _ := get(t, hc, "/health", stderr); code != http.StatusNoContent {
+		t.Fatalf("health before any start: %d, want 204 (the binary looks fine)", code)
 	}
-	defer conn.Close()
-	starts := func() int {
-		b, _ := os.ReadFile(count)
-		return strings.Count(string(b), "x")
+	code, body := get(t, hc, "/envs", stderr)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "/bin/sh") || !strings.Contains(body, "exited with status 3") {
+		t.Fatalf("request to a failing server: %d %q, want 503 naming the agent and its exit", code, body)
 	}
-	poll(t, 5*time.Second, "a second start", func() bool { return starts() >= 2 })
+	if code, body := get(t, hc, "/health", stderr); code != http.StatusServiceUnavailable || !strings.Contains(body, "exited with status 3") {
+		t.Fatalf("health after the failure: %d %q, want 503 with the reason", code, body)
+	}
+	// Many waiting requests: each gets its answer, one start at a time.
 	// Backoff 100ms, 200ms, 400ms, 800ms...: within 1.5s of the first
 	// start at most 5 starts; without it there would be hundreds.
-	time.Sleep(1500 * time.Millisecond) // the observation window, not synchronisation
-	if n := starts(); n > 6 {
-		t.Fatalf("%d starts in about 1.5s: init spins", n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("unix", sock)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+			c.Write([]byte("GET /envs HTTP/1.0\r\n\r\n"))
+			io.ReadAll(c)
+		}()
+	}
+	wg.Wait()
+	b, _ := os.ReadFile(count)
+	if n := strings.Count(string(b), "x"); n > 7 {
+		t.Fatalf("%d starts in %s: init spins", n, time.Since(start))
 	}
 	if !strings.Contains(stderr.String(), "exited with status 3") {
 		t.Errorf("init did not log the failure: %q", stderr.String())
@@ -155,17 +240,128 @@ func TestFailingServerBacksOff(t *testing.T) {
 	}
 }
 
+// TestMissingServerReported: an agent binary that is not there is seen at
+// boot, without starting anything: /health answers 503 naming it (so the
+// node's check after create fails and stops the sandbox with the reason),
+// and so does a request.
+func TestMissingServerReported(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-agent")
+	cmd, sock, stderr := startInit(t, missing)
+	hc := unixClient(sock)
+	for _, path := range []string{"/health", "/envs"} {
+		code, body := get(t, hc, path, stderr)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, missing) || !strings.Contains(body, "no such file") {
+			t.Fatalf("GET %s with a missing agent: %d %q, want 503 naming %s", path, code, body, missing)
+		}
+	}
+	notExec := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(notExec, []byte("MZ not an ELF"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, sock2, stderr2 := startInit(t, notExec)
+	if code, body := get(t, unixClient(sock2), "/health", stderr2); code != http.StatusServiceUnavailable || !strings.Contains(body, "not an executable") {
+		t.Fatalf("health with a non-executable agent: %d %q", code, body)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
+// TestSlowHealthClientHoldsNoOne: a client that sends the start of a
+// GET /health and then dribbles holds init's accept for at most about a
+// second: a health request behind it is answered, and so is the slow one.
+func TestSlowHealthClientHoldsNoOne(t *testing.T) {
+	cmd, sock, stderr := startInit(t, "/bin/false")
+	slow, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	if _, err := slow.Write([]byte("GET /health HTTP/1.1\r\nHost: a")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	dribbled := make(chan struct{})
+	go func() {
+		defer close(dribbled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond): // the dribble's pace, not synchronisation
+				if _, err := slow.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-dribbled }()
+	start := time.Now()
+	if code, _ := get(t, unixClient(sock), "/health", stderr); code != http.StatusNoContent {
+		t.Fatalf("health behind a slow client: %d", code)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("health behind a slow client took %s; init's wait for a head is bounded by about 1s", d)
+	}
+	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 64)
+	if n, err := slow.Read(b); err != nil || !strings.HasPrefix(string(b[:n]), "HTTP/1.1 204") {
+		t.Fatalf("slow client's answer: %q, %v", b[:n], err)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
+// TestSilentConnectionGoesToServer: a connection that sends nothing within
+// init's peek window is handed to the server (its timeouts apply), and one
+// closed before sending anything starts nothing.
+func TestSilentConnectionGoesToServer(t *testing.T) {
+	count := filepath.Join(t.TempDir(), "starts")
+	cmd, sock, _ := startInit(t, "/bin/sh", "-c", "echo x >> "+count+"; exec sleep 60")
+	closed, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	silent, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	t.Cleanup(func() {
+		for _, c := range children(cmd.Process.Pid) {
+			syscall.Kill(c, syscall.SIGKILL)
+		}
+	})
+	starts := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "x")
+	}
+	// The closed connection was first in the queue: by the time the silent
+	// one started a server, init was done with it.
+	poll(t, 5*time.Second, "server start for the silent connection", func() bool { return starts() >= 1 })
+	if n := starts(); n != 1 {
+		t.Fatalf("%d starts, want 1 (the closed connection starts nothing)", n)
+	}
+}
+
 // TestSIGTERMForwarded: SIGTERM reaches the server, and init exits when
 // the server has, with its status.
 func TestSIGTERMForwarded(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "term")
-	cmd, sock, _ := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; while :; do sleep 0.05; done")
+	trapped := marker + ".trapped"
+	cmd, sock, _ := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; touch "+trapped+"; while :; do sleep 0.05; done")
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	poll(t, 5*time.Second, "server start", func() bool { return len(children(cmd.Process.Pid)) == 1 })
+	if _, err := conn.Write([]byte("GET /envs HTTP/1.0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The trap must be set before the signal, or the shell dies of it.
+	poll(t, 5*time.Second, "server start", func() bool { _, err := os.Stat(trapped); return err == nil })
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +390,16 @@ func TestStraySignalsDoNotKillInit(t *testing.T) {
 	// and a TERM before the trap would end the shell (status 143). A
 	// trapped signal is caught, not ignored, so SigIgn still shows what
 	// init passed on.
-	cmd, _, stderr := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+
+	cmd, sock, stderr := startInit(t, "/bin/sh", "-c", "trap 'echo got > "+marker+"; exit 0' TERM; grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+
 		"; while :; do sleep 0.05; done")
+	conn, err := net.Dial("unix", sock) // a request starts the server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /envs HTTP/1.0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
 	poll(t, 5*time.Second, "server start", func() bool { _, err := os.Stat(sigign); return err == nil })
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGQUIT, syscall.SIGALRM, syscall.SIGSEGV} {
 		if err := cmd.Process.Signal(sig); err != nil {
@@ -251,6 +455,11 @@ func TestInheritedListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(lf.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	listener := "socket:[" + strconv.FormatUint(st.Ino, 10) + "]"
 	ln.SetUnlinkOnClose(false)
 	ln.Close() // lf keeps the socket listening
 	// Connect before init runs: the connection waits in the backlog.
@@ -284,8 +493,10 @@ func TestInheritedListener(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.0 204") && !strings.HasPrefix(string(buf[:n]), "HTTP/1.0 200") {
 		t.Fatalf("early connection: %q, %v; init stderr: %s", buf[:n], err, stderr.String())
 	}
-	if _, err := os.Readlink("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/fd/3"); err == nil {
-		t.Errorf("init still holds fd 3; the inherited socket must move to a close-on-exec descriptor")
+	// (Init may hold another descriptor numbered 3 meanwhile: the
+	// connection it accepted and is closing.)
+	if l, err := os.Readlink("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/fd/3"); err == nil && l == listener {
+		t.Errorf("init still holds the listening socket as fd 3; it must move to a close-on-exec descriptor")
 	}
 
 	// A pipe is not a listening socket.
@@ -333,7 +544,8 @@ func TestEnvFile(t *testing.T) {
 	if err := os.WriteFile(envFile, []byte("A=1\x00B=two words\x00PATH=/usr/bin:/bin\x00"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testutil.InitBinary(t), "--listen", filepath.Join(dir, "s.sock"), "--env-file", envFile, "--", server)
+	sock := filepath.Join(dir, "s.sock")
+	cmd := exec.Command(testutil.InitBinary(t), "--listen", sock, "--env-file", envFile, "--", server)
 	cmd.Env = []string{"INIT_ONLY=x", "PATH=/usr/bin:/bin"}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -342,6 +554,12 @@ func TestEnvFile(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
+	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+	// A request starts the server; its answer is a 503 (the server exits
+	// before serving), which proves nothing here: the env it wrote does.
+	if got := request(t, sock, "/envs"); !strings.HasPrefix(got, "HTTP/1.1 503") {
+		t.Fatalf("GET /envs with a server that exits at once: %q", got)
+	}
 	poll(t, 10*time.Second, "server's env written", func() bool {
 		b, err := os.ReadFile(out)
 		return err == nil && strings.Contains(string(b), "PATH=")

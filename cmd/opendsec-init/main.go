@@ -1,11 +1,14 @@
 // Command opendsec-init is the PID 1 of every container sandbox. It is tiny
 // on purpose: an idle sandbox runs only this process. It installs the
 // sandbox's seccomp filter, takes the agent's listening unix socket (made by
-// the node and inherited, or created here), reaps
-// every orphan, and starts the agent server (opendsec-agent) on demand with
-// the socket as fd 3 whenever the server is not running and a connection
-// waits. The server exits after an idle spell (--idle-exit) and is started
-// again by the next connection; connections queue in the kernel meanwhile.
+// the node and inherited, or created here), reaps every orphan, and starts
+// the agent server (opendsec-agent) on demand. While no server runs, init
+// accepts the next connection itself: a GET /health it answers as the
+// agent would (the node asks for it after every create, and no agent need
+// start for that); any other request starts the server, which gets the
+// connection untouched. The server exits after an idle spell (--idle-exit)
+// and is started again by the next request; connections queue in the
+// kernel meanwhile.
 //
 // Usage:
 //
@@ -18,9 +21,14 @@
 // environment only when it is let run), its NUL-separated K=V entries are
 // the server's environment instead of init's own, and the file is removed.
 //
-// SERVER gets ARGS plus "--listen-fd 3". It depends only on the standard
-// library's smallest packages and golang.org/x/sys/unix (see deps_test.go):
-// no net/http, no protobuf, no fmt.
+// SERVER gets ARGS plus "--listen-fd 3 --conn-fd 4 --ready-fd 5": the
+// listening socket, the connection that made init start it (to serve
+// first), and a pipe on which it writes one byte once it serves. A server
+// that dies before that byte gets init's 503 written to that connection,
+// with how it ended; /health answers the same until a server serves. It
+// depends only on the standard library's smallest packages and
+// golang.org/x/sys/unix (see deps_test.go): no net/http, no protobuf, no
+// fmt.
 package main
 
 import (

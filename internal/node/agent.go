@@ -66,12 +66,14 @@ func (n *Node) waitAgent(ctx context.Context, sb *sandbox) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
 		resp, err := client.Do(req)
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			// The body says why (a container's init names the agent that
+			// cannot start).
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
 				return nil
 			}
-			err = fmt.Errorf("agent health: status %d", resp.StatusCode)
+			err = fmt.Errorf("agent health: status %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
 		}
 		last = err
 		if !n.stillRunning(sb) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -524,13 +526,14 @@ func TestReaperStuckStopDelaysNoOther(t *testing.T) {
 }
 
 // TestAgentThatNeverAnswersIsStopped: a create returns once the sandbox has
-// started (its agent socket listens since before the start); a sandbox
-// whose agent then never answers is stopped by the node within
-// AgentReadyTimeout, so no broken sandbox stays "running".
+// started (its agent socket listens since before the start). Init answers
+// the node's /health itself, without starting the agent, unless the agent
+// binary cannot run at all: then its 503 makes the node stop the sandbox
+// within AgentReadyTimeout, so no sandbox stays "running" without one.
 func TestAgentThatNeverAnswersIsStopped(t *testing.T) {
 	f := newFixture(t)
 	broken := filepath.Join(t.TempDir(), "agent")
-	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken agent' >&2\nexit 3\n"), 0o755); err != nil {
+	if err := os.WriteFile(broken, []byte("not a program\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	rt, err := container.New(container.Config{AgentPath: broken, InitPath: testutil.InitBinary(t)})
@@ -547,6 +550,36 @@ func TestAgentThatNeverAnswersIsStopped(t *testing.T) {
 	waitGone(t, n, rec.ID, 15*time.Second)
 	if _, err := os.Stat(rec.StateDir); !os.IsNotExist(err) {
 		t.Fatalf("stopped sandbox's dir left: %v", err)
+	}
+}
+
+// TestAgentThatDiesAtStartIsReported: an agent that starts but dies before
+// serving (here a script exiting 3; a crash or a bad flag alike) is started
+// only by the first real request, which gets a 503 from init naming the
+// agent and how it ended, not a bare EOF or a hang; the request after it
+// gets the same.
+func TestAgentThatDiesAtStartIsReported(t *testing.T) {
+	f := newFixture(t)
+	broken := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken agent' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := container.New(container.Config{AgentPath: broken, InitPath: testutil.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rt, f.cfg.Backends = rt, map[string]runtime.Runtime{"container": rt}
+	n := f.open(t)
+	rec := f.create(t, n, specRecord{TimeoutSec: 600})
+	t.Cleanup(func() { n.Stop(context.WithoutCancel(t.Context()), rec.ID, "test end") })
+	for i := range 2 {
+		req := httptest.NewRequest(http.MethodGet, AgentPrefix+rec.ID+"/envs", nil)
+		w := httptest.NewRecorder()
+		n.AgentProxy().ServeHTTP(w, req)
+		if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "exited with status 3") ||
+			!strings.Contains(w.Body.String(), "before serving") || !strings.Contains(w.Body.String(), "/.opendsec/agent") {
+			t.Fatalf("request %d to a sandbox whose agent dies at start: %d %q, want 503 naming the agent and its exit", i+1, w.Code, w.Body)
+		}
 	}
 }
 

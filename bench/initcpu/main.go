@@ -1,0 +1,147 @@
+// Command initcpu measures the CPU that opendsec-init (and the agent it
+// starts) spend answering one request on a fresh socket: what each container
+// sandbox pays in-sandbox from init's exec until its first answer. Each
+// round starts init with a listening socket as fd 3 (as the node does), sends
+// one request, reads the answer to EOF, sends SIGTERM and takes the CPU time
+// (user + system, init and every child it reaped) from wait4's rusage.
+// Variants run interleaved, round by round, so noise hits all alike.
+//
+//	go run ./bench/initcpu -n 300 -path /health \
+//	  -variant before=/tmp/old/opendsec-init:/tmp/old/opendsec-agent \
+//	  -variant after=bin/opendsec-init:bin/opendsec-agent
+//
+// Not a sandbox: no seccomp filter, namespaces or cgroup; run it on a quiet
+// machine. -path /health is what the node asks after every create; -path
+// /envs is a first real request (it starts the agent).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type variant struct {
+	name, init, agent string
+	cpuMS, wallMS     []float64
+}
+
+type variants []*variant
+
+func (v *variants) String() string { return "" }
+
+func (v *variants) Set(s string) error {
+	name, paths, ok := strings.Cut(s, "=")
+	initPath, agent, ok2 := strings.Cut(paths, ":")
+	if !ok || !ok2 || name == "" || initPath == "" || agent == "" {
+		return fmt.Errorf("%q: give NAME=INIT:AGENT", s)
+	}
+	*v = append(*v, &variant{name: name, init: initPath, agent: agent})
+	return nil
+}
+
+func main() {
+	var vs variants
+	flag.Var(&vs, "variant", "NAME=INIT:AGENT (repeat it)")
+	n := flag.Int("n", 200, "rounds")
+	path := flag.String("path", "/health", "the request's path")
+	flag.Parse()
+	if len(vs) == 0 {
+		fmt.Fprintln(os.Stderr, "initcpu: -variant: give at least one NAME=INIT:AGENT")
+		os.Exit(2)
+	}
+	dir, err := os.MkdirTemp("", "initcpu")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "initcpu:", err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	for i := range *n {
+		for _, v := range vs {
+			cpu, wall, err := round(v, filepath.Join(dir, fmt.Sprint(i, ".sock")), *path)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "initcpu: %s: %v\n", v.name, err)
+				os.Exit(1)
+			}
+			v.cpuMS, v.wallMS = append(v.cpuMS, cpu), append(v.wallMS, wall)
+		}
+	}
+	fmt.Printf("GET %s, %d rounds each, interleaved\n\n| variant | CPU mean | CPU p50 | answer (wall) p50 |\n|---|---|---|---|\n", *path, *n)
+	for _, v := range vs {
+		fmt.Printf("| %s | %.2f ms | %.2f ms | %.2f ms |\n", v.name, mean(v.cpuMS), p50(v.cpuMS), p50(v.wallMS))
+	}
+}
+
+// round runs v once and returns its CPU and the wall time to the answer.
+func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return 0, 0, err
+	}
+	lf, err := ln.File()
+	ln.SetUnlinkOnClose(false) // lf keeps it listening
+	ln.Close()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.Remove(sock)
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		lf.Close()
+		return 0, 0, err
+	}
+	defer c.Close()
+	t0 := time.Now()
+	cmd := exec.Command(v.init, "--listen-fd", "3", "--", v.agent, "--log-level", "warn")
+	cmd.ExtraFiles = []*os.File{lf}
+	cmd.Stderr = os.Stderr
+	err = cmd.Start()
+	lf.Close()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if werr := cmd.Wait(); werr != nil && err == nil {
+			var ee *exec.ExitError
+			if !errors.As(werr, &ee) {
+				err = werr
+			}
+		}
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			cpuMS = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e6
+		}
+	}()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")); err != nil {
+		return 0, 0, err
+	}
+	b, err := io.ReadAll(c)
+	if err != nil || !strings.HasPrefix(string(b), "HTTP/1.") {
+		return 0, 0, fmt.Errorf("answer %q: %v", b, err)
+	}
+	return 0, float64(time.Since(t0).Microseconds()) / 1000, nil
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func p50(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
