@@ -67,7 +67,7 @@ for rev in ${BASE_REV:-}; do
   echo "== before: opendsec of $rev up (data dir $DDB)" >&2
   start_system "$BIN/base-$rev" "$DDB" busybox -- --stop-sandboxes
   echo "== before: runc loop, batch create, stop" >&2
-  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main \
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main -up-pid "$UP_PID" \
     -name "$rev" -runc-n "$RUNC_N" -node-log "$DDB/up.log" -out-json "$DD/before-$rev.json"
   stop_system
   UP_PID=
@@ -96,7 +96,7 @@ restart_system() {
 
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
-"${B[@]}" -mode main -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+"${B[@]}" -mode main -up-pid "$UP_PID" -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 MAINS+=("$DD/main.json")
 CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
@@ -111,7 +111,7 @@ if [ "${PREWARM:-}" = 1 ]; then
   echo "== prewarm: opendsec up with the warm pool on (data dir $DDP)" >&2
   start_system "$BIN" "$DDP" busybox -- --stop-sandboxes
   echo "== prewarm: runc loop, prewarm, batch create, stop" >&2
-  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDP/bootstrap.token" "${ARGS[@]}" -mode main \
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDP/bootstrap.token" "${ARGS[@]}" -mode main -up-pid "$UP_PID" \
     -name "$VERSION prewarmed" -prewarm -skip-warm-pool=false -runc-n "$RUNC_N" -node-log "$DDP/up.log" -out-json "$DD/prewarm.json"
   MAINS+=("$DD/prewarm.json")
   "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst-prewarm.md}" "${MAINS[@]}"
