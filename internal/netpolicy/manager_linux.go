@@ -382,7 +382,21 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 	m.mu.Unlock()
 	defer sb.mu.Unlock()
 
-	idx, err := m.alloc.alloc(id)
+	domainSets := len(domainRules(resolved))
+	stateOf := func(idx int) persisted {
+		n := m.netOf(id, idx, mode)
+		return persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: domainSets,
+			HostIf: n.HostIf, NetNSPath: n.NetNSPath}
+	}
+	// The allocation file holds the sandbox's network state: setup links
+	// it as the state file.
+	idx, err := m.alloc.allocWith(id, func(idx int) ([]byte, error) {
+		b, err := json.Marshal(stateOf(idx))
+		if err != nil {
+			return nil, fmt.Errorf("encode sandbox network state: %w", err)
+		}
+		return b, nil
+	})
 	if err != nil {
 		m.mu.Lock()
 		delete(m.sandboxes, id)
@@ -390,8 +404,7 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 		return Network{}, err
 	}
 	sb.net = m.netOf(id, idx, mode)
-	sb.st = persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: len(domainRules(resolved)),
-		HostIf: sb.net.HostIf, NetNSPath: sb.net.NetNSPath}
+	sb.st = stateOf(idx)
 	sb.rules = resolved
 	if err := m.setup(ctx, sb); err != nil {
 		cctx := context.WithoutCancel(ctx)
@@ -412,18 +425,23 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 // setup builds everything; sb.mu is held.
 func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	// The state file comes first: after a crash anywhere below, Recover
-	// finds the sandbox by it.
-	if err := m.writeState(sb.st); err != nil {
-		return err
+	// finds the sandbox by it. It is the allocation file (which holds
+	// sb.st) under a second name: no file to write.
+	if err := os.Link(m.alloc.path(sb.st.Index), m.statePath(sb.st.ID)); err != nil {
+		if err := m.writeState(sb.st); err != nil {
+			return err
+		}
 	}
 	n := sb.net
 	tap := n.Mode == ModeTap
-	err := createNetNS(n.NetNSPath, func() error {
-		// Set before any interface exists, so every one inherits it.
+	// The namespace's mount point is one more name of the allocation
+	// file, where the file systems allow.
+	err := createNetNSOn(n.NetNSPath, m.alloc.path(sb.st.Index), func() error {
+		// Set before any interface exists, so every one inherits it: a
+		// write to all/disable_ipv6 sets default/disable_ipv6 (and every
+		// interface's) as well (Documentation/networking/ip-sysctl.rst),
+		// one /proc/sys write less per sandbox.
 		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
-			return err
-		}
-		if err := writeSysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
 			return err
 		}
 		lo, err := netlink.LinkByName("lo")
