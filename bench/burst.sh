@@ -21,6 +21,7 @@
 # followed by the same batch without skip_warm_pool: cold and prewarmed side
 # by side, with the prewarm's time and the total (prewarm + batch); part 2
 # is skipped.
+# SETTLE=<seconds> waits that long before each system starts.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -62,6 +63,10 @@ export SYSTEM_NODE_EXTRA
 ARGS=(-rootfs "$CACHE/busybox" -count "$COUNT" "$@")
 MAINS=()
 for rev in ${BASE_REV:-}; do
+  # SETTLE=<s>: wait before each system, so the last one's deletions (its
+  # sandboxes' files) have been written back and do not slow this one's
+  # inode allocations on a file system without a journal.
+  sleep "${SETTLE:-0}"
   DDB=$DD.base-$rev
   mkdir "$DDB"
   echo "== before: opendsec of $rev up (data dir $DDB)" >&2
@@ -74,6 +79,7 @@ for rev in ${BASE_REV:-}; do
   MAINS+=("$DD/before-$rev.json")
   [ "${KEEP:-}" = 1 ] || rm -rf "$DDB"
 done
+sleep "${SETTLE:-0}"
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 
