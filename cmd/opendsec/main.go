@@ -7,12 +7,19 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/kernflux/opendsec/internal/daemon"
 )
 
 func main() {
+	// The daemons allocate a little per request on a small heap: a
+	// collection at 200% growth instead of Go's 100% halves the GC's share
+	// of a burst's CPU for a few MiB more heap. GOGC still overrides it.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(200)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.NewRootCommand().ExecuteContext(ctx); err != nil {
