@@ -351,6 +351,15 @@ func runMain(ctx context.Context, c config) error {
 		r.BatchCPU = &d
 		fmt.Fprintf(os.Stderr, "   cpu per create: opendsec up %.1f ms (+ %.1f ms its waited children), host %.1f ms\n",
 			d.Self/float64(c.count), d.Children/float64(c.count), d.HostBusy/float64(c.count))
+		if c.upPid > 0 {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.upPid)); err == nil {
+				for _, l := range strings.Split(string(b), "\n") {
+					if strings.HasPrefix(l, "VmRSS:") || strings.HasPrefix(l, "VmHWM:") {
+						fmt.Fprintf(os.Stderr, "   opendsec up %s\n", strings.Join(strings.Fields(l), " "))
+					}
+				}
+			}
+		}
 	}
 	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
 	nodeTimes(c.nodeLog, ids, r)
