@@ -312,12 +312,8 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable,discard", q.directIO); err != nil {
 		return err
 	}
-	if _, err := os.Lstat(filepath.Join(mnt, workDir)); err == nil {
-		return nil // the template's
-	}
-	if err := makeLayerDirs(mnt); err != nil {
-		return errors.Join(err, unmount(ctx, mnt))
-	}
+	// upper and work are the template's (every template this process
+	// makes has them).
 	return nil
 }
 
