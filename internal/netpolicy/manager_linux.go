@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -444,10 +445,8 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
 			return err
 		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return fmt.Errorf("find lo: %w", err)
-		}
+		// lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX): no lookup.
+		lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("set lo up: %w", err)
 		}
@@ -482,8 +481,10 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if tap {
 		ethMAC = transportMAC
 	}
+	// The node's end is up from its creation (one netlink request less);
+	// LinkAdd fills in its index.
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID, HardwareAddr: hw(gatewayMAC)},
+		LinkAttrs:        netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID, HardwareAddr: hw(gatewayMAC), Flags: net.FlagUp},
 		PeerName:         sandboxIf,
 		PeerHardwareAddr: hw(ethMAC),
 		PeerNamespace:    netlink.NsFd(int(ns)),
@@ -491,10 +492,10 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if err := m.nl.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add veth: %w", err)
 	}
-	host, err := m.nl.LinkByName(n.HostIf)
-	if err != nil {
-		return fmt.Errorf("find veth: %w", err)
+	if veth.Index == 0 {
+		return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
 	}
+	host := netlink.Link(veth)
 	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
 		return fmt.Errorf("label veth: %w", err)
 	}
@@ -503,9 +504,6 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	}
 	if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
 		return fmt.Errorf("add neighbour of veth: %w", err)
-	}
-	if err := m.nl.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set veth up: %w", err)
 	}
 	in, err := netlink.NewHandleAt(ns)
 	if err != nil {
