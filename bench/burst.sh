@@ -21,6 +21,7 @@
 # followed by the same batch without skip_warm_pool: cold and prewarmed side
 # by side, with the prewarm's time and the total (prewarm + batch); part 2
 # is skipped.
+# SETTLE=<seconds> waits that long before each system starts.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -62,18 +63,23 @@ export SYSTEM_NODE_EXTRA
 ARGS=(-rootfs "$CACHE/busybox" -count "$COUNT" "$@")
 MAINS=()
 for rev in ${BASE_REV:-}; do
+  # SETTLE=<s>: wait before each system, so the last one's deletions (its
+  # sandboxes' files) have been written back and do not slow this one's
+  # inode allocations on a file system without a journal.
+  sleep "${SETTLE:-0}"
   DDB=$DD.base-$rev
   mkdir "$DDB"
   echo "== before: opendsec of $rev up (data dir $DDB)" >&2
   start_system "$BIN/base-$rev" "$DDB" busybox -- --stop-sandboxes
   echo "== before: runc loop, batch create, stop" >&2
-  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main \
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDB/bootstrap.token" "${ARGS[@]}" -mode main -up-pid "$UP_PID" \
     -name "$rev" -runc-n "$RUNC_N" -node-log "$DDB/up.log" -out-json "$DD/before-$rev.json"
   stop_system
   UP_PID=
   MAINS+=("$DD/before-$rev.json")
   [ "${KEEP:-}" = 1 ] || rm -rf "$DDB"
 done
+sleep "${SETTLE:-0}"
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 
@@ -96,7 +102,7 @@ restart_system() {
 
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
-"${B[@]}" -mode main -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+"${B[@]}" -mode main -up-pid "$UP_PID" -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 MAINS+=("$DD/main.json")
 CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
@@ -111,7 +117,7 @@ if [ "${PREWARM:-}" = 1 ]; then
   echo "== prewarm: opendsec up with the warm pool on (data dir $DDP)" >&2
   start_system "$BIN" "$DDP" busybox -- --stop-sandboxes
   echo "== prewarm: runc loop, prewarm, batch create, stop" >&2
-  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDP/bootstrap.token" "${ARGS[@]}" -mode main \
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDP/bootstrap.token" "${ARGS[@]}" -mode main -up-pid "$UP_PID" \
     -name "$VERSION prewarmed" -prewarm -skip-warm-pool=false -runc-n "$RUNC_N" -node-log "$DDP/up.log" -out-json "$DD/prewarm.json"
   MAINS+=("$DD/prewarm.json")
   "$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst-prewarm.md}" "${MAINS[@]}"

@@ -48,7 +48,7 @@ import (
 type config struct {
 	mode, endpoint, tokenFile, image, rootfs, runc, outJSON, out, requestID, nodeLog, command, name string
 	skipWarmPool, prewarm                                                                           bool
-	count, runcN, killAfter, killPid, stopConcurrency, restartMS                                    int
+	count, runcN, killAfter, killPid, stopConcurrency, restartMS, upPid                             int
 	cpu                                                                                             float64
 	memoryMB                                                                                        int64
 }
@@ -85,6 +85,10 @@ type result struct {
 	Failed        int     `json:"failed"`
 	FirstError    string  `json:"first_error,omitempty"`
 
+	// BatchCPU is the CPU time spent during the batch (ms, all creates):
+	// of `opendsec up` (-up-pid) and of the whole host.
+	BatchCPU *cpuTimes `json:"batch_cpu,omitempty"`
+
 	StopTotalMS float64   `json:"stop_total_ms,omitempty"`
 	StopMS      []float64 `json:"stop_ms,omitempty"`
 
@@ -119,6 +123,7 @@ func main() {
 	flag.StringVar(&c.command, "command", "", "report: the command line to record")
 	flag.StringVar(&c.name, "name", "", "main: the name of this run in the report (e.g. before, after)")
 	flag.BoolVar(&c.skipWarmPool, "skip-warm-pool", true, "main: make every sandbox of the batch from scratch (cold), never from the node's warm pool")
+	flag.IntVar(&c.upPid, "up-pid", 0, "main: the pid of `opendsec up`, whose CPU time during the batch is recorded (0: the host's only)")
 	flag.BoolVar(&c.prewarm, "prewarm", false, "main: PrewarmSandboxes of -count (waiting until the pool holds them) before the batch")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -339,7 +344,23 @@ func runMain(ctx context.Context, c config) error {
 		fmt.Fprintf(os.Stderr, "   held %d, ready %d in %.0f ms %s\n", r.PrewarmHeld, r.PrewarmReady, r.PrewarmMS, r.PrewarmReason)
 	}
 	fmt.Fprintf(os.Stderr, "== batch create of %d\n", c.count)
+	cpu0, cerr := readCPU(c.upPid)
 	ids, berr := batch(ctx, cl, c, label, fmt.Sprintf("burst-%d", time.Now().UnixNano()), nil, r)
+	if cpu1, err := readCPU(c.upPid); err == nil && cerr == nil {
+		d := cpu1.sub(cpu0)
+		r.BatchCPU = &d
+		fmt.Fprintf(os.Stderr, "   cpu per create: opendsec up %.1f ms (+ %.1f ms its waited children), host %.1f ms\n",
+			d.Self/float64(c.count), d.Children/float64(c.count), d.HostBusy/float64(c.count))
+		if c.upPid > 0 {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.upPid)); err == nil {
+				for _, l := range strings.Split(string(b), "\n") {
+					if strings.HasPrefix(l, "VmRSS:") || strings.HasPrefix(l, "VmHWM:") {
+						fmt.Fprintf(os.Stderr, "   opendsec up %s\n", strings.Join(strings.Fields(l), " "))
+					}
+				}
+			}
+		}
+	}
 	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
 	nodeTimes(c.nodeLog, ids, r)
 	fmt.Fprintf(os.Stderr, "== stop all %d\n", len(ids))

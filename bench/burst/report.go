@@ -50,6 +50,16 @@ func writeReport(c config, paths []string) error {
 					pct(r.NodeCreateMS, 50), pctPart(r.NodeCreateMS, false), pctPart(r.NodeCreateMS, true),
 					pct(r.NodeStartMS, 50), pctPart(r.NodeStartMS, false), pctPart(r.NodeStartMS, true))
 			}
+			if r.BatchCPU != nil && created > 0 {
+				n := float64(created)
+				fmt.Fprintf(&b, "CPU per create during the batch (/proc): ")
+				if r.BatchCPU.Self > 0 {
+					fmt.Fprintf(&b, "`opendsec up` (apiserver and node) **%.1f ms**, its waited-for children (`runc run`) %.1f ms; ",
+						r.BatchCPU.Self/n, r.BatchCPU.Children/n)
+				}
+				fmt.Fprintf(&b, "the whole host %.1f ms (%d CPUs busy %.0f%% of the batch).\n\n",
+					r.BatchCPU.HostBusy/n, goruntime.NumCPU(), 100*r.BatchCPU.HostBusy/r.BatchTotalMS/float64(goruntime.NumCPU()))
+			}
 			if r.Prewarm {
 				total := r.PrewarmMS + r.BatchTotalMS
 				totalRate := float64(created) / (total / 1000)

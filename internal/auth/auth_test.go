@@ -340,3 +340,38 @@ func TestMiddlewareAndTokenHeader(t *testing.T) {
 		t.Fatalf("handler saw Authorization %q and token header %q", sawAuth, sawToken)
 	}
 }
+
+// TestVerifierCacheKeepsChecks: a Verifier remembers tokens it verified,
+// but a remembered token still expires, and a token differing from a
+// remembered one only in its signature is refused.
+func TestVerifierCacheKeepsChecks(t *testing.T) {
+	iss := newIssuer(t)
+	tok, err := iss.Issue("alice", auth.ScopeUser, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := auth.NewVerifier(iss.PublicKey())
+	now := time.Now()
+	v.Now = func() time.Time { return now }
+	h := http.Header{"Authorization": {"Bearer " + tok}}
+	for range 2 {
+		if c, err := v.Authenticate(h); err != nil || c.Subject != "alice" {
+			t.Fatalf("authenticate: %+v, %v", c, err)
+		}
+	}
+	// Flip one signature character (not the last: its low bits may be padding).
+	dot := strings.LastIndexByte(tok, '.')
+	b := []byte(tok)
+	if b[dot+2] == 'A' {
+		b[dot+2] = 'B'
+	} else {
+		b[dot+2] = 'A'
+	}
+	if _, err := v.Authenticate(http.Header{"Authorization": {"Bearer " + string(b)}}); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Fatalf("tampered signature: %v, want unauthenticated", err)
+	}
+	now = now.Add(2 * time.Minute)
+	if _, err := v.Authenticate(h); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("remembered token after its expiry: %v, want expired", err)
+	}
+}

@@ -24,6 +24,37 @@ type Verifier struct {
 	onBehalf bool
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+
+	// verified caches the claims of tokens whose signature checked out
+	// (the same few tokens sign every call between services: an ed25519
+	// verification each was a visible part of a node's CPU in a burst).
+	// The expiry is checked at every use.
+	mu       sync.Mutex
+	verified map[string]Claims // guarded by mu
+}
+
+// maxVerified bounds Verifier.verified; when full it starts over.
+const maxVerified = 1024
+
+// verify is Verify with v's key, from the cache when it can.
+func (v *Verifier) verify(tok string, now time.Time) (Claims, error) {
+	v.mu.Lock()
+	c, ok := v.verified[tok]
+	v.mu.Unlock()
+	if ok && now.Unix() < c.ExpiresAt {
+		return c, nil
+	}
+	c, err := Verify(v.pub, tok, now)
+	if err != nil {
+		return c, err
+	}
+	v.mu.Lock()
+	if v.verified == nil || len(v.verified) >= maxVerified {
+		v.verified = map[string]Claims{}
+	}
+	v.verified[tok] = c
+	v.mu.Unlock()
+	return c, nil
 }
 
 // NewVerifier returns a Verifier accepting tokens signed by the private key
@@ -66,7 +97,7 @@ func (v *Verifier) Authenticate(h http.Header) (Claims, error) {
 // the caller the bearer acts for.
 func (v *Verifier) authenticate(h http.Header) (Claims, string, error) {
 	tok := TokenFromHeader(h)
-	c, err := Verify(v.pub, tok, v.Now())
+	c, err := v.verify(tok, v.Now())
 	if err != nil {
 		return Claims{}, "", err
 	}
@@ -81,7 +112,7 @@ func (v *Verifier) authenticate(h http.Header) (Claims, string, error) {
 	if c.Scope != ScopeNode && c.Scope != ScopeAdmin {
 		return Claims{}, "", errdefs.New(errdefs.ErrPermissionDenied, "a %q-scope token cannot act on behalf of another caller", c.Scope)
 	}
-	oc, err := Verify(v.pub, obo, v.Now())
+	oc, err := v.verify(obo, v.Now())
 	if err != nil {
 		return Claims{}, "", fmt.Errorf("on-behalf-of token: %w", err)
 	}

@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -67,19 +68,35 @@ func u32Addr(v uint32) netip.Addr {
 }
 
 // alloc reserves a free index for id.
-func (a *allocator) alloc(id string) (int, error) {
+func (a *allocator) alloc(id string) (int, error) { return a.allocWith(id, nil) }
+
+// path is the allocation file of index.
+func (a *allocator) path(index int) string { return filepath.Join(a.dir, strconv.Itoa(index)) }
+
+// allocWith is alloc with the allocation file holding record(index)
+// instead of the bare ID: a JSON object whose "id" is id (the sandbox's
+// network state, which Setup then links as its state file: one file
+// made per sandbox instead of two).
+func (a *allocator) allocWith(id string, record func(index int) ([]byte, error)) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for n := 0; n < a.max; n++ {
 		idx := (a.next-1+n)%a.max + 1
-		f, err := os.OpenFile(filepath.Join(a.dir, strconv.Itoa(idx)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		content := []byte(id)
+		if record != nil {
+			var err error
+			if content, err = record(idx); err != nil {
+				return 0, err
+			}
+		}
+		f, err := os.OpenFile(a.path(idx), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if errors.Is(err, os.ErrExist) {
 			continue
 		}
 		if err != nil {
 			return 0, fmt.Errorf("record address allocation: %w", err)
 		}
-		_, werr := f.WriteString(id)
+		_, werr := f.Write(content)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}
@@ -103,7 +120,7 @@ func (a *allocator) release(index int, id string) error {
 	if err != nil {
 		return fmt.Errorf("read address allocation: %w", err)
 	}
-	if string(b) != id {
+	if ownerOf(b) != id {
 		return nil
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -128,7 +145,22 @@ func (a *allocator) list() (map[int]string, error) {
 		if err != nil {
 			continue
 		}
-		out[idx] = strings.TrimSpace(string(b))
+		out[idx] = ownerOf(b)
 	}
 	return out, nil
+}
+
+// ownerOf returns the sandbox ID in an allocation file: the file itself,
+// or the "id" of the JSON object allocWith wrote ("" if it is torn).
+func ownerOf(b []byte) string {
+	if len(b) == 0 || b[0] != '{' {
+		return strings.TrimSpace(string(b))
+	}
+	var rec struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(b, &rec) != nil {
+		return ""
+	}
+	return rec.ID
 }

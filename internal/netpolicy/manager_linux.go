@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -382,7 +383,21 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 	m.mu.Unlock()
 	defer sb.mu.Unlock()
 
-	idx, err := m.alloc.alloc(id)
+	domainSets := len(domainRules(resolved))
+	stateOf := func(idx int) persisted {
+		n := m.netOf(id, idx, mode)
+		return persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: domainSets,
+			HostIf: n.HostIf, NetNSPath: n.NetNSPath}
+	}
+	// The allocation file holds the sandbox's network state: setup links
+	// it as the state file.
+	idx, err := m.alloc.allocWith(id, func(idx int) ([]byte, error) {
+		b, err := json.Marshal(stateOf(idx))
+		if err != nil {
+			return nil, fmt.Errorf("encode sandbox network state: %w", err)
+		}
+		return b, nil
+	})
 	if err != nil {
 		m.mu.Lock()
 		delete(m.sandboxes, id)
@@ -390,8 +405,7 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 		return Network{}, err
 	}
 	sb.net = m.netOf(id, idx, mode)
-	sb.st = persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: len(domainRules(resolved)),
-		HostIf: sb.net.HostIf, NetNSPath: sb.net.NetNSPath}
+	sb.st = stateOf(idx)
 	sb.rules = resolved
 	if err := m.setup(ctx, sb); err != nil {
 		cctx := context.WithoutCancel(ctx)
@@ -412,24 +426,27 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 // setup builds everything; sb.mu is held.
 func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	// The state file comes first: after a crash anywhere below, Recover
-	// finds the sandbox by it.
-	if err := m.writeState(sb.st); err != nil {
-		return err
+	// finds the sandbox by it. It is the allocation file (which holds
+	// sb.st) under a second name: no file to write.
+	if err := os.Link(m.alloc.path(sb.st.Index), m.statePath(sb.st.ID)); err != nil {
+		if err := m.writeState(sb.st); err != nil {
+			return err
+		}
 	}
 	n := sb.net
 	tap := n.Mode == ModeTap
-	err := createNetNS(n.NetNSPath, func() error {
-		// Set before any interface exists, so every one inherits it.
+	// The namespace's mount point is one more name of the allocation
+	// file, where the file systems allow.
+	err := createNetNSOn(n.NetNSPath, m.alloc.path(sb.st.Index), func() error {
+		// Set before any interface exists, so every one inherits it: a
+		// write to all/disable_ipv6 sets default/disable_ipv6 (and every
+		// interface's) as well (Documentation/networking/ip-sysctl.rst),
+		// one /proc/sys write less per sandbox.
 		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
 			return err
 		}
-		if err := writeSysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
-			return err
-		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return fmt.Errorf("find lo: %w", err)
-		}
+		// lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX): no lookup.
+		lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("set lo up: %w", err)
 		}
@@ -464,8 +481,10 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if tap {
 		ethMAC = transportMAC
 	}
+	// The node's end is up from its creation (one netlink request less);
+	// LinkAdd fills in its index.
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID, HardwareAddr: hw(gatewayMAC)},
+		LinkAttrs:        netlink.LinkAttrs{Name: n.HostIf, Alias: n.ID, HardwareAddr: hw(gatewayMAC), Flags: net.FlagUp},
 		PeerName:         sandboxIf,
 		PeerHardwareAddr: hw(ethMAC),
 		PeerNamespace:    netlink.NsFd(int(ns)),
@@ -473,10 +492,10 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if err := m.nl.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add veth: %w", err)
 	}
-	host, err := m.nl.LinkByName(n.HostIf)
-	if err != nil {
-		return fmt.Errorf("find veth: %w", err)
+	if veth.Index == 0 {
+		return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
 	}
+	host := netlink.Link(veth)
 	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
 		return fmt.Errorf("label veth: %w", err)
 	}
@@ -485,9 +504,6 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	}
 	if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
 		return fmt.Errorf("add neighbour of veth: %w", err)
-	}
-	if err := m.nl.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set veth up: %w", err)
 	}
 	in, err := netlink.NewHandleAt(ns)
 	if err != nil {

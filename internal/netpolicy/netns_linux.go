@@ -17,14 +17,33 @@ import (
 // must not exist) and runs setup inside it on the creating thread. The
 // namespace outlives every process in it until removeNetNS.
 func createNetNS(path string, setup func() error) (err error) {
+	return createNetNSOn(path, "", setup)
+}
+
+// createNetNSOn is createNetNS with the mount point at path a hard link
+// of the existing file pin where it can be (same file system): the
+// mount covers it, and no file is made for it (a new inode costs more
+// than a link on some file systems). Without pin, or where the link
+// fails for another reason than path existing, path is a new empty file.
+func createNetNSOn(path, pin string, setup func() error) (err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create netns dir: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
-	if err != nil {
-		return fmt.Errorf("create netns file: %w", err)
+	linked := false
+	if pin != "" {
+		lerr := os.Link(pin, path)
+		if errors.Is(lerr, os.ErrExist) {
+			return fmt.Errorf("create netns file: %w", lerr)
+		}
+		linked = lerr == nil
 	}
-	f.Close()
+	if !linked {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+		if err != nil {
+			return fmt.Errorf("create netns file: %w", err)
+		}
+		f.Close()
+	}
 	defer func() {
 		if err != nil {
 			unix.Unmount(path, unix.MNT_DETACH)

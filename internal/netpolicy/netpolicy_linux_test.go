@@ -285,6 +285,22 @@ func TestTeardownAndRecover(t *testing.T) {
 	if full != want {
 		t.Fatalf("after 3 setups: %+v, want %+v", full, want)
 	}
+	// One file per sandbox: its state file is its address allocation.
+	for _, n := range nets {
+		st, err := os.Stat(filepath.Join(w.cfg.StateDir, "sandboxes", n.ID+".json"))
+		must(t, err)
+		var found bool
+		for idx, owner := range must2(t, w.m.alloc.list) {
+			if owner == n.ID {
+				a, err := os.Stat(w.m.alloc.path(idx))
+				must(t, err)
+				found = os.SameFile(st, a)
+			}
+		}
+		if !found {
+			t.Errorf("state file of %s is not its allocation file", n.ID)
+		}
+	}
 	must(t, w.m.Teardown(ctx, nets[2].ID))
 	must(t, w.m.Teardown(ctx, nets[2].ID)) // twice is fine
 	want = counts{veths: 2, chains: 4, sets: 2, baseRules: empty.baseRules, mapElems: 4, netns: 2, allocs: 2, states: 2}
@@ -337,6 +353,13 @@ func TestTeardownAndRecover(t *testing.T) {
 	if got := w.count(); got != empty {
 		t.Fatalf("after recovering with nothing alive: %+v, want %+v", got, empty)
 	}
+}
+
+func must2[T any](t *testing.T, f func() (T, error)) T {
+	t.Helper()
+	v, err := f()
+	must(t, err)
+	return v
 }
 
 // BenchmarkSetup measures Setup of one sandbox network (netns, veth,

@@ -2,7 +2,11 @@ package netpolicy
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +140,51 @@ func TestAllocatorPersists(t *testing.T) {
 	b.release(i1, "s1")
 	if i, err := b.alloc("s5"); err != nil || i != i1 {
 		t.Errorf("freed index not reused: %d %v", i, err)
+	}
+}
+
+// TestAllocatorRecords: an allocation holding a JSON record (the
+// sandbox's network state) belongs to the record's id; a torn record to
+// nobody, so a restart never frees another sandbox's address by it.
+func TestAllocatorRecords(t *testing.T) {
+	dir := t.TempDir()
+	a, err := newAllocator(dir, netip.MustParsePrefix("100.96.0.0/29"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotIdx int
+	i1, err := a.allocWith("s1", func(idx int) ([]byte, error) {
+		gotIdx = idx
+		return []byte(fmt.Sprintf(`{"id":"s1","index":%d}`, idx)), nil
+	})
+	if err != nil || i1 != gotIdx {
+		t.Fatalf("allocWith = %d, %v; record made for %d", i1, err, gotIdx)
+	}
+	if b, _ := os.ReadFile(a.path(i1)); !strings.Contains(string(b), `"index":`+strconv.Itoa(i1)) {
+		t.Errorf("allocation file holds %q, want the record", b)
+	}
+	i2, _ := a.alloc("s2")
+	if err := os.WriteFile(filepath.Join(dir, "3"), []byte(`{"id":"s3`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	all, err := a.list()
+	if err != nil || all[i1] != "s1" || all[i2] != "s2" || all[3] != "" {
+		t.Fatalf("list = %v, %v", all, err)
+	}
+	if err := a.release(i1, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a.path(i1)); err != nil {
+		t.Error("release by a non-owner freed a record")
+	}
+	if err := a.release(i1, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a.path(i1)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("release by the owner left the record: %v", err)
+	}
+	if _, err := a.allocWith("s4", func(int) ([]byte, error) { return nil, errors.New("boom") }); err == nil {
+		t.Error("allocWith succeeded with a failing record")
 	}
 }
 

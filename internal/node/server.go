@@ -21,7 +21,10 @@ import (
 // in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
-	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()))
+	// Answers are small (a sandbox, a status): gzip would cost both ends
+	// more CPU than it saves bytes. Lists of many sandboxes still go
+	// compressed to a client that accepts it.
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()), connect.WithCompressMinBytes(16<<10))
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
 	mux.Handle("GET /metrics", n.MetricsHandler())

@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -68,5 +69,51 @@ func TestOldSpecRecordDecodes(t *testing.T) {
 	}
 	if !reflect.DeepEqual(a, b) {
 		t.Fatalf("re-encoded record differs from the old format:\n old %s\n new %s", oldRecord, again)
+	}
+}
+
+// TestTableConcurrentPutsAllLand: puts from many goroutines (which share
+// commits) each return with their record stored, request ID included, and
+// a reopened table has every one.
+func TestTableConcurrentPutsAllLand(t *testing.T) {
+	dir := t.TempDir()
+	tbl, err := openTable(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			id := fmt.Sprintf("t001%016d", i)
+			errs <- tbl.put(&record{ID: id, RequestID: "req-" + id, State: stateCreating})
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("put: %v", err)
+		}
+	}
+	if err := tbl.close(); err != nil {
+		t.Fatal(err)
+	}
+	if tbl, err = openTable(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer tbl.close()
+	recs, err := tbl.all()
+	if err != nil || len(recs) != n {
+		t.Fatalf("after reopen: %d records, %v; want %d", len(recs), err, n)
+	}
+	reqs := 0
+	if err := tbl.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
+			if string(k) == "req-"+string(v) {
+				reqs++
+			}
+			return nil
+		})
+	}); err != nil || reqs != n {
+		t.Fatalf("request IDs after reopen: %d, %v; want %d", reqs, err, n)
 	}
 }

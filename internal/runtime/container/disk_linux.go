@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,6 +140,20 @@ func (r *Runtime) prepareLayer(ctx context.Context, id, bundle string, mb int64,
 	return d, nil
 }
 
+// plannedDisk is the quota prepareLayer will give a new, empty layer when
+// it is fully known beforehand (an image of mb MiB); nil otherwise.
+func (r *Runtime) plannedDisk(bundle string, mb int64, seed *layerSeed) *diskState {
+	if seed != nil || mb == 0 {
+		return nil
+	}
+	if _, kind, err := r.quotaFor(filepath.Dir(bundle)); err != nil || kind != DiskQuotaImage {
+		return nil
+	}
+	d := &diskState{Kind: DiskQuotaImage}
+	d.Bytes, d.Inodes = diskLimits(mb)
+	return d
+}
+
 // makeLayerDirs makes upper (0755: overlayfs takes the root directory's
 // mode from it, and users other than root in the sandbox need it) and work.
 func makeLayerDirs(dir string) error {
@@ -224,10 +237,26 @@ func (q *imageQuota) template(ctx context.Context, d *diskState) (string, error)
 		os.Remove(tmp)
 		return "", fmt.Errorf("size layer template: %w", err)
 	}
+	// The overlay's upper and work directories are in the template (mkfs
+	// -d copies them in): a create makes no directory in the layer.
+	root, err := os.MkdirTemp(q.dir, "root.")
+	if err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("create layer template root: %w", err)
+	}
+	defer os.RemoveAll(root)
+	if err := os.Chmod(root, 0o755); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("chmod layer template root: %w", err)
+	}
+	if err := makeLayerDirs(root); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("layer template: %w", err)
+	}
 	// No journal (the layer never outlives the host's uptime), no reserved
 	// blocks, lazy inode tables: mkfs writes a few hundred KiB.
 	cmd := exec.CommandContext(ctx, q.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode",
-		"-E", "lazy_itable_init=1,nodiscard", "-b", "4096", "-N", strconv.FormatInt(d.Inodes, 10), tmp)
+		"-E", "lazy_itable_init=1,nodiscard", "-b", "4096", "-N", strconv.FormatInt(d.Inodes, 10), "-d", root, tmp)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("mkfs.ext4 layer template: %w: %s", err, strings.TrimSpace(string(out)))
@@ -240,37 +269,17 @@ func (q *imageQuota) template(ctx context.Context, d *diskState) (string, error)
 	return p, nil
 }
 
-// copySparse copies src's data extents (not its holes) into dst, which
-// ends up src's size.
+// copySparse makes dst a copy of the file src: a clone where the file
+// system shares extents (XFS, btrfs), else its data extents (not its
+// holes) copied in the kernel (copy_linux.go). dst ends up src's size.
 func copySparse(dst *os.File, src string) error {
 	sf, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer sf.Close()
-	fi, err := sf.Stat()
-	if err != nil {
-		return err
-	}
-	fd := int(sf.Fd())
-	for off := int64(0); off < fi.Size(); {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return err
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(sf, data, hole-data)); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return dst.Truncate(fi.Size())
+	_, err = copyFileData(dst, sf)
+	return err
 }
 
 func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState) error {
@@ -303,9 +312,8 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable,discard", q.directIO); err != nil {
 		return err
 	}
-	if err := makeLayerDirs(mnt); err != nil {
-		return errors.Join(err, unmount(ctx, mnt))
-	}
+	// upper and work are the template's (every template this process
+	// makes has them).
 	return nil
 }
 

@@ -314,3 +314,30 @@ func TestDiskQuotaCrashedCreate(t *testing.T) {
 		t.Errorf("layer image left: %v", err)
 	}
 }
+
+// TestLayerTemplateHasUpperAndWork: the writable layer's upper and work
+// come from the formatted template (no directory made per create), with
+// the modes and owner a create used to give them, on the image's ext4.
+func TestLayerTemplateHasUpperAndWork(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
+	for name, mode := range map[string]os.FileMode{upperDir: 0o755, workDir: 0o700} {
+		p := filepath.Join(spec.StateDir, layerDir, name)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR || os.FileMode(st.Mode&0o7777) != mode || st.Uid != 0 || st.Gid != 0 {
+			t.Errorf("%s: mode %o uid %d gid %d, want a directory %o of root's", name, st.Mode, st.Uid, st.Gid, mode)
+		}
+		var fs unix.Statfs_t
+		if err := unix.Statfs(p, &fs); err != nil || fs.Type != unix.EXT4_SUPER_MAGIC {
+			t.Errorf("%s is not on the layer image's ext4 (%x, %v)", name, fs.Type, err)
+		}
+	}
+}

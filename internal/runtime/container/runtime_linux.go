@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
-	"github.com/kernflux/opendsec/internal/interpreter"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/sched"
@@ -141,6 +140,8 @@ type Runtime struct {
 	// images and projects are the disk quota mechanisms (disk_linux.go).
 	images   *imageQuota
 	projects *projectQuota
+	// shared holds the files every sandbox mounts read-only (shared_linux.go).
+	shared *sharedFiles
 	// runcNS is the mount namespace runc runs in (runcns_linux.go).
 	runcNS runcNamespace
 
@@ -206,6 +207,7 @@ func New(cfg Config) (*Runtime, error) {
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
 	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
+		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
 
@@ -365,6 +367,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if _, err := os.Stat(spec.StateDir); errors.Is(err, os.ErrNotExist) {
 		sb.st.OwnsStateDir = true
 	}
+	// An image quota is known in full before it is made: the intent holds
+	// it from the start, written once (a second write is a second file).
+	planned := r.plannedDisk(spec.StateDir, spec.Resources.DiskMB, seed)
+	sb.st.Disk = planned
 	// Before anything is made: a node that crashes from here on can still
 	// Delete this ID without a Handle.
 	if err := r.writeIntent(sb.st, spec.ID); err != nil {
@@ -389,7 +395,7 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err != nil {
 		return runtime.Handle{}, err
 	}
-	if disk != nil {
+	if disk != nil && (planned == nil || *disk != *planned) {
 		// A crash from here on is undone with the quota known.
 		if err := r.writeIntent(sb.st, spec.ID); err != nil {
 			return runtime.Handle{}, err
@@ -439,24 +445,14 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err != nil {
 		return runtime.Handle{}, err
 	}
+	// The seccomp filter, the code interpreter and resolv.conf: the node's
+	// shared read-only copies (shared_linux.go), not files of the bundle.
+	if err := r.useSharedFiles(oci, spec.Guest.Nameservers); err != nil {
+		return runtime.Handle{}, err
+	}
 	b, err := json.Marshal(oci)
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("encode config.json: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(spec.StateDir, seccompFile), r.seccomp, 0o400); err != nil {
-		return runtime.Handle{}, fmt.Errorf("write seccomp filter: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(spec.StateDir, interpreterFile), interpreter.Source, 0o444); err != nil {
-		return runtime.Handle{}, fmt.Errorf("write code interpreter: %w", err)
-	}
-	if len(spec.Guest.Nameservers) > 0 {
-		var rc strings.Builder
-		for _, ns := range spec.Guest.Nameservers {
-			fmt.Fprintf(&rc, "nameserver %s\n", ns)
-		}
-		if err := os.WriteFile(filepath.Join(spec.StateDir, resolvFile), []byte(rc.String()), 0o644); err != nil {
-			return runtime.Handle{}, fmt.Errorf("write resolv.conf: %w", err)
-		}
 	}
 	if err := os.WriteFile(filepath.Join(spec.StateDir, configFile), b, 0o600); err != nil {
 		return runtime.Handle{}, fmt.Errorf("write config.json: %w", err)

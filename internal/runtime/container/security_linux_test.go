@@ -475,9 +475,13 @@ func TestAgentFailsClosedWithoutFilter(t *testing.T) {
 		t.Fatalf("create: %v", err)
 	}
 	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
-	if err := os.WriteFile(filepath.Join(spec.StateDir, seccompFile), []byte("bad"), 0o400); err != nil {
+	// The filter is the node's shared file: this sandbox's config.json
+	// gets a bad one of its own instead.
+	bad := filepath.Join(t.TempDir(), "bad-seccomp.bpf")
+	if err := os.WriteFile(bad, []byte("bad"), 0o400); err != nil {
 		t.Fatal(err)
 	}
+	setMountSource(t, filepath.Join(spec.StateDir, configFile), seccompInSandbox, bad)
 	// runc run may return before the agent gets to the filter.
 	_ = rt.Start(ctx, spec.ID)
 	deadline := time.Now().Add(20 * time.Second)
@@ -576,5 +580,35 @@ func TestPrivilegeEscalation(t *testing.T) {
 				t.Errorf("unshare -m as root: exit %d stderr %q; want operation not permitted", res.ExitCode, res.Stderr)
 			}
 		})
+	}
+}
+
+// setMountSource points the bind mount at dest in the bundle's config.json
+// at src.
+func setMountSource(t *testing.T, config, dest, src string) {
+	t.Helper()
+	b, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sp map[string]any
+	if err := json.Unmarshal(b, &sp); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, m := range sp["mounts"].([]any) {
+		if mm := m.(map[string]any); mm["destination"] == dest {
+			mm["source"] = src
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("config.json has no mount at %s", dest)
+	}
+	if b, err = json.Marshal(sp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
