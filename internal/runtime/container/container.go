@@ -65,8 +65,15 @@ type Config struct {
 	// machine never share runc state or a cgroup parent. Empty (tests)
 	// keeps the defaults of before node IDs were in them.
 	NodeID string `json:"-"`
+	// OCIRuntime is the OCI runtime binary that runs the containers:
+	// "auto" (empty: crun where it is installed and a probe container
+	// runs, else runc), "runc" or "crun" (an error at start if it cannot
+	// run containers here).
+	OCIRuntime string `json:"oci_runtime,omitempty"`
 	// RuncPath is the runc binary; empty means "runc" looked up in PATH.
 	RuncPath string `json:"runc_path,omitempty"`
+	// CrunPath is the crun binary; empty means "crun" looked up in PATH.
+	CrunPath string `json:"crun_path,omitempty"`
 	// StateRoot is runc's state directory (runc --root); empty means
 	// /run/opendsec/<node id>/runc. It must be on a filesystem that survives a node
 	// restart (tmpfs /run is fine: containers do not survive a reboot either).
@@ -127,6 +134,13 @@ type Config struct {
 	NofileLimit int64 `json:"-"`
 }
 
+// OCI runtimes (Config.OCIRuntime).
+const (
+	OCIRuntimeAuto = "auto"
+	OCIRuntimeRunc = "runc"
+	OCIRuntimeCrun = "crun"
+)
+
 // Disk quota mechanisms (Config.DiskQuota).
 const (
 	DiskQuotaAuto    = "auto"
@@ -150,6 +164,7 @@ func (c *Config) agentIdleExit() time.Duration {
 // DefaultCgroupParentOf its ID.
 const (
 	DefaultRuncPath     = "runc"
+	DefaultCrunPath     = "crun"
 	DefaultStateRoot    = "/run/opendsec/runc"
 	DefaultCgroupParent = "/opendsec"
 )
@@ -173,6 +188,12 @@ func DefaultCgroupParentOf(node string) string {
 func (c *Config) setDefaults() {
 	if c.RuncPath == "" {
 		c.RuncPath = DefaultRuncPath
+	}
+	if c.CrunPath == "" {
+		c.CrunPath = DefaultCrunPath
+	}
+	if c.OCIRuntime == "" {
+		c.OCIRuntime = OCIRuntimeAuto
 	}
 	c.legacyDefaults = c.NodeID != "" && c.StateRoot == "" && c.CgroupParent == ""
 	if c.StateRoot == "" {
@@ -217,6 +238,11 @@ func (c *Config) validate() error {
 	}
 	if c.AgentIdleExitMS != nil && *c.AgentIdleExitMS < 0 {
 		return errdefs.Invalid("container.agent_idle_exit_ms", "is %d; give 0 (never exit) or milliseconds, e.g. 30000", *c.AgentIdleExitMS)
+	}
+	switch c.OCIRuntime {
+	case OCIRuntimeAuto, OCIRuntimeRunc, OCIRuntimeCrun:
+	default:
+		return errdefs.Invalid("container.oci_runtime", "%q is not an OCI runtime; give auto (the default: crun where it works, else runc), runc or crun", c.OCIRuntime)
 	}
 	switch c.DiskQuota {
 	case DiskQuotaAuto, DiskQuotaProject, DiskQuotaImage:

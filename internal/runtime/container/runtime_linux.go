@@ -130,10 +130,12 @@ const (
 
 // Runtime is the container backend. Create one with New.
 type Runtime struct {
-	cfg     Config
-	runc    string
-	version string
-	cg      cgroupMounts
+	cfg Config
+	// oci is the OCI runtime binary (runc or crun) and how it differs
+	// (ociruntime_linux.go); runc is its path.
+	oci  *ociRuntime
+	runc string
+	cg   cgroupMounts
 	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
 	seccomp []byte
 
@@ -148,26 +150,16 @@ type Runtime struct {
 	creating  map[string]bool     // IDs with a Create in progress; guarded by mu
 }
 
-// New checks that runc is installed and the process is root, and returns the
-// backend.
+// New checks that the OCI runtime (runc or crun, container.oci_runtime) is
+// installed and the process is root, and returns the backend.
 func New(cfg Config) (*Runtime, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	runc, err := exec.LookPath(cfg.RuncPath)
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition,
-			"container.runc_path: runc binary %q not found (install it: apt-get install runc): %v", cfg.RuncPath, err)
-	}
 	if os.Geteuid() != 0 {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container backend needs root (euid is %d)", os.Geteuid())
 	}
-	out, err := exec.Command(runc, "--version").Output()
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %w", runc, err)
-	}
-	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
 	cg, err := detectCgroups()
 	if err != nil {
 		return nil, fmt.Errorf("detect cgroups: %w", err)
@@ -191,6 +183,10 @@ func New(cfg Config) (*Runtime, error) {
 	if err := cg.setPidsMax(cfg.CgroupParent, cfg.TotalPidsLimit); err != nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "set node.total_pids_limit on cgroup %s: %w", cfg.CgroupParent, err)
 	}
+	oci, err := chooseOCIRuntime(&cfg, cg)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
@@ -203,7 +199,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, runc: oci.path, cg: cg, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
 }
@@ -222,6 +218,8 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 				"fs.file-max", fileMax, "node.total_pids_limit", rt.cfg.TotalPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 		}
 	}
+	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
+		"reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
 	log.G(ctx).Info("sandbox limits", "cgroup_parent", rt.cfg.CgroupParent, "node.total_pids_limit", rt.cfg.TotalPidsLimit,
 		"node.max_pids_limit", rt.cfg.MaxPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 	return rt, nil
@@ -241,7 +239,8 @@ func (r *Runtime) cgroupPath(id string) string { return filepath.Join(r.cfg.Cgro
 func (r *Runtime) Info() runtime.Info {
 	return runtime.Info{
 		Name:         "container",
-		Version:      "runc " + r.version,
+		Version:      r.oci.String(),
+		Detail:       "oci_runtime " + r.oci.kind + ": " + r.oci.reason,
 		Capabilities: runtime.CapabilitiesOf(r, false),
 	}
 }
@@ -529,13 +528,13 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		return cmd.Wait()
 	})
 	if startErr != nil {
-		return 0, fmt.Errorf("runc %s: %w", sub[0], startErr)
+		return 0, fmt.Errorf("%s %s: %w", r.oci.kind, sub[0], startErr)
 	}
 	if err := runErr; err != nil {
 		if cur, limit, full := r.parentPidsFull(); full {
-			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (runc %s: %v: %s)", cur, limit, sub[0], err, runcLogError(rlog))
+			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (%s %s: %v: %s)", cur, limit, r.oci.kind, sub[0], err, runcLogError(rlog))
 		}
-		return 0, fmt.Errorf("runc %s: %w: %s", sub[0], err, runcLogError(rlog))
+		return 0, fmt.Errorf("%s %s: %w: %s", r.oci.kind, sub[0], err, runcLogError(rlog))
 	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
 	if err != nil {
@@ -609,13 +608,13 @@ func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]b
 	})
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not exist") {
-			return nil, errdefs.New(errdefs.ErrNotFound, "runc %s: container not found: %s", args[0], msg)
+		if r.oci.notFound(msg) {
+			return nil, errdefs.New(errdefs.ErrNotFound, "%s %s: container not found: %s", r.oci.kind, args[0], msg)
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("runc %s: %w", args[0], ctx.Err())
+			return nil, fmt.Errorf("%s %s: %w", r.oci.kind, args[0], ctx.Err())
 		}
-		return nil, fmt.Errorf("runc %s: %w: %s", args[0], err, msg)
+		return nil, fmt.Errorf("%s %s: %w: %s", r.oci.kind, args[0], err, msg)
 	}
 	return out, nil
 }
