@@ -482,6 +482,13 @@ func (r *Runtime) runcRun(ctx context.Context, id, bundle, netNS string) (int, e
 // runs in a mount namespace holding only this sandbox's mounts
 // (runcns_linux.go); netNS is the network namespace it joins.
 func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, prestart bool) (int, error) {
+	// crun moves its init into the cgroup before it forks there, so it
+	// starts a container with no pid left under node.total_pids_limit
+	// (runc fails), whose init then cannot start the agent: refuse first,
+	// for both.
+	if cur, limit, full := r.parentPidsFull(); full {
+		return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry", cur, limit)
+	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, fmt.Errorf("open /dev/null: %w", err)
