@@ -1,6 +1,7 @@
 package container
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,7 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+	"github.com/kernflux/opendsec/internal/testutil"
 )
 
 // testOCIRuntimeEnv names the OCI runtime the package's root tests run
@@ -154,4 +157,68 @@ func hostBlockDevice(t *testing.T) string {
 		}
 	})
 	return dev
+}
+
+// TestOCIRuntimeChoice checks how container.oci_runtime picks the runtime:
+// auto takes crun where it works and says why, falls back to runc (saying
+// why) when crun is missing, too old or fails its probe; an explicit crun
+// that cannot work is an error naming the key and the fix, and changes
+// nothing.
+func TestOCIRuntimeChoice(t *testing.T) {
+	requireOCIRuntime(t, OCIRuntimeRunc)
+	requireOCIRuntime(t, OCIRuntimeCrun)
+	dir := t.TempDir()
+	fake := func(name, script string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil { //nolint:gosec // an executable
+			t.Fatal(err)
+		}
+		return p
+	}
+	old := fake("crun-old", `echo "crun version 1.4.5"; echo "commit: x"`)
+	broken := fake("crun-broken", `case "$1" in --version) echo "crun version 1.9.0";; *) echo "cgroups in hybrid mode not supported" >&2; exit 1;; esac`)
+	for _, tc := range []struct {
+		name, runtime, crunPath string
+		want                    string // kind; "" an error
+		reason                  string // in Info().Detail or the error
+	}{
+		{"auto", OCIRuntimeAuto, "", OCIRuntimeCrun, "crun 1."},
+		{"default", "", "", OCIRuntimeCrun, "auto"},
+		{"runc", OCIRuntimeRunc, "", OCIRuntimeRunc, "container.oci_runtime is runc"},
+		{"crun", OCIRuntimeCrun, "", OCIRuntimeCrun, "container.oci_runtime is crun"},
+		{"auto missing crun", OCIRuntimeAuto, filepath.Join(dir, "nowhere"), OCIRuntimeRunc, "not found"},
+		{"auto old crun", OCIRuntimeAuto, old, OCIRuntimeRunc, "older than 1.8"},
+		{"auto broken crun", OCIRuntimeAuto, broken, OCIRuntimeRunc, "hybrid mode not supported"},
+		{"crun missing", OCIRuntimeCrun, filepath.Join(dir, "nowhere"), "", "not found"},
+		{"crun old", OCIRuntimeCrun, old, "", "older than 1.8"},
+		{"crun broken", OCIRuntimeCrun, broken, "", "hybrid mode not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFactoryWith(t, func(c *Config) {
+				c.OCIRuntime, c.CrunPath = tc.runtime, tc.crunPath
+				c.StateRoot = filepath.Join(t.TempDir(), "state")
+			})
+			if tc.want == "" {
+				cfg := Config{StateRoot: filepath.Join(t.TempDir(), "state"), CgroupParent: "/opendsec-test", AgentPath: testutil.AgentBinary(t),
+					OCIRuntime: tc.runtime, CrunPath: tc.crunPath}
+				_, err := New(cfg)
+				if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "container.oci_runtime") ||
+					!strings.Contains(err.Error(), "apt-get install crun") || !strings.Contains(err.Error(), tc.reason) {
+					t.Fatalf("New with oci_runtime %s, crun_path %s: %v; want failed_precondition naming container.oci_runtime, the fix and %q", tc.runtime, tc.crunPath, err, tc.reason)
+				}
+				if _, err := os.Stat(cfg.StateRoot); !os.IsNotExist(err) {
+					t.Fatalf("a refused runtime made its state root: %v", err)
+				}
+				return
+			}
+			rt, _ := f(t)
+			info := rt.Info()
+			if got := rt.(*Runtime).oci.kind; got != tc.want || !strings.HasPrefix(info.Version, tc.want+" ") {
+				t.Fatalf("runtime %s (version %q); want %s", got, info.Version, tc.want)
+			}
+			if !strings.Contains(info.Detail, tc.reason) || !strings.HasPrefix(info.Detail, "oci_runtime "+tc.want+": ") {
+				t.Fatalf("Info().Detail %q; want the choice %s and %q", info.Detail, tc.want, tc.reason)
+			}
+		})
+	}
 }
