@@ -113,6 +113,38 @@ func crunStartViaExecFifo(dir string, pid int) error {
 // specified").
 const ociSpecVersion = "1.0.2"
 
+// crunExtraDevices are the device rules crun adds to every container's
+// devices cgroup that runc does not: /dev/console (c 5:1), which in a
+// container without a terminal is the host's system console (a root
+// sandbox process with CAP_MKNOD could make the node, write to the host's
+// console and read what is typed there). runc allows /dev/net/tun (c
+// 10:200) instead, which is useless without CAP_NET_ADMIN.
+var crunExtraDevices = []string{"c 5:1 rwm"}
+
+// afterInit runs once the runtime made the container, before anything of
+// the sandbox runs (its init waits on the exec fifo, or has not been
+// given a request yet): for crun on cgroup v1 it takes back the device
+// rules crun adds to runc's (crunExtraDevices), so both give a sandbox the
+// same devices. On cgroup v2 crun compiles its rules into an eBPF program
+// whose defaults win over config.json's; chooseOCIRuntime's auto does not
+// pick crun there.
+func (o *ociRuntime) afterInit(cg cgroupMounts, cgroupPath string) error {
+	if o.kind != OCIRuntimeCrun || cg.v2 {
+		return nil
+	}
+	mnt := cg.v1["devices"]
+	if mnt == "" {
+		return nil
+	}
+	f := filepath.Join(mnt, cgroupPath, "devices.deny")
+	for _, rule := range crunExtraDevices {
+		if err := os.WriteFile(f, []byte(rule), 0); err != nil {
+			return fmt.Errorf("deny %q in the devices cgroup crun made: %w", rule, err)
+		}
+	}
+	return nil
+}
+
 // minCrunVersion is the oldest crun the backend uses (Debian 12's).
 var minCrunVersion = [2]int{1, 8}
 
@@ -137,7 +169,13 @@ func chooseOCIRuntime(cfg *Config, cg cgroupMounts) (*ociRuntime, error) {
 				"container.oci_runtime is crun but crun cannot run containers here: %v; install it (apt-get install crun, version %d.%d or later), set container.crun_path, or set container.oci_runtime to auto or runc", err, minCrunVersion[0], minCrunVersion[1])
 		}
 		o.reason = "container.oci_runtime is crun"
+		if cg.v2 {
+			o.reason += " (cgroup v2: crun's built-in device rules also allow /dev/console, c 5:1, which runc's do not)"
+		}
 		return o, nil
+	}
+	if cg.v2 {
+		return runcRuntime(cfg, "container.oci_runtime auto: cgroup v2 only, where crun's built-in device rules allow /dev/console (c 5:1) whatever config.json says; set container.oci_runtime to crun to use it anyway")
 	}
 	o, err := probeCrun(cfg, hybrid)
 	if err == nil {

@@ -110,14 +110,15 @@ func TestSecurityDevicesCgroup(t *testing.T) {
 			spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 			res := sh(t, rt, spec.ID, fmt.Sprintf(`mknod /devtest b %d %d; echo "mknod $?"; head -c 512 /devtest | wc -c; rm -f /devtest
 mknod /memtest c 1 1; head -c 16 /memtest | wc -c; rm -f /memtest
+mknod /contest c 5 1; echo x >/contest; echo "console $?"; rm -f /contest
 head -c 16 /dev/zero | wc -c; head -c 16 /dev/urandom | wc -c; echo x >/dev/null && echo null-ok`, maj, mnr))
 			lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
 			// mknod itself may be refused ("m" is not allowed); either
 			// way nothing is read.
-			if len(lines) != 6 || lines[1] != "0" || lines[2] != "0" {
-				t.Fatalf("devices in the sandbox: stdout %q stderr %q; want 0 bytes of the disk and of /dev/mem", res.Stdout, res.Stderr)
+			if len(lines) != 7 || lines[1] != "0" || lines[2] != "0" || lines[3] == "console 0" {
+				t.Fatalf("devices in the sandbox: stdout %q stderr %q; want 0 bytes of the disk and of /dev/mem, and no write to the host's console", res.Stdout, res.Stderr)
 			}
-			if lines[3] != "16" || lines[4] != "16" || lines[5] != "null-ok" {
+			if lines[4] != "16" || lines[5] != "16" || lines[6] != "null-ok" {
 				t.Fatalf("default devices in the sandbox: stdout %q stderr %q; want /dev/zero, /dev/urandom, /dev/null usable", res.Stdout, res.Stderr)
 			}
 			if !strings.Contains(res.Stderr, "Operation not permitted") {
@@ -130,7 +131,8 @@ head -c 16 /dev/zero | wc -c; head -c 16 /dev/urandom | wc -c; echo x >/dev/null
 				if err != nil {
 					t.Fatal(err)
 				}
-				if strings.Contains(string(b), "a *:* rwm") {
+				t.Logf("%s: devices.list:\n%s", kind, b)
+				if strings.Contains(string(b), "a *:* rwm") || strings.Contains(string(b), "c 5:1 ") {
 					t.Fatalf("devices.list of the sandbox allows everything:\n%s", b)
 				}
 			}
@@ -167,6 +169,14 @@ func hostBlockDevice(t *testing.T) string {
 func TestOCIRuntimeChoice(t *testing.T) {
 	requireOCIRuntime(t, OCIRuntimeRunc)
 	requireOCIRuntime(t, OCIRuntimeCrun)
+	// On cgroup v2 only, auto keeps runc (crun's device defaults allow
+	// /dev/console there) and says so; an explicit crun says it too.
+	v2 := cgroupMounts{v2: true, unified: "/sys/fs/cgroup"}
+	cfg := Config{OCIRuntime: OCIRuntimeAuto}
+	cfg.setDefaults()
+	if o, err := chooseOCIRuntime(&cfg, v2); err != nil || o.kind != OCIRuntimeRunc || !strings.Contains(o.reason, "/dev/console") {
+		t.Fatalf("auto on cgroup v2: %+v %v; want runc, saying why", o, err)
+	}
 	dir := t.TempDir()
 	fake := func(name, script string) string {
 		p := filepath.Join(dir, name)

@@ -543,6 +543,10 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		}
 		return 0, fmt.Errorf("%s %s: %w: %s", r.oci.kind, sub[0], err, runcLogError(rlog))
 	}
+	// Before the caller lets anything of the sandbox run.
+	if err := r.oci.afterInit(r.cg, r.cgroupPath(id)); err != nil {
+		return 0, err
+	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
 	if err != nil {
 		return 0, fmt.Errorf("read init pid: %w", err)
