@@ -11,11 +11,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/osthread"
 )
 
@@ -205,6 +207,18 @@ func runcRuntime(cfg *Config, reason string) (*ociRuntime, error) {
 // cfg.CgroupParent, then removes it: what a sandbox's create needs of it
 // (namespaces, mounts, pivot_root, cgroup v1 or v2 limits) on this host.
 func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
+	o, err := crunRuntime(cfg, hybrid)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.probe(cfg); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// crunRuntime is crun at cfg.CrunPath, checked to be 1.8 or later.
+func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	path, err := exec.LookPath(cfg.CrunPath)
 	if err != nil {
 		return nil, fmt.Errorf("crun binary %q not found: %w", cfg.CrunPath, err)
@@ -223,11 +237,7 @@ func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if major < minCrunVersion[0] || major == minCrunVersion[0] && minor < minCrunVersion[1] {
 		return nil, fmt.Errorf("crun %s is older than %d.%d", version, minCrunVersion[0], minCrunVersion[1])
 	}
-	o := &ociRuntime{kind: OCIRuntimeCrun, path: path, version: version, hideUnified: hybrid}
-	if err := o.probe(cfg); err != nil {
-		return nil, err
-	}
-	return o, nil
+	return &ociRuntime{kind: OCIRuntimeCrun, path: path, version: version, hideUnified: hybrid}, nil
 }
 
 // probe creates and deletes a container: a root of nothing but init's
@@ -349,4 +359,70 @@ func hideMount(unified string) error {
 		return fmt.Errorf("unmount %s for crun: %w", unified, err)
 	}
 	return nil
+}
+
+// stateFileOf is the file runtime kind keeps a container's state in, in
+// <state_root>/<id>.
+func stateFileOf(kind string) string {
+	if kind == OCIRuntimeCrun {
+		return "status"
+	}
+	return "state.json"
+}
+
+// otherOCI is the runtime that is not the node's choice, for containers
+// it made before container.oci_runtime changed (runc's from before crun
+// was the default, or crun's after a change back to runc): made on first
+// use.
+type otherOCI struct {
+	once sync.Once
+	oci  *ociRuntime // nil: not usable here
+}
+
+// ociFor returns the runtime of container id under root: the node's
+// choice, or the other one when the container's state dir holds the other
+// one's state file (it made the container, and only it can read its
+// state). Each container keeps the runtime that made it until it is
+// deleted; new containers get the node's choice.
+func (r *Runtime) ociFor(ctx context.Context, root, id string) *ociRuntime {
+	if id == "" || strings.ContainsRune(id, '/') {
+		return r.oci
+	}
+	dir := filepath.Join(root, id)
+	if _, err := os.Lstat(filepath.Join(dir, stateFileOf(r.oci.kind))); err == nil {
+		return r.oci
+	}
+	other := OCIRuntimeCrun
+	if r.oci.kind == OCIRuntimeCrun {
+		other = OCIRuntimeRunc
+	}
+	if _, err := os.Lstat(filepath.Join(dir, stateFileOf(other))); err != nil {
+		return r.oci
+	}
+	r.other.once.Do(func() {
+		var o *ociRuntime
+		var err error
+		if other == OCIRuntimeRunc {
+			o, err = runcRuntime(&r.cfg, "made the container before container.oci_runtime chose "+r.oci.kind)
+		} else {
+			hide := ""
+			if !r.cg.v2 {
+				hide = r.cg.unified
+			}
+			o, err = crunRuntime(&r.cfg, hide)
+			if o != nil {
+				o.reason = "made the container before container.oci_runtime chose " + r.oci.kind
+			}
+		}
+		if err != nil {
+			log.G(ctx).Error("containers made by "+other+" are in the state root but "+other+" cannot run here: they cannot be stopped or deleted until it is installed", "state_root", root, log.Err(err))
+			return
+		}
+		log.G(ctx).Info("containers made by "+other+" are in the state root: "+other+" handles them until they are deleted", "state_root", root, "version", o.version)
+		r.other.oci = o
+	})
+	if r.other.oci == nil {
+		return r.oci
+	}
+	return r.other.oci
 }

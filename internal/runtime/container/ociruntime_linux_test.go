@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
@@ -228,6 +230,95 @@ func TestOCIRuntimeChoice(t *testing.T) {
 			}
 			if !strings.Contains(info.Detail, tc.reason) || !strings.HasPrefix(info.Detail, "oci_runtime "+tc.want+": ") {
 				t.Fatalf("Info().Detail %q; want the choice %s and %q", info.Detail, tc.want, tc.reason)
+			}
+		})
+	}
+}
+
+// TestRecoverAcrossOCIRuntimes: a node restarted with another
+// container.oci_runtime (runc's sandboxes when crun became the default,
+// or back) recovers the sandboxes the other runtime made and keeps using
+// that runtime for them (its state file is the proof of which one made
+// it): a running one answers, pauses, resumes, stops and is deleted with
+// nothing left; a prestarted one starts. New sandboxes get the node's
+// runtime.
+func TestRecoverAcrossOCIRuntimes(t *testing.T) {
+	for _, tc := range []struct{ made, recovered string }{{OCIRuntimeRunc, OCIRuntimeCrun}, {OCIRuntimeCrun, OCIRuntimeRunc}} {
+		t.Run(tc.made+"-then-"+tc.recovered, func(t *testing.T) {
+			requireOCIRuntime(t, tc.made)
+			requireOCIRuntime(t, tc.recovered)
+			kind := tc.made
+			f := newFactoryWith(t, func(c *Config) { c.OCIRuntime = kind })
+			rt1, tmpl := f(t)
+			ctx := t.Context()
+			running, h := runtimetest.StartSandbox(t, rt1, tmpl)
+			pre := runtimetest.Prepare(t, rt1, tmpl)
+			hPre, err := rt1.Create(ctx, pre)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rt1.(*Runtime).Prestart(ctx, pre.ID); err != nil {
+				t.Fatalf("prestart under %s: %v", tc.made, err)
+			}
+			root := rt1.(*Runtime).cfg.StateRoot
+			for _, id := range []string{running.ID, pre.ID} {
+				if _, err := os.Stat(filepath.Join(root, id, stateFileOf(tc.made))); err != nil {
+					t.Fatalf("%s made %s without its state file: %v", tc.made, id, err)
+				}
+			}
+
+			kind = tc.recovered // the node restarts with the other runtime
+			rt2, _ := f(t)
+			c2 := rt2.(*Runtime)
+			if c2.oci.kind != tc.recovered {
+				t.Fatalf("restarted node runs %s, want %s", c2.oci.kind, tc.recovered)
+			}
+			for _, hh := range []runtime.Handle{h, hPre} {
+				if err := rt2.Recover(ctx, hh); err != nil {
+					t.Fatalf("recover %s's sandbox under %s: %v", tc.made, tc.recovered, err)
+				}
+			}
+			if st, err := rt2.Status(ctx, running.ID); err != nil || st.State != runtime.StateRunning {
+				t.Fatalf("status of %s's running sandbox under %s: %+v %v", tc.made, tc.recovered, st, err)
+			}
+			if res := sh(t, rt2, running.ID, "echo still"); res.Stdout != "still\n" {
+				t.Fatalf("exec after the switch: %+v", res)
+			}
+			if err := c2.Pause(ctx, running.ID); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := rt2.Status(ctx, running.ID); err != nil || st.State != runtime.StatePaused {
+				t.Fatalf("status of a paused sandbox %s made: %+v %v; want paused", tc.made, st, err)
+			}
+			if err := c2.Resume(ctx, running.ID); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := rt2.Status(ctx, pre.ID); err != nil || st.State != runtime.StateCreated {
+				t.Fatalf("status of %s's prestarted sandbox under %s: %+v %v; want created", tc.made, tc.recovered, st, err)
+			}
+			if err := rt2.Start(ctx, pre.ID); err != nil {
+				t.Fatalf("start %s's prestarted sandbox under %s: %v", tc.made, tc.recovered, err)
+			}
+			if err := runtimetest.WaitAgent(ctx, rt2, pre.ID, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{running.ID, pre.ID} {
+				if err := rt2.Stop(ctx, id, runtime.StopOptions{Timeout: time.Second}); err != nil {
+					t.Fatalf("stop %s: %v", id, err)
+				}
+				if err := rt2.Delete(ctx, id); err != nil {
+					t.Fatalf("delete %s: %v", id, err)
+				}
+				if _, err := os.Stat(filepath.Join(root, id)); !os.IsNotExist(err) {
+					t.Fatalf("%s's state dir of %s after delete: %v; want it gone", tc.made, id, err)
+				}
+				for _, d := range c2.CgroupDirs(id) {
+					t.Errorf("cgroup %s left after delete", d)
+				}
+			}
+			fresh, _ := runtimetest.StartSandbox(t, rt2, tmpl)
+			if _, err := os.Stat(filepath.Join(root, fresh.ID, stateFileOf(tc.recovered))); err != nil {
+				t.Fatalf("a new sandbox is not %s's: %v", tc.recovered, err)
 			}
 		})
 	}

@@ -204,11 +204,18 @@ type runcNSPlan struct {
 // holding clones of them. When that namespace cannot be entered, or a path
 // of plan.same is not the same file there, fn runs in the node's
 // namespace (crun on a hybrid cgroup host: in a private copy of it
-// without the cgroup2 mount, which crun refuses). fn runs exactly once.
-func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, fn func() error) error {
+// without the cgroup2 mount, which crun refuses). oci is the runtime fn
+// runs. fn runs exactly once.
+func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, oci *ociRuntime, fn func() error) error {
 	base := r.runcNSFD(ctx)
 	if base < 0 {
-		return r.oci.inCgroupView(fn)
+		return oci.inCgroupView(fn)
+	}
+	// The runc namespace hides the cgroup2 mount only when the node's
+	// runtime needs it; a container another runtime made may need it too.
+	hide := ""
+	if r.oci.hideUnified == "" {
+		hide = oci.hideUnified
 	}
 	c := make(chan error, 1)
 	osthread.Throwaway(func() {
@@ -216,12 +223,18 @@ func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, fn func() error
 			c <- err
 			return
 		}
+		if hide != "" {
+			if err := unshareHiding(hide); err != nil {
+				c <- fmt.Errorf("%w: %w", errRuncNS, err)
+				return
+			}
+		}
 		c <- fn()
 	})
 	err := <-c
 	if errors.Is(err, errRuncNS) {
 		log.G(ctx).Debug("runc runs in the node's mount namespace", log.Err(err))
-		return r.oci.inCgroupView(fn)
+		return oci.inCgroupView(fn)
 	}
 	return err
 }

@@ -144,6 +144,9 @@ type Runtime struct {
 	projects *projectQuota
 	// runcNS is the mount namespace runc runs in (runcns_linux.go).
 	runcNS runcNamespace
+	// other is the runtime that is not oci, for containers it made
+	// (ociFor).
+	other otherOCI
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
@@ -523,7 +526,7 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
 	var startErr error
-	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), func() error {
+	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
 		if startErr = cmd.Start(); startErr != nil {
 			return startErr
 		}
@@ -604,30 +607,45 @@ func runcLogError(path string) string {
 
 // runcOut runs a runc subcommand and returns its stdout; runc's error message
 // is in the error.
+//
+// It runs the runtime that made the container (ociFor): the container is
+// the first argument after the subcommand that is not a flag.
 func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.runc, append([]string{"--root", root}, args...)...)
+	oci := r.ociFor(ctx, root, containerArg(args))
+	cmd := exec.CommandContext(ctx, oci.path, append([]string{"--root", root}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second
 	var out []byte
 	// In the runc namespace: no runc command but run and create needs a
 	// sandbox's mount, and none should read the node's mount table.
-	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, func() error {
+	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, oci, func() error {
 		var err error
 		out, err = cmd.Output()
 		return err
 	})
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		if r.oci.notFound(msg) {
-			return nil, errdefs.New(errdefs.ErrNotFound, "%s %s: container not found: %s", r.oci.kind, args[0], msg)
+		if oci.notFound(msg) {
+			return nil, errdefs.New(errdefs.ErrNotFound, "%s %s: container not found: %s", oci.kind, args[0], msg)
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s %s: %w", r.oci.kind, args[0], ctx.Err())
+			return nil, fmt.Errorf("%s %s: %w", oci.kind, args[0], ctx.Err())
 		}
-		return nil, fmt.Errorf("%s %s: %w: %s", r.oci.kind, args[0], err, msg)
+		return nil, fmt.Errorf("%s %s: %w: %s", oci.kind, args[0], err, msg)
 	}
 	return out, nil
+}
+
+// containerArg is the container ID in a runtime command's arguments: the
+// first after the subcommand that is not a flag ("" if none).
+func containerArg(args []string) string {
+	for _, a := range args[1:] {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
 }
 
 type runcStateJSON struct {
