@@ -323,3 +323,38 @@ func TestRecoverAcrossOCIRuntimes(t *testing.T) {
 		})
 	}
 }
+
+// TestCrunStartViaExecFifo: Launch starts a container crun created the way
+// `crun start` does, without the binary: one byte to crun's init, which
+// holds the fifo open for reading, and the fifo removed (what makes `crun
+// state` say running); with no reader (init gone or started) it fails
+// at once; with no fifo the caller falls back to `crun start`.
+func TestCrunStartViaExecFifo(t *testing.T) {
+	dir := t.TempDir()
+	if err := crunStartViaExecFifo(dir, 0); !errors.Is(err, errNoExecFifo) {
+		t.Fatalf("no fifo: %v; want errNoExecFifo", err)
+	}
+	fifo := filepath.Join(dir, execFifo)
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := crunStartViaExecFifo(dir, 0); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("fifo without a reader: %v; want failed_precondition", err)
+	}
+	// crun's init: the fifo open for reading (crun opens it O_NONBLOCK).
+	r, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := crunStartViaExecFifo(dir, 0); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if _, err := os.Lstat(fifo); !os.IsNotExist(err) {
+		t.Fatalf("fifo after start: %v; want it removed", err)
+	}
+	b := make([]byte, 4)
+	if n, err := r.Read(b); err != nil || n != 1 {
+		t.Fatalf("init read %d bytes (%v); want the one byte that lets it exec", n, err)
+	}
+}
