@@ -546,8 +546,14 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		}
 		return 0, fmt.Errorf("%s %s: %w: %s", r.oci.kind, sub[0], err, runcLogError(rlog))
 	}
-	// Before the caller lets anything of the sandbox run.
-	if err := r.oci.afterInit(r.cg, r.cgroupPath(id)); err != nil {
+	// Before the caller lets anything of the sandbox run. The cgroup is
+	// config.json's: the handle's (a sandbox from before node IDs were in
+	// the defaults keeps its old one).
+	cgPath := r.cgroupPath(id)
+	if sb, err := r.get(id); err == nil && sb.st.CgroupPath != "" {
+		cgPath = sb.st.CgroupPath
+	}
+	if err := r.oci.afterInit(r.cg, cgPath); err != nil {
 		return 0, err
 	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
