@@ -29,9 +29,10 @@
 // /sys/fs/cgroup/unified is a cgroup2 mount, even an empty one: every crun
 // command runs in the runc mount namespace (runcns_linux.go), where that
 // mount is unmounted, so crun sees plain cgroup v1 and applies every limit.
-// On cgroup v2 only, auto keeps runc: crun's built-in device rules allow
-// /dev/console there whatever config.json says (on v1 the node denies it
-// right after crun made the container).
+// crun's built-in device rules allow /dev/console whatever config.json
+// says: on v1 the node denies it right after crun made the container, on
+// v2 an eBPF device program on the cgroup parent refuses it
+// (bpfdevice_linux.go).
 package container
 
 import (

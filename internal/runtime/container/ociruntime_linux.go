@@ -128,8 +128,9 @@ var crunExtraDevices = []string{"c 5:1 rwm"}
 // given a request yet): for crun on cgroup v1 it takes back the device
 // rules crun adds to runc's (crunExtraDevices), so both give a sandbox the
 // same devices. On cgroup v2 crun compiles its rules into an eBPF program
-// whose defaults win over config.json's; chooseOCIRuntime's auto does not
-// pick crun there.
+// whose defaults win over config.json's: there the sandboxes' parent
+// cgroup carries a program refusing /dev/console, which the kernel runs
+// beside crun's (crunOn, bpfdevice_linux.go).
 func (o *ociRuntime) afterInit(cg cgroupMounts, cgroupPath string) error {
 	if o.kind != OCIRuntimeCrun || cg.v2 {
 		return nil
@@ -165,26 +166,36 @@ func chooseOCIRuntime(cfg *Config, cg cgroupMounts) (*ociRuntime, error) {
 	case OCIRuntimeRunc:
 		return runcRuntime(cfg, "container.oci_runtime is runc")
 	case OCIRuntimeCrun:
-		o, err := probeCrun(cfg, hybrid)
+		o, err := crunOn(cfg, cg, hybrid)
 		if err != nil {
 			return nil, errdefs.New(errdefs.ErrFailedPrecondition,
 				"container.oci_runtime is crun but crun cannot run containers here: %v; install it (apt-get install crun, version %d.%d or later), set container.crun_path, or set container.oci_runtime to auto or runc", err, minCrunVersion[0], minCrunVersion[1])
 		}
 		o.reason = "container.oci_runtime is crun"
-		if cg.v2 {
-			o.reason += " (cgroup v2: crun's built-in device rules also allow /dev/console, c 5:1, which runc's do not)"
-		}
 		return o, nil
 	}
-	if cg.v2 {
-		return runcRuntime(cfg, "container.oci_runtime auto: cgroup v2 only, where crun's built-in device rules allow /dev/console (c 5:1) whatever config.json says; set container.oci_runtime to crun to use it anyway")
-	}
-	o, err := probeCrun(cfg, hybrid)
+	o, err := crunOn(cfg, cg, hybrid)
 	if err == nil {
 		o.reason = "container.oci_runtime auto: crun " + o.version + " is installed and ran a probe container (a create costs about a third of runc's CPU)"
 		return o, nil
 	}
 	return runcRuntime(cfg, "container.oci_runtime auto: crun is not usable ("+err.Error()+")")
+}
+
+// crunOn is probeCrun on this host's cgroups: on cgroup v2 the sandboxes'
+// parent first gets the device program that refuses /dev/console
+// (denyConsoleBPF), which crun's own device program allows, so the probe
+// runs under it as the sandboxes will.
+func crunOn(cfg *Config, cg cgroupMounts, hybrid string) (*ociRuntime, error) {
+	if cg.v2 {
+		if _, err := crunRuntime(cfg, ""); err != nil {
+			return nil, err // not installed: nothing to attach for
+		}
+		if err := denyConsoleBPF(filepath.Join(cg.unified, cfg.CgroupParent)); err != nil {
+			return nil, fmt.Errorf("crun allows /dev/console in every container and the node cannot refuse it on cgroup v2: %w", err)
+		}
+	}
+	return probeCrun(cfg, hybrid)
 }
 
 // runcRuntime is runc at cfg.RuncPath.

@@ -171,13 +171,18 @@ func hostBlockDevice(t *testing.T) string {
 func TestOCIRuntimeChoice(t *testing.T) {
 	requireOCIRuntime(t, OCIRuntimeRunc)
 	requireOCIRuntime(t, OCIRuntimeCrun)
-	// On cgroup v2 only, auto keeps runc (crun's device defaults allow
-	// /dev/console there) and says so; an explicit crun says it too.
-	v2 := cgroupMounts{v2: true, unified: "/sys/fs/cgroup"}
-	cfg := Config{OCIRuntime: OCIRuntimeAuto}
+	// On cgroup v2 crun needs the device program on the sandboxes'
+	// parent: where it cannot be attached (here: a parent that is no
+	// cgroup), auto keeps runc and says why, and an explicit crun fails.
+	v2 := cgroupMounts{v2: true, unified: t.TempDir()}
+	cfg := Config{OCIRuntime: OCIRuntimeAuto, CgroupParent: "/nowhere"}
 	cfg.setDefaults()
 	if o, err := chooseOCIRuntime(&cfg, v2); err != nil || o.kind != OCIRuntimeRunc || !strings.Contains(o.reason, "/dev/console") {
-		t.Fatalf("auto on cgroup v2: %+v %v; want runc, saying why", o, err)
+		t.Fatalf("auto on cgroup v2 without the device program: %+v %v; want runc, saying why", o, err)
+	}
+	cfg.OCIRuntime = OCIRuntimeCrun
+	if _, err := chooseOCIRuntime(&cfg, v2); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "container.oci_runtime") || !strings.Contains(err.Error(), "/dev/console") {
+		t.Fatalf("crun on cgroup v2 without the device program: %v; want failed_precondition naming container.oci_runtime and /dev/console", err)
 	}
 	dir := t.TempDir()
 	fake := func(name, script string) string {
@@ -357,4 +362,58 @@ func TestCrunStartViaExecFifo(t *testing.T) {
 	if n, err := r.Read(b); err != nil || n != 1 {
 		t.Fatalf("init read %d bytes (%v); want the one byte that lets it exec", n, err)
 	}
+}
+
+// TestDenyDeviceBPF checks the cgroup v2 device program the node attaches
+// to the sandboxes' parent where crun runs on cgroup v2 (it refuses
+// /dev/console there; this host's console is closed to the test itself, so
+// the test has the program refuse /dev/full, c 1:7): a process in a
+// cgroup below it cannot open the device, which it could before, and
+// still opens /dev/null; a second attach (a node restart) is a no-op. It
+// runs on the host's cgroup2 hierarchy (the unified one of a hybrid host).
+func TestDenyDeviceBPF(t *testing.T) {
+	testutil.RequiresRoot(t)
+	cg, err := detectCgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cg.unified == "" {
+		t.Skip("no cgroup2 hierarchy mounted")
+	}
+	node, maj, mnr := "/dev/full", uint32(1), uint32(7)
+	parent := filepath.Join(cg.unified, fmt.Sprintf("opendsec-bpftest-%d", os.Getpid()))
+	child := filepath.Join(parent, "sb")
+	if err := os.MkdirAll(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.Remove(child)
+		_ = os.Remove(parent)
+	})
+	probe := func() string {
+		t.Helper()
+		out, err := exec.Command("sh", "-c", `echo $$ > `+child+`/cgroup.procs || exit 9
+head -c 0 <`+node+` && echo dev-ok || echo dev-denied
+head -c 0 </dev/null && echo null-ok || echo null-denied`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("probe in %s: %v: %s", child, err, out)
+		}
+		return string(out)
+	}
+	got := probe()
+	if strings.Contains(got, "dev-ok") && strings.Contains(got, "null-ok") {
+		t.Logf("before the program: %q", got)
+	} else {
+		t.Fatalf("before the program: %q; want %s (c %d:%d) and /dev/null usable (the test would prove nothing)", got, node, maj, mnr)
+	}
+	for range 2 {
+		if err := denyCharDeviceBPF(parent, int32(maj), int32(mnr)); err != nil { //nolint:gosec // device numbers fit
+			t.Fatalf("attach: %v", err)
+		}
+	}
+	got = probe()
+	if !strings.Contains(got, "dev-denied") || !strings.Contains(got, "null-ok") {
+		t.Fatalf("with the program: %q; want c %d:%d refused, /dev/null usable", got, maj, mnr)
+	}
+	t.Logf("with the program: %q", got)
 }
