@@ -30,6 +30,7 @@ guest-assets: ## VM guest kernel + initramfs from Debian packages, cached (docs/
 test: build base-images ## every test: Go (incl. root and e2e), Python SDK and CLI against a live system
 	$(GO) vet ./...
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
+	OPENDSEC_ROOT_TESTS=1 OPENDSEC_TEST_OCI_RUNTIME=runc $(GO) test -timeout 10m ./internal/runtime/container/
 	bash scripts/fuzz.sh
 	bash scripts/test-live.sh
 	bash scripts/test-e2b.sh
@@ -45,6 +46,7 @@ fuzz: ## each fuzz target for FUZZTIME (default 5m), one at a time; record findi
 
 test-go: base-images ## Go tests only
 	OPENDSEC_ROOT_TESTS=1 $(GO) test -timeout 25m ./...
+	OPENDSEC_ROOT_TESTS=1 OPENDSEC_TEST_OCI_RUNTIME=runc $(GO) test -timeout 10m ./internal/runtime/container/
 
 test-live: build ## Python SDK, example and CLI against a live system
 	bash scripts/test-live.sh

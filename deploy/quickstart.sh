@@ -130,6 +130,9 @@ say "installing what is missing"
 bash "$REPO/scripts/install-deps.sh"
 export PATH=/usr/local/go/bin:$PATH
 gov=$(go env GOVERSION 2>/dev/null || true); note "go: ${gov:-missing}"
+# crun (Debian's package, installed above) is the container backend's default
+# OCI runtime where a probe container runs; else runc (docs/operations.md).
+note "oci runtimes: $(crun --version 2>/dev/null | head -1 || echo 'crun missing'); $(runc --version 2>/dev/null | head -1 || echo 'runc missing') (container backend: oci_runtime auto picks crun where it works; the node's log and Info say which)"
 if [ -x /var/cache/opendsec/gvisor/runsc ]; then note "runsc: $(cat /var/cache/opendsec/gvisor/runsc.version) at /var/cache/opendsec/gvisor/runsc (gvisor backend, systrap platform, no KVM needed)";
 else note "runsc: not built (OPENDSEC_SKIP_RUNSC=1?): the gvisor backend is unavailable"; fi
 

@@ -6,8 +6,10 @@ dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 need=()
 # e2fsprogs: every sandbox's writable layer is an ext4 image (mkfs.ext4); xfsprogs:
-# XFS state dirs with project quotas (and the tests that make one).
-for p in runc iproute2 nftables debootstrap busybox-static erofs-utils e2fsprogs xfsprogs ca-certificates curl git make gcc python3-venv qemu-system-x86 cpio python3; do
+# XFS state dirs with project quotas (and the tests that make one). crun: the
+# container backend's default OCI runtime (oci_runtime auto; a create costs
+# about a third of runc's CPU), runc: its fallback (docs/operations.md).
+for p in runc crun iproute2 nftables debootstrap busybox-static erofs-utils e2fsprogs xfsprogs ca-certificates curl git make gcc python3-venv qemu-system-x86 cpio python3; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ $dev = 1 ]; then

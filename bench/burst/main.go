@@ -74,6 +74,10 @@ type result struct {
 	NodeCreateMS []float64 `json:"node_create_ms,omitempty"`
 	NodeStartMS  []float64 `json:"node_start_ms,omitempty"`
 	FromPool     int       `json:"from_warm_pool"` // creates the node took from its warm pool
+	// OCIRuntime is what ran the node's containers ("crun 1.8.1"), from
+	// its log's "container OCI runtime" line; empty: no such line (a node
+	// from before oci_runtime: runc).
+	OCIRuntime string `json:"oci_runtime,omitempty"`
 	// Prewarm (main with -prewarm): PrewarmSandboxes of Count with wait,
 	// right before the batch.
 	Prewarm       bool    `json:"prewarm,omitempty"`
@@ -262,6 +266,7 @@ func stopAll(ctx context.Context, cl opendsecv1connect.SandboxServiceClient, c c
 
 var (
 	runningRE = regexp.MustCompile(`sandbox running"? sandbox\.id=(\S+) (.*)`)
+	ociRE     = regexp.MustCompile(`container OCI runtime"?.*? oci_runtime=(\S+) version=(\S+)`)
 	fieldRE   = regexp.MustCompile(`(\w+)=("[^"]*"|\S+)`)
 )
 
@@ -274,6 +279,10 @@ func nodeTimes(path string, ids []string, r *result) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return
+	}
+	if m := ociRE.FindAllStringSubmatch(string(b), -1); len(m) > 0 {
+		last := m[len(m)-1]
+		r.OCIRuntime = strings.Trim(last[1], `"`) + " " + strings.Trim(last[2], `"`)
 	}
 	want := map[string]bool{}
 	for _, id := range ids {

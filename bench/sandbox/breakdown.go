@@ -35,7 +35,7 @@ func (b *bench) breakdownPhase(ctx context.Context, r *report) error {
 	if err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, b.cfg.runc, "--root", b.cfg.stateRoot, "state", sb.GetId()).Output()
+	out, err := exec.CommandContext(ctx, ociBinary(b.cfg.runc, b.cfg.stateRoot, sb.GetId()), "--root", b.cfg.stateRoot, "state", sb.GetId()).Output()
 	if err != nil {
 		return fmt.Errorf("runc state %s (flag -state-root): %w", sb.GetId(), err)
 	}

@@ -68,7 +68,7 @@ func sampleMemory(ctx context.Context, runc, stateRoot, cgParent string, cg cgro
 		s.procs = len(strings.Fields(string(procs)))
 	}
 
-	out, err := exec.CommandContext(ctx, runc, "--root", stateRoot, "state", id).Output()
+	out, err := exec.CommandContext(ctx, ociBinary(runc, stateRoot, id), "--root", stateRoot, "state", id).Output()
 	if err != nil {
 		return s, fmt.Errorf("runc state %s (flag -state-root): %w", id, err)
 	}
@@ -180,4 +180,14 @@ func memAvailable() (int64, error) {
 		return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
 	}
 	return v << 10, nil
+}
+
+// ociBinary is the OCI runtime that made container id under stateRoot:
+// crun when its state file (status) is there (the node's default where crun
+// works), else runc.
+func ociBinary(runc, stateRoot, id string) string {
+	if _, err := os.Stat(filepath.Join(stateRoot, id, "status")); err == nil {
+		return "crun"
+	}
+	return runc
 }

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +64,36 @@ func TestInfoReportsCoreScheduling(t *testing.T) {
 	if resp.Msg.GetCoreScheduling() != nil {
 		t.Fatalf("Info without a decision reports %v", resp.Msg.GetCoreScheduling())
 	}
+}
+
+// TestInfoReportsBackends: Info carries every backend's version and what
+// it chose at start; with the real container backend on a host with crun,
+// the default (oci_runtime auto) is crun and says why.
+func TestInfoReportsBackends(t *testing.T) {
+	ctx := as("opendsec-apiserver", auth.ScopeNode)
+	resp, err := (&service{n: newFakeNode(t).Node}).Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bi := resp.Msg.GetBackendInfo(); len(bi) != 1 || bi[0].GetName() != "fake" || bi[0].GetVersion() != "fake 1" {
+		t.Fatalf("Info backend_info %v, want the fake backend's", bi)
+	}
+	f := newFixture(t)
+	n := f.open(t)
+	resp, err = (&service{n: n}).Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bi := resp.Msg.GetBackendInfo()
+	if len(bi) != 1 || bi[0].GetName() != "container" {
+		t.Fatalf("Info backend_info %v, want the container backend's", bi)
+	}
+	want := "runc "
+	if _, err := exec.LookPath("crun"); err == nil {
+		want = "crun "
+	}
+	if !strings.HasPrefix(bi[0].GetVersion(), want) || !strings.HasPrefix(bi[0].GetDetail(), "oci_runtime "+strings.TrimSpace(want)+": container.oci_runtime auto") {
+		t.Fatalf("container backend info %v; want %s chosen by oci_runtime auto, with its reason", bi[0], want)
+	}
+	t.Logf("container backend: %s (%s)", bi[0].GetVersion(), bi[0].GetDetail())
 }

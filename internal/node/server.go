@@ -190,6 +190,10 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 	if c := s.n.cfg.CoreScheduling; c != nil {
 		resp.CoreScheduling = &nodev1.CoreScheduling{Enabled: c.Enabled, Reason: c.Reason}
 	}
+	for _, name := range resp.Backends {
+		info := s.n.cfg.Backends[name].Info()
+		resp.BackendInfo = append(resp.BackendInfo, &nodev1.BackendInfo{Name: name, Version: info.Version, Detail: info.Detail})
+	}
 	return connect.NewResponse(resp), nil
 }
 

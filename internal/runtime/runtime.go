@@ -285,6 +285,10 @@ type Info struct {
 	Name         string
 	Version      string
 	Capabilities Capabilities
+	// Detail says in a sentence what the backend chose at open and why
+	// (the container backend: its OCI runtime, runc or crun); may be
+	// empty.
+	Detail string
 }
 
 // Runtime is the backend contract. All methods are safe for concurrent use

@@ -317,8 +317,15 @@ func TestKilledInitReportedAtOnce(t *testing.T) {
 	}
 	id := r.Msg.Sandbox.Id
 	s.shell(t, id, "true")
-	// The node's default runc root carries its node ID.
-	out, err := exec.Command("runc", "--root", "/run/opendsec/"+id[:4]+"/runc", "state", id).Output()
+	// The node's default runc root carries its node ID; the OCI runtime
+	// that made the container keeps its state there (crun: status, runc:
+	// state.json), and its `state` answers.
+	root := "/run/opendsec/" + id[:4] + "/runc"
+	oci := "runc"
+	if _, err := os.Stat(filepath.Join(root, id, "status")); err == nil {
+		oci = "crun"
+	}
+	out, err := exec.Command(oci, "--root", root, "state", id).Output()
 	if err != nil {
 		t.Fatalf("runc state %s: %v", id, err)
 	}

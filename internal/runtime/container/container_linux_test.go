@@ -29,7 +29,7 @@ func newFactoryWith(t *testing.T, mod func(*Config)) runtimetest.Factory {
 	layer := testutil.BusyboxRootfs(t)
 	agent := testutil.AgentBinary(t)
 	return func(t *testing.T) (runtime.Runtime, runtime.Spec) {
-		cfg := Config{StateRoot: filepath.Join(root, "runc"), CgroupParent: "/opendsec-test", AgentPath: agent}
+		cfg := Config{StateRoot: filepath.Join(root, "runc"), CgroupParent: "/opendsec-test", AgentPath: agent, OCIRuntime: testOCIRuntime(t)}
 		if mod != nil {
 			mod(&cfg)
 		}
@@ -61,8 +61,19 @@ func killInit(t testing.TB, rt runtime.Runtime, id string) {
 	}
 }
 
+// TestConformance runs the backend contract under each OCI runtime.
 func TestConformance(t *testing.T) {
-	runtimetest.Suite(t, newFactory(t), runtimetest.Options{Exec: true, Kill: killInit})
+	for _, kind := range ociRuntimes {
+		t.Run(kind, func(t *testing.T) {
+			requireOCIRuntime(t, kind)
+			f := newFactoryWith(t, func(c *Config) { c.OCIRuntime = kind })
+			rt, _ := f(t)
+			if got := rt.(*Runtime).oci.kind; got != kind {
+				t.Fatalf("runtime runs containers with %s, want %s", got, kind)
+			}
+			runtimetest.Suite(t, f, runtimetest.Options{Exec: true, Kill: killInit})
+		})
+	}
 }
 
 // TestInitDetached checks that the sandbox's init is not our child, so it

@@ -103,7 +103,7 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 			return fmt.Errorf("launch sandbox: %w", err)
 		}
 	}
-	err := startViaExecFifo(ctx, filepath.Join(sb.st.StateRoot, id), int(sb.pid.Load()))
+	err := r.ociFor(ctx, sb.st.StateRoot, id).startCreated(ctx, filepath.Join(sb.st.StateRoot, id), int(sb.pid.Load()))
 	if errors.Is(err, errNoExecFifo) {
 		_, err = r.runcOut(ctx, sb.st.StateRoot, "start", id)
 	}

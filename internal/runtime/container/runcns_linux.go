@@ -62,7 +62,7 @@ func (r *Runtime) runcNSFD(ctx context.Context) int {
 		if r.cfg.runcInNodeNS {
 			return
 		}
-		fd, n, err := makeRuncNS(r.sandboxMountFilter())
+		fd, n, err := makeRuncNS(r.sandboxMountFilter(), r.oci.hideUnified)
 		if err != nil {
 			log.G(ctx).Warn("runc runs in the node's mount namespace: every sandbox's mounts slow each runc run", log.Err(err))
 			return
@@ -99,9 +99,11 @@ func (r *Runtime) sandboxMountFilter() func(point, fstype string) bool {
 
 // makeRuncNS makes the runc namespace on a thread that then ends: a
 // private copy of the calling one without the mounts skip selects (the
-// sandboxes' mounts there when the node restarted). It returns an open
-// file of the namespace and how many mounts it left out.
-func makeRuncNS(skip func(point, fstype string) bool) (int, int, error) {
+// sandboxes' mounts there when the node restarted) and, for crun on a
+// hybrid cgroup host, without the cgroup2 mount hide (ociruntime_linux.go).
+// It returns an open file of the namespace and how many mounts it left
+// out.
+func makeRuncNS(skip func(point, fstype string) bool, hide string) (int, int, error) {
 	type result struct {
 		fd, n int
 		err   error
@@ -118,6 +120,11 @@ func makeRuncNS(skip func(point, fstype string) bool) (int, int, error) {
 			n, err := detachMounts(skip)
 			if err != nil {
 				return -1, 0, err
+			}
+			if hide != "" {
+				if err := hideMount(hide); err != nil {
+					return -1, 0, err
+				}
 			}
 			fd, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -196,11 +203,19 @@ type runcNSPlan struct {
 // in the runc namespace: for a plan with mounts, in a fresh copy of it
 // holding clones of them. When that namespace cannot be entered, or a path
 // of plan.same is not the same file there, fn runs in the node's
-// namespace. fn runs exactly once.
-func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, fn func() error) error {
+// namespace (crun on a hybrid cgroup host: in a private copy of it
+// without the cgroup2 mount, which crun refuses). oci is the runtime fn
+// runs. fn runs exactly once.
+func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, oci *ociRuntime, fn func() error) error {
 	base := r.runcNSFD(ctx)
 	if base < 0 {
-		return fn()
+		return oci.inCgroupView(fn)
+	}
+	// The runc namespace hides the cgroup2 mount only when the node's
+	// runtime needs it; a container another runtime made may need it too.
+	hide := ""
+	if r.oci.hideUnified == "" {
+		hide = oci.hideUnified
 	}
 	c := make(chan error, 1)
 	osthread.Throwaway(func() {
@@ -208,12 +223,18 @@ func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, fn func() error
 			c <- err
 			return
 		}
+		if hide != "" {
+			if err := unshareHiding(hide); err != nil {
+				c <- fmt.Errorf("%w: %w", errRuncNS, err)
+				return
+			}
+		}
 		c <- fn()
 	})
 	err := <-c
 	if errors.Is(err, errRuncNS) {
 		log.G(ctx).Debug("runc runs in the node's mount namespace", log.Err(err))
-		return fn()
+		return oci.inCgroupView(fn)
 	}
 	return err
 }

@@ -16,23 +16,25 @@ import (
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 )
 
-// runcMountsWrapper returns a runc wrapper that logs, for every call, its
-// subcommand and how many mounts /proc/self/mountinfo has where it runs,
-// and a function returning (and clearing) those lines.
-func runcMountsWrapper(t *testing.T) (string, func() []string) {
+// runcMountsWrapper returns a wrapper of the tests' OCI runtime (runc or
+// crun: kind) that logs, for every call, its subcommand and how many
+// mounts /proc/self/mountinfo has where it runs, and a function returning
+// (and clearing) those lines.
+func runcMountsWrapper(t *testing.T) (wrapper, kind string, calls func() []string) {
 	t.Helper()
-	real, err := exec.LookPath("runc")
+	kind = testOCIKind(t)
+	real, err := exec.LookPath(kind)
 	if err != nil {
-		t.Fatalf("runc: %v", err)
+		t.Fatalf("%s: %v", kind, err)
 	}
 	dir := t.TempDir()
 	logf := filepath.Join(dir, "runc-mounts.log")
-	wrapper := filepath.Join(dir, "runc")
+	wrapper = filepath.Join(dir, kind)
 	script := "#!/bin/sh\necho \"$(wc -l </proc/self/mountinfo) $*\" >>" + logf + "\nexec " + real + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil { //nolint:gosec // an executable
 		t.Fatal(err)
 	}
-	return wrapper, func() []string {
+	return wrapper, kind, func() []string {
 		b, err := os.ReadFile(logf)
 		if err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
@@ -42,7 +44,7 @@ func runcMountsWrapper(t *testing.T) (string, func() []string) {
 		}
 		var out []string
 		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if l != "" && !strings.HasSuffix(l, " --version") {
+			if l != "" && !strings.HasSuffix(l, " --version") && !isProbeCall(l) {
 				out = append(out, l)
 			}
 		}
@@ -148,8 +150,8 @@ func TestRuncSeesOnlyItsSandboxMounts(t *testing.T) {
 		nodeNS bool
 	}{{"RuncNamespace", false}, {"NodeNamespace", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			wrapper, calls := runcMountsWrapper(t)
-			f := newFactoryWith(t, func(c *Config) { c.RuncPath = wrapper; c.runcInNodeNS = tc.nodeNS })
+			wrapper, kind, calls := runcMountsWrapper(t)
+			f := newFactoryWith(t, func(c *Config) { withOCIBinary(c, kind, wrapper); c.runcInNodeNS = tc.nodeNS })
 			rt, tmpl := f(t)
 			var ids, ours []string // ours: the sandboxes' bundles and netns pins
 			for range n {

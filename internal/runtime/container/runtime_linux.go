@@ -130,10 +130,12 @@ const (
 
 // Runtime is the container backend. Create one with New.
 type Runtime struct {
-	cfg     Config
-	runc    string
-	version string
-	cg      cgroupMounts
+	cfg Config
+	// oci is the OCI runtime binary (runc or crun) and how it differs
+	// (ociruntime_linux.go); runc is its path.
+	oci  *ociRuntime
+	runc string
+	cg   cgroupMounts
 	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
 	seccomp []byte
 
@@ -144,32 +146,25 @@ type Runtime struct {
 	shared *sharedFiles
 	// runcNS is the mount namespace runc runs in (runcns_linux.go).
 	runcNS runcNamespace
+	// other is the runtime that is not oci, for containers it made
+	// (ociFor).
+	other otherOCI
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // guarded by mu
 	creating  map[string]bool     // IDs with a Create in progress; guarded by mu
 }
 
-// New checks that runc is installed and the process is root, and returns the
-// backend.
+// New checks that the OCI runtime (runc or crun, container.oci_runtime) is
+// installed and the process is root, and returns the backend.
 func New(cfg Config) (*Runtime, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	runc, err := exec.LookPath(cfg.RuncPath)
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition,
-			"container.runc_path: runc binary %q not found (install it: apt-get install runc): %v", cfg.RuncPath, err)
-	}
 	if os.Geteuid() != 0 {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container backend needs root (euid is %d)", os.Geteuid())
 	}
-	out, err := exec.Command(runc, "--version").Output()
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %w", runc, err)
-	}
-	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
 	cg, err := detectCgroups()
 	if err != nil {
 		return nil, fmt.Errorf("detect cgroups: %w", err)
@@ -193,6 +188,10 @@ func New(cfg Config) (*Runtime, error) {
 	if err := cg.setPidsMax(cfg.CgroupParent, cfg.TotalPidsLimit); err != nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "set node.total_pids_limit on cgroup %s: %w", cfg.CgroupParent, err)
 	}
+	oci, err := chooseOCIRuntime(&cfg, cg)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
@@ -205,7 +204,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, runc: runc, version: version, cg: cg, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, runc: oci.path, cg: cg, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
@@ -225,6 +224,8 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 				"fs.file-max", fileMax, "node.total_pids_limit", rt.cfg.TotalPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 		}
 	}
+	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
+		"reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
 	log.G(ctx).Info("sandbox limits", "cgroup_parent", rt.cfg.CgroupParent, "node.total_pids_limit", rt.cfg.TotalPidsLimit,
 		"node.max_pids_limit", rt.cfg.MaxPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 	return rt, nil
@@ -244,7 +245,8 @@ func (r *Runtime) cgroupPath(id string) string { return filepath.Join(r.cfg.Cgro
 func (r *Runtime) Info() runtime.Info {
 	return runtime.Info{
 		Name:         "container",
-		Version:      "runc " + r.version,
+		Version:      r.oci.String(),
+		Detail:       "oci_runtime " + r.oci.kind + ": " + r.oci.reason,
 		Capabilities: runtime.CapabilitiesOf(r, false),
 	}
 }
@@ -480,6 +482,13 @@ func (r *Runtime) runcRun(ctx context.Context, id, bundle, netNS string) (int, e
 // runs in a mount namespace holding only this sandbox's mounts
 // (runcns_linux.go); netNS is the network namespace it joins.
 func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, prestart bool) (int, error) {
+	// crun moves its init into the cgroup before it forks there, so it
+	// starts a container with no pid left under node.total_pids_limit
+	// (runc fails), whose init then cannot start the agent: refuse first,
+	// for both.
+	if cur, limit, full := r.parentPidsFull(); full {
+		return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry", cur, limit)
+	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, fmt.Errorf("open /dev/null: %w", err)
@@ -514,7 +523,7 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
 	var startErr error
-	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), func() error {
+	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
 		if startErr = cmd.Start(); startErr != nil {
 			return startErr
 		}
@@ -526,13 +535,23 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		return cmd.Wait()
 	})
 	if startErr != nil {
-		return 0, fmt.Errorf("runc %s: %w", sub[0], startErr)
+		return 0, fmt.Errorf("%s %s: %w", r.oci.kind, sub[0], startErr)
 	}
 	if err := runErr; err != nil {
 		if cur, limit, full := r.parentPidsFull(); full {
-			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (runc %s: %v: %s)", cur, limit, sub[0], err, runcLogError(rlog))
+			return 0, errdefs.New(errdefs.ErrResourceExhausted, "the node's sandboxes hold %d of the %d processes node.total_pids_limit allows them together; stop some sandboxes and retry (%s %s: %v: %s)", cur, limit, r.oci.kind, sub[0], err, runcLogError(rlog))
 		}
-		return 0, fmt.Errorf("runc %s: %w: %s", sub[0], err, runcLogError(rlog))
+		return 0, fmt.Errorf("%s %s: %w: %s", r.oci.kind, sub[0], err, runcLogError(rlog))
+	}
+	// Before the caller lets anything of the sandbox run. The cgroup is
+	// config.json's: the handle's (a sandbox from before node IDs were in
+	// the defaults keeps its old one).
+	cgPath := r.cgroupPath(id)
+	if sb, err := r.get(id); err == nil && sb.st.CgroupPath != "" {
+		cgPath = sb.st.CgroupPath
+	}
+	if err := r.oci.afterInit(r.cg, cgPath); err != nil {
+		return 0, err
 	}
 	pb, err := os.ReadFile(filepath.Join(bundle, pidFile))
 	if err != nil {
@@ -591,30 +610,45 @@ func runcLogError(path string) string {
 
 // runcOut runs a runc subcommand and returns its stdout; runc's error message
 // is in the error.
+//
+// It runs the runtime that made the container (ociFor): the container is
+// the first argument after the subcommand that is not a flag.
 func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.runc, append([]string{"--root", root}, args...)...)
+	oci := r.ociFor(ctx, root, containerArg(args))
+	cmd := exec.CommandContext(ctx, oci.path, append([]string{"--root", root}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second
 	var out []byte
 	// In the runc namespace: no runc command but run and create needs a
 	// sandbox's mount, and none should read the node's mount table.
-	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, func() error {
+	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, oci, func() error {
 		var err error
 		out, err = cmd.Output()
 		return err
 	})
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not exist") {
-			return nil, errdefs.New(errdefs.ErrNotFound, "runc %s: container not found: %s", args[0], msg)
+		if oci.notFound(msg) {
+			return nil, errdefs.New(errdefs.ErrNotFound, "%s %s: container not found: %s", oci.kind, args[0], msg)
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("runc %s: %w", args[0], ctx.Err())
+			return nil, fmt.Errorf("%s %s: %w", oci.kind, args[0], ctx.Err())
 		}
-		return nil, fmt.Errorf("runc %s: %w: %s", args[0], err, msg)
+		return nil, fmt.Errorf("%s %s: %w: %s", oci.kind, args[0], err, msg)
 	}
 	return out, nil
+}
+
+// containerArg is the container ID in a runtime command's arguments: the
+// first after the subcommand that is not a flag ("" if none).
+func containerArg(args []string) string {
+	for _, a := range args[1:] {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
 }
 
 type runcStateJSON struct {

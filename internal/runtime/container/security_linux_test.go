@@ -324,9 +324,24 @@ func eventsMax(t *testing.T, c *Runtime, id string) int64 {
 // TestSurvivesNodeKill creates a sandbox from a child process (a stand-in for
 // the node), kills that process with SIGKILL, and recovers the sandbox from
 // its handle in this process: it is still running and answers.
+//
+// It runs under each OCI runtime: the killed node and the one that
+// recovers the sandbox both run it (its state dir, `<runtime> state`).
 func TestSurvivesNodeKill(t *testing.T) {
-	f := newFactory(t)
+	for _, kind := range ociRuntimes {
+		t.Run(kind, func(t *testing.T) {
+			requireOCIRuntime(t, kind)
+			testSurvivesNodeKill(t, kind)
+		})
+	}
+}
+
+func testSurvivesNodeKill(t *testing.T, kind string) {
+	f := newFactoryWith(t, func(c *Config) { c.OCIRuntime = kind })
 	rt, tmpl := f(t)
+	if got := rt.Info().Version; !strings.HasPrefix(got, kind+" ") {
+		t.Fatalf("runtime version %q; want %s", got, kind)
+	}
 	spec := runtimetest.Prepare(t, rt, tmpl)
 	in, err := json.Marshal(spec)
 	if err != nil {
@@ -334,7 +349,7 @@ func TestSurvivesNodeKill(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperNode$", "-test.v")
 	cmd.Env = append(os.Environ(), "OPENDSEC_HELPER_NODE=1", "OPENDSEC_HELPER_STATE_ROOT="+rt.(*Runtime).cfg.StateRoot,
-		"OPENDSEC_HELPER_AGENT="+rt.(*Runtime).cfg.AgentPath)
+		"OPENDSEC_HELPER_AGENT="+rt.(*Runtime).cfg.AgentPath, testOCIRuntimeEnv+"="+kind)
 	cmd.Stdin = bytes.NewReader(in)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -373,6 +388,30 @@ func TestSurvivesNodeKill(t *testing.T) {
 	if res := sh(t, rt, h.ID, "echo survived"); res.Stdout != "survived\n" {
 		t.Fatalf("sandbox after node kill: %+v", res)
 	}
+	// The recovered sandbox goes through the rest of its life under the
+	// same runtime: pause (its state says so), resume, stop, delete.
+	p := rt.(*Runtime)
+	if err := p.Pause(t.Context(), h.ID); err != nil {
+		t.Fatalf("pause a recovered sandbox: %v", err)
+	}
+	if s, err := p.runcState(t.Context(), p.cfg.StateRoot, h.ID); err != nil || s.Status != "paused" {
+		t.Fatalf("%s state of a paused recovered sandbox: %+v %v; want paused", kind, s, err)
+	}
+	if err := p.Resume(t.Context(), h.ID); err != nil {
+		t.Fatalf("resume a recovered sandbox: %v", err)
+	}
+	if res := sh(t, rt, h.ID, "echo resumed"); res.Stdout != "resumed\n" {
+		t.Fatalf("sandbox after resume: %+v", res)
+	}
+	if err := rt.Stop(t.Context(), h.ID, runtime.StopOptions{Timeout: time.Second}); err != nil {
+		t.Fatalf("stop a recovered sandbox: %v", err)
+	}
+	if err := rt.Delete(t.Context(), h.ID); err != nil {
+		t.Fatalf("delete a recovered sandbox: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(p.cfg.StateRoot, h.ID)); !os.IsNotExist(err) {
+		t.Fatalf("%s state dir of a deleted sandbox: %v; want it gone", kind, err)
+	}
 }
 
 // TestHelperNode is the child process of TestSurvivesNodeKill: it creates
@@ -386,7 +425,8 @@ func TestHelperNode(t *testing.T) {
 	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := New(Config{StateRoot: os.Getenv("OPENDSEC_HELPER_STATE_ROOT"), CgroupParent: "/opendsec-test", AgentPath: os.Getenv("OPENDSEC_HELPER_AGENT")})
+	rt, err := New(Config{StateRoot: os.Getenv("OPENDSEC_HELPER_STATE_ROOT"), CgroupParent: "/opendsec-test", AgentPath: os.Getenv("OPENDSEC_HELPER_AGENT"),
+		OCIRuntime: testOCIRuntime(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

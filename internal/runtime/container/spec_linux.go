@@ -140,7 +140,7 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 	tmpSize := fmt.Sprintf("size=%dm", s.Resources.MemoryMB)
 
 	sp := &specs.Spec{
-		Version:  specs.Version,
+		Version:  ociSpecVersion,
 		Hostname: hostname,
 		Root:     &specs.Root{Path: "rootfs"},
 		Process: &specs.Process{

@@ -402,6 +402,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"container.init_path", Config{StateRoot: root, AgentPath: agent, InitPath: noExec}},
 		{"container.init_path", Config{StateRoot: root, AgentPath: lone}},
 		{"container.agent_idle_exit_ms", Config{StateRoot: root, AgentPath: agent, AgentIdleExitMS: &neg}},
+		{"container.oci_runtime", Config{StateRoot: root, AgentPath: agent, OCIRuntime: "youki"}},
+		{"container.oci_runtime", Config{StateRoot: root, AgentPath: agent, OCIRuntime: "CRUN"}},
 		{"container.state_root", Config{StateRoot: "rel/runc", AgentPath: agent}},
 		{"container.cgroup_parent", Config{StateRoot: root, AgentPath: agent, CgroupParent: "opendsec"}},
 		{"node.max_pids_limit", Config{StateRoot: root, AgentPath: agent, MaxPidsLimit: 10_000_000}},

@@ -104,13 +104,14 @@ func TestStartedRootLeavesTheHostMountTable(t *testing.T) {
 // Stop (pidfd kill) and Delete of the stopped sandbox are one `runc delete
 // --force`, with no `runc state` (init's end is already known).
 func TestRuncInvocationsPerCreateAndStop(t *testing.T) {
-	real, err := exec.LookPath("runc")
+	kind := testOCIKind(t)
+	real, err := exec.LookPath(kind)
 	if err != nil {
-		t.Fatalf("runc: %v", err)
+		t.Fatalf("%s: %v", kind, err)
 	}
 	dir := t.TempDir()
 	logf := filepath.Join(dir, "runc-calls.log")
-	wrapper := filepath.Join(dir, "runc")
+	wrapper := filepath.Join(dir, kind)
 	script := "#!/bin/sh\necho \"$*\" >>" + logf + "\nexec " + real + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil { //nolint:gosec // an executable
 		t.Fatal(err)
@@ -122,7 +123,7 @@ func TestRuncInvocationsPerCreateAndStop(t *testing.T) {
 		}
 		var out []string
 		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if l != "" && l != "--version" {
+			if l != "" && l != "--version" && !isProbeCall(l) {
 				out = append(out, l)
 			}
 		}
@@ -131,7 +132,7 @@ func TestRuncInvocationsPerCreateAndStop(t *testing.T) {
 		}
 		return out
 	}
-	f := newFactoryWith(t, func(c *Config) { c.RuncPath = wrapper })
+	f := newFactoryWith(t, func(c *Config) { withOCIBinary(c, kind, wrapper) })
 	rt, tmpl := f(t)
 	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 	if got := calls(); len(got) != 1 || !strings.Contains(got[0], " run --detach ") {

@@ -2004,8 +2004,11 @@ type InfoResponse struct {
 	// Whether VM sandboxes get core-scheduling cookies (PR_SCHED_CORE: a
 	// VM's vCPU threads never share an SMT core with another's), and why.
 	CoreScheduling *CoreScheduling `protobuf:"bytes,13,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Each backend's version and what it chose at start, by name (the
+	// container backend: its OCI runtime, runc or crun, and why).
+	BackendInfo   []*BackendInfo `protobuf:"bytes,14,rep,name=backend_info,json=backendInfo,proto3" json:"backend_info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -2129,6 +2132,76 @@ func (x *InfoResponse) GetCoreScheduling() *CoreScheduling {
 	return nil
 }
 
+func (x *InfoResponse) GetBackendInfo() []*BackendInfo {
+	if x != nil {
+		return x.BackendInfo
+	}
+	return nil
+}
+
+// BackendInfo describes one of the node's backends.
+type BackendInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// e.g. "crun 1.8.1" for the container backend.
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// One sentence: what the backend chose at start and why (may be empty).
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackendInfo) Reset() {
+	*x = BackendInfo{}
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackendInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackendInfo) ProtoMessage() {}
+
+func (x *BackendInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackendInfo.ProtoReflect.Descriptor instead.
+func (*BackendInfo) Descriptor() ([]byte, []int) {
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BackendInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BackendInfo) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *BackendInfo) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // CoreScheduling is the node's core-scheduling decision
 // (internal/runtime/sched): on only where SMT is on and the kernel has
 // CONFIG_SCHED_CORE.
@@ -2143,7 +2216,7 @@ type CoreScheduling struct {
 
 func (x *CoreScheduling) Reset() {
 	*x = CoreScheduling{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2228,7 @@ func (x *CoreScheduling) String() string {
 func (*CoreScheduling) ProtoMessage() {}
 
 func (x *CoreScheduling) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[29]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2241,7 @@ func (x *CoreScheduling) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoreScheduling.ProtoReflect.Descriptor instead.
 func (*CoreScheduling) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CoreScheduling) GetEnabled() bool {
@@ -2206,7 +2279,7 @@ type Accelerator struct {
 
 func (x *Accelerator) Reset() {
 	*x = Accelerator{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2291,7 @@ func (x *Accelerator) String() string {
 func (*Accelerator) ProtoMessage() {}
 
 func (x *Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[30]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2304,7 @@ func (x *Accelerator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accelerator.ProtoReflect.Descriptor instead.
 func (*Accelerator) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Accelerator) GetAccel() string {
@@ -2295,7 +2368,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2380,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[31]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2393,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -2354,7 +2427,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2439,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[32]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2452,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -2406,7 +2479,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2491,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[33]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2504,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -2457,7 +2530,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2542,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[34]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2555,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2501,7 +2574,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2586,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[35]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2599,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -2545,7 +2618,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2630,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[36]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2643,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() *SandboxMetrics {
@@ -2598,7 +2671,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2683,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[37]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2696,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2672,7 +2745,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2684,7 +2757,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[38]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2697,7 +2770,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*ForkResult {
@@ -2726,7 +2799,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2811,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_node_v1_node_proto_msgTypes[39]
+	mi := &file_opendsec_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2824,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2942,7 +3015,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xa5\x04\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xe7\x04\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -2957,7 +3030,12 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x04R\ausedSeq\x12?\n" +
 	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\x124\n" +
 	"\x16default_backend_reason\x18\f \x01(\tR\x14defaultBackendReason\x12I\n" +
-	"\x0fcore_scheduling\x18\r \x01(\v2 .opendsec.node.v1.CoreSchedulingR\x0ecoreScheduling\"B\n" +
+	"\x0fcore_scheduling\x18\r \x01(\v2 .opendsec.node.v1.CoreSchedulingR\x0ecoreScheduling\x12@\n" +
+	"\fbackend_info\x18\x0e \x03(\v2\x1d.opendsec.node.v1.BackendInfoR\vbackendInfo\"S\n" +
+	"\vBackendInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"B\n" +
 	"\x0eCoreScheduling\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xff\x01\n" +
@@ -3047,7 +3125,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -3079,37 +3157,38 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),               // 27: opendsec.node.v1.InfoRequest
 	(*Capacity)(nil),                  // 28: opendsec.node.v1.Capacity
 	(*InfoResponse)(nil),              // 29: opendsec.node.v1.InfoResponse
-	(*CoreScheduling)(nil),            // 30: opendsec.node.v1.CoreScheduling
-	(*Accelerator)(nil),               // 31: opendsec.node.v1.Accelerator
-	(*PauseSandboxRequest)(nil),       // 32: opendsec.node.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 33: opendsec.node.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 34: opendsec.node.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 35: opendsec.node.v1.ResumeSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 36: opendsec.node.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 37: opendsec.node.v1.GetSandboxMetricsResponse
-	(*ForkSandboxRequest)(nil),        // 38: opendsec.node.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 39: opendsec.node.v1.ForkSandboxResponse
-	(*ForkResult)(nil),                // 40: opendsec.node.v1.ForkResult
-	nil,                               // 41: opendsec.node.v1.SandboxSpec.EnvEntry
-	nil,                               // 42: opendsec.node.v1.SandboxSpec.LabelsEntry
-	nil,                               // 43: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
-	nil,                               // 44: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
+	(*BackendInfo)(nil),               // 30: opendsec.node.v1.BackendInfo
+	(*CoreScheduling)(nil),            // 31: opendsec.node.v1.CoreScheduling
+	(*Accelerator)(nil),               // 32: opendsec.node.v1.Accelerator
+	(*PauseSandboxRequest)(nil),       // 33: opendsec.node.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 34: opendsec.node.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 35: opendsec.node.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 36: opendsec.node.v1.ResumeSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 37: opendsec.node.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 38: opendsec.node.v1.GetSandboxMetricsResponse
+	(*ForkSandboxRequest)(nil),        // 39: opendsec.node.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 40: opendsec.node.v1.ForkSandboxResponse
+	(*ForkResult)(nil),                // 41: opendsec.node.v1.ForkResult
+	nil,                               // 42: opendsec.node.v1.SandboxSpec.EnvEntry
+	nil,                               // 43: opendsec.node.v1.SandboxSpec.LabelsEntry
+	nil,                               // 44: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	nil,                               // 45: opendsec.node.v1.SandboxSelector.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 46: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
-	41, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
-	42, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
+	42, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
+	43, // 1: opendsec.node.v1.SandboxSpec.labels:type_name -> opendsec.node.v1.SandboxSpec.LabelsEntry
 	2,  // 2: opendsec.node.v1.SandboxSpec.network:type_name -> opendsec.node.v1.NetworkPolicy
-	43, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
+	44, // 3: opendsec.node.v1.SandboxSpec.backend_options:type_name -> opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	45, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	45, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	45, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	45, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	46, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	46, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	46, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	46, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
-	44, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
+	45, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
 	4,  // 14: opendsec.node.v1.PauseSandboxesResponse.sandboxes:type_name -> opendsec.node.v1.Sandbox
 	7,  // 15: opendsec.node.v1.PauseSandboxesResponse.failures:type_name -> opendsec.node.v1.BatchFailure
@@ -3129,48 +3208,49 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	4,  // 29: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	28, // 30: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	28, // 31: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	45, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
-	31, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
-	30, // 34: opendsec.node.v1.InfoResponse.core_scheduling:type_name -> opendsec.node.v1.CoreScheduling
-	45, // 35: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
-	4,  // 36: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 37: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 38: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	40, // 39: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 40: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	13, // 41: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	15, // 42: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
-	17, // 43: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	19, // 44: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	21, // 45: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	23, // 46: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	25, // 47: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	27, // 48: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	32, // 49: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	34, // 50: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	36, // 51: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 52: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	11, // 53: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	38, // 54: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	14, // 55: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	16, // 56: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
-	18, // 57: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	20, // 58: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	22, // 59: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	24, // 60: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	26, // 61: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	29, // 62: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	33, // 63: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	35, // 64: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	37, // 65: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	10, // 66: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	12, // 67: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	39, // 68: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	55, // [55:69] is the sub-list for method output_type
-	41, // [41:55] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	46, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	32, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
+	31, // 34: opendsec.node.v1.InfoResponse.core_scheduling:type_name -> opendsec.node.v1.CoreScheduling
+	30, // 35: opendsec.node.v1.InfoResponse.backend_info:type_name -> opendsec.node.v1.BackendInfo
+	46, // 36: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
+	4,  // 37: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 38: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 39: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	41, // 40: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 41: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 42: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 43: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
+	17, // 44: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	19, // 45: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	21, // 46: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	23, // 47: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	25, // 48: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	27, // 49: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	33, // 50: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	35, // 51: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	37, // 52: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 53: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 54: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	39, // 55: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 56: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 57: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
+	18, // 58: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	20, // 59: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	22, // 60: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	24, // 61: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	26, // 62: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	29, // 63: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	34, // 64: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	36, // 65: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	38, // 66: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 67: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 68: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	40, // 69: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	56, // [56:70] is the sub-list for method output_type
+	42, // [42:56] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -3185,7 +3265,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
