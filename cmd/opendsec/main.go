@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/kernflux/opendsec/internal/daemon"
@@ -18,9 +17,6 @@ func main() {
 	// collection at 200% growth instead of Go's 100% halves the GC's share
 	// of a burst's CPU for a few MiB more heap. A GOGC other than the
 	// default 100 is left as it is.
-	if prev := debug.SetGCPercent(200); prev != 100 {
-		debug.SetGCPercent(prev)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.NewRootCommand().ExecuteContext(ctx); err != nil {
