@@ -221,9 +221,9 @@ type nftReq struct {
 	sb    *sandbox
 	id    string
 	table *nftables.Table // the sandbox's shard
-	gen  uint64
-	ops  []elemOp
-	done chan error
+	gen   uint64
+	ops   []elemOp
+	done  chan error
 }
 
 var errClosed = errors.New("network policy manager is closed")
