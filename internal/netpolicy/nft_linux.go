@@ -40,14 +40,15 @@ const (
 	ifSetName   = "sandbox_ifs" // host ifnames of the sandboxes in shards
 	inChainName = "sandbox-in"  // every sandbox's ingress
 	chainPrefix = "sb-"
-	// shardSize is the number of sandboxes (allocation indexes) per shard
-	// table: a commit validates at most that many sandbox chains; a
-	// packet meets one base chain per shard.
-	shardSize = 64
 	// ProxyMark is the socket mark (SO_MARK) of the node's port proxy: the
 	// only traffic the node may open towards a sandbox.
 	ProxyMark = 0x0d5ec001
 )
+
+// shardSize is the number of sandboxes (allocation indexes) per shard
+// table: a commit validates at most that many sandbox chains; a packet
+// meets one base chain per shard. A variable for tests only.
+var shardSize = 64
 
 func outChain(id string) string         { return chainPrefix + id + "-o" }
 func inChain(id string) string          { return chainPrefix + id + "-i" }

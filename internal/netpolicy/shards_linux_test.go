@@ -85,3 +85,42 @@ func TestRecoverMovesUnshardedRulesIntoShards(t *testing.T) {
 		t.Errorf("after teardown: %+v", got)
 	}
 }
+
+// Sandboxes in different shards each get their own policy, and the
+// shards' base chains never judge another shard's sandbox: egress as its
+// rules say, nothing into a sandbox, no sandbox to another.
+func TestSandboxesInTwoShards(t *testing.T) {
+	old := shardSize
+	shardSize = 1
+	t.Cleanup(func() { shardSize = old })
+	w := newWorld(t)
+	ctx := t.Context()
+	a, err := w.m.Setup(ctx, id(t, "a"), Rules{Allow: []Rule{{CIDR: apiIP, Protocol: "tcp", Ports: "443"}}})
+	must(t, err)
+	b, err := w.m.Setup(ctx, id(t, "b"), Rules{Allow: []Rule{{CIDR: evilIP, Protocol: "tcp", Ports: "443"}}})
+	must(t, err)
+	tables, err := w.m.nft.tables()
+	must(t, err)
+	if len(tables) != 3 {
+		t.Fatalf("%d tables, want the node's and 2 shards", len(tables))
+	}
+	w.tcpEcho(a.NetNSPath, "0.0.0.0:8080")
+	w.tcpEcho(b.NetNSPath, "0.0.0.0:8080")
+	allowed(t, "a → its allowed address", func() error { return tcpFrom(a, apiIP+":443") })
+	denied(t, "a → b's allowed address", tcpFrom(a, evilIP+":443"))
+	allowed(t, "b → its allowed address", func() error { return tcpFrom(b, evilIP+":443") })
+	denied(t, "b → a's allowed address", tcpFrom(b, apiIP+":443"))
+	denied(t, "a → b", tcpFrom(a, b.HostAddr.String()+":8080"))
+	denied(t, "b → a", tcpFrom(b, a.HostAddr.String()+":8080"))
+	node := Network{NetNSPath: w.nodeNS}
+	denied(t, "node → a", tcpFrom(node, a.HostAddr.String()+":8080"))
+	denied(t, "node → b", tcpFrom(node, b.HostAddr.String()+":8080"))
+	inet := Network{NetNSPath: w.inetNS}
+	denied(t, "internet → b", tcpFrom(inet, b.HostAddr.String()+":8080"))
+	must(t, w.m.Teardown(ctx, a.ID))
+	allowed(t, "b after a's teardown", func() error { return tcpFrom(b, evilIP+":443") })
+	must(t, w.m.Teardown(ctx, b.ID))
+	if got := w.count(); got.chains+got.sets+got.mapElems != 0 {
+		t.Errorf("after teardown: %+v", got)
+	}
+}
