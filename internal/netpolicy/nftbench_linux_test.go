@@ -72,3 +72,27 @@ func BenchmarkNFTApply(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNetNS measures a sandbox namespace's creation and removal:
+// bare, and with what setup does inside it (IPv6 off, lo up).
+func BenchmarkNetNS(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, c := range []struct {
+		name  string
+		setup func() error
+	}{
+		{"bare", nil},
+		{"sysctl", func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			dir := b.TempDir()
+			i := 0
+			for b.Loop() {
+				p := filepath.Join(dir, fmt.Sprint(i))
+				i++
+				must(b, createNetNS(p, c.setup))
+				must(b, removeNetNS(p))
+			}
+		})
+	}
+}
