@@ -218,11 +218,12 @@ func (m *Manager) sweepLoop() {
 
 // nftReq is one answer's element changes for the flusher.
 type nftReq struct {
-	sb   *sandbox
-	id   string
-	gen  uint64
-	ops  []elemOp
-	done chan error
+	sb    *sandbox
+	id    string
+	table *nftables.Table // the sandbox's shard
+	gen   uint64
+	ops   []elemOp
+	done  chan error
 }
 
 var errClosed = errors.New("network policy manager is closed")
@@ -239,7 +240,7 @@ func (m *Manager) enqueue(sb *sandbox, ops []elemOp) chan error {
 		return done
 	}
 	select {
-	case m.nftQ <- nftReq{sb: sb, id: sb.st.ID, gen: sb.gen.Load(), ops: ops, done: done}:
+	case m.nftQ <- nftReq{sb: sb, id: sb.st.ID, table: m.nft.shard(sb.st.Index), gen: sb.gen.Load(), ops: ops, done: done}:
 	case <-m.stop:
 		done <- errClosed
 	}
@@ -318,7 +319,7 @@ func (m *Manager) flushBatch(batch []nftReq) {
 func (n *nftState) elements(reqs []nftReq) error {
 	for _, r := range reqs {
 		for _, op := range r.ops {
-			ds := n.dset(domainSet(r.id, op.set))
+			ds := dsetIn(r.table, domainSet(r.id, op.set))
 			b := op.addr.As4()
 			el := []nftables.SetElement{{Key: b[:]}}
 			if op.del {
@@ -345,10 +346,7 @@ func (n *nftState) elements(reqs []nftReq) error {
 			}
 		}
 	}
-	if err := n.c.Flush(); err != nil {
-		return err
-	}
-	return nil
+	return n.flush()
 }
 
 // bucket is a token bucket; callers serialise (sandbox.mu).

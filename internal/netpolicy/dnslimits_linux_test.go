@@ -95,7 +95,11 @@ func (w *world) setElems(id string, k int) []string {
 	ns := mustNS(w.t, w.nodeNS)
 	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
 	must(w.t, err)
-	table := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+	sb, err := w.m.get(id)
+	must(w.t, err)
+	sb.mu.Lock()
+	table := w.m.nft.shard(sb.st.Index)
+	sb.mu.Unlock()
 	s, err := conn.GetSetByName(table, domainSet(id, k))
 	must(w.t, err)
 	els, err := conn.GetSetElements(s)

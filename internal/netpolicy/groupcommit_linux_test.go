@@ -104,6 +104,6 @@ func TestGroupCommitFailureIsPerSandbox(t *testing.T) {
 	w.m.nftMu.Lock()
 	defer w.m.nftMu.Unlock()
 	for _, r := range []*nftApply{good1, good2} {
-		must(t, w.m.nft.removeSandbox(r.spec.id, []string{r.spec.hostIf}, 0))
+		must(t, w.m.nft.removeSandbox(r.spec.id, r.spec.index, []string{r.spec.hostIf}, 0))
 	}
 }

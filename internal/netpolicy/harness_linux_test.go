@@ -406,29 +406,41 @@ func (w *world) count() counts {
 	defer ns.Close()
 	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
 	must(w.t, err)
-	table := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+	nodeTable := func(name string) bool { return name == tableName || isShardOf(tableName, name) }
 	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	must(w.t, err)
 	for _, ch := range chains {
+		if !nodeTable(ch.Table.Name) {
+			continue
+		}
 		if strings.HasPrefix(ch.Name, chainPrefix) {
 			c.chains++
 		}
-		if ch.Hooknum != nil {
-			rules, err := conn.GetRules(table, ch)
+		// The node table's base rules (shards' are one vmap rule each).
+		if ch.Hooknum != nil && ch.Table.Name == tableName {
+			rules, err := conn.GetRules(ch.Table, ch)
 			must(w.t, err)
 			c.baseRules += len(rules)
 		}
 	}
-	sets, err := conn.GetSets(table)
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
 	must(w.t, err)
-	for _, s := range sets {
-		if strings.HasPrefix(s.Name, chainPrefix) {
-			c.sets++
+	for _, table := range tables {
+		if !nodeTable(table.Name) {
+			continue
 		}
-		if s.IsMap {
-			el, err := conn.GetSetElements(s)
-			must(w.t, err)
-			c.mapElems += len(el)
+		sets, err := conn.GetSets(table)
+		must(w.t, err)
+		for _, s := range sets {
+			if strings.HasPrefix(s.Name, chainPrefix) {
+				c.sets++
+			}
+			// Dispatch entries: verdict maps and the node's veth set.
+			if s.IsMap || s.Name == ifSetName {
+				el, err := conn.GetSetElements(s)
+				must(w.t, err)
+				c.mapElems += len(el)
+			}
 		}
 	}
 	dirCount := func(d string) int {

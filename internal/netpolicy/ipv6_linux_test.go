@@ -137,15 +137,22 @@ func TestIPv6Off(t *testing.T) {
 }
 
 // acceptIPv6First puts "meta nfproto ipv6 accept" at the top of the
-// sandbox's egress and ingress chains (neighbour discovery needs both),
+// sandbox's egress chain and the ingress chain (neighbour discovery needs both),
 // bypassing the package: a test control only.
 func (w *world) acceptIPv6First(id string) {
 	w.t.Helper()
 	conn, err := nftables.New(nftables.WithNetNSFd(int(mustNS(w.t, w.nodeNS))))
 	must(w.t, err)
-	table := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
-	for _, ch := range []string{outChain(id), inChain(id)} {
-		conn.InsertRule(&nftables.Rule{Table: table, Chain: &nftables.Chain{Name: ch, Table: table},
+	sb, err := w.m.get(id)
+	must(w.t, err)
+	sb.mu.Lock()
+	shard := w.m.nft.shard(sb.st.Index)
+	sb.mu.Unlock()
+	main := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+	// The ingress chain is every sandbox's: the control opens IPv6 into
+	// all of them.
+	for _, ch := range []*nftables.Chain{{Name: outChain(id), Table: shard}, {Name: inChainName, Table: main}} {
+		conn.InsertRule(&nftables.Rule{Table: ch.Table, Chain: ch,
 			Exprs: append(nfproto(unix.NFPROTO_IPV6), verdict(expr.VerdictAccept))})
 	}
 	must(w.t, conn.Flush())

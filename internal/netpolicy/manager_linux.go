@@ -634,7 +634,7 @@ func (m *Manager) apply(sb *sandbox, oldSets int, flush bool) error {
 	m.learnedTotal.Add(-int64(sb.learned.prune(now)))
 	live := sb.learned.list(now)
 	req := &nftApply{spec: sandboxSpec{
-		id: sb.st.ID, hostIf: sb.net.HostIf, addr: sb.net.HostAddr, rules: sb.rules,
+		id: sb.st.ID, index: sb.st.Index, hostIf: sb.net.HostIf, addr: sb.net.HostAddr, rules: sb.rules,
 		oldDomainSets: oldSets, flushSets: flush, seed: live,
 	}, now: now}
 	m.nftQueueMu.Lock()
@@ -708,7 +708,7 @@ func (m *Manager) applyBatch(batch []*nftApply) {
 		}
 	}
 	m.nftCommits.Add(1)
-	err := m.nft.c.Flush()
+	err := m.nft.flush()
 	if err == nil {
 		return
 	}
@@ -860,7 +860,7 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	sb.learned = learnedSet{}
 	ifs := m.ifNames(sb)
 	m.nftMu.Lock()
-	err := m.nft.removeSandbox(id, ifs, max(sb.st.DomainSets, 16))
+	err := m.nft.removeSandbox(id, sb.st.Index, ifs, max(sb.st.DomainSets, 16))
 	m.nftMu.Unlock()
 	errs = append(errs, err)
 	for _, name := range ifs {
@@ -936,6 +936,12 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 	}
 	m.nftMu.Lock()
 	nftOwners, err := m.nft.leftovers()
+	// Sandboxes with rules in the node table itself: the layout before
+	// shards.
+	unsharded := map[string]int{}
+	if err == nil {
+		err = m.nft.leftoversIn(m.nft.table, unsharded)
+	}
 	m.nftMu.Unlock()
 	if err != nil {
 		return rep, err
@@ -971,6 +977,9 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 			}
 			sb.mu.Lock()
 			err = m.apply(sb, sb.st.DomainSets, false)
+			if sets, ok := unsharded[id]; ok && err == nil {
+				err = m.moveToShard(sb, sets)
+			}
 			sb.mu.Unlock()
 			if err != nil {
 				errs = append(errs, err)
@@ -989,6 +998,44 @@ func (m *Manager) Recover(ctx context.Context, live func(id string) bool) (Recov
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
+}
+
+// moveToShard finishes moving a live sandbox's rules of the layout before
+// shards, now applied in its shard, out of the node table: what DNS
+// admitted into its old domain sets is copied into the new ones (with the
+// time it has left), and the old chains, sets and map entries go, in one
+// transaction. sb.mu is held; sets is how many domain sets the node table
+// holds for it.
+func (m *Manager) moveToShard(sb *sandbox, sets int) error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	n := m.nft
+	shard := n.shard(sb.st.Index)
+	for k := 0; k < min(sets, sb.st.DomainSets); k++ {
+		els, err := n.c.GetSetElements(dsetIn(n.table, domainSet(sb.st.ID, k)))
+		if err != nil {
+			continue // no such set: nothing to copy
+		}
+		var keep []nftables.SetElement
+		for _, e := range els {
+			left := cmp.Or(e.Expires, e.Timeout)
+			if left > time.Second {
+				keep = append(keep, nftables.SetElement{Key: e.Key, Timeout: left.Truncate(time.Second)})
+			}
+		}
+		if len(keep) > 0 {
+			if err := n.c.SetAddElements(dsetIn(shard, domainSet(sb.st.ID, k)), keep); err != nil {
+				return fmt.Errorf("copy nft set elements: %w", err)
+			}
+		}
+	}
+	if err := n.queueRemove(n.table, sb.st.ID, m.ifNames(sb), max(sets, 16)); err != nil {
+		return err
+	}
+	if err := n.flush(); err != nil {
+		return fmt.Errorf("move nft rules of sandbox %s into its shard: %w", sb.st.ID, err)
+	}
+	return nil
 }
 
 // dropLegacyTable removes this node's chains, sets and map entries from the
@@ -1019,15 +1066,21 @@ func (m *Manager) dropLegacyTable() error {
 			others++
 			continue
 		}
-		if err := old.removeSandbox(id, uniq(HostIfName("", id), HostIfName(m.cfg.NodeID, id)), max(sets, 16)); err != nil {
+		if err := old.removeSandbox(id, 0, uniq(HostIfName("", id), HostIfName(m.cfg.NodeID, id)), max(sets, 16)); err != nil {
 			return fmt.Errorf("move rules out of nft table %s: %w", tableName, err)
 		}
 	}
 	if others > 0 {
 		return nil
 	}
-	m.nft.c.DelTable(old.table)
-	if err := m.nft.c.Flush(); err != nil {
+	oldTables, err := old.tables()
+	if err != nil {
+		return err
+	}
+	for _, t := range oldTables {
+		m.nft.c.DelTable(t)
+	}
+	if err := m.nft.flush(); err != nil {
 		return fmt.Errorf("remove nft table %s: %w", tableName, err)
 	}
 	return nil

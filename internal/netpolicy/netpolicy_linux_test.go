@@ -281,7 +281,7 @@ func TestTeardownAndRecover(t *testing.T) {
 		nets = append(nets, s)
 	}
 	full := w.count()
-	want := counts{veths: 3, chains: 6, sets: 3, baseRules: empty.baseRules, mapElems: 6, netns: 3, allocs: 3, states: 3}
+	want := counts{veths: 3, chains: 3, sets: 3, baseRules: empty.baseRules, mapElems: 6, netns: 3, allocs: 3, states: 3}
 	if full != want {
 		t.Fatalf("after 3 setups: %+v, want %+v", full, want)
 	}
@@ -303,7 +303,7 @@ func TestTeardownAndRecover(t *testing.T) {
 	}
 	must(t, w.m.Teardown(ctx, nets[2].ID))
 	must(t, w.m.Teardown(ctx, nets[2].ID)) // twice is fine
-	want = counts{veths: 2, chains: 4, sets: 2, baseRules: empty.baseRules, mapElems: 4, netns: 2, allocs: 2, states: 2}
+	want = counts{veths: 2, chains: 2, sets: 2, baseRules: empty.baseRules, mapElems: 4, netns: 2, allocs: 2, states: 2}
 	if got := w.count(); got != want {
 		t.Fatalf("after teardown: %+v, want %+v", got, want)
 	}
@@ -322,7 +322,7 @@ func TestTeardownAndRecover(t *testing.T) {
 	if !slices.Equal(rep.Kept, []string{nets[0].ID}) || !slices.Equal(rep.Removed, []string{nets[1].ID}) {
 		t.Errorf("recover report %+v", rep)
 	}
-	want = counts{veths: 1, chains: 2, sets: 1, baseRules: empty.baseRules, mapElems: 2, netns: 1, allocs: 1, states: 1}
+	want = counts{veths: 1, chains: 1, sets: 1, baseRules: empty.baseRules, mapElems: 2, netns: 1, allocs: 1, states: 1}
 	if got := w.count(); got != want {
 		t.Fatalf("after recover: %+v, want %+v", got, want)
 	}

@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -12,16 +13,42 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Names of the node-wide nftables objects, in the node's table
-// (TableName).
+// Layout. The node's table (TableName) holds the NAT, the ingress of every
+// sandbox and the node-wide set of sandbox veths; each sandbox's egress
+// chain and domain sets live in a shard table of at most shardSize
+// sandboxes (by allocation index), with base chains of its own that
+// dispatch by a verdict map on the veth. Every nftables commit that adds a
+// jump (a rule's verdict, a verdict map element) makes the kernel validate
+// the whole table it touches, every chain reachable from its base chains
+// (nft_chain_validate): with every sandbox in one table a create cost O(n)
+// in the kernel. A shard bounds that to O(shardSize), and adding a veth to
+// the node's set (no verdict) validates nothing.
+//
+// Per packet: the node's table tests the veth set (ingress: jump to the one
+// shared ingress chain; egress: accept there, the shard decides); each
+// shard looks the veth up in its map; a packet is dropped when any table
+// drops it. A packet from a sandbox meets its own egress chain exactly
+// once, and never the ingress chain, as in one table.
+//
+// Tables of the layout before shards (sandbox chains, maps sandbox_out and
+// sandbox_in in the node's table) keep working: the node's base chains
+// dispatch through those maps first, and Recover moves each live
+// sandbox's rules into its shard.
 const (
 	outMapName  = "sandbox_out" // host ifname → jump sb-<id>-o
-	inMapName   = "sandbox_in"  // host ifname → jump sb-<id>-i
+	inMapName   = "sandbox_in"  // host ifname → jump sb-<id>-i (layout before shards)
+	ifSetName   = "sandbox_ifs" // host ifnames of the sandboxes in shards
+	inChainName = "sandbox-in"  // every sandbox's ingress
 	chainPrefix = "sb-"
 	// ProxyMark is the socket mark (SO_MARK) of the node's port proxy: the
 	// only traffic the node may open towards a sandbox.
 	ProxyMark = 0x0d5ec001
 )
+
+// shardSize is the number of sandboxes (allocation indexes) per shard
+// table: a commit validates at most that many sandbox chains; a packet
+// meets one base chain per shard. A variable for tests only.
+var shardSize = 64
 
 func outChain(id string) string         { return chainPrefix + id + "-o" }
 func inChain(id string) string          { return chainPrefix + id + "-i" }
@@ -39,6 +66,26 @@ func idFromChain(name string) (string, bool) {
 	return "", false
 }
 
+// shardOf is the shard of allocation index i.
+func shardOf(i int) int { return max(i-1, 0) / shardSize }
+
+// shardTableName is shard k of the node table main.
+func shardTableName(main string, k int) string { return fmt.Sprintf("%s.s%d", main, k) }
+
+// isShardOf reports whether table name is a shard of main.
+func isShardOf(main, name string) bool {
+	rest, ok := strings.CutPrefix(name, main+".s")
+	if !ok || rest == "" {
+		return false
+	}
+	for _, c := range rest {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 func ifnameKey(name string) []byte {
 	b := make([]byte, 16)
 	copy(b, name)
@@ -51,28 +98,51 @@ type nftState struct {
 	table *nftables.Table
 	pool  netip.Prefix
 	dns   netip.Addr
+	// shards are the shard tables whose base this connection installed
+	// since its last failed commit.
+	shards map[string]bool
 }
 
-func (n *nftState) vmap(name string) *nftables.Set {
-	return &nftables.Set{Table: n.table, Name: name, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+// shard is the table of the sandbox with allocation index i.
+func (n *nftState) shard(i int) *nftables.Table {
+	return &nftables.Table{Name: shardTableName(n.table.Name, shardOf(i)), Family: nftables.TableFamilyINet}
 }
 
-func (n *nftState) dset(name string) *nftables.Set {
-	return &nftables.Set{Table: n.table, Name: name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+// flush sends the queued batch; after a failure nothing of it holds, so
+// shard bases are installed again.
+func (n *nftState) flush() error {
+	err := n.c.Flush()
+	if err != nil {
+		clear(n.shards)
+	}
+	return err
 }
 
-// ensureBase creates the table, maps and base chains and rewrites the base
-// chains' rules, all in one batch, so a restarted node neither duplicates
-// rules nor opens a gap in enforcement.
+func vmapIn(t *nftables.Table, name string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: name, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+}
+
+func dsetIn(t *nftables.Table, name string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+}
+
+func (n *nftState) vmap(name string) *nftables.Set { return vmapIn(n.table, name) }
+
+func (n *nftState) ifSet() *nftables.Set {
+	return &nftables.Set{Table: n.table, Name: ifSetName, KeyType: nftables.TypeIFName}
+}
+
+// ensureBase creates the node table, its maps, set and base chains and
+// rewrites the base chains' rules, all in one batch, so a restarted node
+// neither duplicates rules nor opens a gap in enforcement.
 func (n *nftState) ensureBase() error {
 	c := n.c
 	c.AddTable(n.table)
-	out, in := n.vmap(outMapName), n.vmap(inMapName)
-	if err := c.AddSet(out, nil); err != nil {
-		return fmt.Errorf("add nft map: %w", err)
-	}
-	if err := c.AddSet(in, nil); err != nil {
-		return fmt.Errorf("add nft map: %w", err)
+	out, in, ifs := n.vmap(outMapName), n.vmap(inMapName), n.ifSet()
+	for _, s := range []*nftables.Set{out, in, ifs} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("add nft set %s: %w", s.Name, err)
+		}
 	}
 	accept := nftables.ChainPolicyAccept
 	base := func(name string, hook *nftables.ChainHook, prio *nftables.ChainPriority, typ nftables.ChainType) *nftables.Chain {
@@ -84,26 +154,77 @@ func (n *nftState) ensureBase() error {
 	inp := base("input", nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
 	outp := base("output", nftables.ChainHookOutput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
 	post := base("postrouting", nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource, nftables.ChainTypeNAT)
-	vmapRule := func(ch *nftables.Chain, key expr.MetaKey, m *nftables.Set) {
-		c.AddRule(&nftables.Rule{Table: n.table, Chain: ch, Exprs: []expr.Any{
-			&expr.Meta{Key: key, Register: 1},
-			&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0, SetName: m.Name, SetID: m.ID},
-		}})
+	ingress := c.AddChain(&nftables.Chain{Name: inChainName, Table: n.table})
+	c.FlushChain(ingress)
+	add := func(ch *nftables.Chain, ex ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: n.table, Chain: ch, Exprs: ex})
 	}
+	// Ingress of every sandbox: replies, and the node's port proxy;
+	// nothing else.
+	add(ingress, append(ctEstablished(), verdict(expr.VerdictAccept))...)
+	add(ingress, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(ProxyMark)}, verdict(expr.VerdictAccept))
+	add(ingress, verdict(expr.VerdictDrop))
+	vmapRule := func(ch *nftables.Chain, key expr.MetaKey, m *nftables.Set) {
+		add(ch, &expr.Meta{Key: key, Register: 1},
+			&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0, SetName: m.Name, SetID: m.ID})
+	}
+	inSet := func(key expr.MetaKey) []expr.Any {
+		return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Lookup{SourceRegister: 1, SetName: ifs.Name, SetID: ifs.ID}}
+	}
+	// The maps hold sandboxes of the layout before shards.
 	vmapRule(fwd, expr.MetaKeyIIFNAME, out)
+	// A sandbox's egress is its shard's to judge; the ingress chain never
+	// sees it.
+	add(fwd, append(inSet(expr.MetaKeyIIFNAME), verdict(expr.VerdictAccept))...)
 	vmapRule(fwd, expr.MetaKeyOIFNAME, in)
+	add(fwd, append(inSet(expr.MetaKeyOIFNAME), &expr.Verdict{Kind: expr.VerdictJump, Chain: inChainName})...)
 	vmapRule(inp, expr.MetaKeyIIFNAME, out)
 	vmapRule(outp, expr.MetaKeyOIFNAME, in)
+	add(outp, append(inSet(expr.MetaKeyOIFNAME), &expr.Verdict{Kind: expr.VerdictJump, Chain: inChainName})...)
 	// Allowed egress leaves the node with the node's address.
 	masq := []expr.Any{}
 	masq = append(masq, nfproto(unix.NFPROTO_IPV4)...)
 	masq = append(masq, matchPrefix(12, n.pool, expr.CmpOpEq)...)
 	masq = append(masq, matchPrefix(16, n.pool, expr.CmpOpNeq)...)
 	masq = append(masq, &expr.Masq{})
-	c.AddRule(&nftables.Rule{Table: n.table, Chain: post, Exprs: masq})
-	if err := c.Flush(); err != nil {
+	add(post, masq...)
+	if err := n.flush(); err != nil {
 		return fmt.Errorf("install nft base table: %w", err)
 	}
+	return nil
+}
+
+// queueShard queues the creation of shard table t with its map and base
+// chains (egress of its sandboxes, to the node and through it), once per
+// connection: rewriting its base chains makes the commit validate the
+// shard.
+func (n *nftState) queueShard(t *nftables.Table) error {
+	if n.shards[t.Name] {
+		return nil
+	}
+	c := n.c
+	c.AddTable(t)
+	out := vmapIn(t, outMapName)
+	if err := c.AddSet(out, nil); err != nil {
+		return fmt.Errorf("add nft map: %w", err)
+	}
+	accept := nftables.ChainPolicyAccept
+	for _, h := range []struct {
+		name string
+		hook *nftables.ChainHook
+	}{{"forward", nftables.ChainHookForward}, {"input", nftables.ChainHookInput}} {
+		ch := c.AddChain(&nftables.Chain{Name: h.name, Table: t, Hooknum: h.hook, Priority: nftables.ChainPriorityFilter, Type: nftables.ChainTypeFilter, Policy: &accept})
+		c.FlushChain(ch)
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0, SetName: out.Name, SetID: out.ID},
+		}})
+	}
+	if n.shards == nil {
+		n.shards = map[string]bool{}
+	}
+	n.shards[t.Name] = true
 	return nil
 }
 
@@ -187,6 +308,7 @@ func (n *nftState) protectedExplicit(r rule) bool { return protectedExplicit(n.p
 // sandboxSpec is what applySandbox needs about one sandbox.
 type sandboxSpec struct {
 	id     string
+	index  int // allocation index: picks the shard
 	hostIf string
 	addr   netip.Addr
 	rules  []rule
@@ -215,7 +337,7 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 	if err := n.addSandbox(s, now); err != nil {
 		return err
 	}
-	if err := n.c.Flush(); err != nil {
+	if err := n.flush(); err != nil {
 		return fmt.Errorf("apply nft rules of sandbox %s: %w", s.id, err)
 	}
 	return nil
@@ -224,14 +346,28 @@ func (n *nftState) applySandbox(s sandboxSpec, now time.Time) error {
 // addSandbox queues applySandbox's messages on the connection; the next
 // Flush sends them, with whatever else is queued, as one transaction.
 func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
+	t := n.shard(s.index)
+	if err := n.queueShard(t); err != nil {
+		return err
+	}
+	if err := n.queueEgress(t, s, now); err != nil {
+		return err
+	}
+	if err := n.c.SetAddElements(n.ifSet(), []nftables.SetElement{{Key: ifnameKey(s.hostIf)}}); err != nil {
+		return fmt.Errorf("add nft set element: %w", err)
+	}
+	return nil
+}
+
+// queueEgress queues a sandbox's egress chain, domain sets and map entry
+// in table t.
+func (n *nftState) queueEgress(t *nftables.Table, s sandboxSpec, now time.Time) error {
 	c := n.c
-	o := c.AddChain(&nftables.Chain{Name: outChain(s.id), Table: n.table})
-	i := c.AddChain(&nftables.Chain{Name: inChain(s.id), Table: n.table})
+	o := c.AddChain(&nftables.Chain{Name: outChain(s.id), Table: t})
 	c.FlushChain(o)
-	c.FlushChain(i)
 	doms := domainRules(s.rules)
 	for k := len(doms); k < s.oldDomainSets; k++ {
-		ds := n.dset(domainSet(s.id, k))
+		ds := dsetIn(t, domainSet(s.id, k))
 		if err := c.AddSet(ds, nil); err != nil {
 			return fmt.Errorf("add nft set: %w", err)
 		}
@@ -239,7 +375,7 @@ func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
 	}
 	sets := make([]*nftables.Set, len(doms))
 	for k, d := range doms {
-		ds := n.dset(domainSet(s.id, k))
+		ds := dsetIn(t, domainSet(s.id, k))
 		if err := c.AddSet(ds, nil); err != nil {
 			return fmt.Errorf("add nft set: %w", err)
 		}
@@ -262,7 +398,7 @@ func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
 		sets[k] = ds
 	}
 	add := func(ch *nftables.Chain, ex ...expr.Any) {
-		c.AddRule(&nftables.Rule{Table: n.table, Chain: ch, Exprs: ex})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex})
 	}
 	drop, accept := verdict(expr.VerdictDrop), verdict(expr.VerdictAccept)
 	// Egress: no IPv6, no spoofing, replies pass, the DNS proxy is reachable.
@@ -320,39 +456,74 @@ func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
 		}
 	}
 	add(o, drop)
-	// Ingress: replies, and the node's port proxy; nothing else.
-	add(i, append(ctEstablished(), accept)...)
-	add(i, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(ProxyMark)}, accept)
-	add(i, drop)
 	key := ifnameKey(s.hostIf)
-	if err := c.SetAddElements(n.vmap(outMapName), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: o.Name}}}); err != nil {
-		return fmt.Errorf("add nft map element: %w", err)
-	}
-	if err := c.SetAddElements(n.vmap(inMapName), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: i.Name}}}); err != nil {
+	if err := c.SetAddElements(vmapIn(t, outMapName), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: o.Name}}}); err != nil {
 		return fmt.Errorf("add nft map element: %w", err)
 	}
 	return nil
 }
 
-// removeSandbox deletes a sandbox's map entries, chains and sets in one
-// batch. Each object is added before it is deleted, so the batch succeeds
-// whatever a crash left behind.
-func (n *nftState) removeSandbox(id string, hostIfs []string, domainSets int) error {
+// removeSandbox deletes a sandbox's veth entries, chains and sets in one
+// batch: from its shard (every shard when index is 0: unknown) and what
+// the layout before shards left in the node table. Each object is added
+// before it is deleted, so the batch succeeds whatever a crash left
+// behind.
+func (n *nftState) removeSandbox(id string, index int, hostIfs []string, domainSets int) error {
+	tables := []*nftables.Table{n.table}
+	if index > 0 {
+		tables = append(tables, n.shard(index))
+	} else {
+		all, err := n.tables()
+		if err != nil {
+			return err
+		}
+		tables = all
+	}
+	for _, t := range tables {
+		if err := n.queueRemove(t, id, hostIfs, domainSets); err != nil {
+			return err
+		}
+	}
+	if err := n.c.AddSet(n.ifSet(), nil); err != nil {
+		return fmt.Errorf("add nft set: %w", err)
+	}
+	for _, hostIf := range hostIfs {
+		el := []nftables.SetElement{{Key: ifnameKey(hostIf)}}
+		if err := n.c.SetAddElements(n.ifSet(), el); err != nil {
+			return fmt.Errorf("add nft set element: %w", err)
+		}
+		if err := n.c.SetDeleteElements(n.ifSet(), el); err != nil {
+			return fmt.Errorf("delete nft set element: %w", err)
+		}
+	}
+	if err := n.flush(); err != nil {
+		return fmt.Errorf("remove nft rules of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// queueRemove queues the removal of a sandbox's map entries, chains and
+// sets from table t (a shard, or a table of the layout before shards).
+func (n *nftState) queueRemove(t *nftables.Table, id string, hostIfs []string, domainSets int) error {
 	c := n.c
-	o := c.AddChain(&nftables.Chain{Name: outChain(id), Table: n.table})
-	i := c.AddChain(&nftables.Chain{Name: inChain(id), Table: n.table})
+	c.AddTable(t)
+	o := c.AddChain(&nftables.Chain{Name: outChain(id), Table: t})
+	i := c.AddChain(&nftables.Chain{Name: inChain(id), Table: t})
 	for _, hostIf := range hostIfs {
 		key := ifnameKey(hostIf)
 		for _, m := range []struct {
 			set   string
 			chain string
 		}{{outMapName, o.Name}, {inMapName, i.Name}} {
+			vm := vmapIn(t, m.set)
+			if err := c.AddSet(vm, nil); err != nil {
+				return fmt.Errorf("add nft map: %w", err)
+			}
 			el := []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: m.chain}}}
-			if err := c.SetAddElements(n.vmap(m.set), el); err != nil {
+			if err := c.SetAddElements(vm, el); err != nil {
 				return fmt.Errorf("add nft map element: %w", err)
 			}
-			if err := c.SetDeleteElements(n.vmap(m.set), el); err != nil {
+			if err := c.SetDeleteElements(vm, el); err != nil {
 				return fmt.Errorf("delete nft map element: %w", err)
 			}
 		}
@@ -362,28 +533,54 @@ func (n *nftState) removeSandbox(id string, hostIfs []string, domainSets int) er
 	c.DelChain(o)
 	c.DelChain(i)
 	for k := 0; k < domainSets; k++ {
-		ds := n.dset(domainSet(id, k))
+		ds := dsetIn(t, domainSet(id, k))
 		if err := c.AddSet(ds, nil); err != nil {
 			return fmt.Errorf("add nft set: %w", err)
 		}
 		c.DelSet(ds)
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("remove nft rules of sandbox %s: %w", id, err)
-	}
 	return nil
 }
 
+// tables lists the node table and its shards.
+func (n *nftState) tables() ([]*nftables.Table, error) {
+	ts, err := n.c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list nft tables: %w", err)
+	}
+	out := []*nftables.Table{n.table}
+	for _, t := range ts {
+		if isShardOf(n.table.Name, t.Name) {
+			out = append(out, &nftables.Table{Name: t.Name, Family: nftables.TableFamilyINet})
+		}
+	}
+	return out, nil
+}
+
 // leftovers lists the sandbox IDs that own chains or domain sets in the
-// table, with the number of domain sets each has.
+// node table or its shards, with the number of domain sets each has.
 func (n *nftState) leftovers() (map[string]int, error) {
+	tables, err := n.tables()
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]int{}
+	for _, t := range tables {
+		if err := n.leftoversIn(t, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// leftoversIn adds what table t holds to out (see leftovers).
+func (n *nftState) leftoversIn(t *nftables.Table, out map[string]int) error {
 	chains, err := n.c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return nil, fmt.Errorf("list nft chains: %w", err)
+		return fmt.Errorf("list nft chains: %w", err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name != n.table.Name {
+		if ch.Table.Name != t.Name {
 			continue
 		}
 		if id, ok := idFromChain(ch.Name); ok {
@@ -392,9 +589,12 @@ func (n *nftState) leftovers() (map[string]int, error) {
 			}
 		}
 	}
-	sets, err := n.c.GetSets(n.table)
+	sets, err := n.c.GetSets(t)
 	if err != nil {
-		return nil, fmt.Errorf("list nft sets: %w", err)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("list nft sets: %w", err)
 	}
 	for _, s := range sets {
 		rest, ok := strings.CutPrefix(s.Name, chainPrefix)
@@ -414,5 +614,5 @@ func (n *nftState) leftovers() (map[string]int, error) {
 			out[id] = k + 1
 		}
 	}
-	return out, nil
+	return nil
 }

@@ -179,7 +179,7 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	s.reaches(t, deny.GetId(), b)
 
-	want := netCounts{chains: 4, sets: 0, veths: 2, netns: 2}
+	want := netCounts{chains: 2, sets: 0, veths: 2, netns: 2}
 	if got := s.netCounts(t); got != want {
 		t.Errorf("before restart: %+v, want %+v", got, want)
 	}

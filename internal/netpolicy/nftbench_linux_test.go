@@ -1,0 +1,98 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+// benchNFT is an nftState on a node table in a namespace of its own, with
+// n sandboxes' rules installed (group commits of maxGroupCommit).
+func benchNFT(b *testing.B, n int) *nftState {
+	testutil.RequiresRoot(b)
+	dir := b.TempDir()
+	path := filepath.Join(dir, "node")
+	must(b, createNetNS(path, nil))
+	b.Cleanup(func() { removeNetNS(path) })
+	h, err := netns.GetFromPath(path)
+	must(b, err)
+	b.Cleanup(func() { h.Close() })
+	c, err := nftables.New(nftables.WithNetNSFd(int(h)), nftables.WithSockOptions(bigReceiveBuffer), nftables.AsLasting())
+	must(b, err)
+	b.Cleanup(func() { c.CloseLasting() })
+	pool := netip.MustParsePrefix("10.200.0.0/16")
+	st := &nftState{c: c, table: &nftables.Table{Name: TableName("bnch"), Family: nftables.TableFamilyINet}, pool: pool, dns: netip.MustParseAddr("10.200.0.1")}
+	must(b, st.ensureBase())
+	now := time.Now()
+	for i := 0; i < n; i++ {
+		must(b, st.addSandbox(benchSpec(i), now))
+		if (i+1)%maxGroupCommit == 0 || i == n-1 {
+			must(b, c.Flush())
+		}
+	}
+	return st
+}
+
+// benchSpec is sandbox i: a CIDR rule, a domain rule, like a default
+// rule set.
+func benchSpec(i int) sandboxSpec {
+	rs, err := resolve(Rules{Allow: []Rule{
+		{CIDR: "198.18.1.10", Protocol: "tcp", Ports: "443"},
+		{Domain: "api.example.test", Protocol: "tcp", Ports: "443"},
+	}}, nil)
+	if err != nil {
+		panic(err)
+	}
+	a := netip.AddrFrom4([4]byte{10, 200, byte(2 + i/128), byte(2 * (i % 128))})
+	id := fmt.Sprintf("bnch%06d", i)
+	return sandboxSpec{id: id, index: i + 1, hostIf: HostIfName("bnch", id), addr: a, rules: rs, flushSets: true}
+}
+
+// BenchmarkNFTApply measures one sandbox's nft apply plus removal (one
+// transaction each) on a table that already holds n sandboxes: the
+// per-create nft cost and how it grows with the sandboxes of the node.
+func BenchmarkNFTApply(b *testing.B) {
+	for _, n := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("sandboxes=%d", n), func(b *testing.B) {
+			st := benchNFT(b, n)
+			// The next sandbox of the node: its shard holds others.
+			s := benchSpec(n)
+			b.ResetTimer()
+			for b.Loop() {
+				must(b, st.applySandbox(s, time.Now()))
+				must(b, st.removeSandbox(s.id, s.index, []string{s.hostIf}, 1))
+			}
+		})
+	}
+}
+
+// BenchmarkNetNS measures a sandbox namespace's creation and removal:
+// bare, and with what setup does inside it (IPv6 off, lo up).
+func BenchmarkNetNS(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, c := range []struct {
+		name  string
+		setup func() error
+	}{
+		{"bare", nil},
+		{"sysctl", func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			dir := b.TempDir()
+			i := 0
+			for b.Loop() {
+				p := filepath.Join(dir, fmt.Sprint(i))
+				i++
+				must(b, createNetNS(p, c.setup))
+				must(b, removeNetNS(p))
+			}
+		})
+	}
+}
