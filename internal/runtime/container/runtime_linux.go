@@ -135,6 +135,9 @@ type Runtime struct {
 	// (ociruntime_linux.go).
 	oci *ociRuntime
 	cg  cgroupMounts
+	// stateRootFS says what New did about the state root's file system
+	// (stateRootTmpfs); "" when the state root was configured.
+	stateRootFS string
 	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
 	seccomp []byte
 
@@ -194,6 +197,13 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
+	// Before the runc namespace (a copy of the node's) is made.
+	stateRootFS := ""
+	if cfg.tmpfsStateRoot {
+		if stateRootFS, err = stateRootTmpfs(cfg.StateRoot); err != nil {
+			return nil, err
+		}
+	}
 	prof, err := defaultSeccompProfile()
 	if err != nil {
 		return nil, err
@@ -203,7 +213,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, oci: oci, cg: cg, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, cg: cg, stateRootFS: stateRootFS, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
@@ -225,6 +235,9 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 	}
 	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
 		"exe", rt.oci.exe, "reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
+	if rt.stateRootFS != "" {
+		log.G(ctx).Info("OCI runtime state root", "state_root", rt.cfg.StateRoot, "file_system", rt.stateRootFS)
+	}
 	if rt.oci.exeErr != nil {
 		log.G(ctx).Warn("crun runs from its path, not from a sealed memfd copy: every crun command copies itself first (its CVE-2019-5736 protection), which costs CPU on each create", "path", rt.oci.path, log.Err(rt.oci.exeErr))
 	}
