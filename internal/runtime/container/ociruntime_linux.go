@@ -59,8 +59,7 @@ type ociRuntime struct {
 	hideUnified string
 }
 
-// command is the runtime's command line args: exe run, with path as its
-// argv[0].
+// command runs the runtime with args: exe executed, path its argv[0].
 func (o *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, o.exe, args...)
 	cmd.Args[0] = o.path
@@ -256,7 +255,7 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 		cmd := exec.Command(exe, "--version")
 		cmd.Args[0] = path
 		if out, err = cmd.Output(); err != nil {
-			exe, exeErr = "", fmt.Errorf("run the sealed copy %s --version: %w", exe, err)
+			exeErr = fmt.Errorf("run the sealed copy %s --version: %w", exe, err)
 		}
 	}
 	if exeErr != nil {

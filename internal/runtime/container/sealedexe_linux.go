@@ -125,6 +125,17 @@ func sealedCopy(src *os.File, size int64) (*os.File, error) {
 	if seals != sealedExeSeals {
 		return nil, fmt.Errorf("the memfd's seals are %#x, not %#x (vm.memfd_noexec?)", seals, sealedExeSeals)
 	}
+	// The child resolves /proc/self/fd/<n> after it made its stdio and
+	// ExtraFiles fds 0, 1, 2, 3...: n must be none of them.
+	high, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, sealedExeMinFD)
+	if err != nil {
+		return nil, fmt.Errorf("move the memfd to a high fd: %w", err)
+	}
 	ok = true
-	return f, nil
+	f.Close()
+	return os.NewFile(uintptr(high), "memfd:crun"), nil
 }
+
+// sealedExeMinFD is the lowest fd the sealed copy may have: far above the
+// fds a child of the node gets (stdio and a few ExtraFiles).
+const sealedExeMinFD = 64

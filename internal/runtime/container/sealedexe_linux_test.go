@@ -30,6 +30,9 @@ func TestCrunRunsFromSealedMemfd(t *testing.T) {
 	if c.oci.exeErr != nil || !strings.HasPrefix(c.oci.exe, "/proc/self/fd/") {
 		t.Fatalf("crun runs from %q (%v); want a sealed memfd at /proc/self/fd/<n>", c.oci.exe, c.oci.exeErr)
 	}
+	if n, _ := strconv.Atoi(strings.TrimPrefix(c.oci.exe, "/proc/self/fd/")); n < sealedExeMinFD {
+		t.Fatalf("the sealed copy is fd %d: a child's stdio or ExtraFiles would replace it before the exec", n)
+	}
 	rt2, _ := f(t)
 	if got := rt2.(*Runtime).oci.exe; got != c.oci.exe {
 		t.Fatalf("a second runtime runs crun from %s, the first from %s: one copy per process", got, c.oci.exe)
