@@ -133,6 +133,9 @@ type Config struct {
 	// so a create interrupted before the upgrade that put node IDs in them
 	// may have left its state under the old ones.
 	legacyDefaults bool
+	// tmpfsStateRoot: StateRoot is the default, which New puts on a
+	// tmpfs when it is on disk (statetmpfs_linux.go).
+	tmpfsStateRoot bool
 	// runcInNodeNS runs runc in the node's mount namespace, as before
 	// runcns_linux.go (tests compare the two).
 	runcInNodeNS bool
@@ -217,6 +220,7 @@ func (c *Config) setDefaults() {
 	c.legacyDefaults = c.NodeID != "" && c.StateRoot == "" && c.CgroupParent == ""
 	if c.StateRoot == "" {
 		c.StateRoot = DefaultStateRootOf(c.NodeID)
+		c.tmpfsStateRoot = true
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = DefaultCgroupParentOf(c.NodeID)

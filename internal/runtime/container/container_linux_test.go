@@ -241,7 +241,7 @@ func TestDeleteAfterCrashBeforeRuncCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Make it look as if runc never ran: drop runc's record only.
-	if out, err := exec.Command(c.runc, "--root", c.cfg.StateRoot, "delete", "--force", spec.ID).CombinedOutput(); err != nil {
+	if out, err := exec.Command(c.oci.path, "--root", c.cfg.StateRoot, "delete", "--force", spec.ID).CombinedOutput(); err != nil {
 		t.Fatalf("runc delete: %v: %s", err, out)
 	}
 	if len(runtimetest.MountsUnder(t, spec.StateDir)) == 0 {

@@ -43,6 +43,12 @@ type ociRuntime struct {
 	kind string
 	// path is the binary.
 	path string
+	// exe is what the node executes: for crun a sealed memfd copy of path
+	// (/proc/self/fd/<n>, sealedexe_linux.go), else path.
+	exe string
+	// exeErr says why crun runs from path, not a sealed copy (nil: it
+	// does, or the runtime is runc).
+	exeErr error
 	// version is the binary's version ("1.8.1").
 	version string
 	// reason says in one sentence why this runtime runs the containers.
@@ -51,6 +57,13 @@ type ociRuntime struct {
 	// /sys/fs/cgroup/unified) when the runtime is crun: every crun command
 	// runs where it is unmounted. Empty: nothing hidden.
 	hideUnified string
+}
+
+// command runs the runtime with args: exe executed, path its argv[0].
+func (o *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, o.exe, args...)
+	cmd.Args[0] = o.path
+	return cmd
 }
 
 // String is the runtime's name and version, as in Info ("crun 1.8.1").
@@ -210,7 +223,7 @@ func runcRuntime(cfg *Config, reason string) (*ociRuntime, error) {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %w", path, err)
 	}
 	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
-	return &ociRuntime{kind: OCIRuntimeRunc, path: path, version: version, reason: reason}, nil
+	return &ociRuntime{kind: OCIRuntimeRunc, path: path, exe: path, version: version, reason: reason}, nil
 }
 
 // probeCrun finds crun at cfg.CrunPath, checks its version and has it
@@ -228,15 +241,28 @@ func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
 	return o, nil
 }
 
-// crunRuntime is crun at cfg.CrunPath, checked to be 1.8 or later.
+// crunRuntime is crun at cfg.CrunPath, checked to be 1.8 or later, run
+// from a sealed memfd copy where one can be made and runs (else from its
+// path; exeErr says why).
 func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	path, err := exec.LookPath(cfg.CrunPath)
 	if err != nil {
 		return nil, fmt.Errorf("crun binary %q not found: %w", cfg.CrunPath, err)
 	}
-	out, err := exec.Command(path, "--version").Output()
-	if err != nil {
-		return nil, fmt.Errorf("run %s --version: %w", path, err)
+	exe, exeErr := sealedExe(path)
+	var out []byte
+	if exeErr == nil {
+		cmd := exec.Command(exe, "--version")
+		cmd.Args[0] = path
+		if out, err = cmd.Output(); err != nil {
+			exeErr = fmt.Errorf("run the sealed copy %s --version: %w", exe, err)
+		}
+	}
+	if exeErr != nil {
+		exe = path
+		if out, err = exec.Command(path, "--version").Output(); err != nil {
+			return nil, fmt.Errorf("run %s --version: %w", path, err)
+		}
 	}
 	m := crunVersionRE.FindStringSubmatch(string(out))
 	if m == nil {
@@ -248,7 +274,7 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if major < minCrunVersion[0] || major == minCrunVersion[0] && minor < minCrunVersion[1] {
 		return nil, fmt.Errorf("crun %s is older than %d.%d", version, minCrunVersion[0], minCrunVersion[1])
 	}
-	return &ociRuntime{kind: OCIRuntimeCrun, path: path, version: version, hideUnified: hybrid}, nil
+	return &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, version: version, hideUnified: hybrid}, nil
 }
 
 // probe creates and deletes a container: a root of nothing but init's
@@ -310,7 +336,7 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			return fmt.Errorf("make probe output file: %w", err)
 		}
 		defer out.Close()
-		cmd := exec.CommandContext(ctx, o.path, append([]string{"--root", root}, args...)...)
+		cmd := o.command(ctx, append([]string{"--root", root}, args...)...)
 		cmd.Stdout, cmd.Stderr = out, out
 		cmd.WaitDelay = time.Second
 		return o.inCgroupView(func() error {

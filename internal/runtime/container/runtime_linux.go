@@ -132,10 +132,12 @@ const (
 type Runtime struct {
 	cfg Config
 	// oci is the OCI runtime binary (runc or crun) and how it differs
-	// (ociruntime_linux.go); runc is its path.
-	oci  *ociRuntime
-	runc string
-	cg   cgroupMounts
+	// (ociruntime_linux.go).
+	oci *ociRuntime
+	cg  cgroupMounts
+	// stateRootFS says what New did about the state root's file system
+	// (stateRootTmpfs); "" when the state root was configured.
+	stateRootFS string
 	// seccomp is the compiled filter the agent installs (seccomp_linux.go).
 	seccomp []byte
 
@@ -195,6 +197,13 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runc state root: %w", err)
 	}
+	// Before the runc namespace (a copy of the node's) is made.
+	stateRootFS := ""
+	if cfg.tmpfsStateRoot {
+		if stateRootFS, err = stateRootTmpfs(cfg.StateRoot); err != nil {
+			return nil, err
+		}
+	}
 	prof, err := defaultSeccompProfile()
 	if err != nil {
 		return nil, err
@@ -204,7 +213,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, oci: oci, runc: oci.path, cg: cg, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, cg: cg, stateRootFS: stateRootFS, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
@@ -225,7 +234,13 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 		}
 	}
 	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
-		"reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
+		"exe", rt.oci.exe, "reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
+	if rt.stateRootFS != "" {
+		log.G(ctx).Info("OCI runtime state root", "state_root", rt.cfg.StateRoot, "file_system", rt.stateRootFS)
+	}
+	if rt.oci.exeErr != nil {
+		log.G(ctx).Warn("crun runs from its path, not from a sealed memfd copy: every crun command copies itself first (its CVE-2019-5736 protection), which costs CPU on each create", "path", rt.oci.path, log.Err(rt.oci.exeErr))
+	}
 	log.G(ctx).Info("sandbox limits", "cgroup_parent", rt.cfg.CgroupParent, "node.total_pids_limit", rt.cfg.TotalPidsLimit,
 		"node.max_pids_limit", rt.cfg.MaxPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 	return rt, nil
@@ -515,7 +530,7 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		sub = []string{"create"}
 	}
 	args := append([]string{"--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json"}, sub...)
-	cmd := exec.CommandContext(ctx, r.runc, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
+	cmd := r.oci.command(ctx, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
 	cmd.ExtraFiles = []*os.File{lfile}
 	// A new session: signals to the node's process group (Ctrl-C) never reach
@@ -615,7 +630,7 @@ func runcLogError(path string) string {
 // the first argument after the subcommand that is not a flag.
 func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
 	oci := r.ociFor(ctx, root, containerArg(args))
-	cmd := exec.CommandContext(ctx, oci.path, append([]string{"--root", root}, args...)...)
+	cmd := oci.command(ctx, append([]string{"--root", root}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second

@@ -1,0 +1,127 @@
+package container
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
+	"github.com/kernflux/opendsec/internal/testutil"
+)
+
+// TestCrunRunsFromSealedMemfd: the node runs crun from one sealed memfd.
+// A prestarted container's init (crun, before it execs the sandbox's init)
+// has as its executable that very memfd, the node's own (same inode: crun
+// did not copy itself for the create), sealed with exactly the four seals
+// crun requires; nothing can write, grow or shrink it, not through the
+// node's fd and not through /proc/<pid>/exe; a second runtime in the
+// process shares the copy.
+func TestCrunRunsFromSealedMemfd(t *testing.T) {
+	requireOCIRuntime(t, OCIRuntimeCrun)
+	f := newFactoryWith(t, func(c *Config) { c.OCIRuntime = OCIRuntimeCrun })
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	if c.oci.exeErr != nil || !strings.HasPrefix(c.oci.exe, "/proc/self/fd/") {
+		t.Fatalf("crun runs from %q (%v); want a sealed memfd at /proc/self/fd/<n>", c.oci.exe, c.oci.exeErr)
+	}
+	if n, _ := strconv.Atoi(strings.TrimPrefix(c.oci.exe, "/proc/self/fd/")); n < sealedExeMinFD {
+		t.Fatalf("the sealed copy is fd %d: a child's stdio or ExtraFiles would replace it before the exec", n)
+	}
+	rt2, _ := f(t)
+	if got := rt2.(*Runtime).oci.exe; got != c.oci.exe {
+		t.Fatalf("a second runtime runs crun from %s, the first from %s: one copy per process", got, c.oci.exe)
+	}
+	var node unix.Stat_t
+	if err := unix.Stat(c.oci.exe, &node); err != nil {
+		t.Fatal(err)
+	}
+
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Delete(t.Context(), spec.ID) })
+	if err := c.Prestart(t.Context(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.runcState(t.Context(), c.cfg.StateRoot, spec.ID)
+	if err != nil || s.Status != "created" || s.Pid <= 0 {
+		t.Fatalf("crun state of the prestarted container: %+v, %v", s, err)
+	}
+	exe := filepath.Join("/proc", strconv.Itoa(s.Pid), "exe")
+	link, err := os.Readlink(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(link, "/memfd:crun") {
+		t.Fatalf("the container's init (crun, pid %d) runs %q; want the node's memfd /memfd:crun", s.Pid, link)
+	}
+	fd, err := unix.Open(exe, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Dev != node.Dev || st.Ino != node.Ino {
+		t.Fatalf("the container's init runs memfd inode %d, the node's copy is %d: crun copied itself for the create", st.Ino, node.Ino)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals != sealedExeSeals {
+		t.Fatalf("seals of the container init's executable: %#x, %v; want exactly %#x", seals, err, sealedExeSeals)
+	}
+	for _, p := range []string{exe, c.oci.exe} {
+		if w, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+			_, werr := w.Write([]byte("x"))
+			terr := w.Truncate(0)
+			w.Close()
+			if werr == nil || terr == nil {
+				t.Fatalf("write %s: %v, truncate: %v; want both refused", p, werr, terr)
+			}
+		}
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("add a seal: %v; want EPERM (F_SEAL_SEAL)", err)
+	}
+	if err := c.Launch(t.Context(), spec.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(t.Context(), spec.ID, runtimetest.StopOptions()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCrunSealedExeFallback: crun that is no ELF binary (a wrapper script
+// here) cannot run from a memfd (its interpreter would open the fd's path
+// after close-on-exec): the node runs it from its path and says why.
+func TestCrunSealedExeFallback(t *testing.T) {
+	requireOCIRuntime(t, OCIRuntimeCrun)
+	testutil.RequiresRoot(t)
+	real, err := exec.LookPath(OCIRuntimeCrun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(t.TempDir(), "crun")
+	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nexec "+real+" \"$@\"\n"), 0o755); err != nil { //nolint:gosec // an executable
+		t.Fatal(err)
+	}
+	o, err := crunRuntime(&Config{CrunPath: wrapper}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.exe != wrapper || o.exeErr == nil || !strings.Contains(o.exeErr.Error(), "not an ELF binary") {
+		t.Fatalf("crun wrapper runs from %q (%v); want its path and why", o.exe, o.exeErr)
+	}
+	o, err = crunRuntime(&Config{CrunPath: real}, "")
+	if err != nil || o.exeErr != nil || !strings.HasPrefix(o.exe, "/proc/self/fd/") {
+		t.Fatalf("crun at %s runs from %q (%v, %v); want a sealed memfd", real, o.exe, o.exeErr, err)
+	}
+}
