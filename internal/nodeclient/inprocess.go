@@ -18,6 +18,10 @@ import (
 // on requests an InProcess transport served.
 const InProcessRemoteAddr = "in-process"
 
+// acceptEncodings are the request headers by which a caller accepts a
+// compressed answer (HTTP, connect's streams, gRPC): dropped in-process.
+var acceptEncodings = []string{"Accept-Encoding", "Connect-Accept-Encoding", "Grpc-Accept-Encoding"}
+
 // errBodyClosed ends a request whose caller closed the answer's body before
 // its end, as a reset stream does over the network.
 var errBodyClosed = errors.New("in-process node call: the caller closed the response body")
@@ -32,7 +36,8 @@ var errBodyClosed = errors.New("in-process node call: the caller closed the resp
 // flow-control, and the goroutines of two HTTP/2 endpoints.
 //
 // The handler sees an HTTP/2 request (connect's bidirectional streams need
-// one) from RemoteAddr InProcessRemoteAddr. Request and answer bodies
+// one) from RemoteAddr InProcessRemoteAddr, without the headers that
+// accept a compressed answer (nothing crosses a wire to gain from it). Request and answer bodies
 // stream through pipes, so server, client and bidirectional streams work
 // as over the network; the handler's context ends when the caller's does,
 // when the caller closes the answer body early, or when the handler
@@ -116,6 +121,10 @@ func (t *InProcess) serve(req *http.Request) (*http.Response, error) {
 	}).WithContext(ctx)
 	if sreq.Header == nil {
 		sreq.Header = http.Header{}
+	}
+	// Nothing goes over a wire: the node answers uncompressed.
+	for _, k := range acceptEncodings {
+		delete(sreq.Header, k)
 	}
 	pr, pw := io.Pipe()
 	w := &inProcessWriter{

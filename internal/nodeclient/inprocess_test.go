@@ -234,6 +234,9 @@ func TestInProcessCallerGoneAndTrailers(t *testing.T) {
 		w.Header().Set("X-Sum", "4")
 		w.Header().Set(http.TrailerPrefix+"X-Late", "yes")
 	})
+	mux.HandleFunc("/whoami", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s accept=%q connect-accept=%q", r.RemoteAddr, r.Proto, r.Header.Get("Accept-Encoding"), r.Header.Get("Connect-Accept-Encoding"))
+	})
 	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) {
 		<-release
 		panic(http.ErrAbortHandler)
@@ -276,6 +279,19 @@ func TestInProcessCallerGoneAndTrailers(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || string(b) != "body" || resp.Trailer.Get("X-Sum") != "4" || resp.Trailer.Get("X-Late") != "yes" {
 		t.Fatalf("body %q (%v), trailers %v", b, err, resp.Trailer)
+	}
+
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, n.url+"/whoami", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	req.Header.Set("Connect-Accept-Encoding", "gzip")
+	resp, err = hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := nodeclient.InProcessRemoteAddr + ` HTTP/2.0 accept="" connect-accept=""`; string(b) != want {
+		t.Fatalf("the handler saw %q, want %q (no compressed answers in-process)", b, want)
 	}
 
 	close(release)
