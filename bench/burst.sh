@@ -22,6 +22,8 @@
 # by side, with the prewarm's time and the total (prewarm + batch); part 2
 # is skipped.
 # SETTLE=<seconds> waits that long before each system starts.
+# PERF=<file> records a perf call-graph profile of the work tree's
+# `opendsec up` during part 1.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -102,7 +104,15 @@ restart_system() {
 
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
+PERF_PID=
+if [ -n "${PERF:-}" ]; then
+  # PERF=<file>: a call-graph CPU profile of the work tree's `opendsec up`
+  # across part 1 (perf report -i <file> --no-children).
+  perf record -F 999 -g -p "$UP_PID" -o "$PERF" >/dev/null 2>&1 &
+  PERF_PID=$!
+fi
 "${B[@]}" -mode main -up-pid "$UP_PID" -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+if [ -n "$PERF_PID" ]; then kill -INT "$PERF_PID"; wait "$PERF_PID" || true; fi
 MAINS+=("$DD/main.json")
 CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then

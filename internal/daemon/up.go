@@ -27,6 +27,7 @@ import (
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/node"
+	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/runtime"
 	"github.com/kernflux/opendsec/internal/runtime/kvmprobe"
 	"github.com/kernflux/opendsec/internal/runtime/microvm"
@@ -299,11 +300,15 @@ func RunWatcher(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, t
 // with pub and calls the watcher and nodes with tok (a node-scope token),
 // forwarding each caller's own token to the node (auth.OnBehalfHeader).
 func RunAPIServer(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, tok auth.TokenSource, ready chan<- string) error {
+	return runAPIServer(ctx, cfg, pub, tok, h2cClient(), ready)
+}
+
+// runAPIServer is RunAPIServer reaching the watcher and nodes with hc.
+func runAPIServer(ctx context.Context, cfg config.Config, pub ed25519.PublicKey, tok auth.TokenSource, hc *http.Client, ready chan<- string) error {
 	nodes, err := nodeDirectory(cfg)
 	if err != nil {
 		return err
 	}
-	hc := h2cClient()
 	wc := watcherv1connect.NewWatcherServiceClient(hc, cfg.APIServer.WatcherAddress,
 		connect.WithInterceptors(auth.ClientInterceptorFrom(tok)))
 	srv, err := apiserver.New(apiserver.Config{
@@ -365,12 +370,18 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	if err != nil {
 		return err
 	}
-	g.Go(func() error {
-		v, opts := nodeHandlerOpts(pub)
-		return serve(gctx, "node", cfg.Node.Listen, nodeMux(n.Node, v, opts), nodeReady)
-	})
+	v, opts := nodeHandlerOpts(pub)
+	nodeHandler := nodeMux(n.Node, v, opts)
+	apiHC, ip, err := inProcessClient(cfg, nodeHandler)
+	if err != nil {
+		return err
+	}
+	if testHookInProcess != nil {
+		testHookInProcess(ip)
+	}
+	g.Go(func() error { return serve(gctx, "node", cfg.Node.Listen, nodeHandler, nodeReady) })
 	g.Go(func() error { return RunWatcher(gctx, cfg, pub, watcherTok, watcherReady) })
-	g.Go(func() error { return RunAPIServer(gctx, cfg, pub, apiTok, apiReady) })
+	g.Go(func() error { return runAPIServer(gctx, cfg, pub, apiTok, apiHC, apiReady) })
 	e2bReady := make(chan string, 1)
 	g.Go(func() error { return RunE2B(gctx, cfg, iss, e2bReady) })
 	g.Go(func() error {
@@ -414,6 +425,31 @@ func Up(ctx context.Context, cfg config.Config, o UpOptions) error {
 	}
 	log.G(ctx).Info("opendsec stopped", "sandboxes_left_running", !o.StopSandboxes)
 	return nil
+}
+
+// testHookInProcess, if set, sees the transport Up's apiserver reaches
+// its own node with (tests only).
+var testHookInProcess func(*nodeclient.InProcess)
+
+// inProcessClient is the apiserver's client in `opendsec up`: calls to
+// this process's node (cfg.Node.ID at its nodes[] address) go straight to
+// its handler h, the one its listener serves (same interceptors, same
+// token checks); calls to any other node in nodes[], and port tunnels,
+// over h2c as in a separate apiserver. Without this node in nodes[] (the
+// apiserver does not route to it) it is plain h2c and the transport nil.
+func inProcessClient(cfg config.Config, h http.Handler) (*http.Client, *nodeclient.InProcess, error) {
+	hc := h2cClient()
+	for _, n := range cfg.Nodes {
+		if n.ID != cfg.Node.ID {
+			continue
+		}
+		ip, err := nodeclient.NewInProcess(strings.TrimRight(n.Address, "/"), h, hc.Transport)
+		if err != nil {
+			return nil, nil, fmt.Errorf("nodes[%q]: %w", n.ID, err)
+		}
+		return &http.Client{Transport: ip}, ip, nil
+	}
+	return hc, nil, nil
 }
 
 // muxWithProxy sends agent traffic to the (authenticated) agent proxy and

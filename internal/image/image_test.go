@@ -833,3 +833,62 @@ func heldDirs(t testing.TB, ri runtime.Image, holder string) []string {
 	}
 	return dirs
 }
+
+// A hold is a hard link to the image's hold template (no new inode per
+// sandbox); the template outlives releases and goes with the image's
+// manifest at prune.
+func TestHoldIsALinkToTheTemplate(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "version"), "1", 0o644)
+	img, err := s.ImportDir(ctx, "app", src, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := digestHex(img.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, holder := range []string{"sbx1", "sbx2", "sbx1"} {
+		if _, err := s.Hold(ctx, "app", holder); err != nil {
+			t.Fatalf("hold %s: %v", holder, err)
+		}
+	}
+	tmpl, err := os.Stat(s.path("holdnames", h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, holder := range []string{"sbx1", "sbx2"} {
+		fi, err := os.Stat(s.path("holds", h, holder))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !os.SameFile(fi, tmpl) {
+			t.Errorf("hold %s is not a link to the template", holder)
+		}
+		if b, err := os.ReadFile(s.path("holds", h, holder)); err != nil || string(b) != img.Name+"\n" {
+			t.Errorf("hold %s says %q, %v; want the image's name", holder, b, err)
+		}
+	}
+	for _, holder := range []string{"sbx1", "sbx2"} {
+		if err := s.Release(ctx, holder); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(s.path("holds", h)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("hold dir after the last release: %v", err)
+	}
+	if _, err := os.Stat(s.path("holdnames", h)); err != nil {
+		t.Fatalf("template after release: %v; want it kept for the next hold", err)
+	}
+	if err := s.Remove(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.path("holdnames", h)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("template after the image was pruned: %v", err)
+	}
+}

@@ -679,7 +679,7 @@ func (s *Store) Hold(ctx context.Context, name, holder string) (runtime.Image, e
 		// removes the dead sandboxes and their holds). Other nodes see
 		// it as soon as it is written (NFS flushes it at close). Its
 		// existence is what counts; the content is for people.
-		if err := os.WriteFile(filepath.Join(hdir, holder), []byte(img.Name+"\n"), 0o644); err != nil {
+		if err := s.writeHold(h, filepath.Join(hdir, holder), img.Name); err != nil {
 			return Image{}, fmt.Errorf("hold image: %w", err)
 		}
 		return img, nil
@@ -693,6 +693,33 @@ func (s *Store) Hold(ctx context.Context, name, holder string) (runtime.Image, e
 		return runtime.Image{}, err
 	}
 	return ri, nil
+}
+
+// writeHold makes the hold file p of image h (hex) as a hard link to the
+// image's hold template, holdnames/<h> (made on the first hold, holding
+// name): a new directory entry without a new inode. On file systems
+// that scan recently freed inodes to allocate one (ext4 without a
+// journal) a new inode per sandbox costs more than the rest of the hold,
+// and the release then frees none. Where hard links fail, p is written.
+// Called under the store lock.
+func (s *Store) writeHold(h, p, name string) error {
+	tmpl := s.path("holdnames", h)
+	err := os.Link(tmpl, p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(s.path("holdnames"), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(tmpl, []byte(name+"\n"), 0o644); err != nil {
+			return err
+		}
+		err = os.Link(tmpl, p)
+	}
+	switch {
+	case err == nil, errors.Is(err, fs.ErrExist):
+		return nil // held already: the hold is its existence
+	default:
+		return os.WriteFile(p, []byte(name+"\n"), 0o644)
+	}
 }
 
 // Release drops every hold of holder and unmounts the layers no other
@@ -805,6 +832,10 @@ func (s *Store) pruneLocked(ctx context.Context) (PruneResult, []string, error) 
 		if !keepManifest[h] {
 			if err := os.Remove(s.path("manifests", e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return PruneResult{}, trash, fmt.Errorf("prune manifest: %w", err)
+			}
+			// Its hold template (nothing holds it: not kept).
+			if err := os.Remove(s.path("holdnames", h)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return PruneResult{}, trash, fmt.Errorf("prune hold template: %w", err)
 			}
 			continue
 		}

@@ -63,7 +63,11 @@ func newTransports(o Options) transports {
 	// Tunnels need HTTP/1.1 (HTTP/2 has no Upgrade), whatever the client
 	// speaks otherwise.
 	tt := http.DefaultTransport.(*http.Transport).Clone()
-	if t, ok := base.Transport.(*http.Transport); ok {
+	bt := base.Transport
+	if ip, ok := bt.(*InProcess); ok {
+		bt = ip.Next // tunnels go to the node's listener
+	}
+	if t, ok := bt.(*http.Transport); ok {
 		tt = t.Clone()
 	}
 	tt.Protocols = new(http.Protocols)

@@ -41,6 +41,8 @@ type fakeNode struct {
 	down map[int]string
 	// protos records r.Proto of each request, by kind ("rpc", "tunnel").
 	protos map[string][]string
+	// handler is what the listener serves (for in-process calls).
+	handler http.Handler
 }
 
 func newFakeNode(t *testing.T, id string) *fakeNode {
@@ -55,6 +57,7 @@ func newFakeNode(t *testing.T, id string) *fakeNode {
 	path, h := nodev1connect.NewNodeServiceHandler(n, connect.WithInterceptors(v.Interceptor()))
 	mux.Handle(path, n.recording("rpc", h))
 	mux.Handle("/agent/", v.Middleware(http.HandlerFunc(n.serveAgent)))
+	n.handler = mux
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
