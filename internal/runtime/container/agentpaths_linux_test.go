@@ -47,7 +47,7 @@ func TestSecurityAgentPathsSandbox(t *testing.T) {
 		t.Errorf("MakeDir in the run dir: %v, want permission_denied", err)
 	}
 
-	if st, err := os.Lstat(filepath.Join(spec.StateDir, "run", agentSocketName)); err != nil || st.Mode()&os.ModeSocket == 0 {
+	if st, err := os.Lstat(filepath.Join(spec.StateDir, tmpDir, runDir, agentSocketName)); err != nil || st.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("agent socket on the node after the refused calls: %v %v", st, err)
 	}
 	if code, err := runtimetest.Health(ctx, rt, spec.ID); err != nil || code != http.StatusNoContent {

@@ -115,12 +115,17 @@ func TestCreateFailureUndoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*runtime.Spec){
-		// config.json cannot be written (a directory is in the way): fails
+		// config.json cannot be written (testHookConfigWrite): fails
 		// after both mounts are made.
 		"config": func(s *runtime.Spec) {
-			if err := os.Mkdir(filepath.Join(s.StateDir, configFile), 0o700); err != nil {
-				t.Fatal(err)
+			id := s.ID
+			testHookConfigWrite = func(got string) error {
+				if got == id {
+					return errors.New("test: config.json not writable")
+				}
+				return nil
 			}
+			t.Cleanup(func() { testHookConfigWrite = nil })
 		},
 		// The image store cannot mount the layer: fails after the tmpfs
 		// mounts, before the overlay root.

@@ -248,9 +248,6 @@ func TestForkFailureLeavesNothing(t *testing.T) {
 					if _, err := rt.Status(t.Context(), s.ID); !errdefs.IsNotFound(err) {
 						t.Errorf("fork %d still known after the failed fork: %v", i, err)
 					}
-					if i == 2 {
-						os.Remove(filepath.Join(s.StateDir, configFile))
-					}
 					runtimetest.AssertNoLeftovers(t, s.StateDir, 0)
 					if l := loopsBacking(s.StateDir); len(l) > 0 {
 						t.Errorf("loop devices left for fork %d: %v", i, l)
@@ -272,9 +269,14 @@ func TestForkFailureLeavesNothing(t *testing.T) {
 			}
 			t.Run("create fails", func(t *testing.T) {
 				specs := forkSpecs(t, rt, tmpl, 4, "")
-				if err := os.Mkdir(filepath.Join(specs[2].StateDir, configFile), 0o700); err != nil {
-					t.Fatal(err)
+				bad := specs[2].ID
+				testHookConfigWrite = func(id string) error {
+					if id == bad {
+						return errors.New("test: config.json not writable")
+					}
+					return nil
 				}
+				t.Cleanup(func() { testHookConfigWrite = nil })
 				if _, err := rt.(runtime.Forker).Fork(t.Context(), src.ID, specs); err == nil {
 					t.Fatal("fork succeeded with a fork that cannot be made")
 				} else {

@@ -131,7 +131,7 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 		}
 	}
 	for _, d := range []string{runDir, logDir} {
-		if _, err := os.Stat(filepath.Join(sb.st.Bundle, d)); err != nil {
+		if _, err := os.Stat(filepath.Join(sb.st.ociDir(), d)); err != nil {
 			return errdefs.New(errdefs.ErrFailedPrecondition, "resume sandbox %s: its %s directory is gone (%v; the host restarted?); it cannot run again", id, d, err)
 		}
 	}
@@ -141,13 +141,13 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 		env, err = os.ReadFile(filepath.Join(sb.st.Bundle, launchEnvFile))
 	}
 	if err == nil {
-		if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, string(env)); err != nil {
+		if err := writeEnvFile(filepath.Join(sb.st.ociDir(), runDir), agentEnvFile, string(env)); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("resume sandbox %s: read its launch environment: %w", id, err)
 	}
-	root := filepath.Join(sb.st.Bundle, rootfsDir)
+	root := filepath.Join(sb.st.ociDir(), rootfsDir)
 	// A root left mounted (the node died between the mount below and
 	// `runc run`, or the host's unmount after it failed) goes first: an
 	// overlay on it would stack on the same upper.
@@ -160,7 +160,7 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 	if err := mountOverlayRetry(ctx, root, opts); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
-	pid, err := r.runcRun(ctx, id, sb.st.Bundle, sb.netNS)
+	pid, err := r.runcRun(ctx, id, sb.st.ociDir(), sb.netNS)
 	if err != nil {
 		uctx := context.WithoutCancel(ctx)
 		if _, derr := r.runcOut(uctx, sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {

@@ -59,7 +59,7 @@ func TestFilesystemPauseBundle(t *testing.T) {
 	if err := rt.PauseFilesystem(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(bundle, rootfsDir)
+	root := filepath.Join(bundle, tmpDir, rootfsDir)
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(sb.st.Lower, ":"), sb.st.upper(), sb.st.work())
 	if err := mountOverlayRetry(ctx, root, opts); err != nil {
 		t.Fatal(err)

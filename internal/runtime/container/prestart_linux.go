@@ -44,7 +44,7 @@ func (r *Runtime) Prestart(ctx context.Context, id string) error {
 			return errdefs.Invalid("network.netns", "network namespace of sandbox %s: %v; set it up before Prestart", id, err)
 		}
 	}
-	pid, err := r.runcInit(ctx, id, sb.st.Bundle, sb.netNS, true)
+	pid, err := r.runcInit(ctx, id, sb.st.ociDir(), sb.netNS, true)
 	if err != nil {
 		// runc removes what it made of a container that failed; make sure.
 		if _, derr := r.runcOut(context.WithoutCancel(ctx), sb.st.StateRoot, "delete", "--force", id); derr != nil && !errdefs.IsNotFound(derr) {
@@ -87,7 +87,7 @@ func (r *Runtime) launch(ctx context.Context, sb *sandbox, env []string) error {
 		b.WriteString(e)
 		b.WriteByte(0)
 	}
-	if err := writeEnvFile(filepath.Join(sb.st.Bundle, runDir), agentEnvFile, b.String()); err != nil {
+	if err := writeEnvFile(filepath.Join(sb.st.ociDir(), runDir), agentEnvFile, b.String()); err != nil {
 		return err
 	}
 	// init removes its copy at boot; a ResumeFilesystem puts this one back.

@@ -76,7 +76,7 @@ func (r *Runtime) runcNSFD(ctx context.Context) int {
 // sandboxMountFilter reports whether a mount (point, file system type) of
 // the node's namespace belongs to a sandbox, so the runc namespace leaves
 // it out: network namespace pins, and the layer, tmpfs and root mounts in
-// a bundle (a dir with config.json or a layer image).
+// a bundle (a dir with config.json, tmp/config.json or a layer image).
 func (r *Runtime) sandboxMountFilter() func(point, fstype string) bool {
 	return func(point, fstype string) bool {
 		if fstype == "nsfs" {
@@ -88,7 +88,7 @@ func (r *Runtime) sandboxMountFilter() func(point, fstype string) bool {
 			return false
 		}
 		dir := filepath.Dir(point)
-		for _, f := range []string{configFile, layerImage, seccompFile} {
+		for _, f := range []string{configFile, layerImage, seccompFile, filepath.Join(tmpDir, configFile)} {
 			if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
 				return true
 			}
@@ -308,11 +308,20 @@ func enterRuncNS(base int, plan runcNSPlan) error {
 // before it) and its network namespace, cloned; the bundle, runc's state
 // root and the bind-mounted binaries the same files.
 func (r *Runtime) runPlan(bundle, netNS string) runcNSPlan {
-	p := runcNSPlan{same: []string{bundle, r.cfg.StateRoot, r.cfg.AgentPath, r.cfg.InitPath}}
-	for _, d := range []string{rootfsDir, tmpDir, runDir, logDir} {
-		path := filepath.Join(bundle, d)
-		if fi, err := os.Lstat(path); err == nil && fi.IsDir() && isMountPoint(path) {
-			p.mounts = append(p.mounts, path)
+	p := runcNSPlan{same: []string{r.cfg.StateRoot, r.cfg.AgentPath, r.cfg.InitPath}}
+	if filepath.Base(bundle) == tmpDir && isMountPoint(bundle) {
+		// The OCI bundle is the state dir's tmpfs (handleState.OCIInTmp):
+		// cloned with the root mounted in it (the clone is recursive); the
+		// state dir holding it is the same file.
+		p.mounts = append(p.mounts, bundle)
+		p.same = append(p.same, filepath.Dir(bundle))
+	} else {
+		p.same = append(p.same, bundle)
+		for _, d := range []string{rootfsDir, tmpDir, runDir, logDir} {
+			path := filepath.Join(bundle, d)
+			if fi, err := os.Lstat(path); err == nil && fi.IsDir() && isMountPoint(path) {
+				p.mounts = append(p.mounts, path)
+			}
 		}
 	}
 	if netNS == "" {

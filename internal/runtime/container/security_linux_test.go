@@ -470,7 +470,7 @@ func TestAgentSocketSymlinkRefused(t *testing.T) {
 	// the symlink must be in place afterwards.
 	runtimetest.Run(t.Context(), rt, spec.ID, "root", "/bin/sh", "-c",
 		"ln -s "+hostSock+" /run/opendsec/evil && mv -f /run/opendsec/evil /run/opendsec/agent.sock")
-	target, err := os.Readlink(filepath.Join(spec.StateDir, "run", "agent.sock"))
+	target, err := os.Readlink(filepath.Join(spec.StateDir, tmpDir, runDir, "agent.sock"))
 	if err != nil || target != hostSock {
 		t.Fatalf("symlink not planted: %q %v", target, err)
 	}
@@ -521,7 +521,7 @@ func TestAgentFailsClosedWithoutFilter(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("bad"), 0o400); err != nil {
 		t.Fatal(err)
 	}
-	setMountSource(t, filepath.Join(spec.StateDir, configFile), seccompInSandbox, bad)
+	setMountSource(t, filepath.Join(spec.StateDir, tmpDir, configFile), seccompInSandbox, bad)
 	// runc run may return before the agent gets to the filter.
 	_ = rt.Start(ctx, spec.ID)
 	deadline := time.Now().Add(20 * time.Second)
@@ -541,7 +541,7 @@ func TestAgentFailsClosedWithoutFilter(t *testing.T) {
 	if code, err := runtimetest.Health(ctx, rt, spec.ID); err == nil {
 		t.Fatalf("agent answers /health (%d) without its seccomp filter", code)
 	}
-	b, err := os.ReadFile(filepath.Join(spec.StateDir, logDir, agentLog))
+	b, err := os.ReadFile(filepath.Join(spec.StateDir, tmpDir, logDir, agentLog))
 	if err != nil || !strings.Contains(string(b), "seccomp filter") {
 		t.Fatalf("agent log %q (%v): want the seccomp filter error", b, err)
 	}

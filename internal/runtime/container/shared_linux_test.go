@@ -35,7 +35,7 @@ func TestSharedFilesReadOnly(t *testing.T) {
 				t.Errorf("bundle of %s has its own %s", sb.ID, name)
 			}
 		}
-		raw, err := os.ReadFile(filepath.Join(sb.StateDir, configFile))
+		raw, err := os.ReadFile(filepath.Join(sb.StateDir, tmpDir, configFile))
 		if err != nil {
 			t.Fatal(err)
 		}

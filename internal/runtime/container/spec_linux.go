@@ -86,7 +86,7 @@ func agentEnv(image, sandbox []string) []string {
 }
 
 // ociSpec builds the OCI runtime config for a sandbox. The rootfs is
-// "rootfs" relative to the bundle (StateDir). It has no seccomp section:
+// "rootfs" relative to the bundle (StateDir/tmp, a tmpfs). It has no seccomp section:
 // opendsec-init installs the compiled profile from seccompInSandbox (see
 // seccomp_linux.go) before anything else runs, with no_new_privs. A
 // sandbox that allows privilege escalation (setuid programs such as sudo)
@@ -171,7 +171,7 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 			{Destination: initInSandbox, Type: "bind", Source: cfg.InitPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 			{Destination: seccompInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, seccompFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 			{Destination: interpreter.PathInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, interpreterFile), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
-			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, "run"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+			{Destination: runDirInSandbox, Type: "bind", Source: filepath.Join(s.StateDir, tmpDir, runDir), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 		Annotations: map[string]string{"org.opendsec.sandbox.id": s.ID},
 		Linux: &specs.Linux{

@@ -28,8 +28,8 @@ func mountsAt(t *testing.T, path string) int {
 	return n
 }
 
-// TestStateRootTmpfs: the default state root (tmpfsStateRoot) on disk
-// gets a tmpfs of mode 0700 capped at stateRootTmpfsSize, in which the
+// TestStateRootTmpfs: the default state root (tmpfsStateRoot) on disk, and
+// the intent dir next to it, each get a tmpfs of mode 0700 capped at stateRootTmpfsSize, in which the
 // OCI runtime keeps its containers' state; a restarted node reuses that
 // mount (no second one) and recovers, stops and deletes the sandbox made
 // before; a state root on disk that holds state already is left as it
@@ -45,10 +45,12 @@ func TestStateRootTmpfs(t *testing.T) {
 	// After newFactoryWith's: runs before its temp dir is removed.
 	t.Cleanup(func() {
 		for _, r := range roots {
-			for mountsAt(t, r) > 0 {
-				if err := unix.Unmount(r, unix.MNT_DETACH); err != nil {
-					t.Errorf("unmount %s: %v", r, err)
-					break
+			for _, p := range []string{r, r + ".intents"} {
+				for mountsAt(t, p) > 0 {
+					if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+						t.Errorf("unmount %s: %v", p, err)
+						break
+					}
 				}
 			}
 		}
@@ -64,6 +66,11 @@ func TestStateRootTmpfs(t *testing.T) {
 	if st, err := os.Stat(root); err != nil || st.Mode().Perm() != 0o700 {
 		t.Fatalf("state root mode: %v %v; want 0700", st.Mode(), err)
 	}
+	// Create's intents, next to the state root, are in memory too.
+	intents := root + ".intents"
+	if err := unix.Statfs(intents, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("intent dir %s: file system %#x, %v; want a tmpfs (%s)", intents, fs.Type, err, rt1.(*Runtime).stateRootFS)
+	}
 	sb, h := runtimetest.StartSandbox(t, rt1, tmpl)
 	kind := rt1.(*Runtime).oci.kind
 	if _, err := os.Stat(filepath.Join(root, sb.ID, stateFileOf(kind))); err != nil {
@@ -71,7 +78,7 @@ func TestStateRootTmpfs(t *testing.T) {
 	}
 
 	rt2, _ := f(t) // the node restarts
-	if got := rt2.(*Runtime).stateRootFS; !strings.Contains(got, "already") || mountsAt(t, root) != 1 {
+	if got := rt2.(*Runtime).stateRootFS; !strings.Contains(got, "already") || mountsAt(t, root) != 1 || mountsAt(t, intents) != 1 {
 		t.Fatalf("restarted node: %q, %d mounts at %s; want the one tmpfs reused", got, mountsAt(t, root), root)
 	}
 	ctx := t.Context()

@@ -77,14 +77,14 @@ func TestStartedRootLeavesTheHostMountTable(t *testing.T) {
 	rt, tmpl := f(t)
 	spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 	var bundle, root unix.Stat_t
-	if err := unix.Stat(spec.StateDir, &bundle); err != nil {
+	if err := unix.Stat(filepath.Join(spec.StateDir, tmpDir), &bundle); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Stat(filepath.Join(spec.StateDir, rootfsDir), &root); err != nil {
+	if err := unix.Stat(filepath.Join(spec.StateDir, tmpDir, rootfsDir), &root); err != nil {
 		t.Fatal(err)
 	}
 	if root.Dev != bundle.Dev {
-		t.Fatalf("the started sandbox's root is still mounted on the host (%s)", filepath.Join(spec.StateDir, rootfsDir))
+		t.Fatalf("the started sandbox's root is still mounted on the host (%s)", filepath.Join(spec.StateDir, tmpDir, rootfsDir))
 	}
 	if res, err := runtimetest.Run(t.Context(), rt, spec.ID, "", "/bin/sh", "-c", "echo hi > /written && cat /written"); err != nil || res.Stdout != "hi\n" {
 		t.Fatalf("write in the sandbox: %+v, %v", res, err)
