@@ -31,8 +31,8 @@ func onDisk(t *testing.T, dir string) []string {
 }
 
 // TestBundleInTmpfs: a sandbox's OCI bundle (config.json, the root's mount
-// point, run, log, init.pid) is its state dir's tmpfs, so the state dir on
-// disk holds only tmp and the writable layer (its image and mount point).
+// point, run, log, init.pid, the layer image's mount point) is its state
+// dir's tmpfs, so the state dir on disk holds only tmp and the layer image.
 // A restarted node recovers a running and a created sandbox through it (the
 // agent answers, the created one starts). After a reboot (the tmpfs, the
 // layer's mount, the container and the intent gone) Recover reports the
@@ -45,7 +45,7 @@ func TestBundleInTmpfs(t *testing.T) {
 	ctx := t.Context()
 
 	running, hRun := runtimetest.StartSandbox(t, rt1, tmpl)
-	if got, want := onDisk(t, running.StateDir), []string{layerDir, layerImage, tmpDir}; !slices.Equal(got, want) {
+	if got, want := onDisk(t, running.StateDir), []string{layerImage, tmpDir}; !slices.Equal(got, want) {
 		t.Fatalf("state dir on disk holds %v; want %v", got, want)
 	}
 	tmp := filepath.Join(running.StateDir, tmpDir)
@@ -53,7 +53,7 @@ func TestBundleInTmpfs(t *testing.T) {
 	if err := unix.Statfs(tmp, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
 		t.Fatalf("%s: file system %#x, %v; want a tmpfs", tmp, fs.Type, err)
 	}
-	for _, p := range []string{configFile, pidFile, rootfsDir, filepath.Join(runDir, agentSocketName), filepath.Join(logDir, agentLog)} {
+	for _, p := range []string{configFile, pidFile, rootfsDir, filepath.Join(runDir, agentSocketName), filepath.Join(logDir, agentLog), filepath.Join(layerDir, upperDir)} {
 		if _, err := os.Lstat(filepath.Join(tmp, p)); err != nil {
 			t.Errorf("bundle tmpfs: %v", err)
 		}
@@ -92,7 +92,7 @@ func TestBundleInTmpfs(t *testing.T) {
 	if _, err := c2.runcOut(ctx, c2.cfg.StateRoot, "delete", "--force", gone.ID); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{filepath.Join(gone.StateDir, tmpDir), filepath.Join(gone.StateDir, layerDir)} {
+	for _, p := range []string{filepath.Join(gone.StateDir, tmpDir, layerDir), filepath.Join(gone.StateDir, tmpDir)} {
 		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
 			t.Fatalf("unmount %s: %v", p, err)
 		}

@@ -35,7 +35,7 @@ import (
 //
 // Files and directories of the image mechanism under the state dir.
 const (
-	layerDir   = "layer"     // mount point of the image; holds upper and work
+	layerDir   = "layer"     // mount point of the image (in tmp); holds upper and work
 	layerImage = "layer.img" // the sparse image file
 )
 
@@ -53,10 +53,20 @@ type diskState struct {
 	ProjectID uint32 `json:"project_id,omitempty"`
 }
 
+// layerMount is where the layer image of the sandbox in bundle is
+// mounted: layer in the bundle's tmpfs (tmp/layer: no mount point to make
+// on disk), or layer in the state dir itself in sandboxes made before.
+func layerMount(bundle string) string {
+	if _, err := os.Lstat(filepath.Join(bundle, layerDir)); err == nil {
+		return filepath.Join(bundle, layerDir)
+	}
+	return filepath.Join(bundle, tmpDir, layerDir)
+}
+
 // upper is the overlay's upper directory of the sandbox in bundle.
 func (st *handleState) upper() string {
 	if st.Disk != nil && st.Disk.Kind == DiskQuotaImage {
-		return filepath.Join(st.Bundle, layerDir, upperDir)
+		return filepath.Join(layerMount(st.Bundle), upperDir)
 	}
 	return filepath.Join(st.Bundle, upperDir)
 }
@@ -64,7 +74,7 @@ func (st *handleState) upper() string {
 // work is the overlay's work directory (on the upper's filesystem).
 func (st *handleState) work() string {
 	if st.Disk != nil && st.Disk.Kind == DiskQuotaImage {
-		return filepath.Join(st.Bundle, layerDir, workDir)
+		return filepath.Join(layerMount(st.Bundle), workDir)
 	}
 	return filepath.Join(st.Bundle, workDir)
 }
@@ -179,7 +189,7 @@ func (r *Runtime) releaseLayer(ctx context.Context, id, bundle string, d *diskSt
 // unmountLayer unmounts the image layer (if any) of bundle; its upper and
 // work are gone with it. Cleanup calls it before removing files.
 func unmountLayer(ctx context.Context, bundle string) error {
-	return unmount(ctx, filepath.Join(bundle, layerDir))
+	return unmount(ctx, layerMount(bundle))
 }
 
 // ---- image: a sparse ext4 file, loop-mounted ----
@@ -287,7 +297,7 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 		return errdefs.New(errdefs.ErrFailedPrecondition, "mkfs.ext4 not found: install e2fsprogs (apt-get install e2fsprogs) for the disk quota of sandboxes")
 	}
 	img := filepath.Join(bundle, layerImage)
-	mnt := filepath.Join(bundle, layerDir)
+	mnt := layerMount(bundle)
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create layer image: %w", err)
@@ -319,7 +329,7 @@ func (q *imageQuota) prepare(ctx context.Context, _, bundle string, d *diskState
 
 func (q *imageQuota) usage(bundle string, d *diskState) (diskUse, error) {
 	var fs unix.Statfs_t
-	if err := unix.Statfs(filepath.Join(bundle, layerDir), &fs); err != nil {
+	if err := unix.Statfs(layerMount(bundle), &fs); err != nil {
 		return diskUse{}, fmt.Errorf("statfs layer: %w", err)
 	}
 	if fs.Type != unix.EXT4_SUPER_MAGIC {

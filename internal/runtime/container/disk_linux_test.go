@@ -327,7 +327,7 @@ func TestLayerTemplateHasUpperAndWork(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
 	for name, mode := range map[string]os.FileMode{upperDir: 0o755, workDir: 0o700} {
-		p := filepath.Join(spec.StateDir, layerDir, name)
+		p := filepath.Join(layerMount(spec.StateDir), name)
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			t.Fatalf("%s: %v", name, err)

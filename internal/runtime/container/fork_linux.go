@@ -269,7 +269,7 @@ func removeExtraSeeds(path string) error {
 // holds sb.op and has frozen sb (or nothing runs in it).
 func copyLayerTo(ctx context.Context, sb *sandbox, seed *layerSeed) error {
 	if seed.isImage() {
-		mnt := filepath.Join(sb.st.Bundle, layerDir)
+		mnt := layerMount(sb.st.Bundle)
 		// Every writer is frozen: once the file system's dirty pages and
 		// inodes are on the loop device, the image file is a consistent
 		// ext4 that mounts as it is.
@@ -394,7 +394,7 @@ func (r *Runtime) layerFromSeed(ctx context.Context, id, bundle string, seed *la
 // put in place and loop-mounted; it already holds upper and work.
 func (q *imageQuota) prepareFrom(ctx context.Context, bundle string, seed *layerSeed) error {
 	img := filepath.Join(bundle, layerImage)
-	mnt := filepath.Join(bundle, layerDir)
+	mnt := layerMount(bundle)
 	if err := layerFrom(ctx, seed, img); err != nil {
 		return err
 	}

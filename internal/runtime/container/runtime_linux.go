@@ -428,32 +428,20 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err := os.Chmod(spec.StateDir, 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("chmod state dir: %w", err)
 	}
-	// On disk only tmp, the mount point of the bundle's tmpfs: every new
-	// inode there costs the host's file system (on ext4 without a journal
-	// a scan of recently deleted inodes each, ~0.25 ms of CPU), while the
-	// rest of the OCI bundle needs no disk (docs/ARCHITECTURE.md, "Where
-	// a sandbox's files live").
+	// On disk only tmp, the mount point of the bundle's tmpfs, and the
+	// layer's image: every new inode there costs the host's file system
+	// (on ext4 without a journal a scan of recently deleted inodes each,
+	// ~0.25 ms of CPU), while the rest needs no disk (docs/ARCHITECTURE.md,
+	// "Where a sandbox's files live").
 	if err := os.Mkdir(filepath.Join(spec.StateDir, tmpDir), 0o700); err != nil {
 		return runtime.Handle{}, fmt.Errorf("create %s dir: %w", tmpDir, err)
-	}
-	// The writable layer, with its quota in bytes and inodes.
-	disk, err := r.prepareLayer(ctx, spec.ID, spec.StateDir, spec.Resources.DiskMB, seed)
-	sb.st.Disk = disk
-	if err != nil {
-		return runtime.Handle{}, err
-	}
-	if disk != nil && (planned == nil || *disk != *planned) {
-		// A crash from here on is undone with the quota known.
-		if err := r.writeIntent(sb.st, spec.ID); err != nil {
-			return runtime.Handle{}, err
-		}
 	}
 	// One small tmpfs is the OCI bundle: config.json, the root's mount
 	// point, run (opendsec-init, uid 0 in the sandbox, creates the agent
 	// socket there; the node connects as root), log (the agent's stderr
-	// cannot fill the disk) and init.pid. Every mount on the host is
-	// copied by each later `runc run`, so a sandbox keeps as few there as
-	// it can.
+	// cannot fill the disk), init.pid, and the layer image's mount point.
+	// Every mount on the host is copied by each later `runc run`, so a
+	// sandbox keeps as few there as it can.
 	ociDir := sb.st.ociDir()
 	if err := unix.Mount("tmpfs", ociDir, "tmpfs",
 		unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, tmpTmpfsOpts); err != nil {
@@ -469,6 +457,18 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 		}
 		if err := os.Chmod(in, d.mode); err != nil {
 			return runtime.Handle{}, fmt.Errorf("chmod %s dir: %w", d.name, err)
+		}
+	}
+	// The writable layer, with its quota in bytes and inodes.
+	disk, err := r.prepareLayer(ctx, spec.ID, spec.StateDir, spec.Resources.DiskMB, seed)
+	sb.st.Disk = disk
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	if disk != nil && (planned == nil || *disk != *planned) {
+		// A crash from here on is undone with the quota known.
+		if err := r.writeIntent(sb.st, spec.ID); err != nil {
+			return runtime.Handle{}, err
 		}
 	}
 	// The image store mounts EROFS layers for this sandbox (holder: its
@@ -1003,8 +1003,9 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	}
 	// run and log are symlinks into tmp (their own tmpfs in sandboxes
 	// made before tmp): unmount never follows them (UMOUNT_NOFOLLOW).
-	// The root in the tmpfs goes before the tmpfs.
-	for _, d := range []string{filepath.Join(tmpDir, rootfsDir), rootfsDir, logDir, runDir, tmpDir} {
+	// The root and the layer in the tmpfs go before the tmpfs. The image
+	// layer's upper and work go with its unmount.
+	for _, d := range []string{filepath.Join(tmpDir, rootfsDir), rootfsDir, logDir, runDir} {
 		if err := unmount(ctx, filepath.Join(sb.st.Bundle, d)); err != nil {
 			errs = append(errs, err)
 		}
@@ -1013,8 +1014,10 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 		// Never remove files under a mount that is still there.
 		return errors.Join(errs...)
 	}
-	// The image layer's upper and work go with its unmount.
 	if err := unmountLayer(ctx, sb.st.Bundle); err != nil {
+		return err
+	}
+	if err := unmount(ctx, filepath.Join(sb.st.Bundle, tmpDir)); err != nil {
 		return err
 	}
 	if sb.st.OwnsStateDir {
