@@ -60,6 +60,22 @@ func TestEROFSMountsSharedAndRefcounted(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "new"), nil, 0o644); err == nil {
 		t.Fatal("layer mount is writable")
 	}
+	// Each holder's ref is a hard link of the layer's one anchor: no new
+	// inode per holder.
+	rdir := filepath.Join(s.mountDir, "refs", h)
+	anchor, err := os.Stat(filepath.Join(rdir, refAnchor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, holder := range []string{"sbxa", "sbxb"} {
+		if fi, err := os.Stat(filepath.Join(rdir, holder)); err != nil || !os.SameFile(fi, anchor) {
+			t.Fatalf("ref of %s: %v; want a hard link of the anchor", holder, err)
+		}
+	}
+	// A ref a node made before anchors (a file of its own) counts too.
+	if err := os.WriteFile(filepath.Join(rdir, "sbxold"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Release(ctx, "sbxa"); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +84,15 @@ func TestEROFSMountsSharedAndRefcounted(t *testing.T) {
 	}
 	if err := s2.Release(ctx, "sbxb"); err != nil {
 		t.Fatal(err)
+	}
+	if !isMounted(mnt) {
+		t.Fatal("unmounted while the ref made before anchors still holds it")
+	}
+	if err := s2.Release(ctx, "sbxold"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rdir); !os.IsNotExist(err) {
+		t.Fatalf("refs dir after the last release: %v; want it gone", err)
 	}
 	if isMounted(mnt) || mountCount(t, mnt) != 0 {
 		t.Fatal("still mounted after the last holder released")
