@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -66,4 +67,13 @@ func readCPU(pid int) (cpuTimes, error) {
 
 func (t cpuTimes) sub(u cpuTimes) cpuTimes {
 	return cpuTimes{Self: t.Self - u.Self, Children: t.Children - u.Children, HostBusy: t.HostBusy - u.HostBusy}
+}
+
+// inodesUsed is the number of inodes in use on the file system of the dir
+// of nodeLog (the node's data dir).
+func inodesUsed(nodeLog string) (int64, error) {
+	if nodeLog == "" {
+		return 0, fmt.Errorf("no -node-log")
+	}
+	return fsInodesUsed(filepath.Dir(nodeLog))
 }

@@ -92,6 +92,10 @@ type result struct {
 	// BatchCPU is the CPU time spent during the batch (ms, all creates):
 	// of `opendsec up` (-up-pid) and of the whole host.
 	BatchCPU *cpuTimes `json:"batch_cpu,omitempty"`
+	// BatchInodes is how many more inodes the file system of the node's
+	// data dir (the dir of -node-log) had in use after the batch than
+	// before (everything on that file system counts, other work too).
+	BatchInodes *int64 `json:"batch_inodes,omitempty"`
 
 	StopTotalMS float64   `json:"stop_total_ms,omitempty"`
 	StopMS      []float64 `json:"stop_ms,omitempty"`
@@ -354,7 +358,13 @@ func runMain(ctx context.Context, c config) error {
 	}
 	fmt.Fprintf(os.Stderr, "== batch create of %d\n", c.count)
 	cpu0, cerr := readCPU(c.upPid)
+	ino0, ierr := inodesUsed(c.nodeLog)
 	ids, berr := batch(ctx, cl, c, label, fmt.Sprintf("burst-%d", time.Now().UnixNano()), nil, r)
+	if ino1, err := inodesUsed(c.nodeLog); err == nil && ierr == nil {
+		d := ino1 - ino0
+		r.BatchInodes = &d
+		fmt.Fprintf(os.Stderr, "   inodes per create on the data dir's file system: %.1f\n", float64(d)/float64(c.count))
+	}
 	if cpu1, err := readCPU(c.upPid); err == nil && cerr == nil {
 		d := cpu1.sub(cpu0)
 		r.BatchCPU = &d

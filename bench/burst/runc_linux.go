@@ -148,3 +148,12 @@ func runcSpec(ctx context.Context, runc, dir string, c config) (specs.Spec, erro
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// fsInodesUsed is the number of inodes in use on the file system of dir.
+func fsInodesUsed(dir string) (int64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, err
+	}
+	return int64(fs.Files) - int64(fs.Ffree), nil
+}

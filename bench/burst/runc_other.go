@@ -10,3 +10,7 @@ import (
 func runcLoop(ctx context.Context, c config, r *result) error {
 	return errors.New("the runc loop runs on Linux only")
 }
+
+func fsInodesUsed(string) (int64, error) {
+	return 0, errors.New("inode counts on Linux only")
+}
