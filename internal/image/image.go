@@ -26,7 +26,8 @@
 //	lock                  flock(2) file serializing mounts on this node
 //	<hex>/                an EROFS layer mounted read-only
 //	refs/<hex>/<holder>   holders using that mount; the last Release unmounts
-//	                      (hard links of refs/<hex>/.anchor: no new inode per holder)
+//	                      (hard links of anchors/<hex>: no new inode per holder)
+//	anchors/<hex>         the empty file every ref of layer <hex> is a link of
 //
 // Mounts are kernel state and outlive the process, so a restarted node finds
 // them again by looking at the mount points.

@@ -63,7 +63,7 @@ func TestEROFSMountsSharedAndRefcounted(t *testing.T) {
 	// Each holder's ref is a hard link of the layer's one anchor: no new
 	// inode per holder.
 	rdir := filepath.Join(s.mountDir, "refs", h)
-	anchor, err := os.Stat(filepath.Join(rdir, refAnchor))
+	anchor, err := os.Stat(filepath.Join(s.mountDir, "anchors", h))
 	if err != nil {
 		t.Fatal(err)
 	}

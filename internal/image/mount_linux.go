@@ -9,9 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
 	"github.com/kernflux/opendsec/internal/log"
@@ -99,61 +96,36 @@ func (s *Store) layerDirs(ctx context.Context, layers []Layer, holder string) ([
 	return dirs, nil
 }
 
-// refAnchor is the one file of a layer's refs dir (refs/<hex>/) every
-// holder's ref is a hard link of: a link makes no inode, and on a file
-// system that pays for each new one (ext4 without a journal scans recently
-// deleted inodes: ~0.25 ms of CPU) a ref per sandbox made was a new file.
-// Its link count is 1 + the holders'. Never a holder's name (sandbox IDs
-// have no dot).
-const refAnchor = ".anchor"
-
-// addMountRef records holder as a user of the mount of layer h: a hard
-// link of the layer's anchor, made with its refs dir when missing. The
+// addMountRef records holder as a user of the mount of layer h: a file in
+// refs/<h>/ made as a hard link of the layer's anchor (anchors/<h>, made
+// once), a new directory entry without a new inode. On file systems that
+// scan recently freed inodes to allocate one (ext4 without a journal,
+// ~0.25 ms of CPU each) a ref per sandbox was a new file, as the store's
+// holds were (writeHold). Where hard links fail, the ref is written. The
 // caller holds the mounts lock.
 func (s *Store) addMountRef(h, holder string) error {
 	rdir := filepath.Join(s.mountDir, "refs", h)
-	ref := filepath.Join(rdir, holder)
-	anchor := filepath.Join(rdir, refAnchor)
-	err := os.Link(anchor, ref)
-	if err == nil || errors.Is(err, fs.ErrExist) {
-		return nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	// No anchor yet (the layer's first holder, or refs made before
-	// anchors): make it.
 	if err := os.MkdirAll(rdir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(anchor, nil, 0o644); err != nil {
-		return err
-	}
-	if err := os.Link(anchor, ref); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	return nil
-}
-
-// lastMountRef reports whether the refs dir rdir holds no holder any more
-// (only the anchor, or nothing), and then removes it. The caller holds the
-// mounts lock.
-func lastMountRef(rdir string) bool {
-	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(rdir, refAnchor), &st); err == nil && st.Nlink > 1 {
-		return false // holders' links remain
-	}
-	ents, err := os.ReadDir(rdir)
-	if err != nil {
-		return false
-	}
-	for _, e := range ents {
-		if e.Name() != refAnchor {
-			return false // refs made before anchors
+	ref := filepath.Join(rdir, holder)
+	anchor := filepath.Join(s.mountDir, "anchors", h)
+	err := os.Link(anchor, ref)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(anchor), 0o755); err != nil {
+			return err
 		}
+		if err := os.WriteFile(anchor, nil, 0o644); err != nil {
+			return err
+		}
+		err = os.Link(anchor, ref)
 	}
-	_ = os.Remove(filepath.Join(rdir, refAnchor))
-	return os.Remove(rdir) == nil
+	switch {
+	case err == nil, errors.Is(err, fs.ErrExist):
+		return nil // its existence is the ref
+	default:
+		return os.WriteFile(ref, nil, 0o644)
+	}
 }
 
 // releaseMounts drops holder's mount refs and unmounts the layers left
@@ -178,7 +150,7 @@ func (s *Store) releaseMounts(ctx context.Context, holder string) error {
 		} else if err != nil {
 			return fmt.Errorf("release image mount: %w", err)
 		}
-		if !lastMountRef(rdir) {
+		if os.Remove(rdir) != nil {
 			continue // other holders remain
 		}
 		mnt := filepath.Join(s.mountDir, e.Name())
@@ -202,7 +174,7 @@ func (s *Store) unmountLayer(ctx context.Context, h string) error {
 		return err
 	}
 	defer unlock()
-	if hs, err := os.ReadDir(filepath.Join(s.mountDir, "refs", h)); err == nil && slices.ContainsFunc(hs, func(e fs.DirEntry) bool { return e.Name() != refAnchor }) {
+	if hs, err := os.ReadDir(filepath.Join(s.mountDir, "refs", h)); err == nil && len(hs) > 0 {
 		return fmt.Errorf("layer sha256:%s is held on this node but not in the store: %w", h, errdefs.ErrInternal)
 	}
 	mnt := filepath.Join(s.mountDir, h)
