@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,9 @@ type ociRuntime struct {
 	// exeErr says why crun runs from path, not a sealed copy (nil: it
 	// does, or the runtime is runc).
 	exeErr error
+	// sealed is the sealed copy exe names (nil: none); once it is lost
+	// (sealedFile.lost) commands run from path.
+	sealed *sealedFile
 	// version is the binary's version ("1.8.1").
 	version string
 	// reason says in one sentence why this runtime runs the containers.
@@ -59,11 +63,47 @@ type ociRuntime struct {
 	hideUnified string
 }
 
-// command runs the runtime with args: exe executed, path its argv[0].
+// command runs the runtime with args: exe executed (path once the sealed
+// copy is lost), path its argv[0].
 func (o *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, o.exe, args...)
+	cmd := exec.CommandContext(ctx, o.exeNow(ctx), args...)
 	cmd.Args[0] = o.path
 	return cmd
+}
+
+// exeNow is what to execute now: exe while the sealed copy is intact,
+// else path.
+func (o *ociRuntime) exeNow(ctx context.Context) string {
+	if o.sealed == nil {
+		return o.exe
+	}
+	if o.sealed.lost.Load() {
+		return o.path
+	}
+	if err := o.sealed.check(); err != nil {
+		o.loseSealed(ctx, err)
+		return o.path
+	}
+	return o.exe
+}
+
+// execFailed reports whether err, from starting cmd, is the kernel
+// refusing to execute the sealed copy: nothing ran, so the caller makes
+// the command again (from path now) and starts it once more.
+func (o *ociRuntime) execFailed(ctx context.Context, cmd *exec.Cmd, err error) bool {
+	var pe *fs.PathError
+	if o.sealed == nil || cmd.Path != o.exe || !errors.As(err, &pe) || pe.Op != "fork/exec" {
+		return false
+	}
+	o.loseSealed(ctx, fmt.Errorf("execute %s: %w (%s)", o.exe, pe.Err, o.sealed.describe()))
+	return true
+}
+
+// loseSealed makes every later command run from path, and says so once.
+func (o *ociRuntime) loseSealed(ctx context.Context, err error) {
+	if o.sealed.lost.CompareAndSwap(false, true) {
+		log.G(ctx).Warn("crun runs from its path from now on, not from its sealed memfd copy: every crun command copies itself first, which costs CPU on each create", "path", o.path, log.Err(err))
+	}
 }
 
 // String is the runtime's name and version, as in Info ("crun 1.8.1").
@@ -249,9 +289,11 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("crun binary %q not found: %w", cfg.CrunPath, err)
 	}
-	exe, exeErr := sealedExe(path)
+	sealed, exeErr := sealedExe(path)
+	exe := path
 	var out []byte
 	if exeErr == nil {
+		exe = fdPath(sealed.f)
 		cmd := exec.Command(exe, "--version")
 		cmd.Args[0] = path
 		if out, err = cmd.Output(); err != nil {
@@ -259,7 +301,7 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 		}
 	}
 	if exeErr != nil {
-		exe = path
+		exe, sealed = path, nil
 		if out, err = exec.Command(path, "--version").Output(); err != nil {
 			return nil, fmt.Errorf("run %s --version: %w", path, err)
 		}
@@ -274,7 +316,7 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if major < minCrunVersion[0] || major == minCrunVersion[0] && minor < minCrunVersion[1] {
 		return nil, fmt.Errorf("crun %s is older than %d.%d", version, minCrunVersion[0], minCrunVersion[1])
 	}
-	return &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, version: version, hideUnified: hybrid}, nil
+	return &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, sealed: sealed, version: version, hideUnified: hybrid}, nil
 }
 
 // probe creates and deletes a container: a root of nothing but init's
@@ -336,11 +378,19 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			return fmt.Errorf("make probe output file: %w", err)
 		}
 		defer out.Close()
-		cmd := o.command(ctx, append([]string{"--root", root}, args...)...)
-		cmd.Stdout, cmd.Stderr = out, out
-		cmd.WaitDelay = time.Second
+		mk := func() *exec.Cmd {
+			cmd := o.command(ctx, append([]string{"--root", root}, args...)...)
+			cmd.Stdout, cmd.Stderr = out, out
+			cmd.WaitDelay = time.Second
+			return cmd
+		}
 		return o.inCgroupView(func() error {
-			if err := cmd.Run(); err != nil {
+			cmd := mk()
+			err := cmd.Run()
+			if err != nil && o.execFailed(ctx, cmd, err) {
+				err = mk().Run()
+			}
+			if err != nil {
 				b, _ := os.ReadFile(out.Name())
 				return fmt.Errorf("crun %s: %w: %s", args[0], err, strings.TrimSpace(string(b)))
 			}

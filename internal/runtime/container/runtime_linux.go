@@ -570,16 +570,25 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		sub = []string{"create"}
 	}
 	args := append([]string{"--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json"}, sub...)
-	cmd := r.oci.command(ctx, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
-	cmd.ExtraFiles = []*os.File{lfile}
-	// A new session: signals to the node's process group (Ctrl-C) never reach
-	// the container.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.WaitDelay = 5 * time.Second
+	mk := func() *exec.Cmd {
+		cmd := r.oci.command(ctx, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
+		cmd.ExtraFiles = []*os.File{lfile}
+		// A new session: signals to the node's process group (Ctrl-C)
+		// never reach the container.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
+	cmd := mk()
 	var startErr error
 	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
-		if startErr = cmd.Start(); startErr != nil {
+		startErr = cmd.Start()
+		if startErr != nil && r.oci.execFailed(ctx, cmd, startErr) {
+			cmd = mk()
+			startErr = cmd.Start()
+		}
+		if startErr != nil {
 			return startErr
 		}
 		if prestart {
@@ -670,16 +679,24 @@ func runcLogError(path string) string {
 // the first argument after the subcommand that is not a flag.
 func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
 	oci := r.ociFor(ctx, root, containerArg(args))
-	cmd := oci.command(ctx, append([]string{"--root", root}, args...)...)
 	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	cmd.WaitDelay = 5 * time.Second
+	mk := func() *exec.Cmd {
+		cmd := oci.command(ctx, append([]string{"--root", root}, args...)...)
+		stderr.Reset()
+		cmd.Stderr = &stderr
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
 	var out []byte
 	// In the runc namespace: no runc command but run and create needs a
 	// sandbox's mount, and none should read the node's mount table.
 	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, oci, func() error {
+		cmd := mk()
 		var err error
 		out, err = cmd.Output()
+		if err != nil && oci.execFailed(ctx, cmd, err) {
+			out, err = mk().Output()
+		}
 		return err
 	})
 	if err != nil {

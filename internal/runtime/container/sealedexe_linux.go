@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,45 +46,90 @@ type sealedExeKey struct {
 // them).
 var sealedExes struct {
 	mu sync.Mutex
-	m  map[sealedExeKey]*os.File
+	m  map[sealedExeKey]*sealedFile
 }
 
-// sealedExe returns the path (/proc/self/fd/<n>) of a sealed memfd copy of
-// the ELF binary at path, made on the first call for that binary.
-func sealedExe(path string) (string, error) {
+// sealedFile is a sealed copy: its fd and the identity it had when made.
+type sealedFile struct {
+	f        *os.File
+	dev, ino uint64
+	// lost is set once an exec of the copy failed or its fd no longer
+	// is the copy: from then on the runtime runs from its path.
+	lost atomic.Bool
+}
+
+// check reports whether the fd still is the sealed copy made (an fd
+// closed by mistake elsewhere in the process and reused would be another
+// file: executing it must never happen).
+func (s *sealedFile) check() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat the sealed copy's fd %d: %w", s.f.Fd(), err)
+	}
+	if st.Dev != s.dev || st.Ino != s.ino {
+		return fmt.Errorf("fd %d is no longer the sealed copy (dev/inode %d/%d, not %d/%d)", s.f.Fd(), st.Dev, st.Ino, s.dev, s.ino)
+	}
+	seals, err := unix.FcntlInt(s.f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil || seals != sealedExeSeals {
+		return fmt.Errorf("fd %d is no longer sealed as made (seals %#x, %v)", s.f.Fd(), seals, err)
+	}
+	return nil
+}
+
+// sealedExe returns a sealed memfd copy of the ELF binary at path (run as
+// /proc/self/fd/<n>), made on the first call for that binary.
+func sealedExe(path string) (*sealedFile, error) {
 	src, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer src.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
-		return "", fmt.Errorf("stat %s: %w", path, err)
+		return nil, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return "", fmt.Errorf("%s is not a regular file", path)
+		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
 	magic := make([]byte, 4)
 	if _, err := io.ReadFull(src, magic); err != nil || !bytes.Equal(magic, []byte("\x7fELF")) {
 		// A script's interpreter would open /proc/self/fd/<n> after
 		// close-on-exec closed it.
-		return "", fmt.Errorf("%s is not an ELF binary (a script cannot run from a memfd)", path)
+		return nil, fmt.Errorf("%s is not an ELF binary (a script cannot run from a memfd)", path)
 	}
 	key := sealedExeKey{path: path, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
 	sealedExes.mu.Lock()
 	defer sealedExes.mu.Unlock()
-	if f := sealedExes.m[key]; f != nil {
-		return fdPath(f), nil
+	if s := sealedExes.m[key]; s != nil && !s.lost.Load() {
+		return s, nil
 	}
 	f, err := sealedCopy(src, st.Size)
 	if err != nil {
-		return "", err
+		return nil, err
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &fst); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat the sealed copy: %w", err)
 	}
 	if sealedExes.m == nil {
-		sealedExes.m = map[sealedExeKey]*os.File{}
+		sealedExes.m = map[sealedExeKey]*sealedFile{}
 	}
-	sealedExes.m[key] = f
-	return fdPath(f), nil
+	s := &sealedFile{f: f, dev: fst.Dev, ino: fst.Ino}
+	sealedExes.m[key] = s
+	return s, nil
+}
+
+// describe says what the copy's fd is now, for the log.
+func (s *sealedFile) describe() string {
+	target, err := os.Readlink(fdPath(s.f))
+	if err != nil {
+		return fmt.Sprintf("fd %d: %v", s.f.Fd(), err)
+	}
+	if err := s.check(); err != nil {
+		return fmt.Sprintf("fd %d is %s: %v", s.f.Fd(), target, err)
+	}
+	return fmt.Sprintf("fd %d is still the sealed copy %s", s.f.Fd(), target)
 }
 
 // fdPath is the path through which the process's fd f is executed.

@@ -125,3 +125,69 @@ func TestCrunSealedExeFallback(t *testing.T) {
 		t.Fatalf("crun at %s runs from %q (%v, %v); want a sealed memfd", real, o.exe, o.exeErr, err)
 	}
 }
+
+// TestSealedCopyLostRunsFromPath: when the sealed copy's fd stops being
+// the copy (closed by mistake somewhere in the process and its number
+// reused: here a directory put in its place), the node never executes
+// what the fd now is: the next create runs crun from its path and works,
+// every later command does too, and a runtime made afterwards gets a new
+// sealed copy.
+func TestSealedCopyLostRunsFromPath(t *testing.T) {
+	requireOCIRuntime(t, OCIRuntimeCrun)
+	f := newFactoryWith(t, func(c *Config) { c.OCIRuntime = OCIRuntimeCrun })
+	rt, tmpl := f(t)
+	c := rt.(*Runtime)
+	if c.oci.sealed == nil {
+		t.Fatalf("crun runs from %q (%v); want a sealed memfd", c.oci.exe, c.oci.exeErr)
+	}
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	fd := int(c.oci.sealed.f.Fd())
+	if err := unix.Dup3(int(dir.Fd()), fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	spec := runtimetest.Prepare(t, rt, tmpl)
+	if _, err := rt.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Delete(t.Context(), spec.ID) })
+	if err := rt.Start(t.Context(), spec.ID); err != nil {
+		t.Fatalf("start with the sealed copy's fd reused: %v", err)
+	}
+	if !c.oci.sealed.lost.Load() || c.oci.exeNow(t.Context()) != c.oci.path {
+		t.Fatalf("after the fd stopped being the sealed copy crun runs from %q; want its path %s", c.oci.exeNow(t.Context()), c.oci.path)
+	}
+	if err := rt.Stop(t.Context(), spec.ID, runtimetest.StopOptions()); err != nil {
+		t.Fatal(err)
+	}
+	rt2, _ := f(t)
+	o2 := rt2.(*Runtime).oci
+	if o2.sealed == nil || o2.sealed == c.oci.sealed || o2.sealed.check() != nil {
+		t.Fatalf("a runtime made after the copy was lost runs crun from %q (%v); want a new sealed copy", o2.exe, o2.exeErr)
+	}
+}
+
+// TestExecFailureOfSealedCopyRetries: a fork/exec failure of the sealed
+// copy (nothing ran) marks it lost so the caller makes the command again
+// from the path; any other failure, or a command of another binary, is
+// the caller's error as it is.
+func TestExecFailureOfSealedCopyRetries(t *testing.T) {
+	o := &ociRuntime{kind: OCIRuntimeCrun, path: "/usr/bin/crun", exe: "/proc/self/fd/99", sealed: &sealedFile{}}
+	cmd := exec.Command(o.exe)
+	if o.execFailed(t.Context(), cmd, errors.New("exit status 1")) || o.sealed.lost.Load() {
+		t.Fatal("a command that ran and failed counted as an exec failure of the sealed copy")
+	}
+	other := exec.Command("/bin/true")
+	if o.execFailed(t.Context(), other, &os.PathError{Op: "fork/exec", Path: "/bin/true", Err: unix.EACCES}) {
+		t.Fatal("an exec failure of another binary counted as the sealed copy's")
+	}
+	if !o.execFailed(t.Context(), cmd, &os.PathError{Op: "fork/exec", Path: o.exe, Err: unix.EACCES}) || !o.sealed.lost.Load() {
+		t.Fatal("fork/exec EACCES of the sealed copy: want a retry from the path and the copy marked lost")
+	}
+	if got := o.command(t.Context(), "--version"); got.Path != o.path || got.Args[0] != o.path {
+		t.Fatalf("after the copy was lost a command runs %s (argv0 %s); want %s", got.Path, got.Args[0], o.path)
+	}
+}
