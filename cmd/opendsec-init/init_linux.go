@@ -627,10 +627,19 @@ func serverEnv(path string) ([]string, error) {
 
 // serverEnv is the environment a server starts with.
 func (s *supervisor) serverEnv() []string {
-	if s.env == nil {
-		return os.Environ()
+	if s.env != nil {
+		return s.env
 	}
-	return s.env
+	return withoutOwn(os.Environ(), s.cfg.ownEnv)
+}
+
+// withoutOwn returns env without its first entry when that is own (init's
+// alone, --own-env); a later entry of the same key is the server's.
+func withoutOwn(env []string, own string) []string {
+	if own != "" && len(env) > 0 && env[0] == own {
+		return env[1:]
+	}
+	return env
 }
 
 // readFile is os.ReadFile without package os: the first file os opens

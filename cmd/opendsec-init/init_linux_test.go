@@ -688,3 +688,53 @@ func TestEnvFile(t *testing.T) {
 		t.Fatalf("init with a bad env file: %v, %q", err, msg)
 	}
 }
+
+// TestOwnEnv: with --own-env, the first entry of init's environment (the
+// node's GOMAXPROCS=1 for init) is init's alone; the server gets the rest,
+// a later entry of the same key included. Without the flag, or when the
+// first entry is another, the server gets all of it.
+func TestOwnEnv(t *testing.T) {
+	dir := t.TempDir()
+	server := filepath.Join(dir, "server")
+	out := filepath.Join(dir, "env.out")
+	if err := os.WriteFile(server, []byte("#!/bin/sh\nenv > "+out+".new; mv "+out+".new "+out+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		env  []string
+		own  bool
+		want string // the GOMAXPROCS entries the server gets
+	}{
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin", "A=x"}, true, ""},
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin", "GOMAXPROCS=4"}, true, "GOMAXPROCS=4\n"},
+		{[]string{"PATH=/usr/bin:/bin", "GOMAXPROCS=1"}, true, "GOMAXPROCS=1\n"},
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin"}, false, "GOMAXPROCS=1\n"},
+	} {
+		os.Remove(out)
+		sock := filepath.Join(dir, strconv.Itoa(i)+".sock")
+		args := []string{"--listen", sock, "--", server}
+		if tc.own {
+			args = append([]string{"--own-env", "GOMAXPROCS=1"}, args...)
+		}
+		cmd := exec.Command(testutil.InitBinary(t), args...)
+		cmd.Env = tc.env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+		request(t, sock, "/envs") // starts the server, which writes its env and exits
+		poll(t, 10*time.Second, "server's env written", func() bool { _, err := os.Stat(out); return err == nil })
+		cmd.Process.Kill()
+		cmd.Wait()
+		b, _ := os.ReadFile(out)
+		var got strings.Builder
+		for _, l := range strings.SplitAfter(string(b), "\n") {
+			if strings.HasPrefix(l, "GOMAXPROCS=") {
+				got.WriteString(l)
+			}
+		}
+		if got.String() != tc.want || !strings.Contains(string(b), "PATH=/usr/bin:/bin\n") {
+			t.Errorf("init env %q, --own-env %v: server env\n%s\nwant GOMAXPROCS entries %q", tc.env, tc.own, b, tc.want)
+		}
+	}
+}
