@@ -126,7 +126,7 @@ func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
 	cmd.Env = append(os.Environ(), v.env...)
 	cmd.ExtraFiles = []*os.File{lf}
 	if pidns {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+		cmd.SysProcAttr = newPIDNS()
 	}
 	cmd.Stderr = os.Stderr
 	err = cmd.Start()
