@@ -15,7 +15,9 @@
 // compiled filter first, as in a sandbox. Run it on a quiet machine. -path
 // /health is what the node asks after every create; -path /envs is a first
 // real request (it starts the agent). A variant may add environment
-// entries for init after its paths: NAME=INIT:AGENT,K=V,K=V.
+// entries for init after its paths: NAME=INIT:AGENT,K=V,K=V; one written
+// +K=V is init's own (first in its environment and passed as --own-env,
+// as the node runs init with +GOMAXPROCS=1).
 package main
 
 import (
@@ -36,6 +38,7 @@ import (
 type variant struct {
 	name, init, agent string
 	env               []string // added to init's environment
+	own               string   // init's own first entry (--own-env); empty: none
 	cpuMS, wallMS     []float64
 }
 
@@ -50,12 +53,21 @@ func (v *variants) Set(s string) error {
 	if !ok || !ok2 || name == "" || initPath == "" || agent == "" {
 		return fmt.Errorf("%q: give NAME=INIT:AGENT[,K=V...]", s)
 	}
+	nv := &variant{name: name, init: initPath, agent: agent}
 	for _, e := range f[1:] {
-		if !strings.Contains(e, "=") {
+		own, isOwn := strings.CutPrefix(e, "+")
+		switch {
+		case !strings.Contains(own, "="):
 			return fmt.Errorf("%q: %q is not K=V", s, e)
+		case isOwn && nv.own != "":
+			return fmt.Errorf("%q: one +K=V at most", s)
+		case isOwn:
+			nv.own = own
+		default:
+			nv.env = append(nv.env, e)
 		}
 	}
-	*v = append(*v, &variant{name: name, init: initPath, agent: agent, env: f[1:]})
+	*v = append(*v, nv)
 	return nil
 }
 
@@ -124,6 +136,10 @@ func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
 	}
 	cmd := exec.Command(v.init, args...)
 	cmd.Env = append(os.Environ(), v.env...)
+	if v.own != "" {
+		cmd.Args = append([]string{v.init, "--own-env", v.own}, args...)
+		cmd.Env = append([]string{v.own}, cmd.Env...)
+	}
 	cmd.ExtraFiles = []*os.File{lf}
 	if pidns {
 		cmd.SysProcAttr = newPIDNS()
