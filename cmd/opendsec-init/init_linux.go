@@ -112,8 +112,8 @@ var runtimeFaults = map[os.Signal]bool{
 // itself, which is also what the server and its processes inherit across
 // exec. That is what they were for os/signal's Notify too, which costs a
 // round trip between two threads for each signal (os/signal updates a
-// signal mask on a thread of its own), 12 of them, about a quarter of
-// init's CPU at boot. runtimeFaults, and every signal when init is not PID
+// signal mask on a thread of its own), 12 of them: ~0.25 ms of CPU per
+// sandbox (bench/results/2026-12-06-init-cpu.md). runtimeFaults, and every signal when init is not PID
 // 1 (tests, or a host without PID namespaces), are received and discarded
 // instead: Notify, not signal.Ignore, because an ignored signal stays
 // ignored across exec, in the server and every process it starts (a shell
@@ -154,15 +154,15 @@ func sigDefault(sig unix.Signal) error {
 }
 
 // sigsetSize is the kernel's sizeof(sigset_t) on the 64-bit Linux ports
-// but mips64 (whose rt_sigaction then fails with EINVAL, and init falls
-// back to Notify).
+// but mips (whose rt_sigaction then fails with EINVAL: init falls back to
+// Notify).
 const sigsetSize = 8
 
 // supervisor starts the server on demand and reaps every process.
 type supervisor struct {
 	cfg    config
 	lfd    int
-	env    []string      // the server's environment; nil: init's own (ownEnv)
+	env    []string      // the server's environment; nil: init's own, less --own-env's entry
 	arm    chan struct{} // ask acceptLoop for one connection
 	ready  chan waiting  // a connection taken from the socket
 	readyc chan readyMsg // a started server's report on --ready-fd
