@@ -10,9 +10,14 @@
 //	  -variant before=/tmp/old/opendsec-init:/tmp/old/opendsec-agent \
 //	  -variant after=bin/opendsec-init:bin/opendsec-agent
 //
-// Not a sandbox: no seccomp filter, namespaces or cgroup; run it on a quiet
-// machine. -path /health is what the node asks after every create; -path
-// /envs is a first real request (it starts the agent).
+// Not a sandbox: no namespaces but a PID one (-pidns, as root: init is PID
+// 1 there, as in a sandbox) and no cgroup; -seccomp PATH installs that
+// compiled filter first, as in a sandbox. Run it on a quiet machine. -path
+// /health is what the node asks after every create; -path /envs is a first
+// real request (it starts the agent). A variant may add environment
+// entries for init after its paths: NAME=INIT:AGENT,K=V,K=V; one written
+// +K=V is init's own (first in its environment and passed as --own-env,
+// as the node runs init with +GOMAXPROCS=1).
 package main
 
 import (
@@ -32,6 +37,8 @@ import (
 
 type variant struct {
 	name, init, agent string
+	env               []string // added to init's environment
+	own               string   // init's own first entry (--own-env); empty: none
 	cpuMS, wallMS     []float64
 }
 
@@ -40,12 +47,27 @@ type variants []*variant
 func (v *variants) String() string { return "" }
 
 func (v *variants) Set(s string) error {
-	name, paths, ok := strings.Cut(s, "=")
-	initPath, agent, ok2 := strings.Cut(paths, ":")
+	name, rest, ok := strings.Cut(s, "=")
+	f := strings.Split(rest, ",")
+	initPath, agent, ok2 := strings.Cut(f[0], ":")
 	if !ok || !ok2 || name == "" || initPath == "" || agent == "" {
-		return fmt.Errorf("%q: give NAME=INIT:AGENT", s)
+		return fmt.Errorf("%q: give NAME=INIT:AGENT[,K=V...]", s)
 	}
-	*v = append(*v, &variant{name: name, init: initPath, agent: agent})
+	nv := &variant{name: name, init: initPath, agent: agent}
+	for _, e := range f[1:] {
+		own, isOwn := strings.CutPrefix(e, "+")
+		switch {
+		case !strings.Contains(own, "="):
+			return fmt.Errorf("%q: %q is not K=V", s, e)
+		case isOwn && nv.own != "":
+			return fmt.Errorf("%q: one +K=V at most", s)
+		case isOwn:
+			nv.own = own
+		default:
+			nv.env = append(nv.env, e)
+		}
+	}
+	*v = append(*v, nv)
 	return nil
 }
 
@@ -54,6 +76,8 @@ func main() {
 	flag.Var(&vs, "variant", "NAME=INIT:AGENT (repeat it)")
 	n := flag.Int("n", 200, "rounds")
 	path := flag.String("path", "/health", "the request's path")
+	flag.BoolVar(&pidns, "pidns", false, "run init as PID 1 of a new PID namespace (root)")
+	flag.StringVar(&seccomp, "seccomp", "", "compiled seccomp filter init installs first (--seccomp-filter)")
 	flag.Parse()
 	if len(vs) == 0 {
 		fmt.Fprintln(os.Stderr, "initcpu: -variant: give at least one NAME=INIT:AGENT")
@@ -75,11 +99,16 @@ func main() {
 			v.cpuMS, v.wallMS = append(v.cpuMS, cpu), append(v.wallMS, wall)
 		}
 	}
-	fmt.Printf("GET %s, %d rounds each, interleaved\n\n| variant | CPU mean | CPU p50 | answer (wall) p50 |\n|---|---|---|---|\n", *path, *n)
+	fmt.Printf("GET %s, %d rounds each, interleaved, pidns %v, seccomp %q\n\n| variant | CPU mean | CPU p50 | answer (wall) p50 |\n|---|---|---|---|\n", *path, *n, pidns, seccomp)
 	for _, v := range vs {
 		fmt.Printf("| %s | %.2f ms | %.2f ms | %.2f ms |\n", v.name, mean(v.cpuMS), p50(v.cpuMS), p50(v.wallMS))
 	}
 }
+
+var (
+	pidns   bool
+	seccomp string
+)
 
 // round runs v once and returns its CPU and the wall time to the answer.
 func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
@@ -101,8 +130,20 @@ func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
 	}
 	defer c.Close()
 	t0 := time.Now()
-	cmd := exec.Command(v.init, "--listen-fd", "3", "--", v.agent, "--log-level", "warn")
+	args := []string{"--listen-fd", "3", "--", v.agent, "--log-level", "warn"}
+	if seccomp != "" {
+		args = append([]string{"--seccomp-filter", seccomp}, args...)
+	}
+	cmd := exec.Command(v.init, args...)
+	cmd.Env = append(os.Environ(), v.env...)
+	if v.own != "" {
+		cmd.Args = append([]string{v.init, "--own-env", v.own}, args...)
+		cmd.Env = append([]string{v.own}, cmd.Env...)
+	}
 	cmd.ExtraFiles = []*os.File{lf}
+	if pidns {
+		cmd.SysProcAttr = newPIDNS()
+	}
 	cmd.Stderr = os.Stderr
 	err = cmd.Start()
 	lf.Close()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -27,7 +28,13 @@ func run(cfg config) int {
 	// First: nothing in the sandbox may run without its filter, init
 	// included.
 	if cfg.seccomp != "" {
-		if err := seccompbpf.Install(cfg.seccomp); err != nil {
+		b, err := readFile(cfg.seccomp)
+		if err == nil {
+			err = seccompbpf.InstallProgram(cfg.seccomp, b)
+		} else {
+			err = &seccompbpf.Error{Op: "read seccomp filter", Err: err}
+		}
+		if err != nil {
 			logf(err.Error())
 			return 1
 		}
@@ -50,7 +57,7 @@ func run(cfg config) int {
 	}
 	// Like the agent was as PID 1: the OOM killer takes a user process
 	// before init (it fails quietly without CAP_SYS_RESOURCE).
-	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	_ = writeFile("/proc/self/oom_score_adj", "-1000")
 
 	// Separate channels: a burst of SIGCHLD never crowds out a SIGTERM
 	// (one pending SIGCHLD is enough, every reap takes all exited children).
@@ -87,24 +94,75 @@ var fatalSignals = []os.Signal{
 	unix.SIGILL, unix.SIGBUS, unix.SIGFPE, unix.SIGSEGV,
 }
 
-// dropSignals receives fatalSignals and discards them. Notify, not
-// signal.Ignore: an ignored signal stays ignored across exec, in the server
-// and every process it starts (a shell with SIGHUP and SIGPIPE ignored);
-// a notified one is back to its default in the child.
+// runtimeFaults are the fatalSignals the Go runtime needs its own handler
+// for: the kernel raises them on a fault of init itself (a nil
+// dereference is a SIGSEGV the runtime turns into a panic), so they stay
+// with the runtime and are dropped only when sent by kill (notified).
+var runtimeFaults = map[os.Signal]bool{
+	unix.SIGSEGV: true, unix.SIGBUS: true, unix.SIGFPE: true, unix.SIGILL: true,
+	unix.SIGTRAP: true, unix.SIGSYS: true,
+}
+
+// dropSignals keeps fatalSignals from ending init.
+//
+// As PID 1 of a PID namespace (every sandbox's init) a signal whose
+// disposition is SIG_DFL never reaches init, from inside the namespace or
+// from outside (pid_namespaces(7); the kernel drops it, SIGKILL and SIGSTOP
+// from an ancestor namespace aside): init sets those signals to SIG_DFL
+// itself, which is also what the server and its processes inherit across
+// exec. That is what they were for os/signal's Notify too, which costs a
+// round trip between two threads for each signal (os/signal updates a
+// signal mask on a thread of its own), 12 of them: ~0.25 ms of CPU per
+// sandbox (bench/results/2026-12-06-init-cpu.md). runtimeFaults, and every signal when init is not PID
+// 1 (tests, or a host without PID namespaces), are received and discarded
+// instead: Notify, not signal.Ignore, because an ignored signal stays
+// ignored across exec, in the server and every process it starts (a shell
+// with SIGHUP and SIGPIPE ignored); a notified one is back to its default
+// in the child.
 func dropSignals() {
+	notify := fatalSignals
+	if unix.Getpid() == 1 {
+		notify = nil
+		for _, sig := range fatalSignals {
+			if runtimeFaults[sig] || sigDefault(sig.(unix.Signal)) != nil {
+				notify = append(notify, sig)
+			}
+		}
+	}
 	c := make(chan os.Signal, 4)
-	signal.Notify(c, fatalSignals...)
+	signal.Notify(c, notify...)
 	go func() {
 		for range c {
 		}
 	}()
 }
 
+// sigDefault sets sig's disposition to SIG_DFL behind the Go runtime's
+// back (os/signal has no call for it: Reset puts back the runtime's
+// handler). The runtime keeps no other copy of it: nothing but Notify,
+// Ignore and Reset (which init does not call for these signals) changes
+// it again, and a child it forks resets its handlers to SIG_DFL anyway.
+func sigDefault(sig unix.Signal) error {
+	// The kernel's struct sigaction all zero: SIG_DFL, no flags, empty
+	// mask (in every layout, with or without sa_restorer).
+	var act [4]uint64
+	_, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&act[0])), 0, sigsetSize, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// sigsetSize is the kernel's sizeof(sigset_t) on the 64-bit Linux ports
+// but mips (whose rt_sigaction then fails with EINVAL: init falls back to
+// Notify).
+const sigsetSize = 8
+
 // supervisor starts the server on demand and reaps every process.
 type supervisor struct {
 	cfg    config
 	lfd    int
-	env    []string      // the server's environment
+	env    []string      // the server's environment; nil: init's own, less --own-env's entry
 	arm    chan struct{} // ask acceptLoop for one connection
 	ready  chan waiting  // a connection taken from the socket
 	readyc chan readyMsg // a started server's report on --ready-fd
@@ -219,7 +277,7 @@ func (s *supervisor) start(conn int) error {
 	argv := append(append([]string{}, s.cfg.server...),
 		"--listen-fd", strconv.Itoa(listenFD), "--conn-fd", strconv.Itoa(connFD), "--ready-fd", strconv.Itoa(readyFD))
 	pid, err := syscall.ForkExec(argv[0], argv, &syscall.ProcAttr{
-		Env:   s.env,
+		Env:   s.serverEnv(),
 		Files: []uintptr{0, 1, 2, uintptr(s.lfd), uintptr(conn), uintptr(p[1])},
 	})
 	unix.Close(p[1])
@@ -535,24 +593,26 @@ func checkServer(path string) string {
 	return ""
 }
 
-// serverEnv returns the server's environment: the entries of the env file
-// when there is one (it is removed once read: it may hold secrets), else
-// init's own.
+// serverEnv returns the server's environment from the env file when there
+// is one (it is removed once read: it may hold secrets); nil when there is
+// none: the server gets init's own (supervisor.serverEnv, copied only when
+// a server starts).
 func serverEnv(path string) ([]string, error) {
 	if path == "" {
-		return os.Environ(), nil
+		return nil, nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return os.Environ(), nil
+		return nil, nil
 	}
 	if err != nil {
 		return nil, &opError{"read --env-file", err}
 	}
-	if err := os.Remove(path); err != nil {
-		return nil, &opError{"remove --env-file", err}
+	if err := unix.Unlink(path); err != nil {
+		return nil, &opError{"remove --env-file", &fs.PathError{Op: "remove", Path: path, Err: err}}
 	}
-	var env []string
+	// Not nil when the file has no entry: the server gets none then.
+	env := []string{}
 	for _, e := range strings.Split(string(b), "\x00") {
 		if e == "" {
 			continue
@@ -563,6 +623,84 @@ func serverEnv(path string) ([]string, error) {
 		env = append(env, e)
 	}
 	return env, nil
+}
+
+// serverEnv is the environment a server starts with.
+func (s *supervisor) serverEnv() []string {
+	if s.env != nil {
+		return s.env
+	}
+	return withoutOwn(os.Environ(), s.cfg.ownEnv)
+}
+
+// withoutOwn returns env without its first entry when that is own (init's
+// alone, --own-env); a later entry of the same key is the server's.
+func withoutOwn(env []string, own string) []string {
+	if own != "" && len(env) > 0 && env[0] == own {
+		return env[1:]
+	}
+	return env
+}
+
+// readFile is os.ReadFile without package os: the first file os opens
+// starts the Go runtime's network poller (an epoll instance, an eventfd,
+// and an epoll_wait in the scheduler from then on), which init has no use
+// for. Errors are os's (*fs.PathError).
+func readFile(path string) ([]byte, error) {
+	fd, err := openFile(path, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var b []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return b, nil
+		}
+		b = append(b, buf[:n]...)
+	}
+}
+
+// writeFile writes data to the existing file at path (os.WriteFile
+// without package os; see readFile).
+func writeFile(path, data string) error {
+	fd, err := openFile(path, unix.O_WRONLY|unix.O_TRUNC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	for b := []byte(data); len(b) > 0; {
+		n, err := unix.Write(fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return &fs.PathError{Op: "write", Path: path, Err: err}
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func openFile(path string, mode int) (int, error) {
+	for {
+		fd, err := unix.Open(path, mode|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return -1, &fs.PathError{Op: "open", Path: path, Err: err}
+		}
+		return fd, nil
+	}
 }
 
 // inheritListener checks that fd is a listening unix stream socket and moves

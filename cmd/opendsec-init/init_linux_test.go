@@ -440,6 +440,112 @@ func TestStraySignalsDoNotKillInit(t *testing.T) {
 	}
 }
 
+// TestStraySignalsDoNotKillInitAsPID1: as in a sandbox, init is PID 1 of a
+// PID namespace. The signals the Go runtime would die of, sent by a root
+// process inside (kill -HUP 1) and from the host, leave it running; it
+// leaves them at SIG_DFL there (the kernel drops those for a namespace's
+// init) but for the runtime's own faults, and the server it starts has
+// none of them ignored. SIGTERM still reaches the server.
+func TestStraySignalsDoNotKillInitAsPID1(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a PID namespace needs root")
+	}
+	stray := []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE,
+		syscall.SIGALRM, syscall.SIGVTALRM, syscall.SIGSTKFLT, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGIO,
+		syscall.SIGPWR, syscall.SIGABRT, syscall.SIGSYS, syscall.SIGTRAP, syscall.SIGSEGV, syscall.SIGBUS}
+	var kills strings.Builder
+	for _, sig := range stray {
+		kills.WriteString("kill -" + strconv.Itoa(int(sig)) + " 1 || exit 7; ")
+	}
+	dir := t.TempDir()
+	marker, sigign := filepath.Join(dir, "term"), filepath.Join(dir, "sigign")
+	sock := filepath.Join(dir, "run", "agent.sock")
+	cmd := exec.Command(testutil.InitBinary(t), "--listen", sock, "--", "/bin/sh", "-c",
+		"trap 'echo got > "+marker+"; exit 0' TERM; "+kills.String()+
+			"grep SigIgn /proc/self/status > "+sigign+".new; mv "+sigign+".new "+sigign+"; while :; do sleep 0.05; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+	})
+	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+	conn, err := net.Dial("unix", sock) // a request starts the server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /envs HTTP/1.0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The server sent every stray signal to init (its PID 1) before it
+	// writes the file; the host sends them too.
+	poll(t, 5*time.Second, "server's signals", func() bool { _, err := os.Stat(sigign); return err == nil })
+	for _, sig := range stray {
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatalf("send %v: %v", sig, err)
+		}
+	}
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caught := statusMask(t, string(st), "SigCgt:")
+	for sig, want := range map[syscall.Signal]bool{syscall.SIGHUP: false, syscall.SIGUSR1: false, syscall.SIGPIPE: false,
+		syscall.SIGSEGV: true, syscall.SIGTERM: true, syscall.SIGCHLD: true} {
+		if got := caught&(1<<(uint(sig)-1)) != 0; got != want {
+			t.Errorf("init as PID 1 catches %v: %v, want %v", sig, got, want)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("init after stray signals: %v (stderr %q)", err, stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("init did not exit after SIGTERM")
+	}
+	if b, _ := os.ReadFile(marker); string(b) != "got\n" {
+		t.Fatalf("server did not get SIGTERM (marker %q)", b)
+	}
+	b, err := os.ReadFile(sigign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ign := statusMask(t, string(b), "SigIgn:")
+	for _, sig := range stray {
+		if ign&(1<<(uint(sig)-1)) != 0 {
+			t.Errorf("the server inherits %v ignored (SigIgn %x)", sig, ign)
+		}
+	}
+}
+
+// statusMask returns the hex mask on /proc/PID/status's line key.
+func statusMask(t *testing.T, status, key string) uint64 {
+	t.Helper()
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, key); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatalf("%s %q: %v", key, v, err)
+			}
+			return m
+		}
+	}
+	t.Fatalf("no %s in %q", key, status)
+	return 0
+}
+
 // TestInheritedListener: with --listen-fd, init serves on a socket the
 // caller bound and listened on before starting it, and a connection made
 // before init even ran is answered; the socket is not left open as fd 3 in
@@ -580,5 +686,55 @@ func TestEnvFile(t *testing.T) {
 	msg, err := bad.CombinedOutput()
 	if err == nil || !strings.Contains(string(msg), `entry "junk" is not K=V`) {
 		t.Fatalf("init with a bad env file: %v, %q", err, msg)
+	}
+}
+
+// TestOwnEnv: with --own-env, the first entry of init's environment (the
+// node's GOMAXPROCS=1 for init) is init's alone; the server gets the rest,
+// a later entry of the same key included. Without the flag, or when the
+// first entry is another, the server gets all of it.
+func TestOwnEnv(t *testing.T) {
+	dir := t.TempDir()
+	server := filepath.Join(dir, "server")
+	out := filepath.Join(dir, "env.out")
+	if err := os.WriteFile(server, []byte("#!/bin/sh\nenv > "+out+".new; mv "+out+".new "+out+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		env  []string
+		own  bool
+		want string // the GOMAXPROCS entries the server gets
+	}{
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin", "A=x"}, true, ""},
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin", "GOMAXPROCS=4"}, true, "GOMAXPROCS=4\n"},
+		{[]string{"PATH=/usr/bin:/bin", "GOMAXPROCS=1"}, true, "GOMAXPROCS=1\n"},
+		{[]string{"GOMAXPROCS=1", "PATH=/usr/bin:/bin"}, false, "GOMAXPROCS=1\n"},
+	} {
+		os.Remove(out)
+		sock := filepath.Join(dir, strconv.Itoa(i)+".sock")
+		args := []string{"--listen", sock, "--", server}
+		if tc.own {
+			args = append([]string{"--own-env", "GOMAXPROCS=1"}, args...)
+		}
+		cmd := exec.Command(testutil.InitBinary(t), args...)
+		cmd.Env = tc.env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+		request(t, sock, "/envs") // starts the server, which writes its env and exits
+		poll(t, 10*time.Second, "server's env written", func() bool { _, err := os.Stat(out); return err == nil })
+		cmd.Process.Kill()
+		cmd.Wait()
+		b, _ := os.ReadFile(out)
+		var got strings.Builder
+		for _, l := range strings.SplitAfter(string(b), "\n") {
+			if strings.HasPrefix(l, "GOMAXPROCS=") {
+				got.WriteString(l)
+			}
+		}
+		if got.String() != tc.want || !strings.Contains(string(b), "PATH=/usr/bin:/bin\n") {
+			t.Errorf("init env %q, --own-env %v: server env\n%s\nwant GOMAXPROCS entries %q", tc.env, tc.own, b, tc.want)
+		}
 	}
 }

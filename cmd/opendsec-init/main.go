@@ -12,7 +12,7 @@
 //
 // Usage:
 //
-//	opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] -- SERVER [ARGS...]
+//	opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] [--own-env K=V] -- SERVER [ARGS...]
 //
 // With --listen-fd the socket is already bound and listening (the node
 // makes it before the container starts, so connections queue from the
@@ -20,6 +20,9 @@
 // at boot (a sandbox prestarted for the node's warm pool gets its caller's
 // environment only when it is let run), its NUL-separated K=V entries are
 // the server's environment instead of init's own, and the file is removed.
+// --own-env K=V says that init's environment starts with that entry, set
+// for init alone (the node gives it GOMAXPROCS=1: the Go runtime reads it
+// before main): the server's environment, init's own, is the rest.
 //
 // SERVER gets ARGS plus "--listen-fd 3 --conn-fd 4 --ready-fd 5": the
 // listening socket, the connection that made init start it (to serve
@@ -35,6 +38,7 @@ import (
 	"errors"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -44,6 +48,7 @@ type config struct {
 	listen  string   // unix socket path to create and hand to the server
 	fd      int      // inherited listening socket; -1: none (use listen)
 	envFile string   // NUL-separated K=V entries for the server, read once and removed; empty: none
+	ownEnv  string   // the first entry of init's environment when it is init's alone; empty: none
 	server  []string // server argv (without --listen-fd)
 }
 
@@ -56,7 +61,7 @@ const (
 	startWindow = 5 * time.Second
 )
 
-const usage = "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] -- SERVER [ARGS...]"
+const usage = "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] [--own-env K=V] -- SERVER [ARGS...]"
 
 func main() {
 	cfg, err := parseArgs(os.Args[1:])
@@ -75,7 +80,7 @@ func parseArgs(args []string) (config, error) {
 		case "--":
 			c.server = args[i+1:]
 			i = len(args)
-		case "--seccomp-filter", "--listen", "--listen-fd", "--env-file":
+		case "--seccomp-filter", "--listen", "--listen-fd", "--env-file", "--own-env":
 			if i+1 >= len(args) || args[i+1] == "" {
 				return c, errors.New(a + " needs a value")
 			}
@@ -84,6 +89,11 @@ func parseArgs(args []string) (config, error) {
 				c.listen = args[i+1]
 			case "--env-file":
 				c.envFile = args[i+1]
+			case "--own-env":
+				if !strings.Contains(args[i+1], "=") {
+					return c, errors.New("--own-env: " + args[i+1] + " is not K=V")
+				}
+				c.ownEnv = args[i+1]
 			case "--listen-fd":
 				n, err := strconv.Atoi(args[i+1])
 				if err != nil || n < 3 {

@@ -14,8 +14,8 @@ func TestParseArgs(t *testing.T) {
 	if c.seccomp != "/f" || c.listen != "/run/a.sock" || !slices.Equal(c.server, []string{"/agent", "--x", "--"}) {
 		t.Fatalf("parsed %+v", c)
 	}
-	c, err = parseArgs([]string{"--listen-fd", "3", "--env-file", "/run/e", "--", "/agent"})
-	if err != nil || c.fd != 3 || c.listen != "" || c.envFile != "/run/e" {
+	c, err = parseArgs([]string{"--listen-fd", "3", "--env-file", "/run/e", "--own-env", "GOMAXPROCS=1", "--", "/agent"})
+	if err != nil || c.fd != 3 || c.listen != "" || c.envFile != "/run/e" || c.ownEnv != "GOMAXPROCS=1" {
 		t.Fatalf("parsed %+v, %v", c, err)
 	}
 	for _, tc := range []struct {
@@ -33,6 +33,8 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"--listen-fd", "3", "--env-file", "", "--", "/x"}, "--env-file needs a value"},
 		{[]string{"--listen-fd", "2", "--", "/x"}, "not a file descriptor number"},
 		{[]string{"--listen-fd", "3", "--listen", "/a", "--", "/x"}, "not both"},
+		{[]string{"--listen-fd", "3", "--own-env", "GOMAXPROCS", "--", "/x"}, "is not K=V"},
+		{[]string{"--listen-fd", "3", "--own-env", "", "--", "/x"}, "--own-env needs a value"},
 	} {
 		_, err := parseArgs(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

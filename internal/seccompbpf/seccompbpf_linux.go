@@ -23,6 +23,13 @@ func Install(path string) error {
 	if err != nil {
 		return &Error{Op: "read seccomp filter", Err: err}
 	}
+	return InstallProgram(path, b)
+}
+
+// InstallProgram is Install for a program already read from path (named in
+// errors): opendsec-init reads it without package os, whose first open
+// starts the runtime's network poller.
+func InstallProgram(path string, b []byte) error {
 	if len(b) == 0 || len(b)%8 != 0 || len(b)/8 > maxInstructions {
 		return &Error{Op: "seccomp filter " + path, Err: errors.New(strconv.Itoa(len(b)) + " bytes is not 1 to 4096 8-byte instructions")}
 	}

@@ -8,3 +8,8 @@ import "errors"
 func Install(path string) error {
 	return &Error{Op: "install seccomp filter", Err: errors.New("seccomp filters need Linux")}
 }
+
+// InstallProgram is only supported on Linux.
+func InstallProgram(path string, b []byte) error {
+	return &Error{Op: "install seccomp filter", Err: errors.New("seccomp filters need Linux")}
+}
