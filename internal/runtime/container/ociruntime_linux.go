@@ -66,7 +66,12 @@ type ociRuntime struct {
 // command runs the runtime with args: exe executed (path once the sealed
 // copy is lost), path its argv[0].
 func (o *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, o.exeNow(ctx), args...)
+	return o.commandFrom(ctx, o.exeNow(ctx), args...)
+}
+
+// commandFrom runs exe (exe or path) as the runtime with args.
+func (o *ociRuntime) commandFrom(ctx context.Context, exe string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Args[0] = o.path
 	return cmd
 }
@@ -89,13 +94,20 @@ func (o *ociRuntime) exeNow(ctx context.Context) string {
 
 // execFailed reports whether err, from starting cmd, is the kernel
 // refusing to execute the sealed copy: nothing ran, so the caller makes
-// the command again (from path now) and starts it once more.
+// the command again from path (commandFrom) and starts it once more. A
+// copy whose fd is no longer the copy is lost for good; an intact one
+// stays in use (this kernel refuses about one exec of it in a thousand
+// with EACCES, the fd unchanged).
 func (o *ociRuntime) execFailed(ctx context.Context, cmd *exec.Cmd, err error) bool {
 	var pe *fs.PathError
 	if o.sealed == nil || cmd.Path != o.exe || !errors.As(err, &pe) || pe.Op != "fork/exec" {
 		return false
 	}
-	o.loseSealed(ctx, fmt.Errorf("execute %s: %w (%s)", o.exe, pe.Err, o.sealed.describe()))
+	if cerr := o.sealed.check(); cerr != nil {
+		o.loseSealed(ctx, fmt.Errorf("execute %s: %w (%w)", o.exe, pe.Err, cerr))
+		return true
+	}
+	log.G(ctx).Warn("the kernel refused to execute crun's sealed copy; this command runs from the path", "exe", o.exe, "path", o.path, log.Err(pe.Err))
 	return true
 }
 
@@ -378,17 +390,17 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			return fmt.Errorf("make probe output file: %w", err)
 		}
 		defer out.Close()
-		mk := func() *exec.Cmd {
-			cmd := o.command(ctx, append([]string{"--root", root}, args...)...)
+		mk := func(exe string) *exec.Cmd {
+			cmd := o.commandFrom(ctx, exe, append([]string{"--root", root}, args...)...)
 			cmd.Stdout, cmd.Stderr = out, out
 			cmd.WaitDelay = time.Second
 			return cmd
 		}
 		return o.inCgroupView(func() error {
-			cmd := mk()
+			cmd := mk(o.exeNow(ctx))
 			err := cmd.Run()
 			if err != nil && o.execFailed(ctx, cmd, err) {
-				err = mk().Run()
+				err = mk(o.path).Run()
 			}
 			if err != nil {
 				b, _ := os.ReadFile(out.Name())

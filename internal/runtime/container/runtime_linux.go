@@ -570,8 +570,8 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		sub = []string{"create"}
 	}
 	args := append([]string{"--root", r.cfg.StateRoot, "--log", rlog, "--log-format", "json"}, sub...)
-	mk := func() *exec.Cmd {
-		cmd := r.oci.command(ctx, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
+	mk := func(exe string) *exec.Cmd {
+		cmd := r.oci.commandFrom(ctx, exe, append(args, "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, pidFile), id)...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, logf
 		cmd.ExtraFiles = []*os.File{lfile}
 		// A new session: signals to the node's process group (Ctrl-C)
@@ -580,12 +580,12 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		cmd.WaitDelay = 5 * time.Second
 		return cmd
 	}
-	cmd := mk()
+	cmd := mk(r.oci.exeNow(ctx))
 	var startErr error
 	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
 		startErr = cmd.Start()
 		if startErr != nil && r.oci.execFailed(ctx, cmd, startErr) {
-			cmd = mk()
+			cmd = mk(r.oci.path)
 			startErr = cmd.Start()
 		}
 		if startErr != nil {
@@ -680,8 +680,8 @@ func runcLogError(path string) string {
 func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]byte, error) {
 	oci := r.ociFor(ctx, root, containerArg(args))
 	var stderr bytes.Buffer
-	mk := func() *exec.Cmd {
-		cmd := oci.command(ctx, append([]string{"--root", root}, args...)...)
+	mk := func(exe string) *exec.Cmd {
+		cmd := oci.commandFrom(ctx, exe, append([]string{"--root", root}, args...)...)
 		stderr.Reset()
 		cmd.Stderr = &stderr
 		cmd.WaitDelay = 5 * time.Second
@@ -691,11 +691,11 @@ func (r *Runtime) runcOut(ctx context.Context, root string, args ...string) ([]b
 	// In the runc namespace: no runc command but run and create needs a
 	// sandbox's mount, and none should read the node's mount table.
 	err := r.inRuncNS(ctx, runcNSPlan{same: []string{root}}, oci, func() error {
-		cmd := mk()
+		cmd := mk(oci.exeNow(ctx))
 		var err error
 		out, err = cmd.Output()
 		if err != nil && oci.execFailed(ctx, cmd, err) {
-			out, err = mk().Output()
+			out, err = mk(oci.path).Output()
 		}
 		return err
 	})

@@ -171,21 +171,53 @@ func TestSealedCopyLostRunsFromPath(t *testing.T) {
 }
 
 // TestExecFailureOfSealedCopyRetries: a fork/exec failure of the sealed
-// copy (nothing ran) marks it lost so the caller makes the command again
-// from the path; any other failure, or a command of another binary, is
-// the caller's error as it is.
+// copy (nothing ran) has the caller run the command again from the path;
+// the copy stays in use while its fd is intact and is lost for good once
+// it is not. Any other failure, or a command of another binary, is the
+// caller's error as it is.
 func TestExecFailureOfSealedCopyRetries(t *testing.T) {
-	o := &ociRuntime{kind: OCIRuntimeCrun, path: "/usr/bin/crun", exe: "/proc/self/fd/99", sealed: &sealedFile{}}
-	cmd := exec.Command(o.exe)
-	if o.execFailed(t.Context(), cmd, errors.New("exit status 1")) || o.sealed.lost.Load() {
+	real, err := exec.LookPath("true")
+	if err != nil {
+		t.Skip("no true binary")
+	}
+	src, err := os.Open(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	fi, err := src.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sealedCopy(src, fi.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	o := &ociRuntime{kind: OCIRuntimeCrun, path: real, exe: fdPath(f), sealed: &sealedFile{f: f, dev: st.Dev, ino: st.Ino}}
+	cmd := o.command(t.Context())
+	if cmd.Path != o.exe {
+		t.Fatalf("an intact copy: the command runs %s, want %s", cmd.Path, o.exe)
+	}
+	if o.execFailed(t.Context(), cmd, errors.New("exit status 1")) {
 		t.Fatal("a command that ran and failed counted as an exec failure of the sealed copy")
 	}
-	other := exec.Command("/bin/true")
-	if o.execFailed(t.Context(), other, &os.PathError{Op: "fork/exec", Path: "/bin/true", Err: unix.EACCES}) {
+	if o.execFailed(t.Context(), exec.Command("/bin/true"), &os.PathError{Op: "fork/exec", Path: "/bin/true", Err: unix.EACCES}) {
 		t.Fatal("an exec failure of another binary counted as the sealed copy's")
 	}
+	if !o.execFailed(t.Context(), cmd, &os.PathError{Op: "fork/exec", Path: o.exe, Err: unix.EACCES}) {
+		t.Fatal("fork/exec EACCES of the sealed copy: want a retry from the path")
+	}
+	if o.sealed.lost.Load() || o.command(t.Context()).Path != o.exe {
+		t.Fatal("one refused exec of an intact copy: want the copy kept for later commands")
+	}
+	o.sealed.ino++ // the fd is no longer what was made
 	if !o.execFailed(t.Context(), cmd, &os.PathError{Op: "fork/exec", Path: o.exe, Err: unix.EACCES}) || !o.sealed.lost.Load() {
-		t.Fatal("fork/exec EACCES of the sealed copy: want a retry from the path and the copy marked lost")
+		t.Fatal("fork/exec failure with the fd no longer the copy: want a retry and the copy lost")
 	}
 	if got := o.command(t.Context(), "--version"); got.Path != o.path || got.Args[0] != o.path {
 		t.Fatalf("after the copy was lost a command runs %s (argv0 %s); want %s", got.Path, got.Args[0], o.path)
