@@ -90,3 +90,60 @@ func TestTeardownForgetsOnlyItsConnections(t *testing.T) {
 		t.Fatalf("after a's teardown the table has %d entries (before %d, %d of them not a's)", got, before, others+1)
 	}
 }
+
+// TestTeardownConntrackCounted checks when a teardown may skip the
+// conntrack flush: only when the sandbox's egress counter shows that no
+// packet of it ever reached the node. A sandbox whose chain was rewritten
+// (SetRules, a node restart) counts from zero again while its flows stay:
+// its flows must still go, or the next sandbox on its host address would
+// inherit them.
+func TestTeardownConntrackCounted(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	rules := Rules{Allow: []Rule{{CIDR: apiIP, Protocol: "tcp", Ports: "443"}}}
+	flushes := func() (uint64, uint64) { return w.m.ctFlushes.Load(), w.m.ctSkipped.Load() }
+	gone := func(what string, n Network) {
+		t.Helper()
+		if got := w.flowSources(w.nodeNS, apiIP, 443); slices.Contains(got, n.HostAddr.String()) {
+			t.Fatalf("%s: the node still tracks flows from %s after its teardown: %v", what, n.HostAddr, got)
+		}
+	}
+
+	idle, err := w.m.Setup(ctx, id(t, "idle"), rules)
+	must(t, err)
+	must(t, w.m.Teardown(ctx, idle.ID))
+	if f, s := flushes(); f != 0 || s != 1 {
+		t.Fatalf("idle sandbox: %d flushes, %d skipped; want 0, 1", f, s)
+	}
+
+	a, err := w.m.Setup(ctx, id(t, "a"), rules)
+	must(t, err)
+	allowed(t, "a → api:443", func() error { return tcpFrom(a, apiIP+":443") })
+	must(t, w.m.Teardown(ctx, a.ID))
+	gone("a", a)
+	if f, s := flushes(); f != 1 || s != 1 {
+		t.Fatalf("after a: %d flushes, %d skipped; want 1, 1", f, s)
+	}
+
+	// The same rules again: the flow stays allowed and tracked, the chain
+	// (and its counter) is new.
+	b, err := w.m.Setup(ctx, id(t, "b"), rules)
+	must(t, err)
+	allowed(t, "b → api:443", func() error { return tcpFrom(b, apiIP+":443") })
+	must(t, w.m.SetRules(ctx, b.ID, rules))
+	if got := w.flowSources(w.nodeNS, apiIP, 443); !slices.Contains(got, b.HostAddr.String()) {
+		t.Fatalf("b's allowed flow was cut by SetRules of the same rules: %v", got)
+	}
+	must(t, w.m.Teardown(ctx, b.ID))
+	gone("b after SetRules", b)
+
+	// A node restart: the reloaded sandbox's chain is rewritten.
+	c, err := w.m.Setup(ctx, id(t, "c"), rules)
+	must(t, err)
+	allowed(t, "c → api:443", func() error { return tcpFrom(c, apiIP+":443") })
+	w.restart()
+	_, err = w.m.Recover(ctx, func(id string) bool { return id == c.ID })
+	must(t, err)
+	must(t, w.m.Teardown(ctx, c.ID))
+	gone("c after a restart", c)
+}

@@ -59,7 +59,12 @@ type sandbox struct {
 	// rebuilt or removed, so queued element changes for the old ones are
 	// dropped.
 	gen atomic.Uint64
-	net Network
+	// ctUncounted is set when the node's conntrack may hold flows of the
+	// sandbox that its egress chain's counter does not show: its chain was
+	// rewritten (SetRules, a node restart) or made by a node before the
+	// counter. Teardown then flushes whatever the counter says.
+	ctUncounted bool // guarded by mu
+	net         Network
 }
 
 // Manager owns the network of every sandbox on a node.
@@ -99,6 +104,11 @@ type Manager struct {
 	dnsRateLimited atomic.Uint64
 	dnsPrivate     atomic.Uint64
 	nftFlushes     atomic.Uint64
+	// ctFlushes counts teardowns that looked for conntrack entries of their
+	// sandbox, ctSkipped those whose egress counter showed none to look for
+	// (tests, metrics).
+	ctFlushes atomic.Uint64
+	ctSkipped atomic.Uint64
 }
 
 // New prepares the node (nft table, DNS address, forwarding), loads the
@@ -327,7 +337,8 @@ func (m *Manager) load() error {
 			// A torn file: keep the sandbox so Recover can remove it.
 			st = persisted{ID: id}
 		}
-		sb := &sandbox{st: st, net: Network{ID: id}}
+		// Its chain is rewritten (Recover) and counts from zero again.
+		sb := &sandbox{st: st, net: Network{ID: id}, ctUncounted: true}
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
@@ -742,6 +753,8 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
 	old, oldRules := sb.st, sb.rules
 	sb.st, sb.rules = st, resolved
 	sb.gen.Add(1)
+	// The rewritten chain counts from zero; the flows of before stay.
+	sb.ctUncounted = true
 	if err := m.apply(sb, old.DomainSets, true); err != nil {
 		sb.st, sb.rules = old, oldRules
 		if werr := m.writeState(old); werr != nil {
@@ -859,10 +872,9 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	m.learnedTotal.Add(-int64(sb.learned.len()))
 	sb.learned = learnedSet{}
 	ifs := m.ifNames(sb)
-	m.nftMu.Lock()
-	err := m.nft.removeSandbox(id, sb.st.Index, ifs, max(sb.st.DomainSets, 16))
-	m.nftMu.Unlock()
-	errs = append(errs, err)
+	// The veth goes first: once it is gone no packet of the sandbox reaches
+	// the node, so its egress counter is final, and none passes unjudged
+	// while its rules are removed.
 	for _, name := range ifs {
 		if l, err := m.nl.LinkByName(name); err == nil {
 			if err := m.nl.LinkDel(l); err != nil {
@@ -870,13 +882,34 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 			}
 		}
 	}
+	// The node's conntrack entries from the sandbox's host address must go
+	// before the address is allocated again, or the next sandbox there
+	// would inherit the flows its rules allowed ("established" passes). A
+	// sandbox that never sent a packet to the node (its egress chain counts
+	// every one) has none: no dump, which walks the kernel's whole
+	// conntrack hash (every namespace's, all its buckets) whatever it
+	// returns.
+	addr := sb.net.HostAddr
+	flushCT := addr.IsValid()
+	m.nftMu.Lock()
+	if flushCT && len(errs) == 0 && !sb.ctUncounted && sb.st.Index > 0 {
+		pkts, err := m.nft.egressPackets(id, sb.st.Index)
+		flushCT = err != nil || pkts > 0
+	}
+	err := m.nft.removeSandbox(id, sb.st.Index, ifs, max(sb.st.DomainSets, 16))
+	m.nftMu.Unlock()
+	errs = append(errs, err)
 	for _, p := range m.nsPaths(sb) {
 		errs = append(errs, removeNetNS(p))
 	}
-	if sb.net.HostAddr.IsValid() {
+	if addr.IsValid() && !flushCT {
+		m.ctSkipped.Add(1)
+	}
+	if flushCT {
+		m.ctFlushes.Add(1)
 		// Filtered in the kernel: not a dump of the node's whole table.
-		if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, sb.net.HostAddr); err != nil {
-			log.G(ctx).Warn("flush conntrack of sandbox", "addr", sb.net.HostAddr.String(), "error", err)
+		if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, addr); err != nil {
+			log.G(ctx).Warn("flush conntrack of sandbox", "addr", addr.String(), "error", err)
 		}
 	}
 	if sb.st.Index > 0 {
@@ -886,6 +919,14 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 		errs = append(errs, err)
 		for idx, owner := range all {
 			if owner == id {
+				// An allocation without state (a crash between the two):
+				// its address is known only here.
+				if _, a := m.alloc.pair(idx); a.IsValid() {
+					m.ctFlushes.Add(1)
+					if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, a); err != nil {
+						log.G(ctx).Warn("flush conntrack of sandbox", "addr", a.String(), "error", err)
+					}
+				}
 				errs = append(errs, m.alloc.release(idx, id))
 			}
 		}

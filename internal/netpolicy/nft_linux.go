@@ -401,6 +401,10 @@ func (n *nftState) queueEgress(t *nftables.Table, s sandboxSpec, now time.Time) 
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex})
 	}
 	drop, accept := verdict(expr.VerdictDrop), verdict(expr.VerdictAccept)
+	// Every packet from the veth is counted first: a sandbox whose chain
+	// counted none since its creation has no conntrack entry on the node,
+	// and its teardown skips the flush (egressPackets).
+	add(o, &expr.Counter{})
 	// Egress: no IPv6, no spoofing, replies pass, the DNS proxy is reachable.
 	add(o, append(nfproto(unix.NFPROTO_IPV6), drop)...)
 	add(o, append(matchPrefix(12, netip.PrefixFrom(s.addr, 32), expr.CmpOpNeq), drop)...)
@@ -500,6 +504,25 @@ func (n *nftState) removeSandbox(id string, index int, hostIfs []string, domainS
 		return fmt.Errorf("remove nft rules of sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// egressPackets returns how many packets the egress chain of sandbox id
+// (allocation index index) counted since it was last written: every packet
+// from the sandbox's veth that reached the node's filter hooks.
+func (n *nftState) egressPackets(id string, index int) (uint64, error) {
+	t := n.shard(index)
+	rules, err := n.c.GetRules(t, &nftables.Chain{Name: outChain(id), Table: t})
+	if err != nil {
+		return 0, fmt.Errorf("read nft egress chain of sandbox %s: %w", id, err)
+	}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if c, ok := e.(*expr.Counter); ok {
+				return c.Packets, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("nft egress chain of sandbox %s has no counter", id)
 }
 
 // queueRemove queues the removal of a sandbox's map entries, chains and
