@@ -449,23 +449,14 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	// The namespace's mount point is one more name of the allocation
 	// file, where the file systems allow.
 	err := createNetNSOn(n.NetNSPath, m.alloc.path(sb.st.Index), func() error {
-		// Set before any interface exists, so every one inherits it: a
-		// write to all/disable_ipv6 sets default/disable_ipv6 (and every
-		// interface's) as well (Documentation/networking/ip-sysctl.rst),
-		// one /proc/sys write less per sandbox.
-		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
+		if err := sandboxNSSetup(); err != nil {
 			return err
-		}
-		// lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX): no lookup.
-		lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return fmt.Errorf("set lo up: %w", err)
 		}
 		if !tap {
 			return nil
 		}
 		// The namespace routes between the VM and the node.
-		if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		if err := writeNSSysctl("net/ipv4/ip_forward", "1"); err != nil {
 			return err
 		}
 		// A tap is made by an ioctl in the calling thread's namespace.

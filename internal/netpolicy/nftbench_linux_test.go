@@ -79,26 +79,45 @@ func BenchmarkNFTApply(b *testing.B) {
 }
 
 // BenchmarkNetNS measures a sandbox namespace's creation and removal:
-// bare, and with what setup does inside it (IPv6 off, lo up).
+// bare, with the IPv6 sysctl written through the node's detached procfs
+// (sysctl) or through /proc (sysctl-proc, as before), and with all that
+// setup does inside it (IPv6 off, lo up), next to none and to 1000 other
+// sandbox namespaces (a node's sandboxes: the kernel's per-namespace
+// lists, and the dentries of /proc/sys that every namespace has its own
+// of, grow with them).
 func BenchmarkNetNS(b *testing.B) {
 	testutil.RequiresRoot(b)
-	for _, c := range []struct {
-		name  string
-		setup func() error
-	}{
-		{"bare", nil},
-		{"sysctl", func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") }},
-	} {
-		b.Run(c.name, func(b *testing.B) {
+	for _, others := range []int{0, 1000} {
+		if others > 0 {
 			dir := b.TempDir()
-			i := 0
-			for b.Loop() {
+			for i := range others {
 				p := filepath.Join(dir, fmt.Sprint(i))
-				i++
-				must(b, createNetNS(p, c.setup))
-				must(b, removeNetNS(p))
+				// As sandboxes were set up before writeNSSysctl: each
+				// one's /proc/sys/net in the host's /proc dcache.
+				must(b, createNetNS(p, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") }))
+				b.Cleanup(func() { removeNetNS(p) })
 			}
-		})
+		}
+		for _, c := range []struct {
+			name  string
+			setup func() error
+		}{
+			{"bare", nil},
+			{"sysctl", func() error { return writeNSSysctl("net/ipv6/conf/all/disable_ipv6", "1") }},
+			{"sandbox", sandboxNSSetup},
+			{"sysctl-proc", func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") }},
+		} {
+			b.Run(fmt.Sprintf("others=%d/%s", others, c.name), func(b *testing.B) {
+				dir := b.TempDir()
+				i := 0
+				for b.Loop() {
+					p := filepath.Join(dir, fmt.Sprint(i))
+					i++
+					must(b, createNetNS(p, c.setup))
+					must(b, removeNetNS(p))
+				}
+			})
+		}
 	}
 }
 
