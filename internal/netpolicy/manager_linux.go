@@ -60,9 +60,10 @@ type sandbox struct {
 	// dropped.
 	gen atomic.Uint64
 	// ctUncounted is set when the node's conntrack may hold flows of the
-	// sandbox that its egress chain's counter does not show: its chain was
-	// rewritten (SetRules, a node restart) or made by a node before the
-	// counter. Teardown then flushes whatever the counter says.
+	// sandbox that its egress counter does not show: it was loaded from
+	// disk (a node restart; a node before the counter made it, and Recover
+	// made the counter anew). Teardown then flushes whatever the counter
+	// says.
 	ctUncounted bool // guarded by mu
 	net         Network
 }
@@ -337,7 +338,7 @@ func (m *Manager) load() error {
 			// A torn file: keep the sandbox so Recover can remove it.
 			st = persisted{ID: id}
 		}
-		// Its chain is rewritten (Recover) and counts from zero again.
+		// Its counter may be younger than its flows.
 		sb := &sandbox{st: st, net: Network{ID: id}, ctUncounted: true}
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
@@ -744,8 +745,6 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules Rules) error {
 	old, oldRules := sb.st, sb.rules
 	sb.st, sb.rules = st, resolved
 	sb.gen.Add(1)
-	// The rewritten chain counts from zero; the flows of before stay.
-	sb.ctUncounted = true
 	if err := m.apply(sb, old.DomainSets, true); err != nil {
 		sb.st, sb.rules = old, oldRules
 		if werr := m.writeState(old); werr != nil {
