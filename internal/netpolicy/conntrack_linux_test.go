@@ -94,9 +94,9 @@ func TestTeardownForgetsOnlyItsConnections(t *testing.T) {
 // TestTeardownConntrackCounted checks when a teardown may skip the
 // conntrack flush: only when the sandbox's egress counter shows that no
 // packet of it ever reached the node. A sandbox whose chain was rewritten
-// (SetRules, a node restart) counts from zero again while its flows stay:
-// its flows must still go, or the next sandbox on its host address would
-// inherit them.
+// (SetRules, a node restart) keeps its flows: they must still go, or the
+// next sandbox on its host address would inherit them (a counter that
+// started again with the chain would lose them).
 func TestTeardownConntrackCounted(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
@@ -126,7 +126,7 @@ func TestTeardownConntrackCounted(t *testing.T) {
 	}
 
 	// The same rules again: the flow stays allowed and tracked, the chain
-	// (and its counter) is new.
+	// is new.
 	b, err := w.m.Setup(ctx, id(t, "b"), rules)
 	must(t, err)
 	allowed(t, "b → api:443", func() error { return tcpFrom(b, apiIP+":443") })
