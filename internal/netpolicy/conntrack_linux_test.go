@@ -1,8 +1,10 @@
 package netpolicy
 
 import (
+	"encoding/json"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -146,4 +148,35 @@ func TestTeardownConntrackCounted(t *testing.T) {
 	must(t, err)
 	must(t, w.m.Teardown(ctx, c.ID))
 	gone("c after a restart", c)
+
+	// After a restart an idle sandbox still skips; one whose state is of a
+	// node before the counter flushes, counter or not.
+	d, err := w.m.Setup(ctx, id(t, "d"), rules)
+	must(t, err)
+	e, err := w.m.Setup(ctx, id(t, "e"), rules)
+	must(t, err)
+	statePath := w.m.statePath(e.ID)
+	b0, err := os.ReadFile(statePath)
+	must(t, err)
+	var st map[string]any
+	must(t, json.Unmarshal(b0, &st))
+	if st["counted"] != true {
+		t.Fatalf("state of a new sandbox is not counted: %s", b0)
+	}
+	delete(st, "counted")
+	b1, err := json.Marshal(st)
+	must(t, err)
+	must(t, os.WriteFile(statePath, b1, 0o600))
+	w.restart()
+	_, err = w.m.Recover(ctx, func(id string) bool { return id == d.ID || id == e.ID })
+	must(t, err)
+	f0, s0 := flushes()
+	must(t, w.m.Teardown(ctx, d.ID))
+	if f, s := flushes(); f != f0 || s != s0+1 {
+		t.Fatalf("idle sandbox after a restart: %d flushes, %d skipped; want %d, %d", f, s, f0, s0+1)
+	}
+	must(t, w.m.Teardown(ctx, e.ID))
+	if f, s := flushes(); f != f0+1 || s != s0+1 {
+		t.Fatalf("sandbox of a node before the counter: %d flushes, %d skipped; want %d, %d", f, s, f0+1, s0+1)
+	}
 }

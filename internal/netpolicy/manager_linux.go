@@ -42,6 +42,11 @@ type persisted struct {
 	// id)) and the netns_dir of before (legacyNSDir).
 	HostIf    string `json:"host_if,omitempty"`
 	NetNSPath string `json:"netns_path,omitempty"`
+	// Counted says that the sandbox's egress counter was made with its
+	// first rules, so it has counted every packet of the sandbox; false in
+	// state written before the counter (Recover makes one that counts
+	// from then on).
+	Counted bool `json:"counted,omitempty"`
 }
 
 type sandbox struct {
@@ -60,10 +65,9 @@ type sandbox struct {
 	// dropped.
 	gen atomic.Uint64
 	// ctUncounted is set when the node's conntrack may hold flows of the
-	// sandbox that its egress counter does not show: it was loaded from
-	// disk (a node restart; a node before the counter made it, and Recover
-	// made the counter anew). Teardown then flushes whatever the counter
-	// says.
+	// sandbox that its egress counter does not show: a node before the
+	// counter made it (its state is not Counted), and Recover made the
+	// counter anew. Teardown then flushes whatever the counter says.
 	ctUncounted bool // guarded by mu
 	net         Network
 }
@@ -338,8 +342,7 @@ func (m *Manager) load() error {
 			// A torn file: keep the sandbox so Recover can remove it.
 			st = persisted{ID: id}
 		}
-		// Its counter may be younger than its flows.
-		sb := &sandbox{st: st, net: Network{ID: id}, ctUncounted: true}
+		sb := &sandbox{st: st, net: Network{ID: id}, ctUncounted: !st.Counted}
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
@@ -399,7 +402,7 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 	stateOf := func(idx int) persisted {
 		n := m.netOf(id, idx, mode)
 		return persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: domainSets,
-			HostIf: n.HostIf, NetNSPath: n.NetNSPath}
+			HostIf: n.HostIf, NetNSPath: n.NetNSPath, Counted: true}
 	}
 	// The allocation file holds the sandbox's network state: setup links
 	// it as the state file.
