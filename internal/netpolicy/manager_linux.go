@@ -495,35 +495,43 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		PeerHardwareAddr: hw(ethMAC),
 		PeerNamespace:    netlink.NsFd(int(ns)),
 	}
-	if err := m.nl.LinkAdd(veth); err != nil {
-		return fmt.Errorf("add veth: %w", err)
-	}
-	if veth.Index == 0 {
-		return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
-	}
-	host := netlink.Link(veth)
-	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
-		return fmt.Errorf("label veth: %w", err)
-	}
-	if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
-		return fmt.Errorf("address veth: %w", err)
-	}
-	if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
-		return fmt.Errorf("add neighbour of veth: %w", err)
-	}
-	in, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("open sandbox netlink: %w", err)
-	}
-	defer in.Close()
-	peer, err := in.LinkByName(sandboxIf)
-	if err != nil {
-		return fmt.Errorf("find sandbox veth: %w", err)
-	}
-	if tap {
-		err = m.setupTapSide(in, peer, n)
-	} else {
-		err = m.setupVethSide(in, peer)
+	// The links' netlink requests (all under RTNL) stay off RTNL while a
+	// sandbox namespace's disable_ipv6 is written (rtnlMu).
+	var in *netlink.Handle
+	rtnlMu.RLock()
+	err = func() error {
+		if err := m.nl.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth: %w", err)
+		}
+		if veth.Index == 0 {
+			return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
+		}
+		host := netlink.Link(veth)
+		if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
+			return fmt.Errorf("label veth: %w", err)
+		}
+		if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
+			return fmt.Errorf("address veth: %w", err)
+		}
+		if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
+			return fmt.Errorf("add neighbour of veth: %w", err)
+		}
+		in, err = netlink.NewHandleAt(ns)
+		if err != nil {
+			return fmt.Errorf("open sandbox netlink: %w", err)
+		}
+		peer, err := in.LinkByName(sandboxIf)
+		if err != nil {
+			return fmt.Errorf("find sandbox veth: %w", err)
+		}
+		if tap {
+			return m.setupTapSide(in, peer, n)
+		}
+		return m.setupVethSide(in, peer)
+	}()
+	rtnlMu.RUnlock()
+	if in != nil {
+		defer in.Close()
 	}
 	if err != nil {
 		return err
@@ -868,6 +876,7 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	// The veth goes first: once it is gone no packet of the sandbox reaches
 	// the node, so its egress counter is final, and none passes unjudged
 	// while its rules are removed.
+	rtnlMu.RLock()
 	for _, name := range ifs {
 		if l, err := m.nl.LinkByName(name); err == nil {
 			if err := m.nl.LinkDel(l); err != nil {
@@ -875,6 +884,7 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 			}
 		}
 	}
+	rtnlMu.RUnlock()
 	// The node's conntrack entries from the sandbox's host address must go
 	// before the address is allocated again, or the next sandbox there
 	// would inherit the flows its rules allowed ("established" passes). A
