@@ -42,6 +42,11 @@ type persisted struct {
 	// id)) and the netns_dir of before (legacyNSDir).
 	HostIf    string `json:"host_if,omitempty"`
 	NetNSPath string `json:"netns_path,omitempty"`
+	// Counted says that the sandbox's egress counter was made with its
+	// first rules, so it has counted every packet of the sandbox; false in
+	// state written before the counter (Recover makes one that counts
+	// from then on).
+	Counted bool `json:"counted,omitempty"`
 }
 
 type sandbox struct {
@@ -59,7 +64,12 @@ type sandbox struct {
 	// rebuilt or removed, so queued element changes for the old ones are
 	// dropped.
 	gen atomic.Uint64
-	net Network
+	// ctUncounted is set when the node's conntrack may hold flows of the
+	// sandbox that its egress counter does not show: a node before the
+	// counter made it (its state is not Counted), and Recover made the
+	// counter anew. Teardown then flushes whatever the counter says.
+	ctUncounted bool // guarded by mu
+	net         Network
 }
 
 // Manager owns the network of every sandbox on a node.
@@ -99,6 +109,11 @@ type Manager struct {
 	dnsRateLimited atomic.Uint64
 	dnsPrivate     atomic.Uint64
 	nftFlushes     atomic.Uint64
+	// ctFlushes counts teardowns that looked for conntrack entries of their
+	// sandbox, ctSkipped those whose egress counter showed none to look for
+	// (tests, metrics).
+	ctFlushes atomic.Uint64
+	ctSkipped atomic.Uint64
 }
 
 // New prepares the node (nft table, DNS address, forwarding), loads the
@@ -327,7 +342,7 @@ func (m *Manager) load() error {
 			// A torn file: keep the sandbox so Recover can remove it.
 			st = persisted{ID: id}
 		}
-		sb := &sandbox{st: st, net: Network{ID: id}}
+		sb := &sandbox{st: st, net: Network{ID: id}, ctUncounted: !st.Counted}
 		sb.rules, _ = resolve(st.Rules, m.cfg.RuleSets)
 		m.sandboxes[id] = sb
 		if st.Index > 0 {
@@ -387,7 +402,7 @@ func (m *Manager) SetupWith(ctx context.Context, id string, rules Rules, opts Se
 	stateOf := func(idx int) persisted {
 		n := m.netOf(id, idx, mode)
 		return persisted{ID: id, Index: idx, Rules: rules, Mode: mode, DomainSets: domainSets,
-			HostIf: n.HostIf, NetNSPath: n.NetNSPath}
+			HostIf: n.HostIf, NetNSPath: n.NetNSPath, Counted: true}
 	}
 	// The allocation file holds the sandbox's network state: setup links
 	// it as the state file.
@@ -438,23 +453,14 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	// The namespace's mount point is one more name of the allocation
 	// file, where the file systems allow.
 	err := createNetNSOn(n.NetNSPath, m.alloc.path(sb.st.Index), func() error {
-		// Set before any interface exists, so every one inherits it: a
-		// write to all/disable_ipv6 sets default/disable_ipv6 (and every
-		// interface's) as well (Documentation/networking/ip-sysctl.rst),
-		// one /proc/sys write less per sandbox.
-		if err := writeSysctl("net/ipv6/conf/all/disable_ipv6", "1"); err != nil {
+		if err := sandboxNSSetup(); err != nil {
 			return err
-		}
-		// lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX): no lookup.
-		lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return fmt.Errorf("set lo up: %w", err)
 		}
 		if !tap {
 			return nil
 		}
 		// The namespace routes between the VM and the node.
-		if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		if err := writeNSSysctl("net/ipv4/ip_forward", "1"); err != nil {
 			return err
 		}
 		// A tap is made by an ioctl in the calling thread's namespace.
@@ -489,35 +495,43 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 		PeerHardwareAddr: hw(ethMAC),
 		PeerNamespace:    netlink.NsFd(int(ns)),
 	}
-	if err := m.nl.LinkAdd(veth); err != nil {
-		return fmt.Errorf("add veth: %w", err)
-	}
-	if veth.Index == 0 {
-		return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
-	}
-	host := netlink.Link(veth)
-	if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
-		return fmt.Errorf("label veth: %w", err)
-	}
-	if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
-		return fmt.Errorf("address veth: %w", err)
-	}
-	if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
-		return fmt.Errorf("add neighbour of veth: %w", err)
-	}
-	in, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("open sandbox netlink: %w", err)
-	}
-	defer in.Close()
-	peer, err := in.LinkByName(sandboxIf)
-	if err != nil {
-		return fmt.Errorf("find sandbox veth: %w", err)
-	}
-	if tap {
-		err = m.setupTapSide(in, peer, n)
-	} else {
-		err = m.setupVethSide(in, peer)
+	// The links' netlink requests (all under RTNL) stay off RTNL while a
+	// sandbox namespace's disable_ipv6 is written (rtnlMu).
+	var in *netlink.Handle
+	rtnlMu.RLock()
+	err = func() error {
+		if err := m.nl.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth: %w", err)
+		}
+		if veth.Index == 0 {
+			return errdefs.New(errdefs.ErrInternal, "veth %s has no index after its creation", n.HostIf)
+		}
+		host := netlink.Link(veth)
+		if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
+			return fmt.Errorf("label veth: %w", err)
+		}
+		if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
+			return fmt.Errorf("address veth: %w", err)
+		}
+		if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
+			return fmt.Errorf("add neighbour of veth: %w", err)
+		}
+		in, err = netlink.NewHandleAt(ns)
+		if err != nil {
+			return fmt.Errorf("open sandbox netlink: %w", err)
+		}
+		peer, err := in.LinkByName(sandboxIf)
+		if err != nil {
+			return fmt.Errorf("find sandbox veth: %w", err)
+		}
+		if tap {
+			return m.setupTapSide(in, peer, n)
+		}
+		return m.setupVethSide(in, peer)
+	}()
+	rtnlMu.RUnlock()
+	if in != nil {
+		defer in.Close()
 	}
 	if err != nil {
 		return err
@@ -859,10 +873,10 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 	m.learnedTotal.Add(-int64(sb.learned.len()))
 	sb.learned = learnedSet{}
 	ifs := m.ifNames(sb)
-	m.nftMu.Lock()
-	err := m.nft.removeSandbox(id, sb.st.Index, ifs, max(sb.st.DomainSets, 16))
-	m.nftMu.Unlock()
-	errs = append(errs, err)
+	// The veth goes first: once it is gone no packet of the sandbox reaches
+	// the node, so its egress counter is final, and none passes unjudged
+	// while its rules are removed.
+	rtnlMu.RLock()
 	for _, name := range ifs {
 		if l, err := m.nl.LinkByName(name); err == nil {
 			if err := m.nl.LinkDel(l); err != nil {
@@ -870,13 +884,35 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 			}
 		}
 	}
+	rtnlMu.RUnlock()
+	// The node's conntrack entries from the sandbox's host address must go
+	// before the address is allocated again, or the next sandbox there
+	// would inherit the flows its rules allowed ("established" passes). A
+	// sandbox that never sent a packet to the node (its egress chain counts
+	// every one) has none: no dump, which walks the kernel's whole
+	// conntrack hash (every namespace's, all its buckets) whatever it
+	// returns.
+	addr := sb.net.HostAddr
+	flushCT := addr.IsValid()
+	m.nftMu.Lock()
+	if flushCT && len(errs) == 0 && !sb.ctUncounted && sb.st.Index > 0 {
+		pkts, err := m.nft.egressPackets(id, sb.st.Index)
+		flushCT = err != nil || pkts > 0
+	}
+	err := m.nft.removeSandbox(id, sb.st.Index, ifs, max(sb.st.DomainSets, 16))
+	m.nftMu.Unlock()
+	errs = append(errs, err)
 	for _, p := range m.nsPaths(sb) {
 		errs = append(errs, removeNetNS(p))
 	}
-	if sb.net.HostAddr.IsValid() {
+	if addr.IsValid() && !flushCT {
+		m.ctSkipped.Add(1)
+	}
+	if flushCT {
+		m.ctFlushes.Add(1)
 		// Filtered in the kernel: not a dump of the node's whole table.
-		if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, sb.net.HostAddr); err != nil {
-			log.G(ctx).Warn("flush conntrack of sandbox", "addr", sb.net.HostAddr.String(), "error", err)
+		if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, addr); err != nil {
+			log.G(ctx).Warn("flush conntrack of sandbox", "addr", addr.String(), "error", err)
 		}
 	}
 	if sb.st.Index > 0 {
@@ -886,6 +922,14 @@ func (m *Manager) teardown(ctx context.Context, sb *sandbox) error {
 		errs = append(errs, err)
 		for idx, owner := range all {
 			if owner == id {
+				// An allocation without state (a crash between the two):
+				// its address is known only here.
+				if _, a := m.alloc.pair(idx); a.IsValid() {
+					m.ctFlushes.Add(1)
+					if _, err := conntrackDeleteFrom(m.cfg.NodeNetNS, a); err != nil {
+						log.G(ctx).Warn("flush conntrack of sandbox", "addr", a.String(), "error", err)
+					}
+				}
 				errs = append(errs, m.alloc.release(idx, id))
 			}
 		}

@@ -12,6 +12,9 @@ var (
 		"(name, address) pairs dropped before their expiry because a sandbox reached max_dns_entries.", nil, nil)
 	descNFTFlushes = prometheus.NewDesc("opendsec_node_dns_nft_flushes_total",
 		"nftables transactions that carried DNS answers' set updates (concurrent answers share one).", nil, nil)
+	descCTTeardown = prometheus.NewDesc("opendsec_node_teardown_conntrack_total",
+		"Sandbox network teardowns by what they did about the node's conntrack entries from the sandbox (flushed: looked them up and deleted them, a walk of the kernel's whole conntrack hash; skipped: its egress counter saw no packet, so it had none).",
+		[]string{"action"}, nil)
 )
 
 // Describe makes the Manager a prometheus.Collector; the node registers it.
@@ -20,13 +23,16 @@ func (m *Manager) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDNSEntries
 	ch <- descDNSEvicted
 	ch <- descNFTFlushes
+	ch <- descCTTeardown
 }
 
-// Collect reports the DNS proxy's counters.
+// Collect reports the DNS proxy's and teardown's counters.
 func (m *Manager) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDNSRefused, prometheus.CounterValue, float64(m.dnsRateLimited.Load()), "rate_limited")
 	ch <- prometheus.MustNewConstMetric(descDNSRefused, prometheus.CounterValue, float64(m.dnsPrivate.Load()), "private_answer")
 	ch <- prometheus.MustNewConstMetric(descDNSEntries, prometheus.GaugeValue, float64(m.learnedTotal.Load()))
 	ch <- prometheus.MustNewConstMetric(descDNSEvicted, prometheus.CounterValue, float64(m.dnsEvicted.Load()))
 	ch <- prometheus.MustNewConstMetric(descNFTFlushes, prometheus.CounterValue, float64(m.nftFlushes.Load()))
+	ch <- prometheus.MustNewConstMetric(descCTTeardown, prometheus.CounterValue, float64(m.ctFlushes.Load()), "flushed")
+	ch <- prometheus.MustNewConstMetric(descCTTeardown, prometheus.CounterValue, float64(m.ctSkipped.Load()), "skipped")
 }

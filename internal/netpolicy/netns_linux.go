@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -61,7 +62,10 @@ func createNetNSOn(path, pin string, setup func() error) (err error) {
 			return
 		}
 		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		rtnlMu.RLock()
+		err = unix.Unshare(unix.CLONE_NEWNET)
+		rtnlMu.RUnlock()
+		if err != nil {
 			done <- fmt.Errorf("unshare netns: %w", err)
 			return
 		}
@@ -126,6 +130,35 @@ func inNetNS(path string, fn func() error) error {
 		done <- err
 	}()
 	return <-done
+}
+
+// rtnlMu keeps the node's own RTNL users (the netlink requests of setup and
+// teardown, unshare) off RTNL while a sandbox namespace's disable_ipv6 is
+// written: the kernel takes RTNL for that write with a trylock and
+// restarts the write() until it gets it, a busy loop for as long as
+// another holds RTNL.
+var rtnlMu sync.RWMutex
+
+// sandboxNSSetup is what every sandbox namespace gets first, on the
+// creating thread inside it: IPv6 off, lo up.
+func sandboxNSSetup() error {
+	// Set before any interface exists, so every one inherits it: a
+	// write to all/disable_ipv6 sets default/disable_ipv6 (and every
+	// interface's) as well (Documentation/networking/ip-sysctl.rst),
+	// one /proc/sys write less per sandbox. Through the node's own procfs
+	// (writeNSSysctl): not a lookup that grows with the sandboxes.
+	rtnlMu.Lock()
+	err := writeNSSysctl("net/ipv6/conf/all/disable_ipv6", "1")
+	rtnlMu.Unlock()
+	if err != nil {
+		return err
+	}
+	// lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX): no lookup.
+	lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
 }
 
 // writeSysctl writes value to /proc/sys/<key> of the calling thread's

@@ -51,6 +51,7 @@ const (
 var shardSize = 64
 
 func outChain(id string) string         { return chainPrefix + id + "-o" }
+func egressCounter(id string) string    { return chainPrefix + id + "-c" }
 func inChain(id string) string          { return chainPrefix + id + "-i" }
 func domainSet(id string, i int) string { return fmt.Sprintf("%s%s-d%d", chainPrefix, id, i) }
 func idFromChain(name string) (string, bool) {
@@ -363,6 +364,7 @@ func (n *nftState) addSandbox(s sandboxSpec, now time.Time) error {
 // in table t.
 func (n *nftState) queueEgress(t *nftables.Table, s sandboxSpec, now time.Time) error {
 	c := n.c
+	c.AddObj(&nftables.CounterObj{Table: t, Name: egressCounter(s.id)})
 	o := c.AddChain(&nftables.Chain{Name: outChain(s.id), Table: t})
 	c.FlushChain(o)
 	doms := domainRules(s.rules)
@@ -401,6 +403,12 @@ func (n *nftState) queueEgress(t *nftables.Table, s sandboxSpec, now time.Time) 
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex})
 	}
 	drop, accept := verdict(expr.VerdictDrop), verdict(expr.VerdictAccept)
+	// Every packet from the veth is counted first, in a named counter that
+	// lives from the sandbox's first rules to its teardown (a rewrite of the
+	// chain keeps it: an existing counter is not reset by adding it again):
+	// a sandbox that sent no packet has no conntrack entry on the node, and
+	// its teardown skips the flush (egressPackets).
+	add(o, &expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: egressCounter(s.id)})
 	// Egress: no IPv6, no spoofing, replies pass, the DNS proxy is reachable.
 	add(o, append(nfproto(unix.NFPROTO_IPV6), drop)...)
 	add(o, append(matchPrefix(12, netip.PrefixFrom(s.addr, 32), expr.CmpOpNeq), drop)...)
@@ -502,6 +510,22 @@ func (n *nftState) removeSandbox(id string, index int, hostIfs []string, domainS
 	return nil
 }
 
+// egressPackets returns how many packets the egress chain of sandbox id
+// (allocation index index) counted since its first rules: every packet from
+// the sandbox's veth that reached the node's filter hooks. One request for
+// one object, not a dump.
+func (n *nftState) egressPackets(id string, index int) (uint64, error) {
+	o, err := n.c.GetObject(&nftables.CounterObj{Table: n.shard(index), Name: egressCounter(id)})
+	if err != nil {
+		return 0, fmt.Errorf("read nft egress counter of sandbox %s: %w", id, err)
+	}
+	c, ok := o.(*nftables.CounterObj)
+	if !ok {
+		return 0, fmt.Errorf("nft egress counter of sandbox %s is a %T", id, o)
+	}
+	return c.Packets, nil
+}
+
 // queueRemove queues the removal of a sandbox's map entries, chains and
 // sets from table t (a shard, or a table of the layout before shards).
 func (n *nftState) queueRemove(t *nftables.Table, id string, hostIfs []string, domainSets int) error {
@@ -532,6 +556,11 @@ func (n *nftState) queueRemove(t *nftables.Table, id string, hostIfs []string, d
 	c.FlushChain(i)
 	c.DelChain(o)
 	c.DelChain(i)
+	// After the rule that uses it is gone; added first, so that a table
+	// without it (the layout before counters) takes the removal too.
+	ctr := &nftables.CounterObj{Table: t, Name: egressCounter(id)}
+	c.AddObj(ctr)
+	c.DeleteObject(ctr)
 	for k := 0; k < domainSets; k++ {
 		ds := dsetIn(t, domainSet(id, k))
 		if err := c.AddSet(ds, nil); err != nil {
