@@ -107,7 +107,7 @@ func (o *ociRuntime) execFailed(ctx context.Context, cmd *exec.Cmd, err error) b
 		o.loseSealed(ctx, fmt.Errorf("execute %s: %w (%w)", o.exe, pe.Err, cerr))
 		return true
 	}
-	log.G(ctx).Warn("the kernel refused to execute crun's sealed copy; this command runs from the path", "exe", o.exe, "path", o.path, log.Err(pe.Err))
+	log.G(ctx).Warn("the kernel refused to execute crun's sealed copy; this command runs from the path", "exe", o.exe, "path", o.path, "fd", o.sealed.describe(), log.Err(pe.Err))
 	return true
 }
 
