@@ -80,10 +80,49 @@ func TestIPv6Off(t *testing.T) {
 	}))
 	denied(t, "ipv6 out with ipv6 disabled", tcp6From(a, "["+v6Gateway+"]:7000"))
 
-	// The node side: an IPv6 address on the sandbox's veth and the uplink,
-	// forwarding on, echo servers on the node and in the internet.
+	// The node's end of the veth has IPv6 off too: no address, no route
+	// in the node namespace's IPv6 table (which the kernel walks whole on
+	// every link change there).
+	must(t, inNetNS(w.nodeNS, func() error {
+		v, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + a.HostIf + "/disable_ipv6")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(v)) != "1" {
+			t.Errorf("node side: net.ipv6.conf.%s.disable_ipv6 = %q, want 1", a.HostIf, strings.TrimSpace(string(v)))
+		}
+		l, err := netlink.LinkByName(a.HostIf)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("node side: veth %s is not up", a.HostIf)
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return err
+		}
+		if len(addrs) != 0 {
+			t.Errorf("node side: veth %s has IPv6 addresses %v, want none", a.HostIf, addrs)
+		}
+		routes, err := netlink.RouteList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return err
+		}
+		if len(routes) != 0 {
+			t.Errorf("node side: veth %s has IPv6 routes %v, want none", a.HostIf, routes)
+		}
+		return nil
+	}))
+
+	// The node side as a node with IPv6 would have it: an IPv6 address on
+	// the sandbox's veth and the uplink, forwarding on, echo servers on
+	// the node and in the internet.
 	must(t, inNetNS(w.nodeNS, func() error {
 		if err := writeSysctl("net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+		if err := writeSysctl("net/ipv6/conf/"+a.HostIf+"/disable_ipv6", "0"); err != nil {
 			return err
 		}
 		if err := addV6(a.HostIf, v6Gateway+"/64"); err != nil {
