@@ -555,36 +555,38 @@ func (m *Manager) setup(ctx context.Context, sb *sandbox) error {
 	if err := m.hostIPv6Off(n.HostIf); err != nil {
 		return err
 	}
+	// Each netlink request holds rtnlMu on its own: a disable_ipv6 write
+	// waits for one request, not a whole sequence of them.
 	var in *netlink.Handle
-	rtnlMu.RLock()
 	err = func() error {
 		host := netlink.Link(veth)
-		if err := m.nl.LinkSetUp(host); err != nil {
+		if err := rtnlRead(func() error { return m.nl.LinkSetUp(host) }); err != nil {
 			return fmt.Errorf("set veth up: %w", err)
 		}
-		if err := m.nl.LinkSetAlias(host, n.ID); err != nil {
+		if err := rtnlRead(func() error { return m.nl.LinkSetAlias(host, n.ID) }); err != nil {
 			return fmt.Errorf("label veth: %w", err)
 		}
-		if err := m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))}); err != nil {
+		if err := rtnlRead(func() error {
+			return m.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(n.HostGateway, 31))})
+		}); err != nil {
 			return fmt.Errorf("address veth: %w", err)
 		}
-		if err := m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)); err != nil {
+		if err := rtnlRead(func() error { return m.nl.NeighSet(permanentNeigh(host, n.HostAddr, ethMAC)) }); err != nil {
 			return fmt.Errorf("add neighbour of veth: %w", err)
 		}
 		in, err = netlink.NewHandleAt(ns)
 		if err != nil {
 			return fmt.Errorf("open sandbox netlink: %w", err)
 		}
-		peer, err := in.LinkByName(sandboxIf)
-		if err != nil {
+		var peer netlink.Link
+		if err := rtnlRead(func() (err error) { peer, err = in.LinkByName(sandboxIf); return err }); err != nil {
 			return fmt.Errorf("find sandbox veth: %w", err)
 		}
 		if tap {
-			return m.setupTapSide(in, peer, n)
+			return rtnlRead(func() error { return m.setupTapSide(in, peer, n) })
 		}
 		return m.setupVethSide(in, peer)
 	}()
-	rtnlMu.RUnlock()
 	if in != nil {
 		defer in.Close()
 	}
@@ -613,18 +615,20 @@ func permanentNeigh(l netlink.Link, ip netip.Addr, mac [6]byte) *netlink.Neigh {
 // setupVethSide gives eth0 the guest configuration: the guest lives in the
 // namespace.
 func (m *Manager) setupVethSide(in *netlink.Handle, eth netlink.Link) error {
-	if err := in.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(guestPrefix)}); err != nil {
+	if err := rtnlRead(func() error { return in.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(guestPrefix)}) }); err != nil {
 		return fmt.Errorf("address sandbox veth: %w", err)
 	}
-	if err := in.LinkSetUp(eth); err != nil {
+	if err := rtnlRead(func() error { return in.LinkSetUp(eth) }); err != nil {
 		return fmt.Errorf("set sandbox veth up: %w", err)
 	}
 	// The gateway is the node's end of the veth, which holds no guest
 	// address: only its MAC answers for it.
-	if err := in.NeighSet(permanentNeigh(eth, guestGateway, gatewayMAC)); err != nil {
+	if err := rtnlRead(func() error { return in.NeighSet(permanentNeigh(eth, guestGateway, gatewayMAC)) }); err != nil {
 		return fmt.Errorf("add gateway neighbour: %w", err)
 	}
-	if err := in.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: guestGateway.AsSlice()}); err != nil {
+	if err := rtnlRead(func() error {
+		return in.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: guestGateway.AsSlice()})
+	}); err != nil {
 		return fmt.Errorf("add default route: %w", err)
 	}
 	return nil

@@ -139,6 +139,14 @@ func inNetNS(path string, fn func() error) error {
 // another holds RTNL.
 var rtnlMu sync.RWMutex
 
+// rtnlRead runs f, one netlink request (or a few), holding rtnlMu for
+// reading: short, so a writer waits for little.
+func rtnlRead(f func() error) error {
+	rtnlMu.RLock()
+	defer rtnlMu.RUnlock()
+	return f()
+}
+
 // sandboxNSSetup is what every sandbox namespace gets first, on the
 // creating thread inside it: IPv6 off, lo up.
 func sandboxNSSetup() error {
