@@ -168,6 +168,31 @@ func (s *service) SetNetwork(ctx context.Context, req *connect.Request[nodev1.Se
 	return connect.NewResponse(&nodev1.SetNetworkResponse{Sandbox: s.n.toProto(sb)}), nil
 }
 
+// liveCounts counts the sandboxes c may see that are neither stopped nor
+// failed, by backend (the spec's, else the node's default) and by task,
+// as the watcher did from ListSandboxes: one pass under n.mu, without
+// building each sandbox's proto.
+func (n *Node) liveCounts(c caller) (byBackend, byTask map[string]int64) {
+	byBackend, byTask = map[string]int64{}, map[string]int64{}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, sb := range n.sandboxes {
+		rec := sb.rec
+		if sb.died.Load() || !c.owns(rec) {
+			continue // failed (ListSandboxes never shows one stopped: it leaves the table)
+		}
+		backend := rec.Spec.Backend
+		if backend == "" {
+			backend = n.cfg.DefaultBackend
+		}
+		byBackend[backend]++
+		if rec.Spec.TaskID != "" {
+			byTask[rec.Spec.TaskID]++
+		}
+	}
+	return byBackend, byTask
+}
+
 func (u usageReading) capacity() *nodev1.Capacity {
 	return &nodev1.Capacity{Cpu: u.cpu, MemoryMb: u.memMB, Sandboxes: int64(u.count)}
 }
@@ -186,7 +211,9 @@ func (s *service) Info(ctx context.Context, req *connect.Request[nodev1.InfoRequ
 		Version:              version.Version,
 		Accelerator:          acceleratorProto(s.n.cfg.Accelerator),
 		DefaultBackendReason: s.n.cfg.DefaultBackendReason,
+		SandboxCounts:        true,
 	}
+	resp.SandboxesByBackend, resp.SandboxesByTask = s.n.liveCounts(callerOf(ctx))
 	if c := s.n.cfg.CoreScheduling; c != nil {
 		resp.CoreScheduling = &nodev1.CoreScheduling{Enabled: c.Enabled, Reason: c.Reason}
 	}

@@ -158,22 +158,35 @@ func (w *Watcher) pollNode(ctx context.Context, n *nodeclient.Client) (*watcherv
 	if id := info.Msg.GetNodeId(); id != n.ID() {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "node at %s reports id %q but is configured as %q; fix nodes[].id", addr, id, n.ID())
 	}
-	list, err := c.ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", errdefs.FromConnect(err))
-	}
 	st := &watcherv1.NodeStatus{
-		NodeId:             n.ID(),
-		Address:            addr,
-		Healthy:            info.Msg.GetHealthy(),
-		LastSeen:           timestamppb.Now(),
-		Info:               info.Msg,
-		SandboxesByBackend: map[string]int64{},
-		SandboxesByTask:    map[string]int64{},
+		NodeId:   n.ID(),
+		Address:  addr,
+		Healthy:  info.Msg.GetHealthy(),
+		LastSeen: timestamppb.Now(),
+		Info:     info.Msg,
 	}
 	if !st.Healthy {
 		st.LastError = "node reports itself unhealthy"
 	}
+	if info.Msg.GetSandboxCounts() {
+		// The node counted: move its counts out of Info, so NodeStatus
+		// carries them once, as with a node that does not count.
+		st.SandboxesByBackend, st.SandboxesByTask = info.Msg.GetSandboxesByBackend(), info.Msg.GetSandboxesByTask()
+		info.Msg.SandboxesByBackend, info.Msg.SandboxesByTask, info.Msg.SandboxCounts = nil, nil, false
+		if st.SandboxesByBackend == nil {
+			st.SandboxesByBackend = map[string]int64{}
+		}
+		if st.SandboxesByTask == nil {
+			st.SandboxesByTask = map[string]int64{}
+		}
+		return st, nil
+	}
+	// A node older than the counts: list its sandboxes and count them.
+	list, err := c.ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", errdefs.FromConnect(err))
+	}
+	st.SandboxesByBackend, st.SandboxesByTask = map[string]int64{}, map[string]int64{}
 	for _, sb := range list.Msg.GetSandboxes() {
 		switch sb.GetState() {
 		case nodev1.SandboxState_SANDBOX_STATE_STOPPED, nodev1.SandboxState_SANDBOX_STATE_FAILED:

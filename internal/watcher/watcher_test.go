@@ -29,6 +29,10 @@ type fakeNode struct {
 	fail    bool
 	healthy bool
 	sbs     []*nodev1.Sandbox
+	// counts, when set, are the live counts Info reports (a current node);
+	// nil, Info reports none (a node older than them).
+	counts *[2]map[string]int64
+	lists  int // ListSandboxes calls
 }
 
 func (f *fakeNode) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
@@ -37,15 +41,20 @@ func (f *fakeNode) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (
 	if f.fail {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("node is down"))
 	}
-	return connect.NewResponse(&nodev1.InfoResponse{
+	resp := &nodev1.InfoResponse{
 		NodeId: f.id, Backends: []string{"container"}, DefaultBackend: "container", Healthy: f.healthy,
 		Total: &nodev1.Capacity{Cpu: 4, MemoryMb: 4096, Sandboxes: 10},
-	}), nil
+	}
+	if f.counts != nil {
+		resp.SandboxCounts, resp.SandboxesByBackend, resp.SandboxesByTask = true, f.counts[0], f.counts[1]
+	}
+	return connect.NewResponse(resp), nil
 }
 
 func (f *fakeNode) ListSandboxes(context.Context, *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists++
 	return connect.NewResponse(&nodev1.ListSandboxesResponse{Sandboxes: f.sbs}), nil
 }
 
@@ -129,6 +138,39 @@ func TestPollBuildsView(t *testing.T) {
 	}
 	if nb.GetHealthy() || nb.GetLastError() == "" {
 		t.Fatalf("n002 = %v, want unhealthy with the error", nb)
+	}
+}
+
+// A node that counts its sandboxes in Info is not asked to list them; one
+// older than the counts is, every poll.
+func TestPollUsesNodeCounts(t *testing.T) {
+	sbs := []*nodev1.Sandbox{{Id: "x", State: nodev1.SandboxState_SANDBOX_STATE_RUNNING, Spec: &nodev1.SandboxSpec{TaskId: "t1"}}}
+	counting := &fakeNode{id: "n001", healthy: true, sbs: sbs,
+		counts: &[2]map[string]int64{{"microvm": 3, "container": 1}, {"t9": 4}}}
+	old := &fakeNode{id: "n002", healthy: true, sbs: sbs}
+	w, _ := setup(t, counting, old)
+	w.Poll(t.Context())
+	w.Poll(t.Context())
+	got := w.Nodes()
+	na, nb := byID(got, "n001"), byID(got, "n002")
+	counting.set(func(f *fakeNode) {
+		if f.lists != 0 {
+			t.Errorf("node with counts: %d ListSandboxes calls, want 0", f.lists)
+		}
+	})
+	old.set(func(f *fakeNode) {
+		if f.lists != 2 {
+			t.Errorf("node without counts: %d ListSandboxes calls in 2 polls, want 2", f.lists)
+		}
+	})
+	if !na.GetHealthy() || na.SandboxesByBackend["microvm"] != 3 || na.SandboxesByBackend["container"] != 1 || len(na.SandboxesByTask) != 1 || na.SandboxesByTask["t9"] != 4 {
+		t.Fatalf("n001 = %v, want the node's counts", na)
+	}
+	if i := na.GetInfo(); i.GetSandboxCounts() || len(i.GetSandboxesByBackend()) != 0 || len(i.GetSandboxesByTask()) != 0 {
+		t.Fatalf("n001 info keeps the counts (%v); they belong in NodeStatus only", i)
+	}
+	if !nb.GetHealthy() || nb.SandboxesByBackend["container"] != 1 || nb.SandboxesByTask["t1"] != 1 {
+		t.Fatalf("n002 = %v, want the counts of its listed sandboxes", nb)
 	}
 }
 

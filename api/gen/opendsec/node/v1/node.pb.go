@@ -2006,7 +2006,16 @@ type InfoResponse struct {
 	CoreScheduling *CoreScheduling `protobuf:"bytes,13,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
 	// Each backend's version and what it chose at start, by name (the
 	// container backend: its OCI runtime, runc or crun, and why).
-	BackendInfo   []*BackendInfo `protobuf:"bytes,14,rep,name=backend_info,json=backendInfo,proto3" json:"backend_info,omitempty"`
+	BackendInfo []*BackendInfo `protobuf:"bytes,14,rep,name=backend_info,json=backendInfo,proto3" json:"backend_info,omitempty"`
+	// Live sandboxes (neither stopped nor failed) among those the caller may
+	// see, by backend (a spec without one counts under default_backend) and
+	// by task_id (sandboxes without one are not counted): what the watcher
+	// reports, without listing every sandbox each poll.
+	SandboxesByBackend map[string]int64 `protobuf:"bytes,15,rep,name=sandboxes_by_backend,json=sandboxesByBackend,proto3" json:"sandboxes_by_backend,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	SandboxesByTask    map[string]int64 `protobuf:"bytes,16,rep,name=sandboxes_by_task,json=sandboxesByTask,proto3" json:"sandboxes_by_task,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The node filled in sandboxes_by_backend and sandboxes_by_task (a node
+	// older than these fields leaves it false; ask ListSandboxes then).
+	SandboxCounts bool `protobuf:"varint,17,opt,name=sandbox_counts,json=sandboxCounts,proto3" json:"sandbox_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2137,6 +2146,27 @@ func (x *InfoResponse) GetBackendInfo() []*BackendInfo {
 		return x.BackendInfo
 	}
 	return nil
+}
+
+func (x *InfoResponse) GetSandboxesByBackend() map[string]int64 {
+	if x != nil {
+		return x.SandboxesByBackend
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetSandboxesByTask() map[string]int64 {
+	if x != nil {
+		return x.SandboxesByTask
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetSandboxCounts() bool {
+	if x != nil {
+		return x.SandboxCounts
+	}
+	return false
 }
 
 // BackendInfo describes one of the node's backends.
@@ -3015,7 +3045,7 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\bCapacity\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x1c\n" +
-	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xe7\x04\n" +
+	"\tsandboxes\x18\x03 \x01(\x03R\tsandboxes\"\xe4\a\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x12'\n" +
@@ -3031,7 +3061,16 @@ const file_opendsec_node_v1_node_proto_rawDesc = "" +
 	"\vaccelerator\x18\v \x01(\v2\x1d.opendsec.node.v1.AcceleratorR\vaccelerator\x124\n" +
 	"\x16default_backend_reason\x18\f \x01(\tR\x14defaultBackendReason\x12I\n" +
 	"\x0fcore_scheduling\x18\r \x01(\v2 .opendsec.node.v1.CoreSchedulingR\x0ecoreScheduling\x12@\n" +
-	"\fbackend_info\x18\x0e \x03(\v2\x1d.opendsec.node.v1.BackendInfoR\vbackendInfo\"S\n" +
+	"\fbackend_info\x18\x0e \x03(\v2\x1d.opendsec.node.v1.BackendInfoR\vbackendInfo\x12h\n" +
+	"\x14sandboxes_by_backend\x18\x0f \x03(\v26.opendsec.node.v1.InfoResponse.SandboxesByBackendEntryR\x12sandboxesByBackend\x12_\n" +
+	"\x11sandboxes_by_task\x18\x10 \x03(\v23.opendsec.node.v1.InfoResponse.SandboxesByTaskEntryR\x0fsandboxesByTask\x12%\n" +
+	"\x0esandbox_counts\x18\x11 \x01(\bR\rsandboxCounts\x1aE\n" +
+	"\x17SandboxesByBackendEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aB\n" +
+	"\x14SandboxesByTaskEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"S\n" +
 	"\vBackendInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
@@ -3125,7 +3164,7 @@ func file_opendsec_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_opendsec_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_opendsec_node_v1_node_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.node.v1.SandboxState
 	(*SandboxSpec)(nil),               // 1: opendsec.node.v1.SandboxSpec
@@ -3173,7 +3212,9 @@ var file_opendsec_node_v1_node_proto_goTypes = []any{
 	nil,                               // 43: opendsec.node.v1.SandboxSpec.LabelsEntry
 	nil,                               // 44: opendsec.node.v1.SandboxSpec.BackendOptionsEntry
 	nil,                               // 45: opendsec.node.v1.SandboxSelector.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 46: google.protobuf.Timestamp
+	nil,                               // 46: opendsec.node.v1.InfoResponse.SandboxesByBackendEntry
+	nil,                               // 47: opendsec.node.v1.InfoResponse.SandboxesByTaskEntry
+	(*timestamppb.Timestamp)(nil),     // 48: google.protobuf.Timestamp
 }
 var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	42, // 0: opendsec.node.v1.SandboxSpec.env:type_name -> opendsec.node.v1.SandboxSpec.EnvEntry
@@ -3183,10 +3224,10 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	3,  // 4: opendsec.node.v1.NetworkPolicy.allow:type_name -> opendsec.node.v1.NetworkRule
 	1,  // 5: opendsec.node.v1.Sandbox.spec:type_name -> opendsec.node.v1.SandboxSpec
 	0,  // 6: opendsec.node.v1.Sandbox.state:type_name -> opendsec.node.v1.SandboxState
-	46, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	46, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	46, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	46, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
+	48, // 7: opendsec.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	48, // 8: opendsec.node.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	48, // 9: opendsec.node.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	48, // 10: opendsec.node.v1.SandboxMetrics.timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 11: opendsec.node.v1.SandboxMetrics.state:type_name -> opendsec.node.v1.SandboxState
 	45, // 12: opendsec.node.v1.SandboxSelector.labels:type_name -> opendsec.node.v1.SandboxSelector.LabelsEntry
 	6,  // 13: opendsec.node.v1.PauseSandboxesRequest.selector:type_name -> opendsec.node.v1.SandboxSelector
@@ -3208,49 +3249,51 @@ var file_opendsec_node_v1_node_proto_depIdxs = []int32{
 	4,  // 29: opendsec.node.v1.SetNetworkResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
 	28, // 30: opendsec.node.v1.InfoResponse.total:type_name -> opendsec.node.v1.Capacity
 	28, // 31: opendsec.node.v1.InfoResponse.used:type_name -> opendsec.node.v1.Capacity
-	46, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
+	48, // 32: opendsec.node.v1.InfoResponse.now:type_name -> google.protobuf.Timestamp
 	32, // 33: opendsec.node.v1.InfoResponse.accelerator:type_name -> opendsec.node.v1.Accelerator
 	31, // 34: opendsec.node.v1.InfoResponse.core_scheduling:type_name -> opendsec.node.v1.CoreScheduling
 	30, // 35: opendsec.node.v1.InfoResponse.backend_info:type_name -> opendsec.node.v1.BackendInfo
-	46, // 36: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
-	4,  // 37: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	4,  // 38: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
-	5,  // 39: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
-	41, // 40: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
-	4,  // 41: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
-	13, // 42: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
-	15, // 43: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
-	17, // 44: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
-	19, // 45: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
-	21, // 46: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
-	23, // 47: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
-	25, // 48: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
-	27, // 49: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
-	33, // 50: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
-	35, // 51: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
-	37, // 52: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
-	8,  // 53: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
-	11, // 54: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
-	39, // 55: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
-	14, // 56: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
-	16, // 57: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
-	18, // 58: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
-	20, // 59: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
-	22, // 60: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
-	24, // 61: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
-	26, // 62: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
-	29, // 63: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
-	34, // 64: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
-	36, // 65: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
-	38, // 66: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
-	10, // 67: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
-	12, // 68: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
-	40, // 69: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
-	56, // [56:70] is the sub-list for method output_type
-	42, // [42:56] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	46, // 36: opendsec.node.v1.InfoResponse.sandboxes_by_backend:type_name -> opendsec.node.v1.InfoResponse.SandboxesByBackendEntry
+	47, // 37: opendsec.node.v1.InfoResponse.sandboxes_by_task:type_name -> opendsec.node.v1.InfoResponse.SandboxesByTaskEntry
+	48, // 38: opendsec.node.v1.Accelerator.detected_at:type_name -> google.protobuf.Timestamp
+	4,  // 39: opendsec.node.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	4,  // 40: opendsec.node.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.node.v1.Sandbox
+	5,  // 41: opendsec.node.v1.GetSandboxMetricsResponse.metrics:type_name -> opendsec.node.v1.SandboxMetrics
+	41, // 42: opendsec.node.v1.ForkSandboxResponse.forks:type_name -> opendsec.node.v1.ForkResult
+	4,  // 43: opendsec.node.v1.ForkResult.sandbox:type_name -> opendsec.node.v1.Sandbox
+	13, // 44: opendsec.node.v1.NodeService.CreateSandbox:input_type -> opendsec.node.v1.CreateSandboxRequest
+	15, // 45: opendsec.node.v1.NodeService.PrewarmSandboxes:input_type -> opendsec.node.v1.PrewarmSandboxesRequest
+	17, // 46: opendsec.node.v1.NodeService.GetSandbox:input_type -> opendsec.node.v1.GetSandboxRequest
+	19, // 47: opendsec.node.v1.NodeService.ListSandboxes:input_type -> opendsec.node.v1.ListSandboxesRequest
+	21, // 48: opendsec.node.v1.NodeService.StopSandbox:input_type -> opendsec.node.v1.StopSandboxRequest
+	23, // 49: opendsec.node.v1.NodeService.SetTimeout:input_type -> opendsec.node.v1.SetTimeoutRequest
+	25, // 50: opendsec.node.v1.NodeService.SetNetwork:input_type -> opendsec.node.v1.SetNetworkRequest
+	27, // 51: opendsec.node.v1.NodeService.Info:input_type -> opendsec.node.v1.InfoRequest
+	33, // 52: opendsec.node.v1.NodeService.PauseSandbox:input_type -> opendsec.node.v1.PauseSandboxRequest
+	35, // 53: opendsec.node.v1.NodeService.ResumeSandbox:input_type -> opendsec.node.v1.ResumeSandboxRequest
+	37, // 54: opendsec.node.v1.NodeService.GetSandboxMetrics:input_type -> opendsec.node.v1.GetSandboxMetricsRequest
+	8,  // 55: opendsec.node.v1.NodeService.PauseSandboxes:input_type -> opendsec.node.v1.PauseSandboxesRequest
+	11, // 56: opendsec.node.v1.NodeService.ResumeSandboxes:input_type -> opendsec.node.v1.ResumeSandboxesRequest
+	39, // 57: opendsec.node.v1.NodeService.ForkSandbox:input_type -> opendsec.node.v1.ForkSandboxRequest
+	14, // 58: opendsec.node.v1.NodeService.CreateSandbox:output_type -> opendsec.node.v1.CreateSandboxResponse
+	16, // 59: opendsec.node.v1.NodeService.PrewarmSandboxes:output_type -> opendsec.node.v1.PrewarmSandboxesResponse
+	18, // 60: opendsec.node.v1.NodeService.GetSandbox:output_type -> opendsec.node.v1.GetSandboxResponse
+	20, // 61: opendsec.node.v1.NodeService.ListSandboxes:output_type -> opendsec.node.v1.ListSandboxesResponse
+	22, // 62: opendsec.node.v1.NodeService.StopSandbox:output_type -> opendsec.node.v1.StopSandboxResponse
+	24, // 63: opendsec.node.v1.NodeService.SetTimeout:output_type -> opendsec.node.v1.SetTimeoutResponse
+	26, // 64: opendsec.node.v1.NodeService.SetNetwork:output_type -> opendsec.node.v1.SetNetworkResponse
+	29, // 65: opendsec.node.v1.NodeService.Info:output_type -> opendsec.node.v1.InfoResponse
+	34, // 66: opendsec.node.v1.NodeService.PauseSandbox:output_type -> opendsec.node.v1.PauseSandboxResponse
+	36, // 67: opendsec.node.v1.NodeService.ResumeSandbox:output_type -> opendsec.node.v1.ResumeSandboxResponse
+	38, // 68: opendsec.node.v1.NodeService.GetSandboxMetrics:output_type -> opendsec.node.v1.GetSandboxMetricsResponse
+	10, // 69: opendsec.node.v1.NodeService.PauseSandboxes:output_type -> opendsec.node.v1.PauseSandboxesResponse
+	12, // 70: opendsec.node.v1.NodeService.ResumeSandboxes:output_type -> opendsec.node.v1.ResumeSandboxesResponse
+	40, // 71: opendsec.node.v1.NodeService.ForkSandbox:output_type -> opendsec.node.v1.ForkSandboxResponse
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_node_v1_node_proto_init() }
@@ -3265,7 +3308,7 @@ func file_opendsec_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_node_v1_node_proto_rawDesc), len(file_opendsec_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   45,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
