@@ -364,7 +364,13 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			{"destination": "/init", "type": "bind", "source": cfg.InitPath, "options": []string{"bind", "ro"}},
 		},
 		"linux": map[string]any{
-			"cgroupsPath": filepath.Join(cfg.CgroupParent, id),
+			// Beside the sandboxes' parent, not in it: the probe's killed
+			// init stays a zombie until the host's PID 1 reaps it (seconds
+			// on a loaded host), and a zombie counts in the pids.current of
+			// every cgroup above its own, removed, one: in the parent it
+			// would hold one of node.total_pids_limit's pids and show as a
+			// sandbox's (TestSecurityPidsLimit saw 4 x 64 + 1).
+			"cgroupsPath": filepath.Join(filepath.Dir(cfg.CgroupParent), id),
 			"resources": map[string]any{
 				"memory":  map[string]any{"limit": limit, "swap": limit},
 				"pids":    map[string]any{"limit": pids},
