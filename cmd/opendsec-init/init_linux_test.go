@@ -428,14 +428,10 @@ func TestStraySignalsDoNotKillInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := strings.Fields(string(b))
-	mask, err := strconv.ParseUint(f[len(f)-1], 16, 64)
-	if err != nil {
-		t.Fatalf("SigIgn line %q: %v", b, err)
-	}
+	mask := statusMask(t, string(b), "SigIgn:")
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGUSR1} {
 		if mask&(1<<(uint(sig)-1)) != 0 {
-			t.Errorf("the server inherits %v ignored (SigIgn %s)", sig, f[len(f)-1])
+			t.Errorf("the server inherits %v ignored (SigIgn %x)", sig, mask)
 		}
 	}
 }
