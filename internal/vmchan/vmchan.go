@@ -7,7 +7,10 @@
 package vmchan
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -192,6 +195,9 @@ func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmchan dial %s: %w: %w", c.path, errdefs.ErrUnavailable, err)
 	}
+	if conn, err = hello(ctx, conn); err != nil {
+		return nil, fmt.Errorf("vmchan dial %s: %w: %w", c.path, errdefs.ErrUnavailable, err)
+	}
 	s, err := yamux.Client(conn, yamuxConfig())
 	if err != nil {
 		_ = conn.Close()
@@ -219,6 +225,70 @@ func (c *Client) Open(ctx context.Context) (net.Conn, error) {
 		_ = s.Close()
 		if attempt > 0 || !errors.Is(err, yamux.ErrSessionShutdown) && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("vmchan open: %w: %w", errdefs.ErrUnavailable, err)
+		}
+	}
+}
+
+// hello begins a host session on conn: it writes a hello (a ping with the
+// flags flagHello and a random value) and returns conn read through a
+// filter that skips what the guest sends until the answer to the hello
+// (an ACK ping of the same value): anything before it is the end of an old
+// session's output (split.go). The skip happens in the reader (yamux's
+// receive loop), so a guest not up yet blocks nothing but that loop, as
+// before the hello. A guest older than the hello answers it through
+// yamux, with a plain ACK.
+func hello(ctx context.Context, conn net.Conn) (net.Conn, error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	v := binary.BigEndian.Uint32(b[:]) | 1<<31 // never a small yamux ping ID
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetWriteDeadline(d)
+	}
+	if _, err := conn.Write(frame(typePing, flagHello, 0, v)); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("the hello: %w", err)
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	return &helloConn{Conn: conn, r: bufio.NewReaderSize(conn, 32<<10), value: v}, nil
+}
+
+// helloConn is a host session's connection, read after the answer to its
+// hello. One goroutine reads it (yamux's receive loop).
+type helloConn struct {
+	net.Conn
+	r        *bufio.Reader
+	value    uint32
+	answered bool
+}
+
+func (c *helloConn) Read(b []byte) (int, error) {
+	if !c.answered {
+		if err := c.skip(); err != nil {
+			return 0, err
+		}
+		c.answered = true
+	}
+	return c.r.Read(b)
+}
+
+// skip reads frames up to and including the answer to the hello.
+func (c *helloConn) skip() error {
+	h := make([]byte, hdrLen)
+	for skipped := 0; ; skipped++ {
+		if _, err := io.ReadFull(c.r, h); err != nil {
+			return fmt.Errorf("vmchan: the guest's answer to the hello (after %d other frames): %w", skipped, err)
+		}
+		if h[0] != 0 {
+			return fmt.Errorf("vmchan: the guest's answer to the hello: not a yamux frame (version %d)", h[0])
+		}
+		length := binary.BigEndian.Uint32(h[8:12])
+		if h[1] == typePing && binary.BigEndian.Uint16(h[2:4])&flagACK != 0 && length == c.value {
+			return nil
+		}
+		if h[1] == typeData {
+			if _, err := io.CopyN(io.Discard, c.r, int64(length)); err != nil {
+				return fmt.Errorf("vmchan: the guest's answer to the hello: %w", err)
+			}
 		}
 	}
 }
