@@ -9,6 +9,10 @@
 #      after KILL_AFTER (default 300) results; the system is started again
 #      and the same request sent again: exactly COUNT sandboxes, distinct,
 #      all running.
+# Before the runc loop and again before the batch, bench/burst syncs and
+# waits until the kernel's count of network namespaces (/proc/slabinfo) is
+# steady for 2 s: neither side pays for the cleanup of what ran before it
+# (the runc loop's containers, an earlier system's sandboxes).
 # Every create of part 1 is cold: the batch has skip_warm_pool and the warm
 # pool is off (size 0), so no prestart refill competes with it either.
 # BASE_REV="<git rev>..." runs part 1 first with opendsec built from each

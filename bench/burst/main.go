@@ -64,6 +64,9 @@ type result struct {
 	RuncN       int       `json:"runc_n,omitempty"`
 	RuncRunMS   []float64 `json:"runc_run_ms,omitempty"`
 	RuncTotalMS float64   `json:"runc_total_ms,omitempty"`
+	// QuietMS is how long the bench waited for the kernel to finish
+	// cleaning up before the runc loop and before the batch (waitQuiet).
+	QuietMS []float64 `json:"quiet_ms,omitempty"`
 
 	BatchTotalMS float64   `json:"batch_total_ms,omitempty"`
 	ArrivalMS    []float64 `json:"arrival_ms,omitempty"`    // since the batch's start, per sandbox
@@ -336,11 +339,26 @@ func runMain(ctx context.Context, c config) error {
 		return err
 	}
 	r := &result{Mode: "main", Name: c.name, Count: c.count, CPU: c.cpu, MemMB: c.memoryMB, RuncN: c.runcN, SkipWarmPool: c.skipWarmPool}
+	quiet := func(before string) error {
+		d, n, err := waitQuiet(ctx, 120*time.Second)
+		if err != nil {
+			return fmt.Errorf("wait for a quiet machine before %s: %w", before, err)
+		}
+		r.QuietMS = append(r.QuietMS, ms(d))
+		fmt.Fprintf(os.Stderr, "   quiet before %s after %.1f s (%d network namespaces)\n", before, d.Seconds(), n)
+		return nil
+	}
+	if err := quiet("the runc loop"); err != nil {
+		return err
+	}
 	fmt.Fprintf(os.Stderr, "== runc run loop of %d\n", c.runcN)
 	if err := runcLoop(ctx, c, r); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "   %.1f ms each (p50)\n", pct(r.RuncRunMS, 50))
+	if err := quiet("the batch"); err != nil {
+		return err
+	}
 	label := fmt.Sprintf("burst-%d", os.Getpid())
 	if c.prewarm {
 		fmt.Fprintf(os.Stderr, "== prewarm %d\n", c.count)

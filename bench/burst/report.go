@@ -42,6 +42,9 @@ func writeReport(c config, paths []string) error {
 				c.stopConcurrency, len(r.StopMS), r.StopTotalMS, stopRate, pct(r.StopMS, 50), pct(r.StopMS, 95))
 			fmt.Fprintf(&b, "Batch create throughput / sequential runc run: **%.2fx**. Stop throughput / create throughput: **%.2fx**.\n\n", rate/runcRate, stopRate/rate)
 			fmt.Fprintf(&b, "The node's OCI runtime: %s. The baseline is always `runc run` (issue 12).\n\n", ociText(r.OCIRuntime))
+			if len(r.QuietMS) == 2 {
+				fmt.Fprintf(&b, "Each side started on a quiet machine (sync, then the kernel's count of network namespaces steady for 2 s): waited %.1f s before the runc loop and %.1f s before the batch.\n\n", r.QuietMS[0]/1000, r.QuietMS[1]/1000)
+			}
 			fmt.Fprintf(&b, "Cold: skip_warm_pool %v; %d of %d creates came from the warm pool (node log). ", r.SkipWarmPool, r.FromPool, len(r.NodeTotalMS))
 			if len(r.NodeStartMS) == 0 {
 				fmt.Fprintf(&b, "No cold creates.\n\n")
