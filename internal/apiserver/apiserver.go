@@ -21,6 +21,7 @@ import (
 	watcherv1 "github.com/kernflux/opendsec/api/gen/opendsec/watcher/v1"
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"github.com/kernflux/opendsec/internal/log"
 	"github.com/kernflux/opendsec/internal/nodeclient"
 	"github.com/kernflux/opendsec/internal/placement"
@@ -170,10 +171,6 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// compressMinBytes is the smallest answer the public API compresses for
-// callers that accept it.
-const compressMinBytes = 16 << 10
-
 // Handler returns all public services behind the auth interceptor (with
 // request metrics), plus an unauthenticated GET /healthz and GET /metrics.
 func (s *Server) Handler() http.Handler {
@@ -185,7 +182,7 @@ func (s *Server) Handler() http.Handler {
 		// Answers under 16 KiB go uncompressed, as the node's: a gzip
 		// writer's reset and flush for each small message (each result of
 		// a batch create, each stop) cost more CPU than the bytes saved.
-		connect.WithCompressMinBytes(compressMinBytes),
+		connect.WithCompressMinBytes(httpserver.CompressMinBytes),
 	}
 	mux := http.NewServeMux()
 	mux.Handle(opendsecv1connect.NewSandboxServiceHandler(s, opts...))

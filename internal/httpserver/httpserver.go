@@ -91,3 +91,9 @@ func serve(ctx context.Context, name string, ln net.Listener, h http.Handler, tl
 	}
 	return nil
 }
+
+// CompressMinBytes is the smallest answer OpenDsec's Connect services
+// compress for a caller that accepts it. Most answers are small (a
+// sandbox, a status): gzip would cost both ends more CPU than it saves
+// bytes; lists of many sandboxes still go compressed.
+const CompressMinBytes = 16 << 10

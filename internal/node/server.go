@@ -11,6 +11,7 @@ import (
 	nodev1 "github.com/kernflux/opendsec/api/gen/opendsec/node/v1"
 	"github.com/kernflux/opendsec/api/gen/opendsec/node/v1/nodev1connect"
 	"github.com/kernflux/opendsec/internal/errdefs"
+	"github.com/kernflux/opendsec/internal/httpserver"
 	"github.com/kernflux/opendsec/internal/netpolicy"
 	"github.com/kernflux/opendsec/internal/sandboxspec/specpb"
 	"github.com/kernflux/opendsec/internal/version"
@@ -21,10 +22,7 @@ import (
 // in its own authentication middleware.
 func (n *Node) Handler(opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
-	// Answers are small (a sandbox, a status): gzip would cost both ends
-	// more CPU than it saves bytes. Lists of many sandboxes still go
-	// compressed to a client that accepts it.
-	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()), connect.WithCompressMinBytes(16<<10))
+	opts = append(opts, connect.WithInterceptors(errdefs.Interceptor()), connect.WithCompressMinBytes(httpserver.CompressMinBytes))
 	path, h := nodev1connect.NewNodeServiceHandler(&service{n: n}, opts...)
 	mux.Handle(path, h)
 	mux.Handle("GET /metrics", n.MetricsHandler())
