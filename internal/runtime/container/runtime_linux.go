@@ -161,6 +161,9 @@ type Runtime struct {
 	projects *projectQuota
 	// shared holds the files every sandbox mounts read-only (shared_linux.go).
 	shared *sharedFiles
+	// mpLayer is the lower layer of mount points every sandbox's root
+	// has on top (mountpoints_linux.go).
+	mpLayer mountPointLayer
 	// runcNS is the mount namespace runc runs in (runcns_linux.go).
 	runcNS runcNamespace
 	// other is the runtime that is not oci, for containers it made
@@ -477,8 +480,10 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
 	}
+	// The shared mount point layer on top (mountpoints_linux.go); the
+	// handle's Lower stays the image's layers.
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(lower, ":"), sb.st.upper(), sb.st.work())
+		strings.Join(r.withMountPoints(ctx, lower), ":"), sb.st.upper(), sb.st.work())
 	if len(opts) >= os.Getpagesize() {
 		return runtime.Handle{}, errdefs.Invalid("rootfs.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
 	}
