@@ -171,14 +171,35 @@ func mountPointLayerIntact(dir string, files []string) bool {
 	return true
 }
 
-// withMountPoints is the overlay's lower dirs for the image's: the mount
-// point layer on top. Without one (it cannot be made) the image's alone,
-// and the OCI runtime makes the mount points in the upper layer as
-// before.
-func (r *Runtime) withMountPoints(ctx context.Context, lower []string) []string {
+// mountPointsFor is the mount point layer a new root gets: "" when it
+// cannot be made (the OCI runtime then makes the mount points in the
+// upper layer, as before).
+func (r *Runtime) mountPointsFor(ctx context.Context) string {
 	mp, err := r.mountPoints(ctx)
 	if err != nil {
+		return ""
+	}
+	return mp
+}
+
+// resumeMountPoints is the mount point layer for a root mounted again
+// whose handle had had: the same one (overlayfs with index=on refuses an
+// upper layer under another lower stack); none if it had none; the
+// current one if that one is gone (moved aside as damaged).
+func (r *Runtime) resumeMountPoints(ctx context.Context, had string) string {
+	if had == "" {
+		return ""
+	}
+	if mountPointLayerIntact(had, mountPointFiles) {
+		return had
+	}
+	return r.mountPointsFor(ctx)
+}
+
+// withLayer is lower with layer on top ("" none).
+func withLayer(layer string, lower []string) []string {
+	if layer == "" {
 		return lower
 	}
-	return append([]string{mp}, lower...)
+	return append([]string{layer}, lower...)
 }

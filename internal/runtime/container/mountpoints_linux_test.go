@@ -115,6 +115,9 @@ func TestMountPointsFromSharedLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if sb.st.MountPoints != mp {
+		t.Fatalf("handle's mount point layer %q, want %q (a root mounted again gets the same stack)", sb.st.MountPoints, mp)
+	}
 	if !mountPointLayerIntact(mp, mountPointFiles) {
 		t.Fatalf("the shared layer %s changed after the sandbox wrote in /.opendsec", mp)
 	}
