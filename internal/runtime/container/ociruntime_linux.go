@@ -457,68 +457,13 @@ func unshareHiding(unified string) error {
 	return hideMount(unified)
 }
 
-// hideMount hides the cgroup2 mount unified from crun in the calling
-// thread's (private) mount namespace, so crun sees plain cgroup v1: it
-// unmounts it and mounts an empty read-only tmpfs in its place.
-//
-// Unmounting alone left the directory under the mount point, on the
-// host's /sys/fs/cgroup tmpfs, and crun joins a hierarchy for every line
-// of /proc/self/cgroup whose /sys/fs/cgroup/<name> exists, the unified
-// one ("0::") included: for every container it made
-// <unified>/<cgroup path>/ and a regular file cgroup.procs in it, on that
-// tmpfs (under the host's cgroup2 mount, where no one sees them), and its
-// delete could not remove the directory (not empty). Two tmpfs inodes and
-// dentries per create, never freed (35559 after a day of benchmarks on
-// the reference machine), and the syscalls to make them. crun takes the
-// read-only mount's EROFS as a hierarchy it cannot join and goes on
-// (enter_cgroup_subsystem).
+// hideMount unmounts the cgroup2 mount unified in the calling thread's
+// (private) mount namespace, so crun sees plain cgroup v1.
 func hideMount(unified string) error {
 	if err := unix.Unmount(unified, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount %s for crun: %w", unified, err)
 	}
-	err := unix.Mount("tmpfs", unified, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0555,size=4k")
-	if err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("cover %s for crun: %w", unified, err)
-	}
 	return nil
-}
-
-// sweepUnderUnified removes, in the calling thread's private mount
-// namespace where the cgroup2 mount unified is unmounted, what crun left
-// under its mount point before hideMount covered it (see there): the
-// directories dirs (relative to unified; the node's cgroup parent) and
-// the probe containers' opendsec-probe-* beside it. Only on a tmpfs,
-// never on a cgroup file system.
-func sweepUnderUnified(unified string, dirs []string) (int, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(unified, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return 0, nil
-		}
-		return 0, err
-	}
-	if st.Type != unix.TMPFS_MAGIC {
-		return 0, nil
-	}
-	n := 0
-	for _, d := range dirs {
-		rel := strings.Trim(filepath.Clean("/"+d), "/")
-		if rel == "" {
-			continue
-		}
-		paths := []string{filepath.Join(unified, rel)}
-		probes, _ := filepath.Glob(filepath.Join(unified, filepath.Dir(rel), "opendsec-probe-*"))
-		for _, p := range append(paths, probes...) {
-			if _, err := os.Lstat(p); err != nil {
-				continue
-			}
-			if err := os.RemoveAll(p); err != nil {
-				return n, err
-			}
-			n++
-		}
-	}
-	return n, nil
 }
 
 // stateFileOf is the file runtime kind keeps a container's state in, in

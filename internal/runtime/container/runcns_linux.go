@@ -62,7 +62,7 @@ func (r *Runtime) runcNSFD(ctx context.Context) int {
 		if r.cfg.runcInNodeNS {
 			return
 		}
-		fd, n, err := makeRuncNS(r.sandboxMountFilter(), r.oci.hideUnified, r.cfg.CgroupParent)
+		fd, n, err := makeRuncNS(r.sandboxMountFilter(), r.oci.hideUnified)
 		if err != nil {
 			log.G(ctx).Warn("runc runs in the node's mount namespace: every sandbox's mounts slow each runc run", log.Err(err))
 			return
@@ -103,9 +103,7 @@ func (r *Runtime) sandboxMountFilter() func(point, fstype string) bool {
 // hybrid cgroup host, without the cgroup2 mount hide (ociruntime_linux.go).
 // It returns an open file of the namespace and how many mounts it left
 // out.
-// cgroupParent is the sandboxes' cgroup parent: what crun left of it under
-// the hidden mount's point is removed there (sweepUnderUnified).
-func makeRuncNS(skip func(point, fstype string) bool, hide, cgroupParent string) (int, int, error) {
+func makeRuncNS(skip func(point, fstype string) bool, hide string) (int, int, error) {
 	type result struct {
 		fd, n int
 		err   error
@@ -124,11 +122,6 @@ func makeRuncNS(skip func(point, fstype string) bool, hide, cgroupParent string)
 				return -1, 0, err
 			}
 			if hide != "" {
-				if err := unix.Unmount(hide, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-					return -1, 0, fmt.Errorf("unmount %s for crun: %w", hide, err)
-				}
-				// Best effort: the leftovers only cost memory.
-				_, _ = sweepUnderUnified(hide, []string{cgroupParent})
 				if err := hideMount(hide); err != nil {
 					return -1, 0, err
 				}
