@@ -156,7 +156,7 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 			return fmt.Errorf("resume sandbox %s: remove its old root mount: %w", id, err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(sb.st.Lower, ":"), sb.st.upper(), sb.st.work())
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(withLayer(r.resumeMountPoints(ctx, sb.st.MountPoints), sb.st.Lower), ":"), sb.st.upper(), sb.st.work())
 	if err := mountOverlayRetry(ctx, root, opts); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}

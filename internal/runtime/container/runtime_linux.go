@@ -76,6 +76,11 @@ type handleState struct {
 	// root's mount again at a ResumeFilesystem (empty in handles from
 	// before filesystem pauses: those cannot be so paused).
 	Lower []string `json:"lower,omitempty"`
+	// MountPoints is the shared mount point layer on top of Lower in the
+	// root's overlay (mountpoints_linux.go); empty: none (made without
+	// one, or before there was one). A root mounted again gets the same
+	// stack.
+	MountPoints string `json:"mount_points,omitempty"`
 	// OCIInTmp: the OCI bundle is the bundle's tmpfs (tmp): config.json,
 	// the root's mount point, run, log and init.pid live in memory, not
 	// in the state dir on disk (ociDir). Handles from before it have them
@@ -161,6 +166,9 @@ type Runtime struct {
 	projects *projectQuota
 	// shared holds the files every sandbox mounts read-only (shared_linux.go).
 	shared *sharedFiles
+	// mpLayer is the lower layer of mount points every sandbox's root
+	// has on top (mountpoints_linux.go).
+	mpLayer mountPointLayer
 	// runcNS is the mount namespace runc runs in (runcns_linux.go).
 	runcNS runcNamespace
 	// other is the runtime that is not oci, for containers it made
@@ -477,8 +485,11 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("mount image layers: %w", err)
 	}
+	// The shared mount point layer on top (mountpoints_linux.go); the
+	// handle's Lower stays the image's layers.
+	sb.st.MountPoints = r.mountPointsFor(ctx)
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(lower, ":"), sb.st.upper(), sb.st.work())
+		strings.Join(withLayer(sb.st.MountPoints, lower), ":"), sb.st.upper(), sb.st.work())
 	if len(opts) >= os.Getpagesize() {
 		return runtime.Handle{}, errdefs.Invalid("rootfs.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
 	}

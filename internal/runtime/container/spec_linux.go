@@ -138,7 +138,6 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 
 	mem := s.Resources.MemoryMB << 20
 	quota := int64(s.Resources.CPU * cpuPeriod)
-	period := uint64(cpuPeriod)
 	pids := s.Resources.PidsLimit
 	if pids == 0 {
 		pids = defaultPidsLimit
@@ -198,7 +197,7 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 					Limit: &mem,
 					Swap:  &mem, // memory+swap == memory: no swap escape
 				},
-				CPU:  cpuResources(s.CPUClass, quota, period),
+				CPU:  cpuResources(s.CPUClass, quota),
 				Pids: &specs.LinuxPids{Limit: pids},
 			},
 			MaskedPaths:   maskedPaths,
@@ -225,8 +224,15 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 // cpuResources is the cgroup's CPU limit (quota per period) and, for a
 // best-effort sandbox, the least CPU weight (cpu.shares 2; runc writes
 // cpu.weight 1 on cgroup v2).
-func cpuResources(class runtime.CPUClass, quota int64, period uint64) *specs.LinuxCPU {
-	c := &specs.LinuxCPU{Quota: &quota, Period: &period}
+//
+// The period is left out: it is cpuPeriod, which is what the kernel gives
+// every new cgroup (cgroup v1's cpu.cfs_period_us; on v2 runc and crun
+// write cpu.max with 100000 when config.json has none). On cgroup v1 each
+// write of cpu.cfs_period_us or cpu.cfs_quota_us checks the bandwidth of
+// every cgroup on the host (walk_tg_tree), so writing the unchanged
+// period cost each create one more walk past every sandbox's cgroup.
+func cpuResources(class runtime.CPUClass, quota int64) *specs.LinuxCPU {
+	c := &specs.LinuxCPU{Quota: &quota}
 	if class == runtime.CPUBestEffort {
 		shares := uint64(minCPUShares)
 		c.Shares = &shares

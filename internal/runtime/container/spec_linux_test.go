@@ -88,8 +88,9 @@ func TestOCISpecHardening(t *testing.T) {
 	if *r.Memory.Limit != 256<<20 || *r.Memory.Swap != *r.Memory.Limit {
 		t.Errorf("memory %d swap %d, want both %d", *r.Memory.Limit, *r.Memory.Swap, 256<<20)
 	}
-	if *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 {
-		t.Errorf("cpu quota %d period %d", *r.CPU.Quota, *r.CPU.Period)
+	// No period: the kernel's default, 100000 µs (TestCPULimitInCgroup).
+	if *r.CPU.Quota != 150000 || r.CPU.Period != nil {
+		t.Errorf("cpu quota %d period %v, want 150000 and none", *r.CPU.Quota, r.CPU.Period)
 	}
 	if r.Pids.Limit != 100 {
 		t.Errorf("pids %d", r.Pids.Limit)
