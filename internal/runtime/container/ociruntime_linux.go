@@ -61,6 +61,9 @@ type ociRuntime struct {
 	// /sys/fs/cgroup/unified) when the runtime is crun: every crun command
 	// runs where it is unmounted. Empty: nothing hidden.
 	hideUnified string
+	// hidden is the directory under hideUnified's mount, where crun
+	// leaves files (hiddencg_linux.go); nil: none.
+	hidden *os.File
 }
 
 // command runs the runtime with args: exe executed (path once the sealed
@@ -287,6 +290,11 @@ func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
+	if hybrid != "" {
+		if o.hidden, err = openHiddenDir(hybrid); err != nil {
+			return nil, err
+		}
+	}
 	if err := o.probe(cfg); err != nil {
 		return nil, err
 	}
@@ -370,7 +378,7 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			// every cgroup above its own, removed, one: in the parent it
 			// would hold one of node.total_pids_limit's pids and show as a
 			// sandbox's (TestSecurityPidsLimit saw 4 x 64 + 1).
-			"cgroupsPath": filepath.Join(filepath.Dir(cfg.CgroupParent), id),
+			"cgroupsPath": filepath.Join(filepath.Dir(cfg.CgroupParent), id), // as cgroupsPath below
 			"resources": map[string]any{
 				"memory":  map[string]any{"limit": limit, "swap": limit},
 				"pids":    map[string]any{"limit": pids},
@@ -417,6 +425,10 @@ func (o *ociRuntime) probe(cfg *Config) error {
 	}
 	createErr := run("create", "--bundle", dir, id)
 	if err := run("delete", "--force", id); err != nil && createErr == nil {
+		return fmt.Errorf("probe container: %w", err)
+	}
+	cgroupsPath := filepath.Join(filepath.Dir(cfg.CgroupParent), id)
+	if err := o.dropHidden(cgroupsPath, filepath.Dir(cgroupsPath)); err != nil {
 		return fmt.Errorf("probe container: %w", err)
 	}
 	if createErr != nil {

@@ -267,6 +267,7 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 				"fs.file-max", fileMax, "node.total_pids_limit", rt.cfg.TotalPidsLimit, "node.nofile_limit", rt.cfg.NofileLimit)
 		}
 	}
+	rt.sweepHiddenAtStart(ctx)
 	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
 		"exe", rt.oci.exe, "reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
 	if rt.stateRootFS != "" {
@@ -1021,6 +1022,9 @@ func (r *Runtime) cleanup(ctx context.Context, sb *sandbox) error {
 	// use: stop here and let the caller retry.
 	if _, err := r.runcOut(ctx, sb.st.StateRoot, "delete", "--force", sb.id); err != nil && !errdefs.IsNotFound(err) {
 		return err
+	}
+	if err := r.oci.dropHidden(sb.st.CgroupPath, r.cfg.CgroupParent); err != nil {
+		log.G(ctx).Warn("crun's leftovers under the hidden cgroup2 mount point", log.SandboxID(sb.id), log.Err(err))
 	}
 	var errs []error
 	if pid := int(sb.pid.Load()); pid > 0 {
