@@ -106,6 +106,8 @@ def main():
     idle = {}                                 # cpu -> idle since
     running = {}                              # cpu -> tid on it
     names = {}                                # tid -> comm
+    left = {}                                 # tid -> when it last left a CPU
+    hot = collections.Counter()               # the oldest waiter had run within 0.5 ms -> cpu-s
     pairs = collections.Counter()             # waiter (waker) / running -> cpu-s
     rq = {c: {} for c in range(ncpu)}         # cpu -> tid -> (t, how)
     asleep = {}                               # tid -> (t, state, key, comm)
@@ -131,6 +133,7 @@ def main():
             if waiting:
                 cls['another CPU had runnable tasks waiting'] += d
                 oldest = min(waiting)
+                hot['had run within 0.5 ms of the moment this CPU went idle' if idle[c] - oldest[5] < 0.0005 else 'had not run for 0.5 ms or more when this CPU went idle'] += d
                 cls['  the oldest waiter ' + oldest[1]] += d
                 pairs[f"{oldest[2]} (woken by {oldest[3]}) waited behind {oldest[4]}"] += d
                 continue
@@ -156,7 +159,7 @@ def main():
                 q.pop(pid, None)
             others_idle = any(o in idle for o in rq if o != tc)
             rq.setdefault(tc, {})[pid] = (t, 'was woken while another CPU idled' if others_idle else 'was woken while every CPU was busy',
-                                         klass(m.group(1)), klass(comm), klass(names.get(running.get(tc), '?')))
+                                         klass(m.group(1)), klass(comm), klass(names.get(running.get(tc), '?')), left.get(pid, -1e9))
             return
         m = SWITCH.search(tr)
         if not m:
@@ -170,9 +173,10 @@ def main():
             a, b = max(ts, t0), min(t, t1)
             if b > a:
                 offcpu[(klass(c), st, k)] += b - a
+        left[ppid] = t
         if ppid != 0:
             if pstate.startswith('R'):
-                rq.setdefault(cpu, {})[ppid] = (t, 'was preempted', klass(pcomm), klass(m.group(4)), klass(m.group(4)))
+                rq.setdefault(cpu, {})[ppid] = (t, 'was preempted', klass(pcomm), klass(m.group(4)), klass(m.group(4)), t)
             else:
                 asleep[ppid] = (t, pstate, key_of(stack), pcomm)
         running[cpu] = npid
@@ -216,6 +220,10 @@ def main():
         if k.startswith('another'):
             for k2, v2 in sorted(((k2, v2) for k2, v2 in cls.items() if k2.startswith(' ')), key=lambda x: -x[1]):
                 print(f"{v2 * per:7.2f}  {v2 / total * 100:5.1f}%  {k2}")
+    print("\n== the oldest waiter: when it had last run (a task that ran within sched_migration_cost,\n"
+          "   0.5 ms, is 'cache hot': the balancing of a CPU that just went idle does not take it)")
+    for k, v in hot.most_common():
+        print(f"{v * per:7.2f}  {k}")
     print("\n== the oldest waiter (by process) and what ran on its CPU meanwhile (ms per create)")
     for k, v in pairs.most_common(10):
         print(f"{v * per:7.2f}  {k}")
