@@ -27,7 +27,12 @@
 # is skipped.
 # SETTLE=<seconds> waits that long before each system starts.
 # PERF=<file> records a perf call-graph profile of the work tree's
-# `opendsec up` during part 1.
+# `opendsec up` during part 1. PERF_SCHED=<file> records every context
+# switch and wakeup on the host (with call graphs, on CLOCK_MONOTONIC)
+# during the work tree's part 1, and CLOCK_REALTIME minus CLOCK_MONOTONIC
+# in <file>.clockoff: with KEEP=1, `bench/sched-idle.py <file> <data
+# dir>/up.log COUNT $(cat <file>.clockoff)` says why a CPU was idle during
+# the batch.
 # Runs as root. SKIP_KILL=1 runs only part 1; OUT names the report; KEEP=1
 # keeps the data dir (up.log). Extra arguments go to bench/burst. The report is printed and
 # written to bench/results/<YYYY-MM-DD>-burst.md.
@@ -108,7 +113,14 @@ restart_system() {
 
 B=("$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DD/bootstrap.token" "${ARGS[@]}")
 echo "== runc loop, batch create, stop" >&2
-PERF_PID=
+PERF_PID= PERF_SCHED_PID=
+if [ -n "${PERF_SCHED:-}" ]; then
+  # perf 6.1 refuses -k realtime with tracepoints: monotonic, and the
+  # offset to place up.log's wall-clock times on it.
+  perf record -a -g -e sched:sched_switch -e sched:sched_wakeup -k mono -o "$PERF_SCHED" >/dev/null 2>&1 &
+  PERF_SCHED_PID=$!
+  python3 -c 'import time; print(time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_MONOTONIC))' >"$PERF_SCHED.clockoff"
+fi
 if [ -n "${PERF:-}" ]; then
   # PERF=<file>: a call-graph CPU profile of the work tree's `opendsec up`
   # across part 1 (perf report -i <file> --no-children).
@@ -117,6 +129,7 @@ if [ -n "${PERF:-}" ]; then
 fi
 "${B[@]}" -mode main -up-pid "$UP_PID" -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 if [ -n "$PERF_PID" ]; then kill -INT "$PERF_PID"; wait "$PERF_PID" || true; fi
+if [ -n "${PERF_SCHED_PID:-}" ]; then kill -INT "$PERF_SCHED_PID"; wait "$PERF_SCHED_PID" || true; fi
 MAINS+=("$DD/main.json")
 CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
