@@ -341,3 +341,47 @@ func TestLayerTemplateHasUpperAndWork(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerTemplateFewExtents: a layer template's blocks lie in a few
+// runs whatever its size (no backup superblocks, one flex group for all
+// block groups' metadata): each run of a sandbox's copy is a block
+// allocation on the host's file system. The template is a valid ext4.
+func TestLayerTemplateFewExtents(t *testing.T) {
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Fatalf("mkfs.ext4 not found (apt-get install e2fsprogs): %v", err)
+	}
+	for _, mb := range []int64{1024, 5120, 102400} {
+		q := &imageQuota{mkfs: mkfs, dir: t.TempDir()}
+		d := &diskState{Kind: DiskQuotaImage}
+		d.Bytes, d.Inodes = diskLimits(mb)
+		p, err := q.template(t.Context(), d)
+		if err != nil {
+			t.Fatalf("%d MiB: %v", mb, err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		for off := int64(0); ; runs++ {
+			data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if off, err = unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.Close()
+		// 13 runs for 5 GiB and 67 for 100 GiB with mkfs's defaults.
+		if runs == 0 || runs > 6 {
+			t.Errorf("%d MiB: the template's data is in %d runs, want 1 to 6", mb, runs)
+		}
+		if out, err := exec.Command("e2fsck", "-fn", p).CombinedOutput(); err != nil {
+			t.Errorf("%d MiB: e2fsck: %v: %s", mb, err, out)
+		}
+	}
+}
