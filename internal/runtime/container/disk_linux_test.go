@@ -385,3 +385,70 @@ func TestLayerTemplateFewExtents(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopMountGuess: loopMount tries the loop device after the last one
+// it attached before asking the kernel for a free one; a guess that is
+// bound or does not exist falls back to the kernel's choice, and no two
+// layers share a device.
+func TestLoopMountGuess(t *testing.T) {
+	testutil.RequiresRoot(t)
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Fatalf("mkfs.ext4 not found (apt-get install e2fsprogs): %v", err)
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "t.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	devs := map[uint64]string{}
+	mount := func(name string) uint64 {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		b, err := os.ReadFile(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p+".img", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(p+".img", os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := loopMount(f, p, "ext4", 0, "", true); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Cleanup(func() { unix.Unmount(p, 0) })
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if unix.Major(st.Dev) != 7 {
+			t.Fatalf("%s: mounted from device %d:%d, not a loop device", name, unix.Major(st.Dev), unix.Minor(st.Dev))
+		}
+		if prev, ok := devs[st.Dev]; ok {
+			t.Fatalf("%s and %s are both on loop device minor %d", prev, name, unix.Minor(st.Dev))
+		}
+		devs[st.Dev] = name
+		return st.Dev
+	}
+	first := mount("first")
+	// The guess is the device just attached: bound.
+	loopNext.Store(int64(unix.Minor(first)))
+	mount("bound-guess")
+	// The guess is no device at all.
+	loopNext.Store(1 << 20)
+	mount("missing-guess")
+	mount("after")
+}
