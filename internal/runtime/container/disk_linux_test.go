@@ -51,7 +51,7 @@ func xfsMountWith(t *testing.T, sizeMB int64, opts string, mkfsArgs ...string) (
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := loopMount(f, mnt, "xfs", 0, opts, false); err != nil {
+	if _, err := loopMount(f, mnt, "xfs", 0, opts, false); err != nil {
 		return "", err
 	}
 	t.Cleanup(func() {
@@ -340,6 +340,15 @@ func TestLayerTemplateHasUpperAndWork(t *testing.T) {
 			t.Errorf("%s is not on the layer image's ext4 (%x, %v)", name, fs.Type, err)
 		}
 	}
+	// The layer's block allocator prefetches no bitmaps (mountLayer).
+	var st unix.Stat_t
+	if err := unix.Stat(layerMount(spec.StateDir), &st); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/sys/fs/ext4/loop" + strconv.Itoa(int(unix.Minor(st.Dev))) + "/mb_prefetch_limit")
+	if err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("the layer's mb_prefetch_limit is %q (%v), want 0", b, err)
+	}
 }
 
 // TestLayerTemplateFewExtents: a layer template's blocks lie in a few
@@ -426,7 +435,7 @@ func TestLoopMountGuess(t *testing.T) {
 		if err := os.Mkdir(p, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := loopMount(f, p, "ext4", 0, "", true); err != nil {
+		if _, err := loopMount(f, p, "ext4", 0, "", true); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		t.Cleanup(func() { unix.Unmount(p, 0) })
