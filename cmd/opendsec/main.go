@@ -17,6 +17,7 @@ func main() {
 	// 85-98 MiB streaming output, TestYesDoesNotGrowTheNode) and for
 	// GOMAXPROCS (4 on 2 CPUs, to keep Ps free for goroutines leaving
 	// syscalls, cost the node more CPU per create in a burst, not less).
+	slowSysmon()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.NewRootCommand().ExecuteContext(ctx); err != nil {
