@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/kernflux/opendsec/internal/daemon"
+	"github.com/kernflux/opendsec/internal/gosysmon"
 )
 
 func main() {
@@ -17,7 +18,7 @@ func main() {
 	// 85-98 MiB streaming output, TestYesDoesNotGrowTheNode) and for
 	// GOMAXPROCS (4 on 2 CPUs, to keep Ps free for goroutines leaving
 	// syscalls, cost the node more CPU per create in a burst, not less).
-	slowSysmon()
+	gosysmon.Slow() // sysmon wakes less: internal/gosysmon
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.NewRootCommand().ExecuteContext(ctx); err != nil {

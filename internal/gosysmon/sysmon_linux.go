@@ -1,4 +1,5 @@
-package main
+// Package gosysmon tunes the Go runtime's sysmon thread for the daemons.
+package gosysmon
 
 import (
 	"os"
@@ -7,11 +8,11 @@ import (
 	"strings"
 )
 
-// sysmonSlackNS is the timer slack of the Go runtime's sysmon thread.
-const sysmonSlackNS = 1_000_000
+// SlackNS is the timer slack of the Go runtime's sysmon thread.
+const SlackNS = 1_000_000
 
-// slowSysmon gives the Go runtime's sysmon thread a timer slack of
-// sysmonSlackNS (the kernel's default is 50 µs). sysmon sleeps 20 µs at a
+// Slow gives the Go runtime's sysmon thread a timer slack of
+// SlackNS (the kernel's default is 50 µs). sysmon sleeps 20 µs at a
 // time for as long as it keeps taking Ps from goroutines blocked in
 // system calls, which the node's creates (mounts, netlink, fsync) make
 // all the time on a busy node: its wake-ups alone were ~12% of the node's
@@ -20,8 +21,9 @@ const sysmonSlackNS = 1_000_000
 // thread up to a millisecond later. sysmon is the first thread the
 // runtime starts (the lowest thread ID after the main thread's), asleep
 // in nanosleep(2) between its rounds; if that thread is not found so
-// (or not running), nothing changes.
-func slowSysmon() {
+// (or not running), or the process may not set another thread's slack
+// (CAP_SYS_NICE: the node runs as root), nothing changes.
+func Slow() {
 	self := os.Getpid()
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
@@ -42,5 +44,5 @@ func slowSysmon() {
 		return
 	}
 	// Only /proc/<tid> has the file, not /proc/self/task/<tid>.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(tid)+"/timerslack_ns", []byte(strconv.Itoa(sysmonSlackNS)), 0)
+	_ = os.WriteFile("/proc/"+strconv.Itoa(tid)+"/timerslack_ns", []byte(strconv.Itoa(SlackNS)), 0)
 }
