@@ -413,7 +413,7 @@ func TestLoopMountGuess(t *testing.T) {
 	if err := os.Truncate(img, 16<<20); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal", img).CombinedOutput(); err != nil {
+	if out, err := exec.Command(mkfs, "-q", "-F", "-b", "4096", "-O", "^has_journal", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v: %s", err, out)
 	}
 	devs := map[uint64]string{}
