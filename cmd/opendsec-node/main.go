@@ -10,9 +10,11 @@ import (
 	"syscall"
 
 	"github.com/kernflux/opendsec/internal/daemon"
+	"github.com/kernflux/opendsec/internal/gosysmon"
 )
 
 func main() {
+	gosysmon.Slow() // sysmon wakes less: internal/gosysmon
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.NewComponentCommand("node").ExecuteContext(ctx); err != nil {

@@ -8,8 +8,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/kernflux/opendsec/internal/errdefs"
@@ -36,6 +39,18 @@ type Config struct {
 	E2B   E2B       `json:"e2b"`
 	// Auth names the token-signing key files (docs/security.md).
 	Auth Auth `json:"auth"`
+	// Debug holds switches for profiling; all off by default.
+	Debug Debug `json:"debug"`
+}
+
+// Debug configures the daemons' profiling endpoint.
+type Debug struct {
+	// PprofListen, when set, is a loopback host:port (127.0.0.1:6060,
+	// [::1]:6060) where every daemon of this config serves Go's
+	// /debug/pprof/ (CPU and heap profiles, goroutine dumps, traces)
+	// without authentication: anyone on the host who can reach loopback
+	// can read them. Off when empty.
+	PprofListen string `json:"pprof_listen,omitempty"`
 }
 
 // Auth configures token signing and verification. Tokens are signed with
@@ -431,6 +446,9 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
 		return errdefs.Invalid("data_dir", "%q must be an absolute path", c.DataDir)
 	}
+	if err := validatePprofListen(c.Debug.PprofListen); err != nil {
+		return err
+	}
 	if err := sandboxid.ValidNode(c.Node.ID); err != nil {
 		return errdefs.Invalid("node.id", "%q must be exactly 4 characters of [a-z0-9]", c.Node.ID)
 	}
@@ -618,4 +636,24 @@ func (n Node) Limits() (runtime.NodeLimits, error) {
 		return l, errdefs.Invalid("node.max_pids_limit", "%d is above node.total_pids_limit (%d, for all sandboxes together); lower it, or raise the total (kernel.pid_max)", l.MaxPidsLimit, l.TotalPidsLimit)
 	}
 	return l, nil
+}
+
+// validatePprofListen refuses a profiling address that is not a loopback
+// IP and a port: the endpoint has no authentication.
+func validatePprofListen(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errdefs.Invalid("debug.pprof_listen", "%q is not host:port (%v); give a loopback address, e.g. 127.0.0.1:6060", addr, err)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return errdefs.Invalid("debug.pprof_listen", "%q: %q is not a loopback IP address; the profiling endpoint has no authentication, give e.g. 127.0.0.1:6060", addr, host)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return errdefs.Invalid("debug.pprof_listen", "%q: port %q must be 1 to 65535", addr, port)
+	}
+	return nil
 }

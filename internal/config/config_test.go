@@ -158,3 +158,25 @@ func TestE2BTLSConfig(t *testing.T) {
 		t.Fatalf("e2b.tls with both files: %v", err)
 	}
 }
+
+// TestPprofListenLoopbackOnly: the unauthenticated profiling endpoint is
+// off by default and accepts loopback addresses only.
+func TestPprofListenLoopbackOnly(t *testing.T) {
+	c := Default("/var/lib/opendsec")
+	if c.Debug.PprofListen != "" {
+		t.Fatalf("debug.pprof_listen defaults to %q, want off", c.Debug.PprofListen)
+	}
+	for _, ok := range []string{"127.0.0.1:6060", "127.0.0.2:1", "[::1]:6060"} {
+		c.Debug.PprofListen = ok
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"0.0.0.0:6060", ":6060", "localhost:6060", "10.0.0.1:6060", "[::]:6060", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:http"} {
+		c.Debug.PprofListen = bad
+		err := c.Validate()
+		if !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), "debug.pprof_listen:") {
+			t.Errorf("%q: %v, want an invalid debug.pprof_listen error", bad, err)
+		}
+	}
+}

@@ -80,6 +80,9 @@ start recovers them) unless --stop-sandboxes is given.`,
 			if err != nil {
 				return err
 			}
+			if _, err := startPprof(cmd.Context(), cfg.Debug.PprofListen); err != nil {
+				return err
+			}
 			return Up(cmd.Context(), cfg, o)
 		},
 	}
@@ -97,6 +100,9 @@ func componentCommand(g *globalFlags, name string) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load()
 			if err != nil {
+				return err
+			}
+			if _, err := startPprof(cmd.Context(), cfg.Debug.PprofListen); err != nil {
 				return err
 			}
 			// Components hold the public key only; the watcher and

@@ -51,7 +51,7 @@ func xfsMountWith(t *testing.T, sizeMB int64, opts string, mkfsArgs ...string) (
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := loopMount(f, mnt, "xfs", 0, opts, false); err != nil {
+	if _, err := loopMount(f, mnt, "xfs", 0, opts, false); err != nil {
 		return "", err
 	}
 	t.Cleanup(func() {
@@ -340,4 +340,124 @@ func TestLayerTemplateHasUpperAndWork(t *testing.T) {
 			t.Errorf("%s is not on the layer image's ext4 (%x, %v)", name, fs.Type, err)
 		}
 	}
+	// The layer's block allocator prefetches no bitmaps (mountLayer).
+	var st unix.Stat_t
+	if err := unix.Stat(layerMount(spec.StateDir), &st); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/sys/fs/ext4/loop" + strconv.Itoa(int(unix.Minor(st.Dev))) + "/mb_prefetch_limit")
+	if err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("the layer's mb_prefetch_limit is %q (%v), want 0", b, err)
+	}
+}
+
+// TestLayerTemplateFewExtents: a layer template's blocks lie in a few
+// runs whatever its size (no backup superblocks, one flex group for all
+// block groups' metadata): each run of a sandbox's copy is a block
+// allocation on the host's file system. The template is a valid ext4.
+func TestLayerTemplateFewExtents(t *testing.T) {
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Fatalf("mkfs.ext4 not found (apt-get install e2fsprogs): %v", err)
+	}
+	for _, mb := range []int64{1024, 5120, 102400} {
+		q := &imageQuota{mkfs: mkfs, dir: t.TempDir()}
+		d := &diskState{Kind: DiskQuotaImage}
+		d.Bytes, d.Inodes = diskLimits(mb)
+		p, err := q.template(t.Context(), d)
+		if err != nil {
+			t.Fatalf("%d MiB: %v", mb, err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		for off := int64(0); ; runs++ {
+			data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if off, err = unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.Close()
+		// 13 runs for 5 GiB and 67 for 100 GiB with mkfs's defaults.
+		if runs == 0 || runs > 6 {
+			t.Errorf("%d MiB: the template's data is in %d runs, want 1 to 6", mb, runs)
+		}
+		if out, err := exec.Command("e2fsck", "-fn", p).CombinedOutput(); err != nil {
+			t.Errorf("%d MiB: e2fsck: %v: %s", mb, err, out)
+		}
+	}
+}
+
+// TestLoopMountGuess: loopMount tries the loop device after the last one
+// it attached before asking the kernel for a free one; a guess that is
+// bound or does not exist falls back to the kernel's choice, and no two
+// layers share a device.
+func TestLoopMountGuess(t *testing.T) {
+	testutil.RequiresRoot(t)
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Fatalf("mkfs.ext4 not found (apt-get install e2fsprogs): %v", err)
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "t.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, "-q", "-F", "-b", "4096", "-O", "^has_journal", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	devs := map[uint64]string{}
+	mount := func(name string) uint64 {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		b, err := os.ReadFile(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p+".img", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(p+".img", os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loopMount(f, p, "ext4", 0, "", true); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Cleanup(func() { unix.Unmount(p, 0) })
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if unix.Major(st.Dev) != 7 {
+			t.Fatalf("%s: mounted from device %d:%d, not a loop device", name, unix.Major(st.Dev), unix.Minor(st.Dev))
+		}
+		if prev, ok := devs[st.Dev]; ok {
+			t.Fatalf("%s and %s are both on loop device minor %d", prev, name, unix.Minor(st.Dev))
+		}
+		devs[st.Dev] = name
+		return st.Dev
+	}
+	first := mount("first")
+	// The guess is the device just attached: bound.
+	loopNext.Store(int64(unix.Minor(first)))
+	mount("bound-guess")
+	// The guess is no device at all.
+	loopNext.Store(1 << 20)
+	mount("missing-guess")
+	mount("after")
 }

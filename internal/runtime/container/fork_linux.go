@@ -406,7 +406,7 @@ func (q *imageQuota) prepareFrom(ctx context.Context, bundle string, seed *layer
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return fmt.Errorf("create layer dir: %w", err)
 	}
-	if err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable,discard", q.directIO); err != nil {
+	if err := q.mountLayer(f, mnt); err != nil {
 		return err
 	}
 	for _, d := range []string{upperDir, workDir} {
