@@ -12,18 +12,37 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// startSleep starts a child the test can tell apart by its arguments.
+// startSleep starts a child the test can tell apart by its arguments: a
+// shell blocked in its builtin read of a pipe nobody writes, so it forks
+// no child of its own (a forked child has the same command line until it
+// execs, and Find would see two).
 func startSleep(t *testing.T) (*exec.Cmd, string) {
 	t.Helper()
 	mark := "vmm-test-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano(), 10)
-	cmd := exec.Command("sh", "-c", "sleep 60", mark)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "read x", mark)
+	cmd.Stdin = r
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	_ = r.Close()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		_ = w.Close()
 	})
+	// Start returns once the exec began (its close-on-exec pipe closed),
+	// before the kernel set up the new program's arguments: until then
+	// /proc/<pid>/cmdline reads empty (seen once in CI).
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(Cmdline(cmd.Process.Pid), mark); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command line of %d never showed %s: %q", cmd.Process.Pid, mark, Cmdline(cmd.Process.Pid))
+		}
+		time.Sleep(time.Millisecond) // a poll of the condition above
+	}
 	return cmd, mark
 }
 
@@ -39,7 +58,7 @@ func TestProcIdentity(t *testing.T) {
 		t.Fatalf("StartTime(%d) = 0 for a running process", pid)
 	}
 	if args := Cmdline(pid); len(args) != 4 || args[0] != "sh" || args[3] != mark {
-		t.Fatalf("Cmdline(%d) = %q; want sh -c 'sleep 60' %s", pid, args, mark)
+		t.Fatalf("Cmdline(%d) = %q; want sh -c 'read x' %s", pid, args, mark)
 	}
 	if got := Find(match); !slices.Equal(got, []int{pid}) {
 		t.Fatalf("Find: %v; want [%d]", got, pid)
