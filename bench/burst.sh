@@ -164,6 +164,7 @@ restart_system
 RESTART_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
 rc=0
 "${B[@]}" -mode retry -request-id "$RID" -restart-ms "$RESTART_MS" -out-json "$DD/retry.json" || rc=$?
-"$BIN/burst" -mode report -command "bench/burst.sh $*" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" \
-  "$DD/main.json" "$DD/kill.json" "$DD/retry.json"
+# Every part-1 result (BASE_REV's "before" ones too), then part 2's.
+"$BIN/burst" -mode report -command "$CMD" -out "${OUT:-bench/results/$(date -u +%F)-burst.md}" \
+  "${MAINS[@]}" "$DD/kill.json" "$DD/retry.json"
 exit $rc
