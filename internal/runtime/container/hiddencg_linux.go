@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/log"
-	"github.com/kernflux/opendsec/internal/osthread"
 )
 
 // crun 1.8 on a hybrid host, run where the cgroup2 mount is unmounted
@@ -26,34 +25,25 @@ import (
 // left when it starts (sweepHidden).
 
 // openHiddenDir opens the directory under the hybrid host's cgroup2 mount
-// point unified, if it is on a tmpfs (nil, nil when it is not: nothing of
-// crun's can be there).
-func openHiddenDir(unified string) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	c := make(chan result, 1)
-	osthread.Throwaway(func() {
-		if err := unshareHiding(unified); err != nil {
-			c <- result{nil, err}
-			return
-		}
-		f, err := os.OpenFile(unified, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+// point (o.hideUnified), where crun's commands see it (inCgroupView), if
+// it is on a tmpfs (nil, nil when it is not: nothing of crun's can be
+// there).
+func (o *ociRuntime) openHiddenDir() (*os.File, error) {
+	var f *os.File
+	err := o.inCgroupView(func() error {
+		d, err := os.OpenFile(o.hideUnified, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			c <- result{nil, fmt.Errorf("open the directory under %s: %w", unified, err)}
-			return
+			return fmt.Errorf("open the directory under %s: %w", o.hideUnified, err)
 		}
 		var st unix.Statfs_t
-		if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
-			_ = f.Close()
-			c <- result{nil, err}
-			return
+		if err := unix.Fstatfs(int(d.Fd()), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			_ = d.Close()
+			return err
 		}
-		c <- result{f, nil}
+		f = d
+		return nil
 	})
-	r := <-c
-	return r.f, r.err
+	return f, err
 }
 
 // dropHidden removes crun's leftovers of the container in cgroupPath: its

@@ -291,7 +291,7 @@ func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
 		return nil, err
 	}
 	if hybrid != "" {
-		if o.hidden, err = openHiddenDir(hybrid); err != nil {
+		if o.hidden, err = o.openHiddenDir(); err != nil {
 			return nil, err
 		}
 	}
