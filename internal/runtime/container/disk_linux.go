@@ -370,9 +370,24 @@ func (q *imageQuota) usage(bundle string, d *diskState) (diskUse, error) {
 // root, read and set up every block group's bitmap and buddy pages (40
 // groups for 5 GiB: ~0.2 ms of CPU and ~0.5 MiB of page cache per
 // sandbox); without it a group is set up when an allocation looks at it,
-// and one whose blocks were never used (BLOCK_UNINIT) is skipped.
+// and one whose blocks were never used (BLOCK_UNINIT) is skipped. And
+// no_prefetch_block_bitmaps: else every mount hands the kernel's
+// ext4lazyinit thread a request to read all the groups' bitmaps (with
+// noinit_itable that is all it has to do), and as that thread exits when
+// its list is empty, every create also made a kernel thread (~0.4 ms of
+// CPU per create in a burst, bench/results/2026-12-06-burst-ext4.md).
 func (q *imageQuota) mountLayer(f *os.File, mnt string) error {
-	dev, err := loopMount(f, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable,discard", q.directIO)
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
+	opts := "noinit_itable,discard"
+	if !noPrefetchRefused.Load() {
+		opts += ",no_prefetch_block_bitmaps"
+	}
+	dev, err := loopMount(f, mnt, "ext4", flags, opts, q.directIO)
+	if errors.Is(err, unix.EINVAL) && strings.HasSuffix(opts, ",no_prefetch_block_bitmaps") {
+		// A kernel before 5.9 does not know the option: mount as before.
+		noPrefetchRefused.Store(true)
+		dev, err = loopMount(f, mnt, "ext4", flags, "noinit_itable,discard", q.directIO)
+	}
 	if err != nil {
 		return err
 	}
@@ -383,6 +398,10 @@ func (q *imageQuota) mountLayer(f *os.File, mnt string) error {
 	}
 	return nil
 }
+
+// noPrefetchRefused records that the kernel refused ext4's
+// no_prefetch_block_bitmaps (before 5.9): later mounts go without it.
+var noPrefetchRefused atomic.Bool
 
 // release unmounts the layer (its loop device goes with the last
 // reference: LO_FLAGS_AUTOCLEAR); cleanup removes the image file.
