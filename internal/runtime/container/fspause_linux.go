@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -156,8 +155,9 @@ func (r *Runtime) ResumeFilesystem(ctx context.Context, id string) error {
 			return fmt.Errorf("resume sandbox %s: remove its old root mount: %w", id, err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(withLayer(r.resumeMountPoints(ctx, sb.st.MountPoints), sb.st.Lower), ":"), sb.st.upper(), sb.st.work())
-	if err := mountOverlayRetry(ctx, root, opts); err != nil {
+	if err := r.mountRootOverlay(r.resumeMountPoints(ctx, sb.st.MountPoints), sb.st.Lower, sb.st.upper(), sb.st.work(), func(opts string) error {
+		return mountOverlayRetry(ctx, root, opts)
+	}); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	pid, err := r.runcRun(ctx, id, sb.st.ociDir(), sb.netNS)

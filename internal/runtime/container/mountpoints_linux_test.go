@@ -1,11 +1,14 @@
 package container
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
 	"github.com/kernflux/opendsec/internal/testutil"
@@ -121,6 +124,11 @@ func TestMountPointsFromSharedLayer(t *testing.T) {
 	if !mountPointLayerIntact(mp, mountPointFiles) {
 		t.Fatalf("the shared layer %s changed after the sandbox wrote in /.opendsec", mp)
 	}
+	// From Linux 6.15 the overlay takes the layer's detached clone, which
+	// has no mounts on it to walk (overlayLower).
+	if kernelAtLeast(t, 6, 15) && (r.mpLayer.detached == "" || r.mpLayer.refused.Load()) {
+		t.Fatalf("root overlay took the mount point layer from its directory (detached %q, refused %v), want its detached clone", r.mpLayer.detached, r.mpLayer.refused.Load())
+	}
 	if b, err := os.ReadFile(filepath.Join(upper, mountPointDirInSandbox, "new")); err != nil || string(b) != "x\n" {
 		t.Fatalf("the sandbox's new file in its upper layer: %q %v", b, err)
 	}
@@ -129,4 +137,18 @@ func TestMountPointsFromSharedLayer(t *testing.T) {
 	if res := sh(t, rt, spec2.ID, "stat -c '%a' /.opendsec; ls /.opendsec"); res.Stdout != "755\nagent\ninit\ninterpreter.py\nseccomp.bpf\n" {
 		t.Fatalf("/.opendsec in a second sandbox: %+v", res)
 	}
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or later.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", u.Release[:], err)
+	}
+	return ma > major || ma == major && mi >= minor
 }

@@ -489,13 +489,14 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, seed *layerSeed
 	// The shared mount point layer on top (mountpoints_linux.go); the
 	// handle's Lower stays the image's layers.
 	sb.st.MountPoints = r.mountPointsFor(ctx)
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(withLayer(sb.st.MountPoints, lower), ":"), sb.st.upper(), sb.st.work())
-	if len(opts) >= os.Getpagesize() {
-		return runtime.Handle{}, errdefs.Invalid("rootfs.layers", "overlay options are %d bytes, over the kernel's %d-byte limit: use fewer layers or shorter paths", len(opts), os.Getpagesize())
-	}
-	if err := unix.Mount("overlay", filepath.Join(ociDir, rootfsDir), "overlay", 0, opts); err != nil {
-		return runtime.Handle{}, fmt.Errorf("mount overlay root: %w", err)
+	root := filepath.Join(ociDir, rootfsDir)
+	if err := r.mountRootOverlay(sb.st.MountPoints, lower, sb.st.upper(), sb.st.work(), func(opts string) error {
+		if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("mount overlay root: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return runtime.Handle{}, err
 	}
 	sb.st.Lower = lower
 
