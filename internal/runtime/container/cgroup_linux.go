@@ -271,3 +271,38 @@ func (m cgroupMounts) stats(path string) (runtime.Stats, error) {
 	st.MemoryLimitBytes, st.PidsLimit = max(st.MemoryLimitBytes, 0), max(st.PidsLimit, 0)
 	return st, nil
 }
+
+// cpusetLoadBalanced reports whether the v1 cpuset hierarchy's root
+// balances load across all its CPUs (cpuset.sched_load_balance 1, the
+// kernel's default): then the scheduler's domains span every CPU whatever
+// the flag of a cpuset below says, and setting it to 0 changes nothing
+// but what writes to that cpuset cost (quietCpuset).
+func (m cgroupMounts) cpusetLoadBalanced() bool {
+	mnt, ok := m.v1["cpuset"]
+	if m.v2 || !ok {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(mnt, "cpuset.sched_load_balance"))
+	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
+
+// quietCpuset makes the sandbox's v1 cpuset cgroup at path before the OCI
+// runtime does, with cpuset.sched_load_balance 0 (only where
+// cpusetLoadBalanced holds: the caller checks). A new cpuset starts with
+// the flag set, and on cgroup v1 the kernel then rebuilds the scheduler's
+// domains whenever its CPUs change (the runtime copies the parent's into
+// it) and again when it is removed: each rebuild walks every cpuset on the
+// host (generate_sched_domains, dl_rebuild_rd_accounting) under the
+// cpuset lock, to arrive at the same one domain, so with a thousand
+// sandboxes on the node every create and every stop paid for all of them.
+// Best effort: the runtime makes the cgroup as before when this fails (the
+// parent does not exist yet at the node's first create). The OCI runtime
+// takes the existing directory as it is, and Delete removes it with the
+// others.
+func (m cgroupMounts) quietCpuset(path string) {
+	dir := filepath.Join(m.v1["cpuset"], path)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(dir, "cpuset.sched_load_balance"), []byte("0"), 0)
+}

@@ -155,6 +155,9 @@ type Runtime struct {
 	// (ociruntime_linux.go).
 	oci *ociRuntime
 	cg  cgroupMounts
+	// quietCpusets: make each sandbox's v1 cpuset cgroup first, without
+	// load balancing of its own (cgroupMounts.quietCpuset).
+	quietCpusets bool
 	// stateRootFS says what New did about the state root's file system
 	// (stateRootTmpfs); "" when the state root was configured.
 	stateRootFS string
@@ -247,7 +250,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, oci: oci, cg: cg, stateRootFS: stateRootFS, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, cg: cg, quietCpusets: cg.cpusetLoadBalanced(), stateRootFS: stateRootFS, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
@@ -593,6 +596,15 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		cmd.WaitDelay = 5 * time.Second
 		return cmd
 	}
+	// The cgroup is config.json's: the handle's (a sandbox from before
+	// node IDs were in the defaults keeps its old one).
+	cgPath := r.cgroupPath(id)
+	if sb, err := r.get(id); err == nil && sb.st.CgroupPath != "" {
+		cgPath = sb.st.CgroupPath
+	}
+	if r.quietCpusets {
+		r.cg.quietCpuset(cgPath)
+	}
 	cmd := mk(r.oci.exeNow(ctx))
 	var startErr error
 	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
@@ -620,13 +632,7 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 		}
 		return 0, fmt.Errorf("%s %s: %w: %s", r.oci.kind, sub[0], err, runcLogError(rlog))
 	}
-	// Before the caller lets anything of the sandbox run. The cgroup is
-	// config.json's: the handle's (a sandbox from before node IDs were in
-	// the defaults keeps its old one).
-	cgPath := r.cgroupPath(id)
-	if sb, err := r.get(id); err == nil && sb.st.CgroupPath != "" {
-		cgPath = sb.st.CgroupPath
-	}
+	// Before the caller lets anything of the sandbox run.
 	if err := r.oci.afterInit(r.cg, cgPath); err != nil {
 		return 0, err
 	}
