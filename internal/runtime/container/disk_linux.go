@@ -372,10 +372,10 @@ func (q *imageQuota) usage(bundle string, d *diskState) (diskUse, error) {
 // sandbox); without it a group is set up when an allocation looks at it,
 // and one whose blocks were never used (BLOCK_UNINIT) is skipped. And
 // no_prefetch_block_bitmaps: else every mount hands the kernel's
-// ext4lazyinit thread a request to read all the groups' bitmaps (with
-// noinit_itable that is all it has to do), and as that thread exits when
-// its list is empty, every create also made a kernel thread (~0.4 ms of
-// CPU per create in a burst, bench/results/2026-12-06-burst-ext4.md).
+// ext4lazyinit thread a request to read all the groups' bitmaps in the
+// background (with noinit_itable that is all it has to do), I/O through
+// the loop device for groups the layer may never use; that thread is
+// started again whenever its list has run empty.
 func (q *imageQuota) mountLayer(f *os.File, mnt string) error {
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
 	opts := "noinit_itable,discard"
