@@ -1,6 +1,7 @@
 package container
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -151,4 +152,50 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 		t.Fatalf("kernel release %q: %v", u.Release[:], err)
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// An overlay that refuses the detached clone (a kernel before 6.15 takes
+// no detached mount as a layer: EINVAL) is mounted again from the layer's
+// directory, and later mounts go to the directory at once; other errors
+// are the caller's.
+func TestRootOverlayFallsBackToLayerDir(t *testing.T) {
+	r := &Runtime{}
+	r.mpLayer.dir, r.mpLayer.detached = "/shared/mountpoints-x", "/proc/self/fd/9"
+	var got []string
+	mount := func(opts string) error {
+		got = append(got, opts)
+		if strings.Contains(opts, "/proc/self/fd/9") {
+			return fmt.Errorf("mount overlay root: %w", unix.EINVAL)
+		}
+		return nil
+	}
+	if err := r.mountRootOverlay(r.mpLayer.dir, []string{"/l1", "/l2"}, "/u", "/w", mount); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"lowerdir=/proc/self/fd/9:/l1:/l2,upperdir=/u,workdir=/w",
+		"lowerdir=/shared/mountpoints-x:/l1:/l2,upperdir=/u,workdir=/w",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mounts %q, want %q", got, want)
+	}
+	got = nil
+	if err := r.mountRootOverlay(r.mpLayer.dir, []string{"/l1"}, "/u", "/w", mount); err != nil || len(got) != 1 || strings.Contains(got[0], "/proc/self/fd") {
+		t.Fatalf("after a refusal: mounts %q (%v), want one from the directory", got, err)
+	}
+
+	// Another error is returned as it is, with no second mount.
+	r2 := &Runtime{}
+	r2.mpLayer.dir, r2.mpLayer.detached = "/shared/mountpoints-x", "/proc/self/fd/9"
+	got = nil
+	busy := func(opts string) error { got = append(got, opts); return unix.EBUSY }
+	if err := r2.mountRootOverlay(r2.mpLayer.dir, []string{"/l1"}, "/u", "/w", busy); !errors.Is(err, unix.EBUSY) || len(got) != 1 || r2.mpLayer.refused.Load() {
+		t.Fatalf("EBUSY: err %v, mounts %q, refused %v; want EBUSY from one mount", err, got, r2.mpLayer.refused.Load())
+	}
+	// A root without the shared layer, or with an older one, is mounted
+	// from what its handle says.
+	got = nil
+	if err := r2.mountRootOverlay("/shared/mountpoints-old", []string{"/l1"}, "/u", "/w", mount); err != nil || len(got) != 1 || !strings.HasPrefix(got[0], "lowerdir=/shared/mountpoints-old:") {
+		t.Fatalf("older layer: mounts %q (%v)", got, err)
+	}
 }
