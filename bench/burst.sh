@@ -25,7 +25,14 @@
 # followed by the same batch without skip_warm_pool: cold and prewarmed side
 # by side, with the prewarm's time and the total (prewarm + batch); part 2
 # is skipped.
-# SETTLE=<seconds> waits that long before each system starts.
+# SETTLE=<seconds> waits that long before each system starts; by default
+# vm.dirty_expire_centisecs (30 s) plus 5 s: an ext4 without a journal
+# skips, when it allocates an inode, every inode freed within that time
+# (recently_deleted), so a system started right after another's teardown
+# (its sandboxes' state dirs and layer images: ~4000 inodes for 1000)
+# paid for it on every new inode of its own (up to ~0.5 ms of CPU per
+# create here): with BASE_REV the work tree's batch, which came second.
+# SETTLE=0 skips the wait.
 # PERF=<file> records a perf call-graph profile of the work tree's
 # `opendsec up` during part 1. PERF_SCHED=<file> records every context
 # switch and wakeup on the host (with call graphs, on CLOCK_MONOTONIC)
@@ -72,12 +79,13 @@ CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
 SYSTEM_NODE_EXTRA=${SYSTEM_NODE_EXTRA:-'"max_sandboxes": 2000, "cpu_overcommit": 50, "memory_overcommit": 8, "warm_pool": {"size": 0}'}
 export SYSTEM_NODE_EXTRA
 ARGS=(-rootfs "$CACHE/busybox" -count "$COUNT" "$@")
+SETTLE=${SETTLE:-$(( $(cat /proc/sys/vm/dirty_expire_centisecs 2>/dev/null || echo 3000) / 100 + 5 ))}
 MAINS=()
 for rev in ${BASE_REV:-}; do
-  # SETTLE=<s>: wait before each system, so the last one's deletions (its
-  # sandboxes' files) have been written back and do not slow this one's
-  # inode allocations on a file system without a journal.
-  sleep "${SETTLE:-0}"
+  # SETTLE: the last system's deletions (its sandboxes' files) no longer
+  # slow this one's inode allocations on a file system without a journal.
+  echo "== settle ${SETTLE} s" >&2
+  sleep "$SETTLE"
   DDB=$DD.base-$rev
   mkdir "$DDB"
   echo "== before: opendsec of $rev up (data dir $DDB)" >&2
@@ -90,7 +98,8 @@ for rev in ${BASE_REV:-}; do
   MAINS+=("$DD/before-$rev.json")
   [ "${KEEP:-}" = 1 ] || rm -rf "$DDB"
 done
-sleep "${SETTLE:-0}"
+echo "== settle ${SETTLE} s" >&2
+sleep "$SETTLE"
 echo "== opendsec up (data dir $DD)" >&2
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 
@@ -131,7 +140,7 @@ fi
 if [ -n "$PERF_PID" ]; then kill -INT "$PERF_PID"; wait "$PERF_PID" || true; fi
 if [ -n "${PERF_SCHED_PID:-}" ]; then kill -INT "$PERF_SCHED_PID"; wait "$PERF_SCHED_PID" || true; fi
 MAINS+=("$DD/main.json")
-CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }SETTLE=$SETTLE COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
   stop_system
   UP_PID=
