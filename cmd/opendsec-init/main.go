@@ -39,6 +39,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -123,7 +124,8 @@ func parseArgs(args []string) (config, error) {
 	return c, nil
 }
 
-// logf writes one line to stderr (the sandbox's agent log).
+// logf writes one line to stderr (the sandbox's agent log). A plain
+// write(2): os.Stderr would turn an EPIPE into the runtime's SIGPIPE exit.
 func logf(msg string) {
-	os.Stderr.WriteString("opendsec-init: " + msg + "\n")
+	_, _ = syscall.Write(2, []byte("opendsec-init: "+msg+"\n"))
 }
