@@ -101,8 +101,8 @@ func run(cfg config) int {
 // loop, and sigOne the 8 bytes it writes (catchSignals).
 var (
 	sigPending uint64
-	sigWakeFD  int64 = -1
-	sigOne     uint64 = 1
+	sigWakeFD  int64  = -1 //nolint:unused // read by sig_linux_amd64.s
+	sigOne     uint64 = 1  //nolint:unused // read by sig_linux_amd64.s
 )
 
 // takeSignals returns and clears the signals caught.

@@ -1,4 +1,4 @@
-//go:build linux && amd64
+//go:build linux && amd64 && !opendsec_signotify
 
 package main
 
@@ -8,16 +8,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Implemented in sig_linux_amd64.s.
-func sigHandler()
-func sigReturn()
+// Implemented in sig_linux_amd64.s; the first two are called by the
+// kernel only.
+func sigHandler() //nolint:unused // the kernel calls it
+func sigReturn()  //nolint:unused // the kernel calls it
 func sigAddrs() (handler, restorer uintptr)
+
+// signalThreads is how many threads catching signals costs init.
+const signalThreads = 0
 
 // sigChain holds the Go runtime's handler of each signal in chainMask
 // (runtimeFaults): sigHandler passes a fault raised by the kernel on to it.
 var (
 	sigChain  [65]uintptr
-	chainMask uint64
+	chainMask uint64 //nolint:unused // read by sig_linux_amd64.s
 )
 
 // kSigaction is the kernel's struct sigaction on amd64.

@@ -1,4 +1,4 @@
-//go:build linux && !amd64
+//go:build linux && (!amd64 || opendsec_signotify)
 
 package main
 
@@ -10,6 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// signalThreads is how many threads catching signals costs init:
+// os/signal's.
+const signalThreads = 3
 
 // catchSignals makes SIGTERM, SIGINT and SIGCHLD wake the loop through the
 // eventfd wake, and keeps fatalSignals from ending init (dropSignals). On
