@@ -502,13 +502,17 @@ func readResult(path string) (*result, error) {
 	return &r, nil
 }
 
-// initThreads counts the opendsec-init processes on the host and their
-// threads.
+// initThreads counts the opendsec-init processes of sandboxes on the host
+// and their threads.
 func initThreads() (procs, threads int) {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
+		// In a sandbox it runs as /.opendsec/init (comm "init").
 		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil || !strings.HasPrefix(string(b), "Name:\topendsec-init\n") {
+		if err != nil || !strings.HasPrefix(string(b), "Name:\tinit\n") {
+			continue
+		}
+		if cl, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline"); !strings.HasPrefix(string(cl), "/.opendsec/init\x00") {
 			continue
 		}
 		for _, l := range strings.Split(string(b), "\n") {
