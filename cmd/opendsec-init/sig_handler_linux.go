@@ -37,7 +37,7 @@ const (
 )
 
 // catchSignals makes SIGTERM, SIGINT and SIGCHLD wake the loop through the
-// eventfd wake, and keeps fatalSignals from ending init (see dropSignals),
+// eventfd wake, and keeps fatalSignals from ending init (see sigDefault),
 // with no thread of its own: os/signal would add three that stay for
 // init's life (a goroutine locked to a thread that keeps the signal mask,
 // the runtime's template thread that locking brings, and one blocked in
@@ -47,7 +47,7 @@ const (
 // records the signal in sigPending and writes to the eventfd: the
 // self-pipe trick. Masks are no way out: the runtime unblocks SIGCHLD,
 // SIGTERM and SIGINT on every thread it starts (sysmon's first), so a
-// signalfd would race the handler on those threads.
+// signalfd would miss each signal one of those threads takes.
 //
 // The runtime still believes its handler is installed for these signals,
 // so a server it forks gets them back at SIG_DFL (and exec resets any
