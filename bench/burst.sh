@@ -25,6 +25,9 @@
 # followed by the same batch without skip_warm_pool: cold and prewarmed side
 # by side, with the prewarm's time and the total (prewarm + batch); part 2
 # is skipped.
+# BASE_INIT=1 builds each BASE_REV's opendsec-init too (by default every
+# side runs the work tree's agent and init): before and after of a change
+# to init.
 # SETTLE=<seconds> waits that long before each system starts; by default
 # vm.dirty_expire_centisecs (30 s) plus 5 s: an ext4 without a journal
 # skips, when it allocates an inode, every inode freed within that time
@@ -67,6 +70,9 @@ for rev in ${BASE_REV:-}; do
   git archive "$rev" | tar -x -C "$BIN/src-$rev"
   (cd "$BIN/src-$rev" && go build -o "$BIN/base-$rev/" ./cmd/opendsec)
   cp "$BIN/opendsec-agent" "$BIN/opendsec-init" "$BIN/base-$rev/"
+  if [ "${BASE_INIT:-}" = 1 ]; then
+    (cd "$BIN/src-$rev" && CGO_ENABLED=0 go build -trimpath -o "$BIN/base-$rev/opendsec-init" ./cmd/opendsec-init)
+  fi
   rm -rf "$BIN/src-$rev"
 done
 CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
@@ -140,7 +146,7 @@ fi
 if [ -n "$PERF_PID" ]; then kill -INT "$PERF_PID"; wait "$PERF_PID" || true; fi
 if [ -n "${PERF_SCHED_PID:-}" ]; then kill -INT "$PERF_SCHED_PID"; wait "$PERF_SCHED_PID" || true; fi
 MAINS+=("$DD/main.json")
-CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${PREWARM:+PREWARM=$PREWARM }SETTLE=$SETTLE COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${BASE_INIT:+BASE_INIT=$BASE_INIT }${PREWARM:+PREWARM=$PREWARM }SETTLE=$SETTLE COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
   stop_system
   UP_PID=

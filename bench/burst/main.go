@@ -95,6 +95,12 @@ type result struct {
 	// BatchCPU is the CPU time spent during the batch (ms, all creates):
 	// of `opendsec up` (-up-pid) and of the whole host.
 	BatchCPU *cpuTimes `json:"batch_cpu,omitempty"`
+	// Inits and InitThreads: the opendsec-init processes on the host right
+	// after the batch (every sandbox's PID 1, idle) and their threads in
+	// all: each thread costs every later create (crun's pivot_root walks
+	// them all).
+	Inits       int `json:"inits,omitempty"`
+	InitThreads int `json:"init_threads,omitempty"`
 	// BatchInodes is how many more inodes the file system of the node's
 	// data dir (the dir of -node-log) had in use after the batch than
 	// before (everything on that file system counts, other work too).
@@ -398,6 +404,8 @@ func runMain(ctx context.Context, c config) error {
 			}
 		}
 	}
+	r.Inits, r.InitThreads = initThreads()
+	fmt.Fprintf(os.Stderr, "   %d opendsec-init processes, %d threads\n", r.Inits, r.InitThreads)
 	fmt.Fprintf(os.Stderr, "   %d created, %d failed in %.0f ms\n", len(ids), r.Failed, r.BatchTotalMS)
 	nodeTimes(c.nodeLog, ids, r)
 	fmt.Fprintf(os.Stderr, "== stop all %d\n", len(ids))
@@ -492,4 +500,27 @@ func readResult(path string) (*result, error) {
 		return nil, fmt.Errorf("decode %s: %w", filepath.Base(path), err)
 	}
 	return &r, nil
+}
+
+// initThreads counts the opendsec-init processes of sandboxes on the host
+// and their threads.
+func initThreads() (procs, threads int) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		// In a sandbox it runs as /.opendsec/init (comm "init").
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil || !strings.HasPrefix(string(b), "Name:\tinit\n") {
+			continue
+		}
+		if cl, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline"); !strings.HasPrefix(string(cl), "/.opendsec/init\x00") {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(v))
+				procs, threads = procs+1, threads+n
+			}
+		}
+	}
+	return procs, threads
 }

@@ -64,6 +64,10 @@ func writeReport(c config, paths []string) error {
 				fmt.Fprintf(&b, "the whole host %.1f ms (%d CPUs busy %.0f%% of the batch).\n\n",
 					r.BatchCPU.HostBusy/n, goruntime.NumCPU(), 100*r.BatchCPU.HostBusy/r.BatchTotalMS/float64(goruntime.NumCPU()))
 			}
+			if r.Inits > 0 {
+				fmt.Fprintf(&b, "Right after the batch: %d opendsec-init processes with **%d threads** (%.2f each).\n\n",
+					r.Inits, r.InitThreads, float64(r.InitThreads)/float64(r.Inits))
+			}
 			if r.BatchInodes != nil && created > 0 {
 				fmt.Fprintf(&b, "Inodes in use on the data dir's file system: %+d during the batch, **%.1f per create** (statfs; other work on that file system counts too).\n\n",
 					*r.BatchInodes, float64(*r.BatchInodes)/float64(created))

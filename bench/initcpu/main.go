@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -40,6 +41,7 @@ type variant struct {
 	env               []string // added to init's environment
 	own               string   // init's own first entry (--own-env); empty: none
 	cpuMS, wallMS     []float64
+	threads           []int // init's threads once idle after the answer
 }
 
 type variants []*variant
@@ -91,17 +93,17 @@ func main() {
 	defer os.RemoveAll(dir)
 	for i := range *n {
 		for _, v := range vs {
-			cpu, wall, err := round(v, filepath.Join(dir, fmt.Sprint(i, ".sock")), *path)
+			cpu, wall, threads, err := round(v, filepath.Join(dir, fmt.Sprint(i, ".sock")), *path)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "initcpu: %s: %v\n", v.name, err)
 				os.Exit(1)
 			}
-			v.cpuMS, v.wallMS = append(v.cpuMS, cpu), append(v.wallMS, wall)
+			v.cpuMS, v.wallMS, v.threads = append(v.cpuMS, cpu), append(v.wallMS, wall), append(v.threads, threads)
 		}
 	}
-	fmt.Printf("GET %s, %d rounds each, interleaved, pidns %v, seccomp %q\n\n| variant | CPU mean | CPU p50 | answer (wall) p50 |\n|---|---|---|---|\n", *path, *n, pidns, seccomp)
+	fmt.Printf("GET %s, %d rounds each, interleaved, pidns %v, seccomp %q\n\n| variant | CPU mean | CPU p50 | answer (wall) p50 | threads once idle (rounds) |\n|---|---|---|---|---|\n", *path, *n, pidns, seccomp)
 	for _, v := range vs {
-		fmt.Printf("| %s | %.2f ms | %.2f ms | %.2f ms |\n", v.name, mean(v.cpuMS), p50(v.cpuMS), p50(v.wallMS))
+		fmt.Printf("| %s | %.2f ms | %.2f ms | %.2f ms | %s |\n", v.name, mean(v.cpuMS), p50(v.cpuMS), p50(v.wallMS), histogram(v.threads))
 	}
 }
 
@@ -110,23 +112,24 @@ var (
 	seccomp string
 )
 
-// round runs v once and returns its CPU and the wall time to the answer.
-func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
+// round runs v once and returns its CPU, the wall time to the answer, and
+// init's threads once it is idle after the answer.
+func round(v *variant, sock, path string) (cpuMS, wallMS float64, threads int, err error) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	lf, err := ln.File()
 	ln.SetUnlinkOnClose(false) // lf keeps it listening
 	ln.Close()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer os.Remove(sock)
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		lf.Close()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer c.Close()
 	t0 := time.Now()
@@ -148,7 +151,7 @@ func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
 	err = cmd.Start()
 	lf.Close()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -164,13 +167,27 @@ func round(v *variant, sock, path string) (cpuMS, wallMS float64, err error) {
 	}()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	b, err := io.ReadAll(c)
 	if err != nil || !strings.HasPrefix(string(b), "HTTP/1.") {
-		return 0, 0, fmt.Errorf("answer %q: %v", b, err)
+		return 0, 0, 0, fmt.Errorf("answer %q: %v", b, err)
 	}
-	return 0, float64(time.Since(t0).Microseconds()) / 1000, nil
+	wallMS = float64(time.Since(t0).Microseconds()) / 1000
+	return 0, wallMS, idleThreads(cmd.Process.Pid), nil
+}
+
+// histogram is "N×count, ..." of xs, by count.
+func histogram(xs []int) string {
+	m := map[int]int{}
+	for _, x := range xs {
+		m[x]++
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, fmt.Sprintf("%d: %d", k, m[k]))
+	}
+	return strings.Join(out, ", ")
 }
 
 func mean(xs []float64) float64 {

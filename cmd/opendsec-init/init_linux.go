@@ -4,10 +4,10 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -59,14 +59,32 @@ func run(cfg config) int {
 	// before init (it fails quietly without CAP_SYS_RESOURCE).
 	_ = writeFile("/proc/self/oom_score_adj", "-1000")
 
-	// Separate channels: a burst of SIGCHLD never crowds out a SIGTERM
-	// (one pending SIGCHLD is enough, every reap takes all exited children).
-	chld, term := make(chan os.Signal, 1), make(chan os.Signal, 2)
-	signal.Notify(chld, unix.SIGCHLD)
-	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
-	dropSignals()
-	s := &supervisor{cfg: cfg, lfd: lfd, env: env, held: -1,
-		arm: make(chan struct{}, 1), ready: make(chan waiting, 1), readyc: make(chan readyMsg, 8)}
+	// The socket is non-blocking for init's accept (it is anyway once a
+	// server took it: Go's net.FileListener sets that on the shared file
+	// description).
+	if err := unix.SetNonblock(lfd, true); err != nil {
+		logf("listening socket: " + err.Error())
+		return 1
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		logf("eventfd: " + err.Error())
+		return 1
+	}
+	if err := catchSignals(wake, unix.Getpid() == 1); err != nil {
+		logf(err.Error())
+		return 1
+	}
+	p, err := newPoller()
+	if err != nil {
+		logf(err.Error())
+		return 1
+	}
+	if err := p.watch(wake, true); err != nil {
+		logf(err.Error())
+		return 1
+	}
+	s := &supervisor{cfg: cfg, lfd: lfd, env: env, p: p, wake: wake, held: -1, ready: -1}
 	// No server at boot: init answers the node's first GET /health itself
 	// (see classify), and the server starts with the first real request.
 	// A missing or non-executable agent is caught here, at no cost, and
@@ -75,14 +93,23 @@ func run(cfg config) int {
 	if s.failure != "" {
 		logf(s.failure)
 	}
-	go acceptLoop(lfd, s.arm, s.ready)
-	s.arm <- struct{}{}
-	var retry <-chan time.Time
-	return s.loop(chld, term, retry)
+	return s.loop()
 }
 
+// sigPending has bit 1<<sig set for each signal caught since the loop last
+// looked; sigWakeFD is the eventfd the signal handler writes to wake the
+// loop, and sigOne the 8 bytes it writes (catchSignals).
+var (
+	sigPending uint64
+	sigWakeFD  int64  = -1 //nolint:unused // read by sig_linux_amd64.s
+	sigOne     uint64 = 1  //nolint:unused // read by sig_linux_amd64.s
+)
+
+// takeSignals returns and clears the signals caught.
+func takeSignals() uint64 { return atomic.SwapUint64(&sigPending, 0) }
+
 // fatalSignals are the signals whose arrival from kill(2) would end init
-// (the Go runtime dies of them unless they are notified): a root process in
+// (the Go runtime dies of them unless they are caught): a root process in
 // the sandbox must not take PID 1 down with kill -HUP 1. SIGTERM, SIGINT
 // and SIGCHLD are handled in the loop; SIGKILL and SIGSTOP from inside the
 // sandbox never reach PID 1.
@@ -97,44 +124,10 @@ var fatalSignals = []os.Signal{
 // runtimeFaults are the fatalSignals the Go runtime needs its own handler
 // for: the kernel raises them on a fault of init itself (a nil
 // dereference is a SIGSEGV the runtime turns into a panic), so they stay
-// with the runtime and are dropped only when sent by kill (notified).
+// with the runtime and are dropped only when sent by a process.
 var runtimeFaults = map[os.Signal]bool{
 	unix.SIGSEGV: true, unix.SIGBUS: true, unix.SIGFPE: true, unix.SIGILL: true,
 	unix.SIGTRAP: true, unix.SIGSYS: true,
-}
-
-// dropSignals keeps fatalSignals from ending init.
-//
-// As PID 1 of a PID namespace (every sandbox's init) a signal whose
-// disposition is SIG_DFL never reaches init, from inside the namespace or
-// from outside (pid_namespaces(7); the kernel drops it, SIGKILL and SIGSTOP
-// from an ancestor namespace aside): init sets those signals to SIG_DFL
-// itself, which is also what the server and its processes inherit across
-// exec. That is what they were for os/signal's Notify too, which costs a
-// round trip between two threads for each signal (os/signal updates a
-// signal mask on a thread of its own), 12 of them: ~0.25 ms of CPU per
-// sandbox (bench/results/2026-12-06-init-cpu.md). runtimeFaults, and every signal when init is not PID
-// 1 (tests, or a host without PID namespaces), are received and discarded
-// instead: Notify, not signal.Ignore, because an ignored signal stays
-// ignored across exec, in the server and every process it starts (a shell
-// with SIGHUP and SIGPIPE ignored); a notified one is back to its default
-// in the child.
-func dropSignals() {
-	notify := fatalSignals
-	if unix.Getpid() == 1 {
-		notify = nil
-		for _, sig := range fatalSignals {
-			if runtimeFaults[sig] || sigDefault(sig.(unix.Signal)) != nil {
-				notify = append(notify, sig)
-			}
-		}
-	}
-	c := make(chan os.Signal, 4)
-	signal.Notify(c, notify...)
-	go func() {
-		for range c {
-		}
-	}()
 }
 
 // sigDefault sets sig's disposition to SIG_DFL behind the Go runtime's
@@ -142,6 +135,19 @@ func dropSignals() {
 // handler). The runtime keeps no other copy of it: nothing but Notify,
 // Ignore and Reset (which init does not call for these signals) changes
 // it again, and a child it forks resets its handlers to SIG_DFL anyway.
+//
+// As PID 1 of a PID namespace (every sandbox's init) a signal whose
+// disposition is SIG_DFL never reaches init, from inside the namespace or
+// from outside (pid_namespaces(7); the kernel drops it, SIGKILL and SIGSTOP
+// from an ancestor namespace aside): so init sets the fatalSignals but
+// runtimeFaults to SIG_DFL there, which is also what the server and its
+// processes inherit across exec, and costs nothing when one is sent.
+// runtimeFaults, and every one of them when init is not PID 1 (tests, or a
+// host without PID namespaces), are caught and discarded instead
+// (catchSignals): caught, not ignored, because an ignored signal stays
+// ignored across exec, in the server and every process it starts (a shell
+// with SIGHUP and SIGPIPE ignored); a caught one is back to its default
+// in the child.
 func sigDefault(sig unix.Signal) error {
 	// The kernel's struct sigaction all zero: SIG_DFL, no flags, empty
 	// mask (in every layout, with or without sa_restorer).
@@ -155,22 +161,106 @@ func sigDefault(sig unix.Signal) error {
 
 // sigsetSize is the kernel's sizeof(sigset_t) on the 64-bit Linux ports
 // but mips (whose rt_sigaction then fails with EINVAL: init falls back to
-// Notify).
+// catching the signal).
 const sigsetSize = 8
+
+// poller is init's one wait: an epoll instance holding what init waits for
+// (the eventfd of its signal handler, the listening socket while init
+// accepts, a connection it reads the start of, a started server's ready
+// pipe), itself waited on through the Go runtime's network poller. So the
+// main goroutine, init's only one, parks, and the thread that runs it
+// sleeps in the scheduler's epoll_pwait with nothing to run. (A goroutine
+// blocked in a system call would hold a thread of its own, and each
+// blocked goroutine another.) With GOMAXPROCS=1 an idle init has three
+// threads: that one, the runtime's sysmon, and the idle one the runtime's
+// own start leaves behind (two, when its start races: see TestIdleThreads).
+// Deadlines (backoff, a connection's first bytes) are the runtime's
+// timers, through SetReadDeadline.
+type poller struct {
+	ep  int
+	f   *os.File
+	rc  syscall.RawConn
+	evs [8]unix.EpollEvent
+}
+
+func newPoller() (*poller, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, &opError{"epoll_create1", err}
+	}
+	// Non-blocking: os.NewFile then registers it with the runtime's poller.
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, &opError{"epoll fd", err}
+	}
+	f := os.NewFile(uintptr(ep), "epoll")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, &opError{"epoll fd", err}
+	}
+	return &poller{ep: ep, f: f, rc: rc}, nil
+}
+
+// watch adds fd (level-triggered, for reading) or removes it. A watched fd
+// must be removed before init closes it or hands it to the server: a copy
+// in another process would keep it in the set.
+func (p *poller) watch(fd int, on bool) error {
+	op, what := unix.EPOLL_CTL_DEL, "unwatch "
+	if on {
+		op, what = unix.EPOLL_CTL_ADD, "watch "
+	}
+	if err := unix.EpollCtl(p.ep, op, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil { //nolint:gosec // an fd fits
+		return &opError{what + strconv.Itoa(fd), err}
+	}
+	return nil
+}
+
+// wait returns the fds that are ready, none once deadline (when not zero)
+// passed.
+func (p *poller) wait(deadline time.Time) ([]unix.EpollEvent, error) {
+	if err := p.f.SetReadDeadline(deadline); err != nil {
+		return nil, &opError{"set deadline", err}
+	}
+	var n int
+	var werr error
+	err := p.rc.Read(func(uintptr) bool {
+		n, werr = unix.EpollWait(p.ep, p.evs[:], 0)
+		if errors.Is(werr, unix.EINTR) {
+			n, werr = 0, nil
+			return true // the caller waits again
+		}
+		// Nothing ready: park until the epoll fd turns readable (the
+		// runtime's poller watches it edge-triggered; each new event in
+		// the set is an edge).
+		return n > 0 || werr != nil
+	})
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, nil
+	case err != nil:
+		return nil, &opError{"wait", err}
+	case werr != nil:
+		return nil, &opError{"epoll_wait", werr}
+	}
+	return p.evs[:n], nil
+}
 
 // supervisor starts the server on demand and reaps every process.
 type supervisor struct {
-	cfg    config
-	lfd    int
-	env    []string      // the server's environment; nil: init's own, less --own-env's entry
-	arm    chan struct{} // ask acceptLoop for one connection
-	ready  chan waiting  // a connection taken from the socket
-	readyc chan readyMsg // a started server's report on --ready-fd
+	cfg  config
+	lfd  int
+	env  []string // the server's environment; nil: init's own, less --own-env's entry
+	p    *poller
+	wake int  // the signal handler's eventfd
+	lsn  bool // lfd is in the poller's set
+
+	retryAt time.Time // no accept before then (backoff); zero: none
+	pend    *pending  // a connection init accepted and reads the start of
 
 	pid      int // the running server; 0 when none
-	gen      int // counts starts: tells a stale readyMsg apart
 	started  time.Time
 	held     int  // init's copy of the connection the server started with, until it serves; -1: none
+	ready    int  // the read end of the server's ready pipe until it reports; -1: none
 	notReady bool // the server closed its ready pipe without the byte
 	failures int  // consecutive failed starts
 	// failure says why no server can serve (the agent binary failed the
@@ -181,57 +271,91 @@ type supervisor struct {
 	exitCode    int
 }
 
-// readyMsg is what a server said on its --ready-fd: ok when it wrote the
-// byte (it serves), not ok when the pipe closed without it.
-type readyMsg struct {
-	gen int
-	ok  bool
+// pending is a connection init accepted while no server ran.
+type pending struct {
+	fd       int
+	deadline time.Time // for its first bytes, then for a GET /health's head
+	watched  bool
+	health   bool   // a GET /health whose head init reads: init answers it
+	head     []byte // what of that head arrived
 }
 
-// loop runs until init is done; retry, when set, re-arms the socket watch.
-func (s *supervisor) loop(chld, term <-chan os.Signal, retry <-chan time.Time) int {
+// loop runs until init is done.
+func (s *supervisor) loop() int {
 	for {
-		select {
-		case <-chld:
-			if done, delay := s.reap(); done {
-				return s.exitCode
-			} else if delay >= 0 {
-				retry = s.rearm(delay)
-			}
-		case sig := <-term:
-			s.terminating = true
-			if s.pid == 0 {
-				return 0
-			}
-			// The server ends its processes and exits; init follows.
-			_ = unix.Kill(s.pid, sig.(syscall.Signal))
-		case w := <-s.ready:
-			switch {
-			case w.health:
-				answer(w.fd, w.proto, s.failure)
-				retry = s.rearm(0)
-			case s.terminating || s.pid != 0:
-				unix.Close(w.fd)
-			default:
-				if err := s.start(w.fd); err != nil {
-					s.failures++
-					s.failure = "the agent cannot start: " + err.Error()
-					logf(err.Error())
-					answer(w.fd, "", s.failure)
-					retry = s.rearm(s.backoff())
+		// Init accepts only while no server runs (the server accepts
+		// then), one connection at a time, and not during a backoff.
+		if err := s.listen(s.pid == 0 && !s.terminating && s.pend == nil && s.retryAt.IsZero()); err != nil {
+			logf(err.Error())
+			return 1
+		}
+		deadline := s.retryAt
+		if s.pend != nil && (deadline.IsZero() || s.pend.deadline.Before(deadline)) {
+			deadline = s.pend.deadline
+		}
+		evs, err := s.p.wait(deadline)
+		if err != nil {
+			logf(err.Error())
+			return 1
+		}
+		for _, ev := range evs {
+			// Each handler is non-blocking and checks the fd against
+			// the current state: an earlier one may have closed it.
+			switch fd := int(ev.Fd); {
+			case fd == s.wake:
+				if s.signals() {
+					return s.exitCode
 				}
+			case fd == s.lfd && s.lsn:
+				s.accept()
+			case s.pend != nil && fd == s.pend.fd:
+				s.classify(false)
+			case fd == s.ready:
+				s.readReady()
 			}
-		case m := <-s.readyc:
-			if m.gen == s.gen && m.ok {
-				s.served()
-			} else if m.gen == s.gen {
-				s.notReady = true
-			}
-		case <-retry:
-			retry = nil
-			s.arm <- struct{}{}
+		}
+		now := time.Now()
+		if !s.retryAt.IsZero() && !now.Before(s.retryAt) {
+			s.retryAt = time.Time{}
+		}
+		if s.pend != nil && !now.Before(s.pend.deadline) {
+			s.classify(true)
 		}
 	}
+}
+
+// listen puts the listening socket in the poller's set or takes it out.
+func (s *supervisor) listen(on bool) error {
+	if on == s.lsn {
+		return nil
+	}
+	if err := s.p.watch(s.lfd, on); err != nil {
+		return err
+	}
+	s.lsn = on
+	return nil
+}
+
+// signals handles the signals caught; done: init exits with s.exitCode.
+func (s *supervisor) signals() (done bool) {
+	var b [8]byte
+	_, _ = unix.Read(s.wake, b[:]) // reset the eventfd before taking the bits
+	got := takeSignals()
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGINT} {
+		if got&(1<<uint(sig)) == 0 {
+			continue
+		}
+		s.terminating = true
+		if s.pid == 0 {
+			return true
+		}
+		// The server ends its processes and exits; init follows.
+		_ = unix.Kill(s.pid, sig)
+	}
+	if got&(1<<uint(unix.SIGCHLD)) != 0 {
+		return s.reap()
+	}
+	return false
 }
 
 // served: the server said it serves; the connection it started with is
@@ -244,13 +368,9 @@ func (s *supervisor) served() {
 	}
 }
 
-// rearm asks for the next connection after delay.
-func (s *supervisor) rearm(delay time.Duration) <-chan time.Time {
-	if delay == 0 {
-		s.arm <- struct{}{}
-		return nil
-	}
-	return time.After(delay)
+// backoffNext: no accept for the next backoff delay.
+func (s *supervisor) backoffNext() {
+	s.retryAt = time.Now().Add(s.backoff())
 }
 
 func (s *supervisor) backoff() time.Duration {
@@ -281,26 +401,42 @@ func (s *supervisor) start(conn int) error {
 		Files: []uintptr{0, 1, 2, uintptr(s.lfd), uintptr(conn), uintptr(p[1])},
 	})
 	unix.Close(p[1])
+	if err == nil {
+		err = s.p.watch(p[0], true)
+		if err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL) // reaped with the next SIGCHLD
+		}
+	}
 	if err != nil {
 		unix.Close(p[0])
 		return &opError{"start server " + argv[0], err}
 	}
-	s.gen++
-	s.pid, s.started, s.held, s.notReady = pid, time.Now(), conn, false
-	go readReady(p[0], s.gen, s.readyc)
+	s.pid, s.started, s.held, s.ready, s.notReady = pid, time.Now(), conn, p[0], false
 	return nil
 }
 
-// readReady reports whether the server wrote its byte on the pipe r before
-// closing it (or exiting).
-func readReady(r, gen int, out chan<- readyMsg) {
+// readReady takes the server's report on its ready pipe: the byte (it
+// serves), or the pipe closed without it.
+func (s *supervisor) readReady() {
 	var b [1]byte
-	n, err := unix.Read(r, b[:])
-	for errors.Is(err, unix.EINTR) {
-		n, err = unix.Read(r, b[:])
+	n, err := unix.Read(s.ready, b[:])
+	if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+		return // the poller says again
 	}
-	unix.Close(r)
-	out <- readyMsg{gen: gen, ok: err == nil && n == 1}
+	s.closeReady()
+	if err == nil && n == 1 {
+		s.served()
+	} else {
+		s.notReady = true
+	}
+}
+
+func (s *supervisor) closeReady() {
+	if s.ready >= 0 {
+		_ = s.p.watch(s.ready, false)
+		unix.Close(s.ready)
+		s.ready = -1
+	}
 }
 
 // readyGrace bounds the wait, after the server's exit, for its ready
@@ -308,27 +444,29 @@ func readReady(r, gen int, out chan<- readyMsg) {
 const readyGrace = 200 * time.Millisecond
 
 // servedBeforeExit tells, for a server that exited holding init's
-// connection, whether it served (reported ready) first.
+// connection, whether it served (reported ready) first: the report may
+// still be in the pipe, not yet taken by the loop.
 func (s *supervisor) servedBeforeExit() bool {
-	t := time.NewTimer(readyGrace)
-	defer t.Stop()
-	for {
-		select {
-		case m := <-s.readyc:
-			if m.gen == s.gen {
-				return m.ok
+	if s.ready >= 0 {
+		fds := []unix.PollFd{{Fd: int32(s.ready), Events: unix.POLLIN}} //nolint:gosec // an fd fits
+		deadline := time.Now().Add(readyGrace)
+		for left := readyGrace; left > 0; left = time.Until(deadline) {
+			n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+			if errors.Is(err, unix.EINTR) {
+				continue
 			}
-		case <-t.C:
-			return false
+			if n > 0 {
+				s.readReady()
+			}
+			break
 		}
 	}
+	return s.held < 0
 }
 
 // reap collects every exited child. When the server is among them it
-// reports whether init is done and, if not, after how long to watch the
-// socket again (negative: the server still runs, nothing to re-arm).
-func (s *supervisor) reap() (done bool, delay time.Duration) {
-	delay = -1
+// says whether init is done, and when init accepts again.
+func (s *supervisor) reap() (done bool) {
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
@@ -336,7 +474,7 @@ func (s *supervisor) reap() (done bool, delay time.Duration) {
 			continue
 		}
 		if err != nil || pid <= 0 {
-			return false, delay
+			return false
 		}
 		if pid != s.pid {
 			continue // an orphan
@@ -344,153 +482,157 @@ func (s *supervisor) reap() (done bool, delay time.Duration) {
 		s.pid = 0
 		ran := time.Since(s.started)
 		how := describe(ws) + " after " + ran.Round(time.Millisecond).String()
-		neverServed := false
-		if s.held >= 0 {
-			if !s.notReady && s.servedBeforeExit() {
-				s.served()
-			} else {
-				neverServed = true
-			}
-		}
+		neverServed := s.held >= 0 && (s.notReady || !s.servedBeforeExit())
+		s.closeReady()
 		if s.terminating {
 			if s.held >= 0 {
 				unix.Close(s.held)
 				s.held = -1
 			}
 			s.exitCode = exitCode(ws)
-			return true, 0
+			return true
 		}
 		switch {
 		case neverServed:
 			s.failures++
-			delay = s.backoff()
+			s.backoffNext()
 			s.failure = "the agent (" + s.cfg.server[0] + ") " + how + " before serving; the sandbox's agent log has its reason"
 			answer(s.held, "", s.failure)
 			s.held = -1
-			logf("server " + how + " before serving (failure " + strconv.Itoa(s.failures) + "); next start in " + delay.String())
+			logf("server " + how + " before serving (failure " + strconv.Itoa(s.failures) + "); next start in " + s.backoff().String())
 		case ws.Exited() && ws.ExitStatus() == 0:
 			s.failures = 0
-			delay = 0
+			s.retryAt = time.Time{}
 		case ran < startWindow:
 			s.failures++
-			delay = s.backoff()
-			logf("server " + how + " (failure " + strconv.Itoa(s.failures) + "); next start in " + delay.String())
+			s.backoffNext()
+			logf("server " + how + " (failure " + strconv.Itoa(s.failures) + "); next start in " + s.backoff().String())
 		default:
 			s.failures = 0
-			delay = 0
+			s.retryAt = time.Time{}
 			logf("server " + describe(ws) + "; it starts again on the next connection")
 		}
 	}
 }
 
-// waiting is a connection init accepted while no server ran.
-type waiting struct {
-	fd     int
-	health bool   // a GET /health whose head init has read: init answers it
-	proto  string // its HTTP version
-}
-
 // peekTimeout bounds the wait for a new connection's first bytes: a client
 // that sends nothing in time gets the server (which has its own timeouts).
+// It bounds the wait for a GET /health's head the same.
 const peekTimeout = time.Second
 
-// acceptLoop hands the loop one connection per token on arm. Only init
-// accepts meanwhile: no server runs while it is armed.
-func acceptLoop(lfd int, arm <-chan struct{}, ready chan<- waiting) {
-	fds := []unix.PollFd{{Fd: int32(lfd), Events: unix.POLLIN}}
-	for range arm {
-		for {
-			if _, err := unix.Poll(fds, -1); err != nil {
-				if !errors.Is(err, unix.EINTR) {
-					logf("poll listening socket: " + err.Error())
-					time.Sleep(time.Second) // not synchronisation: never spin on a broken fd
-				}
-				continue
-			}
-			// The socket may be non-blocking (a server's net.FileListener
-			// sets that on the shared file description): EAGAIN is a
-			// connection gone meanwhile.
-			fd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
-			if err != nil {
-				if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.ECONNABORTED) {
-					logf("accept: " + err.Error())
-					time.Sleep(time.Second) // not synchronisation: never spin on a broken fd
-				}
-				continue
-			}
-			w, ok := classify(fd)
-			if !ok {
-				unix.Close(fd)
-				continue
-			}
-			ready <- w
-			break
+// accept takes one connection: only init accepts meanwhile, no server runs.
+func (s *supervisor) accept() {
+	// The socket is non-blocking: EAGAIN is a connection gone meanwhile.
+	fd, _, err := unix.Accept4(s.lfd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.ECONNABORTED) {
+			logf("accept: " + err.Error())
+			s.retryAt = time.Now().Add(time.Second) // never spin on a broken socket
 		}
+		return
 	}
+	s.pend = &pending{fd: fd, deadline: time.Now().Add(peekTimeout)}
+	s.classify(false) // the request is usually there already
 }
 
 // healthPrefix starts a GET /health request line.
 const healthPrefix = "GET /health"
 
-// classify looks at a new connection's first bytes without taking them
-// (MSG_PEEK), so that any request but GET /health reaches the server
-// untouched. A GET /health has its head read here, for init to answer. Not
-// ok: the peer closed without sending anything.
-func classify(fd int) (w waiting, ok bool) {
-	w.fd = fd
-	tv := unix.NsecToTimeval(peekTimeout.Nanoseconds())
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	defer func() {
-		var zero unix.Timeval
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &zero)
-	}()
-	var buf [len(healthPrefix) + 1]byte
-	n, _, err := unix.Recvfrom(fd, buf[:], unix.MSG_PEEK)
-	for errors.Is(err, unix.EINTR) {
-		n, _, err = unix.Recvfrom(fd, buf[:], unix.MSG_PEEK)
-	}
-	switch {
-	case err != nil: // nothing in time: the server decides
-		return w, true
-	case n == 0:
-		return w, false
-	case n < len(buf) || string(buf[:len(healthPrefix)]) != healthPrefix || buf[len(healthPrefix)] != ' ' && buf[len(healthPrefix)] != '?':
-		return w, true
-	}
-	w.health = true
-	w.proto = readHead(fd)
-	return w, true
-}
-
-// readHead reads a request's head (to the blank line, at most 8 KiB, for
-// at most peekTimeout in all: a client dribbling bytes holds init's accept
-// no longer) and returns its HTTP version ("" when it cannot tell).
-func readHead(fd int) string {
-	var head []byte
-	buf := make([]byte, 1024)
-	deadline := time.Now().Add(peekTimeout)
-	for len(head) < 8<<10 && !strings.Contains(string(head), "\r\n\r\n") {
-		left := time.Until(deadline)
-		if left <= 0 {
-			break
+// classify looks at the pending connection's first bytes without taking
+// them (MSG_PEEK), so that any request but GET /health reaches the server
+// untouched; a GET /health has its head read here, for init to answer.
+// Nothing waits: with no bytes yet the connection joins the poller's set
+// until they come or its deadline passes (timedOut). A connection that
+// sends nothing in time goes to the server; one closed before sending
+// anything starts nothing.
+func (s *supervisor) classify(timedOut bool) {
+	c := s.pend
+	if !c.health {
+		var buf [len(healthPrefix) + 1]byte
+		n, _, err := unix.Recvfrom(c.fd, buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		for errors.Is(err, unix.EINTR) {
+			n, _, err = unix.Recvfrom(c.fd, buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		}
-		// At least 1ms: a zero timeval means no timeout at all.
-		tv := unix.NsecToTimeval(max(left, time.Millisecond).Nanoseconds())
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		n, err := unix.Read(fd, buf)
+		switch {
+		case errors.Is(err, unix.EAGAIN) && !timedOut:
+			s.watchPending()
+			return
+		case err != nil: // nothing in time: the server decides
+			s.toServer()
+			return
+		case n == 0:
+			s.dropPending()
+			unix.Close(c.fd)
+			return
+		case n < len(buf) || string(buf[:len(healthPrefix)]) != healthPrefix || buf[len(healthPrefix)] != ' ' && buf[len(healthPrefix)] != '?':
+			s.toServer()
+			return
+		}
+		// The head gets its own peekTimeout: a client dribbling bytes
+		// holds init's accept no longer.
+		c.health, c.deadline, timedOut = true, time.Now().Add(peekTimeout), false
+	}
+	buf := make([]byte, 1024)
+	for len(c.head) < 8<<10 && !strings.Contains(string(c.head), "\r\n\r\n") {
+		n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.EINTR) {
 			continue
+		}
+		if errors.Is(err, unix.EAGAIN) && !timedOut {
+			s.watchPending()
+			return
 		}
 		if err != nil || n <= 0 {
 			break
 		}
-		head = append(head, buf[:n]...)
+		c.head = append(c.head, buf[:n]...)
 	}
-	line, _, _ := strings.Cut(string(head), "\r\n")
-	if strings.HasSuffix(line, " HTTP/1.0") {
-		return "HTTP/1.0"
+	s.dropPending()
+	proto := ""
+	if line, _, _ := strings.Cut(string(c.head), "\r\n"); strings.HasSuffix(line, " HTTP/1.0") {
+		proto = "HTTP/1.0"
 	}
-	return ""
+	answer(c.fd, proto, s.failure)
+}
+
+// watchPending puts the pending connection in the poller's set: it has no
+// unread bytes (level-triggered, it would be ready at once otherwise).
+func (s *supervisor) watchPending() {
+	if s.pend.watched {
+		return
+	}
+	if err := s.p.watch(s.pend.fd, true); err != nil {
+		logf(err.Error())
+		s.pend.deadline = time.Now() // decided without waiting
+		return
+	}
+	s.pend.watched = true
+}
+
+// dropPending takes the pending connection out of the poller's set and of
+// the supervisor, for init to answer, close or hand it over.
+func (s *supervisor) dropPending() {
+	if s.pend.watched {
+		_ = s.p.watch(s.pend.fd, false)
+	}
+	s.pend = nil
+}
+
+// toServer hands the pending connection to a new server.
+func (s *supervisor) toServer() {
+	fd := s.pend.fd
+	s.dropPending()
+	if s.terminating || s.pid != 0 {
+		unix.Close(fd)
+		return
+	}
+	if err := s.start(fd); err != nil {
+		s.failures++
+		s.failure = "the agent cannot start: " + err.Error()
+		logf(err.Error())
+		answer(fd, "", s.failure)
+		s.backoffNext()
+	}
 }
 
 // answer writes init's own answer on fd and closes it: 204 when failure is

@@ -734,3 +734,172 @@ func TestOwnEnv(t *testing.T) {
 		}
 	}
 }
+
+// threadSyscalls returns, for each thread of pid, the system call it is
+// blocked in ("running" when it runs).
+func threadSyscalls(t *testing.T, pid int) map[int]string {
+	t.Helper()
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, e := range ents {
+		tid, _ := strconv.Atoi(e.Name())
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/syscall")
+		if err != nil {
+			continue // the thread ended
+		}
+		nr, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+		out[tid] = nr
+	}
+	return out
+}
+
+// TestIdleThreads: an idle init (after the node's first GET /health, no
+// server running) has at most 4 threads, as the node runs it (GOMAXPROCS=1
+// its own): the one asleep in the runtime's epoll_pwait (init's one wait:
+// socket, signals, timers) and the runtime's, asleep in futex: sysmon and
+// what the runtime's own start leaves idle (one, or two when that start
+// races). Every thread costs each later container create on the host
+// (crun's pivot_root walks them all). With os/signal and a goroutine
+// blocked in poll(2) on the socket, init had 6 or 7.
+func TestIdleThreads(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
+	cmd := exec.Command(testutil.InitBinary(t), "--own-env", "GOMAXPROCS=1", "--listen", sock, "--", testutil.AgentBinary(t))
+	cmd.Env = append([]string{"GOMAXPROCS=1"}, os.Environ()...)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+	if code, _ := get(t, unixClient(sock), "/health", stderr); code != http.StatusNoContent {
+		t.Fatalf("health: %d", code)
+	}
+	// Idle: one thread in epoll_pwait, every other in futex (sysmon
+	// dozes in nanosleep a while before it does).
+	epollPwait, futex := strconv.Itoa(syscall.SYS_EPOLL_PWAIT), strconv.Itoa(syscall.SYS_FUTEX)
+	var last map[int]string
+	idle := func() bool {
+		last = threadSyscalls(t, cmd.Process.Pid)
+		waits := 0
+		for _, nr := range last {
+			switch nr {
+			case epollPwait:
+				waits++
+			case futex:
+			default:
+				return false
+			}
+		}
+		return waits == 1
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !idle() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ok := idle()
+	if n, want := len(last), 4+signalThreads; n > want {
+		t.Fatalf("idle init has %d threads (in system calls %v), want at most %d", n, last, want)
+	}
+	if !ok {
+		t.Fatalf("init not idle in one epoll_pwait 5s after /health: threads in system calls %v (%s epoll_pwait, %s futex)", last, epollPwait, futex)
+	}
+	if got := children(cmd.Process.Pid); len(got) != 0 {
+		t.Fatalf("servers after /health only: %v, want none", got)
+	}
+}
+
+// TestOrphansReapedAsPID1: as in a sandbox, init is PID 1 of a PID
+// namespace and every orphan there becomes its child: each one that exits
+// is reaped (no zombie stays), while the server runs.
+func TestOrphansReapedAsPID1(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a PID namespace needs root")
+	}
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "spawned")
+	sock := filepath.Join(dir, "run", "agent.sock")
+	// Each ( ... & ) leaves a sleep whose parent exits at once: an orphan,
+	// reparented to init, that exits a moment later.
+	cmd := exec.Command(testutil.InitBinary(t), "--listen", sock, "--", "/bin/sh", "-c",
+		"for i in 1 2 3 4 5 6 7 8; do (sleep 0.2 &); done; touch "+marker+"; while :; do sleep 0.05; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+	conn, err := net.Dial("unix", sock) // a request starts the server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /envs HTTP/1.0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 5*time.Second, "orphans spawned", func() bool { _, err := os.Stat(marker); return err == nil })
+	orphans := func() (n, zombies int) {
+		for _, c := range allChildren(cmd.Process.Pid) {
+			if c.state == "Z" {
+				zombies++
+			}
+			if c.comm == "sleep" {
+				n++
+			}
+		}
+		return n, zombies
+	}
+	if n, _ := orphans(); n == 0 {
+		t.Fatalf("no orphan became init's child (init stderr %q)", stderr)
+	}
+	// The orphans exit after 0.2s; reaped, they leave no trace.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, z := orphans()
+		if n == 0 && z == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("init has %d orphans, %d zombies 10s on: not reaped", n, z)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if cmd.ProcessState != nil {
+		t.Fatal("init exited")
+	}
+}
+
+type child struct{ comm, state string }
+
+// allChildren lists the processes whose parent is pid, zombies included.
+func allChildren(pid int) []child {
+	var out []child
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i, j := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if i < 0 || j < i {
+			continue
+		}
+		f := bytes.Fields(b[j+1:])
+		if len(f) > 1 && string(f[1]) == strconv.Itoa(pid) {
+			out = append(out, child{comm: string(b[i+1 : j]), state: string(f[0])})
+		}
+	}
+	return out
+}

@@ -32,6 +32,20 @@
 // depends only on the standard library's smallest packages and
 // golang.org/x/sys/unix (see deps_test.go): no net/http, no protobuf, no
 // fmt.
+//
+// Init is one goroutine and one wait (poller, init_linux.go): an epoll set
+// of the listening socket (while no server runs), a connection it reads
+// the start of, a server's ready pipe and an eventfd its signal handler
+// writes, waited on through the Go runtime's poller, with the runtime's
+// timers for backoff and deadlines. Signals (SIGCHLD, SIGTERM, SIGINT and
+// the ones that would end the runtime) reach a few instructions of
+// assembly of init's own (catchSignals, sig_handler_linux.go; os/signal on
+// other architectures) instead of os/signal, which costs three threads for
+// the process's life. Every thread on the host costs each later container
+// create (crun's pivot_root walks them all): an idle init has three (the
+// one asleep in the runtime's epoll_pwait, sysmon, and the idle one the
+// runtime's own start leaves, sometimes two), where it had 6 or 7
+// (bench/results/2026-12-06-init-threads.md).
 package main
 
 import (
@@ -39,6 +53,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -123,7 +138,8 @@ func parseArgs(args []string) (config, error) {
 	return c, nil
 }
 
-// logf writes one line to stderr (the sandbox's agent log).
+// logf writes one line to stderr (the sandbox's agent log). A plain
+// write(2): os.Stderr would turn an EPIPE into the runtime's SIGPIPE exit.
 func logf(msg string) {
-	os.Stderr.WriteString("opendsec-init: " + msg + "\n")
+	_, _ = syscall.Write(2, []byte("opendsec-init: "+msg+"\n"))
 }
