@@ -36,6 +36,10 @@
 # paid for it on every new inode of its own (up to ~0.5 ms of CPU per
 # create here): with BASE_REV the work tree's batch, which came second.
 # SETTLE=0 skips the wait.
+# REPEAT=<k> runs part 1 of the work tree k times, each on a fresh system
+# (after SETTLE) with its own runc loop right before its batch, and reports
+# every run and the medians (ratio, runc loop p50, batch throughput);
+# part 2 is skipped.
 # PERF=<file> records a perf call-graph profile of the work tree's
 # `opendsec up` during part 1. PERF_SCHED=<file> records every context
 # switch and wakeup on the host (with call graphs, on CLOCK_MONOTONIC)
@@ -55,7 +59,7 @@ DD=$(mktemp -d /tmp/odbench-burstdd.XXXXXX)
 COUNT=${COUNT:-1000} RUNC_N=${RUNC_N:-100} KILL_AFTER=${KILL_AFTER:-300}
 cleanup() {
   stop_system # up runs with --stop-sandboxes: nothing of this run outlives it
-  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD".base-* "$DD".prewarm "$BIN"; fi
+  if [ "${KEEP:-}" = 1 ]; then echo "kept $DD and $BIN" >&2; else rm -rf "$DD" "$DD".base-* "$DD".rep* "$DD".prewarm "$BIN"; fi
 }
 trap cleanup EXIT
 
@@ -142,11 +146,34 @@ if [ -n "${PERF:-}" ]; then
   perf record -F 999 -g -p "$UP_PID" -o "$PERF" >/dev/null 2>&1 &
   PERF_PID=$!
 fi
-"${B[@]}" -mode main -up-pid "$UP_PID" -name "$VERSION (work tree)" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
+REPEAT=${REPEAT:-1}
+NAME="$VERSION (work tree)"
+if [ "$REPEAT" -gt 1 ]; then NAME="$NAME #1"; fi
+"${B[@]}" -mode main -up-pid "$UP_PID" -name "$NAME" -runc-n "$RUNC_N" -node-log "$DD/up.log" -out-json "$DD/main.json"
 if [ -n "$PERF_PID" ]; then kill -INT "$PERF_PID"; wait "$PERF_PID" || true; fi
 if [ -n "${PERF_SCHED_PID:-}" ]; then kill -INT "$PERF_SCHED_PID"; wait "$PERF_SCHED_PID" || true; fi
 MAINS+=("$DD/main.json")
-CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${BASE_INIT:+BASE_INIT=$BASE_INIT }${PREWARM:+PREWARM=$PREWARM }SETTLE=$SETTLE COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
+# REPEAT=<k>: part 1 of the work tree k times, each on a fresh system after
+# SETTLE, with its own runc loop right before its batch (part 2 is skipped).
+for i in $(seq 2 "$REPEAT"); do
+  stop_system
+  UP_PID=
+  # The last repeat's data dir, once its system is down (the exit trap
+  # removes the one still up at the end).
+  if [ "$i" -gt 2 ] && [ "${KEEP:-}" != 1 ]; then rm -rf "$DD.rep$((i - 1))"; fi
+  DDR=$DD.rep$i
+  mkdir "$DDR"
+  echo "== settle ${SETTLE} s" >&2
+  sleep "$SETTLE"
+  echo "== repeat $i of $REPEAT: opendsec up (data dir $DDR)" >&2
+  start_system "$BIN" "$DDR" busybox -- --stop-sandboxes
+  "$BIN/burst" -endpoint "127.0.0.1:$API" -token-file "$DDR/bootstrap.token" "${ARGS[@]}" -mode main -up-pid "$UP_PID" \
+    -name "$VERSION (work tree) #$i" -runc-n "$RUNC_N" -node-log "$DDR/up.log" -out-json "$DD/main-$i.json"
+  MAINS+=("$DD/main-$i.json")
+done
+REPEAT_TXT=
+if [ "$REPEAT" -gt 1 ]; then SKIP_KILL=1; REPEAT_TXT="REPEAT=$REPEAT "; fi
+CMD="${BASE_REV:+BASE_REV='$BASE_REV' }${BASE_INIT:+BASE_INIT=$BASE_INIT }${PREWARM:+PREWARM=$PREWARM }${REPEAT_TXT}SETTLE=$SETTLE COUNT=$COUNT RUNC_N=$RUNC_N bench/burst.sh $*"
 if [ "${PREWARM:-}" = 1 ]; then
   stop_system
   UP_PID=

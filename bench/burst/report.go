@@ -106,6 +106,7 @@ func writeReport(c config, paths []string) error {
 				len(r.ArrivalMS), r.BatchTotalMS, rate, rate*pct(r.RuncRunMS, 50)/1000, pct(r.NodeStartMS, 50), float64(len(r.StopMS))/(r.StopTotalMS/1000))
 		}
 		fmt.Fprintln(&b)
+		b.WriteString(repeatMedians(mains))
 	}
 	if slices.ContainsFunc(mains, func(r *result) bool { return r.Prewarm }) {
 		fmt.Fprintf(&b, "## Cold and prewarmed, side by side\n\n")
@@ -162,4 +163,49 @@ func pctPart(v []float64, last bool) float64 {
 		return pct(v[len(v)-n:], 50)
 	}
 	return pct(v[:n], 50)
+}
+
+// repeatMedians says, for each revision run more than once (REPEAT: names
+// "<rev> #<i>"), the medians of its runs: the same-run ratio, the runc
+// loop's p50 and the batch's throughput.
+func repeatMedians(mains []*result) string {
+	type runs struct{ ratio, runc, rate []float64 }
+	by := map[string]*runs{}
+	var order []string
+	for _, r := range mains {
+		name, _, ok := strings.Cut(r.Name, " #")
+		if !ok || r.BatchTotalMS <= 0 {
+			continue
+		}
+		g := by[name]
+		if g == nil {
+			g = &runs{}
+			by[name] = g
+			order = append(order, name)
+		}
+		rate := float64(len(r.ArrivalMS)) / (r.BatchTotalMS / 1000)
+		g.ratio = append(g.ratio, rate*pct(r.RuncRunMS, 50)/1000)
+		g.runc = append(g.runc, pct(r.RuncRunMS, 50))
+		g.rate = append(g.rate, rate)
+	}
+	var b strings.Builder
+	for _, name := range order {
+		g := by[name]
+		if len(g.ratio) < 2 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s, %d runs (each on a fresh system, its own runc loop right before its batch): median batch / runc loop **%.2fx** (%.2f-%.2fx); median runc loop p50 %.1f ms, median batch throughput %.1f /s.\n\n",
+			name, len(g.ratio), median(g.ratio), slices.Min(g.ratio), slices.Max(g.ratio), median(g.runc), median(g.rate))
+	}
+	return b.String()
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
