@@ -58,6 +58,10 @@ type mountPointLayer struct {
 	// layer's mount (open_tree), which the overlay takes as the layer
 	// instead of dir; empty when there is none (see overlayLower).
 	detached string
+	// fd is the clone's, and dev and ino its root's: overlayLower checks
+	// that fd still is the clone before each use.
+	fd       int
+	dev, ino uint64
 	// refused records that an overlay mount refused the detached clone
 	// (kernels before 6.15 take no detached mount as a layer): dir from
 	// then on.
@@ -79,6 +83,14 @@ type mountPointLayer struct {
 func (r *Runtime) overlayLower(dir string) string {
 	l := &r.mpLayer
 	if dir == "" || dir != l.dir || l.detached == "" || l.refused.Load() {
+		return dir
+	}
+	// The node never closes the fd; should anything in the process close
+	// it and the number name another file, the overlay must not take that
+	// one: the directory from then on.
+	var st unix.Stat_t
+	if err := unix.Fstat(l.fd, &st); err != nil || st.Dev != l.dev || st.Ino != l.ino || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		l.refused.Store(true)
 		return dir
 	}
 	return l.detached
@@ -105,19 +117,27 @@ func (r *Runtime) mountRootOverlay(mp string, lower []string, upper, work string
 	return err
 }
 
-// detachedLayer returns "/proc/self/fd/N" of a read-only detached clone
-// of the mount at dir (open_tree), the fd held for the node's life.
-func detachedLayer(dir string) (string, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+// detach makes l's read-only detached clone of the mount at l.dir
+// (open_tree), its fd held for the node's life, and sets l.detached to
+// its "/proc/self/fd/N".
+func (l *mountPointLayer) detach() error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, l.dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
-		return "", fmt.Errorf("clone mount point layer: %w", err)
+		return fmt.Errorf("clone mount point layer: %w", err)
 	}
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(fd)
-		return "", fmt.Errorf("make mount point layer clone read-only: %w", err)
+		return fmt.Errorf("make mount point layer clone read-only: %w", err)
 	}
-	return "/proc/self/fd/" + strconv.Itoa(fd), nil
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("stat mount point layer clone: %w", err)
+	}
+	l.fd, l.dev, l.ino = fd, st.Dev, st.Ino
+	l.detached = "/proc/self/fd/" + strconv.Itoa(fd)
+	return nil
 }
 
 // mountPoints returns the mount point layer's directory, making it the
@@ -130,8 +150,7 @@ func (r *Runtime) mountPoints(ctx context.Context) (string, error) {
 			log.G(ctx).Warn("sandbox roots have no shared mount point layer: the OCI runtime makes /.opendsec and its mount points in each sandbox's writable layer, about 1 ms more CPU per create", log.Err(l.err))
 			return
 		}
-		var err error
-		if l.detached, err = detachedLayer(l.dir); err != nil {
+		if err := l.detach(); err != nil {
 			log.G(ctx).Info("sandbox roots take the mount point layer from its directory: each overlay mount walks the mounts on the data dir's file system", log.Err(err))
 		}
 	})

@@ -159,12 +159,18 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 // directory, and later mounts go to the directory at once; other errors
 // are the caller's.
 func TestRootOverlayFallsBackToLayerDir(t *testing.T) {
+	testutil.RequiresRoot(t) // open_tree's clone needs CAP_SYS_ADMIN
 	r := &Runtime{}
-	r.mpLayer.dir, r.mpLayer.detached = "/shared/mountpoints-x", "/proc/self/fd/9"
+	r.mpLayer.dir = t.TempDir()
+	if err := r.mpLayer.detach(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(r.mpLayer.fd) })
+	clone := r.mpLayer.detached
 	var got []string
 	mount := func(opts string) error {
 		got = append(got, opts)
-		if strings.Contains(opts, "/proc/self/fd/9") {
+		if strings.Contains(opts, clone) {
 			return fmt.Errorf("mount overlay root: %w", unix.EINVAL)
 		}
 		return nil
@@ -173,8 +179,8 @@ func TestRootOverlayFallsBackToLayerDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"lowerdir=/proc/self/fd/9:/l1:/l2,upperdir=/u,workdir=/w",
-		"lowerdir=/shared/mountpoints-x:/l1:/l2,upperdir=/u,workdir=/w",
+		"lowerdir=" + clone + ":/l1:/l2,upperdir=/u,workdir=/w",
+		"lowerdir=" + r.mpLayer.dir + ":/l1:/l2,upperdir=/u,workdir=/w",
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("mounts %q, want %q", got, want)
@@ -186,7 +192,11 @@ func TestRootOverlayFallsBackToLayerDir(t *testing.T) {
 
 	// Another error is returned as it is, with no second mount.
 	r2 := &Runtime{}
-	r2.mpLayer.dir, r2.mpLayer.detached = "/shared/mountpoints-x", "/proc/self/fd/9"
+	r2.mpLayer.dir = t.TempDir()
+	if err := r2.mpLayer.detach(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(r2.mpLayer.fd) })
 	got = nil
 	busy := func(opts string) error { got = append(got, opts); return unix.EBUSY }
 	if err := r2.mountRootOverlay(r2.mpLayer.dir, []string{"/l1"}, "/u", "/w", busy); !errors.Is(err, unix.EBUSY) || len(got) != 1 || r2.mpLayer.refused.Load() {
@@ -197,5 +207,23 @@ func TestRootOverlayFallsBackToLayerDir(t *testing.T) {
 	got = nil
 	if err := r2.mountRootOverlay("/shared/mountpoints-old", []string{"/l1"}, "/u", "/w", mount); err != nil || len(got) != 1 || !strings.HasPrefix(got[0], "lowerdir=/shared/mountpoints-old:") {
 		t.Fatalf("older layer: mounts %q (%v)", got, err)
+	}
+	// A clone's fd that now names another file is never taken.
+	r3 := &Runtime{}
+	r3.mpLayer.dir = t.TempDir()
+	if err := r3.mpLayer.detach(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Dup3(other, r3.mpLayer.fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(other)
+	t.Cleanup(func() { unix.Close(r3.mpLayer.fd) })
+	if got := r3.overlayLower(r3.mpLayer.dir); got != r3.mpLayer.dir || !r3.mpLayer.refused.Load() {
+		t.Fatalf("clone's fd replaced by another directory: overlay lower %q (refused %v), want the layer's directory %q", got, r3.mpLayer.refused.Load(), r3.mpLayer.dir)
 	}
 }
