@@ -10,10 +10,10 @@ create's start (its "sandbox running" time minus its total_ms) to the last
 HZ (default 99) and COUNT: ms of CPU per create.
 """
 import collections
-import datetime
-import re
 import subprocess
 import sys
+
+from burstlog import creates
 
 
 def main():
@@ -21,16 +21,7 @@ def main():
         sys.exit(__doc__)
     data, log, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     hz = float(sys.argv[4]) if len(sys.argv) > 4 else 99.0
-    starts, ends = [], []
-    for line in open(log):
-        if 'msg="sandbox running"' not in line:
-            continue
-        t = datetime.datetime.fromisoformat(re.search(r'time=(\S+)', line).group(1).replace('Z', '+00:00')).timestamp()
-        total = float(re.search(r'total_ms=([\d.]+)', line).group(1))
-        ends.append(t)
-        starts.append(t - total / 1000)
-    if not ends:
-        sys.exit(f"{log}: no \"sandbox running\" lines")
+    starts, ends = creates(log)
     w0, w1 = min(starts), max(ends)
     out = subprocess.run(['perf', 'script', '-i', data, '-F', 'comm,time'],
                          capture_output=True, text=True, check=True).stdout

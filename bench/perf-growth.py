@@ -15,25 +15,12 @@ instead prints, for each tenth of the creates, wall time, busy and idle CPU
 per create. Sampling rate: 299 Hz (perf record -F 299).
 """
 import collections
-import datetime
 import re
 import sys
 
+from burstlog import creates
+
 HZ = 299.0
-
-
-def windows(log):
-    starts, ends = [], []
-    for line in open(log):
-        if 'msg="sandbox running"' not in line:
-            continue
-        t = datetime.datetime.fromisoformat(re.search(r'time=(\S+)', line).group(1).replace('Z', '+00:00')).timestamp()
-        ends.append(t)
-        starts.append(t - float(re.search(r'total_ms=([\d.]+)', line).group(1)) / 1000)
-    if not ends:
-        sys.exit(f"{log}: no \"sandbox running\" lines")
-    ends.sort()
-    return min(starts), ends
 
 
 def samples(path):
@@ -70,7 +57,8 @@ def main():
         sys.exit(__doc__)
     script, log = sys.argv[1], sys.argv[2]
     mode = sys.argv[3] if len(sys.argv) > 3 else 'comm'
-    w0, ends = windows(log)
+    starts, ends = creates(log)
+    w0 = min(starts)
     n = len(ends)
     if mode == 'deciles':
         cuts = [w0] + [ends[(i + 1) * n // 10 - 1] for i in range(10)]

@@ -27,11 +27,12 @@ It also prints the length of idle periods and, for latency, the off-CPU
 time (sleeping, not preempted) per create by wait stack.
 """
 import collections
-import datetime
 import os
 import re
 import subprocess
 import sys
+
+from burstlog import creates
 
 SKIP = re.compile(
     r'^(__schedule|schedule|schedule_timeout|schedule_hrtimeout_range|schedule_hrtimeout_range_clock|io_schedule|'
@@ -56,16 +57,8 @@ HEAD = re.compile(r'\s*(.*?)\s+(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+sched:(\w+):\s*(.
 
 
 def window(log, offset):
-    starts, ends = [], []
-    for line in open(log):
-        if 'msg="sandbox running"' not in line:
-            continue
-        t = datetime.datetime.fromisoformat(re.search(r'time=(\S+)', line).group(1).replace('Z', '+00:00')).timestamp()
-        ends.append(t)
-        starts.append(t - float(re.search(r'total_ms=([\d.]+)', line).group(1)) / 1000)
-    if not ends:
-        sys.exit(f'{log}: no "sandbox running" lines')
-    return min(starts) - offset, max(ends) - offset
+    starts, ends = creates(log)
+    return min(starts) - offset, ends[-1] - offset
 
 
 def klass(comm):

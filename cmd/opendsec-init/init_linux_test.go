@@ -53,8 +53,18 @@ func (l *lockedBuffer) String() string {
 // and its socket.
 func startInit(t *testing.T, server ...string) (*exec.Cmd, string, *lockedBuffer) {
 	t.Helper()
+	return startInitEnv(t, nil, nil, server...)
+}
+
+// startInitEnv is startInit with init's arguments before --listen and its
+// environment's first entries (then the test's own).
+func startInitEnv(t *testing.T, args, env []string, server ...string) (*exec.Cmd, string, *lockedBuffer) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
-	cmd := exec.Command(testutil.InitBinary(t), append([]string{"--listen", sock, "--"}, server...)...)
+	cmd := exec.Command(testutil.InitBinary(t), append(append(args, "--listen", sock, "--"), server...)...)
+	if env != nil {
+		cmd.Env = append(env, os.Environ()...)
+	}
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
@@ -766,19 +776,7 @@ func threadSyscalls(t *testing.T, pid int) map[int]string {
 // (crun's pivot_root walks them all). With os/signal and a goroutine
 // blocked in poll(2) on the socket, init had 6 or 7.
 func TestIdleThreads(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
-	cmd := exec.Command(testutil.InitBinary(t), "--own-env", "GOMAXPROCS=1", "--listen", sock, "--", testutil.AgentBinary(t))
-	cmd.Env = append([]string{"GOMAXPROCS=1"}, os.Environ()...)
-	stderr := &lockedBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	poll(t, 5*time.Second, "init's socket", func() bool { return listening(sock) })
+	cmd, sock, stderr := startInitEnv(t, []string{"--own-env", "GOMAXPROCS=1"}, []string{"GOMAXPROCS=1"}, testutil.AgentBinary(t))
 	if code, _ := get(t, unixClient(sock), "/health", stderr); code != http.StatusNoContent {
 		t.Fatalf("health: %d", code)
 	}
