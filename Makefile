@@ -19,7 +19,7 @@ build: agent ## build every binary into bin/
 agent: ## build the static in-sandbox agent and its init (PID 1), side by side
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/opendsec-init ./cmd/opendsec-init
+	bash scripts/build-init.sh $(BIN)/opendsec-init
 
 base-images: ## the offline base root filesystems, built once and cached (the e2e tests and test-live start them)
 	bash deploy/images/build.sh --no-import

@@ -67,15 +67,21 @@ echo "== build" >&2
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 go build -o "$BIN/" ./bench/burst ./cmd/opendsec
 CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+bash scripts/build-init.sh "$BIN/opendsec-init"
 for rev in ${BASE_REV:-}; do
   # The same agent and init: only the node and apiserver differ.
   mkdir -p "$BIN/base-$rev" "$BIN/src-$rev"
   git archive "$rev" | tar -x -C "$BIN/src-$rev"
   (cd "$BIN/src-$rev" && go build -o "$BIN/base-$rev/" ./cmd/opendsec)
   cp "$BIN/opendsec-agent" "$BIN/opendsec-init" "$BIN/base-$rev/"
-  if [ "${BASE_INIT:-}" = 1 ]; then
-    (cd "$BIN/src-$rev" && CGO_ENABLED=0 go build -trimpath -o "$BIN/base-$rev/opendsec-init" ./cmd/opendsec-init)
+  # Its own init with BASE_INIT=1, and always before init was C (the Go
+  # init's node passes it --own-env, which the C init refuses).
+  if [ "${BASE_INIT:-}" = 1 ] || [ ! -f "$BIN/src-$rev/cmd/opendsec-init/init.c" ]; then
+    if [ -f "$BIN/src-$rev/cmd/opendsec-init/init.c" ]; then
+      bash "$BIN/src-$rev/scripts/build-init.sh" "$BIN/base-$rev/opendsec-init" "$BIN/src-$rev"
+    else
+      (cd "$BIN/src-$rev" && CGO_ENABLED=0 go build -trimpath -o "$BIN/base-$rev/opendsec-init" ./cmd/opendsec-init)
+    fi
   fi
   rm -rf "$BIN/src-$rev"
 done

@@ -28,7 +28,7 @@ if [ -z "$BIN" ]; then
   TMPBIN=$(mktemp -d /tmp/ode2bbench-bin.XXXXXX); BIN=$TMPBIN
   go build -o "$BIN/" ./cmd/opendsec
   CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-  CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+  bash scripts/build-init.sh "$BIN/opendsec-init"
 fi
 bash deploy/images/build.sh --no-import >/dev/null
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi

@@ -21,7 +21,7 @@ trap cleanup EXIT
 echo "== build" >&2
 go build -o "$BIN/" ./cmd/opendsec ./bench/forkapi
 CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+bash scripts/build-init.sh "$BIN/opendsec-init"
 bash deploy/images/build.sh --no-import >/dev/null
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 OUT=bench/results/$(date -u +%F)-fork-api.md

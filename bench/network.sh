@@ -29,7 +29,7 @@ api=()
 if [ "${NO_API:-}" != 1 ]; then
   go build -o "$BIN/" ./cmd/opendsec
   CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-  CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+  bash scripts/build-init.sh "$BIN/opendsec-init"
   CACHE=${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs
   [ -d "$CACHE/busybox" ] || bash deploy/images/build.sh --no-import
   echo "== opendsec up (data dir $DD)" >&2

@@ -29,7 +29,7 @@ echo "== build" >&2
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 go build -o "$BIN/" ./bench/pause ./cmd/opendsec
 CGO_ENABLED=0 go build -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+bash scripts/build-init.sh "$BIN/opendsec-init"
 CGO_ENABLED=0 go build -trimpath -o "$BIN/memhog" ./internal/testutil/memhog
 bash deploy/images/build.sh --no-import
 

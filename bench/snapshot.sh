@@ -21,7 +21,7 @@ VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS="-s -w -X github.com/kernflux/opendsec/internal/version.Version=$VERSION"
 go build -ldflags "$LDFLAGS" -o "$BIN/" ./cmd/opendsec ./bench/snapshot
 CGO_ENABLED=0 go build -ldflags "$LDFLAGS" -o "$BIN/opendsec-agent" ./cmd/opendsec-agent
-CGO_ENABLED=0 go build -trimpath -o "$BIN/opendsec-init" ./cmd/opendsec-init
+bash scripts/build-init.sh "$BIN/opendsec-init"
 [ -d "${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs/busybox" ] || bash deploy/images/build.sh --no-import
 start_system "$BIN" "$DD" busybox -- --stop-sandboxes
 rc=0

@@ -174,8 +174,8 @@ var agentBuild struct {
 	path string // guarded by mu; set once built in this process
 }
 
-// AgentBinary builds ./cmd/opendsec-agent and ./cmd/opendsec-init
-// (static, CGO_ENABLED=0) once per test process, side by side in one
+// AgentBinary builds ./cmd/opendsec-agent (static, CGO_ENABLED=0) and
+// opendsec-init (C, scripts/build-init.sh) once per test process, side by side in one
 // directory (the container backend finds opendsec-init next to the agent),
 // and returns the agent's path. The pair is cached across processes in a
 // directory keyed by a hash of every source file they are built from, so
@@ -203,13 +203,17 @@ func AgentBinary(t testing.TB) string {
 		}
 		tmp := dir + ".tmp"
 		os.RemoveAll(tmp)
-		for _, name := range []string{"opendsec-agent", "opendsec-init"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(tmp, name), "./cmd/"+name)
+		builds := []*exec.Cmd{
+			exec.Command("go", "build", "-trimpath", "-o", filepath.Join(tmp, "opendsec-agent"), "./cmd/opendsec-agent"),
+			// init is C (cmd/opendsec-init/init.c), built as make agent does.
+			exec.Command("bash", filepath.Join(root, initBuildScript), filepath.Join(tmp, "opendsec-init"), root),
+		}
+		for _, cmd := range builds {
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				os.RemoveAll(tmp)
-				return fmt.Errorf("build %s: %w\n%s", name, err, out)
+				return fmt.Errorf("build %s: %w\n%s", filepath.Base(cmd.Args[len(cmd.Args)-1]), err, out)
 			}
 		}
 		if err := os.Rename(tmp, dir); err != nil {
@@ -259,12 +263,18 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// agentSourceHash hashes go.mod, go.sum and the Go files of every package of
-// this module that the agent or init imports.
+// initBuildScript builds opendsec-init from initSources.
+const initBuildScript = "scripts/build-init.sh"
+
+// initSources are the files opendsec-init is built from.
+var initSources = []string{"cmd/opendsec-init/init.c", initBuildScript}
+
+// agentSourceHash hashes go.mod, go.sum, the Go files of every package of
+// this module that the agent imports, and init's sources.
 func agentSourceHash(root string) (string, error) {
 	cmd := exec.Command("go", "list", "-deps", "-f",
 		`{{if .Module}}{{if .Module.Main}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}{{end}}`,
-		"./cmd/opendsec-agent", "./cmd/opendsec-init")
+		"./cmd/opendsec-agent")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.Output()
@@ -276,6 +286,9 @@ func agentSourceHash(root string) (string, error) {
 		return "", fmt.Errorf("list agent packages (is cmd/opendsec-agent committed?): %w: %s", err, stderr)
 	}
 	files := []string{filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum")}
+	for _, f := range initSources {
+		files = append(files, filepath.Join(root, f))
+	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {

@@ -121,6 +121,10 @@ func buildPkg(pkg, name string) (string, error) {
 		return out, err
 	}
 	cmd := exec.Command("go", "build", "-ldflags", "-s -w", "-o", out, pkg)
+	if pkg == "./cmd/opendsec-init" {
+		// C, built as make agent does.
+		cmd = exec.Command("bash", filepath.Join(repoRoot, "scripts", "build-init.sh"), out, repoRoot)
+	}
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var err error

@@ -85,13 +85,6 @@ func agentEnv(image, sandbox []string) []string {
 	return env
 }
 
-// initOwnEnv is the first entry of init's environment, for init alone
-// (--own-env: the agent does not get it). One P is all init needs, and the
-// Go runtime wakes fewer threads at boot with one: about 0.15 ms less CPU
-// per create (bench/results/2026-12-06-init-cpu.md). The runtime reads it
-// before main, so it cannot be an argument.
-const initOwnEnv = "GOMAXPROCS=1"
-
 // ociSpec builds the OCI runtime config for a sandbox. The rootfs is
 // "rootfs" relative to the bundle (StateDir/tmp, a tmpfs). It has no seccomp section:
 // opendsec-init installs the compiled profile from seccompInSandbox (see
@@ -120,7 +113,7 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 		args, runcSeccomp = []string{initInSandbox}, prof
 	}
 	args = append(args, "--listen-fd", strconv.Itoa(agentListenFD),
-		"--env-file", filepath.Join(runDirInSandbox, agentEnvFile), "--own-env", initOwnEnv, "--", agentInSandbox)
+		"--env-file", filepath.Join(runDirInSandbox, agentEnvFile), "--", agentInSandbox)
 	if s.Guest.User != "" {
 		args = append(args, "--default-user", s.Guest.User)
 	}
@@ -133,8 +126,8 @@ func ociSpec(cfg *Config, s runtime.Spec, cgroupsPath string) (*specs.Spec, erro
 	if cfg.MaxUploadBytes > 0 {
 		args = append(args, "--max-upload-bytes", strconv.FormatInt(cfg.MaxUploadBytes, 10))
 	}
-	// The agent's environment, after init's own first entry (--own-env).
-	env := append([]string{initOwnEnv}, agentEnv(s.Guest.Env, nil)...)
+	// The agent's environment is init's.
+	env := agentEnv(s.Guest.Env, nil)
 
 	mem := s.Resources.MemoryMB << 20
 	quota := int64(s.Resources.CPU * cpuPeriod)
