@@ -31,8 +31,9 @@
 // and then for the sandbox's whole life. The Go runtime's own start costs
 // ~0.8 ms of CPU more than a static C program's on these machines (page
 // faults of its heap and stacks, its threads), and an idle Go init kept
-// three threads and ~2.2 MB resident, where this one keeps one thread and
-// a few hundred kB. Every thread on the host costs each later container
+// three threads and 630 kB of anonymous memory, where this one keeps one
+// thread and 80 kB (its binary's pages are the page cache's, shared by
+// every sandbox). Every thread on the host costs each later container
 // create (the OCI runtime's pivot_root walks them all). See
 // bench/results/2026-12-06-init-c.md and docs/ARCHITECTURE.md.
 //
