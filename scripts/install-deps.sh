@@ -9,9 +9,9 @@ need=()
 # XFS state dirs with project quotas (and the tests that make one). crun: the
 # container backend's default OCI runtime (oci_runtime auto; a create costs
 # about a third of runc's CPU), runc: its fallback (docs/operations.md).
-# gcc and libc6-dev: opendsec-init, every container sandbox's PID 1, is static C
+# musl-tools (or gcc and libc6-dev): opendsec-init, every container sandbox's PID 1, is static C
 # (scripts/build-init.sh).
-for p in runc crun iproute2 nftables debootstrap busybox-static erofs-utils e2fsprogs xfsprogs ca-certificates curl git make gcc libc6-dev python3-venv qemu-system-x86 cpio python3; do
+for p in runc crun iproute2 nftables debootstrap busybox-static erofs-utils e2fsprogs xfsprogs ca-certificates curl git make gcc libc6-dev musl-tools python3-venv qemu-system-x86 cpio python3; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ $dev = 1 ]; then

@@ -46,8 +46,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -67,6 +65,19 @@
 #include <unistd.h>
 
 extern char **environ;
+
+// The kernel's seccomp filter program (linux/filter.h, linux/seccomp.h),
+// spelled out: musl's headers have no linux/ directory.
+struct bpf_insn8 {
+	uint16_t code;
+	uint8_t jt, jf;
+	uint32_t k;
+};
+struct bpf_prog_hdr {
+	unsigned short len;
+	struct bpf_insn8 *filter;
+};
+enum { seccomp_set_mode_filter = 1 };
 
 static const char usage[] =
     "usage: opendsec-init [--seccomp-filter PATH] (--listen PATH | --listen-fd N) [--env-file PATH] -- SERVER [ARGS...]";
@@ -157,16 +168,11 @@ static int64_t now_ms(void) {
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-// errstr is strerror's text as Go's errors print it (lowercase first
-// letter), without locale.
+// errstr is strerror's text (init never sets a locale: the C one) as Go's
+// errors print it, with a lowercase first letter.
 static const char *errstr(int e) {
 	static char buf[128];
-	const char *d = strerrordesc_np(e);
-	if (d == NULL) {
-		snprintf(buf, sizeof buf, "errno %d", e);
-		return buf;
-	}
-	snprintf(buf, sizeof buf, "%s", d);
+	snprintf(buf, sizeof buf, "%s", strerror(e));
 	if (buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z')) {
 		buf[0] = (char)(buf[0] - 'A' + 'a');
 	}
@@ -176,12 +182,7 @@ static const char *errstr(int e) {
 // sigstr is a signal's description as Go's syscall.Signal prints it.
 static const char *sigstr(int sig) {
 	static char buf[64];
-	const char *d = sigdescr_np(sig);
-	if (d == NULL) {
-		snprintf(buf, sizeof buf, "signal %d", sig);
-		return buf;
-	}
-	snprintf(buf, sizeof buf, "%s", d);
+	snprintf(buf, sizeof buf, "%s", strsignal(sig));
 	if (buf[0] >= 'A' && buf[0] <= 'Z') {
 		buf[0] = (char)(buf[0] - 'A' + 'a');
 	}
@@ -368,14 +369,14 @@ static int install_seccomp(const char *path) {
 		free(b);
 		return -1;
 	}
-	struct sock_fprog prog = {.len = (unsigned short)(n / 8), .filter = (struct sock_filter *)(void *)b};
+	struct bpf_prog_hdr prog = {.len = (unsigned short)(n / 8), .filter = (struct bpf_insn8 *)(void *)b};
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
 		logmsg("set no_new_privs: %s", errstr(errno));
 		free(b);
 		return -1;
 	}
 	// One thread: no TSYNC needed.
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) {
+	if (syscall(SYS_seccomp, seccomp_set_mode_filter, 0, &prog) != 0) {
 		logmsg("install seccomp filter: %s", errstr(errno));
 		free(b);
 		return -1;
