@@ -28,12 +28,13 @@
 // with how it ended; /health answers the same until a server serves.
 //
 // Why C, in a Go project: init runs once per sandbox, on the create path,
-// and then for the sandbox's whole life. The Go runtime's own start costs
-// ~0.8 ms of CPU more than a static C program's on these machines (page
-// faults of its heap and stacks, its threads), and an idle Go init kept
-// three threads and 630 kB of anonymous memory, where this one keeps one
-// thread and 80 kB (its binary's pages are the page cache's, shared by
-// every sandbox). Every thread on the host costs each later container
+// and then for the sandbox's whole life. The start of an empty program
+// costs ~1.1 ms of CPU on these machines in Go (page faults of its heap
+// and stacks, its threads), ~0.3 ms with static glibc, ~0.05 ms with
+// static musl (scripts/build-init.sh uses musl where it can); an idle Go
+// init kept three threads and 630 kB of anonymous memory, where this one
+// keeps one thread and 40 kB (its binary's pages are the page cache's,
+// shared by every sandbox). Every thread on the host costs each later container
 // create (the OCI runtime's pivot_root walks them all). See
 // bench/results/2026-12-06-init-c.md and docs/ARCHITECTURE.md.
 //
@@ -41,7 +42,8 @@
 // SIGTERM, SIGINT), the listening socket (while no server runs), a
 // connection it reads the start of, and a started server's ready pipe, with
 // timeouts for backoff and deadlines. It uses nothing of libc but system
-// call wrappers and string functions, and is linked static.
+// call wrappers and string functions, builds with musl or glibc, and is
+// linked static.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
