@@ -744,8 +744,8 @@ func TestIdleThreads(t *testing.T) {
 		t.Fatalf("servers after /health only: %v, want none", got)
 	}
 	// Its own memory (anonymous: heap, stack, data), what each sandbox
-	// adds: 40 kB with musl, 80 kB with glibc (the Go init had ~630 kB). Its binary's pages are the
-	// page cache's, shared by every sandbox.
+	// adds: 40 kB with musl, 80 kB with glibc (the Go init had ~630 kB).
+	// Its binary's pages are the page cache's, shared by every sandbox.
 	st, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/status")
 	if err != nil {
 		t.Fatal(err)
