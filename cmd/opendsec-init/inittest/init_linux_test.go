@@ -539,17 +539,24 @@ func TestStraySignalsDoNotKillInitAsPID1(t *testing.T) {
 // statusMask returns the hex mask on /proc/PID/status's line key.
 func statusMask(t *testing.T, status, key string) uint64 {
 	t.Helper()
+	v := statusField(t, status, key)
+	m, err := strconv.ParseUint(v, 16, 64)
+	if err != nil {
+		t.Fatalf("%s %q: %v", key, v, err)
+	}
+	return m
+}
+
+// statusField returns the value on /proc/PID/status's line key, trimmed.
+func statusField(t *testing.T, status, key string) string {
+	t.Helper()
 	for _, l := range strings.Split(status, "\n") {
 		if v, ok := strings.CutPrefix(l, key); ok {
-			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				t.Fatalf("%s %q: %v", key, v, err)
-			}
-			return m
+			return strings.TrimSpace(v)
 		}
 	}
 	t.Fatalf("no %s in %q", key, status)
-	return 0
+	return ""
 }
 
 // TestInheritedListener: with --listen-fd, init serves on a socket the
@@ -758,17 +765,12 @@ func TestIdleThreads(t *testing.T) {
 // statusKB returns the kB count on /proc/PID/status's line key.
 func statusKB(t *testing.T, status, key string) int {
 	t.Helper()
-	for _, l := range strings.Split(status, "\n") {
-		if v, ok := strings.CutPrefix(l, key); ok {
-			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			if err != nil {
-				t.Fatalf("%s %q: %v", key, v, err)
-			}
-			return n
-		}
+	v := statusField(t, status, key)
+	n, err := strconv.Atoi(strings.TrimSuffix(v, " kB"))
+	if err != nil {
+		t.Fatalf("%s %q: %v", key, v, err)
 	}
-	t.Fatalf("no %s in %q", key, status)
-	return 0
+	return n
 }
 
 // TestOrphansReapedAsPID1: as in a sandbox, init is PID 1 of a PID
