@@ -263,7 +263,7 @@ func crunOn(cfg *Config, cg cgroupMounts, hybrid string) (*ociRuntime, error) {
 			return nil, fmt.Errorf("crun allows /dev/console in every container and the node cannot refuse it on cgroup v2: %w", err)
 		}
 	}
-	return probeCrun(cfg, hybrid)
+	return probeCrun(cfg, cg, hybrid)
 }
 
 // runcRuntime is runc at cfg.RuncPath.
@@ -285,7 +285,7 @@ func runcRuntime(cfg *Config, reason string) (*ociRuntime, error) {
 // create (not start) a container of an empty root in a cgroup under
 // cfg.CgroupParent, then removes it: what a sandbox's create needs of it
 // (namespaces, mounts, pivot_root, cgroup v1 or v2 limits) on this host.
-func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
+func probeCrun(cfg *Config, cg cgroupMounts, hybrid string) (*ociRuntime, error) {
 	o, err := crunRuntime(cfg, hybrid)
 	if err != nil {
 		return nil, err
@@ -295,6 +295,7 @@ func probeCrun(cfg *Config, hybrid string) (*ociRuntime, error) {
 			return nil, err
 		}
 	}
+	o.sweepProbes(cfg, cg)
 	if err := o.probe(cfg); err != nil {
 		return nil, err
 	}
@@ -342,11 +343,39 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 // probe creates and deletes a container: a root of nothing but init's
 // binary, a memory and pids limit in <CgroupParent>/<probe id>.
 func (o *ociRuntime) probe(cfg *Config) error {
-	dir, err := os.MkdirTemp("", "opendsec-crun-probe.")
+	// The node's pid in the name: a node that dies mid-probe leaves the
+	// dir, and the next one's sweepProbes knows it for a dead node's.
+	dir, err := os.MkdirTemp("", probeDirPrefix+strconv.Itoa(os.Getpid())+".")
 	if err != nil {
 		return fmt.Errorf("make probe bundle: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	id := probeIDPrefix + strconv.Itoa(os.Getpid())
+	if err := writeProbeBundle(cfg, dir, id); err != nil {
+		return err
+	}
+	root := filepath.Join(dir, "state")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	run := o.probeRunner(ctx, dir, root)
+	createErr := run("create", "--bundle", dir, id)
+	if err := run("delete", "--force", id); err != nil && createErr == nil {
+		return fmt.Errorf("probe container: %w", err)
+	}
+	cgroupsPath := filepath.Join(filepath.Dir(cfg.CgroupParent), id)
+	if err := o.dropHidden(cgroupsPath, filepath.Dir(cgroupsPath)); err != nil {
+		return fmt.Errorf("probe container: %w", err)
+	}
+	if createErr != nil {
+		return fmt.Errorf("probe container: %w", createErr)
+	}
+	return nil
+}
+
+// writeProbeBundle writes the probe container id's bundle into dir: a
+// root of nothing but init's binary, a memory and pids limit in
+// <CgroupParent's parent>/<id>.
+func writeProbeBundle(cfg *Config, dir, id string) error {
 	rootfs := filepath.Join(dir, "rootfs")
 	for _, d := range []string{rootfs, filepath.Join(rootfs, "dev"), filepath.Join(rootfs, "proc")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -356,7 +385,6 @@ func (o *ociRuntime) probe(cfg *Config) error {
 	if err := os.WriteFile(filepath.Join(rootfs, "init"), nil, 0o755); err != nil { //nolint:gosec // the bind mount's target
 		return fmt.Errorf("make probe bundle: %w", err)
 	}
-	id := fmt.Sprintf("opendsec-probe-%d", os.Getpid())
 	limit, pids := int64(64<<20), int64(16)
 	spec := map[string]any{
 		"ociVersion": ociSpecVersion,
@@ -394,11 +422,14 @@ func (o *ociRuntime) probe(cfg *Config) error {
 	if err := os.WriteFile(filepath.Join(dir, configFile), b, 0o600); err != nil {
 		return fmt.Errorf("write probe config.json: %w", err)
 	}
-	root := filepath.Join(dir, "state")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	run := func(args ...string) error {
-		// Files, not pipes: the created container's init would hold them.
+	return nil
+}
+
+// probeRunner returns a function that runs the runtime with --root root
+// and args, in the runtime's cgroup view, its output in a file under dir
+// (files, not pipes: a created container's init would hold them).
+func (o *ociRuntime) probeRunner(ctx context.Context, dir, root string) func(args ...string) error {
+	return func(args ...string) error {
 		out, err := os.CreateTemp(dir, "out.")
 		if err != nil {
 			return fmt.Errorf("make probe output file: %w", err)
@@ -418,23 +449,11 @@ func (o *ociRuntime) probe(cfg *Config) error {
 			}
 			if err != nil {
 				b, _ := os.ReadFile(out.Name())
-				return fmt.Errorf("crun %s: %w: %s", args[0], err, strings.TrimSpace(string(b)))
+				return fmt.Errorf("%s %s: %w: %s", o.kind, args[0], err, strings.TrimSpace(string(b)))
 			}
 			return nil
 		})
 	}
-	createErr := run("create", "--bundle", dir, id)
-	if err := run("delete", "--force", id); err != nil && createErr == nil {
-		return fmt.Errorf("probe container: %w", err)
-	}
-	cgroupsPath := filepath.Join(filepath.Dir(cfg.CgroupParent), id)
-	if err := o.dropHidden(cgroupsPath, filepath.Dir(cgroupsPath)); err != nil {
-		return fmt.Errorf("probe container: %w", err)
-	}
-	if createErr != nil {
-		return fmt.Errorf("probe container: %w", createErr)
-	}
-	return nil
 }
 
 // inCgroupView runs fn (which starts and waits for the runtime) where the
