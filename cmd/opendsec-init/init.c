@@ -523,10 +523,9 @@ static void quote(char *buf, size_t size, const char *s) {
 
 // server_env_from_file returns the server's environment from the env file
 // when there is one (it is removed once read: it may hold secrets): a
-// NULL-terminated array, empty when the file has no entry. *none is set
-// when there is no file: the server gets init's own.
-static char **server_env_from_file(const char *path, int *none, int *failed) {
-	*none = 1;
+// NULL-terminated array, empty when the file has no entry; NULL when there
+// is no file (the server gets init's own) or *failed is set.
+static char **server_env_from_file(const char *path, int *failed) {
 	*failed = 0;
 	if (path == NULL) {
 		return NULL;
@@ -573,7 +572,6 @@ static char **server_env_from_file(const char *path, int *none, int *failed) {
 		env[k++] = e; // b stays allocated for the process's life
 	}
 	env[k] = NULL;
-	*none = 0;
 	*failed = 0;
 	return env;
 }
@@ -609,7 +607,9 @@ static void check_server(const char *path) {
 static int watch(int fd, int on) {
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
 	if (epoll_ctl(s.ep, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev) != 0) {
-		logmsg("%s %d: %s", on ? "watch" : "unwatch", fd, errstr(errno));
+		int e = errno;
+		logmsg("%s %d: %s", on ? "watch" : "unwatch", fd, errstr(e));
+		errno = e; // for the caller's message
 		return -1;
 	}
 	return 0;
@@ -780,7 +780,7 @@ static int start(int conn, char *err, size_t size) {
 	}
 	// The child reports a failed exec's errno on ep (closed by a good exec).
 	if (pipe2(ep, O_CLOEXEC) != 0) {
-		snprintf(err, size, "make ready pipe: %s", errstr(errno));
+		snprintf(err, size, "make exec report pipe: %s", errstr(errno));
 		close(p[0]);
 		close(p[1]);
 		return -1;
@@ -903,8 +903,8 @@ static int reap(void) {
 		s.pid = 0;
 		char how[128], d[64], next[64];
 		describe(how, sizeof how, ws);
-		duration(d, sizeof d, now_ms() - s.started);
 		int64_t ran = now_ms() - s.started;
+		duration(d, sizeof d, ran);
 		int never_served = s.held >= 0 && (s.not_ready || !served_before_exit());
 		close_ready();
 		if (s.terminating) {
@@ -1220,8 +1220,8 @@ int main(int argc, char **argv) {
 	if (s.lfd < 0) {
 		return 1;
 	}
-	int none, failed;
-	s.env = server_env_from_file(s.cfg.env_file, &none, &failed);
+	int failed;
+	s.env = server_env_from_file(s.cfg.env_file, &failed);
 	if (failed) {
 		return 1;
 	}

@@ -203,18 +203,16 @@ func AgentBinary(t testing.TB) string {
 		}
 		tmp := dir + ".tmp"
 		os.RemoveAll(tmp)
-		builds := []*exec.Cmd{
-			exec.Command("go", "build", "-trimpath", "-o", filepath.Join(tmp, "opendsec-agent"), "./cmd/opendsec-agent"),
-			// init is C (cmd/opendsec-init/init.c), built as make agent does.
-			exec.Command("bash", filepath.Join(root, initBuildScript), filepath.Join(tmp, "opendsec-init"), root),
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(tmp, "opendsec-agent"), "./cmd/opendsec-agent")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("build opendsec-agent: %w\n%s", err, out)
 		}
-		for _, cmd := range builds {
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				os.RemoveAll(tmp)
-				return fmt.Errorf("build %s: %w\n%s", filepath.Base(cmd.Args[len(cmd.Args)-1]), err, out)
-			}
+		if err := BuildInit(root, filepath.Join(tmp, "opendsec-init")); err != nil {
+			os.RemoveAll(tmp)
+			return err
 		}
 		if err := os.Rename(tmp, dir); err != nil {
 			return err
@@ -224,6 +222,17 @@ func AgentBinary(t testing.TB) string {
 	})
 	agentBuild.path = filepath.Join(dir, "opendsec-agent")
 	return agentBuild.path
+}
+
+// BuildInit builds opendsec-init (C, cmd/opendsec-init/init.c) of the
+// repository at root into out, as make agent does.
+func BuildInit(root, out string) error {
+	cmd := exec.Command("bash", filepath.Join(root, initBuildScript), out, root)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build opendsec-init: %w\n%s", err, b)
+	}
+	return nil
 }
 
 // InitBinary returns the opendsec-init built with AgentBinary, next to it.
