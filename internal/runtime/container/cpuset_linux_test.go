@@ -1,8 +1,10 @@
 package container
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -21,6 +23,9 @@ func TestSandboxCpusetNotLoadBalanced(t *testing.T) {
 	mnt, ok := r.cg.v1["cpuset"]
 	if r.cg.v2 || !ok {
 		t.Skip("no cgroup v1 cpuset hierarchy on this host")
+	}
+	if r.cpuset != nil {
+		t.Skip("crun runs without the cpuset hierarchy: the sandboxes share one cpuset (TestSandboxesShareOneCpuset)")
 	}
 	if !r.cg.cpusetLoadBalanced() {
 		t.Skip("the cpuset root does not balance load: sandboxes' cpusets keep the kernel's default")
@@ -64,4 +69,115 @@ func TestSandboxCpusetNotLoadBalanced(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("%s after Delete: %v, want it gone", dir, err)
 	}
+}
+
+// With crun on a host whose cpuset controller has a hierarchy of its own,
+// no sandbox gets a cpuset cgroup: all start in the one shared cpuset
+// under the sandboxes' parent, which holds every CPU and memory node of
+// the parent, and in its cgroup namespace a sandbox sees that cgroup as
+// its root, with no other cgroup of the host's cpuset tree below it.
+func TestSandboxesShareOneCpuset(t *testing.T) {
+	f := newFactory(t)
+	rt, tmpl := f(t)
+	r := rt.(*Runtime)
+	if r.oci.kind != OCIRuntimeCrun {
+		t.Skipf("the OCI runtime is %s: each sandbox has a cpuset of its own", r.oci.kind)
+	}
+	mnt, ok := r.cg.v1["cpuset"]
+	if r.cg.v2 || !ok {
+		t.Skip("no cgroup v1 cpuset hierarchy on this host")
+	}
+	alone := filepath.Dir(mnt) == "/sys/fs/cgroup"
+	for c, m := range r.cg.v1 {
+		alone = alone && (c == "cpuset" || m != mnt)
+	}
+	if !alone {
+		t.Skipf("cpuset shares its hierarchy at %s: crun must see it", mnt)
+	}
+	if r.cpuset == nil || !r.oci.view.hidesCpuset() {
+		t.Fatal("crun with a cpuset hierarchy of its own at /sys/fs/cgroup/cpuset, but the sandboxes get one cpuset each")
+	}
+	if r.quietCpusets {
+		t.Fatal("the runtime still makes a quiet cpuset per sandbox")
+	}
+	read := func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	shared := filepath.Join(r.cfg.CgroupParent, sharedCpusetName)
+	for range 2 {
+		spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
+		sb, err := r.get(spec.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(mnt, sb.st.CgroupPath)); !os.IsNotExist(err) {
+			t.Fatalf("sandbox %s has a cpuset cgroup of its own (stat: %v)", spec.ID, err)
+		}
+		pid := int(sb.pid.Load())
+		if got := cgroupOf(t, pid, "cpuset"); got != shared {
+			t.Fatalf("init of %s is in cpuset %q, want the shared %q", spec.ID, got, shared)
+		}
+		// Its other cgroups are its own, as before.
+		if got := cgroupOf(t, pid, "memory"); got != sb.st.CgroupPath {
+			t.Fatalf("init of %s is in memory cgroup %q, want %q", spec.ID, got, sb.st.CgroupPath)
+		}
+		// What the sandbox sees (through its root, in its mount
+		// namespace): the shared cgroup's files, no cgroup below it.
+		view := filepath.Join("/proc", strconv.Itoa(pid), "root", "sys/fs/cgroup/cpuset")
+		ents, err := os.ReadDir(view)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := 0
+		for _, e := range ents {
+			if e.IsDir() {
+				t.Fatalf("the sandbox sees cpuset cgroup %s/%s: its cgroup namespace is not rooted at the shared cpuset", view, e.Name())
+			}
+			files++
+		}
+		if files == 0 {
+			t.Fatalf("the sandbox's %s is empty: no cpuset hierarchy mounted there", view)
+		}
+	}
+	dir := filepath.Join(mnt, shared)
+	parent := filepath.Dir(dir)
+	if got, want := read(filepath.Join(dir, "cpuset.cpus")), read(filepath.Join(parent, "cpuset.cpus")); got == "" || got != want {
+		t.Fatalf("shared cpuset.cpus %q, want the parent's %q", got, want)
+	}
+	if got, want := read(filepath.Join(dir, "cpuset.mems")), read(filepath.Join(parent, "cpuset.mems")); got == "" || got != want {
+		t.Fatalf("shared cpuset.mems %q, want the parent's %q", got, want)
+	}
+	if r.cg.cpusetLoadBalanced() {
+		if got := read(filepath.Join(dir, "cpuset.sched_load_balance")); got != "0" {
+			t.Fatalf("shared cpuset.sched_load_balance %s, want 0", got)
+		}
+	}
+}
+
+// cgroupOf returns the path of pid's cgroup in the v1 hierarchy of
+// controller, as the host sees it.
+func cgroupOf(t *testing.T, pid int, controller string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == controller {
+				return parts[2]
+			}
+		}
+	}
+	t.Fatalf("pid %d is in no %s cgroup: %s", pid, controller, b)
+	return ""
 }

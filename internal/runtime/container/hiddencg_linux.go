@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kernflux/opendsec/internal/log"
+	"github.com/kernflux/opendsec/internal/osthread"
 )
 
 // crun 1.8 on a hybrid host, run where the cgroup2 mount is unmounted
@@ -25,25 +26,33 @@ import (
 // left when it starts (sweepHidden).
 
 // openHiddenDir opens the directory under the hybrid host's cgroup2 mount
-// point (o.hideUnified), where crun's commands see it (inCgroupView), if
-// it is on a tmpfs (nil, nil when it is not: nothing of crun's can be
-// there).
+// point (o.hideUnified), where crun's commands saw it before they ran
+// with a view of their own (cgview_linux.go), if it is on a tmpfs (nil,
+// nil when it is not: nothing of crun's can be there). It is opened where
+// only that mount is gone: crun's view has no such directory.
 func (o *ociRuntime) openHiddenDir() (*os.File, error) {
 	var f *os.File
-	err := o.inCgroupView(func() error {
+	c := make(chan error, 1)
+	osthread.Throwaway(func() {
+		if err := unshareHiding(o.hideUnified); err != nil {
+			c <- err
+			return
+		}
 		d, err := os.OpenFile(o.hideUnified, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			return fmt.Errorf("open the directory under %s: %w", o.hideUnified, err)
+			c <- fmt.Errorf("open the directory under %s: %w", o.hideUnified, err)
+			return
 		}
 		var st unix.Statfs_t
 		if err := unix.Fstatfs(int(d.Fd()), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
 			_ = d.Close()
-			return err
+			c <- err
+			return
 		}
 		f = d
-		return nil
+		c <- nil
 	})
-	return f, err
+	return f, <-c
 }
 
 // dropHidden removes crun's leftovers of the container in cgroupPath: its

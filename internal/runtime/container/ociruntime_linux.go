@@ -64,6 +64,9 @@ type ociRuntime struct {
 	// hidden is the directory under hideUnified's mount, where crun
 	// leaves files (hiddencg_linux.go); nil: none.
 	hidden *os.File
+	// view is the /sys/fs/cgroup crun runs with (cgview_linux.go); the
+	// zero value for runc.
+	view cgroupView
 }
 
 // command runs the runtime with args: exe executed (path once the sealed
@@ -290,6 +293,7 @@ func probeCrun(cfg *Config, cg cgroupMounts, hybrid string) (*ociRuntime, error)
 	if err != nil {
 		return nil, err
 	}
+	o.view = cg.crunCgroupView(hybrid)
 	if hybrid != "" {
 		if o.hidden, err = o.openHiddenDir(); err != nil {
 			return nil, err
@@ -457,22 +461,35 @@ func (o *ociRuntime) probeRunner(ctx context.Context, dir, root string) func(arg
 }
 
 // inCgroupView runs fn (which starts and waits for the runtime) where the
-// runtime sees cgroups it supports: for crun on a hybrid host, on a
-// thread in a private copy of the caller's mount namespace without
-// /sys/fs/cgroup/unified; else where it is called.
+// runtime sees the cgroups it should: for crun on a cgroup v1 or hybrid
+// host, on a thread in a private copy of the caller's mount namespace
+// with crun's view of /sys/fs/cgroup (o.view: without the cgroup2 mount,
+// which crun refuses, and the cpuset hierarchy); else where it is called.
 func (o *ociRuntime) inCgroupView(fn func() error) error {
-	if o.hideUnified == "" {
+	if o.view.root == "" && o.view.unified == "" {
 		return fn()
 	}
 	c := make(chan error, 1)
 	osthread.Throwaway(func() {
-		if err := unshareHiding(o.hideUnified); err != nil {
+		if err := unshareView(o.view); err != nil {
 			c <- err
 			return
 		}
 		c <- fn()
 	})
 	return <-c
+}
+
+// unshareView moves the calling (locked) thread into a private copy of
+// its mount namespace with view applied.
+func unshareView(view cgroupView) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mount namespace private: %w", err)
+	}
+	return view.apply()
 }
 
 // unshareHiding moves the calling (locked) thread into a private copy of

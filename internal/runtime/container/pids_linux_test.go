@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,11 +34,24 @@ func pidsFactory(t *testing.T, maxPids, totalPids int64) (runtimetest.Factory, s
 	}
 	// Registered first, so it runs after every sandbox's delete.
 	t.Cleanup(func() {
-		if err := cg.remove(context.Background(), parent); err != nil {
+		if err := removeCgroupParent(cg, parent); err != nil {
 			t.Errorf("remove cgroup parent %s: %v", parent, err)
 		}
 	})
 	return f, parent
+}
+
+// removeCgroupParent removes a test's own sandboxes' parent cgroup: the
+// sandboxes' shared cpuset in it first (cgview_linux.go), then its
+// directory in every hierarchy.
+func removeCgroupParent(cg cgroupMounts, parent string) error {
+	if mnt, ok := cg.v1["cpuset"]; ok && !cg.v2 {
+		shared := filepath.Join(mnt, parent, sharedCpusetName)
+		if err := unix.Rmdir(shared); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove %s: %w", shared, err)
+		}
+	}
+	return cg.remove(context.Background(), parent)
 }
 
 // readPidsFile reads a pids controller file of cgroup path ("max" is -1).

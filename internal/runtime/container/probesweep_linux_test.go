@@ -41,7 +41,8 @@ func TestProbeLeftoversSwept(t *testing.T) {
 	parent := "/opendsec-probe-sweep-test-" + strconv.Itoa(os.Getpid())
 	cfg.CgroupParent = parent + "/sandboxes"
 	t.Cleanup(func() {
-		cg.remove(context.Background(), parent)
+		_ = removeCgroupParent(cg, cfg.CgroupParent)
+		_ = removeCgroupParent(cg, parent)
 		o.dropHidden(parent, "/")
 	})
 

@@ -62,7 +62,7 @@ func (r *Runtime) runcNSFD(ctx context.Context) int {
 		if r.cfg.runcInNodeNS {
 			return
 		}
-		fd, n, err := makeRuncNS(r.sandboxMountFilter(), r.oci.hideUnified)
+		fd, n, err := makeRuncNS(r.sandboxMountFilter(), r.oci.view)
 		if err != nil {
 			log.G(ctx).Warn("runc runs in the node's mount namespace: every sandbox's mounts slow each runc run", log.Err(err))
 			return
@@ -100,10 +100,11 @@ func (r *Runtime) sandboxMountFilter() func(point, fstype string) bool {
 // makeRuncNS makes the runc namespace on a thread that then ends: a
 // private copy of the calling one without the mounts skip selects (the
 // sandboxes' mounts there when the node restarted) and, for crun on a
-// hybrid cgroup host, without the cgroup2 mount hide (ociruntime_linux.go).
+// cgroup v1 or hybrid host, with crun's view of /sys/fs/cgroup
+// (cgview_linux.go).
 // It returns an open file of the namespace and how many mounts it left
 // out.
-func makeRuncNS(skip func(point, fstype string) bool, hide string) (int, int, error) {
+func makeRuncNS(skip func(point, fstype string) bool, view cgroupView) (int, int, error) {
 	type result struct {
 		fd, n int
 		err   error
@@ -121,10 +122,8 @@ func makeRuncNS(skip func(point, fstype string) bool, hide string) (int, int, er
 			if err != nil {
 				return -1, 0, err
 			}
-			if hide != "" {
-				if err := hideMount(hide); err != nil {
-					return -1, 0, err
-				}
+			if err := view.apply(); err != nil {
+				return -1, 0, err
 			}
 			fd, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {

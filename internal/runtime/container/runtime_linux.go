@@ -158,6 +158,9 @@ type Runtime struct {
 	// quietCpusets: make each sandbox's v1 cpuset cgroup first, without
 	// load balancing of its own (cgroupMounts.quietCpuset).
 	quietCpusets bool
+	// cpuset is the cpuset cgroup all sandboxes share where crun does not
+	// see the cpuset hierarchy (cgview_linux.go); nil: each has its own.
+	cpuset *sharedCpuset
 	// stateRootFS says what New did about the state root's file system
 	// (stateRootTmpfs); "" when the state root was configured.
 	stateRootFS string
@@ -249,8 +252,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	// crun runs without the cpuset hierarchy where it can (cgview_linux.go):
+	// the sandboxes share one cpuset cgroup.
+	var cpuset *sharedCpuset
+	if oci.view.hidesCpuset() {
+		if cpuset, err = newSharedCpuset(cg.v1["cpuset"], cfg.CgroupParent); err != nil {
+			return nil, errdefs.New(errdefs.ErrFailedPrecondition, "make the sandboxes' shared cpuset cgroup: %w", err)
+		}
+	}
 	mkfs, _ := exec.LookPath("mkfs.ext4") // checked when a quota needs it
-	return &Runtime{cfg: cfg, oci: oci, cg: cg, quietCpusets: cg.cpusetLoadBalanced(), stateRootFS: stateRootFS, seccomp: filter,
+	return &Runtime{cfg: cfg, oci: oci, cg: cg, quietCpusets: cg.cpusetLoadBalanced() && cpuset == nil, cpuset: cpuset, stateRootFS: stateRootFS, seccomp: filter,
 		images: &imageQuota{mkfs: mkfs, dir: cfg.layerTemplateDir(), directIO: true}, projects: &projectQuota{claims: cfg.StateRoot + ".projects"},
 		shared:    &sharedFiles{dir: cfg.sharedDir()},
 		sandboxes: map[string]*sandbox{}, creating: map[string]bool{}}, nil
@@ -608,6 +619,13 @@ func (r *Runtime) runcInit(ctx context.Context, id, bundle, netNS string, presta
 	cmd := mk(r.oci.exeNow(ctx))
 	var startErr error
 	runErr := r.inRuncNS(ctx, r.runPlan(bundle, netNS), r.oci, func() error {
+		if r.cpuset != nil {
+			// crun does not see the cpuset hierarchy: the container
+			// starts in this thread's cpuset cgroup.
+			if startErr = r.cpuset.join(); startErr != nil {
+				return startErr
+			}
+		}
 		startErr = cmd.Start()
 		if startErr != nil && r.oci.execFailed(ctx, cmd, startErr) {
 			cmd = mk(r.oci.path)
