@@ -16,7 +16,7 @@ build: agent ## build every binary into bin/
 	@mkdir -p $(BIN)
 	@for c in $(CMDS); do [ -d cmd/$$c ] && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; done
 
-agent: ## build the static in-sandbox agent and its init (PID 1), side by side
+agent: ## build the static in-sandbox agent and its init (PID 1), side by side, and crun's libsystemd without systemd
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/opendsec-agent ./cmd/opendsec-agent
 	bash scripts/build-init.sh $(BIN)/opendsec-init

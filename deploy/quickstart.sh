@@ -146,10 +146,10 @@ install -d "$LIB_DIR" "$LOG_DIR" "$RUN_DIR" "$OPS_DIR"
 for b in $BINS; do install -m 0755 "$REPO/bin/$b" "/usr/local/bin/$b"; done
 # The agent and its init are replaced by rename so running sandboxes keep
 # their copies.
-for b in opendsec-agent opendsec-init; do
+for b in opendsec-agent opendsec-init opendsec-crun-libsystemd.so; do
   install -m 0755 "$REPO/bin/$b" "$LIB_DIR/$b.new" && mv -f "$LIB_DIR/$b.new" "$LIB_DIR/$b"
 done
-note "installed $(echo $BINS) to /usr/local/bin, the agent and opendsec-init to $LIB_DIR"
+note "installed $(echo $BINS) to /usr/local/bin, the agent, opendsec-init and crun's libsystemd without systemd to $LIB_DIR"
 
 say "vm accelerator"
 # The detector the node uses (cached per boot in /run/opendsec): /dev/kvm

@@ -7,6 +7,11 @@
 # ~0.3 (CPU feature probes and its relocations; bench/results/2026-12-06-init-c.md).
 # CC overrides the compiler.
 #
+# Beside it, in OUT's directory, it builds opendsec-crun-libsystemd.so
+# (internal/runtime/container/crunlib): the libsystemd.so.0 without
+# systemd the node preloads into crun (docs/operations.md, "OCI runtime:
+# crun or runc").
+#
 # usage: scripts/build-init.sh OUT [SRC_ROOT]
 set -euo pipefail
 out=${1:?usage: scripts/build-init.sh OUT [SRC_ROOT]}
@@ -30,3 +35,11 @@ trap 'rm -f "$tmp"' EXIT
   -fstack-protector-strong -D_FORTIFY_SOURCE=2 -static -s \
   -o "$tmp" "$root/cmd/opendsec-init/init.c"
 mv -f "$tmp" "$out"
+# A shared object of its own symbols only (no libc, no start files),
+# bound at load and read-only after it.
+lib="$(dirname "$out")/opendsec-crun-libsystemd.so"
+"$cc" -std=gnu11 -O2 -Wall -Wextra -Werror -shared -fPIC -nostdlib -s \
+  -Wl,-soname,libsystemd.so.0 -Wl,--version-script="$root/internal/runtime/container/crunlib/libsystemd.map" \
+  -Wl,-z,now -Wl,-z,relro -Wl,-z,noexecstack \
+  -o "$tmp" "$root/internal/runtime/container/crunlib/libsystemd.c"
+mv -f "$tmp" "$lib"

@@ -225,7 +225,8 @@ func AgentBinary(t testing.TB) string {
 }
 
 // BuildInit builds opendsec-init (C, cmd/opendsec-init/init.c) of the
-// repository at root into out, as make agent does.
+// repository at root into out, and the crun libsystemd without systemd
+// beside it, as make agent does.
 func BuildInit(root, out string) error {
 	cmd := exec.Command("bash", filepath.Join(root, initBuildScript), out, root)
 	cmd.Dir = root
@@ -275,8 +276,10 @@ func moduleRoot() (string, error) {
 // initBuildScript builds opendsec-init from initSources.
 const initBuildScript = "scripts/build-init.sh"
 
-// initSources are the files opendsec-init is built from.
-var initSources = []string{"cmd/opendsec-init/init.c", initBuildScript}
+// initSources are the files opendsec-init and, beside it, the crun
+// libsystemd without systemd are built from.
+var initSources = []string{"cmd/opendsec-init/init.c", initBuildScript,
+	"internal/runtime/container/crunlib/libsystemd.c", "internal/runtime/container/crunlib/libsystemd.map"}
 
 // agentSourceHash hashes go.mod, go.sum, the Go files of every package of
 // this module that the agent imports, and init's sources.

@@ -67,6 +67,13 @@ type ociRuntime struct {
 	// view is the /sys/fs/cgroup crun runs with (cgview_linux.go); the
 	// zero value for runc.
 	view cgroupView
+	// preload is the libsystemd.so.0 without systemd crun runs with
+	// (crunpreload_linux.go); "": none. preloadErr says why one next to
+	// the agent is not used.
+	preload    string
+	preloadErr error
+	// env is the runtime's whole environment (crunEnv); nil: the node's.
+	env []string
 }
 
 // command runs the runtime with args: exe executed (path once the sealed
@@ -79,6 +86,7 @@ func (o *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 func (o *ociRuntime) commandFrom(ctx context.Context, exe string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Args[0] = o.path
+	cmd.Env = o.env
 	return cmd
 }
 
@@ -301,7 +309,16 @@ func probeCrun(cfg *Config, cg cgroupMounts, hybrid string) (*ociRuntime, error)
 	}
 	o.sweepProbes(cfg, cg)
 	if err := o.probe(cfg); err != nil {
-		return nil, err
+		if o.preload == "" {
+			return nil, err
+		}
+		// Then without it: crun may need more of libsystemd than the
+		// symbols it names.
+		o.preloadErr = fmt.Errorf("crun's probe failed with %s preloaded: %w", o.preload, err)
+		o.preload, o.env = "", crunEnv("")
+		if err := o.probe(cfg); err != nil {
+			return nil, err
+		}
 	}
 	return o, nil
 }
@@ -341,7 +358,12 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 	if major < minCrunVersion[0] || major == minCrunVersion[0] && minor < minCrunVersion[1] {
 		return nil, fmt.Errorf("crun %s is older than %d.%d", version, minCrunVersion[0], minCrunVersion[1])
 	}
-	return &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, sealed: sealed, version: version, hideUnified: hybrid}, nil
+	o := &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, sealed: sealed, version: version, hideUnified: hybrid}
+	if cfg.AgentPath != "" {
+		o.preload, o.preloadErr = crunPreload(path, filepath.Join(filepath.Dir(cfg.AgentPath), CrunLibsystemdName))
+	}
+	o.env = crunEnv(o.preload)
+	return o, nil
 }
 
 // probe creates and deletes a container: a root of nothing but init's

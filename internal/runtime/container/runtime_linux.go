@@ -283,7 +283,10 @@ func newBackend(ctx context.Context, cfg Config) (runtime.Runtime, error) {
 	}
 	rt.sweepHiddenAtStart(ctx)
 	log.G(ctx).Info("container OCI runtime", "oci_runtime", rt.oci.kind, "version", rt.oci.version, "path", rt.oci.path,
-		"exe", rt.oci.exe, "reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified)
+		"exe", rt.oci.exe, "reason", rt.oci.reason, "hidden_cgroup2_mount", rt.oci.hideUnified, "preload", rt.oci.preload)
+	if rt.oci.preloadErr != nil {
+		log.G(ctx).Warn("crun runs with Debian's libsystemd: each crun command loads five more libraries (docs/operations.md)", log.Err(rt.oci.preloadErr))
+	}
 	if rt.stateRootFS != "" {
 		log.G(ctx).Info("OCI runtime state root", "state_root", rt.cfg.StateRoot, "file_system", rt.stateRootFS)
 	}
