@@ -234,22 +234,24 @@ func (s *sharedCpuset) open() error {
 
 // join moves the calling (locked) thread into the shared cpuset cgroup:
 // what it starts from here on starts there. A cgroup removed under the
-// node is made again once.
+// node is made again once. Joins are one at a time (each is a cgroup
+// attach, which the kernel serializes anyway).
 func (s *sharedCpuset) join() error {
 	s.mu.Lock()
-	f := s.f
-	s.mu.Unlock()
-	if _, err := f.Write([]byte("0")); err == nil {
+	defer s.mu.Unlock()
+	_, err := s.f.Write([]byte("0"))
+	if err == nil {
 		return nil
-	} else if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+	}
+	if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("join the sandboxes' shared cpuset cgroup %s: %w", s.dir, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.f == f {
-		if err := s.open(); err != nil {
-			return fmt.Errorf("make the sandboxes' shared cpuset cgroup again: %w", err)
-		}
+	// The calling thread may be in crun's mount namespace, which has no
+	// cpuset hierarchy: made again on another thread, in the node's.
+	c := make(chan error, 1)
+	go func() { c <- s.open() }()
+	if err := <-c; err != nil {
+		return fmt.Errorf("make the sandboxes' shared cpuset cgroup again: %w", err)
 	}
 	if _, err := s.f.Write([]byte("0")); err != nil {
 		return fmt.Errorf("join the sandboxes' shared cpuset cgroup %s: %w", s.dir, err)

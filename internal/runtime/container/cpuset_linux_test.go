@@ -1,11 +1,13 @@
 package container
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kernflux/opendsec/internal/runtime/runtimetest"
@@ -180,4 +182,62 @@ func cgroupOf(t *testing.T, pid int, controller string) string {
 	}
 	t.Fatalf("pid %d is in no %s cgroup: %s", pid, controller, b)
 	return ""
+}
+
+// The shared cpuset removed under the node is made again by the next
+// creates, several at once, each of which starts in it.
+func TestSharedCpusetMadeAgain(t *testing.T) {
+	parent := "/opendsec-test-" + runtimetest.NewID("cpuset")
+	f := newFactoryWith(t, func(c *Config) { c.CgroupParent = parent })
+	cg, err := detectCgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := removeCgroupParent(cg, parent); err != nil {
+			t.Errorf("remove cgroup parent %s: %v", parent, err)
+		}
+	})
+	rt, tmpl := f(t)
+	r := rt.(*Runtime)
+	if r.cpuset == nil {
+		t.Skipf("the sandboxes do not share a cpuset here (runtime %s)", r.oci.kind)
+	}
+	dir := filepath.Join(r.cg.v1["cpuset"], parent, sharedCpusetName)
+	if err := os.Remove(dir); err != nil {
+		t.Fatalf("remove the shared cpuset (no sandbox in it yet): %v", err)
+	}
+	const n = 3
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		spec := runtimetest.Prepare(t, rt, tmpl)
+		ids[i] = spec.ID
+		wg.Go(func() {
+			ctx := context.Background()
+			if _, err := rt.Create(ctx, spec); err != nil {
+				errs <- fmt.Errorf("create %s: %w", spec.ID, err)
+				return
+			}
+			if err := rt.Start(ctx, spec.ID); err != nil {
+				errs <- fmt.Errorf("start %s: %w", spec.ID, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	shared := filepath.Join(parent, sharedCpusetName)
+	for _, id := range ids {
+		sb, err := r.get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cgroupOf(t, int(sb.pid.Load()), "cpuset"); got != shared {
+			t.Fatalf("init of %s is in cpuset %q, want the shared %q made again", id, got, shared)
+		}
+	}
 }

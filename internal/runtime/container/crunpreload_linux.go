@@ -39,10 +39,15 @@ const CrunLibsystemdName = "opendsec-crun-libsystemd.so"
 // the version crun asks for. "" and nil when there is no lib or crun does
 // not link libsystemd; "" and why not otherwise.
 func crunPreload(crunPath, lib string) (string, error) {
-	fi, err := os.Lstat(lib)
-	if errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(lib); errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
+	// The checks below are of the file and directories ld.so will open.
+	real, err := filepath.EvalSymlinks(lib)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Lstat(real)
 	if err != nil {
 		return "", err
 	}
@@ -50,7 +55,7 @@ func crunPreload(crunPath, lib string) (string, error) {
 	if !fi.Mode().IsRegular() || !ok || st.Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
 		return "", fmt.Errorf("%s is not a regular file owned by root and writable by root only", lib)
 	}
-	for d := filepath.Dir(lib); ; d = filepath.Dir(d) {
+	for d := filepath.Dir(real); ; d = filepath.Dir(d) {
 		var dst unix.Stat_t
 		if err := unix.Stat(d, &dst); err != nil {
 			return "", err
@@ -66,7 +71,7 @@ func crunPreload(crunPath, lib string) (string, error) {
 	if err != nil || len(needs) == 0 {
 		return "", err
 	}
-	has, err := definedSymbols(lib)
+	has, err := definedSymbols(real)
 	if err != nil {
 		return "", err
 	}
@@ -75,7 +80,7 @@ func crunPreload(crunPath, lib string) (string, error) {
 			return "", fmt.Errorf("crun imports %s from libsystemd, which %s does not define", s, lib)
 		}
 	}
-	return lib, nil
+	return real, nil
 }
 
 // libsystemdImports returns crun's imports from libsystemd.so.0, each
@@ -135,10 +140,11 @@ func definedSymbols(lib string) (map[string]bool, error) {
 	return out, nil
 }
 
-// crunEnv is crun's whole environment: a standard PATH (crun finds the
-// container's program with config.json's), and the preloaded lib. Not
-// the node's: a NOTIFY_SOCKET or LISTEN_FDS of the node's would make crun
-// hand the container the node's systemd notify socket or listening fds.
+// crunEnv is the OCI runtime's whole environment (runc's too, without a
+// preload): a standard PATH (the runtime finds the container's program
+// with config.json's), and the preloaded lib. Not the node's: a
+// NOTIFY_SOCKET or LISTEN_FDS of the node's would make the runtime hand
+// the container the node's systemd notify socket or listening fds.
 func crunEnv(preload string) []string {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	if preload != "" {

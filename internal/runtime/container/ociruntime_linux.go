@@ -87,6 +87,11 @@ func (o *ociRuntime) commandFrom(ctx context.Context, exe string, args ...string
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Args[0] = o.path
 	cmd.Env = o.env
+	if o.preload != "" && exe != o.exe {
+		// The binary at path may not be the one whose imports the preload
+		// was checked against (an upgrade since): as installed.
+		cmd.Env = crunEnv("")
+	}
 	return cmd
 }
 
@@ -289,7 +294,7 @@ func runcRuntime(cfg *Config, reason string) (*ociRuntime, error) {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "container.runc_path: run %s --version: %w", path, err)
 	}
 	version := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
-	return &ociRuntime{kind: OCIRuntimeRunc, path: path, exe: path, version: version, reason: reason}, nil
+	return &ociRuntime{kind: OCIRuntimeRunc, path: path, exe: path, version: version, reason: reason, env: crunEnv("")}, nil
 }
 
 // probeCrun finds crun at cfg.CrunPath, checks its version and has it
@@ -359,7 +364,9 @@ func crunRuntime(cfg *Config, hybrid string) (*ociRuntime, error) {
 		return nil, fmt.Errorf("crun %s is older than %d.%d", version, minCrunVersion[0], minCrunVersion[1])
 	}
 	o := &ociRuntime{kind: OCIRuntimeCrun, path: path, exe: exe, exeErr: exeErr, sealed: sealed, version: version, hideUnified: hybrid}
-	if cfg.AgentPath != "" {
+	if cfg.AgentPath != "" && sealed != nil {
+		// Only for the sealed copy: the binary at path can change under
+		// the node (see commandFrom).
 		o.preload, o.preloadErr = crunPreload(path, filepath.Join(filepath.Dir(cfg.AgentPath), CrunLibsystemdName))
 	}
 	o.env = crunEnv(o.preload)
@@ -587,6 +594,10 @@ func (r *Runtime) ociFor(ctx context.Context, root, id string) *ociRuntime {
 			o, err = crunRuntime(&r.cfg, hide)
 			if o != nil {
 				o.reason = "made the container before container.oci_runtime chose " + r.oci.kind
+				// Unprobed here: as before the view and the preload,
+				// only the cgroup2 mount hidden.
+				o.view = cgroupView{unified: hide}
+				o.preload, o.env = "", crunEnv("")
 			}
 		}
 		if err != nil {
