@@ -18,6 +18,7 @@ import (
 	"github.com/kernflux/opendsec/internal/auth"
 	"github.com/kernflux/opendsec/internal/config"
 	"github.com/kernflux/opendsec/internal/image"
+	"github.com/kernflux/opendsec/internal/runtime/container"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/internal/testutil"
 )
@@ -51,6 +52,10 @@ func TestSecurityPidsLimitFromConfig(t *testing.T) {
 	t.Cleanup(func() { // runc made the parent in every hierarchy
 		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", parent))
 		for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", parent)) {
+			// The sandboxes' shared cpuset first (crun, cgroup v1).
+			if err := os.Remove(filepath.Join(d, container.SharedCpusetName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("remove the shared cpuset: %v", err)
+			}
 			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("remove cgroup parent: %v", err)
 			}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	opendsecv1 "github.com/kernflux/opendsec/api/gen/opendsec/v1"
+	"github.com/kernflux/opendsec/internal/runtime/container"
 	"github.com/kernflux/opendsec/internal/sandboxid"
 	"github.com/kernflux/opendsec/test/harness"
 )
@@ -39,6 +40,10 @@ func TestSecurityPidsLimit(t *testing.T) {
 	t.Cleanup(func() {
 		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", parent))
 		for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", parent)) {
+			// The sandboxes' shared cpuset first (crun, cgroup v1).
+			if err := os.Remove(filepath.Join(d, container.SharedCpusetName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("remove the shared cpuset: %v", err)
+			}
 			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("remove cgroup parent: %v", err)
 			}

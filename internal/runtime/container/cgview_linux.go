@@ -157,11 +157,6 @@ func (v cgroupView) apply() error {
 	return nil
 }
 
-// sharedCpusetName is the cpuset cgroup under the sandboxes' parent that
-// every sandbox shares where crun does not see the cpuset hierarchy: a
-// name no sandbox ID can have ('.' is not an ID character).
-const sharedCpusetName = "sandboxes.shared"
-
 // sharedCpuset is the sandboxes' shared cpuset cgroup: the tasks file of
 // <cpuset mount>/<parent>/sandboxes.shared, held open, to which the thread
 // that starts crun writes "0" (itself) first. Made again when something
@@ -175,7 +170,7 @@ type sharedCpuset struct {
 // newSharedCpuset makes the shared cpuset cgroup under parent in the v1
 // cpuset hierarchy at mnt and opens its tasks file.
 func newSharedCpuset(mnt, parent string) (*sharedCpuset, error) {
-	s := &sharedCpuset{dir: filepath.Join(mnt, parent, sharedCpusetName)}
+	s := &sharedCpuset{dir: filepath.Join(mnt, parent, SharedCpusetName)}
 	if err := s.open(); err != nil {
 		return nil, err
 	}

@@ -239,6 +239,13 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// SharedCpusetName is the cpuset cgroup under the sandboxes' parent
+// (cgroup_parent) that every sandbox shares on cgroup v1 with crun, where
+// crun does not see the cpuset hierarchy (cgview_linux.go): a name no
+// sandbox ID can have ('.' is not an ID character). Whoever removes the
+// parent removes it first.
+const SharedCpusetName = "sandboxes.shared"
+
 // InitBinaryName is the file name of opendsec-init, looked for next to the
 // agent binary when the config names no init_path.
 const InitBinaryName = "opendsec-init"

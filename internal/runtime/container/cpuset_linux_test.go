@@ -110,7 +110,7 @@ func TestSandboxesShareOneCpuset(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	shared := filepath.Join(r.cfg.CgroupParent, sharedCpusetName)
+	shared := filepath.Join(r.cfg.CgroupParent, SharedCpusetName)
 	for range 2 {
 		spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
 		sb, err := r.get(spec.ID)
@@ -203,7 +203,7 @@ func TestSharedCpusetMadeAgain(t *testing.T) {
 	if r.cpuset == nil {
 		t.Skipf("the sandboxes do not share a cpuset here (runtime %s)", r.oci.kind)
 	}
-	dir := filepath.Join(r.cg.v1["cpuset"], parent, sharedCpusetName)
+	dir := filepath.Join(r.cg.v1["cpuset"], parent, SharedCpusetName)
 	if err := os.Remove(dir); err != nil {
 		t.Fatalf("remove the shared cpuset (no sandbox in it yet): %v", err)
 	}
@@ -230,7 +230,7 @@ func TestSharedCpusetMadeAgain(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	shared := filepath.Join(parent, sharedCpusetName)
+	shared := filepath.Join(parent, SharedCpusetName)
 	for _, id := range ids {
 		sb, err := r.get(id)
 		if err != nil {

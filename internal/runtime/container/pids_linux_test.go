@@ -46,7 +46,7 @@ func pidsFactory(t *testing.T, maxPids, totalPids int64) (runtimetest.Factory, s
 // directory in every hierarchy.
 func removeCgroupParent(cg cgroupMounts, parent string) error {
 	if mnt, ok := cg.v1["cpuset"]; ok && !cg.v2 {
-		shared := filepath.Join(mnt, parent, sharedCpusetName)
+		shared := filepath.Join(mnt, parent, SharedCpusetName)
 		if err := unix.Rmdir(shared); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("remove %s: %w", shared, err)
 		}
