@@ -16,28 +16,10 @@
 #   flock /tmp/opendsec-root.lock env SIB=1000 bash bench/crun-cpuset-view.sh [N]
 set -euo pipefail
 N=${1:-100}; SIB=${SIB:-1000}
-ROOTFS=${ROOTFS:-${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs/busybox}
-[ -x "$ROOTFS/bin/true" ] || { echo "no busybox rootfs at $ROOTFS: run deploy/images/build.sh --no-import" >&2; exit 1; }
+cd "$(dirname "$0")/.."
 mountpoint -q /sys/fs/cgroup/cpuset || { echo "no cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset" >&2; exit 1; }
-W=$(mktemp -d /tmp/crun-cpuset-view.XXXXXX)
-CG=/crun-cpuset-view-$$
-cleanup() {
-  for d in /sys/fs/cgroup/*"$CG"; do [ -d "$d" ] && { find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null; rmdir "$d" 2>/dev/null; }; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
-(cd "$W" && crun spec)
-python3 - "$W" "$ROOTFS" "$CG" <<'PY'
-import json, os, sys
-w, rootfs, cg = sys.argv[1:4]
-s = json.load(open(f"{w}/config.json"))
-s["root"] = {"path": rootfs, "readonly": True}
-s["process"]["args"], s["process"]["terminal"] = ["/bin/true"], False
-s["linux"]["namespaces"].append({"type": "cgroup"})
-s["linux"]["resources"] = {"memory": {"limit": 134217728, "swap": 134217728}, "cpu": {"quota": 10000}, "pids": {"limit": 128}}
-s["linux"]["cgroupsPath"] = cg + "/c"
-json.dump(s, open(f"{w}/config.json", "w"))
-PY
+. bench/lib/crunbundle.sh
+crun_bench_bundle crun-cpuset-view
 for h in $(cd /sys/fs/cgroup && for d in *; do [ "$d" != unified ] && mountpoint -q "$d" && echo "$d"; done); do
   mkdir -p /sys/fs/cgroup/$h$CG
   [ $h = cpuset ] && { cat /sys/fs/cgroup/cpuset/cpuset.cpus > /sys/fs/cgroup/cpuset$CG/cpuset.cpus; cat /sys/fs/cgroup/cpuset/cpuset.mems > /sys/fs/cgroup/cpuset$CG/cpuset.mems; }

@@ -11,27 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-60}
-ROOTFS=${ROOTFS:-${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs/busybox}
-[ -x "$ROOTFS/bin/true" ] || { echo "no busybox rootfs at $ROOTFS: run deploy/images/build.sh --no-import" >&2; exit 1; }
-W=$(mktemp -d /tmp/crun-preload.XXXXXX)
+. bench/lib/crunbundle.sh
+crun_bench_bundle crun-preload
 chmod 755 "$W"
-CG=/crun-preload-$$
-cleanup() { for d in /sys/fs/cgroup/*"$CG"; do [ -d "$d" ] && { find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null; rmdir "$d" 2>/dev/null; }; done; rm -rf "$W"; }
-trap cleanup EXIT
 bash scripts/build-init.sh "$W/lib/opendsec-init" >/dev/null
 LIB=$W/lib/opendsec-crun-libsystemd.so
-(cd "$W" && crun spec)
-python3 - "$W" "$ROOTFS" "$CG" <<'PY'
-import json, sys
-w, rootfs, cg = sys.argv[1:4]
-s = json.load(open(f"{w}/config.json"))
-s["root"] = {"path": rootfs, "readonly": True}
-s["process"]["args"], s["process"]["terminal"] = ["/bin/true"], False
-s["linux"]["namespaces"].append({"type": "cgroup"})
-s["linux"]["resources"] = {"memory": {"limit": 134217728, "swap": 134217728}, "cpu": {"quota": 10000}, "pids": {"limit": 128}}
-s["linux"]["cgroupsPath"] = cg + "/c"
-json.dump(s, open(f"{w}/config.json", "w"))
-PY
 cat > $W/run.py <<'PY'
 import os, sys, fcntl
 out, lib = sys.argv[1], sys.argv[2]

@@ -10,25 +10,13 @@
 # usage (root): flock /tmp/opendsec-root.lock bash bench/crun-spec-cost.sh [N]
 set -euo pipefail
 N=${1:-150}
-ROOTFS=${ROOTFS:-${OPENDSEC_CACHE:-/var/cache/opendsec}/rootfs/busybox}
-[ -x "$ROOTFS/bin/true" ] || { echo "no busybox rootfs at $ROOTFS: run deploy/images/build.sh --no-import" >&2; exit 1; }
-W=$(mktemp -d /tmp/crun-spec-cost.XXXXXX)
-CG=/crun-spec-cost-$$
-cleanup() {
-  for d in /sys/fs/cgroup/*"$CG"; do [ -d "$d" ] && { find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null; rmdir "$d" 2>/dev/null; }; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
-(cd "$W" && crun spec)
-python3 - "$W" "$ROOTFS" "$CG" <<'PY'
+cd "$(dirname "$0")/.."
+. bench/lib/crunbundle.sh
+crun_bench_bundle crun-spec-cost
+python3 - "$W" <<'PY'
 import copy, json, os, sys
-w, rootfs, cg = sys.argv[1:4]
+w = sys.argv[1]
 s = json.load(open(f"{w}/config.json"))
-s["root"] = {"path": rootfs, "readonly": True}
-s["process"]["args"], s["process"]["terminal"] = ["/bin/true"], False
-s["linux"]["namespaces"].append({"type": "cgroup"})
-s["linux"]["resources"] = {"memory": {"limit": 134217728, "swap": 134217728}, "cpu": {"quota": 10000}, "pids": {"limit": 128}}
-s["linux"]["cgroupsPath"] = cg + "/c"
 v = {"full": s}
 v["nocg"] = copy.deepcopy(s); v["nocg"]["mounts"] = [m for m in s["mounts"] if m["destination"] != "/sys/fs/cgroup"]
 v["nomask"] = copy.deepcopy(s); v["nomask"]["linux"]["maskedPaths"] = []; v["nomask"]["linux"]["readonlyPaths"] = []

@@ -35,14 +35,6 @@ func TestSandboxCpusetNotLoadBalanced(t *testing.T) {
 	if !r.quietCpusets {
 		t.Fatal("cpuset root balances load but the runtime does not make quiet cpusets")
 	}
-	read := func(p string) string {
-		t.Helper()
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(b))
-	}
 	// The parent exists from the first sandbox on: the second is quiet
 	// for sure.
 	runtimetest.StartSandbox(t, rt, tmpl)
@@ -52,17 +44,17 @@ func TestSandboxCpusetNotLoadBalanced(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(mnt, sb.st.CgroupPath)
-	if got := read(filepath.Join(dir, "cpuset.sched_load_balance")); got != "0" {
+	if got := readTrimmed(t, filepath.Join(dir, "cpuset.sched_load_balance")); got != "0" {
 		t.Fatalf("%s: cpuset.sched_load_balance %s, want 0", dir, got)
 	}
 	parent := filepath.Dir(dir)
-	if got, want := read(filepath.Join(dir, "cpuset.cpus")), read(filepath.Join(parent, "cpuset.cpus")); got == "" || got != want {
+	if got, want := readTrimmed(t, filepath.Join(dir, "cpuset.cpus")), readTrimmed(t, filepath.Join(parent, "cpuset.cpus")); got == "" || got != want {
 		t.Fatalf("sandbox cpuset.cpus %q, want the parent's %q", got, want)
 	}
-	if got, want := read(filepath.Join(dir, "cpuset.mems")), read(filepath.Join(parent, "cpuset.mems")); got == "" || got != want {
+	if got, want := readTrimmed(t, filepath.Join(dir, "cpuset.mems")), readTrimmed(t, filepath.Join(parent, "cpuset.mems")); got == "" || got != want {
 		t.Fatalf("sandbox cpuset.mems %q, want the parent's %q", got, want)
 	}
-	if procs := read(filepath.Join(dir, "cgroup.procs")); procs == "" {
+	if procs := readTrimmed(t, filepath.Join(dir, "cgroup.procs")); procs == "" {
 		t.Fatalf("no process in the sandbox's cpuset %s", dir)
 	}
 	if err := rt.Delete(t.Context(), spec.ID); err != nil {
@@ -102,14 +94,6 @@ func TestSandboxesShareOneCpuset(t *testing.T) {
 	if r.quietCpusets {
 		t.Fatal("the runtime still makes a quiet cpuset per sandbox")
 	}
-	read := func(p string) string {
-		t.Helper()
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(b))
-	}
 	shared := filepath.Join(r.cfg.CgroupParent, SharedCpusetName)
 	for range 2 {
 		spec, _ := runtimetest.StartSandbox(t, rt, tmpl)
@@ -148,17 +132,27 @@ func TestSandboxesShareOneCpuset(t *testing.T) {
 	}
 	dir := filepath.Join(mnt, shared)
 	parent := filepath.Dir(dir)
-	if got, want := read(filepath.Join(dir, "cpuset.cpus")), read(filepath.Join(parent, "cpuset.cpus")); got == "" || got != want {
+	if got, want := readTrimmed(t, filepath.Join(dir, "cpuset.cpus")), readTrimmed(t, filepath.Join(parent, "cpuset.cpus")); got == "" || got != want {
 		t.Fatalf("shared cpuset.cpus %q, want the parent's %q", got, want)
 	}
-	if got, want := read(filepath.Join(dir, "cpuset.mems")), read(filepath.Join(parent, "cpuset.mems")); got == "" || got != want {
+	if got, want := readTrimmed(t, filepath.Join(dir, "cpuset.mems")), readTrimmed(t, filepath.Join(parent, "cpuset.mems")); got == "" || got != want {
 		t.Fatalf("shared cpuset.mems %q, want the parent's %q", got, want)
 	}
 	if r.cg.cpusetLoadBalanced() {
-		if got := read(filepath.Join(dir, "cpuset.sched_load_balance")); got != "0" {
+		if got := readTrimmed(t, filepath.Join(dir, "cpuset.sched_load_balance")); got != "0" {
 			t.Fatalf("shared cpuset.sched_load_balance %s, want 0", got)
 		}
 	}
+}
+
+// readTrimmed returns the contents of file p without surrounding space.
+func readTrimmed(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // cgroupOf returns the path of pid's cgroup in the v1 hierarchy of
@@ -187,17 +181,7 @@ func cgroupOf(t *testing.T, pid int, controller string) string {
 // The shared cpuset removed under the node is made again by the next
 // creates, several at once, each of which starts in it.
 func TestSharedCpusetMadeAgain(t *testing.T) {
-	parent := "/opendsec-test-" + runtimetest.NewID("cpuset")
-	f := newFactoryWith(t, func(c *Config) { c.CgroupParent = parent })
-	cg, err := detectCgroups()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := removeCgroupParent(cg, parent); err != nil {
-			t.Errorf("remove cgroup parent %s: %v", parent, err)
-		}
-	})
+	f, parent := ownParentFactory(t, "cpuset", nil)
 	rt, tmpl := f(t)
 	r := rt.(*Runtime)
 	if r.cpuset == nil {

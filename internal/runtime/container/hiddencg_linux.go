@@ -34,7 +34,7 @@ func (o *ociRuntime) openHiddenDir() (*os.File, error) {
 	var f *os.File
 	c := make(chan error, 1)
 	osthread.Throwaway(func() {
-		if err := unshareHiding(o.hideUnified); err != nil {
+		if err := unshareView(cgroupView{unified: o.hideUnified}); err != nil {
 			c <- err
 			return
 		}

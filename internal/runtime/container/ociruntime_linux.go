@@ -521,19 +521,6 @@ func unshareView(view cgroupView) error {
 	return view.apply()
 }
 
-// unshareHiding moves the calling (locked) thread into a private copy of
-// its mount namespace and unmounts the hybrid host's cgroup2 mount
-// unified there.
-func unshareHiding(unified string) error {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare mount namespace: %w", err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mount namespace private: %w", err)
-	}
-	return hideMount(unified)
-}
-
 // hideMount unmounts the cgroup2 mount unified in the calling thread's
 // (private) mount namespace, so crun sees plain cgroup v1.
 func hideMount(unified string) error {

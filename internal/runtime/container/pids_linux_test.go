@@ -24,9 +24,19 @@ import (
 // (so the small ceilings below never touch other tests' sandboxes), with
 // the node limits given; the parent's cgroups are removed at the end.
 func pidsFactory(t *testing.T, maxPids, totalPids int64) (runtimetest.Factory, string) {
-	parent := "/opendsec-test-" + runtimetest.NewID("pids")
+	return ownParentFactory(t, "pids", func(c *Config) { c.MaxPidsLimit, c.TotalPidsLimit = maxPids, totalPids })
+}
+
+// ownParentFactory is newFactoryWith under a cgroup parent of the test's
+// own (/opendsec-test-<prefix...>), mod applied to the rest of the
+// configuration; the parent's cgroups are removed at the end.
+func ownParentFactory(t *testing.T, prefix string, mod func(*Config)) (runtimetest.Factory, string) {
+	parent := "/opendsec-test-" + runtimetest.NewID(prefix)
 	f := newFactoryWith(t, func(c *Config) {
-		c.CgroupParent, c.MaxPidsLimit, c.TotalPidsLimit = parent, maxPids, totalPids
+		c.CgroupParent = parent
+		if mod != nil {
+			mod(c)
+		}
 	})
 	cg, err := detectCgroups()
 	if err != nil {

@@ -223,7 +223,7 @@ func (r *Runtime) inRuncNS(ctx context.Context, plan runcNSPlan, oci *ociRuntime
 			return
 		}
 		if hide != "" {
-			if err := unshareHiding(hide); err != nil {
+			if err := unshareView(cgroupView{unified: hide}); err != nil {
 				c <- fmt.Errorf("%w: %w", errRuncNS, err)
 				return
 			}
